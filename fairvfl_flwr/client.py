@@ -1,0 +1,167 @@
+"""The ClientApp: one party of the federation.
+
+A node learns its role and feature block from its node config (``partition-id``) and
+the run config; its model θ_k lives in ``context.state`` between messages and is never
+put in a reply. Replies carry partial logits and two scalars (‖θ_k‖² for the
+objective's regulariser, and the number of local steps taken).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from . import messages as msgs
+from .config import RunConfig
+from .data import ids_digest
+from .models import DTYPES, build_model, squared_norm
+from .objective import Groups
+from .parties import ActiveParty, Party
+from .problem import is_active, load_data, party_columns
+
+MODEL_STATE = "fairvfl.model"
+
+
+class NodeConfigError(ValueError):
+    """The SuperNode's node config does not fit this run."""
+
+
+@dataclass(frozen=True)
+class PartyData:
+    """One party's view of the table: its columns, and y/s only if it is active."""
+
+    partition_id: int
+    role: str
+    X_train: torch.Tensor
+    X_test: torch.Tensor
+    ids_digest: str
+    y: np.ndarray | None = None
+    groups: Groups | None = None
+
+
+def _partition_id(context: Context, cfg: RunConfig) -> int:
+    node = context.node_config
+    if "partition-id" not in node:
+        raise NodeConfigError(f"node config has no 'partition-id' (got keys {sorted(node)})")
+    pid, num = int(node["partition-id"]), int(node.get("num-partitions", cfg.num_parties))
+    if num != cfg.num_parties:
+        raise NodeConfigError(
+            f"the federation has {num} SuperNodes but the run asks for num-parties={cfg.num_parties}; "
+            f"start it with num-supernodes={cfg.num_parties}"
+        )
+    if not 0 <= pid < cfg.num_parties:
+        raise NodeConfigError(f"partition-id={pid} is outside 0..{cfg.num_parties - 1}")
+    return pid
+
+
+@functools.lru_cache(maxsize=16)
+def _party_data(cfg: RunConfig, partition_id: int) -> PartyData:
+    # Cached per process: in simulation a worker serves many rounds of the same run.
+    ds = load_data(cfg)
+    cols = party_columns(cfg, ds)[partition_id]
+    dtype = DTYPES[cfg.dtype]
+    common = dict(
+        partition_id=partition_id,
+        X_train=torch.from_numpy(np.ascontiguousarray(ds.X_train[:, cols])).to(dtype),
+        X_test=torch.from_numpy(np.ascontiguousarray(ds.X_test[:, cols])).to(dtype),
+        ids_digest=ids_digest(ds.ids_train),
+    )
+    if is_active(cfg, partition_id):
+        groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label)
+        return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
+    return PartyData(role=msgs.ROLE_PASSIVE, **common)
+
+
+def _setup(context: Context) -> tuple[RunConfig, PartyData]:
+    cfg = RunConfig.from_flower(context.run_config)
+    return cfg, _party_data(cfg, _partition_id(context, cfg))
+
+
+def _party(cfg: RunConfig, data: PartyData, context: Context) -> Party:
+    """Rebuild the party from its data and the model state kept on this node."""
+    model = build_model(
+        cfg.model,
+        data.X_train.shape[1],
+        hidden=cfg.hidden,
+        bias=data.role == msgs.ROLE_ACTIVE or cfg.model == "mlp",
+        dtype=cfg.dtype,
+        seed=cfg.seed * 1000 + data.partition_id,
+    )
+    state = context.state.array_records.get(MODEL_STATE)
+    if state is not None:
+        model.load_state_dict(state.to_torch_state_dict())
+    mu = cfg.mu_value(data.X_train.shape[0])
+    if data.role == msgs.ROLE_ACTIVE:
+        return ActiveParty(model, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
+    return Party(model, data.X_train, data.X_test, cfg.lr, mu)
+
+
+def _save(party: Party, context: Context) -> None:
+    context.state.array_records[MODEL_STATE] = ArrayRecord(party.model.state_dict())
+
+
+def _reply(message: Message, party: Party, steps: int) -> Message:
+    evaluate = bool(message.content.config_records[msgs.ROUND]["evaluate"])
+    u_test = party.logits("test") if evaluate else None
+    content = msgs.logits_reply(party.logits("train"), u_test, squared_norm(party.model), steps)
+    return Message(content, reply_to=message)
+
+
+app = ClientApp()
+
+
+@app.query("info")
+def info(message: Message, context: Context) -> Message:
+    """Tell the server this node's role and row count (never its data)."""
+    _, data = _setup(context)
+    record = ConfigRecord(
+        {
+            "role": data.role,
+            "partition-id": data.partition_id,
+            "n-train": int(data.X_train.shape[0]),
+            "n-test": int(data.X_test.shape[0]),
+            "n-features": int(data.X_train.shape[1]),
+            "ids-digest": data.ids_digest,
+        }
+    )
+    return Message(RecordDict({"info": record}), reply_to=message)
+
+
+@app.query("init")
+def init(message: Message, context: Context) -> Message:
+    """Start (or restart) this party's model and return its first partial logits."""
+    cfg, data = _setup(context)
+    context.state.array_records.pop(MODEL_STATE, None)
+    party = _party(cfg, data, context)
+    _save(party, context)
+    return _reply(message, party, steps=0)
+
+
+@app.train("active")
+def train_active(message: Message, context: Context) -> Message:
+    """Q local steps on z̃ (own logits fresh, the others' stale), SPEC.md step 5."""
+    cfg, data = _setup(context)
+    if data.role != msgs.ROLE_ACTIVE:
+        raise NodeConfigError(f"partition {data.partition_id} is passive but got a train.active message")
+    party = _party(cfg, data, context)
+    z = msgs.read_array(message.content, msgs.PAYLOAD, "z").astype(np.float64)
+    lam = msgs.read_array(message.content, msgs.PAYLOAD, "lam").astype(np.float64)
+    steps = party.local_steps(z, lam, cfg.local_steps)
+    _save(party, context)
+    return _reply(message, party, steps)
+
+
+@app.train("passive")
+def train_passive(message: Message, context: Context) -> Message:
+    """One step from the masked weights ν, SPEC.md step 4."""
+    cfg, data = _setup(context)
+    party = _party(cfg, data, context)
+    nu = msgs.read_array(message.content, msgs.PAYLOAD, "nu").astype(np.float64)
+    party.step(nu)
+    _save(party, context)
+    return _reply(message, party, steps=1)

@@ -1,0 +1,163 @@
+"""The run configuration: one typed, validated object built from Flower's run config.
+
+Keys are kebab-case as in ``[tool.flwr.app.config]`` (and ``--run-config``); every
+value is checked here, before any data is loaded or any message is sent, and a bad
+value is reported with its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .data import DATASETS
+from .models import DTYPES, MODELS
+
+
+class ConfigError(ValueError):
+    """A run-config value is out of range or of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All settings of one FairVFL run (defaults: the paper's setup on Adult, linear)."""
+
+    dataset: str = "adult"
+    model: str = "linear"
+    epsilon: float = 0.01
+    num_server_rounds: int = 1000
+    eta: float = 100.0
+    beta: float = 0.1
+    c: float = 1e-3
+    mu: str = "2/n"
+    local_steps: int = 5
+    num_parties: int = 6
+    num_active: int = 1
+    active_columns: int = 0
+    seed: int = 0
+    eval_every: int = 50
+    fairness: bool = True
+    output_dir: str = "outputs"
+    hidden: int = 16
+    dtype: str = "float64"
+    round_timeout: float = 600.0
+    # A user's own table (dataset = "csv")
+    csv_path: str = ""
+    csv_label: str = ""
+    csv_positive: str = ""
+    csv_sensitive: str = ""
+    csv_group_a: str = ""
+    csv_group_b: str = ""
+    csv_protected_label: int = 1
+    csv_id_column: str = ""
+    csv_train_fraction: float = 0.8
+
+    # -- construction ------------------------------------------------------------
+    @classmethod
+    def from_flower(cls, run_config: Mapping[str, Any]) -> "RunConfig":
+        """Build from Flower's ``context.run_config`` (kebab-case keys)."""
+        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in run_config.items():
+            f = known.get(key)
+            if f is None:
+                continue  # other apps' keys and Flower's own are not ours to judge
+            values[f.name] = _coerce(key, raw, f.type)
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        cfg = dataclasses.replace(self, **changes)
+        cfg.validate()
+        return cfg
+
+    def to_flower(self) -> dict[str, Any]:
+        """The kebab-case dict Flower would hand the apps."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+    # -- checks ------------------------------------------------------------------
+    def validate(self) -> None:
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"run config {key}={getattr(self, key.replace('-', '_'))!r}: {why}")
+
+        if self.dataset not in (*DATASETS, "csv"):
+            raise bad("dataset", f"unknown dataset; choose one of {', '.join([*sorted(DATASETS), 'csv'])}")
+        if self.dataset == "csv":
+            for key in ("csv_path", "csv_label", "csv_positive", "csv_sensitive", "csv_group_a", "csv_group_b"):
+                if not getattr(self, key):
+                    raise bad(key.replace("_", "-"), "required when dataset='csv'")
+            if self.csv_protected_label not in (-1, 1):
+                raise bad("csv-protected-label", "must be 1 (positive label) or -1")
+            if not 0 < self.csv_train_fraction < 1:
+                raise bad("csv-train-fraction", "must be between 0 and 1")
+        if self.model not in MODELS:
+            raise bad("model", f"unknown model; choose one of {', '.join(MODELS)}")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
+        if self.epsilon < 0:
+            raise bad("epsilon", "the fairness tolerance must be >= 0")
+        if self.num_server_rounds < 1:
+            raise bad("num-server-rounds", "must be at least 1")
+        if self.eta <= 0:
+            raise bad("eta", "must be > 0 (the step size is 1/eta)")
+        if self.beta < 0:
+            raise bad("beta", "must be >= 0")
+        if self.c < 0:
+            raise bad("c", "must be >= 0")
+        if self.local_steps < 1:
+            raise bad("local-steps", "the active party takes at least one step per round (Q >= 1)")
+        if self.num_parties < 1:
+            raise bad("num-parties", "must be at least 1")
+        if not 1 <= self.num_active <= self.num_parties:
+            raise bad("num-active", f"must be between 1 and num-parties ({self.num_parties})")
+        if self.active_columns < 0:
+            raise bad("active-columns", "must be >= 0 (0 = the dataset's default)")
+        if self.eval_every < 1:
+            raise bad("eval-every", "must be at least 1")
+        if self.hidden < 1:
+            raise bad("hidden", "must be at least 1")
+        if self.round_timeout <= 0:
+            raise bad("round-timeout", "must be > 0 seconds")
+        self.mu_value(1000)  # parse check
+
+    def mu_value(self, n_train: int) -> float:
+        """μ as a number: ``"2/n"`` means 2 / (training rows), as in the paper."""
+        text = str(self.mu).strip()
+        try:
+            if text.endswith("/n"):
+                value = float(text[:-2]) / n_train
+            else:
+                value = float(text)
+        except ValueError:
+            raise ConfigError(f"run config mu={self.mu!r}: give a number or 'k/n' (e.g. '2/n')") from None
+        if value < 0:
+            raise ConfigError(f"run config mu={self.mu!r}: must be >= 0")
+        return value
+
+    @property
+    def lr(self) -> float:
+        return 1.0 / self.eta
+
+
+def _coerce(key: str, raw: Any, typ: Any) -> Any:
+    typ = {"int": int, "float": float, "bool": bool, "str": str}.get(typ, typ) if isinstance(typ, str) else typ
+    try:
+        if typ is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("true", "1", "on", "yes"):
+                return True
+            if str(raw).lower() in ("false", "0", "off", "no"):
+                return False
+            raise ValueError
+        if typ is int:
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"run config {key}={raw!r}: expected {typ.__name__}") from None

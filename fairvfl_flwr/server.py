@@ -1,0 +1,46 @@
+"""The ServerApp: config → labels → strategy → run folder."""
+
+from __future__ import annotations
+
+from logging import INFO
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore import log
+
+from .config import RunConfig
+from .problem import load_data, party_columns, server_labels
+from .results import RunRecorder, format_summary, run_folder
+from .strategy import FairVFL
+
+
+def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
+    """Run one FairVFL training job on ``grid``; return its summary and run folder.
+
+    Every input is validated (config, data, partition) before the first message.
+    """
+    cfg = RunConfig.from_flower(run_config)
+    ds = load_data(cfg)
+    columns = party_columns(cfg, ds)  # validates num-parties / active-columns against the table
+    labels = server_labels(cfg, ds)
+    folder = run_folder(cfg, run_id)
+    recorder = RunRecorder(
+        folder, cfg, extra={"party-columns": [len(c) for c in columns], "dataset-summary": ds.summary()}
+    )
+    log(INFO, "FairVFL: writing results to %s", folder)
+    strategy = FairVFL(cfg, labels, on_round=recorder.add)
+    strategy.start(grid)
+    summary = recorder.finish({"party_columns": [len(c) for c in columns]})
+    text = format_summary(summary, folder)
+    log(INFO, "%s", text)
+    return summary, folder
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_server(grid, context.run_config, getattr(grid.run, "run_id", None))

@@ -1,0 +1,272 @@
+"""The FairVFL strategy: dual ascent on λ and masked weights ν, as a Flower Strategy.
+
+Flower's stock ``Strategy.start`` sends one message to every node and runs a separate
+evaluate phase; a VFL round instead sends *different* content to active and passive
+nodes and needs every party's reply before it can go on. This class therefore keeps
+the ``configure_train`` / ``aggregate_train`` seams of ``Strategy`` and overrides
+``start`` with the VFL loop (SPEC.md, "One round t"). Test-set evaluation rides on the
+round's replies every ``eval-every`` rounds, so ``configure_evaluate`` sends nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from logging import INFO
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
+
+from . import messages as msgs
+from .config import RunConfig
+from .metrics import fairness_metrics
+from .objective import TrainStats, dual_step, masked_weights, train_stats
+from .problem import ServerLabels
+
+POLL_SECONDS = 0.01
+
+
+class FederationError(RuntimeError):
+    """The federation does not fit the run (wrong nodes, roles, rows) or a party failed."""
+
+
+@dataclass
+class Node:
+    """What the server knows about one party: its role and row counts, never its data."""
+
+    node_id: int
+    role: str
+    partition_id: int
+    n_train: int
+    n_test: int
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} (partition {self.partition_id}, {self.role})"
+
+
+class FairVFL(Strategy):
+    """Fair vertical FL (SPEC.md): the server side of one run.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The validated run configuration.
+    labels : ServerLabels
+        Labels and groups of the training and test rows (the server's own data).
+    on_round : callable, optional
+        Called with each round's history row (a dict) as soon as it is complete.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        labels: ServerLabels,
+        on_round: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.cfg = config
+        self.labels = labels
+        self.groups = labels.groups
+        self.mu = config.mu_value(len(labels.y_train))
+        self.on_round = on_round
+        self.wire_dtype = np.float64 if config.dtype == "float64" else np.float32
+        self.lam = np.zeros(2)
+        self.nodes: dict[int, Node] = {}
+        self.u_train: dict[int, np.ndarray] = {}
+        self.u_test: dict[int, np.ndarray] = {}
+        self.sq_norms: dict[int, float] = {}
+        self.steps: dict[int, int] = {}
+        self.stats: TrainStats | None = None
+        self.history: list[dict] = []
+        self._t0 = time.perf_counter()
+
+    # -- Strategy interface ------------------------------------------------------
+    def summary(self) -> None:
+        c = self.cfg
+        log(
+            INFO,
+            "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s, "
+            "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds",
+            c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
+            "on" if c.fairness else "off", c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
+        )
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Dual step on λ, then z and λ to active parties and ν to passive ones."""
+        z = self._z("train")
+        if self.cfg.fairness:
+            self.lam = dual_step(self.lam, self.stats.gap, self.cfg.epsilon, self.cfg.beta, self.cfg.c)
+        nu = masked_weights(self.labels.y_train, z, self.lam, self.groups)
+        evaluate = self._evaluates(server_round)
+        out = []
+        for node in self.nodes.values():
+            if node.role == msgs.ROLE_ACTIVE:
+                content = msgs.active_content(z, self.lam, server_round, evaluate, self.wire_dtype)
+                kind = msgs.TRAIN_ACTIVE
+            else:
+                content = msgs.passive_content(nu, server_round, evaluate, self.wire_dtype)
+                kind = msgs.TRAIN_PASSIVE
+            out.append(Message(content, dst_node_id=node.node_id, message_type=kind, group_id=str(server_round)))
+        return out
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Store each party's new partial logits; record the round's metrics."""
+        for reply in replies:
+            node_id = reply.metadata.src_node_id
+            logits = reply.content.array_records[msgs.LOGITS]
+            stats = reply.content.metric_records[msgs.STATS]
+            self.u_train[node_id] = logits["train"].numpy().astype(np.float64)
+            if "test" in logits:
+                self.u_test[node_id] = logits["test"].numpy().astype(np.float64)
+            self.sq_norms[node_id] = float(stats["sq-norm"])
+            self.steps[node_id] = int(stats["steps"])
+        row = self._record(server_round)
+        return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No separate evaluate phase: test logits come back with the train replies."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    # -- the VFL loop ------------------------------------------------------------
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        **_: object,
+    ) -> Result:
+        """Discover the parties, initialise, then run ``num_rounds`` FairVFL rounds."""
+        num_rounds = num_rounds or self.cfg.num_server_rounds
+        timeout = timeout or self.cfg.round_timeout
+        self.summary()
+        self._t0 = time.perf_counter()
+        self.discover(grid, timeout)
+        self.initialise(grid, timeout)
+        result = Result()
+        for t in range(1, num_rounds + 1):
+            replies = self.exchange(grid, self.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
+            _, metrics = self.aggregate_train(t, replies)
+            result.train_metrics_clientapp[t] = metrics
+        return result
+
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """Ask every node for its role; check the federation matches the run."""
+        deadline = time.monotonic() + timeout
+        node_ids = list(grid.get_node_ids())
+        while len(node_ids) < self.cfg.num_parties and time.monotonic() < deadline:
+            time.sleep(0.5)
+            node_ids = list(grid.get_node_ids())
+        if len(node_ids) != self.cfg.num_parties:
+            raise FederationError(
+                f"the run needs num-parties={self.cfg.num_parties} nodes, the federation has {len(node_ids)}"
+            )
+        queries = [
+            Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
+        ]
+        for reply in self.exchange(grid, queries, timeout, named=False):
+            info = reply.content.config_records["info"]
+            node = Node(
+                node_id=reply.metadata.src_node_id,
+                role=str(info["role"]),
+                partition_id=int(info["partition-id"]),
+                n_train=int(info["n-train"]),
+                n_test=int(info["n-test"]),
+            )
+            self.nodes[node.node_id] = node
+            if str(info["ids-digest"]) != self.labels.ids_digest:
+                raise FederationError(f"{node} holds different training rows than the server (row-id digest differs)")
+            if node.n_train != len(self.labels.y_train) or node.n_test != len(self.labels.y_test):
+                raise FederationError(
+                    f"{node} has {node.n_train}/{node.n_test} train/test rows, the server "
+                    f"{len(self.labels.y_train)}/{len(self.labels.y_test)}"
+                )
+        pids = sorted(n.partition_id for n in self.nodes.values())
+        if pids != list(range(self.cfg.num_parties)):
+            raise FederationError(f"partition ids must be 0..{self.cfg.num_parties - 1} once each, got {pids}")
+        n_active = sum(n.role == msgs.ROLE_ACTIVE for n in self.nodes.values())
+        if n_active != self.cfg.num_active:
+            raise FederationError(f"expected {self.cfg.num_active} active parties, found {n_active}")
+        log(INFO, "FairVFL: %s", ", ".join(str(n) for n in sorted(self.nodes.values(), key=lambda n: n.partition_id)))
+
+    def initialise(self, grid: Grid, timeout: float) -> None:
+        """Every party builds its model and sends its first partial logits (round 0)."""
+        messages = [
+            Message(msgs.init_content(True), dst_node_id=nid, message_type=msgs.INIT, group_id="0")
+            for nid in self.nodes
+        ]
+        self.aggregate_train(0, self.exchange(grid, messages, timeout))
+
+    def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:
+        """Push, then poll for replies every 10 ms (Flower's own loop sleeps 3 s)."""
+        messages = list(messages)
+        ids = [mid for mid in grid.push_messages(messages) if mid]
+        pending, replies = set(ids), []
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            got = list(grid.pull_messages(list(pending)))
+            for reply in got:
+                pending.discard(reply.metadata.reply_to_message_id)
+                replies.append(reply)
+            if pending and not got:
+                time.sleep(POLL_SECONDS)
+        for reply in replies:
+            if reply.has_error():
+                raise FederationError(f"{self._who(reply.metadata.src_node_id, named)} failed: {reply.error.reason}")
+        if pending:
+            waiting = {m.metadata.dst_node_id for m in messages} - {r.metadata.src_node_id for r in replies}
+            names = ", ".join(self._who(nid, named) for nid in sorted(waiting))
+            raise FederationError(f"no reply within {timeout:.0f} s from {names}")
+        return replies
+
+    # -- helpers -----------------------------------------------------------------
+    def _who(self, node_id: int, named: bool) -> str:
+        return str(self.nodes[node_id]) if named and node_id in self.nodes else f"node {node_id}"
+
+    def _z(self, split: str) -> np.ndarray:
+        parts = self.u_train if split == "train" else self.u_test
+        return np.sum([parts[nid] for nid in self.nodes], axis=0)
+
+    def _evaluates(self, server_round: int) -> bool:
+        return server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
+
+    def _record(self, server_round: int) -> dict:
+        """History row for θ after ``server_round`` (round 0: the initial model)."""
+        self.stats = train_stats(self.labels.y_train, self._z("train"), self.groups)
+        row: dict = {
+            "round": server_round,
+            "loss": self.stats.loss + 0.5 * self.mu * sum(self.sq_norms.values()),
+            "deo": self.stats.deo,
+            "gap": self.stats.gap,
+            "lambda1": float(self.lam[0]),
+            "lambda2": float(self.lam[1]),
+            "acc": np.nan,
+            "dfp": np.nan,
+            "dfn": np.nan,
+            "seconds": time.perf_counter() - self._t0,
+        }
+        if self.u_test and (server_round == 0 or self._evaluates(server_round)):
+            row.update(fairness_metrics(self.labels.y_test, self.labels.s_test, self._z("test")))
+            self.u_test.clear()
+            log(
+                INFO,
+                "[round %d/%d] L=%.4f DEO=%.4f (eps %.3g) lambda=(%.4f, %.4f) | test ACC=%.2f%% DFP=%.3f DFN=%.3f | %.1f s",
+                server_round, self.cfg.num_server_rounds, row["loss"], row["deo"], self.cfg.epsilon,
+                row["lambda1"], row["lambda2"], 100 * row["acc"], row["dfp"], row["dfn"], row["seconds"],
+            )
+        self.history.append(row)
+        if self.on_round is not None:
+            self.on_round(row)
+        return row
