@@ -16,8 +16,13 @@ column or count at fault, before any training starts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import importlib.metadata
+import json
+import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +30,42 @@ import numpy as np
 import pandas as pd
 
 DATA_DIR = Path(__file__).resolve().parent / "datasets"
+DATA_ENV = "FAIRVFL_DATA_DIR"
+
+
+def _data_dirs() -> list[Path]:
+    """Where the packaged tables may be.
+
+    ``flwr run`` executes the apps from the FAB, which carries only ``*.py``/``*.toml``
+    files, so next to this module there may be no data. Then the installed
+    distribution (regular or editable) of ``fairvfl-flwr`` has it.
+    """
+    dirs = [Path(os.environ[DATA_ENV])] if os.environ.get(DATA_ENV) else []
+    dirs.append(DATA_DIR)
+    try:
+        dist = importlib.metadata.distribution("fairvfl-flwr")
+    except importlib.metadata.PackageNotFoundError:
+        return dirs
+    for f in dist.files or []:
+        if f.name.endswith(".csv.gz") and "datasets" in f.parts:
+            dirs.append(Path(dist.locate_file(f)).parent)
+            break
+    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+    if url.startswith("file://"):  # editable install: the source tree
+        dirs.append(Path(urllib.parse.unquote(url[7:])) / "fairvfl_flwr" / "datasets")
+    return dirs
+
+
+def packaged_file(name: str) -> Path:
+    """Path of a packaged table, searched in :func:`_data_dirs` order."""
+    dirs = _data_dirs()
+    for d in dirs:
+        if (d / name).exists():
+            return d / name
+    raise DataError(
+        f"packaged dataset file {name} not found in {', '.join(map(str, dirs))}; "
+        f"install the package (pip install -e .) or set {DATA_ENV}"
+    )
 
 
 class DataError(ValueError):
@@ -51,7 +92,7 @@ class DatasetSpec:
 
 
 def _packaged(name: str, file: str, **kwargs) -> DatasetSpec:
-    return DatasetSpec(name=name, path=DATA_DIR / file, id_column="row_id", **kwargs)
+    return DatasetSpec(name=name, path=Path(file), id_column="row_id", **kwargs)
 
 
 #: The paper's datasets (SPEC.md): groups, protected label, split and active columns.
@@ -137,7 +178,8 @@ def load_dataset(name: str, seed: int = 0) -> FairDataset:
             f"unknown dataset {name!r}: choose one of {', '.join(available_datasets())}"
             " or give a CSV file with csv-path"
         )
-    return _load_spec_cached(DATASETS[name], seed)
+    spec = DATASETS[name]
+    return _load_spec_cached(dataclasses.replace(spec, path=packaged_file(spec.path.name)), seed)
 
 
 def load_csv(

@@ -1,0 +1,167 @@
+"""The real ServerApp strategy and ClientApp, connected by the in-process grid."""
+
+import numpy as np
+import pytest
+import torch
+
+from fairvfl_flwr import messages as msgs
+from fairvfl_flwr.client import MODEL_STATE
+from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.data import load_dataset
+from fairvfl_flwr.inprocess import InProcessGrid
+from fairvfl_flwr.models import build_model
+from fairvfl_flwr.objective import Groups
+from fairvfl_flwr.partition import split_columns
+from fairvfl_flwr.reference import CentralisedGDA
+from fairvfl_flwr.server import run_server
+from fairvfl_flwr.strategy import FederationError
+
+
+def _run(cfg: RunConfig, **grid_kwargs):
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
+    summary, folder = run_server(grid, cfg.to_flower())
+    return grid, summary, folder
+
+
+def _thetas(grid: InProcessGrid, cfg: RunConfig) -> dict[int, dict]:
+    out = {}
+    for ctx in grid.contexts.values():
+        out[int(ctx.node_config["partition-id"])] = ctx.state.array_records[MODEL_STATE].to_torch_state_dict()
+    return out
+
+
+@pytest.mark.parametrize("model", ["linear", "mlp"])
+def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir):
+    rounds = 8
+    cfg = RunConfig(
+        dataset="crime", model=model, local_steps=1, num_server_rounds=rounds, eval_every=4,
+        epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=3,
+    )
+    grid, summary, folder = _run(cfg)
+
+    ds = load_dataset("crime", seed=3)
+    cols = split_columns(ds.n_features, 6, 1, 49)
+    models = [
+        build_model(model, len(c), bias=k == 0 or model == "mlp", seed=3 * 1000 + k) for k, c in enumerate(cols)
+    ]
+    blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
+    groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label)
+    ref = CentralisedGDA(
+        models, blocks, ds.y_train.astype(float), groups,
+        epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0,
+    )
+    for _ in range(rounds):
+        ref.round()
+
+    fed = _thetas(grid, cfg)
+    for k, m in enumerate(models):
+        for name, p in m.state_dict().items():
+            assert torch.allclose(fed[k][name], p, atol=1e-10), (k, name)
+    import json
+
+    history = json.loads((folder / "history.json").read_text())
+    lams = np.array([[r["lambda1"], r["lambda2"]] for r in history[1:]])
+    assert np.allclose(lams, np.array(ref.lams), atol=1e-12)
+    assert lams[-1, 0] > 0  # the constraint was active, so the test exercised the λ path
+
+
+def test_passive_parties_receive_only_nu(out_dir):
+    seen = []
+    cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir)
+    grid, _, _ = _run(cfg, tap=seen.append)
+    roles = {nid: ("active" if ctx.node_config["partition-id"] < cfg.num_active else "passive")
+             for nid, ctx in grid.contexts.items()}
+    passive = [m for m in seen if roles[m.metadata.dst_node_id] == "passive"]
+    active = [m for m in seen if roles[m.metadata.dst_node_id] == "active"]
+    assert passive and active
+    n = 1200
+    for m in passive:
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE)
+        c = m.content
+        assert not c.metric_records
+        if m.metadata.message_type == msgs.TRAIN_PASSIVE:
+            assert set(c.array_records) == {msgs.PAYLOAD}
+            assert set(c.array_records[msgs.PAYLOAD]) == {"nu"}
+            assert list(c.array_records[msgs.PAYLOAD]["nu"].shape) == [n]
+        else:
+            assert not c.array_records
+        for record in c.config_records.values():
+            assert set(record) <= {"round", "evaluate"}
+    # The active party gets z and λ instead; that is what the passive ones must not see.
+    train_active = [m for m in active if m.metadata.message_type == msgs.TRAIN_ACTIVE]
+    assert set(train_active[0].content.array_records[msgs.PAYLOAD]) == {"z", "lam"}
+
+
+def test_replies_carry_logits_not_models(out_dir):
+    replies = []
+    cfg = RunConfig(dataset="crime", model="mlp", num_server_rounds=2, eval_every=1, output_dir=out_dir)
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
+    original = grid.pull_messages
+
+    def pull(ids):
+        got = list(original(ids))
+        replies.extend(got)
+        return got
+
+    grid.pull_messages = pull
+    run_server(grid, cfg.to_flower())
+    train_replies = [r for r in replies if r.metadata.message_type != msgs.INFO]
+    assert train_replies
+    for r in train_replies:
+        assert set(r.content.array_records) == {msgs.LOGITS}
+        assert set(r.content.array_records[msgs.LOGITS]) <= {"train", "test"}
+        assert set(r.content.metric_records[msgs.STATS]) == {"sq-norm", "steps"}
+
+
+def test_run_folder_and_fairness_reach_epsilon(out_dir):
+    cfg = RunConfig(dataset="crime", epsilon=0.05, num_server_rounds=150, eval_every=50, output_dir=out_dir)
+    _, summary, folder = _run(cfg)
+    for name in ("config.json", "history.csv", "history.json", "summary.json", "convergence.png"):
+        assert (folder / name).stat().st_size > 0, name
+    assert abs(summary["train_deo"] - 0.05) <= 0.01
+    assert summary["test_acc"] > 0.8
+
+
+def test_fairness_off_keeps_lambda_zero(out_dir):
+    cfg = RunConfig(dataset="crime", fairness=False, num_server_rounds=60, eval_every=30, output_dir=out_dir)
+    _, summary, _ = _run(cfg)
+    assert summary["lambda"] == [0.0, 0.0]
+    assert summary["train_deo"] > 0.1  # unconstrained: the gap stays well above any ε we use
+
+
+def test_same_seed_same_results_other_seed_differs(out_dir):
+    cfg = RunConfig(dataset="crime", model="mlp", num_server_rounds=20, eval_every=10, output_dir=out_dir)
+    a = _run(cfg)[1]
+    b = _run(cfg)[1]
+    c = _run(cfg.replace(seed=1))[1]
+    keys = ("train_loss", "train_deo", "test_acc")
+    assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-12, abs=1e-12)
+    assert abs(a["train_loss"] - c["train_loss"]) > 1e-6
+
+
+def test_active_party_takes_q_local_steps(out_dir):
+    cfg = RunConfig(dataset="crime", num_server_rounds=3, local_steps=4, output_dir=out_dir)
+    replies = []
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
+    original = grid.pull_messages
+    grid.pull_messages = lambda ids: replies.extend(got := list(original(ids))) or got
+    run_server(grid, cfg.to_flower())
+    steps = {r.metadata.message_type: int(r.content.metric_records[msgs.STATS]["steps"])
+             for r in replies if r.metadata.message_type.startswith("train")}
+    assert steps == {msgs.TRAIN_ACTIVE: 4, msgs.TRAIN_PASSIVE: 1}
+
+
+def test_wrong_federation_size_is_refused(out_dir):
+    cfg = RunConfig(dataset="crime", num_server_rounds=2, output_dir=out_dir, round_timeout=2)
+    grid = InProcessGrid(client_app, cfg.to_flower(), 4)
+    with pytest.raises(FederationError, match="num-parties=6"):
+        run_server(grid, cfg.to_flower())
+
+
+def test_client_failure_names_the_node(out_dir):
+    cfg = RunConfig(dataset="crime", num_server_rounds=2, output_dir=out_dir)
+    grid = InProcessGrid(client_app, cfg.to_flower(), 6,
+                         node_configs=[{"partition-id": i, "num-partitions": 5} for i in range(6)])
+    with pytest.raises(FederationError, match="5 SuperNodes but the run asks for num-parties=6"):
+        run_server(grid, cfg.to_flower())
