@@ -32,7 +32,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     log(INFO, "FairVFL: writing results to %s", folder)
     strategy = FairVFL(cfg, labels, on_round=recorder.add)
     strategy.start(grid)
-    summary = recorder.finish({"party_columns": [len(c) for c in columns]})
+    summary = recorder.finish(
+        {"party_columns": [len(c) for c in columns], "setup_seconds": strategy.setup_seconds}
+    )
     text = format_summary(summary, folder)
     log(INFO, "%s", text)
     return summary, folder
