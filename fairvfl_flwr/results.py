@@ -116,9 +116,9 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     ax2.plot(rounds, [r["deo"] for r in rows], color="C1", label=r"DEO($\theta$)")
     if cfg.fairness:
         ax2.axhline(cfg.epsilon, color="k", ls="--", lw=1, label=rf"$\epsilon$ = {cfg.epsilon:g}")
-    ax2.set_yscale("log")
     ax2.set_xlabel("communication round")
     ax2.set_ylabel(r"DEO($\theta$) on train")
+    ax2.set_ylim(bottom=0)
     ax2.set_title("fairness constraint")
     ax2.legend()
     label = "FairVFL" if cfg.fairness else "FedBCD (fairness off)"
