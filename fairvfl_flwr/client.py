@@ -22,7 +22,7 @@ from .data import ids_digest
 from .models import DTYPES, build_model, squared_norm
 from .objective import Groups
 from .parties import ActiveParty, Party
-from .problem import is_active, load_data, party_columns
+from .problem import constraint_groups, is_active, load_data, party_columns
 
 MODEL_STATE = "fairvfl.model"
 
@@ -77,7 +77,7 @@ def _party_data(cfg: RunConfig, partition_id: int) -> PartyData:
         ids_digest=ids_digest(ds.ids_train),
     )
     if is_active(cfg, partition_id):
-        groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label)
+        groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
         return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
     return PartyData(role=msgs.ROLE_PASSIVE, **common)
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from .data import DATASETS
 from .models import DTYPES, MODELS
+from .objective import CONSTRAINTS
 
 
 class ConfigError(ValueError):
@@ -37,7 +38,9 @@ class RunConfig:
     active_columns: int = 0
     seed: int = 0
     eval_every: int = 50
-    fairness: bool = True
+    fairness: bool = True  # false: the unconstrained FedBCD baseline (multipliers stay 0)
+    constraint: str = "deo"  # which gaps are constrained when fairness is on (objective.CONSTRAINTS)
+    validation_fraction: float = 0.0  # > 0: hold out this share of training rows and evaluate on it
     output_dir: str = "outputs"
     hidden: int = 16
     dtype: str = "float64"
@@ -118,6 +121,10 @@ class RunConfig:
             raise bad("eval-every", "must be at least 1")
         if self.hidden < 1:
             raise bad("hidden", "must be at least 1")
+        if self.constraint not in CONSTRAINTS:
+            raise bad("constraint", f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
+        if not 0 <= self.validation_fraction <= 0.5:
+            raise bad("validation-fraction", "must be between 0 (no validation split) and 0.5")
         if self.round_timeout <= 0:
             raise bad("round-timeout", "must be > 0 seconds")
         self.mu_value(1000)  # parse check

@@ -6,6 +6,19 @@ party (local steps), so both compute ν the same way.
 Notation: ``z`` summed logits, ``y`` labels in {-1, +1}, ``o_i = dl/dz_i``,
 ``N^a`` / ``N^b`` rows of group a / b with the protected label,
 ``D = mean loss over N^a - mean loss over N^b``.
+
+Constraint sets (run-config key ``constraint``). Each constraint c is a loss gap
+``D_c = mean loss over A_c - mean loss over B_c`` between group a and group b on a row
+subset, kept within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c-)``:
+
+* ``deo``: one constraint on the protected-label rows (the paper's DEO; 2 multipliers);
+* ``equalized-odds``: one constraint per label value, protected label first (4);
+* ``demographic-parity``: one constraint on all rows (2).
+
+The multiplier vector is ``[λ_1+, λ_1-, λ_2+, λ_2-, ...]``; for ``deo`` it is the
+paper's ``[λ1, λ2]``. The general masked weight is
+
+    ν_i = w_i o_i,  w_i = 1/n + Σ_c (λ_c+ − λ_c−) ([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|).
 """
 
 from __future__ import annotations
@@ -26,24 +39,16 @@ def loss_derivative(y: np.ndarray, z: np.ndarray) -> np.ndarray:
     return -y * 0.5 * (1.0 + np.tanh(-0.5 * y * z))
 
 
+CONSTRAINTS = ("deo", "equalized-odds", "demographic-parity")
+
+
 @dataclass(frozen=True)
-class Groups:
-    """Row masks of N^a and N^b and the sizes the weights need."""
+class Constraint:
+    """One loss-gap constraint: rows of group a (``in_a``) against rows of group b (``in_b``)."""
 
-    in_a: np.ndarray  # bool, row in N^a
-    in_b: np.ndarray  # bool, row in N^b
-    n: int
-
-    @classmethod
-    def from_labels(cls, y: np.ndarray, s: np.ndarray, protected_label: int) -> "Groups":
-        prot = np.asarray(y) == protected_label
-        s = np.asarray(s, dtype=bool)
-        g = cls(in_a=prot & s, in_b=prot & ~s, n=len(y))
-        if g.size_a == 0 or g.size_b == 0:
-            raise ValueError(
-                f"both groups need rows with the protected label: |N^a|={g.size_a}, |N^b|={g.size_b}"
-            )
-        return g
+    name: str
+    in_a: np.ndarray
+    in_b: np.ndarray
 
     @property
     def size_a(self) -> int:
@@ -54,23 +59,95 @@ class Groups:
         return int(self.in_b.sum())
 
 
+@dataclass(frozen=True)
+class Groups:
+    """The row subsets of every constraint, and the sizes the weights need.
+
+    ``in_a`` / ``in_b`` are the first constraint's masks (N^a, N^b for ``deo`` and
+    ``equalized-odds``); ``constraints`` lists them all (one DEO constraint if omitted).
+    """
+
+    in_a: np.ndarray  # bool, row in N^a
+    in_b: np.ndarray  # bool, row in N^b
+    n: int
+    constraints: tuple[Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.constraints:
+            object.__setattr__(self, "constraints", (Constraint("deo", self.in_a, self.in_b),))
+
+    @classmethod
+    def from_labels(cls, y: np.ndarray, s: np.ndarray, protected_label: int, constraint: str = "deo") -> "Groups":
+        y = np.asarray(y)
+        s = np.asarray(s, dtype=bool)
+        if constraint not in CONSTRAINTS:
+            raise ValueError(f"unknown constraint {constraint!r}: choose one of {', '.join(CONSTRAINTS)}")
+        if constraint == "demographic-parity":
+            subsets = [("all rows", np.ones(len(y), dtype=bool))]
+        else:
+            subsets = [(f"y={protected_label:+d}", y == protected_label)]
+            if constraint == "equalized-odds":
+                subsets.append((f"y={-protected_label:+d}", y == -protected_label))
+        cons = tuple(Constraint(name, rows & s, rows & ~s) for name, rows in subsets)
+        for c in cons:
+            if c.size_a == 0 or c.size_b == 0:
+                what = "the protected label" if c is cons[0] and constraint != "demographic-parity" else c.name
+                raise ValueError(
+                    f"both groups need rows with {what} ({constraint}): |A|={c.size_a}, |B|={c.size_b}"
+                )
+        return cls(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(y), constraints=cons)
+
+    @property
+    def size_a(self) -> int:
+        return int(self.in_a.sum())
+
+    @property
+    def size_b(self) -> int:
+        return int(self.in_b.sum())
+
+    @property
+    def num_multipliers(self) -> int:
+        return 2 * len(self.constraints)
+
+
 def loss_gap(losses: np.ndarray, groups: Groups) -> float:
-    """D(θ): mean loss over N^a minus mean loss over N^b."""
+    """D(θ) of the first constraint: mean loss over N^a minus mean loss over N^b."""
     return float(losses[groups.in_a].mean() - losses[groups.in_b].mean())
 
 
-def dual_step(lam: np.ndarray, gap: float, epsilon: float, beta: float, c: float) -> np.ndarray:
-    """Projected ascent on f̃: ``λ ← max(0, λ + β [-c λ1 + D - ε, -c λ2 - D - ε])``."""
-    grad = np.array([-c * lam[0] + gap - epsilon, -c * lam[1] - gap - epsilon])
+def loss_gaps(losses: np.ndarray, groups: Groups) -> np.ndarray:
+    """D_c(θ) of every constraint, in multiplier order."""
+    return np.array([losses[c.in_a].mean() - losses[c.in_b].mean() for c in groups.constraints])
+
+
+def dual_step(lam: np.ndarray, gap, epsilon: float, beta: float, c: float) -> np.ndarray:
+    """Projected ascent on f̃: ``λ_c± ← max(0, λ_c± + β (-c λ_c± ± D_c - ε))`` for every constraint.
+
+    ``gap`` is D (a number, one constraint) or the vector of D_c; ``lam`` has two
+    entries per constraint, ``[λ_1+, λ_1-, λ_2+, λ_2-, ...]``.
+    """
+    lam = np.asarray(lam, dtype=np.float64)
+    gaps = np.atleast_1d(np.asarray(gap, dtype=np.float64))
+    if lam.shape != (2 * len(gaps),):
+        raise ValueError(f"{len(gaps)} constraint(s) need {2 * len(gaps)} multipliers, got {lam.shape}")
+    grad = np.empty_like(lam)
+    grad[0::2] = -c * lam[0::2] + gaps - epsilon
+    grad[1::2] = -c * lam[1::2] - gaps - epsilon
     return np.maximum(0.0, lam + beta * grad)
 
 
 def row_weights(lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """Per-row factor w_i with ν_i = w_i o_i (1/n, shifted by ±(λ1-λ2)/|N^s| on N^a, N^b)."""
+    """Per-row factor w_i with ν_i = w_i o_i: 1/n plus ±(λ_c+ − λ_c−)/|A_c|, /|B_c| per constraint."""
+    lam = np.asarray(lam, dtype=np.float64)
+    if lam.shape != (groups.num_multipliers,):
+        raise ValueError(
+            f"{len(groups.constraints)} constraint(s) need {groups.num_multipliers} multipliers, got {lam.shape}"
+        )
     w = np.full(groups.n, 1.0 / groups.n)
-    d = float(lam[0] - lam[1])
-    w[groups.in_a] += d / groups.size_a
-    w[groups.in_b] -= d / groups.size_b
+    for k, con in enumerate(groups.constraints):
+        d = float(lam[2 * k] - lam[2 * k + 1])
+        w[con.in_a] += d / con.size_a
+        w[con.in_b] -= d / con.size_b
     return w
 
 
@@ -84,13 +161,20 @@ class TrainStats:
     """What the server records about θ on the training rows each round."""
 
     loss: float  # data term of L(θ) (regulariser added by the caller)
-    gap: float  # D(θ)
+    gap: float  # D(θ) of the first constraint (DEO's D for deo / equalized-odds)
+    gaps: tuple[float, ...] = ()  # D_c(θ) of every constraint
 
     @property
     def deo(self) -> float:
         return abs(self.gap)
 
+    @property
+    def max_gap(self) -> float:
+        """max_c |D_c(θ)|: the constraint set holds when this is <= ε."""
+        return max((abs(g) for g in self.gaps), default=abs(self.gap))
+
 
 def train_stats(y: np.ndarray, z: np.ndarray, groups: Groups) -> TrainStats:
     losses = logistic_loss(y, z)
-    return TrainStats(loss=float(losses.mean()), gap=loss_gap(losses, groups))
+    gaps = loss_gaps(losses, groups)
+    return TrainStats(loss=float(losses.mean()), gap=float(gaps[0]), gaps=tuple(float(g) for g in gaps))

@@ -6,6 +6,7 @@ config and seed, so the split and the partition agree without being sent anywher
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,44 @@ from .partition import split_columns
 
 
 def load_data(cfg: RunConfig) -> FairDataset:
+    """The run's table and split; with ``validation-fraction`` > 0 the validation split
+    replaces the test rows (see :func:`hold_out_validation`)."""
+    ds = _load_table(cfg)
+    if cfg.validation_fraction > 0:
+        ds = hold_out_validation(ds, cfg.validation_fraction, cfg.seed)
+    return ds
+
+
+def hold_out_validation(ds: FairDataset, fraction: float, seed: int) -> FairDataset:
+    """Carve a seeded share of the training rows out as a validation split.
+
+    The returned dataset trains on the remaining training rows and evaluates on the
+    validation rows (they take the place of the test rows, which are not used at all),
+    so a run's ACC/DFP/DFN are validation numbers and ε can be chosen without looking
+    at the test set. Every role derives the same split from (fraction, seed). The
+    features keep the standardisation of the full training split (feature means and
+    deviations only; no labels leak).
+    """
+    n = len(ds.y_train)
+    n_val = int(round(fraction * n))
+    if not 0 < n_val < n:
+        raise ValueError(f"validation-fraction={fraction} of {n} training rows leaves no rows on one side")
+    perm = np.random.default_rng([seed, 0x5EED]).permutation(n)
+    val, tr = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    return dataclasses.replace(
+        ds,
+        X_train=ds.X_train[tr], y_train=ds.y_train[tr], s_train=ds.s_train[tr], ids_train=ds.ids_train[tr],
+        X_test=ds.X_train[val], y_test=ds.y_train[val], s_test=ds.s_train[val], ids_test=ds.ids_train[val],
+        extra={**ds.extra, "evaluation": "validation", "validation_rows": n_val},
+    )
+
+
+def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int) -> Groups:
+    """The row subsets of the run's constraint set (``constraint`` key; DEO by default)."""
+    return Groups.from_labels(y, s, protected_label, cfg.constraint)
+
+
+def _load_table(cfg: RunConfig) -> FairDataset:
     if cfg.dataset == "csv":
         return load_csv(
             cfg.csv_path,
@@ -55,7 +94,11 @@ class ServerLabels:
 
     @property
     def groups(self) -> Groups:
+        """DEO's groups; use :meth:`groups_for` for the run's constraint set."""
         return Groups.from_labels(self.y_train, self.s_train, self.protected_label)
+
+    def groups_for(self, constraint: str) -> Groups:
+        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint)
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .models import gradient_step
-from .objective import Groups, dual_step, loss_gap, logistic_loss
+from .objective import Groups, dual_step, logistic_loss, loss_gaps
 
 
 def lagrangian(
@@ -27,16 +27,24 @@ def lagrangian(
     c: float,
     mu: float,
 ) -> torch.Tensor:
-    """f̃ = L(θ) + λ1 (D − ε) − λ2 (D + ε) − (c/2)‖λ‖², differentiable in every θ_k."""
+    """f̃ = L(θ) + Σ_c [λ_c+ (D_c − ε) − λ_c− (D_c + ε)] − (c/2)‖λ‖², differentiable in every θ_k.
+
+    For ``deo`` groups (one constraint) this is the paper's L + λ1 (D − ε) − λ2 (D + ε) − (c/2)‖λ‖².
+    """
     z = sum(m(x) for m, x in zip(models, blocks))
     yt = torch.as_tensor(y, dtype=z.dtype)
     losses = nn.functional.softplus(-yt * z)  # log(1 + exp(-y z))
     reg = sum((p**2).sum() for m in models for p in m.parameters())
     L = losses.mean() + 0.5 * mu * reg
-    ia, ib = torch.as_tensor(groups.in_a), torch.as_tensor(groups.in_b)
-    D = losses[ia].mean() - losses[ib].mean()
-    lam1, lam2 = float(lam[0]), float(lam[1])
-    return L + lam1 * (D - epsilon) - lam2 * (D + epsilon) - 0.5 * c * (lam1**2 + lam2**2)
+    lam = np.asarray(lam, dtype=np.float64)
+    if lam.shape != (groups.num_multipliers,):
+        raise ValueError(f"{len(groups.constraints)} constraint(s) need {groups.num_multipliers} multipliers")
+    f = L - 0.5 * c * float((lam**2).sum())
+    for k, con in enumerate(groups.constraints):
+        ia, ib = torch.as_tensor(con.in_a), torch.as_tensor(con.in_b)
+        D = losses[ia].mean() - losses[ib].mean()
+        f = f + float(lam[2 * k]) * (D - epsilon) - float(lam[2 * k + 1]) * (D + epsilon)
+    return f
 
 
 class CentralisedGDA:
@@ -45,7 +53,7 @@ class CentralisedGDA:
     def __init__(self, models, blocks, y, groups, *, epsilon, beta, c, mu, lr, fairness=True):
         self.models, self.blocks, self.y, self.groups = list(models), list(blocks), y, groups
         self.epsilon, self.beta, self.c, self.mu, self.lr, self.fairness = epsilon, beta, c, mu, lr, fairness
-        self.lam = np.zeros(2)
+        self.lam = np.zeros(groups.num_multipliers)
         self.lams: list[np.ndarray] = []
 
     def z(self) -> np.ndarray:
@@ -53,7 +61,7 @@ class CentralisedGDA:
             return sum(m(x) for m, x in zip(self.models, self.blocks)).numpy()
 
     def round(self) -> None:
-        gap = loss_gap(logistic_loss(self.y, self.z()), self.groups)
+        gap = loss_gaps(logistic_loss(self.y, self.z()), self.groups)
         if self.fairness:
             self.lam = dual_step(self.lam, gap, self.epsilon, self.beta, self.c)
         self.lams.append(self.lam.copy())

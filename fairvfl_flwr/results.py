@@ -23,7 +23,10 @@ from pathlib import Path
 
 from .config import RunConfig
 
-COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "dfn", "seconds"]
+# lambda1/lambda2: the first two multipliers (the paper's λ for constraint=deo); max_gap,
+# gaps, lambdas: every constraint's gap and every multiplier (docs/fairness-constraints.md).
+COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "dfn", "seconds",
+           "max_gap", "gaps", "lambdas"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
@@ -88,6 +91,11 @@ class RunRecorder:
             "train_loss": last["loss"],
             "train_deo": last["deo"],
             "lambda": [last["lambda1"], last["lambda2"]],
+            "constraint": self.cfg.constraint,
+            "train_max_gap": last.get("max_gap", last["deo"]),
+            "train_gaps": last.get("gaps", [last["gap"]]),
+            "lambdas": last.get("lambdas", [last["lambda1"], last["lambda2"]]),
+            "evaluated_on": "validation" if self.cfg.validation_fraction > 0 else "test",
             "test_acc": final_eval.get("acc"),
             "test_dfp": final_eval.get("dfp"),
             "test_dfn": final_eval.get("dfn"),
@@ -114,6 +122,8 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     ax1.set_ylabel(r"$L(\theta)$")
     ax1.set_title("training objective")
     ax2.plot(rounds, [r["deo"] for r in rows], color="C1", label=r"DEO($\theta$)")
+    if cfg.constraint != "deo" and all("max_gap" in r for r in rows):
+        ax2.plot(rounds, [r["max_gap"] for r in rows], color="C2", label=rf"max$_c|D_c|$ ({cfg.constraint})")
     if cfg.fairness:
         ax2.axhline(cfg.epsilon, color="k", ls="--", lw=1, label=rf"$\epsilon$ = {cfg.epsilon:g}")
     ax2.set_xlabel("communication round")

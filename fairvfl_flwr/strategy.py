@@ -69,11 +69,11 @@ class FairVFL(Strategy):
     ) -> None:
         self.cfg = config
         self.labels = labels
-        self.groups = labels.groups
+        self.groups = labels.groups_for(config.constraint)
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.wire_dtype = np.float64 if config.dtype == "float64" else np.float32
-        self.lam = np.zeros(2)
+        self.lam = np.zeros(self.groups.num_multipliers)  # [λ_1+, λ_1-, ...]; deo: [λ1, λ2]
         self.nodes: dict[int, Node] = {}
         self.u_train: dict[int, np.ndarray] = {}
         self.u_test: dict[int, np.ndarray] = {}
@@ -89,10 +89,10 @@ class FairVFL(Strategy):
         c = self.cfg
         log(
             INFO,
-            "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s, "
+            "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), "
             "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds",
             c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
-            "on" if c.fairness else "off", c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
+            "on" if c.fairness else "off", c.constraint, c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
         )
 
     def configure_train(
@@ -101,7 +101,7 @@ class FairVFL(Strategy):
         """Dual step on λ, then z and λ to active parties and ν to passive ones."""
         z = self._z("train")
         if self.cfg.fairness:
-            self.lam = dual_step(self.lam, self.stats.gap, self.cfg.epsilon, self.cfg.beta, self.cfg.c)
+            self.lam = dual_step(self.lam, np.array(self.stats.gaps), self.cfg.epsilon, self.cfg.beta, self.cfg.c)
         nu = masked_weights(self.labels.y_train, z, self.lam, self.groups)
         evaluate = self._evaluates(server_round)
         out = []
@@ -255,6 +255,9 @@ class FairVFL(Strategy):
             "gap": self.stats.gap,
             "lambda1": float(self.lam[0]),
             "lambda2": float(self.lam[1]),
+            "max_gap": self.stats.max_gap,  # max_c |D_c|: the constraint set holds when <= ε
+            "gaps": list(self.stats.gaps),  # D_c of every constraint (deo: [D])
+            "lambdas": [float(v) for v in self.lam],  # all multipliers [λ_1+, λ_1-, λ_2+, λ_2-, ...]
             "acc": np.nan,
             "dfp": np.nan,
             "dfn": np.nan,

@@ -1,0 +1,220 @@
+"""Issue 9: constraint sets (deo / equalized-odds / demographic-parity), several active
+parties, and the validation split used to choose ε."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fairvfl_flwr import messages as msgs
+from fairvfl_flwr.client import MODEL_STATE
+from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.inprocess import InProcessGrid
+from fairvfl_flwr.models import build_model
+from fairvfl_flwr.objective import CONSTRAINTS, Groups, dual_step, loss_derivative, masked_weights, row_weights
+from fairvfl_flwr.partition import split_columns
+from fairvfl_flwr.problem import load_data
+from fairvfl_flwr.reference import CentralisedGDA, lagrangian
+from fairvfl_flwr.server import run_server
+
+
+# -- the math ------------------------------------------------------------------------
+def _problem(model: str, seed: int):
+    rng = np.random.default_rng(seed)
+    n, widths = 150, [4, 3, 5]
+    blocks = [torch.from_numpy(rng.normal(size=(n, m))) for m in widths]
+    y = rng.choice([-1.0, 1.0], size=n)
+    s = rng.random(n) < 0.4
+    models = [build_model(model, m, bias=k < 2 or model == "mlp", seed=seed + k) for k, m in enumerate(widths)]
+    with torch.no_grad():
+        for m in models:
+            for p in m.parameters():
+                p.add_(torch.from_numpy(rng.normal(scale=0.3, size=tuple(p.shape))))
+    return blocks, y, s, models
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINTS)
+@pytest.mark.parametrize("model", ["linear", "mlp"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gradient_identity_for_every_constraint_set(constraint, model, seed):
+    """J_kᵀν + μθ_k = ∇_{θ_k} f̃ (autograd on the centralised Lagrangian), every constraint set."""
+    blocks, y, s, models = _problem(model, seed)
+    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint)
+    lam = np.random.default_rng(seed).uniform(0, 2, size=groups.num_multipliers)
+    mu, eps, c = 2 / len(y), 0.01, 1e-3
+    f = lagrangian(models, blocks, y, groups, lam, eps, c, mu)
+    f.backward()
+    expected = [[p.grad.clone() for p in m.parameters()] for m in models]
+    for m in models:
+        m.zero_grad()
+    with torch.no_grad():
+        z = sum(m(x) for m, x in zip(models, blocks)).numpy()
+    nu = masked_weights(y, z, lam, groups)
+    for k, (m, x) in enumerate(zip(models, blocks)):
+        m(x).backward(torch.from_numpy(nu))
+        for p, g in zip(m.parameters(), expected[k]):
+            assert torch.allclose(p.grad + mu * p.detach(), g, atol=1e-8, rtol=0), k
+
+
+def test_constraint_sets_have_the_documented_subsets_and_multipliers():
+    y = np.array([1, 1, 1, -1, -1, -1, 1, -1])
+    s = np.array([1, 0, 1, 1, 0, 0, 0, 1], dtype=bool)
+    deo = Groups.from_labels(y, s, 1, "deo")
+    eo = Groups.from_labels(y, s, 1, "equalized-odds")
+    dp = Groups.from_labels(y, s, 1, "demographic-parity")
+    assert [deo.num_multipliers, eo.num_multipliers, dp.num_multipliers] == [2, 4, 2]
+    assert np.array_equal(eo.constraints[0].in_a, deo.in_a) and np.array_equal(eo.in_b, deo.in_b)
+    assert np.array_equal(eo.constraints[1].in_a, (y == -1) & s)
+    assert np.array_equal(dp.in_a, s) and np.array_equal(dp.in_b, ~s)
+    # protected label -1: the first equalized-odds constraint is still the protected one
+    eo_neg = Groups.from_labels(y, s, -1, "equalized-odds")
+    assert np.array_equal(eo_neg.in_a, (y == -1) & s)
+
+
+def test_general_nu_formula_by_hand():
+    y = np.array([1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 1.0, -1.0])
+    s = np.array([1, 0, 1, 1, 0, 0, 0, 1], dtype=bool)
+    g = Groups.from_labels(y, s, 1, "equalized-odds")
+    lam = np.array([0.5, 0.1, 0.0, 0.3])
+    w = row_weights(lam, g)
+    # rows 0,2: y=+1 & a (2 rows); rows 1,6: y=+1 & b; rows 3,7: y=-1 & a; rows 4,5: y=-1 & b
+    d1, d2 = 0.4, -0.3
+    want = np.array([1 / 8 + d1 / 2, 1 / 8 - d1 / 2, 1 / 8 + d1 / 2, 1 / 8 + d2 / 2,
+                     1 / 8 - d2 / 2, 1 / 8 - d2 / 2, 1 / 8 - d1 / 2, 1 / 8 + d2 / 2])
+    assert w == pytest.approx(want)
+    z = np.linspace(-1, 1, 8)
+    assert masked_weights(y, z, lam, g) == pytest.approx(want * loss_derivative(y, z))
+    with pytest.raises(ValueError, match="4 multipliers"):
+        row_weights(np.zeros(2), g)
+
+
+def test_dual_step_over_all_multipliers():
+    lam = dual_step(np.zeros(4), np.array([0.2, -0.3]), epsilon=0.05, beta=0.1, c=0.0)
+    assert lam == pytest.approx([0.015, 0.0, 0.0, 0.025])
+    # one constraint, scalar gap: the paper's step, unchanged
+    assert dual_step(np.zeros(2), 0.2, 0.05, 0.1, 0.0) == pytest.approx([0.015, 0.0])
+
+
+def test_equalized_odds_needs_both_label_values_in_both_groups():
+    y = np.array([1, 1, -1, -1])
+    s = np.array([1, 0, 1, 1], dtype=bool)  # no group-b row with y = -1
+    Groups.from_labels(y, s, 1, "deo")
+    with pytest.raises(ValueError, match="equalized-odds"):
+        Groups.from_labels(y, s, 1, "equalized-odds")
+
+
+# -- configuration -------------------------------------------------------------------
+@pytest.mark.parametrize("key,value", [("constraint", "eo"), ("validation-fraction", 0.9),
+                                       ("validation-fraction", -0.1)])
+def test_bad_new_keys_are_refused_by_name(key, value):
+    with pytest.raises(ConfigError, match=f"run config {key}="):
+        RunConfig.from_flower({key: value})
+
+
+def test_new_keys_are_listed_in_pyproject_and_fairness_bool_still_works():
+    import tomllib
+    from pathlib import Path
+
+    listed = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert listed["constraint"] == "deo" and listed["validation-fraction"] == 0.0
+    cfg = RunConfig.from_flower({"fairness": "false", "constraint": "equalized-odds"})
+    assert cfg.fairness is False and cfg.constraint == "equalized-odds"
+
+
+def test_validation_split_is_seeded_disjoint_and_replaces_the_test_rows():
+    base = RunConfig(dataset="crime", seed=2)
+    full = load_data(base)
+    a = load_data(base.replace(validation_fraction=0.25))
+    b = load_data(base.replace(validation_fraction=0.25))
+    assert len(a.y_test) == 300 and len(a.y_train) == 900
+    assert np.array_equal(a.ids_train, b.ids_train) and np.array_equal(a.ids_test, b.ids_test)
+    assert not set(a.ids_train) & set(a.ids_test)
+    assert set(a.ids_train) | set(a.ids_test) == set(full.ids_train)  # carved from train, test untouched
+    other = load_data(base.replace(validation_fraction=0.25, seed=3))
+    assert not np.array_equal(np.sort(other.ids_test), np.sort(a.ids_test))
+
+
+# -- federated runs ------------------------------------------------------------------
+def _run(cfg: RunConfig, **grid_kwargs):
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
+    summary, folder = run_server(grid, cfg.to_flower())
+    return grid, summary, folder
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINTS)
+def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, out_dir):
+    rounds, seed = 8, 4
+    cfg = RunConfig(
+        dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
+        epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=seed, constraint=constraint,
+    )
+    grid, summary, folder = _run(cfg)
+
+    ds = load_data(cfg)
+    cols = split_columns(ds.n_features, 6, 2, 49)
+    models = [build_model("linear", len(c), bias=k < 2, seed=seed * 1000 + k) for k, c in enumerate(cols)]
+    blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
+    groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint)
+    ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
+                         epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
+    for _ in range(rounds):
+        ref.round()
+
+    fed = {int(ctx.node_config["partition-id"]): ctx.state.array_records[MODEL_STATE].to_torch_state_dict()
+           for ctx in grid.contexts.values()}
+    for k, m in enumerate(models):
+        for name, p in m.state_dict().items():
+            assert torch.allclose(fed[k][name], p, atol=1e-10), (k, name)
+    history = json.loads((folder / "history.json").read_text())
+    lams = np.array([r["lambdas"] for r in history[1:]])
+    assert lams.shape == (rounds, groups.num_multipliers)
+    assert np.allclose(lams, np.array(ref.lams), atol=1e-12)
+    assert [[r["lambda1"], r["lambda2"]] for r in history] == [r["lambdas"][:2] for r in history]
+    assert lams[-1].max() > 0
+    assert summary["constraint"] == constraint and len(summary["lambdas"]) == groups.num_multipliers
+
+
+def test_equalized_odds_passive_parties_still_receive_only_nu(out_dir):
+    seen = []
+    cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir,
+                    constraint="equalized-odds", num_active=2)
+    grid, _, _ = _run(cfg, tap=seen.append)
+    active_ids = {nid for nid, ctx in grid.contexts.items() if ctx.node_config["partition-id"] < 2}
+    for m in seen:
+        if m.metadata.dst_node_id in active_ids:
+            if m.metadata.message_type == msgs.TRAIN_ACTIVE:
+                payload = m.content.array_records[msgs.PAYLOAD]
+                assert set(payload) == {"z", "lam"} and list(payload["lam"].shape) == [4]
+            continue
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE)
+        assert not m.content.metric_records
+        if m.metadata.message_type == msgs.TRAIN_PASSIVE:
+            assert set(m.content.array_records) == {msgs.PAYLOAD}
+            assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
+        for record in m.content.config_records.values():
+            assert set(record) <= {"round", "evaluate"}
+
+
+def test_fairness_off_keeps_every_multiplier_zero(out_dir):
+    cfg = RunConfig(dataset="crime", fairness=False, constraint="equalized-odds", num_server_rounds=20,
+                    eval_every=10, output_dir=out_dir)
+    _, summary, _ = _run(cfg)
+    assert summary["lambda"] == [0.0, 0.0] and summary["lambdas"] == [0.0] * 4
+
+
+def test_two_active_parties_with_local_steps_meet_the_constraint_set(out_dir):
+    cfg = RunConfig(dataset="crime", constraint="equalized-odds", num_active=2, local_steps=3, epsilon=0.05,
+                    num_server_rounds=200, eval_every=100, output_dir=out_dir)
+    _, summary, _ = _run(cfg)
+    assert summary["train_max_gap"] <= 0.05 + 0.015
+    assert summary["test_acc"] > 0.75
+
+
+def test_validation_run_evaluates_on_validation_rows(out_dir):
+    cfg = RunConfig(dataset="crime", validation_fraction=0.2, num_server_rounds=4, eval_every=2, output_dir=out_dir)
+    _, summary, folder = _run(cfg)
+    assert summary["evaluated_on"] == "validation"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["dataset-summary"]["train"]["rows"] == 960 and config["dataset-summary"]["test"]["rows"] == 240
