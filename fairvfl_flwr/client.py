@@ -22,6 +22,7 @@ from .data import ids_digest
 from .models import DTYPES, build_model, squared_norm
 from .objective import Groups
 from .parties import ActiveParty, Party
+from .partydata import NodeConfigError, PartySpec, load_party, party_spec
 from .problem import constraint_groups, is_active, load_data, party_columns
 
 MODEL_STATE = "fairvfl.model"
@@ -30,10 +31,6 @@ MODEL_STATE = "fairvfl.model"
 # contention when several parties (Ray actors, or a sweep beside a run) share the cores.
 # Measured on 2 cores: Adult, 6 parties, ~25 ms/round with 1 thread vs ~90+ ms with 2.
 torch.set_num_threads(1)
-
-
-class NodeConfigError(ValueError):
-    """The SuperNode's node config does not fit this run."""
 
 
 @dataclass(frozen=True)
@@ -49,34 +46,21 @@ class PartyData:
     groups: Groups | None = None
 
 
-def _partition_id(context: Context, cfg: RunConfig) -> int:
-    node = context.node_config
-    if "partition-id" not in node:
-        raise NodeConfigError(f"node config has no 'partition-id' (got keys {sorted(node)})")
-    pid, num = int(node["partition-id"]), int(node.get("num-partitions", cfg.num_parties))
-    if num != cfg.num_parties:
-        raise NodeConfigError(
-            f"the federation has {num} SuperNodes but the run asks for num-parties={cfg.num_parties}; "
-            f"start it with num-supernodes={cfg.num_parties}"
-        )
-    if not 0 <= pid < cfg.num_parties:
-        raise NodeConfigError(f"partition-id={pid} is outside 0..{cfg.num_parties - 1}")
-    return pid
-
-
 @functools.lru_cache(maxsize=16)
-def _party_data(cfg: RunConfig, partition_id: int) -> PartyData:
+def _party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
+    # One path for deployment (the party's own file, from --node-config) and simulation
+    # (partition-id: the packaged table, built as export would write it); see partydata.
     # Cached per process: in simulation a worker serves many rounds of the same run.
-    ds = load_data(cfg)
-    cols = party_columns(cfg, ds)[partition_id]
+    ds = load_party(spec, None if spec.data_path else cfg)
+    partition_id = spec.partition_id
     dtype = DTYPES[cfg.dtype]
     common = dict(
         partition_id=partition_id,
-        X_train=torch.from_numpy(np.ascontiguousarray(ds.X_train[:, cols])).to(dtype),
-        X_test=torch.from_numpy(np.ascontiguousarray(ds.X_test[:, cols])).to(dtype),
-        ids_digest=ids_digest(ds.ids_train),
+        X_train=torch.from_numpy(ds.X_train).to(dtype),
+        X_test=torch.from_numpy(ds.X_test).to(dtype),
+        ids_digest=ds.ids_digest,
     )
-    if is_active(cfg, partition_id):
+    if ds.role == msgs.ROLE_ACTIVE:
         groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
         return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
     return PartyData(role=msgs.ROLE_PASSIVE, **common)
@@ -84,7 +68,7 @@ def _party_data(cfg: RunConfig, partition_id: int) -> PartyData:
 
 def _setup(context: Context) -> tuple[RunConfig, PartyData]:
     cfg = RunConfig.from_flower(context.run_config)
-    return cfg, _party_data(cfg, _partition_id(context, cfg))
+    return cfg, _party_data(cfg, party_spec(context.node_config, cfg.num_parties, cfg.num_active))
 
 
 def _party(cfg: RunConfig, data: PartyData, context: Context) -> Party:
@@ -170,3 +154,6 @@ def train_passive(message: Message, context: Context) -> Message:
     party.step(nu)
     _save(party, context)
     return _reply(message, party, steps=1)
+
+
+from . import splitlearning  # noqa: E402,F401  (registers the split-learning baseline's handlers on `app`)

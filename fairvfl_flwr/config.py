@@ -55,6 +55,9 @@ class RunConfig:
     csv_protected_label: int = 1
     csv_id_column: str = ""
     csv_train_fraction: float = 0.8
+    # Deployment: the server's label file (python -m fairvfl_flwr.export writes it); the
+    # server then reads labels and groups from it instead of the packaged/CSV table.
+    server_labels: str = ""
 
     # -- construction ------------------------------------------------------------
     @classmethod
@@ -87,7 +90,7 @@ class RunConfig:
 
         if self.dataset not in (*DATASETS, "csv"):
             raise bad("dataset", f"unknown dataset; choose one of {', '.join([*sorted(DATASETS), 'csv'])}")
-        if self.dataset == "csv":
+        if self.dataset == "csv" and not self.server_labels:
             for key in ("csv_path", "csv_label", "csv_positive", "csv_sensitive", "csv_group_a", "csv_group_b"):
                 if not getattr(self, key):
                     raise bad(key.replace("_", "-"), "required when dataset='csv'")

@@ -11,7 +11,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from .config import RunConfig
-from .problem import load_data, party_columns, server_labels
+from .partydata import server_labels_for
+from .problem import load_data, party_columns
 from .results import RunRecorder, format_summary, run_folder
 from .strategy import FairVFL
 
@@ -22,12 +23,15 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     Every input is validated (config, data, partition) before the first message.
     """
     cfg = RunConfig.from_flower(run_config)
-    ds = load_data(cfg)
-    columns = party_columns(cfg, ds)  # validates num-parties / active-columns against the table
-    labels = server_labels(cfg, ds)
+    if cfg.server_labels:  # deployment: the server holds only its label file, never a feature table
+        ds, columns, labels = None, [], server_labels_for(cfg)
+    else:
+        ds = load_data(cfg)
+        columns = party_columns(cfg, ds)  # validates num-parties / active-columns against the table
+        labels = server_labels_for(cfg, ds)
     folder = run_folder(cfg, run_id)
     recorder = RunRecorder(
-        folder, cfg, extra={"party-columns": [len(c) for c in columns], "dataset-summary": ds.summary()}
+        folder, cfg, extra={"party-columns": [len(c) for c in columns], "dataset-summary": ds.summary() if ds else None}
     )
     log(INFO, "FairVFL: writing results to %s", folder)
     strategy = FairVFL(cfg, labels, on_round=recorder.add)

@@ -190,7 +190,13 @@ class FairVFL(Strategy):
             )
             self.nodes[node.node_id] = node
             if str(info["ids-digest"]) != self.labels.ids_digest:
-                raise FederationError(f"{node} holds different training rows than the server (row-id digest differs)")
+                raise FederationError(
+                    f"{node} is not aligned with the server's labels: its row ids (digest {info['ids-digest']}, "
+                    f"{node.n_train}/{node.n_test} train/test rows) differ from the server's (digest "
+                    f"{self.labels.ids_digest}, {len(self.labels.y_train)}/{len(self.labels.y_test)} rows); "
+                    "every party file must hold the same row ids and train/test split (re-export them). "
+                    "Refused before round 1"
+                )
             if node.n_train != len(self.labels.y_train) or node.n_test != len(self.labels.y_test):
                 raise FederationError(
                     f"{node} has {node.n_train}/{node.n_test} train/test rows, the server "
