@@ -49,4 +49,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if str(context.run_config.get("mode", "fairvfl")) != "fairvfl":  # baselines / scores (runner.py)
+        from .runner import run_job
+
+        run_job(grid, context.run_config, getattr(grid.run, "run_id", None))
+        return
     run_server(grid, context.run_config, getattr(grid.run, "run_id", None))

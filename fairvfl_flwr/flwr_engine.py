@@ -1,0 +1,123 @@
+"""Drive the real Flower simulation runtime: a private SuperLink and `flwr run`.
+
+A reusable version of ``tests/flower_runtime.py`` for the compare command's
+``--engine flwr``. The SuperLink gets its own ``FLWR_HOME``, port and in-memory
+database, and runtime dependency installation is off (offline machines, CI).
+`flwr run` exits 0 even when the ServerApp fails, so a run's status is read back with
+`flwr ls` and must be ``finished:completed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+APP_DIR = Path(__file__).resolve().parents[1]  # the folder holding pyproject.toml (the Flower app)
+BIN = Path(sys.executable).parent
+
+
+class FlwrRunError(RuntimeError):
+    """The SuperLink could not start, or a run did not finish as completed."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_config_text(run_config: dict) -> str:
+    """``--run-config`` text: strings quoted, booleans lower-case, numbers as is."""
+    def fmt(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+
+    return " ".join(f"{k}={fmt(v)}" for k, v in run_config.items())
+
+
+class SimulationSuperLink:
+    """A ``flower-superlink --simulation`` with its own FLWR_HOME and port (context manager)."""
+
+    def __init__(self, home: Path, app_dir: Path = APP_DIR) -> None:
+        if not (Path(app_dir) / "pyproject.toml").exists():
+            raise FlwrRunError(f"--engine flwr needs the app's source folder (pyproject.toml); not found in {app_dir}")
+        if not (BIN / "flower-superlink").exists():
+            raise FlwrRunError(f"flower-superlink not found next to {sys.executable}; install flwr[simulation]")
+        self.app_dir = Path(app_dir)
+        self.home = Path(home)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "cmp"\n\n[superlink.cmp]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        }
+        self.log = open(self.home / "superlink.log", "w")
+        self.proc = subprocess.Popen(
+            [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+             "--host", "127.0.0.1", "--port", str(self.port), "--database", ":flwr-in-memory:",
+             "--disable-runtime-dependency-installation"],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.home,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.proc.poll() is not None:
+                raise FlwrRunError(f"flower-superlink exited: {(self.home / 'superlink.log').read_text()[-2000:]}")
+            time.sleep(0.3)
+        self.stop()
+        raise FlwrRunError("flower-superlink did not open its port within 60 s")
+
+    def __enter__(self) -> "SimulationSuperLink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def flwr(self, *args: str, timeout: float = 120) -> str:
+        out = subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.app_dir,
+                             capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise FlwrRunError(f"flwr {' '.join(args)} failed: {out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    def run(self, run_config: dict, num_supernodes: int, timeout: float = 3600) -> str:
+        """Submit ``flwr run .``, wait until it ends; return the run id (raises unless completed)."""
+        res = json.loads(self.flwr("run", ".", "cmp", "--run-config", run_config_text(run_config),
+                                   "--federation-config", f"num-supernodes={num_supernodes}", "--format", "json"))
+        if not res.get("success"):
+            raise FlwrRunError(f"flwr run refused the run: {res}")
+        run_id = str(res["run-id"])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"]
+            if status.startswith("finished"):
+                if status != "finished:completed":
+                    tail = self.flwr("log", run_id, "cmp", "--show")[-3000:]
+                    raise FlwrRunError(f"run {run_id} ended {status}:\n{tail}")
+                return run_id
+            time.sleep(1)
+        raise FlwrRunError(f"run {run_id} did not finish within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
