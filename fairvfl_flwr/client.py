@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from . import messages as msgs
+from . import view
 from .config import RunConfig
 from .data import ids_digest
 from .models import DTYPES, build_model, squared_norm
@@ -151,6 +152,9 @@ def train_passive(message: Message, context: Context) -> Message:
     cfg, data = _setup(context)
     party = _party(cfg, data, context)
     nu = msgs.read_array(message.content, msgs.PAYLOAD, "nu").astype(np.float64)
+    if cfg.record_view:
+        server_round = int(message.content.config_records[msgs.ROUND]["round"])
+        view.record(cfg.record_view, data.partition_id, server_round, cfg.record_every, nu)
     party.step(nu)
     _save(party, context)
     return _reply(message, party, steps=1)

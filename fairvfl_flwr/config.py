@@ -58,6 +58,11 @@ class RunConfig:
     # Deployment: the server's label file (python -m fairvfl_flwr.export writes it); the
     # server then reads labels and groups from it instead of the packaged/CSV table.
     server_labels: str = ""
+    # Privacy audit: passive parties keep a transcript of the ν they receive (view.py).
+    record_view: str = ""
+    record_every: int = 10
+    # Gaussian noise on ν before it reaches passive parties, in units of 1/n (strategy._noisy).
+    nu_noise: float = 0.0
 
     # -- construction ------------------------------------------------------------
     @classmethod
@@ -128,6 +133,10 @@ class RunConfig:
             raise bad("constraint", f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
         if not 0 <= self.validation_fraction <= 0.5:
             raise bad("validation-fraction", "must be between 0 (no validation split) and 0.5")
+        if self.nu_noise < 0:
+            raise bad("nu-noise", "must be >= 0")
+        if self.record_every < 0:
+            raise bad("record-every", "must be >= 0 (0 = only the first rounds)")
         if self.round_timeout <= 0:
             raise bad("round-timeout", "must be > 0 seconds")
         self.mu_value(1000)  # parse check

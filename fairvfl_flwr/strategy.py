@@ -102,7 +102,7 @@ class FairVFL(Strategy):
         z = self._z("train")
         if self.cfg.fairness:
             self.lam = dual_step(self.lam, np.array(self.stats.gaps), self.cfg.epsilon, self.cfg.beta, self.cfg.c)
-        nu = masked_weights(self.labels.y_train, z, self.lam, self.groups)
+        nu = self._noisy(masked_weights(self.labels.y_train, z, self.lam, self.groups), server_round)
         evaluate = self._evaluates(server_round)
         out = []
         for node in self.nodes.values():
@@ -241,6 +241,18 @@ class FairVFL(Strategy):
         return replies
 
     # -- helpers -----------------------------------------------------------------
+    def _noisy(self, nu: np.ndarray, server_round: int) -> np.ndarray:
+        """ν + N(0, (nu-noise / n)²) per row: the scale of ν itself is about 1/n.
+
+        A defence against reading labels off sign(ν) (see the audit); no formal
+        differential-privacy guarantee is claimed. The noise is zero-mean, so it averages
+        out in a passive party's gradient X_kᵀν (its std there shrinks like 1/√n).
+        """
+        if self.cfg.nu_noise <= 0:
+            return nu
+        rng = np.random.default_rng([self.cfg.seed, server_round, 0x6E75])
+        return nu + rng.normal(scale=self.cfg.nu_noise / len(nu), size=nu.shape)
+
     def _who(self, node_id: int, named: bool) -> str:
         return str(self.nodes[node_id]) if named and node_id in self.nodes else f"node {node_id}"
 

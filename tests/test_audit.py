@@ -1,0 +1,42 @@
+"""The leakage audit finds the label and group leak of plain ν, and noise blunts it."""
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr import view
+from fairvfl_flwr.audit import auc, run_audit
+
+
+def test_auc_matches_definition():
+    score = np.array([0.1, 0.4, 0.35, 0.8])
+    pos = np.array([False, False, True, True])
+    assert auc(score, pos) == pytest.approx(0.75)
+    assert auc(np.array([1.0, 1.0]), np.array([True, False])) == pytest.approx(0.5)
+
+
+def test_plain_nu_leaks_labels_and_groups():
+    r = run_audit("crime", rounds=30, noise=0.0)
+    assert r["label_attack_acc"] == 1.0  # round 1: ν = −y/(2n)
+    assert r["label_attack_acc"] > r["label_baseline_acc"] + 0.15
+    assert r["group_attack_auc"] > 0.9
+
+
+def test_noise_blunts_single_round_attack_but_not_averaging():
+    r = run_audit("crime", rounds=30, noise=2.0)
+    assert r["label_attack_acc"] < 0.75  # one noisy round: near chance
+    assert r["group_attack_auc"] < 0.65
+    assert r["label_attack_acc_avg"] > r["label_attack_acc"]  # averaging rounds strips the noise
+
+
+def test_recording_is_opt_in_and_only_passive(tmp_path):
+    from fairvfl_flwr.config import RunConfig
+    from fairvfl_flwr.inprocess import run_inprocess
+
+    cfg = RunConfig(dataset="crime", num_server_rounds=12, record_view=str(tmp_path / "v"), record_every=12,
+                    output_dir=str(tmp_path / "o"))
+    run_inprocess(cfg.to_flower())
+    parties = sorted(p.name for p in (tmp_path / "v").iterdir())
+    assert parties == [f"party-{k}" for k in range(1, 6)]  # party 0 is active: no ν, no transcript
+    rounds, nus = view.load(tmp_path / "v", 1)
+    assert list(rounds) == list(range(1, 11)) + [12]
+    assert nus.shape == (11, 1200)
