@@ -118,8 +118,8 @@ _COST = {("adult", "linear"): 30, ("adult", "mlp"): 90, ("compas", "linear"): 10
 
 def plan(datasets, models, epsilons, seeds, methods, base: dict, out: Path) -> list[Job]:
     jobs: list[Job] = []
-    for dataset in datasets:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: a sweep cut short still covers every dataset for its first seeds
+        for dataset in datasets:
             for model in models:
                 rounds = int(base.get("num-server-rounds", RunConfig().num_server_rounds))
                 cost = _COST.get((dataset, model), 20) * rounds / 1000
@@ -275,10 +275,28 @@ def _central_records(job: Job, max_iter: int) -> list[dict]:
              "train_loss": None, "train_deo": None, "seconds": seconds, "config": config} for m in job.models]
 
 
+def _job_key(r: dict) -> tuple:
+    rounds = r.get("rounds") if r["method"] != CENTRAL_NAME else None
+    return (r["method"], r["dataset"], r["model"], r["seed"], rounds)
+
+
+def _job_done(job: Job, done: set) -> bool:
+    if job.kind == "central":
+        return all((CENTRAL_NAME, job.dataset, m, job.seed, None) in done for m in job.models)
+    rounds = int(job.run_config.get("num-server-rounds", RunConfig().num_server_rounds))
+    names = [job.method] + [{"eo": "FedBCD + EO", "ceo": "FedBCD + CEO"}[p] for p in job.post]
+    return all((n, job.dataset, job.model, job.seed, rounds) in done for n in names)
+
+
 def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides: dict | None = None,
                 engine: str = "inprocess", quiet: bool = True, central_iters: int = 50,
-                stream=None) -> list[dict]:
-    """Run the plan, writing results and tables after every job; return all records."""
+                stream=None, resume: bool = False) -> list[dict]:
+    """Run the plan, writing results and tables after every job; return all records.
+
+    ``resume``: keep the results already in ``out/results.json`` and run only the jobs
+    missing there (same method, dataset, model, seed and number of rounds); the wall time
+    reported adds up all sessions.
+    """
     stream = stream or sys.stderr
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +305,17 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
     print(f"compare: {len(jobs)} jobs ({sum(j.kind == 'train' for j in jobs)} federated trainings) -> {out}",
           file=stream, flush=True)
     records: list[dict] = []
-    t0 = time.perf_counter()
+    prior_wall = 0.0
+    if resume and (out / "results.json").exists():
+        saved = json.loads((out / "results.json").read_text())
+        records, prior_wall = saved["runs"], float(saved.get("wall_seconds") or 0.0)
+        done = {_job_key(r) for r in records}
+        jobs_left = [j for j in jobs if not _job_done(j, done)]
+        print(f"compare: --resume: {len(records)} results already in {out / 'results.json'}, "
+              f"{len(jobs) - len(jobs_left)} of {len(jobs)} jobs done", file=stream, flush=True)
+        jobs = jobs_left
+        progress = Progress(jobs, stream)
+    t0 = time.perf_counter() - prior_wall
     eng = Engine(engine, out) if any(j.kind == "train" for j in jobs) else None
     try:
         for job in jobs:
@@ -424,7 +452,7 @@ def plot_convergence(records: list[dict], model: str, path: Path) -> None:
         axes[1, j].set_yscale("log")
         axes[1, j].set_xlabel("communication round")
     axes[0, -1].legend(fontsize=8)
-    fig.suptitle(f"Convergence (seed {seed}): FairVFL(ε) and FedBCD, {model} model")
+    fig.suptitle(f"FairVFL(ε) and FedBCD, {model}, seed {seed}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -474,7 +502,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--datasets", default="adult,compas,crime", help="comma list of: " + ", ".join(DATASETS))
     p.add_argument("--models", default="linear,mlp", help="comma list of: " + ", ".join(MODELS))
     p.add_argument("--epsilons", default=",".join(map(str, PAPER_EPSILONS)), help="FairVFL fairness levels ε")
-    p.add_argument("--seeds", default="3", help="N (seeds 0..N-1) or a comma list like 0,5,7")
+    p.add_argument("--seeds", default="3", help="N (seeds 0..N-1) or a comma list like 0,5,7 (one seed k: 'k,')")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of: " + ", ".join(METHODS))
     p.add_argument("--engine", default="inprocess", choices=("inprocess", "flwr"),
                    help="inprocess: the app's ServerApp/ClientApp over an in-process grid; flwr: `flwr run` "
@@ -484,6 +512,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run-config override for every run, e.g. --set eval-every=100")
     p.add_argument("--central-iters", type=int, default=50, help="ExponentiatedGradient max_iter")
     p.add_argument("--out", type=Path, default=Path("results/compare"))
+    p.add_argument("--resume", action="store_true",
+                   help="keep the results already in --out and run only the missing jobs")
     p.add_argument("--verbose", action="store_true", help="show every run's round log")
     return p.parse_args(argv)
 
@@ -511,7 +541,8 @@ def _validate(a: argparse.Namespace) -> tuple[list[str], list[str], list[float],
     except ValueError:
         raise CompareError(f"--seeds {a.seeds!r}: give a count N or a comma list of seeds") from None
     if not seeds or any(s < 0 for s in seeds):
-        raise CompareError(f"--seeds {a.seeds!r}: need at least one seed, all >= 0")
+        raise CompareError(f"--seeds {a.seeds!r}: give a count N >= 1 (seeds 0..N-1) or a comma list of "
+                           "seeds >= 0 (one seed k: 'k,')")
     overrides: dict[str, Any] = {}
     for item in a.set:
         key, eq, value = item.partition("=")
@@ -546,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     records = run_compare(datasets, models, epsilons, seeds, methods, a.out, overrides, engine=a.engine,
-                          quiet=not a.verbose, central_iters=a.central_iters)
+                          quiet=not a.verbose, central_iters=a.central_iters, resume=a.resume)
     wall = time.perf_counter() - t0
     for model in models:
         path = a.out / f"table_{model}.md"

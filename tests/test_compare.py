@@ -173,3 +173,30 @@ def test_compare_command_end_to_end_on_a_tiny_setting(tmp_path, capsys):
         assert f"| {m} |" in table
     err = capsys.readouterr().err
     assert "6/6" not in err and "ETA" in err and "4/4" in err  # one bar step per job (FedBCD carries EO, CEO)
+
+
+def test_compare_resume_runs_only_missing_jobs(tmp_path, capsys):
+    args = ["--datasets", "crime", "--models", "linear", "--seeds", "1", "--rounds", "5", "--methods",
+            "fedbcd,fairvfl", "--out", str(tmp_path)]
+    assert compare.main([*args, "--epsilons", "0.1"]) == 0
+    first = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert compare.main([*args, "--epsilons", "0.1,0.5", "--resume"]) == 0
+    assert "2 of 3 jobs done" in capsys.readouterr().err
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert runs[:2] == first and [r["method"] for r in runs[2:]] == ["FairVFL(ε=5e-1)"]
+
+
+@pytest.mark.slow
+def test_compare_engine_flwr_equals_inprocess_for_fedbcd_and_split_learning(tmp_path):
+    """`--engine flwr` (real `flwr run`, Ray) gives the in-process numbers, for both new modes."""
+    kwargs = dict(datasets=["crime"], models=["linear"], epsilons=[0.05], seeds=[0], methods=["fedbcd", "split"],
+                  overrides={"num-server-rounds": 40, "eval-every": 20})
+    real = compare.run_compare(out=tmp_path / "flwr", engine="flwr", **kwargs)
+    same = compare.run_compare(out=tmp_path / "inproc", engine="inprocess", **kwargs)
+    assert [r["method"] for r in real] == [r["method"] for r in same] == ["FedBCD", compare.SPLIT_NAME]
+    for a, b in zip(real, same):
+        assert a["engine"] == "flwr" and b["engine"] == "inprocess"
+        for key in ("acc", "dfp", "dfn", "train_loss", "train_deo"):
+            assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), (a["method"], key)
+    z_real, z_same = load_scores(real[0]["run_dir"]), load_scores(same[0]["run_dir"])
+    np.testing.assert_allclose(z_real[1], z_same[1], rtol=1e-9)
