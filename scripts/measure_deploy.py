@@ -1,0 +1,92 @@
+"""Seconds per round on a loopback deployment with 6 SuperNodes: no-op floor vs FairVFL.
+
+    python scripts/measure_deploy.py --rounds 5 [--dataset crime] [--before /path/to/old/checkout]
+
+Starts a fresh SuperLink and 6 SuperNodes per setting (all on 127.0.0.1, stopped at the
+end) and prints one JSON line per setting:
+
+* ``noop``: scripts/noop_app (one empty message per node per round; the Flower floor);
+* ``fairvfl``: this app on exported party files (node-config data-path, server-labels);
+* ``before`` (optional): an older checkout of the app, nodes started with
+  partition-id/num-partitions as that version expects.
+
+Each setting runs with the SuperExec's default task poll (1 s) and with
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05`` unless ``--poll`` is given. Round 0 (FAB
+install, discovery) is excluded: seconds per round is the median of rounds 1..R.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.export import export  # noqa: E402
+from fairvfl_flwr.localfed import LocalFederation  # noqa: E402
+
+
+def _fairvfl_rounds(out: Path) -> list[float]:
+    (summary,) = out.glob("*/history.json")
+    seconds = [r["seconds"] for r in json.loads(summary.read_text())]
+    return [b - a for a, b in zip(seconds, seconds[1:])]
+
+
+def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None, app: Path | None = None) -> dict:
+    env = {"FAIRVFL_CACHE_DIR": str(home / "cache")}
+    if poll:
+        env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = poll
+    nodes = manifest["node_configs"]
+    if kind == "before":
+        nodes = [{"partition-id": i, "num-partitions": len(nodes)} for i in range(len(nodes))]
+    started = time.perf_counter()
+    with LocalFederation(home / "fed", nodes, env=env) as fed:
+        if kind == "noop":
+            out = home / "noop.json"
+            run_id, status = fed.run({"num-server-rounds": rounds, "output": str(out)}, app=REPO / "scripts" / "noop_app")
+            per_round = json.loads(out.read_text())["seconds"][1:] if out.exists() else []
+        else:
+            cfg = {"num-server-rounds": rounds, "eval-every": rounds, "output-dir": str(home / "out"),
+                   "dataset": manifest["dataset"]}
+            if kind == "fairvfl":
+                cfg.update(manifest["run_config"])
+            run_id, status = fed.run(cfg, app=app or REPO)
+            per_round = _fairvfl_rounds(home / "out") if status == "finished:completed" else []
+    return {
+        "setting": kind, "poll": poll or "1.0 (default)", "status": status, "rounds": rounds,
+        "seconds_per_round": statistics.median(per_round) if per_round else None,
+        "per_round": [round(s, 2) for s in per_round], "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dataset", default="crime")
+    p.add_argument("--before", type=Path, default=None, help="an older checkout of the app (e.g. git archive of a commit)")
+    p.add_argument("--poll", action="append", default=None, help="SuperExec task poll interval(s) to try")
+    p.add_argument("--settings", default="noop,fairvfl", help="comma list of noop,fairvfl,before")
+    args = p.parse_args()
+    polls = args.poll or [None, "0.05"]
+    with tempfile.TemporaryDirectory(prefix="fairvfl-measure-") as tmp:
+        tmp = Path(tmp)
+        manifest = export(RunConfig(dataset=args.dataset), tmp / "parties")
+        settings = args.settings.split(",") + (["before"] if args.before and "before" not in args.settings else [])
+        for poll in polls:
+            for kind in settings:
+                home = tmp / f"{kind}-{poll}"
+                res = measure(kind, home, manifest, args.rounds, poll, app=args.before if kind == "before" else None)
+                print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""A no-op Flower app: the per-round floor of a deployment, for comparison with FairVFL.
+
+Each round the ServerApp pushes one empty message to every node and polls for the
+replies every 10 ms (as FairVFL's strategy does); the ClientApp imports only flwr and
+replies at once. The ServerApp writes per-round seconds as JSON to run config `output`.
+"""
+
+import json
+import time
+
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+client = ClientApp()
+server = ServerApp()
+
+
+@client.query()
+def noop(message: Message, context: Context) -> Message:
+    return Message(RecordDict(), reply_to=message)
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    rounds = int(context.run_config["num-server-rounds"])
+    nodes = list(grid.get_node_ids())
+    seconds = []
+    for t in range(rounds + 1):  # round 0 includes the first FAB install; reported separately
+        start = time.perf_counter()
+        ids = set(grid.push_messages([Message(RecordDict(), dst_node_id=n, message_type="query", group_id=str(t)) for n in nodes]))
+        while ids:
+            got = list(grid.pull_messages(list(ids)))
+            for reply in got:
+                ids.discard(reply.metadata.reply_to_message_id)
+            if ids and not got:
+                time.sleep(0.01)
+        seconds.append(time.perf_counter() - start)
+    if context.run_config.get("output"):
+        with open(str(context.run_config["output"]), "w") as fh:
+            json.dump({"nodes": len(nodes), "seconds": seconds}, fh)

@@ -1,0 +1,136 @@
+"""Deployment on loopback: a real flower-superlink and 6 flower-supernode processes.
+
+Each SuperNode gets an exported party CSV through --node-config, exactly as the export
+command prints it; the ServerApp reads the server label file from the run config.
+`flwr run` exits 0 even when the run fails, so success is the run's status
+(`finished:completed`) plus the run's own result files, and the numbers must equal the
+simulation's for the same seed and rounds. Every process is stopped by the fixtures.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.export import export
+from fairvfl_flwr.inprocess import run_inprocess
+from fairvfl_flwr.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
+from fairvfl_flwr.tls import make_security
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 2
+BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05}
+KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn")
+# The SuperExec's default 1 s task poll is an operator setting; docs/deploy.md recommends this.
+ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("parties")
+    return out, export(RunConfig.from_flower(BASE), out)
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    summary, _ = run_inprocess({**BASE, "output-dir": str(tmp_path_factory.mktemp("sim"))})
+    return summary
+
+
+def _federation(home: Path, manifest: dict, security=None) -> LocalFederation:
+    env = {**ENV, "FAIRVFL_CACHE_DIR": str(home / "party-cache")}
+    return LocalFederation(home, manifest["node_configs"], security=security, env=env)
+
+
+def _run(fed: LocalFederation, manifest: dict, out: Path) -> tuple[str, str]:
+    return fed.run({**BASE, **manifest["run_config"], "output-dir": str(out)}, timeout=240)
+
+
+def _result(out: Path) -> tuple[dict, list]:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return json.loads((run / "summary.json").read_text()), json.loads((run / "history.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, exported):
+    _, manifest = exported
+    with _federation(tmp_path_factory.mktemp("fed"), manifest) as fed:
+        yield fed
+
+
+def test_deployed_run_completes_and_equals_simulation(federation, exported, simulated, tmp_path):
+    _, manifest = exported
+    run_id, status = _run(federation, manifest, tmp_path)
+    assert status == "finished:completed", federation.logs(run_id)[-3000:]
+    summary, history = _result(tmp_path)
+    assert summary["rounds"] == ROUNDS and len(history) == ROUNDS + 1
+    for key in KEYS:
+        assert summary[key] == simulated[key], key
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert json.loads((run / "config.json").read_text())["dataset-summary"] is None  # the server held no table
+
+
+def test_misaligned_party_file_is_refused_before_round_1(federation, exported, tmp_path):
+    out, manifest = exported
+    path = out / "party3.csv"
+    backup = tmp_path / "party3.orig.csv"
+    shutil.copy(path, backup)
+    try:
+        df = pd.read_csv(path)
+        df.drop(index=7).to_csv(path, index=False)  # the party lost one row
+        run_id, status = _run(federation, manifest, tmp_path / "out")
+        logs = federation.logs(run_id)
+    finally:
+        shutil.copy(backup, path)
+    assert status != "finished:completed"
+    assert "partition 3, passive) is not aligned" in logs and "Refused before round 1" in logs, logs[-3000:]
+    (run,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    assert not (run / "history.json").exists()  # no round was recorded
+
+
+def test_tls_and_node_authentication(tmp_path, exported, simulated):
+    _, manifest = exported
+    security = make_security(tmp_path / "secrets", parties=len(manifest["node_configs"]))
+    with _federation(tmp_path / "fed", manifest, security) as fed:
+        run_id, status = _run(fed, manifest, tmp_path / "out")
+        assert status == "finished:completed", fed.logs(run_id)[-3000:]
+    summary, _ = _result(tmp_path / "out")
+    for key in KEYS:
+        assert summary[key] == simulated[key], key
+
+
+def test_unregistered_supernode_is_rejected(tmp_path, exported):
+    """With authentication on, a SuperNode whose key was not registered never joins."""
+    _, manifest = exported
+    security = make_security(tmp_path / "secrets", parties=2)
+    security.node_keys = security.node_keys[:1]  # only party 0's key is registered
+    fed = LocalFederation(tmp_path / "fed", manifest["node_configs"][:1], security=security)
+    try:
+        fed.start(timeout=60)
+        log = open(tmp_path / "intruder.log", "w")
+        intruder = subprocess.Popen(
+            [str(BIN / "flower-supernode"), "--superlink", f"{HOST}:{fed.port}", "--port", str(free_port()),
+             "--root-certificates", str(security.ca_cert), "--auth-supernode-private-key",
+             str(tmp_path / "secrets" / "keys" / "party1"),
+             "--node-config", node_config_arg(manifest["node_configs"][1])],
+            env={**fed.env, "FLWR_HOME": str(tmp_path / "intruder")}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            time.sleep(15)  # long enough to join if it could (a registered node joins within seconds)
+            nodes = json.loads(fed.flwr("supernode", "list", "local", "--format", "json"))["nodes"]
+            assert sum(str(n.get("status", "")).lower() == "online" for n in nodes) == 1
+        finally:
+            os.killpg(intruder.pid, signal.SIGKILL)
+            intruder.wait()
+            log.close()
+    finally:
+        fed.stop()
