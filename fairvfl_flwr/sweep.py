@@ -69,7 +69,7 @@ def run_grid(
                 summary, folder = run_inprocess(cfg.to_flower())
         finally:
             flwr_logger.setLevel(level)
-        rec = {"method": _method(eps), "dataset": dataset, "model": model, "seed": seed,
+        rec = {"method": _method(eps, cfg.constraint), "dataset": dataset, "model": model, "seed": seed,
                "rounds": cfg.num_server_rounds, "run_dir": str(folder), **{k: summary[k] for k in METRICS},
                "seconds": time.perf_counter() - started}
         records.append(rec)
@@ -85,8 +85,14 @@ def run_grid(
     return records
 
 
-def _method(eps: str) -> str:
-    return "FedBCD (fair off)" if eps == "off" else f"FairVFL(eps={float(eps):g})"
+CONSTRAINT_TAGS = {"deo": "", "equalized-odds": "-EO", "demographic-parity": "-DP"}
+
+
+def _method(eps: str, constraint: str = "deo") -> str:
+    """``FairVFL(eps=0.01)``; other constraint sets are tagged: ``FairVFL-EO(eps=0.01)``."""
+    if eps == "off":
+        return "FedBCD (fair off)"
+    return f"FairVFL{CONSTRAINT_TAGS.get(constraint, '-' + constraint)}(eps={float(eps):g})"
 
 
 def _fmt(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
