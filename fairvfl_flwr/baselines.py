@@ -9,7 +9,8 @@ aif360, scikit-learn).
   groups: that is the server, which holds y and s and sees z every round; no party's
   features are involved.
 * :func:`ceo_postprocess`: FedBCD + CEO, calibrated equalized odds (Pleiss et al.
-  2017) with aif360's ``CalibratedEqOddsPostprocessing`` on σ(z), also at the server.
+  2017) with aif360's ``CalibratedEqOddsPostprocessing`` on σ(z), also at the server,
+  equalising the error rate on the protected label's rows.
 * :func:`centralised_reference`: not federated. fairlearn's ``ExponentiatedGradient``
   with ``TruePositiveRateParity`` on a logistic regression over all columns at once.
 
@@ -138,8 +139,15 @@ def eo_postprocess(z_train, y_train, s_train, z_test, y_test, s_test, seed: int 
 
 @_single_threaded
 def ceo_postprocess(z_train, y_train, s_train, z_test, y_test, s_test, seed: int = 0,
-                    cost_constraint: str = "weighted") -> dict:
-    """FedBCD + CEO: aif360's calibrated equalized odds on σ(z) (group a = unprivileged)."""
+                    protected_label: int = 1, cost_constraint: str | None = None) -> dict:
+    """FedBCD + CEO: aif360's calibrated equalized odds on σ(z) (group a = unprivileged).
+
+    Calibration and equalized odds cannot both hold (Pleiss et al. 2017), so CEO equalises
+    one error rate: by default the one on the *protected* label's rows, the rows DEO is
+    measured on (FNR when the protected label is +1, as Adult's >50K; FPR when it is -1,
+    as COMPAS' non-recidivists and Crime's low-crime communities): the paper's "calibrated
+    equal opportunity". ``cost_constraint`` ("fnr", "fpr", "weighted") overrides it.
+    """
     _require("aif360")
     import logging
 
@@ -149,6 +157,10 @@ def ceo_postprocess(z_train, y_train, s_train, z_test, y_test, s_test, seed: int
     from aif360.algorithms.postprocessing import CalibratedEqOddsPostprocessing
     from aif360.datasets import BinaryLabelDataset
 
+    if cost_constraint is None:
+        cost_constraint = "fnr" if protected_label == 1 else "fpr"
+    if cost_constraint not in ("fnr", "fpr", "weighted"):
+        raise ValueError(f"cost_constraint={cost_constraint!r}: choose fnr, fpr or weighted")
     z_train, y_train, s_train = _check("ceo_postprocess (train)", z_train, y_train, s_train)
     z_test, y_test, s_test = _check("ceo_postprocess (test)", z_test, y_test, s_test)
 
@@ -169,7 +181,8 @@ def ceo_postprocess(z_train, y_train, s_train, z_test, y_test, s_test, seed: int
     ceo.fit(train_true, train_pred)
     pred_test = ceo.predict(test_pred).labels.ravel()
     pred_train = ceo.predict(train_pred).labels.ravel()
-    return {**metrics_of(y_test, s_test, pred_test), "train": metrics_of(y_train, s_train, pred_train)}
+    return {**metrics_of(y_test, s_test, pred_test), "train": metrics_of(y_train, s_train, pred_train),
+            "cost_constraint": cost_constraint}
 
 
 @_single_threaded

@@ -228,10 +228,6 @@ class Engine:
 
 
 def _train_records(job: Job, folder: Path, engine: str, seconds: float) -> list[dict]:
-    from . import baselines
-    from .problem import load_data
-    from .runner import load_scores
-
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     base = {"dataset": job.dataset, "model": job.model, "seed": job.seed, "engine": engine,
@@ -240,21 +236,37 @@ def _train_records(job: Job, folder: Path, engine: str, seconds: float) -> list[
     recs = [{"method": job.method, **base, "acc": summary["test_acc"], "dfp": summary["test_dfp"],
              "dfn": summary["test_dfn"], "train_loss": summary["train_loss"], "train_deo": summary["train_deo"],
              "seconds": seconds, "config": config}]
-    if job.post:
-        cfg = RunConfig.from_flower(config)
-        ds = load_data(cfg)
-        z_train, z_test = load_scores(folder)
-        args = (z_train, ds.y_train, ds.s_train, z_test, ds.y_test, ds.s_test)
-        for name, fn, label in (("eo", baselines.eo_postprocess, "FedBCD + EO"),
-                                ("ceo", baselines.ceo_postprocess, "FedBCD + CEO")):
-            if name not in job.post:
-                continue
-            t = time.perf_counter()
-            r = fn(*args, seed=job.seed)
-            recs.append({"method": label, **base, "acc": r["acc"], "dfp": r["dfp"], "dfn": r["dfn"],
-                         "train_loss": None, "train_deo": None, "seconds": time.perf_counter() - t,
-                         "train_acc": r["train"]["acc"], "train_dfp": r["train"]["dfp"],
-                         "train_dfn": r["train"]["dfn"], "config": {**config, "post-processing": name}})
+    return recs + post_records(recs[0], job.post)
+
+
+def post_records(fedbcd: dict, post: list[str]) -> list[dict]:
+    """FedBCD + EO / + CEO from a FedBCD record's saved scores (its run folder's ``scores.npz``)."""
+    from . import baselines
+    from .problem import load_data
+    from .runner import load_scores
+
+    if not post:
+        return []
+    config = fedbcd["config"]
+    ds = load_data(RunConfig.from_flower(config))
+    z_train, z_test = load_scores(Path(fedbcd["run_dir"]))
+    args = (z_train, ds.y_train, ds.s_train, z_test, ds.y_test, ds.s_test)
+    base = {k: fedbcd[k] for k in ("dataset", "model", "seed", "engine", "rounds", "epsilon", "run_dir")}
+    recs = []
+    for name, label in (("eo", "FedBCD + EO"), ("ceo", "FedBCD + CEO")):
+        if name not in post:
+            continue
+        t = time.perf_counter()
+        if name == "eo":
+            r = baselines.eo_postprocess(*args, seed=fedbcd["seed"])
+            extra = {"post-processing": "eo", "constraints": "equalized_odds"}
+        else:
+            r = baselines.ceo_postprocess(*args, seed=fedbcd["seed"], protected_label=ds.protected_label)
+            extra = {"post-processing": "ceo", "cost_constraint": r["cost_constraint"]}
+        recs.append({"method": label, **base, "acc": r["acc"], "dfp": r["dfp"], "dfn": r["dfn"],
+                     "train_loss": None, "train_deo": None, "seconds": time.perf_counter() - t,
+                     "train_acc": r["train"]["acc"], "train_dfp": r["train"]["dfp"],
+                     "train_dfn": r["train"]["dfn"], "config": {**config, **extra}})
     return recs
 
 
@@ -290,12 +302,13 @@ def _job_done(job: Job, done: set) -> bool:
 
 def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides: dict | None = None,
                 engine: str = "inprocess", quiet: bool = True, central_iters: int = 50,
-                stream=None, resume: bool = False) -> list[dict]:
+                stream=None, resume: bool = False, redo_post: bool = False) -> list[dict]:
     """Run the plan, writing results and tables after every job; return all records.
 
     ``resume``: keep the results already in ``out/results.json`` and run only the jobs
     missing there (same method, dataset, model, seed and number of rounds); the wall time
-    reported adds up all sessions.
+    reported adds up all sessions. ``redo_post`` (with ``resume``): recompute the EO/CEO
+    rows from the saved FedBCD scores (after a change to the post-processing).
     """
     stream = stream or sys.stderr
     out = Path(out)
@@ -315,6 +328,16 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
               f"{len(jobs) - len(jobs_left)} of {len(jobs)} jobs done", file=stream, flush=True)
         jobs = jobs_left
         progress = Progress(jobs, stream)
+        if redo_post:
+            post = [m for m in ("eo", "ceo") if m in methods]
+            kept = [r for r in records if r["method"] not in ("FedBCD + EO", "FedBCD + CEO")]
+            records = []
+            for r in kept:
+                records.append(r)
+                if r["method"] == "FedBCD" and r.get("run_dir"):
+                    records += post_records(r, post)
+            print(f"compare: --redo-post: EO/CEO recomputed from the saved scores of "
+                  f"{sum(r['method'] == 'FedBCD' for r in kept)} FedBCD runs", file=stream, flush=True)
     t0 = time.perf_counter() - prior_wall
     eng = Engine(engine, out) if any(j.kind == "train" for j in jobs) else None
     try:
@@ -514,6 +537,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("results/compare"))
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in --out and run only the missing jobs")
+    p.add_argument("--redo-post", action="store_true",
+                   help="with --resume: recompute FedBCD + EO / + CEO from the saved FedBCD scores")
     p.add_argument("--verbose", action="store_true", help="show every run's round log")
     return p.parse_args(argv)
 
@@ -554,6 +579,8 @@ def _validate(a: argparse.Namespace) -> tuple[list[str], list[str], list[float],
             raise CompareError(f"--set {key}=...: the compare command sets {key} itself")
     if a.rounds is not None:
         overrides["num-server-rounds"] = a.rounds
+    if a.redo_post and not a.resume:
+        raise CompareError("--redo-post works on the results of an earlier run: add --resume")
     if a.central_iters < 1:
         raise CompareError("--central-iters must be at least 1")
     try:  # check the overrides now, not after an hour of runs
@@ -577,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     records = run_compare(datasets, models, epsilons, seeds, methods, a.out, overrides, engine=a.engine,
-                          quiet=not a.verbose, central_iters=a.central_iters, resume=a.resume)
+                          quiet=not a.verbose, central_iters=a.central_iters, resume=a.resume,
+                          redo_post=a.redo_post)
     wall = time.perf_counter() - t0
     for model in models:
         path = a.out / f"table_{model}.md"

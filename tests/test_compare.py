@@ -87,8 +87,10 @@ def test_ceo_and_centralised_reference_return_sane_metrics(crime_fedbcd):
     b = _extras()
     _, folder, ds = crime_fedbcd
     z_train, z_test = load_scores(folder)
-    ceo = b.ceo_postprocess(z_train, ds.y_train, ds.s_train, z_test, ds.y_test, ds.s_test, seed=0)
+    ceo = b.ceo_postprocess(z_train, ds.y_train, ds.s_train, z_test, ds.y_test, ds.s_test, seed=0,
+                            protected_label=ds.protected_label)
     assert 0.6 < ceo["acc"] <= 1 and 0 <= ceo["dfp"] <= 1 and 0 <= ceo["dfn"] <= 1
+    assert ceo["cost_constraint"] == "fpr"  # Crime's protected label is -1: its errors are false positives
     ref = b.centralised_reference(ds.X_train, ds.y_train, ds.s_train, ds.X_test, ds.y_test, ds.s_test,
                                   ds.protected_label, seed=0, max_iter=20)
     assert 0.8 < ref["acc"] <= 1 and 0 <= ref["dfp"] <= 1 and 0 <= ref["dfn"] <= 1
@@ -145,6 +147,7 @@ def test_method_names_follow_the_paper():
     (["--seeds", "x"], "--seeds"),
     (["--set", "epsilon=0.2"], "sets epsilon itself"),
     (["--set", "local-steps=0"], "local-steps=0"),
+    (["--redo-post"], "add --resume"),
 ])
 def test_compare_refuses_bad_input_by_name(args, message, capsys, tmp_path):
     assert compare.main([*args, "--out", str(tmp_path)]) == 2
@@ -184,6 +187,21 @@ def test_compare_resume_runs_only_missing_jobs(tmp_path, capsys):
     assert "2 of 3 jobs done" in capsys.readouterr().err
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert runs[:2] == first and [r["method"] for r in runs[2:]] == ["FairVFL(ε=5e-1)"]
+
+
+def test_compare_redo_post_recomputes_eo_and_ceo_from_saved_scores(tmp_path, capsys):
+    _extras()
+    args = ["--datasets", "crime", "--models", "linear", "--seeds", "1", "--rounds", "5", "--methods",
+            "fedbcd,eo,ceo", "--out", str(tmp_path)]
+    assert compare.main(args) == 0
+    first = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert compare.main([*args, "--resume", "--redo-post"]) == 0
+    assert "recomputed from the saved scores of 1 FedBCD runs" in capsys.readouterr().err
+    again = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [r["method"] for r in again] == ["FedBCD", "FedBCD + EO", "FedBCD + CEO"]
+    for a, b in zip(first, again):
+        assert (a["acc"], a["dfp"], a["dfn"]) == (b["acc"], b["dfp"], b["dfn"])
+    assert again[2]["config"]["cost_constraint"] == "fpr"
 
 
 @pytest.mark.slow
