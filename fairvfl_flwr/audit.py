@@ -72,6 +72,14 @@ def group_scores(nus: np.ndarray) -> np.ndarray:
 
 def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np.ndarray, protected_label: int) -> dict:
     """Run both attacks on one party's recorded ν and score them against the truth."""
+    majority = float(max((y == 1).mean(), (y == -1).mean()))
+    if not view.has_plaintext(folder, partition_id):  # secure-nu=ckks: the transcript is ciphertext only
+        recorded = len(list((Path(folder) / f"party-{partition_id}").glob("nu-ct-r*.bin")))
+        if recorded:
+            nan = float("nan")  # no per-row plaintext: the attacks have nothing to work on
+            return {"rounds_recorded": recorded, "view": "ciphertext", "label_attack_acc": nan,
+                    "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_baseline_acc": majority,
+                    "group_attack_auc": nan, "group_rows_scored": 0}
     rounds, nus = view.load(folder, partition_id)
     # Round 1 is the worst case for the defender: z = 0 and λ = 0, so ν_i = −y_i / (2n).
     y_first = label_attack(nus[0])
@@ -79,7 +87,6 @@ def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np
     # Noise is fresh every round while ∂l/∂z moves slowly: averaging the early rounds
     # (λ still small, so every weight is positive) strips zero-mean noise off ν.
     y_avg = label_attack(nus[rounds <= view.EARLY_ROUNDS].mean(axis=0))
-    majority = float(max((y == 1).mean(), (y == -1).mean()))
     # The attacker restricts the group attack to rows it believes carry the protected label.
     chosen = y_first == protected_label
     score = group_scores(nus)
@@ -87,6 +94,7 @@ def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np
     a = auc(score[truth_rows], s[truth_rows])
     return {
         "rounds_recorded": int(len(rounds)),
+        "view": "plaintext",
         "label_attack_acc": float((y_first == y).mean()),
         "label_attack_acc_last": float((y_last == y).mean()),
         "label_attack_acc_avg": float((y_avg == y).mean()),
@@ -116,7 +124,7 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
             summary, _ = run_inprocess(cfg.to_flower())
         ds = load_data(cfg)
         result = audit_transcript(cfg.record_view, cfg.num_active, ds.y_train, ds.s_train, ds.protected_label)
-    return {"dataset": dataset, "nu_noise": noise, "rounds": rounds, "test_acc": summary["test_acc"],
+    return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu, "rounds": rounds, "test_acc": summary["test_acc"],
             "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"], "train_deo": summary["train_deo"],
             **result}
 
@@ -126,12 +134,16 @@ def table(rows: list[dict]) -> str:
         "| dataset | nu-noise | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | majority baseline | group attack AUC (guess: 0.5) | test ACC % | DFP | DFN | train DEO |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    def f(v: float) -> str:  # nan: the transcript was ciphertext only (secure-nu=ckks)
+        return "n/a (ciphertext)" if v != v else f"{v:.3f}"
+
     for r in rows:
+        name = r["dataset"] + (" (secure-nu=ckks)" if r.get("secure_nu") == "ckks" else "")
         lines.append(
-            f"| {r['dataset']} | {r['nu_noise']:g} | {r['label_attack_acc']:.3f} | {r['label_attack_acc_last']:.3f} | "
-            f"{r['label_attack_acc_avg']:.3f} | "
+            f"| {name} | {r['nu_noise']:g} | {f(r['label_attack_acc'])} | {f(r['label_attack_acc_last'])} | "
+            f"{f(r['label_attack_acc_avg'])} | "
             f"{r['label_baseline_acc']:.3f} | "
-            f"{r['group_attack_auc']:.3f} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | {r['test_dfn']:.3f} | "
+            f"{f(r['group_attack_auc'])} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | {r['test_dfn']:.3f} | "
             f"{r['train_deo']:.4f} |"
         )
     return "\n".join(lines) + "\n"
@@ -143,15 +155,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--noise", default="0", help="comma list of nu-noise levels (units of 1/n)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--secure-nu", default="none", choices=["none", "ckks"], help="audit under encrypted ν (linear)")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
     for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
         for noise in [float(x) for x in a.noise.split(",")]:
-            r = run_audit(dataset, a.rounds, noise, a.seed)
+            r = run_audit(dataset, a.rounds, noise, a.seed, {"secure-nu": a.secure_nu})
             rows.append(r)
-            print(f"{dataset} nu-noise={noise:g}: labels {r['label_attack_acc']:.3f} (baseline {r['label_baseline_acc']:.3f}), "
+            print(f"{dataset} nu-noise={noise:g} secure-nu={a.secure_nu}: labels {r['label_attack_acc']:.3f} (baseline {r['label_baseline_acc']:.3f}), "
                   f"groups AUC {r['group_attack_auc']:.3f}, test ACC {100 * r['test_acc']:.2f}% "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")

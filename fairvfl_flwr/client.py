@@ -127,6 +127,8 @@ def init(message: Message, context: Context) -> Message:
     """Start (or restart) this party's model and return its first partial logits."""
     cfg, data = _setup(context)
     context.state.array_records.pop(MODEL_STATE, None)
+    if secure.CONTEXT_RECORD in message.content.array_records:  # secure-nu=ckks: public CKKS context, kept for the run
+        context.state.array_records[secure.CONTEXT_RECORD] = message.content.array_records[secure.CONTEXT_RECORD]
     party = _party(cfg, data, context)
     _save(party, context)
     return _reply(message, party, steps=0)
@@ -161,3 +163,4 @@ def train_passive(message: Message, context: Context) -> Message:
 
 
 from . import splitlearning  # noqa: E402,F401  (registers the split-learning baseline's handlers on `app`)
+from . import secure, secure_client  # noqa: E402,F401  (secure-nu=ckks: train.passive_enc / train.passive_unmask)

@@ -8,6 +8,7 @@ value is reported with its key.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -63,6 +64,8 @@ class RunConfig:
     record_every: int = 10
     # Gaussian noise on ν before it reaches passive parties, in units of 1/n (strategy._noisy).
     nu_noise: float = 0.0
+    # "ckks": ν reaches passive parties only CKKS-encrypted (secure.py; linear models, needs .[privacy]).
+    secure_nu: str = "none"
 
     # -- construction ------------------------------------------------------------
     @classmethod
@@ -135,6 +138,13 @@ class RunConfig:
             raise bad("validation-fraction", "must be between 0 (no validation split) and 0.5")
         if self.nu_noise < 0:
             raise bad("nu-noise", "must be >= 0")
+        if self.secure_nu not in ("none", "ckks"):
+            raise bad("secure-nu", "choose 'none' (plain ν) or 'ckks' (encrypted ν, linear models)")
+        if self.secure_nu == "ckks" and self.model != "linear":
+            raise bad("secure-nu", f"encrypted ν needs model='linear' (the homomorphic J_kᵀν = X_kᵀν is linear "
+                      f"only), got model={self.model!r}; use secure-nu='none' or nu-noise for the MLP")
+        if self.secure_nu == "ckks" and importlib.util.find_spec("tenseal") is None:
+            raise bad("secure-nu", "needs TenSEAL: pip install 'fairvfl-flwr[privacy]'")
         if self.record_every < 0:
             raise bad("record-every", "must be >= 0 (0 = only the first rounds)")
         if self.round_timeout <= 0:

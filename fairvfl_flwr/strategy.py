@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from . import messages as msgs
+from . import secure
 from .config import RunConfig
 from .metrics import fairness_metrics
 from .objective import TrainStats, dual_step, masked_weights, train_stats
@@ -73,6 +74,7 @@ class FairVFL(Strategy):
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.wire_dtype = np.float64 if config.dtype == "float64" else np.float32
+        self.ckks = secure.CkksServer(len(labels.y_train)) if config.secure_nu == "ckks" else None
         self.lam = np.zeros(self.groups.num_multipliers)  # [λ_1+, λ_1-, ...]; deo: [λ1, λ2]
         self.nodes: dict[int, Node] = {}
         self.u_train: dict[int, np.ndarray] = {}
@@ -109,6 +111,8 @@ class FairVFL(Strategy):
             if node.role == msgs.ROLE_ACTIVE:
                 content = msgs.active_content(z, self.lam, server_round, evaluate, self.wire_dtype)
                 kind = msgs.TRAIN_ACTIVE
+            elif self.ckks is not None:  # secure-nu=ckks: Enc(ν) only, then a second leg (secure.py)
+                content, kind = self.ckks.passive_content(nu, server_round, evaluate), secure.TRAIN_PASSIVE_ENC
             else:
                 content = msgs.passive_content(nu, server_round, evaluate, self.wire_dtype)
                 kind = msgs.TRAIN_PASSIVE
@@ -161,6 +165,8 @@ class FairVFL(Strategy):
         result = Result()
         for t in range(1, num_rounds + 1):
             replies = self.exchange(grid, self.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
+            if self.ckks is not None:
+                replies = self.ckks.second_leg(self, grid, replies, t, timeout)
             _, metrics = self.aggregate_train(t, replies)
             result.train_metrics_clientapp[t] = metrics
         return result
@@ -216,6 +222,8 @@ class FairVFL(Strategy):
             Message(msgs.init_content(True), dst_node_id=nid, message_type=msgs.INIT, group_id="0")
             for nid in self.nodes
         ]
+        if self.ckks is not None:
+            self.ckks.ship_context(messages, secure.passive_nodes(self.nodes))
         self.aggregate_train(0, self.exchange(grid, messages, timeout))
 
     def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:

@@ -28,6 +28,19 @@ def record(folder: str, partition_id: int, server_round: int, every: int, nu: np
     np.save(out / f"nu-r{server_round:06d}.npy", nu.astype(np.float32))
 
 
+def record_ciphertext(folder: str, partition_id: int, server_round: int, every: int, blobs: list[bytes]) -> None:
+    """Under secure-nu='ckks' a passive party receives only ciphertexts: record those bytes."""
+    if not folder or not should_record(server_round, every):
+        return
+    out = Path(folder) / f"party-{partition_id}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"nu-ct-r{server_round:06d}.bin").write_bytes(b"".join(blobs))
+
+
+def has_plaintext(folder: str | Path, partition_id: int) -> bool:
+    return any((Path(folder) / f"party-{partition_id}").glob("nu-r*.npy"))
+
+
 def load(folder: str | Path, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
     """(rounds, ν matrix rounds × rows) recorded by one party, in round order."""
     files = sorted((Path(folder) / f"party-{partition_id}").glob("nu-r*.npy"))
