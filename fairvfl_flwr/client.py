@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from . import messages as msgs
-from . import view
+from . import reliability, view
 from .config import RunConfig
 from .data import ids_digest
 from .models import DTYPES, build_model, squared_norm
@@ -102,7 +102,7 @@ def _reply(message: Message, party: Party, steps: int) -> Message:
     return Message(content, reply_to=message)
 
 
-app = ClientApp()
+app = ClientApp(mods=[reliability.client_mod])  # checks what arrives, θ checkpoints, resume (reliability.py)
 
 
 @app.query("info")

@@ -46,6 +46,11 @@ class RunConfig:
     hidden: int = 16
     dtype: str = "float64"
     round_timeout: float = 600.0
+    # Reliability (reliability.py, checkpoint.py, docs/reliability.md)
+    round_retries: int = 1  # re-sends to a party that missed round-timeout before the run stops
+    checkpoint_every: int = 0  # 0: off; k: server and parties checkpoint every k rounds (and round 0)
+    checkpoint_dir: str = ""  # parties' default θ folder (a node-config checkpoint-dir wins)
+    resume_from: str = ""  # a run folder with checkpoint.npz: continue that run
     # A user's own table (dataset = "csv")
     csv_path: str = ""
     csv_label: str = ""
@@ -149,6 +154,10 @@ class RunConfig:
             raise bad("record-every", "must be >= 0 (0 = only the first rounds)")
         if self.round_timeout <= 0:
             raise bad("round-timeout", "must be > 0 seconds")
+        if self.round_retries < 0:
+            raise bad("round-retries", "must be >= 0 (0: no second try)")
+        if self.checkpoint_every < 0:
+            raise bad("checkpoint-every", "must be >= 0 (0: no checkpoints)")
         self.mu_value(1000)  # parse check
 
     def mu_value(self, n_train: int) -> float:

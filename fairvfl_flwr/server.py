@@ -10,6 +10,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from . import reliability
+from .checkpoint import labels_fingerprint
 from .config import RunConfig
 from .partydata import server_labels_for
 from .problem import load_data, party_columns
@@ -29,13 +31,22 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
         ds = load_data(cfg)
         columns = party_columns(cfg, ds)  # validates num-parties / active-columns against the table
         labels = server_labels_for(cfg, ds)
-    folder = run_folder(cfg, run_id)
+    # resume-from: continue that run folder from its checkpoint (reliability.py, docs/reliability.md)
+    resume = reliability.load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
+    folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
     recorder = RunRecorder(
         folder, cfg, extra={"party-columns": [len(c) for c in columns], "dataset-summary": ds.summary() if ds else None}
     )
     log(INFO, "FairVFL: writing results to %s", folder)
     strategy = FairVFL(cfg, labels, on_round=recorder.add)
-    strategy.start(grid)
+    strategy.reliability = reliability.Reliability(folder, resume, labels_fingerprint(labels))
+    if resume:
+        recorder.rows = list(resume[0]["history"])
+    try:
+        strategy.start(grid)
+    except Exception as exc:  # a party stayed away, a bad reply, divergence: say so, keep the history
+        reliability.stopped(strategy, strategy.reliability, recorder, folder, exc)
+        raise
     summary = recorder.finish(
         {"party_columns": [len(c) for c in columns], "setup_seconds": strategy.setup_seconds}
     )

@@ -22,7 +22,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from . import messages as msgs
-from . import secure
+from . import reliability, secure
 from .config import RunConfig
 from .metrics import fairness_metrics
 from .objective import TrainStats, dual_step, masked_weights, train_stats
@@ -33,6 +33,10 @@ POLL_SECONDS = 0.01
 
 class FederationError(RuntimeError):
     """The federation does not fit the run (wrong nodes, roles, rows) or a party failed."""
+
+
+class PartyUnavailable(FederationError):
+    """A party did not answer within round-timeout, after round-retries re-sends (reliability.py)."""
 
 
 @dataclass
@@ -83,6 +87,7 @@ class FairVFL(Strategy):
         self.steps: dict[int, int] = {}
         self.stats: TrainStats | None = None
         self.history: list[dict] = []
+        self.reliability = reliability.Reliability()  # divergence guard; run_server adds checkpoints/resume
         self.setup_seconds = 0.0
         self._t0 = time.perf_counter()
 
@@ -125,11 +130,11 @@ class FairVFL(Strategy):
         """Store each party's new partial logits; record the round's metrics."""
         for reply in replies:
             node_id = reply.metadata.src_node_id
-            logits = reply.content.array_records[msgs.LOGITS]
+            logits = reliability.checked_logits(self, reply)  # shape, dtype, finite: or FederationError
             stats = reply.content.metric_records[msgs.STATS]
-            self.u_train[node_id] = logits["train"].numpy().astype(np.float64)
+            self.u_train[node_id] = logits["train"].astype(np.float64)
             if "test" in logits:
-                self.u_test[node_id] = logits["test"].numpy().astype(np.float64)
+                self.u_test[node_id] = logits["test"].astype(np.float64)
             self.sq_norms[node_id] = float(stats["sq-norm"])
             self.steps[node_id] = int(stats["steps"])
         row = self._record(server_round)
@@ -159,15 +164,16 @@ class FairVFL(Strategy):
         self.summary()
         setup_started = time.perf_counter()
         self.discover(grid, timeout)
-        self.initialise(grid, timeout)
+        first = self.reliability.begin(self, grid, timeout)  # initialise, or restore from resume-from
         self.setup_seconds = time.perf_counter() - setup_started
         self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
         result = Result()
-        for t in range(1, num_rounds + 1):
+        for t in range(first, num_rounds + 1):
             replies = self.exchange(grid, self.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
             if self.ckks is not None:
                 replies = self.ckks.second_leg(self, grid, replies, t, timeout)
             _, metrics = self.aggregate_train(t, replies)
+            self.reliability.after_round(self, t)  # divergence guard, checkpoint every checkpoint-every rounds
             result.train_metrics_clientapp[t] = metrics
         return result
 
@@ -227,26 +233,9 @@ class FairVFL(Strategy):
         self.aggregate_train(0, self.exchange(grid, messages, timeout))
 
     def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:
-        """Push, then poll for replies every 10 ms (Flower's own loop sleeps 3 s)."""
-        messages = list(messages)
-        ids = [mid for mid in grid.push_messages(messages) if mid]
-        pending, replies = set(ids), []
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            got = list(grid.pull_messages(list(pending)))
-            for reply in got:
-                pending.discard(reply.metadata.reply_to_message_id)
-                replies.append(reply)
-            if pending and not got:
-                time.sleep(POLL_SECONDS)
-        for reply in replies:
-            if reply.has_error():
-                raise FederationError(f"{self._who(reply.metadata.src_node_id, named)} failed: {reply.error.reason}")
-        if pending:
-            waiting = {m.metadata.dst_node_id for m in messages} - {r.metadata.src_node_id for r in replies}
-            names = ", ".join(self._who(nid, named) for nid in sorted(waiting))
-            raise FederationError(f"no reply within {timeout:.0f} s from {names}")
-        return replies
+        """Push, then poll for replies every 10 ms (Flower's own loop sleeps 3 s); re-send to
+        silent nodes up to round-retries times; check every reply's envelope (reliability.py)."""
+        return reliability.exchange(self, grid, messages, timeout, self.cfg.round_retries, named)
 
     # -- helpers -----------------------------------------------------------------
     def _noisy(self, nu: np.ndarray, server_round: int) -> np.ndarray:

@@ -1,0 +1,285 @@
+"""Faults and resuming (issue 5), fast: the real ServerApp strategy and ClientApp over the
+in-process grid, with grids that lose, drop or tamper with messages.
+
+The deployment version (a SuperNode killed mid-run, restarted, resumed) is in
+tests/test_reliability_deploy.py (slow).
+"""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+from fairvfl_flwr import messages as msgs
+from fairvfl_flwr import partydata
+from fairvfl_flwr import validate
+from fairvfl_flwr.checkpoint import SERVER_FILE, CheckpointError, load_server
+from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.inprocess import InProcessGrid
+from fairvfl_flwr.server import run_server
+from fairvfl_flwr.strategy import FederationError, PartyUnavailable
+
+N = 1200  # Crime training rows
+ROUNDS = 6
+BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": 3, "epsilon": 0.05,
+        "checkpoint-every": 2, "round-timeout": 0.3, "round-retries": 1}
+KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+
+
+def _rc(tmp_path, **extra):
+    rc = {**BASE, "output-dir": str(tmp_path / "runs"), "checkpoint-dir": str(tmp_path / "party-ckpt"), **extra}
+    return RunConfig.from_flower(rc).to_flower()
+
+
+class FaultyGrid(InProcessGrid):
+    """An in-process grid where messages to chosen nodes get lost or replies tampered with.
+
+    ``silent(node_index, round)`` → True: the message never reaches the node (the node is down).
+    ``lose_reply(node_index, round)`` → True: the node handles it, but its reply is lost.
+    ``tamper(node_index, round, reply)``: may change the reply before the server sees it.
+    """
+
+    def __init__(self, *a, silent=None, lose_reply=None, tamper=None, **kw):
+        super().__init__(*a, **kw)
+        self.silent, self.lose_reply, self.tamper = silent, lose_reply, tamper
+        self.delivered: list[tuple[int, str, str]] = []
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            idx = self.node_ids.index(msg.metadata.dst_node_id)
+            rnd = msg.metadata.group_id
+            if self.silent and self.silent(idx, rnd):
+                msg.metadata.__dict__["_message_id"] = f"lost-{len(self.delivered)}-{id(msg)}"
+                self.delivered.append((idx, rnd, "dropped"))
+                ids.append(msg.metadata.message_id)
+                continue
+            (mid,) = super().push_messages([msg])
+            self.delivered.append((idx, rnd, msg.metadata.message_type))
+            if self.lose_reply and self.lose_reply(idx, rnd):
+                self._replies.pop(mid)
+            elif self.tamper:
+                self.tamper(idx, rnd, self._replies[mid])
+            ids.append(mid)
+        return ids
+
+
+def _grid(rc, seed=0, **faults):
+    return FaultyGrid(client_app, rc, rc["num-parties"], seed=seed, **faults)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("full")
+    rc = {**_rc(tmp), "checkpoint-every": 0}
+    summary, folder = run_server(_grid(rc), rc)
+    return summary, json.loads((folder / "history.json").read_text())
+
+
+# -- the validation layer (unit) -----------------------------------------------------------
+def test_short_vector_nan_and_wrong_dtype_are_rejected_with_what_was_wrong():
+    who = "node 7 (partition 2, passive)"
+    ok = np.zeros(N)
+    assert validate.check_vector(ok, "train logits", N, who) is ok
+    with pytest.raises(validate.ReplyError, match=r"node 7 \(partition 2, passive\): train logits has shape \(1199,\), expected \(1200,\)"):
+        validate.check_vector(np.zeros(N - 1), "train logits", N, who)
+    bad = ok.copy()
+    bad[[3, 9]] = [np.nan, np.inf]
+    with pytest.raises(validate.ReplyError, match=r"train logits holds 2 non-finite value\(s\).*larger eta"):
+        validate.check_vector(bad, "train logits", N, who)
+    with pytest.raises(validate.ReplyError, match=r"has dtype int64, expected float32 or float64"):
+        validate.check_vector(np.zeros(N, dtype=np.int64), "train logits", N, who)
+    with pytest.raises(validate.ReplyError, match=r"is a list, not an array"):
+        validate.check_vector([0.0] * N, "train logits", N, who)
+    with pytest.raises(validate.ReplyError, match=r"lam has negative entries"):
+        validate.check_vector(np.array([0.1, -1.0]), "lam", 2, who, nonneg=True)
+
+
+def test_reply_content_checks():
+    who = "node 1 (partition 0, active)"
+    good = RecordDict({msgs.LOGITS: ArrayRecord({"train": Array(np.zeros(N)), "test": Array(np.zeros(794))}),
+                       msgs.STATS: MetricRecord({"sq-norm": 1.0, "steps": 5})})
+    assert set(validate.check_logits_reply(good, who, N, 794)) == {"train", "test"}
+    with pytest.raises(validate.ReplyError, match=r"reply holds no 'logits' arrays"):
+        validate.check_logits_reply(RecordDict({msgs.STATS: MetricRecord({"sq-norm": 1.0, "steps": 1})}), who, N, 794)
+    short_test = RecordDict({msgs.LOGITS: ArrayRecord({"train": Array(np.zeros(N)), "test": Array(np.zeros(10))}),
+                             msgs.STATS: MetricRecord({"sq-norm": 1.0, "steps": 5})})
+    with pytest.raises(validate.ReplyError, match=r"test logits has shape \(10,\), expected \(794,\)"):
+        validate.check_logits_reply(short_test, who, N, 794)
+    nan_norm = RecordDict({msgs.LOGITS: ArrayRecord({"train": Array(np.zeros(N))}),
+                           msgs.STATS: MetricRecord({"sq-norm": float("nan"), "steps": 5})})
+    with pytest.raises(validate.ReplyError, match=r"sq-norm=nan is not a finite number"):
+        validate.check_logits_reply(nan_norm, who, N, 794)
+
+
+def test_envelope_checks_type_and_sender():
+    def meta(**kw):
+        return SimpleNamespace(metadata=SimpleNamespace(**kw))
+
+    sent = {"m1": meta(dst_node_id=5, message_type=msgs.TRAIN_PASSIVE)}
+    validate.check_envelope(meta(reply_to_message_id="m1", src_node_id=5, message_type=msgs.TRAIN_PASSIVE), sent, "n")
+    with pytest.raises(validate.ReplyError, match=r"reply has message type 'train.active', expected 'train.passive'"):
+        validate.check_envelope(meta(reply_to_message_id="m1", src_node_id=5, message_type=msgs.TRAIN_ACTIVE), sent, "n")
+    with pytest.raises(validate.ReplyError, match=r"reply comes from node 6, but the message went to node 5"):
+        validate.check_envelope(meta(reply_to_message_id="m1", src_node_id=6, message_type=msgs.TRAIN_PASSIVE), sent, "n")
+    with pytest.raises(validate.ReplyError, match=r"reply to unknown message 'zz'"):
+        validate.check_envelope(meta(reply_to_message_id="zz", src_node_id=5, message_type=msgs.TRAIN_PASSIVE), sent, "n")
+
+
+def test_divergence_guard_unit():
+    validate.check_state(0.5, np.array([0.1, 0.0]), 3)
+    with pytest.raises(validate.DivergenceError, match=r"diverged at round 4.*smaller step \(a larger eta"):
+        validate.check_state(float("nan"), np.array([0.1, 0.0]), 4)
+    with pytest.raises(validate.DivergenceError, match=r"diverged at round 5"):
+        validate.check_state(0.5, np.array([np.inf, 0.0]), 5)
+
+
+def test_new_options_are_checked():
+    with pytest.raises(ConfigError, match="round-retries"):
+        RunConfig(round_retries=-1).validate()
+    with pytest.raises(ConfigError, match="checkpoint-every"):
+        RunConfig(checkpoint_every=-2).validate()
+
+
+# -- bad replies through real messages -----------------------------------------------------
+def _tamper_train(kind):
+    def tamper(idx, rnd, reply):
+        if idx != 2 or rnd != "3":
+            return
+        record = reply.content.array_records[msgs.LOGITS]
+        u = record["train"].numpy()
+        if kind == "short":
+            record["train"] = Array(u[:-1].copy())
+        elif kind == "nan":
+            v = u.copy()
+            v[5] = np.nan
+            record["train"] = Array(v)
+        elif kind == "dtype":
+            record["train"] = Array(np.zeros(len(u), dtype=np.int32))
+        elif kind == "type":
+            reply.metadata.__dict__["_message_type"] = msgs.TRAIN_ACTIVE
+    return tamper
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("short", r"train logits has shape \(1199,\), expected \(1200,\)"),
+    ("nan", r"train logits holds 1 non-finite value"),
+    ("dtype", r"train logits has dtype int32"),
+    ("type", r"reply has message type 'train.active', expected 'train.passive'"),
+])
+def test_bad_reply_is_rejected_naming_the_node_before_it_reaches_lambda(tmp_path, kind, message):
+    rc = _rc(tmp_path)
+    grid = _grid(rc, tamper=_tamper_train(kind))
+    node = grid.node_ids[2]
+    with pytest.raises(FederationError, match=rf"rejected a reply: node {node} \(partition 2, passive\): {message}"):
+        run_server(grid, rc)
+    (folder,) = (tmp_path / "runs").iterdir()
+    history = json.loads((folder / "history.json").read_text())
+    assert [r["round"] for r in history] == [0, 1, 2]  # round 3's replies were not used
+    assert all(np.isfinite(r["lambda1"]) for r in history)
+    state, _ = load_server(folder)
+    assert state["round"] == 2  # the last good checkpoint stays
+
+
+def test_party_rejects_a_malformed_nu(tmp_path):
+    rc = _rc(tmp_path)
+
+    def tap(msg):
+        if msg.metadata.message_type == msgs.TRAIN_PASSIVE and msg.metadata.group_id == "2":
+            nu = msg.content.array_records[msgs.PAYLOAD]["nu"].numpy()
+            msg.content.array_records[msgs.PAYLOAD]["nu"] = Array(nu[:100].copy())
+
+    grid = _grid(rc, tap=tap)
+    with pytest.raises(FederationError, match=r"failed: ReplyError: party \d \(passive, node \d+\): nu has shape \(100,\)"):
+        run_server(grid, rc)
+
+
+# -- divergence -------------------------------------------------------------------------------
+def test_divergence_stops_the_run_keeping_the_last_good_checkpoint(tmp_path):
+    rc = _rc(tmp_path, **{"eta": 1e-5, "num-server-rounds": 60, "checkpoint-every": 1})
+    # a real blow-up: the first non-finite numbers show up in a party's reply (rejected) or in z/L/λ (guard)
+    with pytest.raises((validate.DivergenceError, FederationError), match=r"larger eta"):
+        run_server(_grid(rc), rc)
+    (folder,) = (tmp_path / "runs").iterdir()
+    state, u = load_server(folder)
+    assert np.isfinite(state["lambda"]).all() and all(np.isfinite(v).all() for v in u.values())
+    assert np.isfinite(state["history"][-1]["loss"])
+
+
+# -- missing party, lost reply, resume ----------------------------------------------------------
+def test_lost_reply_is_resent_and_not_applied_twice(tmp_path, uninterrupted):
+    rc = _rc(tmp_path)
+    grid = _grid(rc, lose_reply=lambda idx, rnd: idx == 4 and rnd == "3" and not grid.lost.append(1) and len(grid.lost) == 1)
+    grid.lost = []
+    summary, _ = run_server(grid, rc)
+    assert [d for d in grid.delivered if d[0] == 4 and d[1] == "3"] == [(4, "3", msgs.TRAIN_PASSIVE)] * 2
+    for key in KEYS:
+        assert summary[key] == uninterrupted[0][key], key  # the party answered the re-send from its cache
+
+
+def test_missing_party_stops_the_run_then_resume_equals_uninterrupted(tmp_path, uninterrupted, caplog):
+    rc = _rc(tmp_path)
+    down_from = 5  # party 3 goes down in round 5; the last checkpoint is round 4
+    grid = _grid(rc, silent=lambda idx, rnd: idx == 3 and rnd.isdigit() and int(rnd) >= down_from)
+    with pytest.raises(PartyUnavailable, match=rf"no reply within 0 s after 2 tries from node {grid.node_ids[3]} \(partition 3, passive\)"):
+        run_server(grid, rc)
+    assert sum(d[0] == 3 and d[1] == str(down_from) for d in grid.delivered) == 2  # first try + 1 retry
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert "run stopped after round 4" in caplog.text and f'resume-from="{folder}"' in caplog.text
+    history = json.loads((folder / "history.json").read_text())
+    assert [r["round"] for r in history] == list(range(down_from))
+    assert load_server(folder)[0]["round"] == 4
+
+    # "restart" every party: fresh contexts (no state), new node ids; θ comes from their own disks
+    resumed_rc = {**rc, "resume-from": str(folder)}
+    summary, folder2 = run_server(_grid(resumed_rc, seed=99), resumed_rc)
+    assert folder2 == folder
+    full_summary, full_history = uninterrupted
+    for key in KEYS:
+        assert summary[key] == pytest.approx(full_summary[key], rel=1e-9, abs=1e-12), key
+    history = json.loads((folder / "history.json").read_text())
+    assert [r["round"] for r in history] == list(range(ROUNDS + 1))
+    for a, b in zip(history, full_history):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-9) and a["lambda1"] == pytest.approx(b["lambda1"], rel=1e-9, abs=1e-15)
+
+
+def test_resume_refuses_other_settings_and_missing_party_checkpoints(tmp_path):
+    rc = _rc(tmp_path, **{"num-server-rounds": 2})
+    _, folder = run_server(_grid(rc), rc)
+    with pytest.raises(CheckpointError, match=r"run config epsilon=0.1 differs from the checkpoint's 0.05"):
+        run_server(_grid(rc), {**rc, "epsilon": 0.1, "resume-from": str(folder), "num-server-rounds": 4})
+    with pytest.raises(CheckpointError, match=r"nothing to run"):
+        run_server(_grid(rc), {**rc, "resume-from": str(folder)})
+    with pytest.raises(CheckpointError, match=r"no checkpoint.npz"):
+        run_server(_grid(rc), {**rc, "resume-from": str(tmp_path), "num-server-rounds": 4})
+    # a party whose disk lost its checkpoints is named
+    other = {**rc, "checkpoint-dir": str(tmp_path / "empty"), "resume-from": str(folder), "num-server-rounds": 4}
+    with pytest.raises(FederationError, match=r"party \d \((active|passive), node \d+\) has no checkpoint of round 2"):
+        run_server(_grid(other), other)
+    # extending a finished run continues it
+    more = {**rc, "resume-from": str(folder), "num-server-rounds": 4}
+    summary, _ = run_server(_grid(more), more)
+    assert summary["rounds"] == 4 and (folder / SERVER_FILE).exists()
+
+
+def test_divergence_guard_catches_overflowing_sums(tmp_path):
+    """Every reply finite (1e308), their sum z is not: the guard stops before ν or λ use it."""
+    rc = _rc(tmp_path, **{"checkpoint-every": 1})
+
+    def tamper(idx, rnd, reply):
+        if rnd == "3":
+            record = reply.content.array_records[msgs.LOGITS]
+            record["train"] = Array(np.full(N, 1e308))
+
+    with pytest.raises(validate.DivergenceError, match=r"diverged at round 3: .*1200 non-finite summed logits z.*larger eta"):
+        run_server(_grid(rc, tamper=tamper), rc)
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert load_server(folder)[0]["round"] == 2  # the last good checkpoint is kept, round 3 never written
