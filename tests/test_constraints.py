@@ -224,7 +224,7 @@ def test_validation_run_evaluates_on_validation_rows(out_dir):
 def test_equalized_odds_mode_lowers_dfp_and_dfn_below_deo_mode_on_adult(out_dir):
     """Same ε, same schedule: constraining both label values beats constraining one on both gaps.
 
-    measured 60 s + 126 s on the shared 2-core machine (seed 0: DEO DFP 0.034 / DFN 0.063, EO 0.020 / 0.054) (300 rounds at step 1/25 instead of 1000 at 1/100).
+    79 s for both runs on the 2-core machine (186 s under heavy load) (seed 0: DEO DFP 0.034 / DFN 0.063, EO 0.020 / 0.054) (300 rounds at step 1/25 instead of 1000 at 1/100).
     """
     base = RunConfig(dataset="adult", epsilon=0.01, eta=25.0, num_server_rounds=300, eval_every=300,
                      output_dir=out_dir, seed=0)
