@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from . import messages as msgs
-from . import reliability, view
+from . import reliability, straggler, view
 from .config import RunConfig
 from .data import ids_digest
 from .models import DTYPES, build_model, squared_norm
@@ -102,7 +102,8 @@ def _reply(message: Message, party: Party, steps: int) -> Message:
     return Message(content, reply_to=message)
 
 
-app = ClientApp(mods=[reliability.client_mod])  # checks what arrives, θ checkpoints, resume (reliability.py)
+app = ClientApp(mods=[reliability.client_mod, straggler.delay_mod])  # checks what arrives, θ checkpoints, resume
+# (reliability.py); simulated stragglers hold their train replies back (straggler.py)
 
 
 @app.query("info")
@@ -143,7 +144,7 @@ def train_active(message: Message, context: Context) -> Message:
     party = _party(cfg, data, context)
     z = msgs.read_array(message.content, msgs.PAYLOAD, "z").astype(np.float64)
     lam = msgs.read_array(message.content, msgs.PAYLOAD, "lam").astype(np.float64)
-    steps = party.local_steps(z, lam, cfg.local_steps)
+    steps = party.local_steps(z, lam, cfg.local_steps, cfg.local_time_budget)  # 1..Q steps; local-time-budget
     _save(party, context)
     return _reply(message, party, steps)
 

@@ -71,6 +71,11 @@ class RunConfig:
     nu_noise: float = 0.0
     # "ckks": ν reaches passive parties only CKKS-encrypted (secure.py; linear models, needs .[privacy]).
     secure_nu: str = "none"
+    # Asynchronous rounds (issue 8, staleness.py, straggler.py, docs/async.md)
+    local_time_budget: float = 0.0  # > 0: active parties take as many steps as fit (1..local-steps)
+    max_staleness: int = 0  # τ: 0 = synchronous rounds; > 0: a party's logits may be up to τ rounds old
+    quorum: int = 0  # fresh replies a round needs when max-staleness > 0 (0: num-parties - 1)
+    straggler_delays: str = ""  # simulated slow parties: "2=0.3" or "2=0.3~0.1,4=0.05" (straggler.py)
 
     # -- construction ------------------------------------------------------------
     @classmethod
@@ -158,6 +163,24 @@ class RunConfig:
             raise bad("round-retries", "must be >= 0 (0: no second try)")
         if self.checkpoint_every < 0:
             raise bad("checkpoint-every", "must be >= 0 (0: no checkpoints)")
+        if self.local_time_budget < 0:
+            raise bad("local-time-budget", "must be >= 0 seconds (0: always local-steps steps)")
+        if self.max_staleness < 0:
+            raise bad("max-staleness", "must be >= 0 rounds (0: synchronous)")
+        if not 0 <= self.quorum <= self.num_parties:
+            raise bad("quorum", f"must be between 0 (num-parties - 1) and num-parties ({self.num_parties})")
+        if self.max_staleness > 0:
+            for key, why in (("secure_nu", self.secure_nu != "none"), ("checkpoint_every", self.checkpoint_every > 0),
+                             ("resume_from", bool(self.resume_from))):
+                if why:
+                    raise bad(key.replace("_", "-"), "not supported with max-staleness > 0 (a stale party's θ and "
+                              "the server's round differ); use max-staleness=0")
+        from .straggler import DelayError, parse_delays
+
+        try:
+            parse_delays(self.straggler_delays)
+        except DelayError as exc:
+            raise ConfigError(f"run config {exc}") from None
         self.mu_value(1000)  # parse check
 
     def mu_value(self, n_train: int) -> float:

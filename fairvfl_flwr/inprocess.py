@@ -9,8 +9,10 @@ It relies on ``flwr.supercore.task_identity`` (an internal API; flwr is pinned).
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -38,6 +40,12 @@ class InProcessGrid(Grid):
         Per-node node config, replacing the default partition-id/num-partitions.
     tap : callable, optional
         Called with every message the server pushes (for privacy tests).
+    async_replies : bool
+        False (default): ``push_messages`` runs the ClientApp at once and the reply is
+        ready before it returns. True: every node answers on its own worker thread (one
+        message at a time per node, like a SuperNode) and ``pull_messages`` returns only
+        the replies that are done, so a party whose ClientApp is slow (straggler.py)
+        answers late, as over a real SuperLink. Call :meth:`close` when done.
     """
 
     def __init__(
@@ -48,6 +56,7 @@ class InProcessGrid(Grid):
         seed: int = 0,
         node_configs: list[Mapping[str, Any]] | None = None,
         tap: Callable[[Message], None] | None = None,
+        async_replies: bool = False,
     ) -> None:
         self.client_app = client_app
         rng = random.Random(seed)
@@ -59,6 +68,11 @@ class InProcessGrid(Grid):
         }
         self.tap = tap
         self._replies: dict[str, Message] = {}
+        self._futures: dict[str, Future] = {}
+        self._workers = (
+            {nid: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"node-{i}") for i, nid in enumerate(self.node_ids)}
+            if async_replies else None
+        )
         TaskIdentity.run_id = 1
         TaskIdentity.node_id = SERVER_NODE_ID
         TaskIdentity.task_id = 1
@@ -82,21 +96,47 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
             if self.tap is not None:
                 self.tap(msg)
-            context = self.contexts[msg.metadata.dst_node_id]
-            try:
-                reply = self.client_app(msg, context)
-            except Exception as exc:  # the real runtime turns a ClientApp exception into an error reply
-                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-            reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            self._replies[msg.metadata.message_id] = reply
+            if self._workers is not None:
+                worker = self._workers[msg.metadata.dst_node_id]
+                self._futures[msg.metadata.message_id] = worker.submit(self._answer, msg)
+            else:
+                self._replies[msg.metadata.message_id] = self._answer(msg)
             ids.append(msg.metadata.message_id)
         return ids
 
+    def _answer(self, msg: Message) -> Message:
+        context = self.contexts[msg.metadata.dst_node_id]
+        try:
+            reply = self.client_app(msg, context)
+        except Exception as exc:  # the real runtime turns a ClientApp exception into an error reply
+            reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+        return reply
+
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return [self._replies.pop(mid) for mid in message_ids if mid in self._replies]
+        out = []
+        for mid in message_ids:
+            if mid in self._replies:
+                out.append(self._replies.pop(mid))
+            elif mid in self._futures and self._futures[mid].done():
+                out.append(self._futures.pop(mid).result())
+        return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return list(self.pull_messages(self.push_messages(messages)))
+        ids = list(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        got: list[Message] = []
+        while True:
+            got += self.pull_messages(ids)
+            ids = [mid for mid in ids if mid in self._futures]
+            if not ids or (deadline is not None and time.monotonic() > deadline):
+                return got
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Stop the node threads of an ``async_replies`` grid (waits for running calls)."""
+        for worker in (self._workers or {}).values():
+            worker.shutdown(wait=True)
 
 
 def run_inprocess(run_config: Mapping[str, Any], **grid_kwargs: Any):

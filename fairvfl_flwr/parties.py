@@ -7,6 +7,7 @@ kept in ``context.state``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,13 +47,26 @@ class ActiveParty(Party):
     y: np.ndarray | None = None
     groups: Groups | None = None
 
-    def local_steps(self, z: np.ndarray, lam: np.ndarray, steps: int) -> int:
-        """Q steps on z̃ = z − u_k(old) + u_k(new): the other parties' logits stay stale."""
+    def local_steps(self, z: np.ndarray, lam: np.ndarray, steps: int, time_budget: float = 0.0) -> int:
+        """Up to Q steps on z̃ = z − u_k(old) + u_k(new): the other parties' logits stay stale.
+
+        ``time_budget`` > 0 (seconds, run config ``local-time-budget``): take as many steps
+        as fit in the budget, at least one and at most ``steps`` (= Q); a step is not begun
+        when the mean step time so far says it would end past the budget. Returns the
+        number of steps taken (the reply's ``steps`` metric).
+        """
+        started = time.perf_counter()
         u_old = self.logits("train")
         others = z - u_old
+        taken = 0
         for _ in range(steps):
             u = self.model(self.X_train)
             nu = masked_weights(self.y, others + u.detach().numpy(), lam, self.groups)
             u.backward(torch.as_tensor(nu, dtype=u.dtype))
             gradient_step(self.model, self.lr, self.mu)
-        return steps
+            taken += 1
+            if time_budget > 0:
+                elapsed = time.perf_counter() - started
+                if elapsed + elapsed / taken > time_budget:
+                    break
+        return taken
