@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .strategy import FairVFL
 
 POLL_SECONDS = 0.01
+NODE_CHECK_SECONDS = 1.0  # how often a waiting exchange asks the grid which nodes are still online
 # Flower's own error replies for a node that is gone or a message that expired: retry.
 TRANSIENT_ERROR_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE
 
@@ -66,19 +67,31 @@ def exchange(strategy: "FairVFL", grid, messages: Iterable[Message], timeout: fl
     for attempt in range(retries + 1):
         if attempt:
             names = ", ".join(strategy._who(n, named) for n in sorted(waiting))
-            log(WARNING, "FairVFL: no reply within %.0f s from %s; re-sending (try %d of %d)",
+            log(WARNING, "FairVFL: no reply within %g s from %s; re-sending (try %d of %d)",
                 timeout, names, attempt + 1, retries + 1)
         batch = []
         for nid in sorted(waiting):
             m = by_node[nid]
             batch.append(m if attempt == 0 else Message(m.content, dst_node_id=nid, message_type=m.metadata.message_type,
                                                         group_id=m.metadata.group_id))
+        gone: set[int] = set()  # nodes that cannot answer in this try: no use waiting for them
         for mid, m in zip(grid.push_messages(batch), batch):
             if mid:
                 sent[mid] = m
                 outstanding[mid] = m.metadata.dst_node_id
+            else:  # the SuperLink refused it: the node has left the federation
+                gone.add(m.metadata.dst_node_id)
+                log(WARNING, "FairVFL: %s: the SuperLink refused the message (node not registered)",
+                    strategy._who(m.metadata.dst_node_id, named))
         deadline = time.monotonic() + timeout
-        while waiting and time.monotonic() < deadline:
+        next_check = time.monotonic() + NODE_CHECK_SECONDS
+        while waiting and time.monotonic() < deadline and not waiting <= gone:
+            if time.monotonic() >= next_check:  # a SuperNode that stopped is no longer listed online
+                online = set(grid.get_node_ids())
+                for nid in sorted(waiting - gone - online):
+                    gone.add(nid)
+                    log(WARNING, "FairVFL: %s is no longer online", strategy._who(nid, named))
+                next_check = time.monotonic() + NODE_CHECK_SECONDS
             got = list(grid.pull_messages(list(outstanding)))
             for reply in got:
                 mid = reply.metadata.reply_to_message_id
@@ -87,8 +100,11 @@ def exchange(strategy: "FairVFL", grid, messages: Iterable[Message], timeout: fl
                     nid = sent[mid].metadata.dst_node_id if mid in sent else reply.metadata.src_node_id
                 who = strategy._who(nid, named)
                 if reply.has_error():
-                    if reply.error.code in TRANSIENT_ERROR_CODES:
-                        continue  # the node is gone for now: keep waiting, then re-send
+                    if reply.error.code in TRANSIENT_ERROR_CODES:  # the node is gone for now: try again
+                        if not any(n == nid for n in outstanding.values()):
+                            gone.add(nid)
+                            log(WARNING, "FairVFL: %s is unavailable: %s", who, reply.error.reason)
+                        continue
                     raise _federation_error()(f"{who} failed: {reply.error.reason}")
                 if nid in replies:
                     continue  # a late answer to an earlier try: the first one counts
@@ -104,9 +120,12 @@ def exchange(strategy: "FairVFL", grid, messages: Iterable[Message], timeout: fl
             break
     if waiting:
         names = ", ".join(strategy._who(n, named) for n in sorted(waiting))
-        raise unavailable_error()(
-            f"no reply within {timeout:.0f} s after {retries + 1} tr{'y' if retries == 0 else 'ies'} from {names}"
-        )
+        tries = f"{retries + 1} tr{'y' if retries == 0 else 'ies'}"
+        if waiting <= gone:
+            raise unavailable_error()(
+                f"{names} left the federation or is reported unavailable by Flower; no reply after {tries}"
+            )
+        raise unavailable_error()(f"no reply within {timeout:g} s after {tries} from {names}")
     return [replies[nid] for nid in by_node]
 
 

@@ -1,0 +1,107 @@
+"""Faults on the real deployment runtime: a SuperNode stops mid-run, is restarted, the run resumes.
+
+A loopback SuperLink and 6 SuperNodes (exported Crime party files, each party with its own
+checkpoint-dir, i.e. its own disk). Party 3's SuperNode is stopped (SIGTERM to its process
+group: the SuperNode and its ClientApp processes) as soon as the server has written a
+checkpoint; the run must end as failed, with the party named, history and checkpoint on
+disk. Then that SuperNode is started again (it gets a new node id) and ``resume-from``
+continues the run: the final metrics equal an uninterrupted run with the same seed
+(the in-process run; test_deploy.py shows deployment equals it).
+"""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fairvfl_flwr.checkpoint import SERVER_FILE, load_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.export import export
+from fairvfl_flwr.inprocess import run_inprocess
+from fairvfl_flwr.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 2
+VICTIM = 3
+# round-timeout: longer than one deployed round on a busy 2-core machine; a stopped SuperNode
+# is reported unavailable by Flower at once, so the run does not wait this long.
+TIMEOUT = float(os.environ.get("FAIRVFL_TEST_ROUND_TIMEOUT", "90"))
+BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05,
+        "checkpoint-every": 1, "round-timeout": TIMEOUT, "round-retries": 1}
+KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
+ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
+
+
+def _run_folder(out: Path) -> Path | None:
+    runs = [p for p in out.iterdir() if p.is_dir()] if out.exists() else []
+    return runs[0] if runs else None
+
+
+def _checkpoint_round(out: Path) -> int:
+    folder = _run_folder(out)
+    if folder is None or not (folder / SERVER_FILE).exists():
+        return -1
+    try:
+        return int(load_server(folder)[0]["round"])
+    except Exception:  # noqa: BLE001  (being replaced right now: read again)
+        return -1
+
+
+def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted(tmp_path):
+    started = time.monotonic()
+    parties = tmp_path / "parties"
+    manifest = export(RunConfig.from_flower(BASE), parties)
+    nodes = [{**cfg, "checkpoint-dir": str(tmp_path / f"party{i}-disk")} for i, cfg in enumerate(manifest["node_configs"])]
+    run_config = {**BASE, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
+    reference, _ = run_inprocess({**run_config, "checkpoint-every": 0, "output-dir": str(tmp_path / "reference")})
+
+    env = {**ENV, "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
+        run_id = fed.submit(run_config)
+        deadline = time.monotonic() + 300
+        while _checkpoint_round(tmp_path / "runs") < 1:
+            assert time.monotonic() < deadline, fed.logs(run_id)[-3000:]
+            time.sleep(0.2)
+        entry = next(e for e in fed.procs if e[0] == f"supernode{VICTIM}")
+        os.killpg(entry[1].pid, signal.SIGTERM)  # the party's machine goes down mid-run
+        killed_at = time.monotonic()
+        entry[1].wait(timeout=30)
+        fed.procs.remove(entry)  # stopped on purpose: not an error for wait_nodes()
+        entry[2].close()
+        status = fed.wait(run_id, timeout=TIMEOUT * 3 + 120)
+        stopped_after = time.monotonic() - killed_at
+        logs = fed.logs(run_id)
+        assert status.startswith("finished") and status != "finished:completed", logs[-3000:]
+        assert f"(partition {VICTIM}, passive) left the federation" in logs, logs[-3000:]
+        assert "run stopped after round" in logs, logs[-3000:]
+        folder = _run_folder(tmp_path / "runs")
+        r = load_server(folder)[0]["round"]
+        assert 1 <= r < ROUNDS
+        history = json.loads((folder / "history.json").read_text())
+        assert history[0]["round"] == 0 and history[-1]["round"] >= r
+        assert f'resume-from="{folder}"' in logs
+
+        # the party comes back (same node config and disk, new node id) and the run resumes
+        fed._spawn(
+            f"supernode{VICTIM}-again",
+            [str(BIN / "flower-supernode"), "--superlink", f"{HOST}:{fed.port}", "--port", str(free_port()),
+             "--node-config", node_config_arg(nodes[VICTIM]), "--insecure"],
+            env={**fed.env, "FLWR_HOME": str(fed.home / f"node{VICTIM}-again")},
+        )
+        fed.wait_nodes(len(nodes), timeout=120)
+        run_id2, status2 = fed.run({**run_config, "resume-from": str(folder)}, timeout=300)
+        assert status2 == "finished:completed", fed.logs(run_id2)[-3000:]
+        assert f"resuming from round {r}" in fed.logs(run_id2)
+
+    summary = json.loads((folder / "summary.json").read_text())
+    for key in KEYS:
+        assert summary[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), key
+    history = json.loads((folder / "history.json").read_text())
+    assert [row["round"] for row in history] == list(range(ROUNDS + 1))
+    print(f"\nkilled after checkpoint round {r}; run stopped {stopped_after:.1f} s later; "
+          f"max |diff| vs uninterrupted: {max(abs(summary[k] - reference[k]) for k in KEYS):.3g}; "
+          f"test took {time.monotonic() - started:.0f} s")
