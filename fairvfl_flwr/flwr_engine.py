@@ -1,7 +1,6 @@
 """Drive the real Flower simulation runtime: a private SuperLink and `flwr run`.
 
-A reusable version of ``tests/flower_runtime.py`` for the compare command's
-``--engine flwr``. The SuperLink gets its own ``FLWR_HOME``, port and in-memory
+Used by the compare command's ``--engine flwr`` and the end-to-end tests. The SuperLink gets its own ``FLWR_HOME``, port and in-memory
 database, and runtime dependency installation is off (offline machines, CI).
 `flwr run` exits 0 even when the ServerApp fails, so a run's status is read back with
 `flwr ls` and must be ``finished:completed``.

@@ -6,9 +6,8 @@ from pathlib import Path
 import pytest
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.flwr_engine import FlwrRunError, SimulationSuperLink
 from fairvfl_flwr.inprocess import run_inprocess
-
-from .flower_runtime import SimulationSuperLink
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +28,7 @@ def _only_run(folder: Path) -> Path:
 def test_flwr_run_crime_reaches_epsilon_and_matches_inprocess(superlink, tmp_path):
     out = tmp_path / "flwr"
     overrides = {"dataset": "crime", "epsilon": 0.05, "num-server-rounds": 150, "eval-every": 50}
-    text = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in overrides.items())
-    run_id, status = superlink.run(f"{text} output-dir='{out}'")
-    assert status == "finished:completed", superlink.logs(run_id)[-3000:]
+    superlink.run({**overrides, "output-dir": str(out)}, num_supernodes=6, timeout=600)  # raises unless completed
 
     run = _only_run(out)
     for name in ("config.json", "history.csv", "history.json", "summary.json", "convergence.png"):
@@ -50,6 +47,5 @@ def test_flwr_run_crime_reaches_epsilon_and_matches_inprocess(superlink, tmp_pat
 
 
 def test_flwr_run_with_bad_config_fails_and_says_why(superlink, tmp_path):
-    run_id, status = superlink.run(f"dataset='crime' local-steps=0 output-dir='{tmp_path}'")
-    assert status != "finished:completed"
-    assert "local-steps=0" in superlink.logs(run_id)
+    with pytest.raises(FlwrRunError, match="local-steps=0"):
+        superlink.run({"dataset": "crime", "local-steps": 0, "output-dir": str(tmp_path)}, num_supernodes=6)
