@@ -27,6 +27,8 @@ from .config import RunConfig
 # gaps, lambdas: every constraint's gap and every multiplier (docs/fairness-constraints.md).
 COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "dfn", "seconds",
            "max_gap", "gaps", "lambdas"]
+# max-staleness > 0: partition ids whose logits are from this round, and {partition id: rounds behind}
+ASYNC_COLUMNS = ["fresh", "stale"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
@@ -67,11 +69,13 @@ class RunRecorder:
             self.write_history()
 
     def write_history(self) -> None:
-        rows = [{k: _clean(r.get(k)) for k in COLUMNS} for r in self.rows]
+        # fresh/stale: only bounded-staleness runs have them (staleness.py); other runs keep COLUMNS
+        columns = COLUMNS + [k for k in ASYNC_COLUMNS if any(k in r for r in self.rows)]
+        rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
         _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")
         tmp = self.folder / "history.csv.tmp"
         with tmp.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+            writer = csv.DictWriter(fh, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
         os.replace(tmp, self.folder / "history.csv")

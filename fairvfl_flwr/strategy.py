@@ -168,6 +168,10 @@ class FairVFL(Strategy):
         self.setup_seconds = time.perf_counter() - setup_started
         self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
         result = Result()
+        if self.cfg.max_staleness > 0:  # bounded-staleness rounds, stragglers may lag (staleness.py, issue 8)
+            from .staleness import run_rounds
+
+            return run_rounds(self, grid, first, num_rounds, timeout, result)
         for t in range(first, num_rounds + 1):
             replies = self.exchange(grid, self.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
             if self.ckks is not None:

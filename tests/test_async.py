@@ -1,7 +1,9 @@
 """Issue 8: time-budgeted local steps, simulated stragglers, bounded-staleness rounds."""
 
+import json
 import time
 
+import numpy as np
 import pytest
 
 from fairvfl_flwr import messages as msgs
@@ -81,3 +83,55 @@ def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir):
     assert time.perf_counter() - t0 >= 4 * 0.1
     assert delayed2["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-12)
 
+
+# -- (3) bounded-staleness rounds ---------------------------------------------------------
+def _history(folder):
+    return json.loads((folder / "history.json").read_text())
+
+
+def test_tau_zero_is_the_synchronous_run(out_dir):
+    cfg = RunConfig(dataset="crime", num_server_rounds=6, eval_every=3, output_dir=out_dir, wire_dtype="float64")
+    _, a, fa = _run(cfg)
+    _, b, fb = _run(cfg.replace(max_staleness=0, quorum=2))
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert drop(_history(fa)) == drop(_history(fb))  # exactly: τ = 0 is the synchronous code path
+    assert "stale" not in _history(fb)[-1]
+    # with a straggler and late replies: the same rounds (replies arrive in another order, so the
+    # sum over parties may differ in the last bit)
+    _, c, fc = _run(cfg.replace(straggler_delays="3=0.02"), async_replies=True)
+    for ra, rc in zip(_history(fa), _history(fc)):
+        assert [ra[k] for k in ("loss", "deo", "lambda1")] == pytest.approx([rc[k] for k in ("loss", "deo", "lambda1")],
+                                                                             rel=1e-12, abs=1e-15)
+
+
+FAST, SLOW = 0.02, 0.06  # one party 3x slower than the others
+DELAYS = ",".join(f"{p}={SLOW if p == 3 else FAST}" for p in range(6))
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_one_straggler_bounded_staleness_completes(tau, out_dir):
+    cfg = RunConfig(dataset="crime", epsilon=0.05, num_server_rounds=24, eval_every=12, output_dir=out_dir,
+                    max_staleness=tau, straggler_delays=DELAYS)
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, async_replies=True)
+    node_of: dict[str, int] = {}
+
+    def one_at_a_time(msg):  # a party is never sent a message while one is outstanding
+        dst = msg.metadata.dst_node_id
+        assert not [m for m in grid._futures if node_of[m] == dst], f"second message to node {dst}"
+        node_of[msg.metadata.message_id] = dst
+
+    grid.tap = one_at_a_time
+    try:
+        summary, folder = run_server(grid, cfg.to_flower())
+    finally:
+        grid.close()
+    rows = _history(folder)[1:]
+    assert [r["round"] for r in rows] == list(range(1, 25))
+    behind = [int(b) for r in rows for b in r["stale"].values()]
+    assert behind and max(behind) <= tau  # staleness never exceeds τ, and the straggler did lag
+    assert any("3" in r["stale"] for r in rows)  # the slow party lagged (a loaded machine may slow others too)
+    for r in rows:
+        assert sorted(r["fresh"] + [int(p) for p in r["stale"]]) == list(range(6))
+    assert rows[11]["stale"] == {} and rows[-1]["stale"] == {}  # evaluation rounds are synchronous
+    assert np.isfinite(summary["train_loss"]) and summary["test_acc"] > 0.7
+    assert "stale" in (folder / "history.csv").read_text().splitlines()[0]
