@@ -104,6 +104,12 @@ def save_party(folder: Path, server_round: int, model_state: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"round-{server_round:08d}.pt"
     _atomic(path, lambda fh: torch.save({"round": server_round, "model": model_state}, fh))
+    # Keep the KEEP latest rounds up to this one; later rounds are left over from a run that got
+    # further before it stopped (this run rewrites them when it gets there).
+    for old in folder.glob("round-*.pt"):
+        r = int(old.stem.split("-")[1])
+        if r > server_round:
+            old.unlink(missing_ok=True)
     for old in sorted(folder.glob("round-*.pt"))[:-KEEP]:
         old.unlink(missing_ok=True)
     return path

@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         run_id, status = fed.run(run_config)
         print(json.dumps({"run_id": run_id, "status": status, "seconds": time.perf_counter() - started}))
+    if status != "finished:completed":  # a failed run (a party stayed away, a bad reply, divergence): non-zero exit
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fairvfl_flwr import messages as msgs
@@ -283,3 +284,18 @@ def test_divergence_guard_catches_overflowing_sums(tmp_path):
         run_server(_grid(rc, tamper=tamper), rc)
     (folder,) = (tmp_path / "runs").iterdir()
     assert load_server(folder)[0]["round"] == 2  # the last good checkpoint is kept, round 3 never written
+
+
+def test_party_checkpoints_keep_the_latest_rounds_up_to_now(tmp_path):
+    """A run that got further before it stopped leaves later rounds; a resumed run replaces them."""
+    from fairvfl_flwr.checkpoint import load_party, save_party
+
+    folder = tmp_path / "p"
+    for r in range(0, 7):
+        save_party(folder, r, {"w": torch.tensor([float(r)])})
+    assert sorted(p.stem for p in folder.iterdir()) == ["round-00000004", "round-00000005", "round-00000006"]
+    save_party(folder, 4, {"w": torch.tensor([4.0])})  # resumed from round 3 elsewhere: 5, 6 are stale now
+    assert sorted(p.stem for p in folder.iterdir()) == ["round-00000004"]
+    assert float(load_party(folder, 4, "party 0")["w"][0]) == 4.0
+    with pytest.raises(CheckpointError, match=r"party 0 has no checkpoint of round 5 .*has: \['round-00000004'\]"):
+        load_party(folder, 5, "party 0")
