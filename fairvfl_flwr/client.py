@@ -95,10 +95,15 @@ def _save(party: Party, context: Context) -> None:
     context.state.array_records[MODEL_STATE] = ArrayRecord(party.model.state_dict())
 
 
-def _reply(message: Message, party: Party, steps: int) -> Message:
+def _reply(message: Message, party: Party, steps: int, dtype: str | None = None) -> Message:
+    """New partial logits (in the run's wire-dtype when given), ‖θ_k‖² and the steps taken."""
     evaluate = bool(message.content.config_records[msgs.ROUND]["evaluate"])
     u_test = party.logits("test") if evaluate else None
-    content = msgs.logits_reply(party.logits("train"), u_test, squared_norm(party.model), steps)
+    u_train = party.logits("train")
+    if dtype is not None:
+        u_train = u_train.astype(dtype)
+        u_test = None if u_test is None else u_test.astype(dtype)
+    content = msgs.logits_reply(u_train, u_test, squared_norm(party.model), steps)
     return Message(content, reply_to=message)
 
 
@@ -132,7 +137,7 @@ def init(message: Message, context: Context) -> Message:
         context.state.array_records[secure.CONTEXT_RECORD] = message.content.array_records[secure.CONTEXT_RECORD]
     party = _party(cfg, data, context)
     _save(party, context)
-    return _reply(message, party, steps=0)
+    return _reply(message, party, steps=0, dtype=cfg.wire_dtype)
 
 
 @app.train("active")
@@ -146,7 +151,7 @@ def train_active(message: Message, context: Context) -> Message:
     lam = msgs.read_array(message.content, msgs.PAYLOAD, "lam").astype(np.float64)
     steps = party.local_steps(z, lam, cfg.local_steps, cfg.local_time_budget)  # 1..Q steps; local-time-budget
     _save(party, context)
-    return _reply(message, party, steps)
+    return _reply(message, party, steps, dtype=cfg.wire_dtype)
 
 
 @app.train("passive")
@@ -160,7 +165,7 @@ def train_passive(message: Message, context: Context) -> Message:
         view.record(cfg.record_view, data.partition_id, server_round, cfg.record_every, nu)
     party.step(nu)
     _save(party, context)
-    return _reply(message, party, steps=1)
+    return _reply(message, party, steps=1, dtype=cfg.wire_dtype)
 
 
 from . import splitlearning  # noqa: E402,F401  (registers the split-learning baseline's handlers on `app`)

@@ -12,8 +12,9 @@ import importlib.util
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from .data import DATASETS
-from .models import DTYPES, MODELS
+from .names import DATASET_NAMES as DATASETS  # names only: config imports neither pandas nor torch
+from .names import DTYPE_NAMES as DTYPES
+from .names import MODEL_NAMES as MODELS
 from .objective import CONSTRAINTS
 
 
@@ -25,6 +26,7 @@ class ConfigError(ValueError):
 class RunConfig:
     """All settings of one FairVFL run (defaults: the paper's setup on Adult, linear)."""
 
+    preset: str = ""  # "", "paper" (= the defaults) or "fast" (presets.py): fills keys left at their default
     dataset: str = "adult"
     model: str = "linear"
     epsilon: float = 0.01
@@ -44,7 +46,8 @@ class RunConfig:
     validation_fraction: float = 0.0  # > 0: hold out this share of training rows and evaluate on it
     output_dir: str = "outputs"
     hidden: int = 16
-    dtype: str = "float64"
+    dtype: str = "float64"  # the parties' model and feature dtype
+    wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
     round_timeout: float = 600.0
     # Reliability (reliability.py, checkpoint.py, docs/reliability.md)
     round_retries: int = 1  # re-sends to a party that missed round-timeout before the run stops
@@ -88,6 +91,10 @@ class RunConfig:
             if f is None:
                 continue  # other apps' keys and Flower's own are not ours to judge
             values[f.name] = _coerce(key, raw, f.type)
+        if values.get("preset"):
+            from .presets import apply
+
+            values = apply(values, {f.name: f.default for f in fields(cls)})
         cfg = cls(**values)
         cfg.validate()
         return cfg
@@ -120,6 +127,8 @@ class RunConfig:
             raise bad("model", f"unknown model; choose one of {', '.join(MODELS)}")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
+        if self.wire_dtype not in ("float32", "float64"):
+            raise bad("wire-dtype", "choose float32 (default: n×4 bytes per vector) or float64")
         if self.epsilon < 0:
             raise bad("epsilon", "the fairness tolerance must be >= 0")
         if self.num_server_rounds < 1:

@@ -77,7 +77,7 @@ class FairVFL(Strategy):
         self.groups = labels.groups_for(config.constraint)
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
-        self.wire_dtype = np.float64 if config.dtype == "float64" else np.float32
+        self.wire_dtype = np.dtype(config.wire_dtype)  # float32 unless wire-dtype = "float64"
         self.ckks = secure.CkksServer(len(labels.y_train)) if config.secure_nu == "ckks" else None
         self.lam = np.zeros(self.groups.num_multipliers)  # [λ_1+, λ_1-, ...]; deo: [λ1, λ2]
         self.nodes: dict[int, Node] = {}

@@ -36,7 +36,7 @@ def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir):
     rounds = 8
     cfg = RunConfig(
         dataset="crime", model=model, local_steps=1, num_server_rounds=rounds, eval_every=4,
-        epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=3,
+        epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=3, wire_dtype="float64",
     )
     grid, summary, folder = _run(cfg)
 

@@ -3,12 +3,15 @@
 Each round the ServerApp pushes one empty message to every node and polls for the
 replies every 10 ms (as FairVFL's strategy does); the ClientApp imports only flwr and
 replies at once. The ServerApp writes per-round seconds as JSON to run config `output`.
+With run config `payload-floats = n` > 0 every message carries n float32 each way (the
+size of FairVFL's z/ν and partial logits), for bench/overhead.py.
 """
 
 import json
 import time
 
-from flwr.app import Context, Message, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -18,17 +21,26 @@ server = ServerApp()
 
 @client.query()
 def noop(message: Message, context: Context) -> Message:
-    return Message(RecordDict(), reply_to=message)
+    return Message(_payload(int(context.run_config.get("payload-floats", 0))), reply_to=message)
+
+
+def _payload(n: int) -> RecordDict:
+    return RecordDict({"p": ArrayRecord({"x": Array(np.zeros(n, dtype=np.float32))})}) if n > 0 else RecordDict()
 
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     rounds = int(context.run_config["num-server-rounds"])
     nodes = list(grid.get_node_ids())
+    deadline = time.monotonic() + 120  # simulation registers its nodes after the run starts
+    while len(nodes) < int(context.run_config.get("min-nodes", 0)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        nodes = list(grid.get_node_ids())
     seconds = []
     for t in range(rounds + 1):  # round 0 includes the first FAB install; reported separately
         start = time.perf_counter()
-        ids = set(grid.push_messages([Message(RecordDict(), dst_node_id=n, message_type="query", group_id=str(t)) for n in nodes]))
+        payload = int(context.run_config.get("payload-floats", 0))
+        ids = set(grid.push_messages([Message(_payload(payload), dst_node_id=n, message_type="query", group_id=str(t)) for n in nodes]))
         while ids:
             got = list(grid.pull_messages(list(ids)))
             for reply in got:

@@ -1,0 +1,119 @@
+"""Rounds to target: how many rounds until test accuracy is within 0.5 points of its final
+value and train DEO <= ε + 0.005 (and both stay so), for Q ∈ {1, 2, 5, 10} on Adult.
+
+    python bench/rounds.py [--rounds 1000] [--qs 1,2,5,10] [--preset ""] [--out bench/results]
+
+``--engine floor`` (default) runs the identical round math in one process (numpy, linear
+models: bench/common.NumpyFloor; float64 throughout), test metrics every 10 rounds;
+``--engine inprocess`` runs the real ServerApp strategy and ClientApp on the in-process
+grid (same numbers up to the float32 wire, ~2-3x slower). ``--preset fast`` runs the
+same Q values with the ``fast`` preset (fairvfl_flwr/presets.py). A run that never meets
+the target reports ``rounds_to_target = None``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+
+ACC_POINTS = 0.5
+DEO_SLACK = 0.005
+
+
+def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
+    """First evaluated round from which on every evaluated round meets both targets."""
+    evals = [r for r in history if r["acc"] == r["acc"] and r["round"] > 0]  # acc is NaN off eval rounds
+    final = evals[-1]["acc"]
+    hit = None
+    for r in evals:
+        ok = abs(r["acc"] - final) * 100 <= ACC_POINTS and r["deo"] <= epsilon + DEO_SLACK
+        hit = (hit or r["round"]) if ok else None
+    return hit
+
+
+def run_floor(overrides: dict) -> dict:
+    """The same run as the app's, with bench/common.NumpyFloor (linear models only)."""
+    import numpy as np
+
+    from bench.common import NumpyFloor, adult_problem
+    from fairvfl_flwr.config import RunConfig
+    from fairvfl_flwr.metrics import fairness_metrics
+    from fairvfl_flwr.objective import train_stats
+    from fairvfl_flwr.problem import party_columns
+
+    t = time.perf_counter()
+    cfg = RunConfig.from_flower(overrides)
+    ds, blocks, groups = adult_problem(cfg)
+    test_blocks = [ds.X_test[:, c] for c in party_columns(cfg, ds)]
+    n = len(ds.y_train)
+    fl = NumpyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n),
+                    lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active, fairness=cfg.fairness)
+    history = []
+    for r in range(1, cfg.num_server_rounds + 1):
+        fl.round()
+        row = {"round": r, "deo": train_stats(ds.y_train, fl.z(), groups).deo, "acc": float("nan")}
+        if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
+            z_test = np.sum([fl._u(k, x) for k, x in enumerate(test_blocks)], axis=0)
+            row.update(fairness_metrics(ds.y_test, ds.s_test, z_test))
+        history.append(row)
+    last = history[-1]
+    return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
+            "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
+            "seconds": time.perf_counter() - t}
+
+
+def run(overrides: dict, tmp: str) -> dict:
+    from fairvfl_flwr.inprocess import run_inprocess
+
+    t = time.perf_counter()
+    summary, folder = run_inprocess({**overrides, "output-dir": tmp})
+    history = json.loads((Path(folder) / "history.json").read_text())
+    eps = float(overrides.get("epsilon", 0.01))
+    return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * summary["test_acc"],
+            "final_train_deo": summary["train_deo"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
+            "seconds": time.perf_counter() - t}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", default="adult")
+    ap.add_argument("--rounds", type=int, default=1000)
+    ap.add_argument("--qs", default="1,2,5,10")
+    ap.add_argument("--preset", default="", help="run-config preset (presets.py), e.g. fast")
+    ap.add_argument("--set", default="", help="extra run config, e.g. 'eta=50 beta=0.5'")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--name", default="")
+    ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
+    args = ap.parse_args(argv)
+    extra = {}
+    for item in args.set.split():
+        k, v = item.split("=", 1)
+        extra[k] = float(v) if v.replace(".", "", 1).replace("e-", "", 1).isdigit() else v
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for q in [int(x) for x in args.qs.split(",")]:
+            cfg = {"dataset": args.dataset, "num-server-rounds": args.rounds, "eval-every": 10, "local-steps": q, **extra}
+            if args.preset:
+                cfg["preset"] = args.preset
+            res = run(cfg, f"{tmp}/q{q}") if args.engine == "inprocess" else run_floor(cfg)
+            r = {"preset": args.preset or "default", "Q": q, **res}
+            print(r, flush=True)
+            rows.append(r)
+    name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
+    md = (f"Rounds to target ({args.dataset}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
+          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {args.engine}\n\n"
+          + table(rows, ["preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "seconds"]))
+    write(args.out, name, {"dataset": args.dataset, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
+    return {"rows": rows}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Issue 4: float32 wire, cheap config import, presets, the synthetic table and shared-seed batches."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr import batching, names, synthetic
+from fairvfl_flwr.config import ConfigError, RunConfig
+
+
+def test_config_names_match_what_they_name():
+    from fairvfl_flwr.data import DATASETS
+    from fairvfl_flwr.models import DTYPES, MODELS
+
+    assert set(names.DATASET_NAMES) == set(DATASETS)
+    assert set(names.MODEL_NAMES) == set(MODELS)
+    assert set(names.DTYPE_NAMES) == set(DTYPES)
+
+
+def test_config_imports_neither_torch_nor_pandas_and_client_app_not_pandas():
+    code = ("import sys, fairvfl_flwr.config; a = [m in sys.modules for m in ('torch', 'pandas')]; "
+            "import client_app; print(a, 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[False, False] False"
+
+
+def test_presets_fill_only_keys_left_at_default():
+    fast = RunConfig.from_flower({"preset": "fast"})
+    assert (fast.eta, fast.beta) == (20.0, 0.5)
+    mine = RunConfig.from_flower({"preset": "fast", "eta": 50.0, "local-steps": 10})
+    assert (mine.eta, mine.beta, mine.local_steps) == (50.0, 0.5, 10)
+    assert RunConfig.from_flower({"preset": "paper"}) == RunConfig(preset="paper")
+    with pytest.raises(ConfigError, match="preset='nope'"):
+        RunConfig.from_flower({"preset": "nope"})
+
+
+def test_wire_dtype_default_float32_and_checked():
+    assert RunConfig().wire_dtype == "float32"
+    with pytest.raises(ConfigError, match="wire-dtype"):
+        RunConfig.from_flower({"wire-dtype": "float16"})
+
+
+def test_messages_carry_float32_by_default_float64_on_request(tmp_path):
+    from fairvfl_flwr.client import app as client_app
+    from fairvfl_flwr.inprocess import InProcessGrid
+    from fairvfl_flwr.server import run_server
+
+    for wire, want in (("float32", np.float32), ("float64", np.float64)):
+        cfg = RunConfig(dataset="crime", num_server_rounds=2, wire_dtype=wire, output_dir=str(tmp_path))
+        seen = []
+        grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append)
+        run_server(grid, cfg.to_flower())
+        payloads = [m.content.array_records["payload"] for m in seen if m.metadata.message_type.startswith("train.")]
+        assert payloads and all(a[k].numpy().dtype == want for a in payloads for k in a if k != "lam")
+
+
+def test_batch_rows_shared_seed_sorted_distinct_and_full_batch():
+    a = batching.batch_rows(7, 3, 10_000, 500)
+    assert np.array_equal(a, batching.batch_rows(7, 3, 10_000, 500))  # every party derives the same rows
+    assert not np.array_equal(a, batching.batch_rows(7, 4, 10_000, 500))  # a new batch each round
+    assert len(np.unique(a)) == 500 and np.all(np.diff(a) > 0) and a[-1] < 10_000
+    assert batching.batch_rows(7, 3, 10_000, 0) is None and batching.batch_rows(7, 3, 100, 500) is None
+
+
+def test_synthetic_blocks_agree_with_whole_table_and_bias_is_planted():
+    n = 5_000
+    whole = synthetic.columns(n, range(6), seed=2)
+    assert np.array_equal(synthetic.columns(n, [4, 1], seed=2), whole[:, [4, 1]])
+    y, s = synthetic.labels(n, 6, seed=2, bias=1.0)
+    assert set(np.unique(y)) == {-1, 1}
+    assert (y[s] == 1).mean() < (y[~s] == 1).mean() - 0.15  # group a gets fewer positives
+    ds = synthetic.make_dataset(n, 6, seed=2)
+    assert ds.X_train.shape == (4_500, 6) and ds.X_test.shape == (500, 6)
