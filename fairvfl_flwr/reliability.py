@@ -295,29 +295,36 @@ def client_mod(message: Message, context, call_next) -> Message:
             _checkpoint(cfg, context, data, 0)
         return reply
     last = context.state.config_records.get(LAST)
-    if last is not None and last["type"] == mtype and last["round"] == server_round:
+    if last is not None and last["type"] == mtype and last["round"] == server_round:  # a re-send: answer again
+        if mtype in step_types:  # the reply is the logits of the θ it already has: rebuild it, no step
+            return _logits_reply(client, message, client._party(cfg, data, context), cfg, steps=int(last["steps"]))
         return Message(RecordDict({name: context.state[LAST_PREFIX + name] for name in last["names"]}), reply_to=message)
     _check_incoming(message, mtype, cfg, data, who)
     reply = call_next(message, context)
     if reply.has_error():
         return reply
     _forget(context)
-    names = list(reply.content.keys())
+    # Remember what was answered; keep a copy of the reply only where it cannot be rebuilt
+    # (the CKKS leg's masked ciphertexts): logits would double the state sent with every message.
+    names = [] if mtype in step_types else list(reply.content.keys())
     for name in names:
         context.state[LAST_PREFIX + name] = reply.content[name]
-    context.state.config_records[LAST] = ConfigRecord({"type": mtype, "round": server_round, "names": names})
+    steps = reply.content.metric_records[msgs.STATS]["steps"] if msgs.STATS in reply.content.metric_records else 0
+    context.state.config_records[LAST] = ConfigRecord(
+        {"type": mtype, "round": server_round, "names": names, "steps": int(steps)}
+    )
     if mtype in step_types:
         _checkpoint(cfg, context, data, server_round)
     return reply
 
 
-def _logits_reply(client, message: Message, party, cfg) -> Message:
+def _logits_reply(client, message: Message, party, cfg, steps: int = 0) -> Message:
     """The handlers' own reply (in the run's wire dtype where the app has one)."""
     import inspect
 
     if "dtype" in inspect.signature(client._reply).parameters and hasattr(cfg, "wire_dtype"):
-        return client._reply(message, party, steps=0, dtype=cfg.wire_dtype)
-    return client._reply(message, party, steps=0)
+        return client._reply(message, party, steps=steps, dtype=cfg.wire_dtype)
+    return client._reply(message, party, steps=steps)
 
 
 def _forget(context) -> None:

@@ -218,10 +218,20 @@ def test_divergence_stops_the_run_keeping_the_last_good_checkpoint(tmp_path):
 # -- missing party, lost reply, resume ----------------------------------------------------------
 def test_lost_reply_is_resent_and_not_applied_twice(tmp_path, uninterrupted):
     rc = _rc(tmp_path)
-    grid = _grid(rc, lose_reply=lambda idx, rnd: idx == 4 and rnd == "3" and not grid.lost.append(1) and len(grid.lost) == 1)
-    grid.lost = []
+    lost = set()
+
+    def lose(idx, rnd):  # the first reply of the passive party 4 in round 3 and of the active party in round 4
+        if (idx, rnd) in {(4, "3"), (0, "4")} and (idx, rnd) not in lost:
+            lost.add((idx, rnd))
+            return True
+        return False
+
+    grid = _grid(rc, lose_reply=lose)
     summary, _ = run_server(grid, rc)
     assert [d for d in grid.delivered if d[0] == 4 and d[1] == "3"] == [(4, "3", msgs.TRAIN_PASSIVE)] * 2
+    assert [d for d in grid.delivered if d[0] == 0 and d[1] == "4"] == [(0, "4", msgs.TRAIN_ACTIVE)] * 2
+    for context in grid.contexts.values():  # no copy of the logits kept in the party's state
+        assert not [k for k in context.state if k.startswith("fairvfl.last-reply.")]
     for key in KEYS:
         assert summary[key] == uninterrupted[0][key], key  # the party answered the re-send from its cache
 
@@ -299,3 +309,26 @@ def test_party_checkpoints_keep_the_latest_rounds_up_to_now(tmp_path):
     assert float(load_party(folder, 4, "party 0")["w"][0]) == 4.0
     with pytest.raises(CheckpointError, match=r"party 0 has no checkpoint of round 5 .*has: \['round-00000004'\]"):
         load_party(folder, 5, "party 0")
+
+
+def test_lost_replies_under_ckks_are_resent_without_new_masks_or_steps(tmp_path):
+    """secure-nu=ckks: the re-sent encrypted leg gets the same masked ciphertexts (its masks stay)."""
+    pytest.importorskip("tenseal")
+    from fairvfl_flwr import secure
+
+    rc = _rc(tmp_path, **{"secure-nu": "ckks", "num-server-rounds": 3, "eval-every": 3, "checkpoint-every": 0})
+    plain, _ = run_server(_grid(rc), rc)
+    lost = set()
+
+    def lose(idx, rnd):
+        if (idx, rnd) in {(3, "2"), (4, "3")} and (idx, rnd) not in lost:
+            lost.add((idx, rnd))
+            return True
+        return False
+
+    grid = _grid(rc, lose_reply=lose)
+    summary, _ = run_server(grid, rc)
+    assert sum(d == (3, "2", secure.TRAIN_PASSIVE_ENC) for d in grid.delivered) == 2
+    assert sum(d == (4, "3", secure.TRAIN_PASSIVE_ENC) for d in grid.delivered) == 2
+    for key in KEYS:
+        assert summary[key] == pytest.approx(plain[key], rel=1e-9, abs=1e-9), key  # CKKS noise only
