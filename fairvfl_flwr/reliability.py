@@ -67,8 +67,8 @@ def exchange(strategy: "FairVFL", grid, messages: Iterable[Message], timeout: fl
     for attempt in range(retries + 1):
         if attempt:
             names = ", ".join(strategy._who(n, named) for n in sorted(waiting))
-            log(WARNING, "FairVFL: no reply within %g s from %s; re-sending (try %d of %d)",
-                timeout, names, attempt + 1, retries + 1)
+            log(WARNING, "FairVFL: no reply from %s (gone, or silent for round-timeout=%g s); re-sending (try %d of %d)",
+                names, timeout, attempt + 1, retries + 1)
         batch = []
         for nid in sorted(waiting):
             m = by_node[nid]
