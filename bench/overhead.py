@@ -1,6 +1,6 @@
 """Overhead: ms per round of the same FairVFL problem, from the single-process floor to `flwr run`.
 
-    python bench/overhead.py [--rounds 40] [--sim-rounds 30] [--out bench/results] [--no-sim]
+    python bench/overhead.py [--rounds 20] [--sim-rounds 10] [--out bench/results] [--no-sim]
 
 Problem: Adult, 6 parties (1 active), linear, the default run config (Q = 5, float64
 models, float32 wire). Modes, all measured in this one run (quote the ratios, not the
@@ -38,8 +38,8 @@ def _ms_per_round_from_history(folder: Path) -> float:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--sim-rounds", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--sim-rounds", type=int, default=10)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-sim", action="store_true", help="skip the two flwr-run modes (no SuperLink)")
     args = ap.parse_args(argv)

@@ -27,7 +27,7 @@ def main(argv=None) -> None:
     out = ["--out", str(args.out)]
     q = args.quick
     steps = [
-        ("overhead", overhead.main, ["--rounds", "20" if q else "40", "--sim-rounds", "10" if q else "30"]),
+        ("overhead", overhead.main, []),
         ("bytes", bytes_bench.main, []),
         ("rounds", rounds.main, ["--rounds", "300" if q else "1000"]),
         ("rounds-fast", rounds.main, ["--rounds", "300" if q else "1000", "--preset", "fast"]),
