@@ -106,9 +106,6 @@ def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np
 
 def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides: dict | None = None) -> dict:
     """Train with recording on, then attack passive party 1's transcript."""
-    import contextlib
-    import io
-    import logging
 
     from .inprocess import run_inprocess
 
@@ -119,9 +116,7 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
             "output-dir": str(Path(tmp) / "runs"), **(overrides or {}),
         }
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-        logging.getLogger("flwr").setLevel(logging.WARNING)
-        with contextlib.redirect_stdout(io.StringIO()):
-            summary, _ = run_inprocess(cfg.to_flower())
+        summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
         ds = load_data(cfg)
         result = audit_transcript(cfg.record_view, cfg.num_active, ds.y_train, ds.s_train, ds.protected_label)
     return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu, "rounds": rounds, "test_acc": summary["test_acc"],

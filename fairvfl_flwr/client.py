@@ -19,12 +19,11 @@ from flwr.clientapp import ClientApp
 from . import messages as msgs
 from . import reliability, straggler, view
 from .config import RunConfig
-from .data import ids_digest
 from .models import DTYPES, build_model, squared_norm
 from .objective import Groups
 from .parties import ActiveParty, Party
 from .partydata import NodeConfigError, PartySpec, load_party, party_spec
-from .problem import constraint_groups, is_active, load_data, party_columns
+from .problem import constraint_groups
 
 MODEL_STATE = "fairvfl.model"
 

@@ -16,6 +16,8 @@ column or count at fault, before any training starts.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 import functools
 import hashlib
@@ -27,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where a table is parsed (import cost on every node)
+    import pandas as pd
 
 # pandas is imported where a table is parsed (~0.3 s), not here: the ClientApp imports this
 # module for ids_digest/DataError on every message's fresh process in deployment.

@@ -22,10 +22,7 @@ goes through the real ServerApp strategy and ClientApp over the in-process grid,
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import logging
 import math
 import statistics
 import time
@@ -76,15 +73,7 @@ def select_epsilon(points: list[dict], rule: Rule) -> tuple[dict, bool]:
 
 def _train(changes: dict, quiet: bool) -> dict:
     cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    if quiet:
-        flwr_logger.setLevel(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-            summary, folder = run_inprocess(cfg.to_flower())
-    finally:
-        flwr_logger.setLevel(level)
+    summary, folder = run_inprocess(cfg.to_flower(), quiet=quiet)
     return {"acc": summary["test_acc"], "dfp": summary["test_dfp"], "dfn": summary["test_dfn"],
             "train_max_gap": summary.get("train_max_gap", summary["train_deo"]),
             "train_deo": summary["train_deo"], "run_dir": str(folder)}

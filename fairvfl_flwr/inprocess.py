@@ -139,12 +139,29 @@ class InProcessGrid(Grid):
             worker.shutdown(wait=True)
 
 
-def run_inprocess(run_config: Mapping[str, Any], **grid_kwargs: Any):
-    """Run the ServerApp's job over an :class:`InProcessGrid`; return (summary, folder)."""
+def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, **grid_kwargs: Any):
+    """Run the ServerApp's job over an :class:`InProcessGrid`; return (summary, folder).
+
+    ``quiet`` silences the per-round log and the final table (for sweeps that print
+    their own progress line per run).
+    """
+    import contextlib
+    import io
+    import logging
+
     from .client import app as client_app
     from .config import RunConfig
     from .server import run_server
 
     cfg = RunConfig.from_flower(run_config)
     grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
-    return run_server(grid, cfg.to_flower())
+    if not quiet:
+        return run_server(grid, cfg.to_flower())
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return run_server(grid, cfg.to_flower())
+    finally:
+        flwr_logger.setLevel(level)

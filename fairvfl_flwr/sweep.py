@@ -15,10 +15,7 @@ checks that both transports give the same numbers. Writes ``results.json``,
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import logging
 import statistics
 import time
 from itertools import product
@@ -60,15 +57,7 @@ def run_grid(
             changes["epsilon"] = float(eps)
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
         started = time.perf_counter()
-        flwr_logger = logging.getLogger("flwr")
-        level = flwr_logger.level
-        if quiet:
-            flwr_logger.setLevel(logging.WARNING)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-                summary, folder = run_inprocess(cfg.to_flower())
-        finally:
-            flwr_logger.setLevel(level)
+        summary, folder = run_inprocess(cfg.to_flower(), quiet=quiet)
         rec = {"method": _method(eps, cfg.constraint), "dataset": dataset, "model": model, "seed": seed,
                "rounds": cfg.num_server_rounds, "run_dir": str(folder), **{k: summary[k] for k in METRICS},
                "seconds": time.perf_counter() - started}
