@@ -155,6 +155,9 @@ class RunConfig:
             raise bad("constraint", f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
         if not 0 <= self.validation_fraction <= 0.5:
             raise bad("validation-fraction", "must be between 0 (no validation split) and 0.5")
+        if self.validation_fraction > 0 and self.server_labels:
+            raise bad("validation-fraction", "is not supported with server-labels (deployed party files carry "
+                      "only a train/test split); choose epsilon in simulation with python -m fairvfl_flwr.epsweep")
         if self.nu_noise < 0:
             raise bad("nu-noise", "must be >= 0")
         if self.secure_nu not in ("none", "ckks"):

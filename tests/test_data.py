@@ -125,6 +125,7 @@ def test_unknown_dataset_is_named():
         ({"mu": "two"}, "mu='two'"),
         ({"eta": "fast"}, "eta='fast': expected float"),
         ({"dataset": "csv"}, "csv-path='': required"),
+        ({"validation-fraction": 0.2, "server-labels": "/srv/labels.csv"}, "not supported with server-labels"),
     ],
 )
 def test_config_refuses_bad_values(changes, message):
