@@ -16,46 +16,19 @@ from fairvfl_flwr.models import build_model
 from fairvfl_flwr.objective import CONSTRAINTS, Groups, dual_step, loss_derivative, masked_weights, row_weights
 from fairvfl_flwr.partition import split_columns
 from fairvfl_flwr.problem import load_data
-from fairvfl_flwr.reference import CentralisedGDA, lagrangian
+from fairvfl_flwr.reference import CentralisedGDA
 from fairvfl_flwr.server import run_server
+
+from .test_objective import assert_gradient_identity
 
 
 # -- the math ------------------------------------------------------------------------
-def _problem(model: str, seed: int):
-    rng = np.random.default_rng(seed)
-    n, widths = 150, [4, 3, 5]
-    blocks = [torch.from_numpy(rng.normal(size=(n, m))) for m in widths]
-    y = rng.choice([-1.0, 1.0], size=n)
-    s = rng.random(n) < 0.4
-    models = [build_model(model, m, bias=k < 2 or model == "mlp", seed=seed + k) for k, m in enumerate(widths)]
-    with torch.no_grad():
-        for m in models:
-            for p in m.parameters():
-                p.add_(torch.from_numpy(rng.normal(scale=0.3, size=tuple(p.shape))))
-    return blocks, y, s, models
-
-
 @pytest.mark.parametrize("constraint", CONSTRAINTS)
 @pytest.mark.parametrize("model", ["linear", "mlp"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_gradient_identity_for_every_constraint_set(constraint, model, seed):
     """J_kᵀν + μθ_k = ∇_{θ_k} f̃ (autograd on the centralised Lagrangian), every constraint set."""
-    blocks, y, s, models = _problem(model, seed)
-    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint)
-    lam = np.random.default_rng(seed).uniform(0, 2, size=groups.num_multipliers)
-    mu, eps, c = 2 / len(y), 0.01, 1e-3
-    f = lagrangian(models, blocks, y, groups, lam, eps, c, mu)
-    f.backward()
-    expected = [[p.grad.clone() for p in m.parameters()] for m in models]
-    for m in models:
-        m.zero_grad()
-    with torch.no_grad():
-        z = sum(m(x) for m, x in zip(models, blocks)).numpy()
-    nu = masked_weights(y, z, lam, groups)
-    for k, (m, x) in enumerate(zip(models, blocks)):
-        m(x).backward(torch.from_numpy(nu))
-        for p, g in zip(m.parameters(), expected[k]):
-            assert torch.allclose(p.grad + mu * p.detach(), g, atol=1e-8, rtol=0), k
+    assert_gradient_identity(model, seed, constraint)
 
 
 def test_constraint_sets_have_the_documented_subsets_and_multipliers():
