@@ -99,11 +99,11 @@ class Groups:
 
     @property
     def size_a(self) -> int:
-        return int(self.in_a.sum())
+        return self.constraints[0].size_a
 
     @property
     def size_b(self) -> int:
-        return int(self.in_b.sum())
+        return self.constraints[0].size_b
 
     @property
     def num_multipliers(self) -> int:
