@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from .names import DATASET_NAMES as DATASETS  # names only: config imports neither pandas nor torch
 from .names import DTYPE_NAMES as DTYPES
 from .names import MODEL_NAMES as MODELS
-from .objective import CONSTRAINTS
+from .objective import CONSTRAINTS, MEASURES
 
 
 class ConfigError(ValueError):
@@ -43,12 +43,14 @@ class RunConfig:
     eval_every: int = 50
     fairness: bool = True  # false: the unconstrained FedBCD baseline (multipliers stay 0)
     constraint: str = "deo"  # which gaps are constrained when fairness is on (objective.CONSTRAINTS)
+    constraint_measure: str = "loss"  # what each gap compares: "loss" (the paper) or "rate" (soft error rate)
     validation_fraction: float = 0.0  # > 0: hold out this share of training rows and evaluate on it
     output_dir: str = "outputs"
     hidden: int = 16
     dtype: str = "float64"  # the parties' model and feature dtype
     wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
     round_timeout: float = 600.0
+    batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (batching.py)
     # Reliability (reliability.py, checkpoint.py, docs/reliability.md)
     round_retries: int = 1  # re-sends to a party that missed round-timeout before the run stops
     checkpoint_every: int = 0  # 0: off; k: server and parties checkpoint every k rounds (and round 0)
@@ -153,6 +155,10 @@ class RunConfig:
             raise bad("hidden", "must be at least 1")
         if self.constraint not in CONSTRAINTS:
             raise bad("constraint", f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
+        if self.constraint_measure not in MEASURES:
+            raise bad("constraint-measure", f"choose one of {', '.join(MEASURES)}")
+        if self.batch_size < 0:
+            raise bad("batch-size", "must be >= 0 rows (0: full batch)")
         if not 0 <= self.validation_fraction <= 0.5:
             raise bad("validation-fraction", "must be between 0 (no validation split) and 0.5")
         if self.validation_fraction > 0 and self.server_labels:

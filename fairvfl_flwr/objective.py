@@ -15,10 +15,18 @@ subset, kept within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c-)``:
 * ``equalized-odds``: one constraint per label value, protected label first (4);
 * ``demographic-parity``: one constraint on all rows (2).
 
+What a gap compares (run-config key ``constraint-measure``): ``loss`` (the paper) takes
+the per-row logistic loss ``q_i = l_i``; ``rate`` takes the soft positive prediction
+``q_i = σ(z_i)``, so a gap over label-y rows is a smooth true/false-positive-rate gap,
+the quantity DFN/DFP measure with a hard threshold.
+
 The multiplier vector is ``[λ_1+, λ_1-, λ_2+, λ_2-, ...]``; for ``deo`` it is the
 paper's ``[λ1, λ2]``. The general masked weight is
 
-    ν_i = w_i o_i,  w_i = 1/n + Σ_c (λ_c+ − λ_c−) ([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|).
+    ν_i = o_i / n + m_i g_i,  m_i = Σ_c (λ_c+ − λ_c−) ([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|),
+
+with ``g_i = dq_i/dz_i``: ``o_i`` for ``loss`` (so ν_i = w_i o_i, w_i = 1/n + m_i) and
+``σ(z_i)(1 − σ(z_i))`` for ``rate``.
 """
 
 from __future__ import annotations
@@ -39,7 +47,17 @@ def loss_derivative(y: np.ndarray, z: np.ndarray) -> np.ndarray:
     return -y * 0.5 * (1.0 + np.tanh(-0.5 * y * z))
 
 
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
 CONSTRAINTS = ("deo", "equalized-odds", "demographic-parity")
+MEASURES = ("loss", "rate")
+
+
+def constrained_values(y: np.ndarray, z: np.ndarray, measure: str) -> np.ndarray:
+    """Per-row q_i whose group means the constraints compare: the loss, or σ(z_i) for ``rate``."""
+    return logistic_loss(y, z) if measure == "loss" else sigmoid(z)
 
 
 @dataclass(frozen=True)
@@ -71,17 +89,22 @@ class Groups:
     in_b: np.ndarray  # bool, row in N^b
     n: int
     constraints: tuple[Constraint, ...] = ()
+    measure: str = "loss"  # what the gaps compare (MEASURES)
 
     def __post_init__(self) -> None:
         if not self.constraints:
             object.__setattr__(self, "constraints", (Constraint("deo", self.in_a, self.in_b),))
 
     @classmethod
-    def from_labels(cls, y: np.ndarray, s: np.ndarray, protected_label: int, constraint: str = "deo") -> "Groups":
+    def from_labels(
+        cls, y: np.ndarray, s: np.ndarray, protected_label: int, constraint: str = "deo", measure: str = "loss"
+    ) -> "Groups":
         y = np.asarray(y)
         s = np.asarray(s, dtype=bool)
         if constraint not in CONSTRAINTS:
             raise ValueError(f"unknown constraint {constraint!r}: choose one of {', '.join(CONSTRAINTS)}")
+        if measure not in MEASURES:
+            raise ValueError(f"unknown constraint measure {measure!r}: choose one of {', '.join(MEASURES)}")
         if constraint == "demographic-parity":
             subsets = [("all rows", np.ones(len(y), dtype=bool))]
         else:
@@ -95,7 +118,7 @@ class Groups:
                 raise ValueError(
                     f"both groups need rows with {what} ({constraint}): |A|={c.size_a}, |B|={c.size_b}"
                 )
-        return cls(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(y), constraints=cons)
+        return cls(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(y), constraints=cons, measure=measure)
 
     @property
     def size_a(self) -> int:
@@ -116,7 +139,7 @@ def loss_gap(losses: np.ndarray, groups: Groups) -> float:
 
 
 def loss_gaps(losses: np.ndarray, groups: Groups) -> np.ndarray:
-    """D_c(θ) of every constraint, in multiplier order."""
+    """D_c(θ) of every constraint, in multiplier order, from the per-row values q (losses by default)."""
     return np.array([losses[c.in_a].mean() - losses[c.in_b].mean() for c in groups.constraints])
 
 
@@ -152,8 +175,16 @@ def row_weights(lam: np.ndarray, groups: Groups) -> np.ndarray:
 
 
 def masked_weights(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """ν = w ⊙ o: the only thing a passive party receives (SPEC.md step 3)."""
-    return row_weights(lam, groups) * loss_derivative(y, z)
+    """ν = ∂f̃/∂z: the only thing a passive party receives (SPEC.md step 3).
+
+    ``w ⊙ o`` for the loss measure; ``o/n + m ⊙ σ'(z)`` for ``rate``.
+    """
+    o = loss_derivative(y, z)
+    w = row_weights(lam, groups)
+    if groups.measure == "loss":
+        return w * o
+    p = sigmoid(z)
+    return o / groups.n + (w - 1.0 / groups.n) * p * (1.0 - p)
 
 
 @dataclass(frozen=True)
@@ -161,7 +192,7 @@ class TrainStats:
     """What the server records about θ on the training rows each round."""
 
     loss: float  # data term of L(θ) (regulariser added by the caller)
-    gap: float  # D(θ) of the first constraint (DEO's D for deo / equalized-odds)
+    gap: float  # D(θ) of the first constraint (DEO's D for deo / equalized-odds), in the run's measure
     gaps: tuple[float, ...] = ()  # D_c(θ) of every constraint
 
     @property
@@ -176,5 +207,5 @@ class TrainStats:
 
 def train_stats(y: np.ndarray, z: np.ndarray, groups: Groups) -> TrainStats:
     losses = logistic_loss(y, z)
-    gaps = loss_gaps(losses, groups)
+    gaps = loss_gaps(losses if groups.measure == "loss" else sigmoid(z), groups)
     return TrainStats(loss=float(losses.mean()), gap=float(gaps[0]), gaps=tuple(float(g) for g in gaps))

@@ -52,7 +52,7 @@ def hold_out_validation(ds: FairDataset, fraction: float, seed: int) -> FairData
 
 def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int) -> Groups:
     """The row subsets of the run's constraint set (``constraint`` key; DEO by default)."""
-    return Groups.from_labels(y, s, protected_label, cfg.constraint)
+    return Groups.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure)
 
 
 def _load_table(cfg: RunConfig) -> FairDataset:
@@ -97,8 +97,8 @@ class ServerLabels:
         """DEO's groups; use :meth:`groups_for` for the run's constraint set."""
         return Groups.from_labels(self.y_train, self.s_train, self.protected_label)
 
-    def groups_for(self, constraint: str) -> Groups:
-        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint)
+    def groups_for(self, constraint: str, measure: str = "loss") -> Groups:
+        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure)
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

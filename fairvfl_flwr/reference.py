@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .models import gradient_step
-from .objective import Groups, dual_step, logistic_loss, loss_gaps
+from .objective import Groups, constrained_values, dual_step, loss_gaps
 
 
 def lagrangian(
@@ -40,9 +40,10 @@ def lagrangian(
     if lam.shape != (groups.num_multipliers,):
         raise ValueError(f"{len(groups.constraints)} constraint(s) need {groups.num_multipliers} multipliers")
     f = L - 0.5 * c * float((lam**2).sum())
+    q = losses if groups.measure == "loss" else torch.sigmoid(z)
     for k, con in enumerate(groups.constraints):
         ia, ib = torch.as_tensor(con.in_a), torch.as_tensor(con.in_b)
-        D = losses[ia].mean() - losses[ib].mean()
+        D = q[ia].mean() - q[ib].mean()
         f = f + float(lam[2 * k]) * (D - epsilon) - float(lam[2 * k + 1]) * (D + epsilon)
     return f
 
@@ -61,7 +62,7 @@ class CentralisedGDA:
             return sum(m(x) for m, x in zip(self.models, self.blocks)).numpy()
 
     def round(self) -> None:
-        gap = loss_gaps(logistic_loss(self.y, self.z()), self.groups)
+        gap = loss_gaps(constrained_values(self.y, self.z(), self.groups.measure), self.groups)
         if self.fairness:
             self.lam = dual_step(self.lam, gap, self.epsilon, self.beta, self.c)
         self.lams.append(self.lam.copy())

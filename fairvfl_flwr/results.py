@@ -96,6 +96,7 @@ class RunRecorder:
             "train_deo": last["deo"],
             "lambda": [last["lambda1"], last["lambda2"]],
             "constraint": self.cfg.constraint,
+            "constraint_measure": self.cfg.constraint_measure,
             "train_max_gap": last.get("max_gap", last["deo"]),
             "train_gaps": last.get("gaps", [last["gap"]]),
             "lambdas": last.get("lambdas", [last["lambda1"], last["lambda2"]]),

@@ -74,7 +74,7 @@ class FairVFL(Strategy):
     ) -> None:
         self.cfg = config
         self.labels = labels
-        self.groups = labels.groups_for(config.constraint)
+        self.groups = labels.groups_for(config.constraint, config.constraint_measure)
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.wire_dtype = np.dtype(config.wire_dtype)  # float32 unless wire-dtype = "float64"
@@ -99,7 +99,8 @@ class FairVFL(Strategy):
             "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), "
             "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds",
             c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
-            "on" if c.fairness else "off", c.constraint, c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
+            "on" if c.fairness else "off",
+            c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}", c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
         )
 
     def configure_train(

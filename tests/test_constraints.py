@@ -13,7 +13,9 @@ from fairvfl_flwr.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.inprocess import InProcessGrid
 from fairvfl_flwr.models import build_model
-from fairvfl_flwr.objective import CONSTRAINTS, Groups, dual_step, loss_derivative, masked_weights, row_weights
+from fairvfl_flwr.objective import (
+    CONSTRAINTS, MEASURES, Groups, dual_step, loss_derivative, masked_weights, row_weights, train_stats,
+)
 from fairvfl_flwr.partition import split_columns
 from fairvfl_flwr.problem import load_data
 from fairvfl_flwr.reference import CentralisedGDA
@@ -23,12 +25,27 @@ from .test_objective import assert_gradient_identity
 
 
 # -- the math ------------------------------------------------------------------------
+@pytest.mark.parametrize("measure", MEASURES)
 @pytest.mark.parametrize("constraint", CONSTRAINTS)
 @pytest.mark.parametrize("model", ["linear", "mlp"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_gradient_identity_for_every_constraint_set(constraint, model, seed):
-    """J_kᵀν + μθ_k = ∇_{θ_k} f̃ (autograd on the centralised Lagrangian), every constraint set."""
-    assert_gradient_identity(model, seed, constraint)
+def test_gradient_identity_for_every_constraint_set(constraint, model, seed, measure):
+    """J_kᵀν + μθ_k = ∇_{θ_k} f̃ (autograd on the centralised Lagrangian), every constraint set and measure."""
+    assert_gradient_identity(model, seed, constraint, measure)
+
+
+def test_rate_measure_gaps_are_soft_positive_rate_gaps():
+    y = np.array([1, 1, 1, -1, -1, -1, 1, -1])
+    s = np.array([1, 1, 0, 1, 0, 0, 0, 1], dtype=bool)
+    z = np.array([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5, 0.2])
+    g = Groups.from_labels(y, s, 1, "equalized-odds", "rate")
+    p = 1 / (1 + np.exp(-z))
+    tpr_gap = p[(y == 1) & s].mean() - p[(y == 1) & ~s].mean()
+    fpr_gap = p[(y == -1) & s].mean() - p[(y == -1) & ~s].mean()
+    assert train_stats(y, z, g).gaps == pytest.approx((tpr_gap, fpr_gap))
+    assert train_stats(y, z, g).loss == pytest.approx(train_stats(y, z, Groups.from_labels(y, s, 1)).loss)
+    with pytest.raises(ValueError, match="constraint measure 'error'"):
+        Groups.from_labels(y, s, 1, "deo", "error")
 
 
 def test_constraint_sets_have_the_documented_subsets_and_multipliers():
@@ -80,6 +97,7 @@ def test_equalized_odds_needs_both_label_values_in_both_groups():
 
 # -- configuration -------------------------------------------------------------------
 @pytest.mark.parametrize("key,value", [("constraint", "eo"), ("validation-fraction", 0.9),
+                                       ("constraint-measure", "error"), ("batch-size", -1),
                                        ("validation-fraction", -0.1)])
 def test_bad_new_keys_are_refused_by_name(key, value):
     with pytest.raises(ConfigError, match=f"run config {key}="):
@@ -116,12 +134,13 @@ def _run(cfg: RunConfig, **grid_kwargs):
     return grid, summary, folder
 
 
-@pytest.mark.parametrize("constraint", CONSTRAINTS)
-def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, out_dir):
+@pytest.mark.parametrize("constraint,measure", [(c, "loss") for c in CONSTRAINTS] + [("equalized-odds", "rate")])
+def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, measure, out_dir):
     rounds, seed = 8, 4
     cfg = RunConfig(
         dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
         epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=seed, constraint=constraint,
+        constraint_measure=measure,
     )
     grid, summary, folder = _run(cfg)
 
@@ -129,7 +148,7 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, out
     cols = split_columns(ds.n_features, 6, 2, 49)
     models = [build_model("linear", len(c), bias=k < 2, seed=seed * 1000 + k) for k, c in enumerate(cols)]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint)
+    groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, measure)
     ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
                          epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
     for _ in range(rounds):

@@ -23,10 +23,10 @@ def _problem(model: str, seed: int):
     return blocks, y, s, models
 
 
-def assert_gradient_identity(model: str, seed: int, constraint: str = "deo") -> None:
+def assert_gradient_identity(model: str, seed: int, constraint: str = "deo", measure: str = "loss") -> None:
     """J_kᵀν + μθ_k equals autograd's ∇_{θ_k} f̃ on the centralised Lagrangian, every party k."""
     blocks, y, s, models = _problem(model, seed)
-    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint)
+    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
     lam = np.random.default_rng(seed).uniform(0, 2, size=groups.num_multipliers)
     mu, eps, c = 2 / len(y), 0.01, 1e-3
 
