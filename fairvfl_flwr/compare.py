@@ -11,6 +11,9 @@ Methods (``--methods``, default all), every one on the same split, seed and part
 ``eo``       FedBCD + equalized-odds post-processing (fairlearn ThresholdOptimizer)
 ``ceo``      FedBCD + calibrated equalized odds (aif360 CalibratedEqOddsPostprocessing)
 ``fairvfl``  FairVFL(ε) for every ``--epsilons`` value
+``fairvfl-eo`` FairVFL-EO(ε): the equalized-odds constraint set (both label values) for
+             every ``--constraint-epsilons`` value, gaps in ``--constraint-measure``
+``fairvfl-dp`` FairVFL-DP(ε): the demographic-parity constraint (all rows), likewise
 ``split``    split-learning VFL as in Flower's vertical-FL example (``splitlearning``)
 ``central``  not federated: fairlearn ExponentiatedGradient + TruePositiveRateParity on a
              logistic regression over all columns (model-independent, shown in both tables)
@@ -48,8 +51,11 @@ from typing import Any
 from .config import ConfigError, RunConfig
 from .data import DATASETS
 from .models import MODELS
+from .objective import MEASURES
 
-METHODS = ("fedbcd", "eo", "ceo", "fairvfl", "split", "central")
+METHODS = ("fedbcd", "eo", "ceo", "fairvfl", "fairvfl-eo", "fairvfl-dp", "split", "central")
+# the constraint-set rows (issue 9): method -> (run-config constraint, row tag)
+CONSTRAINT_METHODS = {"fairvfl-eo": ("equalized-odds", "EO"), "fairvfl-dp": ("demographic-parity", "DP")}
 PAPER_EPSILONS = (0.001, 0.01, 0.05, 0.1, 0.5)
 DATASET_TITLES = {"adult": "Adult", "compas": "Compas", "crime": "Crime"}
 
@@ -84,15 +90,30 @@ class CompareError(ValueError):
     """A command-line value is unknown or out of range; the message says which."""
 
 
-def fairvfl_name(eps: float) -> str:
-    """``FairVFL(ε=1e-3)``, as the paper writes it."""
+def fairvfl_name(eps: float, tag: str = "") -> str:
+    """``FairVFL(ε=1e-3)``, as the paper writes it; ``FairVFL-EO(ε=1e-2)`` with ``tag="EO"``."""
     mant, _, exp = f"{eps:.0e}".partition("e")
-    return f"FairVFL(ε={mant}e{int(exp)})" if float(f"{eps:.0e}") == eps else f"FairVFL(ε={eps:g})"
+    name = "FairVFL" + (f"-{tag}" if tag else "")
+    return f"{name}(ε={mant}e{int(exp)})" if float(f"{eps:.0e}") == eps else f"{name}(ε={eps:g})"
 
 
-def method_order(epsilons: list[float]) -> list[str]:
+def method_order(epsilons: list[float], constraint_epsilons: list[float] = ()) -> list[str]:
     return ["FedBCD", "FedBCD + EO", "FedBCD + CEO", *[fairvfl_name(e) for e in sorted(epsilons)],
+            *[fairvfl_name(e, _tag(tag, m)) for _, tag in CONSTRAINT_METHODS.values()
+              for m in ("rate", *[m for m in MEASURES if m != "rate"])
+              for e in sorted(constraint_epsilons)],
             SPLIT_NAME, CENTRAL_NAME]
+
+
+def _tag(tag: str, measure: str) -> str:
+    """Row tag of a constraint-set run: ``EO`` (rate gaps, the default) or ``EO-loss``."""
+    return tag if measure == "rate" else f"{tag}-{measure}"
+
+
+def _constraint_epsilons(records: list[dict]) -> list[float]:
+    """The ε of the constraint-set rows present in ``records`` (for the row order)."""
+    return sorted({r["epsilon"] for r in records
+                   if r.get("epsilon") is not None and r.get("config", {}).get("constraint", "deo") != "deo"})
 
 
 # -- the plan -------------------------------------------------------------------------
@@ -116,7 +137,8 @@ _COST = {("adult", "linear"): 30, ("adult", "mlp"): 90, ("compas", "linear"): 10
          ("crime", "linear"): 12, ("crime", "mlp"): 20}
 
 
-def plan(datasets, models, epsilons, seeds, methods, base: dict, out: Path) -> list[Job]:
+def plan(datasets, models, epsilons, seeds, methods, base: dict, out: Path,
+         constraint_epsilons: list[float] = (0.01,), constraint_measure: str = "rate") -> list[Job]:
     jobs: list[Job] = []
     for seed in seeds:  # seed-major: a sweep cut short still covers every dataset for its first seeds
         for dataset in datasets:
@@ -136,6 +158,14 @@ def plan(datasets, models, epsilons, seeds, methods, base: dict, out: Path) -> l
                     for eps in epsilons:
                         jobs.append(Job("train", dataset, model, seed, fairvfl_name(eps),
                                         cfg(fairness=True, epsilon=eps, mode="fairvfl-scores"), cost=cost))
+                for method, (constraint, tag) in CONSTRAINT_METHODS.items():
+                    if method in methods:
+                        for eps in constraint_epsilons:
+                            jobs.append(Job("train", dataset, model, seed,
+                                            fairvfl_name(eps, _tag(tag, constraint_measure)),
+                                            cfg(fairness=True, epsilon=eps, constraint=constraint,
+                                                **{"constraint-measure": constraint_measure},
+                                                mode="fairvfl-scores"), cost=cost))
                 if "split" in methods:
                     jobs.append(Job("train", dataset, model, seed, SPLIT_NAME,
                                     cfg(fairness=False, mode="split"), cost=cost))
@@ -302,7 +332,8 @@ def _job_done(job: Job, done: set) -> bool:
 
 def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides: dict | None = None,
                 engine: str = "inprocess", quiet: bool = True, central_iters: int = 50,
-                stream=None, resume: bool = False, redo_post: bool = False) -> list[dict]:
+                stream=None, resume: bool = False, redo_post: bool = False,
+                constraint_epsilons: list[float] = (0.01,), constraint_measure: str = "rate") -> list[dict]:
     """Run the plan, writing results and tables after every job; return all records.
 
     ``resume``: keep the results already in ``out/results.json`` and run only the jobs
@@ -313,7 +344,8 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
     stream = stream or sys.stderr
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = plan(datasets, models, epsilons, seeds, methods, dict(overrides or {}), out)
+    jobs = plan(datasets, models, epsilons, seeds, methods, dict(overrides or {}), out,
+                constraint_epsilons, constraint_measure)
     progress = Progress(jobs, stream)
     print(f"compare: {len(jobs)} jobs ({sum(j.kind == 'train' for j in jobs)} federated trainings) -> {out}",
           file=stream, flush=True)
@@ -395,7 +427,8 @@ def table_markdown(records: list[dict], model: str, epsilons: list[float], datas
              + (f"; wall time {_hms(wall)}" if wall is not None else "") + ".",
              "", header, sep]
     present = list(dict.fromkeys(r["method"] for r in rows))
-    order = [m for m in method_order(epsilons) if m in present] + [m for m in present if m not in method_order(epsilons)]
+    known = method_order(epsilons, _constraint_epsilons(rows))
+    order = [m for m in known if m in present] + [m for m in present if m not in known]
     for method in order:
         cells = []
         for d in datasets:
@@ -489,7 +522,7 @@ def plot_tradeoff(records: list[dict], model: str, dataset: str, path: Path, eps
     import matplotlib.pyplot as plt
 
     rows = [r for r in records if r["model"] == model and r["dataset"] == dataset]
-    methods = [m for m in method_order(epsilons) if any(r["method"] == m for r in rows)]
+    methods = [m for m in method_order(epsilons, _constraint_epsilons(rows)) if any(r["method"] == m for r in rows)]
     paper = PAPER.get(model, {})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for k, (ax, metric) in enumerate(zip(axes, ("dfp", "dfn"))):
@@ -525,6 +558,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--datasets", default="adult,compas,crime", help="comma list of: " + ", ".join(DATASETS))
     p.add_argument("--models", default="linear,mlp", help="comma list of: " + ", ".join(MODELS))
     p.add_argument("--epsilons", default=",".join(map(str, PAPER_EPSILONS)), help="FairVFL fairness levels ε")
+    p.add_argument("--constraint-epsilons", default="0.01",
+                   help="ε of the FairVFL-EO / FairVFL-DP rows (methods fairvfl-eo, fairvfl-dp)")
+    p.add_argument("--constraint-measure", default="rate", choices=MEASURES,
+                   help="what the FairVFL-EO / -DP gaps compare: rate (soft error rates, default) or loss")
     p.add_argument("--seeds", default="3", help="N (seeds 0..N-1) or a comma list like 0,5,7 (one seed k: 'k,')")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of: " + ", ".join(METHODS))
     p.add_argument("--engine", default="inprocess", choices=("inprocess", "flwr"),
@@ -560,6 +597,14 @@ def _validate(a: argparse.Namespace) -> tuple[list[str], list[str], list[float],
         raise CompareError("--epsilons is empty but method fairvfl is selected")
     if any(e < 0 or not math.isfinite(e) for e in epsilons):
         raise CompareError(f"--epsilons {a.epsilons!r}: every ε must be a finite number >= 0")
+    try:
+        constraint_epsilons = [float(e) for e in _split(a.constraint_epsilons)]
+    except ValueError:
+        raise CompareError(f"--constraint-epsilons {a.constraint_epsilons!r}: give numbers, e.g. 0.01") from None
+    if set(CONSTRAINT_METHODS) & set(methods) and not constraint_epsilons:
+        raise CompareError("--constraint-epsilons is empty but method fairvfl-eo or fairvfl-dp is selected")
+    if any(e < 0 or not math.isfinite(e) for e in constraint_epsilons):
+        raise CompareError(f"--constraint-epsilons {a.constraint_epsilons!r}: every ε must be a finite number >= 0")
     seeds_text = a.seeds.strip()
     try:
         seeds = list(range(int(seeds_text))) if "," not in seeds_text else [int(s) for s in _split(seeds_text)]
@@ -574,7 +619,8 @@ def _validate(a: argparse.Namespace) -> tuple[list[str], list[str], list[float],
         if not eq or not key.strip():
             raise CompareError(f"--set {item!r}: expected KEY=VALUE")
         overrides[key.strip()] = value.strip()
-    for key in ("dataset", "model", "seed", "fairness", "epsilon", "mode", "output-dir"):
+    for key in ("dataset", "model", "seed", "fairness", "epsilon", "mode", "output-dir", "constraint",
+                "constraint-measure"):
         if key in overrides:
             raise CompareError(f"--set {key}=...: the compare command sets {key} itself")
     if a.rounds is not None:
@@ -592,20 +638,21 @@ def _validate(a: argparse.Namespace) -> tuple[list[str], list[str], list[float],
 
         if not extras_available():
             raise CompareError(f"methods eo/ceo/central: {EXTRAS_HINT} (or drop them with --methods)")
-    return datasets, models, epsilons, seeds, methods, overrides
+    return datasets, models, epsilons, seeds, methods, overrides, constraint_epsilons
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
-        datasets, models, epsilons, seeds, methods, overrides = _validate(a)
+        datasets, models, epsilons, seeds, methods, overrides, constraint_epsilons = _validate(a)
     except CompareError as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     records = run_compare(datasets, models, epsilons, seeds, methods, a.out, overrides, engine=a.engine,
                           quiet=not a.verbose, central_iters=a.central_iters, resume=a.resume,
-                          redo_post=a.redo_post)
+                          redo_post=a.redo_post, constraint_epsilons=constraint_epsilons,
+                          constraint_measure=a.constraint_measure)
     wall = time.perf_counter() - t0
     for model in models:
         path = a.out / f"table_{model}.md"

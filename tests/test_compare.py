@@ -133,6 +133,19 @@ def test_table_writer_uses_the_papers_layout():
     assert "| FedBCD | 85.06% | 0.14 | 0.18 | 88.65% | 0.17 | 0.27 |" in paper
 
 
+def test_constraint_set_rows_follow_the_fairvfl_rows_in_the_table():
+    recs = [r for r in _records() if r["dataset"] == "adult"]
+    for tag, constraint, measure in (("DP", "demographic-parity", "rate"), ("EO-loss", "equalized-odds", "loss"),
+                                     ("EO", "equalized-odds", "rate")):
+        recs.append({**recs[0], "method": compare.fairvfl_name(0.01, tag), "epsilon": 0.01,
+                     "config": {"constraint": constraint, "constraint-measure": measure}})
+    lines = [l for l in compare.table_markdown(recs, "linear", [0.01]).split("the paper's")[0].splitlines()
+             if l.startswith("|")]
+    assert [l.split("|")[1].strip() for l in lines[2:]] == [
+        "FedBCD", "FedBCD + EO", "FairVFL(ε=1e-2)", "FairVFL-EO(ε=1e-2)", "FairVFL-EO-loss(ε=1e-2)",
+        "FairVFL-DP(ε=1e-2)"]
+
+
 def test_method_names_follow_the_paper():
     assert [compare.fairvfl_name(e) for e in compare.PAPER_EPSILONS] == [
         "FairVFL(ε=1e-3)", "FairVFL(ε=1e-2)", "FairVFL(ε=5e-2)", "FairVFL(ε=1e-1)", "FairVFL(ε=5e-1)"]
@@ -148,6 +161,8 @@ def test_method_names_follow_the_paper():
     (["--set", "epsilon=0.2"], "sets epsilon itself"),
     (["--set", "local-steps=0"], "local-steps=0"),
     (["--redo-post"], "add --resume"),
+    (["--constraint-epsilons", "x"], "--constraint-epsilons"),
+    (["--set", "constraint=equalized-odds"], "sets constraint itself"),
 ])
 def test_compare_refuses_bad_input_by_name(args, message, capsys, tmp_path):
     assert compare.main([*args, "--out", str(tmp_path)]) == 2
@@ -165,17 +180,21 @@ def test_compare_command_end_to_end_on_a_tiny_setting(tmp_path, capsys):
         assert (out / name).stat().st_size > 0, name
     runs = json.loads((out / "results.json").read_text())["runs"]
     methods = [r["method"] for r in runs]
-    assert methods == ["FedBCD", "FedBCD + EO", "FedBCD + CEO", "FairVFL(ε=5e-2)", compare.SPLIT_NAME,
-                       compare.CENTRAL_NAME]
+    assert methods == ["FedBCD", "FedBCD + EO", "FedBCD + CEO", "FairVFL(ε=5e-2)", "FairVFL-EO(ε=1e-2)",
+                       "FairVFL-DP(ε=1e-2)", compare.SPLIT_NAME, compare.CENTRAL_NAME]
     for r in runs:
         assert 0 < r["acc"] <= 1 and 0 <= r["dfp"] <= 1 and 0 <= r["dfn"] <= 1, r["method"]
         assert r["dataset"] == "crime" and r["seed"] == 0
     assert runs[3]["config"]["epsilon"] == 0.05 and runs[3]["rounds"] == 20
+    assert runs[3]["config"]["constraint"] == "deo" and runs[3]["config"]["constraint-measure"] == "loss"
+    for r, constraint in zip(runs[4:6], ("equalized-odds", "demographic-parity")):
+        assert r["config"]["constraint"] == constraint and r["config"]["constraint-measure"] == "rate"
+        assert r["config"]["epsilon"] == 0.01
     table = (out / "table_linear.md").read_text()
     for m in methods:
         assert f"| {m} |" in table
     err = capsys.readouterr().err
-    assert "6/6" not in err and "ETA" in err and "4/4" in err  # one bar step per job (FedBCD carries EO, CEO)
+    assert "8/8" not in err and "ETA" in err and "6/6" in err  # one bar step per job (FedBCD carries EO, CEO)
 
 
 def test_compare_resume_runs_only_missing_jobs(tmp_path, capsys):
