@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from . import messages as msgs
-from . import reliability, straggler, view
+from . import batching, reliability, straggler, view
 from .config import RunConfig
 from .models import DTYPES, build_model, squared_norm
 from .objective import Groups
@@ -94,16 +94,37 @@ def _save(party: Party, context: Context) -> None:
     context.state.array_records[MODEL_STATE] = ArrayRecord(party.model.state_dict())
 
 
-def _reply(message: Message, party: Party, steps: int, dtype: str | None = None) -> Message:
-    """New partial logits (in the run's wire-dtype when given), ‖θ_k‖² and the steps taken."""
+def _reply(
+    message: Message, party: Party, steps: int, dtype: str | None = None, rows: np.ndarray | None = None
+) -> Message:
+    """New partial logits (in the run's wire-dtype when given), ‖θ_k‖² and the steps taken.
+
+    ``rows``: training rows to return logits on (the next round's mini-batch,
+    :func:`_next_rows`); None returns all of them.
+    """
     evaluate = bool(message.content.config_records[msgs.ROUND]["evaluate"])
     u_test = party.logits("test") if evaluate else None
-    u_train = party.logits("train")
+    u_train = party.logits("train", rows)
     if dtype is not None:
         u_train = u_train.astype(dtype)
         u_test = None if u_test is None else u_test.astype(dtype)
     content = msgs.logits_reply(u_train, u_test, squared_norm(party.model), steps)
     return Message(content, reply_to=message)
+
+
+def _round(message: Message) -> tuple[int, bool]:
+    rc = message.content.config_records[msgs.ROUND]
+    return int(rc["round"]), bool(rc["evaluate"])
+
+
+def _batch(cfg: RunConfig, message: Message, n: int) -> np.ndarray | None:
+    """This round's training rows of ``n`` (batch-size, batching.py); None: all of them."""
+    return batching.round_rows(cfg, _round(message)[0], n)
+
+
+def _next_rows(cfg: RunConfig, message: Message, n: int) -> np.ndarray | None:
+    """Rows the reply to ``message`` carries training logits on (batching.reply_rows)."""
+    return batching.reply_rows(cfg, *_round(message), n)
 
 
 app = ClientApp(mods=[reliability.client_mod, straggler.delay_mod])  # checks what arrives, θ checkpoints, resume
@@ -148,9 +169,10 @@ def train_active(message: Message, context: Context) -> Message:
     party = _party(cfg, data, context)
     z = msgs.read_array(message.content, msgs.PAYLOAD, "z").astype(np.float64)
     lam = msgs.read_array(message.content, msgs.PAYLOAD, "lam").astype(np.float64)
-    steps = party.local_steps(z, lam, cfg.local_steps, cfg.local_time_budget)  # 1..Q steps; local-time-budget
+    steps = party.local_steps(z, lam, cfg.local_steps, cfg.local_time_budget,  # 1..Q steps; local-time-budget
+                              rows=_batch(cfg, message, party.n_train))
     _save(party, context)
-    return _reply(message, party, steps, dtype=cfg.wire_dtype)
+    return _reply(message, party, steps, dtype=cfg.wire_dtype, rows=_next_rows(cfg, message, party.n_train))
 
 
 @app.train("passive")
@@ -162,9 +184,9 @@ def train_passive(message: Message, context: Context) -> Message:
     if cfg.record_view:
         server_round = int(message.content.config_records[msgs.ROUND]["round"])
         view.record(cfg.record_view, data.partition_id, server_round, cfg.record_every, nu)
-    party.step(nu)
+    party.step(nu, rows=_batch(cfg, message, party.n_train))
     _save(party, context)
-    return _reply(message, party, steps=1, dtype=cfg.wire_dtype)
+    return _reply(message, party, steps=1, dtype=cfg.wire_dtype, rows=_next_rows(cfg, message, party.n_train))
 
 
 from . import splitlearning  # noqa: E402,F401  (registers the split-learning baseline's handlers on `app`)

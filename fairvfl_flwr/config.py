@@ -159,6 +159,14 @@ class RunConfig:
             raise bad("constraint-measure", f"choose one of {', '.join(MEASURES)}")
         if self.batch_size < 0:
             raise bad("batch-size", "must be >= 0 rows (0: full batch)")
+        if self.batch_size > 0:
+            # Each of these assumes every message and checkpoint carries all n rows.
+            for key, on in (("max_staleness", self.max_staleness > 0), ("secure_nu", self.secure_nu != "none"),
+                            ("checkpoint_every", self.checkpoint_every > 0), ("resume_from", bool(self.resume_from)),
+                            ("record_view", bool(self.record_view))):
+                if on:
+                    raise bad("batch-size", f"not supported with {key.replace('_', '-')}="
+                              f"{getattr(self, key)!r}; use batch-size=0 (full batch) with it")
         if not 0 <= self.validation_fraction <= 0.5:
             raise bad("validation-fraction", "must be between 0 (no validation split) and 0.5")
         if self.validation_fraction > 0 and self.server_labels:

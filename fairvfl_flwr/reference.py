@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .batching import batch_groups
 from .models import gradient_step
 from .objective import Groups, constrained_values, dual_step, loss_gaps
 
@@ -57,16 +58,22 @@ class CentralisedGDA:
         self.lam = np.zeros(groups.num_multipliers)
         self.lams: list[np.ndarray] = []
 
-    def z(self) -> np.ndarray:
+    def z(self, blocks: Sequence[torch.Tensor] | None = None) -> np.ndarray:
         with torch.no_grad():
-            return sum(m(x) for m, x in zip(self.models, self.blocks)).numpy()
+            return sum(m(x) for m, x in zip(self.models, blocks or self.blocks)).numpy()
 
-    def round(self) -> None:
-        gap = loss_gaps(constrained_values(self.y, self.z(), self.groups.measure), self.groups)
+    def round(self, rows: np.ndarray | None = None) -> None:
+        """One step of both; ``rows``: descend and ascend on the mini-batch f̃ of those rows only."""
+        if rows is None:
+            blocks, y, groups = self.blocks, self.y, self.groups
+        else:
+            index = torch.from_numpy(rows)
+            blocks, y, groups = [x[index] for x in self.blocks], self.y[rows], batch_groups(self.groups, rows)
+        gap = loss_gaps(constrained_values(y, self.z(blocks), groups.measure), groups)
         if self.fairness:
             self.lam = dual_step(self.lam, gap, self.epsilon, self.beta, self.c)
         self.lams.append(self.lam.copy())
-        f = lagrangian(self.models, self.blocks, self.y, self.groups, self.lam, self.epsilon, self.c, 0.0)
+        f = lagrangian(self.models, blocks, y, groups, self.lam, self.epsilon, self.c, 0.0)
         f.backward()
         for m in self.models:
             gradient_step(m, self.lr, self.mu)  # adds μθ itself, hence mu=0 above

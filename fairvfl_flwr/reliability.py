@@ -129,12 +129,16 @@ def exchange(strategy: "FairVFL", grid, messages: Iterable[Message], timeout: fl
     return [replies[nid] for nid in by_node]
 
 
-def checked_logits(strategy: "FairVFL", reply: Message) -> dict[str, np.ndarray]:
-    """Validated partial logits of a train/init reply (or a FederationError naming the node)."""
+def checked_logits(strategy: "FairVFL", reply: Message, n_train: int | None = None) -> dict[str, np.ndarray]:
+    """Validated partial logits of a train/init reply (or a FederationError naming the node).
+
+    ``n_train``: training logits the reply must hold (a mini-batch's b); default all rows.
+    """
     nid = reply.metadata.src_node_id
     who = strategy._who(nid, True)
+    n_train = len(strategy.labels.y_train) if n_train is None else n_train
     try:
-        return validate.check_logits_reply(reply.content, who, len(strategy.labels.y_train),
+        return validate.check_logits_reply(reply.content, who, n_train,
                                            len(strategy.labels.y_test), width=getattr(strategy, "embedding", 1))
     except validate.ReplyError as exc:
         raise _federation_error()(f"rejected a reply: {exc}") from None
@@ -319,11 +323,14 @@ def client_mod(message: Message, context, call_next) -> Message:
 
 
 def _logits_reply(client, message: Message, party, cfg, steps: int = 0) -> Message:
-    """The handlers' own reply (in the run's wire dtype where the app has one)."""
+    """The handlers' own reply (in the run's wire dtype where the app has one, on the rows
+    the handlers would return: a re-sent mini-batch round gets the next batch's logits)."""
     import inspect
 
-    if "dtype" in inspect.signature(client._reply).parameters and hasattr(cfg, "wire_dtype"):
-        return client._reply(message, party, steps=steps, dtype=cfg.wire_dtype)
+    params = inspect.signature(client._reply).parameters
+    if "dtype" in params and hasattr(cfg, "wire_dtype"):
+        kwargs = {"rows": client._next_rows(cfg, message, party.n_train)} if "rows" in params else {}
+        return client._reply(message, party, steps=steps, dtype=cfg.wire_dtype, **kwargs)
     return client._reply(message, party, steps=steps)
 
 
@@ -347,6 +354,11 @@ def _checkpoint(cfg, context, data, server_round: int) -> None:
 
 def _check_incoming(message: Message, mtype: str, cfg, data, who: str) -> None:
     n = int(data.X_train.shape[0])
+    if mtype in (msgs.TRAIN_ACTIVE, msgs.TRAIN_PASSIVE):  # z / ν hold one value per row of the round's batch
+        from . import batching
+
+        rows = batching.round_rows(cfg, int(message.content.config_records[msgs.ROUND]["round"]), n)
+        n = n if rows is None else len(rows)
     if mtype == msgs.TRAIN_ACTIVE:
         if data.role != msgs.ROLE_ACTIVE:
             raise validate.ReplyError(f"{who}: got {mtype}, but this party is {data.role}")

@@ -29,6 +29,8 @@ COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "d
            "max_gap", "gaps", "lambdas"]
 # max-staleness > 0: partition ids whose logits are from this round, and {partition id: rounds behind}
 ASYNC_COLUMNS = ["fresh", "stale"]
+# batch-size > 0: training rows loss/deo/gaps were measured on (all rows in evaluation rounds, else the next batch)
+BATCH_COLUMNS = ["train_rows"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
@@ -69,8 +71,8 @@ class RunRecorder:
             self.write_history()
 
     def write_history(self) -> None:
-        # fresh/stale: only bounded-staleness runs have them (staleness.py); other runs keep COLUMNS
-        columns = COLUMNS + [k for k in ASYNC_COLUMNS if any(k in r for r in self.rows)]
+        # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
+        columns = COLUMNS + [k for k in ASYNC_COLUMNS + BATCH_COLUMNS if any(k in r for r in self.rows)]
         rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
         _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")
         tmp = self.folder / "history.csv.tmp"

@@ -48,7 +48,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
         reliability.stopped(strategy, strategy.reliability, recorder, folder, exc)
         raise
     summary = recorder.finish(
-        {"party_columns": [len(c) for c in columns], "setup_seconds": strategy.setup_seconds}
+        {"party_columns": [len(c) for c in columns], "setup_seconds": strategy.setup_seconds,
+         "batch_size": strategy.batch_size}  # 0: full batch (also when batch-size >= the training rows)
     )
     text = format_summary(summary, folder)
     log(INFO, "%s", text)

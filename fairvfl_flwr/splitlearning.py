@@ -59,6 +59,9 @@ def split_settings(run_config: Mapping[str, Any], cfg: RunConfig) -> tuple[int, 
         raise ConfigError(f"run config split-embedding={d}: must be at least 1")
     if lr <= 0:
         raise ConfigError(f"run config split-lr={lr}: must be > 0")
+    if cfg.batch_size > 0:
+        raise ConfigError(f"run config batch-size={cfg.batch_size}: not supported with mode='split' (its "
+                          "rounds are full batch); use batch-size=0")
     return d, lr
 
 

@@ -22,10 +22,10 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from . import messages as msgs
-from . import reliability, secure
+from . import batching, reliability, secure
 from .config import RunConfig
 from .metrics import fairness_metrics
-from .objective import TrainStats, dual_step, masked_weights, train_stats
+from .objective import Groups, TrainStats, dual_step, masked_weights, train_stats
 from .problem import ServerLabels
 
 POLL_SECONDS = 0.01
@@ -79,6 +79,10 @@ class FairVFL(Strategy):
         self.on_round = on_round
         self.wire_dtype = np.dtype(config.wire_dtype)  # float32 unless wire-dtype = "float64"
         self.ckks = secure.CkksServer(len(labels.y_train)) if config.secure_nu == "ckks" else None
+        # 0: full batch (also when batch-size >= the training rows); b: rounds train on b rows (batching.py)
+        self.batch_size = batching.effective_batch(config.batch_size, len(labels.y_train))
+        batching.check_batches(self.groups, config.seed, self.batch_size, config.num_server_rounds)
+        self.held_rows: np.ndarray | None = None  # training rows the held partial logits are on (None: all)
         self.lam = np.zeros(self.groups.num_multipliers)  # [λ_1+, λ_1-, ...]; deo: [λ1, λ2]
         self.nodes: dict[int, Node] = {}
         self.u_train: dict[int, np.ndarray] = {}
@@ -97,20 +101,29 @@ class FairVFL(Strategy):
         log(
             INFO,
             "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), "
-            "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds",
+            "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds, batch %s",
             c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
             "on" if c.fairness else "off",
             c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}", c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
+            f"{self.batch_size} rows" if self.batch_size else "full",
         )
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Dual step on λ, then z and λ to active parties and ν to passive ones."""
-        z = self._z("train")
+        """Dual step on λ, then z and λ to active parties and ν to passive ones.
+
+        With a mini-batch every quantity is on round ``server_round``'s rows only.
+        """
+        rows = batching.round_rows(self.cfg, server_round, len(self.labels.y_train))
+        if rows is None:
+            y, z, groups, stats = self.labels.y_train, self._z("train"), self.groups, self.stats
+        else:
+            y, z, groups = self._batch_view(rows)
+            stats = train_stats(y, z, groups)
         if self.cfg.fairness:
-            self.lam = dual_step(self.lam, np.array(self.stats.gaps), self.cfg.epsilon, self.cfg.beta, self.cfg.c)
-        nu = self._noisy(masked_weights(self.labels.y_train, z, self.lam, self.groups), server_round)
+            self.lam = dual_step(self.lam, np.array(stats.gaps), self.cfg.epsilon, self.cfg.beta, self.cfg.c)
+        nu = self._noisy(masked_weights(y, z, self.lam, groups), server_round)
         evaluate = self._evaluates(server_round)
         out = []
         for node in self.nodes.values():
@@ -129,9 +142,12 @@ class FairVFL(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Store each party's new partial logits; record the round's metrics."""
+        evaluate = server_round == 0 or self._evaluates(server_round)  # init replies every row
+        self.held_rows = batching.reply_rows(self.cfg, server_round, evaluate, len(self.labels.y_train))
+        n_train = None if self.held_rows is None else len(self.held_rows)
         for reply in replies:
             node_id = reply.metadata.src_node_id
-            logits = reliability.checked_logits(self, reply)  # shape, dtype, finite: or FederationError
+            logits = reliability.checked_logits(self, reply, n_train)  # shape, dtype, finite: or FederationError
             stats = reply.content.metric_records[msgs.STATS]
             self.u_train[node_id] = logits["train"].astype(np.float64)
             if "test" in logits:
@@ -262,12 +278,28 @@ class FairVFL(Strategy):
         parts = self.u_train if split == "train" else self.u_test
         return np.sum([parts[nid] for nid in self.nodes], axis=0)
 
+    def _batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, Groups]:
+        """Labels, summed logits and constraint groups on the batch ``rows``."""
+        z = self._z("train")
+        if self.held_rows is None:  # an evaluation round's replies held every row
+            z = z[rows]
+        elif not np.array_equal(self.held_rows, rows):
+            raise FederationError("internal: the parties' logits are not on this round's batch rows")
+        return self.labels.y_train[rows], z, batching.batch_groups(self.groups, rows)
+
     def _evaluates(self, server_round: int) -> bool:
         return server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
 
     def _record(self, server_round: int) -> dict:
-        """History row for θ after ``server_round`` (round 0: the initial model)."""
-        self.stats = train_stats(self.labels.y_train, self._z("train"), self.groups)
+        """History row for θ after ``server_round`` (round 0: the initial model).
+
+        Mini-batch runs: L and the gaps are on every training row in evaluation rounds,
+        and on the next round's batch otherwise (``train_rows`` says which).
+        """
+        if self.held_rows is None:
+            self.stats = train_stats(self.labels.y_train, self._z("train"), self.groups)
+        else:
+            self.stats = train_stats(*self._batch_view(self.held_rows))
         row: dict = {
             "round": server_round,
             "loss": self.stats.loss + 0.5 * self.mu * sum(self.sq_norms.values()),
@@ -283,6 +315,8 @@ class FairVFL(Strategy):
             "dfn": np.nan,
             "seconds": time.perf_counter() - self._t0,
         }
+        if self.batch_size:
+            row["train_rows"] = len(self.labels.y_train) if self.held_rows is None else len(self.held_rows)
         if self.u_test and (server_round == 0 or self._evaluates(server_round)):
             row.update(fairness_metrics(self.labels.y_test, self.labels.s_test, self._z("test")))
             self.u_test.clear()

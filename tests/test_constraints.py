@@ -168,10 +168,12 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
     assert summary["constraint"] == constraint and len(summary["lambdas"]) == groups.num_multipliers
 
 
-def test_equalized_odds_passive_parties_still_receive_only_nu(out_dir):
+@pytest.mark.parametrize("batch_size", [0, 400])  # 400: mini-batch rounds send ν on 400 rows (batching.py)
+def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_dir):
     seen = []
     cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir,
-                    constraint="equalized-odds", num_active=2)
+                    constraint="equalized-odds", num_active=2, batch_size=batch_size)
+    rows = batch_size or 1200
     grid, _, _ = _run(cfg, tap=seen.append)
     active_ids = {nid for nid, ctx in grid.contexts.items() if ctx.node_config["partition-id"] < 2}
     for m in seen:
@@ -179,12 +181,14 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(out_dir):
             if m.metadata.message_type == msgs.TRAIN_ACTIVE:
                 payload = m.content.array_records[msgs.PAYLOAD]
                 assert set(payload) == {"z", "lam"} and list(payload["lam"].shape) == [4]
+                assert list(payload["z"].shape) == [rows]
             continue
         assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE)
         assert not m.content.metric_records
         if m.metadata.message_type == msgs.TRAIN_PASSIVE:
             assert set(m.content.array_records) == {msgs.PAYLOAD}
             assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
+            assert list(m.content.array_records[msgs.PAYLOAD]["nu"].shape) == [rows]
         for record in m.content.config_records.values():
             assert set(record) <= {"round", "evaluate"}
 
