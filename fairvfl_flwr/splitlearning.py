@@ -38,7 +38,7 @@ from torch import nn
 from . import messages as msgs
 from .client import _setup, app
 from .config import ConfigError, RunConfig
-from .models import DTYPES, squared_norm
+from .models import DTYPES, seeded, squared_norm
 from .problem import ServerLabels
 from .strategy import FairVFL
 
@@ -67,8 +67,7 @@ def split_settings(run_config: Mapping[str, Any], cfg: RunConfig) -> tuple[int, 
 
 def build_embedder(kind: str, in_features: int, d: int, hidden: int, dtype: str, seed: int) -> nn.Module:
     """A client's part of the split model (seeded, like ``models.build_model``)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         if kind == "linear":
             model: nn.Module = nn.Linear(in_features, d)
         else:
@@ -137,8 +136,7 @@ class SplitVFL(FairVFL):
         self.mu = 0.0
         self.embedding = embedding
         self.split_lr = lr or config.lr
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed * 1000 + 999)
+        with seeded(config.seed * 1000 + 999):
             self.head = nn.Linear(config.num_parties * embedding, 1).to(DTYPES[config.dtype])
         self.optimizer = torch.optim.SGD(self.head.parameters(), lr=self.split_lr)
         self.y01 = torch.as_tensor(labels.y_train, dtype=DTYPES[config.dtype])
