@@ -1,13 +1,24 @@
 """Mini-batch vs full-batch rounds on the synthetic table: accuracy, fairness, time to target.
 
-    python bench/minibatch.py [--n 1000000] [--batches 0,10000] [--rounds 300] [--out bench/results]
+    python bench/minibatch.py [--n 1000000] [--batches 0,10000] [--rounds 300] [--engine floor|app]
 
-The round math of bench/common.NumpyFloor (linear, K = 6, Q = 5, one process) with each
-round restricted to the rows ``fairvfl_flwr.batching.batch_rows(seed, t, n, b)`` (the
-shared-seed batch: λ and ν use the batch, so each party computes and receives b values);
-``b = 0`` is the full batch. Every 10 rounds the full training DEO and the test accuracy
-are computed on all rows (not counted in the round time). Target: test accuracy within
-0.5 points of the full-batch run's final value and train DEO <= ε + 0.005.
+``--engine floor`` (default): the round math of bench/common.NumpyFloor (linear, K = 6,
+Q = 5, one process) with each round restricted to the rows
+``fairvfl_flwr.batching.batch_rows(seed, t, n, b)`` (the shared-seed batch: λ and ν use
+the batch, so each party computes and receives b values); ``b = 0`` is the full batch.
+Every 10 rounds the full training DEO and the test accuracy are computed on all rows (not
+counted in the round time).
+
+``--engine app``: the real ServerApp strategy and ClientApp on the in-process grid with
+run config ``batch-size = b`` (``preset``-free: η, β, ε as given, Q = 5, eval-every = 10,
+float32 wire). The app has no synthetic dataset, so ``problem._load_table`` is replaced
+by the synthetic table in this process (``dataset`` is a placeholder); everything after
+the table (party tables, server labels, messages, checks) is the app's own path. Round
+time is the mean over non-evaluation rounds; seconds to target are the app's own clock
+(training rounds, evaluation rounds included).
+
+Target: test accuracy within 0.5 points of the full-batch run's final value and train
+DEO (all training rows) <= ε + 0.005, from that evaluation on.
 """
 
 from __future__ import annotations
@@ -57,6 +68,26 @@ class BatchedFloor(NumpyFloor):
                 self.theta[k] -= self.lr * (x.T @ nu + self.mu * self.theta[k])
 
 
+def run_app(ds, b: int, rounds: int, eta: float, beta: float, epsilon: float, out: str) -> tuple[list, float]:
+    """One app run on ``ds`` over the in-process grid: (eval curve, mean s per training round)."""
+    import json
+
+    from fairvfl_flwr import client, partydata, problem
+    from fairvfl_flwr.inprocess import run_inprocess
+
+    problem._load_table = lambda cfg: ds  # the synthetic table in place of the packaged ones (this process only)
+    client._party_data.cache_clear()  # drop the previous run's party tensors (keyed by the run config)
+    partydata.load_party.cache_clear()
+    rc = {"dataset": "adult", "num-server-rounds": rounds, "eval-every": 10, "local-steps": 5, "eta": eta,
+          "beta": beta, "epsilon": epsilon, "batch-size": b, "output-dir": out, "round-timeout": 3600}
+    _, folder = run_inprocess(rc, quiet=True)
+    history = json.loads((folder / "history.json").read_text())
+    curve = [(r["round"], r["seconds"], r["acc"], r["deo"], r["dfp"], r["dfn"])
+             for r in history if r["round"] > 0 and r["acc"] is not None]
+    steps = [h["seconds"] - prev["seconds"] for prev, h in zip(history[1:], history[2:]) if h["acc"] is None]
+    return curve, float(np.mean(steps)) if steps else curve[-1][1] / rounds
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -66,6 +97,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--beta", type=float, default=0.5)
     ap.add_argument("--epsilon", type=float, default=0.01)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--engine", choices=("floor", "app"), default="floor")
+    ap.add_argument("--name", default="")
     args = ap.parse_args(argv)
     F, K = 32, 6
     ds = synthetic.make_dataset(args.n, F, seed=0)
@@ -74,8 +107,17 @@ def main(argv=None) -> dict:
     tests = [ds.X_test[:, c] for c in cols]
     full_groups = Groups.from_labels(ds.y_train, ds.s_train, 1)
     n = len(ds.y_train)
-    runs = {}
+    runs, round_s = {}, {}
     for b in [int(x) for x in args.batches.split(",")]:
+        if args.engine == "app":
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                runs[b], round_s[b] = run_app(ds, b, args.rounds, args.eta, args.beta, args.epsilon, tmp)
+            print(b, runs[b][-1], f"{1000 * round_s[b]:.1f} ms/training round, "
+                  f"{time.perf_counter() - t0:.0f} s with setup", flush=True)
+            continue
         fl = BatchedFloor(blocks, ds.y_train, ds.s_train, b, 0, epsilon=args.epsilon, beta=args.beta, c=1e-3,
                           mu=2 / n, lr=1 / args.eta, Q=5)
         spent, curve = 0.0, []
@@ -88,7 +130,7 @@ def main(argv=None) -> dict:
                 deo = train_stats(ds.y_train, fl.z(), full_groups).deo
                 acc = fairness_metrics(ds.y_test, ds.s_test, np.sum([fl._u(k, x) for k, x in enumerate(tests)], axis=0))
                 curve.append((r, spent, acc["acc"], deo, acc["dfp"], acc["dfn"]))
-        runs[b] = curve
+        runs[b], round_s[b] = curve, spent / args.rounds
         print(b, curve[-1], f"{1000 * spent / args.rounds:.1f} ms/round", flush=True)
     ref = runs[min(runs)][-1][2]  # full-batch (or smallest) final accuracy
     rows = []
@@ -98,14 +140,17 @@ def main(argv=None) -> dict:
             ok = abs(acc - ref) * 100 <= 0.5 and deo <= args.epsilon + 0.005
             hit = (hit or (r, sec)) if ok else None
         r, sec, acc, deo, dfp, dfn = curve[-1]
-        rows.append({"batch": b or "full", "ms_per_round": 1000 * sec / r, "final_acc": 100 * acc, "train_deo": deo,
+        rows.append({"batch": b or "full", "ms_per_round": 1000 * round_s[b], "final_acc": 100 * acc, "train_deo": deo,
                      "test_dfp": dfp, "test_dfn": dfn, "rounds_to_target": hit and hit[0],
                      "seconds_to_target": hit and hit[1]})
     md = (f"Mini-batch vs full batch, synthetic n = {args.n} ({n} train), K = {K}, Q = 5, η = {args.eta}, "
-          f"β = {args.beta}, ε = {args.epsilon}, {args.rounds} rounds (one process, numpy)\n\n"
+          f"β = {args.beta}, ε = {args.epsilon}, {args.rounds} rounds ("
+          + ("one process, numpy" if args.engine == "floor" else "the app on the in-process grid, float32 wire")
+          + ")\n\n"
           + table(rows, ["batch", "ms_per_round", "final_acc", "train_deo", "test_dfp", "test_dfn",
                          "rounds_to_target", "seconds_to_target"]))
-    write(args.out, "minibatch", {"n": args.n, "rows": rows, "curves": {str(k): v for k, v in runs.items()}}, md)
+    name = args.name or ("minibatch" if args.engine == "floor" else "minibatch-app")
+    write(args.out, name, {"n": args.n, "engine": args.engine, "rows": rows, "curves": {str(k): v for k, v in runs.items()}}, md)
     return {"rows": rows}
 
 
