@@ -51,6 +51,18 @@ def write(out: Path, name: str, payload: dict, markdown: str) -> None:
 
 
 def peak_rss_mib() -> float:
+    """This process's peak resident memory (MiB).
+
+    VmHWM, not ``getrusage``: Linux carries ru_maxrss over fork and exec, so a child
+    started by a large parent (bench/run_all.py after the simulation benchmark: 617 MiB)
+    reported the parent's peak instead of its own.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
