@@ -19,6 +19,7 @@ such a batch size before round 1 (see its docstring for why it refuses rather th
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -34,7 +35,16 @@ def batch_rows(seed: int, server_round: int, n: int, batch_size: int) -> np.ndar
     """Sorted row indices of round ``server_round``'s batch, or None for the full batch."""
     if batch_size <= 0 or batch_size >= n:
         return None
-    rng = np.random.default_rng([int(seed), int(server_round), 0xBA7C])
+    # A copy: the cached array stays private to the cache.
+    return _drawn_rows(int(seed), int(server_round), int(n), int(batch_size)).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _drawn_rows(seed: int, server_round: int, n: int, batch_size: int) -> np.ndarray:
+    # Cached because one message needs a round's rows up to three times (the mod's length
+    # check, the handler's step, the server's round), ~2.5 ms each at b = 65,536 of 900k;
+    # a copy costs ~50 µs.
+    rng = np.random.default_rng([seed, server_round, 0xBA7C])
     # sampled without replacement; sorted for cache-friendly gathers
     rows = rng.choice(n, size=batch_size, replace=False, shuffle=False)
     rows.sort()
