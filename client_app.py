@@ -1,5 +1,5 @@
-"""Flower entry point for the ClientApp (see ``fairvfl_flwr.client``)."""
+"""Flower entry point for the ClientApp (see ``fairvfl_flwr.app.client``)."""
 
-from fairvfl_flwr.client import app
+from fairvfl_flwr.app.client import app
 
 __all__ = ["app"]

@@ -1,5 +1,5 @@
-"""Flower entry point for the ServerApp (see ``fairvfl_flwr.server``)."""
+"""Flower entry point for the ServerApp (see ``fairvfl_flwr.app.server``)."""
 
-from fairvfl_flwr.server import app
+from fairvfl_flwr.app.server import app
 
 __all__ = ["app"]

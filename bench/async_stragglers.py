@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairvfl_flwr.client import app as client_app  # noqa: E402
+from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
-from fairvfl_flwr.inprocess import InProcessGrid  # noqa: E402
-from fairvfl_flwr.server import run_server  # noqa: E402
-from fairvfl_flwr.staleness import effective_quorum  # noqa: E402
+from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
+from fairvfl_flwr.app.server import run_server  # noqa: E402
+from fairvfl_flwr.features.staleness import effective_quorum  # noqa: E402
 
 
 def run(cfg: RunConfig) -> dict:
@@ -42,7 +42,7 @@ def run(cfg: RunConfig) -> dict:
     behind = [int(b) for r in rows for b in (r.get("stale") or {}).values()]
     return {
         "tau": cfg.max_staleness,
-        "quorum": effective_quorum(cfg) if cfg.max_staleness else cfg.num_parties,
+        "staleness.quorum": effective_quorum(cfg) if cfg.max_staleness else cfg.num_parties,
         "rounds_seconds": rows[-1]["seconds"],
         "total_seconds": total,
         "train_deo": summary["train_deo"],
@@ -84,7 +84,7 @@ def main() -> None:
 
     print(f"\n{args.dataset} / {args.model}, eps={args.epsilon}, {args.rounds} rounds, 6 parties; reply delay "
           f"{args.fast:g} s, party {args.slow_party} {args.slow:g} s; in-process grid with async replies\n")
-    head = f"{'mode':<14}{'quorum':>7}{'wall s':>9}{'ms/round':>10}{'speed-up':>9}{'train DEO':>11}{'L':>8}" \
+    head = f"{'mode':<14}{'staleness.quorum':>7}{'wall s':>9}{'ms/round':>10}{'speed-up':>9}{'train DEO':>11}{'L':>8}" \
            f"{'test ACC':>10}{'DFP':>7}{'DFN':>7}{'stale rnds':>11}{'max/mean behind':>17}"
     print(head)
     print("-" * len(head))
@@ -92,7 +92,7 @@ def main() -> None:
     for r in results:
         mode = "synchronous" if r["tau"] == 0 else f"tau={r['tau']}"
         speed = f"{sync / r['rounds_seconds']:.2f}x" if sync else "-"
-        print(f"{mode:<14}{r['quorum']:>7}{r['rounds_seconds']:>9.1f}{1000 * r['rounds_seconds'] / args.rounds:>10.1f}"
+        print(f"{mode:<14}{r['staleness.quorum']:>7}{r['rounds_seconds']:>9.1f}{1000 * r['rounds_seconds'] / args.rounds:>10.1f}"
               f"{speed:>9}{r['train_deo']:>11.4f}{r['train_loss']:>8.4f}{100 * r['test_acc']:>9.2f}%"
               f"{r['test_dfp']:>7.3f}{r['test_dfn']:>7.3f}{r['stale_rounds']:>11}"
               f"{r['max_behind']:>9}/{r['mean_behind']:.2f}")

@@ -25,10 +25,10 @@ from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 def measure(dataset: str, wire: str, tmp: str) -> list[dict]:
     from flwr.common.serde import message_to_proto
 
-    from fairvfl_flwr.client import app as client_app
+    from fairvfl_flwr.app.client import app as client_app
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.inprocess import InProcessGrid
-    from fairvfl_flwr.server import run_server
+    from fairvfl_flwr.flower.inprocess import InProcessGrid
+    from fairvfl_flwr.app.server import run_server
 
     cfg = RunConfig(dataset=dataset, num_server_rounds=3, eval_every=1000, wire_dtype=wire, output_dir=tmp)
     sent, got = [], []
@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.problem import load_data
+    from fairvfl_flwr.data.problem import load_data
 
     n = len(load_data(RunConfig(dataset=args.dataset)).y_train)
     rows = []

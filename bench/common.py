@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from fairvfl_flwr.objective import Groups, dual_step, logistic_loss, loss_gaps, masked_weights  # noqa: E402
+from fairvfl_flwr.core.objective import Groups, masked_weights  # noqa: E402
+from fairvfl_flwr.core.step import server_step  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results"
 
@@ -67,7 +68,7 @@ def peak_rss_mib() -> float:
 
 
 class NumpyFloor:
-    """FairVFL's round (SPEC.md) for linear models in one process, plain numpy, no messages.
+    """FairVFL's round (docs/algorithm.md) for linear models in one process, plain numpy, no messages.
 
     Identical math to the federated run (the server's dual step and ν, passive steps from
     ν, the active party's Q steps on z̃); the floor every other mode is compared with.
@@ -92,9 +93,8 @@ class NumpyFloor:
 
     def round(self):
         z = self.z()
-        if self.fairness:
-            self.lam = dual_step(self.lam, loss_gaps(logistic_loss(self.y, z), self.groups), self.epsilon, self.beta, self.c)
-        nu = masked_weights(self.y, z, self.lam, self.groups)
+        self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta, c=self.c,
+                                   fairness=self.fairness)
         for k, x in enumerate(self.X):
             if k < self.active:
                 others = z - self.u[k]
@@ -109,7 +109,7 @@ class NumpyFloor:
 
 def adult_problem(cfg):
     """Blocks, labels and groups of the run config's problem (the parties' column split)."""
-    from fairvfl_flwr.problem import constraint_groups, load_data, party_columns
+    from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 
     ds = load_data(cfg)
     cols = party_columns(cfg, ds)

@@ -4,7 +4,7 @@
 
 ``--engine floor`` (default): the round math of bench/common.NumpyFloor (linear, K = 6,
 Q = 5, one process) with each round restricted to the rows
-``fairvfl_flwr.batching.batch_rows(seed, t, n, b)`` (the shared-seed batch: λ and ν use
+``fairvfl_flwr.core.batching.batch_rows(seed, t, n, b)`` (the shared-seed batch: λ and ν use
 the batch, so each party computes and receives b values); ``b = 0`` is the full batch.
 Every 10 rounds the full training DEO and the test accuracy are computed on all rows (not
 counted in the round time).
@@ -33,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from bench.common import DEFAULT_OUT, NumpyFloor, table, write  # noqa: E402
-from fairvfl_flwr import synthetic  # noqa: E402
-from fairvfl_flwr.batching import batch_rows  # noqa: E402
-from fairvfl_flwr.metrics import fairness_metrics  # noqa: E402
-from fairvfl_flwr.objective import Groups, dual_step, logistic_loss, loss_gaps, masked_weights, train_stats  # noqa: E402
-from fairvfl_flwr.partition import split_columns  # noqa: E402
+from fairvfl_flwr.data import synthetic  # noqa: E402
+from fairvfl_flwr.core.batching import batch_rows  # noqa: E402
+from fairvfl_flwr.core.metrics import fairness_metrics  # noqa: E402
+from fairvfl_flwr.core.objective import Groups, masked_weights, train_stats  # noqa: E402
+from fairvfl_flwr.core.step import server_step  # noqa: E402
+from fairvfl_flwr.data.partition import split_columns  # noqa: E402
 
 
 class BatchedFloor(NumpyFloor):
@@ -54,9 +55,8 @@ class BatchedFloor(NumpyFloor):
         y, g = self.y[rows], Groups.from_labels(self.y[rows], self.s[rows], 1)
         u = [self._u(k, x) for k, x in enumerate(X)]
         z = np.sum(u, axis=0)
-        if self.fairness:
-            self.lam = dual_step(self.lam, loss_gaps(logistic_loss(y, z), g), self.epsilon, self.beta, self.c)
-        nu = masked_weights(y, z, self.lam, g)
+        self.lam, nu = server_step(self.lam, y, z, g, epsilon=self.epsilon, beta=self.beta, c=self.c,
+                                   fairness=self.fairness)
         for k, x in enumerate(X):
             if k < self.active:
                 others = z - u[k]
@@ -72,14 +72,18 @@ def run_app(ds, b: int, rounds: int, eta: float, beta: float, epsilon: float, ou
     """One app run on ``ds`` over the in-process grid: (eval curve, mean s per training round)."""
     import json
 
-    from fairvfl_flwr import client, partydata, problem
-    from fairvfl_flwr.inprocess import run_inprocess
+    from fairvfl_flwr.flower import party
+
+    from fairvfl_flwr.data import partydata
+
+    from fairvfl_flwr.data import problem
+    from fairvfl_flwr.app.run import run_inprocess
 
     problem._load_table = lambda cfg: ds  # the synthetic table in place of the packaged ones (this process only)
-    client._party_data.cache_clear()  # drop the previous run's party tensors (keyed by the run config)
+    party.party_data.cache_clear()  # drop the previous run's party tensors (keyed by the run config)
     partydata.load_party.cache_clear()
     rc = {"dataset": "adult", "num-server-rounds": rounds, "eval-every": 10, "local-steps": 5, "eta": eta,
-          "beta": beta, "epsilon": epsilon, "batch-size": b, "output-dir": out, "round-timeout": 3600}
+          "beta": beta, "epsilon": epsilon, "batching.batch-size": b, "output-dir": out, "reliability.round-timeout": 3600}
     _, folder = run_inprocess(rc, quiet=True)
     history = json.loads((folder / "history.json").read_text())
     curve = [(r["round"], r["seconds"], r["acc"], r["deo"], r["dfp"], r["dfn"])

@@ -47,9 +47,9 @@ def main(argv=None) -> dict:
     import torch
 
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.inprocess import run_inprocess
-    from fairvfl_flwr.models import build_model
-    from fairvfl_flwr.reference import CentralisedGDA
+    from fairvfl_flwr.app.run import run_inprocess
+    from fairvfl_flwr.core.models import build_model
+    from fairvfl_flwr.core.reference import CentralisedGDA
 
     torch.set_num_threads(1)
     cfg = RunConfig()  # the defaults: Adult, K = 6, Q = 5, η = 100
@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
         rows.append({"mode": "in-process grid", "ms_per_round": ms, "rounds": args.rounds, "note": "real ServerApp+ClientApp"})
         print(f"in-process grid: {ms:.1f} ms/round", flush=True)
         if not args.no_sim:
-            from fairvfl_flwr.flwr_engine import SimulationSuperLink
+            from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
 
             with SimulationSuperLink(Path(tmp) / "home-fairvfl") as link:
                 t0 = time.perf_counter()

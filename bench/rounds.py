@@ -45,9 +45,9 @@ def run_floor(overrides: dict) -> dict:
 
     from bench.common import NumpyFloor, adult_problem
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.metrics import fairness_metrics
-    from fairvfl_flwr.objective import train_stats
-    from fairvfl_flwr.problem import party_columns
+    from fairvfl_flwr.core.metrics import fairness_metrics
+    from fairvfl_flwr.core.objective import train_stats
+    from fairvfl_flwr.data.problem import party_columns
 
     t = time.perf_counter()
     cfg = RunConfig.from_flower(overrides)
@@ -71,7 +71,7 @@ def run_floor(overrides: dict) -> dict:
 
 
 def run(overrides: dict, tmp: str) -> dict:
-    from fairvfl_flwr.inprocess import run_inprocess
+    from fairvfl_flwr.app.run import run_inprocess
 
     t = time.perf_counter()
     summary, folder = run_inprocess({**overrides, "output-dir": tmp})

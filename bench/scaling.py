@@ -36,7 +36,7 @@ Q = 5
 
 
 def _columns(K: int):
-    from fairvfl_flwr.partition import split_columns
+    from fairvfl_flwr.data.partition import split_columns
 
     return split_columns(FEATURES, K, 1, ACTIVE_COLUMNS)
 
@@ -46,11 +46,12 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
     import numpy as np
     import torch
 
-    from fairvfl_flwr import synthetic
-    from fairvfl_flwr.batching import batch_rows
-    from fairvfl_flwr.models import build_model
-    from fairvfl_flwr.objective import Groups, dual_step, masked_weights, train_stats
-    from fairvfl_flwr.parties import ActiveParty, Party
+    from fairvfl_flwr.data import synthetic
+    from fairvfl_flwr.core.batching import batch_rows
+    from fairvfl_flwr.core.models import build_model
+    from fairvfl_flwr.core.objective import Groups, train_stats
+    from fairvfl_flwr.core.step import server_step
+    from fairvfl_flwr.core.parties import ActiveParty, Party
 
     torch.set_num_threads(1)
     base = peak_rss_mib()
@@ -83,9 +84,9 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
         if role == "server":
             z = np.sum([v.astype(np.float64) for v in u], axis=0)
             g = groups if rows is None else Groups.from_labels(y[rows], s[rows], 1)
-            stats = train_stats(y if rows is None else y[rows], z, g)
-            lam = dual_step(lam, np.array(stats.gaps), 0.01, 0.1, 1e-3)
-            nu = masked_weights(y if rows is None else y[rows], z, lam, g)
+            yb = y if rows is None else y[rows]
+            train_stats(yb, z, g)  # the round's history row
+            lam, nu = server_step(lam, yb, z, g, epsilon=0.01, beta=0.1, c=1e-3)
             _wire = (nu.astype(np.float32), z.astype(np.float32))
             return
         Xb = X if rows is None else X[torch.from_numpy(rows)]

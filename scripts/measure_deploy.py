@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fairvfl_flwr.config import RunConfig  # noqa: E402
-from fairvfl_flwr.export import export  # noqa: E402
-from fairvfl_flwr.localfed import LocalFederation  # noqa: E402
+from fairvfl_flwr.tools.export import export  # noqa: E402
+from fairvfl_flwr.tools.localfed import LocalFederation  # noqa: E402
 
 
 def _fairvfl_rounds(out: Path) -> list[float]:

@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.inprocess import InProcessGrid
-from fairvfl_flwr.server import run_server
-from fairvfl_flwr.strategy import PartyUnavailable
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.flower.errors import PartyUnavailable
 
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn")
 
@@ -57,32 +57,32 @@ def main() -> None:
     p.add_argument("--model", default="linear")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--stop", type=int, default=37, help="round in which party 3 stops answering")
-    p.add_argument("--every", type=int, default=10, help="checkpoint-every")
+    p.add_argument("--every", type=int, default=10, help="reliability.checkpoint-every")
     args = p.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="fairvfl-rel-"))
     base = RunConfig.from_flower({
         "dataset": args.dataset, "model": args.model, "num-server-rounds": args.rounds, "eval-every": 10,
-        "round-timeout": 0.5, "round-retries": 1, "checkpoint-dir": str(tmp / "party-disks"),
+        "reliability.round-timeout": 0.5, "reliability.round-retries": 1, "reliability.checkpoint-dir": str(tmp / "party-disks"),
     }).to_flower()
 
     timings = {}
     for every in (0, 1, args.every):
-        rc = {**base, "checkpoint-every": every, "output-dir": str(tmp / f"full-{every}")}
+        rc = {**base, "reliability.checkpoint-every": every, "output-dir": str(tmp / f"full-{every}")}
         t = time.perf_counter()
         summary, folder = run(rc)
         timings[every] = (time.perf_counter() - t) / args.rounds
         if every == 0:
             full, full_hist = summary, json.loads((folder / "history.json").read_text())
 
-    rc = {**base, "checkpoint-every": args.every, "output-dir": str(tmp / "cut")}
+    rc = {**base, "reliability.checkpoint-every": args.every, "output-dir": str(tmp / "cut")}
     try:
         run(rc, SilentFrom, victim=3, stop=args.stop)
         raise SystemExit("the run did not stop")
     except PartyUnavailable as exc:
         stopped = str(exc)
     (folder,) = (tmp / "cut").iterdir()
-    resumed_rc = {**rc, "resume-from": str(folder)}
+    resumed_rc = {**rc, "reliability.resume-from": str(folder)}
     summary, _ = run(resumed_rc, seed=1)
     hist = json.loads((folder / "history.json").read_text())
     d_final = max(abs(summary[k] - full[k]) for k in KEYS)

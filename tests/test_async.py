@@ -6,12 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from fairvfl_flwr import messages as msgs
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.inprocess import InProcessGrid
-from fairvfl_flwr.server import run_server
-from fairvfl_flwr.straggler import delay_for, parse_delays
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.features.straggler import delay_for, parse_delays
 
 
 def _run(cfg: RunConfig, **grid_kwargs):
@@ -60,10 +60,10 @@ def test_new_options_are_validated():
 def test_delay_settings():
     assert parse_delays("") == {}
     assert parse_delays("2=0.3~0.1, 4=0.05") == {2: (0.3, 0.1), 4: (0.05, 0.0)}
-    assert delay_for({"partition-id": 2}, {"straggler-delays": "2=0.3"}) == (0.3, 0.0)
-    assert delay_for({"partition-id": 1}, {"straggler-delays": "2=0.3"}) == (0.0, 0.0)
+    assert delay_for({"partition-id": 2}, {"staleness.straggler-delays": "2=0.3"}) == (0.3, 0.0)
+    assert delay_for({"partition-id": 1}, {"staleness.straggler-delays": "2=0.3"}) == (0.0, 0.0)
     # a node's own node-config wins over the run config
-    assert delay_for({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}, {"straggler-delays": "2=0.3"}) == (0.1, 0.2)
+    assert delay_for({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}, {"staleness.straggler-delays": "2=0.3"}) == (0.1, 0.2)
 
 
 def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fairvfl_flwr import view
-from fairvfl_flwr.audit import auc, run_audit
+from fairvfl_flwr.features import record_view as view
+from fairvfl_flwr.tools.audit import auc, run_audit
 
 
 def test_auc_matches_definition():
@@ -30,7 +30,7 @@ def test_noise_blunts_single_round_attack_but_not_averaging():
 
 def test_recording_is_opt_in_and_only_passive(tmp_path):
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.inprocess import run_inprocess
+    from fairvfl_flwr.app.run import run_inprocess
 
     cfg = RunConfig(dataset="crime", num_server_rounds=12, record_view=str(tmp_path / "v"), record_every=12,
                     output_dir=str(tmp_path / "o"))

@@ -1,4 +1,4 @@
-"""Issue 4: the app-level mini-batch key ``batch-size`` (batching.py, strategy, ClientApp)."""
+"""Issue 4: the app-level mini-batch key ``batching.batch-size`` (batching.py, strategy, ClientApp)."""
 
 import json
 
@@ -7,19 +7,19 @@ import pytest
 import torch
 from flwr.app import Array
 
-from fairvfl_flwr import batching
-from fairvfl_flwr import messages as msgs
-from fairvfl_flwr.client import MODEL_STATE
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.core import batching
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.app.client import MODEL_STATE
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.inprocess import InProcessGrid
-from fairvfl_flwr.models import build_model
-from fairvfl_flwr.objective import Groups, train_stats
-from fairvfl_flwr.partition import split_columns
-from fairvfl_flwr.problem import load_data
-from fairvfl_flwr.reference import CentralisedGDA
-from fairvfl_flwr.server import run_server
-from fairvfl_flwr.strategy import FederationError
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.core.models import build_model
+from fairvfl_flwr.core.objective import Groups, train_stats
+from fairvfl_flwr.data.partition import split_columns
+from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.core.reference import CentralisedGDA
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.flower.errors import FederationError
 
 N_TRAIN, N_TEST = 1200, 793  # Crime's training and test rows
 
@@ -137,32 +137,29 @@ def test_batch_size_at_least_the_training_rows_is_the_full_batch(out_dir):
 
 # -- refusals and checks ------------------------------------------------------------------------
 @pytest.mark.parametrize("extra", [
-    {"batch-size": -1},
-    {"batch-size": 64, "max-staleness": 1},
-    {"batch-size": 64, "secure-nu": "ckks"},
-    {"batch-size": 64, "checkpoint-every": 5},
-    {"batch-size": 64, "resume-from": "/tmp/some-run"},
-    {"batch-size": 64, "record-view": "/tmp/views"},
+    {"batching.batch-size": -1},
+    {"batching.batch-size": 64, "staleness.max-staleness": 1},
+    {"batching.batch-size": 64, "privacy.secure-nu": "ckks"},
+    {"batching.batch-size": 64, "reliability.checkpoint-every": 5},
+    {"batching.batch-size": 64, "reliability.resume-from": "/tmp/some-run"},
+    {"batching.batch-size": 64, "privacy.record-view": "/tmp/views"},
 ])
 def test_bad_batch_sizes_are_refused_by_name(extra):
-    with pytest.raises(ConfigError, match=r"run config batch-size="):
+    with pytest.raises(ConfigError, match=r"run config batching.batch-size="):
         RunConfig.from_flower({"dataset": "crime", **extra})
 
 
 def test_split_mode_refuses_a_batch_size():
-    from fairvfl_flwr.splitlearning import split_settings
-
-    cfg = RunConfig(dataset="crime", batch_size=64)
-    with pytest.raises(ConfigError, match=r"batch-size=64: not supported with mode='split'"):
-        split_settings({"mode": "split"}, cfg)
+    with pytest.raises(ConfigError, match=r"batching.batch-size=64: not supported with mode='split'"):
+        RunConfig(dataset="crime", batch_size=64, mode="split").validate()
 
 
 def test_a_batch_too_small_to_hold_every_group_is_refused_before_round_1(out_dir):
     # equalized-odds on Crime: group b of the second label value has 39 of 1,200 training rows
     cfg = _crime(out_dir, constraint="equalized-odds", batch_size=20, num_server_rounds=50)
     grid = RecordingGrid(client_app, cfg.to_flower(), cfg.num_parties)
-    with pytest.raises(ConfigError, match=r"batch-size=20: round \d+'s batch holds no row of group b in "
-                                          r"constraint 'y=[+-]1' \(39 of 1200 training rows\).*use batch-size >= \d+"):
+    with pytest.raises(ConfigError, match=r"batching.batch-size=20: round \d+'s batch holds no row of group b in "
+                                          r"constraint 'y=[+-]1' \(39 of 1200 training rows\).*use batching.batch-size >= \d+"):
         run_server(grid, cfg.to_flower())
     assert grid.pairs == []  # nothing was sent
     y = np.array([1] * 98 + [-1, -1])

@@ -7,16 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from fairvfl_flwr import compare
-from fairvfl_flwr.data import load_dataset
-from fairvfl_flwr.runner import load_scores, run_job_inprocess
+from fairvfl_flwr.tools import compare
+from fairvfl_flwr.data.tables import load_dataset
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.features.scores import load_scores
 
 
 def _extras():
     pytest.importorskip("fairlearn", reason='needs pip install -e ".[baselines]"')
     pytest.importorskip("aif360", reason='needs pip install -e ".[baselines]"')
     pytest.importorskip("sklearn", reason='needs pip install -e ".[baselines]"')
-    from fairvfl_flwr import baselines
+    from fairvfl_flwr.tools import baselines
 
     return baselines
 
@@ -25,13 +26,13 @@ def _extras():
 def crime_fedbcd(tmp_path_factory):
     """A short FedBCD run on Crime with its saved scores."""
     out = tmp_path_factory.mktemp("fedbcd")
-    summary, folder = run_job_inprocess({"dataset": "crime", "num-server-rounds": 100, "eval-every": 50,
+    summary, folder = run_inprocess({"dataset": "crime", "num-server-rounds": 100, "eval-every": 50,
                                          "fairness": False, "mode": "fairvfl-scores", "output-dir": str(out)})
     return summary, folder, load_dataset("crime", 0)
 
 
 def test_scores_saved_by_the_server_reproduce_the_runs_metrics(crime_fedbcd):
-    from fairvfl_flwr.baselines import metrics_of
+    from fairvfl_flwr.tools.baselines import metrics_of
 
     summary, folder, ds = crime_fedbcd
     z_train, z_test = load_scores(folder)
@@ -42,18 +43,18 @@ def test_scores_saved_by_the_server_reproduce_the_runs_metrics(crime_fedbcd):
 
 
 def test_split_learning_baseline_learns_and_passive_parties_get_only_gradients(tmp_path):
-    from fairvfl_flwr.client import app
+    from fairvfl_flwr.app.client import app
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.inprocess import InProcessGrid
-    from fairvfl_flwr.runner import run_job
+    from fairvfl_flwr.flower.inprocess import InProcessGrid
+    from fairvfl_flwr.app.server import run_server
 
     seen = []
     rc = {**RunConfig(dataset="crime", num_server_rounds=150, eval_every=50, output_dir=str(tmp_path)).to_flower(),
           "mode": "split"}
     grid = InProcessGrid(app, rc, 6, tap=seen.append)
-    summary, folder = run_job(grid, rc)
+    summary, folder = run_server(grid, rc)
     history = json.loads((folder / "history.json").read_text())
-    assert summary["rounds"] == 150 and summary["mode"] == "split" and summary["split-embedding"] == 4
+    assert summary["rounds"] == 150 and summary["mode"] == "split" and summary["split.embedding"] == 4
     assert history[-1]["loss"] < history[0]["loss"] - 0.2
     assert summary["test_acc"] > 0.8  # majority class is ~0.8 on Crime's test rows
     assert 0 <= summary["test_dfp"] <= 1 and 0 <= summary["test_dfn"] <= 1
@@ -69,7 +70,7 @@ def test_bad_mode_is_refused_by_name(tmp_path):
     from fairvfl_flwr.config import ConfigError
 
     with pytest.raises(ConfigError, match="mode='splt'"):
-        run_job_inprocess({"dataset": "crime", "mode": "splt", "output-dir": str(tmp_path)})
+        run_inprocess({"dataset": "crime", "mode": "splt", "output-dir": str(tmp_path)})
 
 
 def test_eo_postprocessing_reduces_the_equalized_odds_gap_where_it_was_fit(crime_fedbcd):

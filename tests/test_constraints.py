@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from fairvfl_flwr import messages as msgs
-from fairvfl_flwr.client import MODEL_STATE
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.app.client import MODEL_STATE
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.inprocess import InProcessGrid
-from fairvfl_flwr.models import build_model
-from fairvfl_flwr.objective import (
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.core.models import build_model
+from fairvfl_flwr.core.objective import (
     CONSTRAINTS, MEASURES, Groups, dual_step, loss_derivative, masked_weights, row_weights, train_stats,
 )
-from fairvfl_flwr.partition import split_columns
-from fairvfl_flwr.problem import load_data
-from fairvfl_flwr.reference import CentralisedGDA
-from fairvfl_flwr.server import run_server
+from fairvfl_flwr.data.partition import split_columns
+from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.core.reference import CentralisedGDA
+from fairvfl_flwr.app.server import run_server
 
 from .test_objective import assert_gradient_identity
 
@@ -97,7 +97,7 @@ def test_equalized_odds_needs_both_label_values_in_both_groups():
 
 # -- configuration -------------------------------------------------------------------
 @pytest.mark.parametrize("key,value", [("constraint", "eo"), ("validation-fraction", 0.9),
-                                       ("constraint-measure", "error"), ("batch-size", -1),
+                                       ("constraint-measure", "error"), ("batching.batch-size", -1),
                                        ("validation-fraction", -0.1)])
 def test_bad_new_keys_are_refused_by_name(key, value):
     with pytest.raises(ConfigError, match=f"run config {key}="):

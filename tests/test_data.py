@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.data import DataError, load_csv, load_dataset
-from fairvfl_flwr.partition import PartitionError, split_columns
+from fairvfl_flwr.data.tables import DataError, load_csv, load_dataset
+from fairvfl_flwr.data.partition import PartitionError, split_columns
 
 PAPER = {
     # name: (train, test, features, active columns)
@@ -124,7 +124,7 @@ def test_unknown_dataset_is_named():
         ({"num-active": 7}, "num-active=7"),
         ({"mu": "two"}, "mu='two'"),
         ({"eta": "fast"}, "eta='fast': expected float"),
-        ({"dataset": "csv"}, "csv-path='': required"),
+        ({"dataset": "csv"}, "csv.path='': required"),
         ({"validation-fraction": 0.2, "server-labels": "/srv/labels.csv"}, "not supported with server-labels"),
     ],
 )

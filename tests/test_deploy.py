@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.export import export
-from fairvfl_flwr.inprocess import run_inprocess
-from fairvfl_flwr.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
-from fairvfl_flwr.tls import make_security
+from fairvfl_flwr.tools.export import export
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
+from fairvfl_flwr.tools.tls import make_security
 
 pytestmark = pytest.mark.slow
 

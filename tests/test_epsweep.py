@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fairvfl_flwr.epsweep import Rule, main, select_epsilon
+from fairvfl_flwr.tools.epsweep import Rule, main, select_epsilon
 
 POINTS = [
     {"epsilon": 0.001, "acc": 0.80, "dfp": 0.01, "dfn": 0.02},

@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from fairvfl_flwr import messages as msgs
-from fairvfl_flwr.client import MODEL_STATE
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.app.client import MODEL_STATE
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.data import load_dataset
-from fairvfl_flwr.inprocess import InProcessGrid
-from fairvfl_flwr.models import build_model
-from fairvfl_flwr.objective import Groups
-from fairvfl_flwr.partition import split_columns
-from fairvfl_flwr.reference import CentralisedGDA
-from fairvfl_flwr.server import run_server
-from fairvfl_flwr.strategy import FederationError
+from fairvfl_flwr.data.tables import load_dataset
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.core.models import build_model
+from fairvfl_flwr.core.objective import Groups
+from fairvfl_flwr.data.partition import split_columns
+from fairvfl_flwr.core.reference import CentralisedGDA
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.flower.errors import FederationError
 
 
 def _run(cfg: RunConfig, **grid_kwargs):

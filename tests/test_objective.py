@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from fairvfl_flwr.models import build_model
-from fairvfl_flwr.objective import Groups, dual_step, loss_derivative, logistic_loss, masked_weights
-from fairvfl_flwr.reference import lagrangian
+from fairvfl_flwr.core.models import build_model
+from fairvfl_flwr.core.objective import Groups, dual_step, loss_derivative, logistic_loss, masked_weights
+from fairvfl_flwr.core.reference import lagrangian
 
 
 def _problem(model: str, seed: int):

@@ -1,7 +1,7 @@
 """Party files from --node-config (deployment) and the packaged data (simulation), one code path.
 
 Fast: the real ClientApp and ServerApp strategy over the in-process grid, with the
-node configs that ``python -m fairvfl_flwr.export`` prints.
+node configs that ``python -m fairvfl_flwr.tools.export`` prints.
 """
 
 import json
@@ -10,16 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairvfl_flwr import messages as msgs
-from fairvfl_flwr import partydata
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.data import partydata
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.data import DataError
-from fairvfl_flwr.export import export, instructions
-from fairvfl_flwr.export import main as export_main
-from fairvfl_flwr.inprocess import InProcessGrid, run_inprocess
-from fairvfl_flwr.server import run_server
-from fairvfl_flwr.strategy import FederationError
+from fairvfl_flwr.data.tables import DataError
+from fairvfl_flwr.tools.export import export, instructions
+from fairvfl_flwr.tools.export import main as export_main
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.flower.errors import FederationError
 
 BASE = {"dataset": "crime", "num-server-rounds": 4, "eval-every": 2, "epsilon": 0.05}
 
@@ -191,8 +192,8 @@ def test_export_cli_own_csv_prints_supernode_lines(tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert "--enable-supernode-auth" in instructions(manifest, tls=True)
     # the exported own table runs over the node configs, equal to the simulation of the CSV
-    sim_cfg = {"dataset": "csv", "csv-path": str(tmp_path / "own.csv"), "csv-label": "income", "csv-positive": "high",
-               "csv-sensitive": "sex", "csv-group-a": "F", "csv-group-b": "M", "csv-id-column": "id",
+    sim_cfg = {"dataset": "csv", "csv.path": str(tmp_path / "own.csv"), "csv.label": "income", "csv.positive": "high",
+               "csv.sensitive": "sex", "csv.group-a": "F", "csv.group-b": "M", "csv.id-column": "id",
                "num-parties": 3, "num-server-rounds": 3, "eval-every": 3}
     sim, _ = run_inprocess({**sim_cfg, "output-dir": str(tmp_path / "sim")})
     rc = RunConfig.from_flower({"num-server-rounds": 3, "eval-every": 3, **manifest["run_config"],

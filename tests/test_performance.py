@@ -6,13 +6,17 @@ import sys
 import numpy as np
 import pytest
 
-from fairvfl_flwr import batching, names, synthetic
+from fairvfl_flwr.core import batching
+
+from fairvfl_flwr.core import names
+
+from fairvfl_flwr.data import synthetic
 from fairvfl_flwr.config import ConfigError, RunConfig
 
 
 def test_config_names_match_what_they_name():
-    from fairvfl_flwr.data import DATASETS
-    from fairvfl_flwr.models import DTYPES, MODELS
+    from fairvfl_flwr.data.tables import DATASETS
+    from fairvfl_flwr.core.models import DTYPES, MODELS
 
     assert set(names.DATASET_NAMES) == set(DATASETS)
     assert set(names.MODEL_NAMES) == set(MODELS)
@@ -20,7 +24,7 @@ def test_config_names_match_what_they_name():
 
 
 def test_config_imports_neither_torch_nor_pandas_and_client_app_not_pandas():
-    code = ("import sys, fairvfl_flwr.config; a = [m in sys.modules for m in ('torch', 'pandas')]; "
+    code = ("import sys, fairvfl_flwr.config.run; a = [m in sys.modules for m in ('torch', 'pandas')]; "
             "import client_app; print(a, 'pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[False, False] False"
@@ -43,9 +47,9 @@ def test_wire_dtype_default_float32_and_checked():
 
 
 def test_messages_carry_float32_by_default_float64_on_request(tmp_path):
-    from fairvfl_flwr.client import app as client_app
-    from fairvfl_flwr.inprocess import InProcessGrid
-    from fairvfl_flwr.server import run_server
+    from fairvfl_flwr.app.client import app as client_app
+    from fairvfl_flwr.flower.inprocess import InProcessGrid
+    from fairvfl_flwr.app.server import run_server
 
     for wire, want in (("float32", np.float32), ("float64", np.float64)):
         cfg = RunConfig(dataset="crime", num_server_rounds=2, wire_dtype=wire, output_dir=str(tmp_path))

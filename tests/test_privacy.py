@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from fairvfl_flwr import messages as msgs
+from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.config import ConfigError, RunConfig
 
 
 def _grid_run(cfg: RunConfig, **grid_kwargs):
-    from fairvfl_flwr.client import app as client_app
-    from fairvfl_flwr.inprocess import InProcessGrid
-    from fairvfl_flwr.server import run_server
+    from fairvfl_flwr.app.client import app as client_app
+    from fairvfl_flwr.flower.inprocess import InProcessGrid
+    from fairvfl_flwr.app.server import run_server
 
     grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
     summary, _ = run_server(grid, cfg.to_flower())
@@ -19,7 +19,7 @@ def _grid_run(cfg: RunConfig, **grid_kwargs):
 
 
 def _thetas(grid):
-    from fairvfl_flwr.client import MODEL_STATE
+    from fairvfl_flwr.app.client import MODEL_STATE
 
     return {int(c.node_config["partition-id"]): c.state.array_records[MODEL_STATE].to_torch_state_dict()
             for c in grid.contexts.values()}
@@ -28,13 +28,13 @@ def _thetas(grid):
 def test_ckks_refused_for_mlp_and_unknown_values():
     with pytest.raises(ConfigError, match="secure-nu.*linear"):
         RunConfig(model="mlp", secure_nu="ckks").validate()
-    with pytest.raises(ConfigError, match="secure-nu"):
+    with pytest.raises(ConfigError, match="privacy.secure-nu"):
         RunConfig(secure_nu="paillier").validate()
 
 
 def test_masked_gradient_unmasks_to_xt_nu_and_hides_it_from_the_server():
     pytest.importorskip("tenseal")
-    from fairvfl_flwr import secure
+    from fairvfl_flwr.features import ckks as secure
 
     rng = np.random.default_rng(1)
     n, m = 5000, 3  # two chunks, the second one padded
@@ -78,7 +78,7 @@ def test_ckks_gives_the_plain_theta_within_ckks_precision(ckks_vs_plain):
 
 
 def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
-    from fairvfl_flwr import secure
+    from fairvfl_flwr.features import ckks as secure
 
     _, _, grid, _, seen = ckks_vs_plain
     n = 1200
@@ -105,9 +105,9 @@ def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
 
 def test_audit_under_ckks_has_nothing_to_attack():
     pytest.importorskip("tenseal")
-    from fairvfl_flwr.audit import run_audit, table
+    from fairvfl_flwr.tools.audit import run_audit, table
 
-    r = run_audit("crime", rounds=3, noise=0.0, overrides={"secure-nu": "ckks"})
+    r = run_audit("crime", rounds=3, noise=0.0, overrides={"privacy.secure-nu": "ckks"})
     assert r["view"] == "ciphertext" and r["rounds_recorded"] == 3
     assert np.isnan(r["label_attack_acc"]) and np.isnan(r["group_attack_auc"])
     assert "n/a (ciphertext)" in table([r])
@@ -116,7 +116,7 @@ def test_audit_under_ckks_has_nothing_to_attack():
 # -- PSI row alignment ------------------------------------------------------------------
 def test_psi_pair_finds_exactly_the_intersection_and_sends_no_ids():
     pytest.importorskip("private_set_intersection")
-    from fairvfl_flwr.psi import psi_pair
+    from fairvfl_flwr.tools.psi import psi_pair
 
     client = [f"person-{i}" for i in range(0, 300, 2)]
     server = [f"person-{i}" for i in range(0, 300, 3)]
@@ -130,7 +130,7 @@ def test_psi_pair_finds_exactly_the_intersection_and_sends_no_ids():
 
 def test_align_several_parties():
     pytest.importorskip("private_set_intersection")
-    from fairvfl_flwr.psi import align
+    from fairvfl_flwr.tools.psi import align
 
     rng = np.random.default_rng(0)
     universe = [f"id{i}" for i in range(400)]

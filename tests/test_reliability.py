@@ -13,20 +13,20 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from fairvfl_flwr import messages as msgs
-from fairvfl_flwr import partydata
-from fairvfl_flwr import validate
-from fairvfl_flwr.checkpoint import SERVER_FILE, CheckpointError, load_server
-from fairvfl_flwr.client import app as client_app
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.data import partydata
+from fairvfl_flwr.flower import checks as validate
+from fairvfl_flwr.features.checkpoint import SERVER_FILE, CheckpointError, load_server
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.inprocess import InProcessGrid
-from fairvfl_flwr.server import run_server
-from fairvfl_flwr.strategy import FederationError, PartyUnavailable
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 
 N = 1200  # Crime training rows
 ROUNDS = 6
 BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": 3, "epsilon": 0.05,
-        "checkpoint-every": 2, "round-timeout": 0.3, "round-retries": 1}
+        "reliability.checkpoint-every": 2, "reliability.round-timeout": 0.3, "reliability.round-retries": 1}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
 
 
@@ -36,7 +36,7 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def _rc(tmp_path, **extra):
-    rc = {**BASE, "output-dir": str(tmp_path / "runs"), "checkpoint-dir": str(tmp_path / "party-ckpt"), **extra}
+    rc = {**BASE, "output-dir": str(tmp_path / "runs"), "reliability.checkpoint-dir": str(tmp_path / "party-ckpt"), **extra}
     return RunConfig.from_flower(rc).to_flower()
 
 
@@ -80,7 +80,7 @@ def _grid(rc, seed=0, **faults):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("full")
-    rc = {**_rc(tmp), "checkpoint-every": 0}
+    rc = {**_rc(tmp), "reliability.checkpoint-every": 0}
     summary, folder = run_server(_grid(rc), rc)
     return summary, json.loads((folder / "history.json").read_text())
 
@@ -144,9 +144,9 @@ def test_divergence_guard_unit():
 
 
 def test_new_options_are_checked():
-    with pytest.raises(ConfigError, match="round-retries"):
+    with pytest.raises(ConfigError, match="reliability.round-retries"):
         RunConfig(round_retries=-1).validate()
-    with pytest.raises(ConfigError, match="checkpoint-every"):
+    with pytest.raises(ConfigError, match="reliability.checkpoint-every"):
         RunConfig(checkpoint_every=-2).validate()
 
 
@@ -205,7 +205,7 @@ def test_party_rejects_a_malformed_nu(tmp_path):
 
 # -- divergence -------------------------------------------------------------------------------
 def test_divergence_stops_the_run_keeping_the_last_good_checkpoint(tmp_path):
-    rc = _rc(tmp_path, **{"eta": 1e-5, "num-server-rounds": 60, "checkpoint-every": 1})
+    rc = _rc(tmp_path, **{"eta": 1e-5, "num-server-rounds": 60, "reliability.checkpoint-every": 1})
     # a real blow-up: the first non-finite numbers show up in a party's reply (rejected) or in z/L/λ (guard)
     with pytest.raises((validate.DivergenceError, FederationError), match=r"larger eta"):
         run_server(_grid(rc), rc)
@@ -244,13 +244,13 @@ def test_missing_party_stops_the_run_then_resume_equals_uninterrupted(tmp_path, 
         run_server(grid, rc)
     assert sum(d[0] == 3 and d[1] == str(down_from) for d in grid.delivered) == 2  # first try + 1 retry
     (folder,) = (tmp_path / "runs").iterdir()
-    assert "run stopped after round 4" in caplog.text and f'resume-from="{folder}"' in caplog.text
+    assert "run stopped after round 4" in caplog.text and f'reliability.resume-from="{folder}"' in caplog.text
     history = json.loads((folder / "history.json").read_text())
     assert [r["round"] for r in history] == list(range(down_from))
     assert load_server(folder)[0]["round"] == 4
 
     # "restart" every party: fresh contexts (no state), new node ids; θ comes from their own disks
-    resumed_rc = {**rc, "resume-from": str(folder)}
+    resumed_rc = {**rc, "reliability.resume-from": str(folder)}
     summary, folder2 = run_server(_grid(resumed_rc, seed=99), resumed_rc)
     assert folder2 == folder
     full_summary, full_history = uninterrupted
@@ -266,24 +266,24 @@ def test_resume_refuses_other_settings_and_missing_party_checkpoints(tmp_path):
     rc = _rc(tmp_path, **{"num-server-rounds": 2})
     _, folder = run_server(_grid(rc), rc)
     with pytest.raises(CheckpointError, match=r"run config epsilon=0.1 differs from the checkpoint's 0.05"):
-        run_server(_grid(rc), {**rc, "epsilon": 0.1, "resume-from": str(folder), "num-server-rounds": 4})
+        run_server(_grid(rc), {**rc, "epsilon": 0.1, "reliability.resume-from": str(folder), "num-server-rounds": 4})
     with pytest.raises(CheckpointError, match=r"nothing to run"):
-        run_server(_grid(rc), {**rc, "resume-from": str(folder)})
+        run_server(_grid(rc), {**rc, "reliability.resume-from": str(folder)})
     with pytest.raises(CheckpointError, match=r"no checkpoint.npz"):
-        run_server(_grid(rc), {**rc, "resume-from": str(tmp_path), "num-server-rounds": 4})
+        run_server(_grid(rc), {**rc, "reliability.resume-from": str(tmp_path), "num-server-rounds": 4})
     # a party whose disk lost its checkpoints is named
-    other = {**rc, "checkpoint-dir": str(tmp_path / "empty"), "resume-from": str(folder), "num-server-rounds": 4}
+    other = {**rc, "reliability.checkpoint-dir": str(tmp_path / "empty"), "reliability.resume-from": str(folder), "num-server-rounds": 4}
     with pytest.raises(FederationError, match=r"party \d \((active|passive), node \d+\) has no checkpoint of round 2"):
         run_server(_grid(other), other)
     # extending a finished run continues it
-    more = {**rc, "resume-from": str(folder), "num-server-rounds": 4}
+    more = {**rc, "reliability.resume-from": str(folder), "num-server-rounds": 4}
     summary, _ = run_server(_grid(more), more)
     assert summary["rounds"] == 4 and (folder / SERVER_FILE).exists()
 
 
 def test_divergence_guard_catches_overflowing_sums(tmp_path):
     """Every reply finite (1e308), their sum z is not: the guard stops before ν or λ use it."""
-    rc = _rc(tmp_path, **{"checkpoint-every": 1})
+    rc = _rc(tmp_path, **{"reliability.checkpoint-every": 1})
 
     def tamper(idx, rnd, reply):
         if rnd == "3":
@@ -298,7 +298,7 @@ def test_divergence_guard_catches_overflowing_sums(tmp_path):
 
 def test_party_checkpoints_keep_the_latest_rounds_up_to_now(tmp_path):
     """A run that got further before it stopped leaves later rounds; a resumed run replaces them."""
-    from fairvfl_flwr.checkpoint import load_party, save_party
+    from fairvfl_flwr.features.checkpoint import load_party, save_party
 
     folder = tmp_path / "p"
     for r in range(0, 7):
@@ -312,11 +312,11 @@ def test_party_checkpoints_keep_the_latest_rounds_up_to_now(tmp_path):
 
 
 def test_lost_replies_under_ckks_are_resent_without_new_masks_or_steps(tmp_path):
-    """secure-nu=ckks: the re-sent encrypted leg gets the same masked ciphertexts (its masks stay)."""
+    """privacy.secure-nu=ckks: the re-sent encrypted leg gets the same masked ciphertexts (its masks stay)."""
     pytest.importorskip("tenseal")
-    from fairvfl_flwr import secure
+    from fairvfl_flwr.features import ckks as secure
 
-    rc = _rc(tmp_path, **{"secure-nu": "ckks", "num-server-rounds": 3, "eval-every": 3, "checkpoint-every": 0})
+    rc = _rc(tmp_path, **{"privacy.secure-nu": "ckks", "num-server-rounds": 3, "eval-every": 3, "reliability.checkpoint-every": 0})
     plain, _ = run_server(_grid(rc), rc)
     lost = set()
 

@@ -4,7 +4,7 @@ A loopback SuperLink and 6 SuperNodes (exported Crime party files, each party wi
 checkpoint-dir, i.e. its own disk). Party 3's SuperNode is stopped (SIGTERM to its process
 group: the SuperNode and its ClientApp processes) as soon as the server has written a
 checkpoint; the run must end as failed, with the party named, history and checkpoint on
-disk. Then that SuperNode is started again (it gets a new node id) and ``resume-from``
+disk. Then that SuperNode is started again (it gets a new node id) and ``reliability.resume-from``
 continues the run: the final metrics equal an uninterrupted run with the same seed
 (the in-process run; test_deploy.py shows deployment equals it).
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from fairvfl_flwr.checkpoint import SERVER_FILE, load_server
+from fairvfl_flwr.features.checkpoint import SERVER_FILE, load_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.export import export
-from fairvfl_flwr.inprocess import run_inprocess
-from fairvfl_flwr.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
+from fairvfl_flwr.tools.export import export
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ VICTIM = 3
 # is reported unavailable by Flower at once, so the run does not wait this long.
 TIMEOUT = float(os.environ.get("FAIRVFL_TEST_ROUND_TIMEOUT", "90"))
 BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05,
-        "checkpoint-every": 1, "round-timeout": TIMEOUT, "round-retries": 1}
+        "reliability.checkpoint-every": 1, "reliability.round-timeout": TIMEOUT, "reliability.round-retries": 1}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
 ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
 
@@ -57,7 +57,7 @@ def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted
     manifest = export(RunConfig.from_flower(BASE), parties)
     nodes = [{**cfg, "checkpoint-dir": str(tmp_path / f"party{i}-disk")} for i, cfg in enumerate(manifest["node_configs"])]
     run_config = {**BASE, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
-    reference, _ = run_inprocess({**run_config, "checkpoint-every": 0, "output-dir": str(tmp_path / "reference")})
+    reference, _ = run_inprocess({**run_config, "reliability.checkpoint-every": 0, "output-dir": str(tmp_path / "reference")})
 
     env = {**ENV, "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
@@ -83,7 +83,7 @@ def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted
         assert 1 <= r < ROUNDS
         history = json.loads((folder / "history.json").read_text())
         assert history[0]["round"] == 0 and history[-1]["round"] >= r
-        assert f'resume-from="{folder}"' in logs
+        assert f'reliability.resume-from="{folder}"' in logs
 
         # the party comes back (same node config and disk, new node id) and the run resumes
         fed._spawn(
@@ -93,7 +93,7 @@ def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted
             env={**fed.env, "FLWR_HOME": str(fed.home / f"node{VICTIM}-again")},
         )
         fed.wait_nodes(len(nodes), timeout=120)
-        run_id2, status2 = fed.run({**run_config, "resume-from": str(folder)}, timeout=300)
+        run_id2, status2 = fed.run({**run_config, "reliability.resume-from": str(folder)}, timeout=300)
         assert status2 == "finished:completed", fed.logs(run_id2)[-3000:]
         assert f"resuming from round {r}" in fed.logs(run_id2)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.flwr_engine import FlwrRunError, SimulationSuperLink
-from fairvfl_flwr.inprocess import run_inprocess
+from fairvfl_flwr.tools.flwr_engine import FlwrRunError, SimulationSuperLink
+from fairvfl_flwr.app.run import run_inprocess
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,129 @@
+"""FairVFL: dual ascent on λ and masked weights ν (docs/algorithm.md), server and parties.
+
+The server (:class:`FairVFL`) runs the dual step and sends z and λ to active parties and
+ν, through whatever ν channel the run's hooks provide, to passive ones. The handlers
+(:func:`register`) are the algorithm's steps only: checks of what arrives, duplicate
+re-sends, checkpoints, transcripts and delays are client mods (``features/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fairvfl_flwr.core import batching
+from fairvfl_flwr.core.step import server_step
+from fairvfl_flwr.flower import checks
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.party import PartyRuntime, mark_step_type
+from fairvfl_flwr.flower.server import VFLServer
+
+
+class FairVFL(VFLServer):
+    """Fair vertical FL: the server side of one run (or FedBCD with ``fairness = false``)."""
+
+    def summary(self) -> None:
+        c = self.cfg
+        log(
+            INFO,
+            "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), "
+            "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds, batch %s",
+            c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
+            "on" if c.fairness else "off",
+            c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}",
+            c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
+            f"{self.batch_size} rows" if self.batch_size else "full",
+        )
+
+    def z(self, split: str) -> np.ndarray:
+        parts = self.u_train if split == "train" else self.u_test
+        return np.sum([parts[nid] for nid in self.nodes], axis=0)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Dual step on λ, then z and λ to active parties and ν to passive ones.
+
+        With a mini-batch every quantity is on round ``server_round``'s rows only.
+        """
+        rows = batching.round_rows(self.cfg, server_round, len(self.labels.y_train))
+        if rows is None:
+            y, z, groups = self.labels.y_train, self.z("train"), self.groups
+        else:
+            y, z, groups = self.batch_view(rows)
+        c = self.cfg
+        self.lam, nu = server_step(self.lam, y, z, groups, epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
+        nu = self.hooks.nu(self, server_round, nu)
+        evaluate = self.evaluates(server_round)
+        out = []
+        for node in self.nodes.values():
+            if node.role == msgs.ROLE_ACTIVE:
+                content = msgs.active_content(z, self.lam, server_round, evaluate, self.wire_dtype)
+                kind = msgs.TRAIN_ACTIVE
+            else:
+                carried = self.hooks.passive_message(self, server_round, nu, evaluate)
+                if carried is None:
+                    content, kind = msgs.passive_content(nu, server_round, evaluate, self.wire_dtype), msgs.TRAIN_PASSIVE
+                else:
+                    content, kind = carried
+            out.append(Message(content, dst_node_id=node.node_id, message_type=kind, group_id=str(server_round)))
+        return out
+
+
+# -- parties --------------------------------------------------------------------------
+def _payload(rt: PartyRuntime, message: Message, role: str, **sizes: int | None) -> dict[str, np.ndarray]:
+    """The message's arrays, checked: sent to the right role; float and finite; one value
+    per row of the round's batch (size None) or ``size`` non-negative values (λ)."""
+    if rt.data.role != role:
+        raise checks.ReplyError(f"{rt.who}: got {message.metadata.message_type}, but this party is {rt.data.role}")
+    rows = rt.rows(message)
+    n = rt.n_train if rows is None else len(rows)
+    spec = {key: ((n, False) if size is None else (size, True)) for key, size in sizes.items()}
+    return {k: v.astype(np.float64) for k, v in checks.check_payload(message.content, rt.who, spec).items()}
+
+
+def init(message: Message, context: Context) -> Message:
+    """Start (or restart) this party's model and return its first partial logits."""
+    rt = PartyRuntime(context)
+    rt.reset()
+    party = rt.party()
+    rt.save(party)
+    return rt.reply(message, party, steps=0)
+
+
+def train_active(message: Message, context: Context) -> Message:
+    """Q local steps on z̃ (own logits fresh, the others' stale): One round, step 5."""
+    rt = PartyRuntime(context)
+    groups = rt.data.groups
+    got = _payload(rt, message, msgs.ROLE_ACTIVE, z=None, lam=groups.num_multipliers if groups else None)
+    party = rt.party()
+    steps = party.local_steps(got["z"], got["lam"], rt.cfg.local_steps, rt.cfg.local_time_budget,
+                              rows=rt.rows(message))
+    rt.save(party)
+    return rt.reply(message, party, steps)
+
+
+def train_passive(message: Message, context: Context) -> Message:
+    """One step from the masked weights ν: One round, step 4."""
+    rt = PartyRuntime(context)
+    nu = _payload(rt, message, msgs.ROLE_PASSIVE, nu=None)["nu"]
+    party = rt.party()
+    party.step(nu, rows=rt.rows(message))
+    rt.save(party)
+    return rt.reply(message, party, steps=1)
+
+
+def register(app: ClientApp) -> None:
+    """FairVFL's handlers on ``app``."""
+    app.query("init")(init)
+    app.train("active")(train_active)
+    app.train("passive")(train_passive)
+    mark_step_type(msgs.TRAIN_ACTIVE)
+    mark_step_type(msgs.TRAIN_PASSIVE)
+

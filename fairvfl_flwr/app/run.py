@@ -1,0 +1,39 @@
+"""Run a job in this process: the real ServerApp job and ClientApp over an in-process grid.
+
+For tests (fast, inspectable messages) and for tools that run many jobs (sweeps,
+the comparison) that would take hours on Ray; ``flwr run`` runs the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+
+def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, **grid_kwargs: Any) -> tuple[dict, Path]:
+    """Run the ServerApp's job over an :class:`InProcessGrid`; return (summary, folder).
+
+    ``run_config`` is checked as ``flwr run`` checks it (an unknown key is refused).
+    ``quiet`` silences the per-round log and the final table (for sweeps that print
+    their own progress line per run).
+    """
+    cfg = RunConfig.from_flower(run_config)
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
+    if not quiet:
+        return run_server(grid, cfg.to_flower())
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return run_server(grid, cfg.to_flower())
+    finally:
+        flwr_logger.setLevel(level)

@@ -1,0 +1,112 @@
+"""The ServerApp: config → labels → server (algorithm + features) → run folder.
+
+This is the one place on the server side that reads feature flags: it picks the
+algorithm by ``mode``, and turns each enabled feature into a round hook or a scheduler.
+
+Modes (run config ``mode``):
+
+* ``fairvfl`` (default): FairVFL, or FedBCD with ``fairness = false``;
+* ``fairvfl-scores``: the same, and the server's final scores go to ``scores.npz`` (the
+  post-processing baselines of ``tools/compare.py`` start from them);
+* ``split``: split-learning VFL as in Flower's vertical-FL example (``algorithms/split.py``),
+  scores saved too.
+"""
+
+from __future__ import annotations
+
+from logging import ERROR, INFO
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore import log
+
+from fairvfl_flwr.algorithms.fairvfl import FairVFL
+from fairvfl_flwr.algorithms.split import SplitVFL
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.data.partydata import server_labels_for
+from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
+from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
+from fairvfl_flwr.features.ckks import CkksChannel
+from fairvfl_flwr.features.guards import DivergenceGuard
+from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.features.scores import KeepScores
+from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
+from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
+from fairvfl_flwr.flower.server import VFLServer
+
+
+def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
+                 resume: tuple[dict, dict] | None = None) -> VFLServer:
+    """The run's server: the algorithm of ``mode`` with the hooks its features need."""
+    hooks: list = [DivergenceGuard()]  # first: nothing may checkpoint a diverged state
+    if cfg.nu_noise > 0:
+        hooks.append(NuNoise(cfg.nu_noise, cfg.seed))
+    if cfg.secure_nu == "ckks":
+        hooks.append(CkksChannel(len(labels.y_train)))
+    if cfg.checkpoint_every > 0 or resume is not None:
+        hooks.append(Checkpoints(folder, cfg.checkpoint_every, cfg.to_flower(), labels_fingerprint(labels), resume))
+    if cfg.mode != "fairvfl":
+        hooks.append(KeepScores())
+    scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
+    algorithm = SplitVFL if cfg.mode == "split" else FairVFL
+    return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
+
+
+def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
+    """Run one training job on ``grid``; return its summary and run folder.
+
+    Every input is validated (config, data, partition) before the first message.
+    """
+    cfg = RunConfig.from_flower(run_config)
+    if cfg.server_labels:  # deployment: the server holds only its label file, never a feature table
+        ds, columns, labels = None, [], server_labels_for(cfg)
+    else:
+        ds = load_data(cfg)
+        columns = party_columns(cfg, ds)  # validates num-parties / active-columns against the table
+        labels = server_labels_for(cfg, ds)
+    resume = load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
+    folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
+    extra: dict[str, Any] = {} if cfg.mode == "fairvfl" else {"mode": cfg.mode}
+    if cfg.mode == "split":
+        extra.update({"split.embedding": cfg.split_embedding, "split.lr": cfg.split_step})
+    recorder = RunRecorder(folder, cfg, extra={**extra, "party-columns": [len(c) for c in columns],
+                                               "dataset-summary": ds.summary() if ds else None})
+    log(INFO, "FairVFL%s: writing results to %s", f" ({cfg.mode})" if extra else "", folder)
+    server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume)
+    if resume:
+        recorder.rows = list(resume[0]["history"])
+    try:
+        server.start(grid)
+    except Exception as exc:  # a party stayed away, a bad reply, divergence: say so, keep the history
+        _stopped(server, recorder, folder, exc)
+        raise
+    scores = server.hooks.find(KeepScores)
+    if scores is not None:
+        scores.save(folder)
+    summary = recorder.finish(
+        {**extra, "party_columns": [len(c) for c in columns], "setup_seconds": server.setup_seconds,
+         "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)
+    )
+    log(INFO, "%s", format_summary(summary, folder))
+    return summary, folder
+
+
+def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseException) -> None:
+    """The run is stopping on ``exc``: say why and what is on disk, keep the history."""
+    done = server.history[-1]["round"] if server.history else None
+    if recorder.rows:
+        recorder.write_history()
+    notes = server.hooks.stopped(server, exc) or [
+        "no checkpoint (set reliability.checkpoint-every > 0 to be able to resume)"]
+    log(ERROR, "FairVFL: run stopped after round %s: %s | history so far in %s | %s", done, exc, folder,
+        " | ".join(notes))
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_server(grid, context.run_config, getattr(grid.run, "run_id", None))

@@ -1,0 +1,34 @@
+"""Named sets of training settings (run-config key ``preset``).
+
+* ``paper`` (= the defaults): the paper's η = 100, β = 0.1, c = 1e-3, Q = 5; the README's
+  headline numbers and the tests use these.
+* ``fast``: fewer rounds to the same target (bench/rounds.py, docs/performance.md):
+  a larger primal step and a faster dual step.
+
+A preset fills in its keys only where the run config leaves them at their default, so
+``preset = "fast" local-steps = 10`` keeps Q = 10. (To force a default value on top of a
+preset, drop the preset.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairvfl_flwr.core.errors import ConfigError
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "fast": {"eta": 20.0, "beta": 0.5},
+}
+
+
+def apply(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (snake_case field names) with the preset's settings where a value is at its default."""
+    name = values.get("preset") or ""
+    if name not in ("", *PRESETS):
+        raise ConfigError(f"run config preset={name!r}: choose one of {', '.join(PRESETS)} (or leave it empty)")
+    out = dict(values)
+    for key, value in PRESETS.get(name, {}).items():
+        if out.get(key, defaults[key]) == defaults[key]:
+            out[key] = value
+    return out

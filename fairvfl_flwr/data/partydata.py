@@ -1,0 +1,446 @@
+"""What one party (or the server) holds, from a party file or from the packaged data.
+
+One code path for both ways a node is started:
+
+* **deployment**: the SuperNode's ``--node-config`` names the party's own CSV
+  (``data-path``), its ``role`` and ``partition-id``, the ``id-column`` and, for the
+  active party, the label and sensitive columns and their values;
+* **simulation**: the node config has only ``partition-id``/``num-partitions``; the
+  node builds in memory exactly the table :mod:`fairvfl_flwr.tools.export` would write for it.
+
+Either way the table goes through :func:`parse_party_table`: rows are matched by row
+id (sorted by id, not by file order), split by the ``split`` column, and the ids'
+digest is what the server compares before round 1. The server's labels come the
+same way from the server label file (run config ``server-labels``) or the packaged
+data, through :func:`parse_label_table`.
+
+Parsed party files are cached on the node's disk (``cache-dir``, default
+``~/.cache/fairvfl-flwr``) keyed by the file's SHA-256 and the parse options: in
+deployment every message runs in a fresh ``flwr-clientapp`` process, which then loads
+one ``.npz`` instead of parsing the CSV with pandas.
+
+This module imports neither torch nor pandas at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
+from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value
+
+ROLE_ACTIVE = "active"
+ROLE_PASSIVE = "passive"
+ID_COLUMN = "row_id"
+SPLIT_COLUMN = "split"
+TRAIN, TEST = "train", "test"
+#: The server label file's columns (besides the id and split columns).
+LABEL_Y, LABEL_GROUP, LABEL_PROTECTED = "y", "group", "protected"
+CACHE_ENV = "FAIRVFL_CACHE_DIR"
+CACHE_VERSION = 1
+
+
+class NodeConfigError(ValueError):
+    """The SuperNode's node config does not fit this run."""
+
+
+@dataclass(frozen=True)
+class PartySpec:
+    """Who this node is and how to read its file (from ``--node-config``)."""
+
+    partition_id: int
+    role: str
+    data_path: str = ""  # empty: simulation (packaged data, built in memory)
+    id_column: str = ID_COLUMN
+    split_column: str = SPLIT_COLUMN
+    label_column: str = ""
+    label_positive: str = ""
+    sensitive_column: str = ""
+    group_a: str = ""
+    group_b: str = ""
+    protected_label: int = 0  # 0: not given (passive party)
+    cache_dir: str = ""
+
+    @property
+    def name(self) -> str:
+        where = f", {self.data_path}" if self.data_path else ""
+        return f"party {self.partition_id} ({self.role}{where})"
+
+
+@dataclass(frozen=True)
+class PartyArrays:
+    """A party's rows, sorted by row id: features, and y/s only for the active party."""
+
+    partition_id: int
+    role: str
+    feature_names: tuple[str, ...]
+    X_train: np.ndarray
+    X_test: np.ndarray
+    ids_digest: str
+    n_train: int
+    n_test: int
+    y_train: np.ndarray | None = None  # ±1, float64
+    s_train: np.ndarray | None = None  # True = group a
+    protected_label: int = 0
+    source: str = ""
+
+
+# -- node config ------------------------------------------------------------------------
+_ACTIVE_KEYS = ("label-column", "label-positive", "sensitive-column", "group-a", "group-b", "protected-label")
+
+
+def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int) -> PartySpec:
+    """Read and check this node's config: deployment (``data-path``) or simulation."""
+    node = dict(node_config)
+    if "partition-id" not in node:
+        raise NodeConfigError(
+            f"node config has no 'partition-id' (got keys {sorted(node)}); start the SuperNode with "
+            "--node-config 'partition-id=<k> ...' (python -m fairvfl_flwr.tools.export prints the exact lines)"
+        )
+    try:
+        pid = int(node["partition-id"])
+    except (TypeError, ValueError):
+        raise NodeConfigError(f"node config partition-id={node['partition-id']!r}: expected an integer") from None
+    if "num-partitions" in node and int(node["num-partitions"]) != num_parties:
+        raise NodeConfigError(
+            f"the federation has {node['num-partitions']} SuperNodes but the run asks for num-parties={num_parties}; "
+            f"start it with num-supernodes={num_parties}"
+        )
+    if not 0 <= pid < num_parties:
+        raise NodeConfigError(f"partition-id={pid} is outside 0..{num_parties - 1} (num-parties={num_parties})")
+    data_path = str(node.get("data-path", "") or "")
+    if not data_path:  # simulation: role from the partition
+        role = ROLE_ACTIVE if pid < num_active else ROLE_PASSIVE
+        return PartySpec(partition_id=pid, role=role)
+    role = str(node.get("role", "")).strip().lower()
+    if role not in (ROLE_ACTIVE, ROLE_PASSIVE):
+        raise NodeConfigError(
+            f"party {pid} ({data_path}): node config role={node.get('role')!r}; give role=\"active\" or role=\"passive\""
+        )
+    kwargs: dict[str, Any] = {}
+    if role == ROLE_ACTIVE:
+        missing = [k for k in _ACTIVE_KEYS if str(node.get(k, "")) == ""]
+        if missing:
+            raise NodeConfigError(f"party {pid} ({data_path}): the active party's node config needs {', '.join(missing)}")
+        try:
+            protected = int(node["protected-label"])
+        except (TypeError, ValueError):
+            protected = 0
+        if protected not in (-1, 1):
+            raise NodeConfigError(
+                f"party {pid} ({data_path}): protected-label={node['protected-label']!r}; give 1 (the positive "
+                "label is the protected one) or -1"
+            )
+        kwargs = dict(
+            label_column=str(node["label-column"]), label_positive=str(node["label-positive"]),
+            sensitive_column=str(node["sensitive-column"]), group_a=str(node["group-a"]),
+            group_b=str(node["group-b"]), protected_label=protected,
+        )
+    return PartySpec(
+        partition_id=pid, role=role, data_path=str(Path(data_path).expanduser()),
+        id_column=str(node.get("id-column", ID_COLUMN)), split_column=str(node.get("split-column", SPLIT_COLUMN)),
+        cache_dir=str(node.get("cache-dir", "")), **kwargs,
+    )
+
+
+# -- tables -----------------------------------------------------------------------------
+def _sorted_ids(ids: np.ndarray) -> np.ndarray:
+    """Order of rows by id (numbers numerically, anything else as text)."""
+    ids = np.asarray(ids)
+    key = ids if np.issubdtype(ids.dtype, np.number) else ids.astype(str)
+    return np.argsort(key, kind="stable")
+
+
+def rows_digest(ids_train: np.ndarray, ids_test: np.ndarray) -> str:
+    """Equal digests mean the same training and test rows in the same order."""
+    h = hashlib.sha256()
+    for part in (ids_train, ids_test):
+        h.update(np.asarray(part).astype(str).astype("U").tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def _text(values) -> np.ndarray:
+    return as_text(values).to_numpy().astype(str)
+
+
+def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
+    """A party's table (a pandas DataFrame) → its sorted arrays; every problem names the file."""
+    import pandas as pd
+
+    where = f"{spec.name}: {source}"
+    for role, col in (("id", spec.id_column), ("split", spec.split_column)):
+        if col not in df.columns:
+            shown = ", ".join(map(str, df.columns[:10]))
+            raise DataError(f"{where}: {role} column {col!r} not found (columns: {shown}{'...' if df.shape[1] > 10 else ''})")
+    ids = df[spec.id_column]
+    if ids.isna().any():
+        raise DataError(f"{where}: id column {spec.id_column!r} has {int(ids.isna().sum())} missing values")
+    if ids.duplicated().any():
+        dup = ids[ids.duplicated()].iloc[:3].tolist()
+        raise DataError(f"{where}: id column {spec.id_column!r} has duplicate ids, e.g. {dup}")
+    split = df[spec.split_column].astype(str).str.strip().str.lower()
+    bad = sorted(set(split) - {TRAIN, TEST})
+    if bad:
+        raise DataError(f"{where}: split column {spec.split_column!r} must say 'train' or 'test', found {bad[:5]}")
+    reserved = [spec.id_column, spec.split_column]
+    y = s = None
+    if spec.role == ROLE_ACTIVE:
+        for role, col in (("label", spec.label_column), ("sensitive", spec.sensitive_column)):
+            if col not in df.columns:
+                raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
+            if df[col].isna().any():
+                raise DataError(f"{where}: {role} column {col!r} has {int(df[col].isna().sum())} missing values")
+        labels = _text(df[spec.label_column])
+        pos = norm_value(spec.label_positive)
+        if not (labels == pos).any():
+            raise DataError(
+                f"{where}: label column {spec.label_column!r} never equals label-positive={pos!r} "
+                f"(values: {sorted(set(labels))[:5]})"
+            )
+        y = np.where(labels == pos, 1.0, -1.0)
+        groups = _text(df[spec.sensitive_column])
+        a, b = norm_value(spec.group_a), norm_value(spec.group_b)
+        other = sorted(set(groups) - {a, b})
+        if other:
+            raise DataError(
+                f"{where}: sensitive column {spec.sensitive_column!r} holds values other than group-a={a!r} "
+                f"and group-b={b!r}: {other[:5]}"
+            )
+        s = groups == a
+        reserved += [spec.label_column, spec.sensitive_column]
+    features = df[[c for c in df.columns if c not in reserved]]
+    if features.shape[1] == 0:
+        raise DataError(f"{where}: no feature columns besides {reserved}")
+    text_cols = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
+    if text_cols:
+        raise DataError(
+            f"{where}: feature columns must be numbers, {text_cols[:5]} are not (export the table with "
+            "python -m fairvfl_flwr.tools.export, which encodes and scales features)"
+        )
+    nan_cols = features.columns[features.isna().any()].tolist()
+    if nan_cols:
+        raise DataError(f"{where}: missing values in feature columns {nan_cols[:5]}")
+    X = features.to_numpy(dtype=np.float64)
+    if not np.isfinite(X).all():
+        raise DataError(f"{where}: feature values must be finite")
+
+    ids_arr = ids.to_numpy()
+    is_train = (split == TRAIN).to_numpy()
+    tr = np.flatnonzero(is_train)[_sorted_ids(ids_arr[is_train])]
+    te = np.flatnonzero(~is_train)[_sorted_ids(ids_arr[~is_train])]
+    if len(tr) == 0:
+        raise DataError(f"{where}: no training rows (split column {spec.split_column!r})")
+    return PartyArrays(
+        partition_id=spec.partition_id, role=spec.role, feature_names=tuple(map(str, features.columns)),
+        X_train=np.ascontiguousarray(X[tr]), X_test=np.ascontiguousarray(X[te]),
+        ids_digest=rows_digest(ids_arr[tr], ids_arr[te]), n_train=len(tr), n_test=len(te),
+        y_train=None if y is None else y[tr], s_train=None if s is None else s[tr],
+        protected_label=spec.protected_label, source=source,
+    )
+
+
+# -- what export writes, built in memory for simulation -----------------------------------
+def party_table(cfg, ds, partition_id: int):
+    """The table of party ``partition_id`` as export writes it (row id, split, its columns)."""
+    import pandas as pd
+
+    cols = party_columns(cfg, ds)[partition_id]
+    ids = np.concatenate([ds.ids_train, ds.ids_test])
+    frame = {ID_COLUMN: ids, SPLIT_COLUMN: [TRAIN] * len(ds.ids_train) + [TEST] * len(ds.ids_test)}
+    X = np.concatenate([ds.X_train[:, cols], ds.X_test[:, cols]])
+    names = [ds.feature_names[c] for c in cols]
+    if partition_id < cfg.num_active:
+        label, sensitive = active_columns(cfg, ds)
+        frame[label] = np.concatenate([ds.y_train, ds.y_test]).astype(int)
+        a, b = ds.group_names
+        frame[sensitive] = np.where(np.concatenate([ds.s_train, ds.s_test]), a, b)
+    clash = sorted(set(names) & set(frame))
+    if clash:
+        raise DataError(f"{ds.source}: feature columns {clash} clash with the row id/split/label/sensitive column names")
+    df = pd.DataFrame(frame)
+    return pd.concat([df, pd.DataFrame(X, columns=names)], axis=1)
+
+
+def active_columns(cfg, ds) -> tuple[str, str]:
+    """Names of the label and sensitive columns in the active party's table."""
+
+    if cfg.dataset == "csv" and cfg.csv_label:
+        return cfg.csv_label, cfg.csv_sensitive
+    spec = DATASETS.get(ds.name)
+    if spec is not None:
+        return spec.label_column, spec.sensitive_column
+    return "label", "group"
+
+
+def active_node_config(cfg, ds) -> dict:
+    """The label/sensitive part of the active party's node config (export prints it)."""
+    label, sensitive = active_columns(cfg, ds)
+    a, b = ds.group_names
+    return {
+        "label-column": label, "label-positive": "1", "sensitive-column": sensitive,
+        "group-a": str(a), "group-b": str(b), "protected-label": int(ds.protected_label),
+    }
+
+
+def label_table(ds):
+    """The server's label file: row id, split, y (±1), group (a/b), protected (1 if y is the protected label)."""
+    import pandas as pd
+
+    y = np.concatenate([ds.y_train, ds.y_test]).astype(int)
+    return pd.DataFrame({
+        ID_COLUMN: np.concatenate([ds.ids_train, ds.ids_test]),
+        SPLIT_COLUMN: [TRAIN] * len(ds.ids_train) + [TEST] * len(ds.ids_test),
+        LABEL_Y: y,
+        LABEL_GROUP: np.where(np.concatenate([ds.s_train, ds.s_test]), "a", "b"),
+        LABEL_PROTECTED: (y == ds.protected_label).astype(int),
+    })
+
+
+def parse_label_table(df, source: str):
+    """The server label table → :class:`~fairvfl_flwr.problem.ServerLabels` (rows sorted by id)."""
+
+    need = [ID_COLUMN, SPLIT_COLUMN, LABEL_Y, LABEL_GROUP, LABEL_PROTECTED]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise DataError(f"server label file {source}: columns {missing} not found (expected {need})")
+    if df[need].isna().any().any():
+        raise DataError(f"server label file {source}: missing values")
+    if df[ID_COLUMN].duplicated().any():
+        raise DataError(f"server label file {source}: duplicate row ids")
+    y = df[LABEL_Y].to_numpy()
+    if not np.isin(y, (-1, 1)).all():
+        raise DataError(f"server label file {source}: column {LABEL_Y!r} must hold 1 or -1")
+    groups = df[LABEL_GROUP].astype(str).to_numpy()
+    if not np.isin(groups, ("a", "b")).all():
+        raise DataError(f"server label file {source}: column {LABEL_GROUP!r} must hold 'a' or 'b'")
+    prot = df[LABEL_PROTECTED].to_numpy().astype(bool)
+    protected = sorted(set(y[prot].tolist()))
+    if len(protected) != 1 or set(y[~prot].tolist()) & set(protected):
+        raise DataError(f"server label file {source}: column {LABEL_PROTECTED!r} must be 1 exactly for one label value")
+    split = df[SPLIT_COLUMN].astype(str).str.strip().str.lower().to_numpy()
+    if not np.isin(split, (TRAIN, TEST)).all():
+        raise DataError(f"server label file {source}: split column must say 'train' or 'test'")
+    ids = df[ID_COLUMN].to_numpy()
+    is_train = split == TRAIN
+    tr = np.flatnonzero(is_train)[_sorted_ids(ids[is_train])]
+    te = np.flatnonzero(~is_train)[_sorted_ids(ids[~is_train])]
+    s = groups == "a"
+    return ServerLabels(
+        y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
+        protected_label=int(protected[0]), ids_digest=rows_digest(ids[tr], ids[te]),
+    )
+
+
+def read_csv(path: str | Path, what: str):
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{what}: file {path} not found")
+    try:
+        return pd.read_csv(path)
+    except Exception as exc:  # pandas raises many types; the user needs the file name
+        raise DataError(f"{what}: {path} cannot be read as CSV ({exc})") from exc
+
+
+def server_labels_for(cfg, ds=None):
+    """The server's labels: from the run config's ``server-labels`` file, else from the packaged data."""
+    path = getattr(cfg, "server_labels", "")
+    if path:
+        return parse_label_table(read_csv(path, "server-labels"), str(path))
+    if ds is None:
+
+        ds = load_data(cfg)
+    return parse_label_table(label_table(ds), ds.source or ds.name)
+
+
+# -- loading with the on-disk cache -------------------------------------------------------
+def _file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_dir(spec: PartySpec) -> Path:
+    if spec.cache_dir:
+        return Path(spec.cache_dir).expanduser()
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr"
+
+
+def _cache_key(spec: PartySpec, file_hash: str) -> str:
+    opts = dataclasses.asdict(spec)
+    for k in ("data_path", "cache_dir"):
+        opts.pop(k)
+    blob = json.dumps({"v": CACHE_VERSION, "file": file_hash, "opts": opts}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _save(arrays: PartyArrays, path: Path) -> None:
+    meta = {k: getattr(arrays, k) for k in ("partition_id", "role", "feature_names", "ids_digest",
+                                             "n_train", "n_test", "protected_label", "source")}
+    data = {"X_train": arrays.X_train, "X_test": arrays.X_test, "meta": np.array(json.dumps(meta))}
+    if arrays.y_train is not None:
+        data.update(y_train=arrays.y_train, s_train=arrays.s_train)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    with os.fdopen(fd, "wb") as fh:
+        np.savez(fh, **data)
+    os.replace(tmp, path)
+
+
+def _load(path: Path) -> PartyArrays:
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        meta["feature_names"] = tuple(meta["feature_names"])
+        extra = {"y_train": z["y_train"], "s_train": z["s_train"]} if "y_train" in z else {}
+        return PartyArrays(X_train=z["X_train"], X_test=z["X_test"], **meta, **extra)
+
+
+def load_party_file(spec: PartySpec) -> PartyArrays:
+    """Parse the party file, or load it from the cache if this exact file was parsed before."""
+    path = Path(spec.data_path)
+    if not path.is_file():
+        raise DataError(f"{spec.name}: data file {path} not found (node config data-path)")
+    cached = cache_dir(spec) / f"{_cache_key(spec, _file_hash(path))}.npz"
+    if cached.exists():
+        try:
+            return _load(cached)
+        except Exception:  # a damaged cache entry is rebuilt, never trusted
+            pass
+    arrays = parse_party_table(read_csv(path, spec.name), spec, str(path))
+    try:
+        _save(arrays, cached)
+    except OSError:
+        pass  # a read-only cache only costs speed
+    return arrays
+
+
+@functools.lru_cache(maxsize=16)
+def load_party(spec: PartySpec, cfg=None) -> PartyArrays:
+    """This node's data: its file (deployment) or its slice of the packaged data (simulation).
+
+    ``cfg`` (the RunConfig) is needed only for simulation; cached per process.
+    """
+    if spec.data_path:
+        return load_party_file(spec)
+
+    ds = load_data(cfg)
+    table = party_table(cfg, ds, spec.partition_id)
+    if spec.role == ROLE_ACTIVE:
+        spec = dataclasses.replace(spec, **{k.replace("-", "_"): v for k, v in active_node_config(cfg, ds).items()})
+    return parse_party_table(table, spec, f"{ds.name} (packaged, partition {spec.partition_id})")

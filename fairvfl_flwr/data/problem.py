@@ -1,0 +1,109 @@
+"""The problem a run config defines: which table, which split, who holds which columns.
+
+Every role (server, active and passive parties) derives its view from the same
+config and seed, so the split and the partition agree without being sent anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from fairvfl_flwr.config.run import RunConfig
+from fairvfl_flwr.core.objective import Groups
+from fairvfl_flwr.data.partition import split_columns
+from fairvfl_flwr.data.tables import FairDataset, ids_digest, load_csv, load_dataset
+
+
+def load_data(cfg: RunConfig) -> FairDataset:
+    """The run's table and split; with ``validation-fraction`` > 0 the validation split
+    replaces the test rows (see :func:`hold_out_validation`)."""
+    ds = _load_table(cfg)
+    if cfg.validation_fraction > 0:
+        ds = hold_out_validation(ds, cfg.validation_fraction, cfg.seed)
+    return ds
+
+
+def hold_out_validation(ds: FairDataset, fraction: float, seed: int) -> FairDataset:
+    """Carve a seeded share of the training rows out as a validation split.
+
+    The returned dataset trains on the remaining training rows and evaluates on the
+    validation rows (they take the place of the test rows, which are not used at all),
+    so a run's ACC/DFP/DFN are validation numbers and ε can be chosen without looking
+    at the test set. Every role derives the same split from (fraction, seed). The
+    features keep the standardisation of the full training split (feature means and
+    deviations only; no labels leak).
+    """
+    n = len(ds.y_train)
+    n_val = int(round(fraction * n))
+    if not 0 < n_val < n:
+        raise ValueError(f"validation-fraction={fraction} of {n} training rows leaves no rows on one side")
+    perm = np.random.default_rng([seed, 0x5EED]).permutation(n)
+    val, tr = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    return dataclasses.replace(
+        ds,
+        X_train=ds.X_train[tr], y_train=ds.y_train[tr], s_train=ds.s_train[tr], ids_train=ds.ids_train[tr],
+        X_test=ds.X_train[val], y_test=ds.y_train[val], s_test=ds.s_train[val], ids_test=ds.ids_train[val],
+        extra={**ds.extra, "evaluation": "validation", "validation_rows": n_val},
+    )
+
+
+def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int) -> Groups:
+    """The row subsets of the run's constraint set (``constraint`` key; DEO by default)."""
+    return Groups.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure)
+
+
+def _load_table(cfg: RunConfig) -> FairDataset:
+    if cfg.dataset == "csv":
+        return load_csv(
+            cfg.csv_path,
+            label_column=cfg.csv_label,
+            positive_value=cfg.csv_positive,
+            sensitive_column=cfg.csv_sensitive,
+            group_a=cfg.csv_group_a,
+            group_b=cfg.csv_group_b,
+            protected_label=cfg.csv_protected_label,
+            id_column=cfg.csv_id_column or None,
+            train_fraction=cfg.csv_train_fraction,
+            seed=cfg.seed,
+        )
+    return load_dataset(cfg.dataset, cfg.seed)
+
+
+def party_columns(cfg: RunConfig, ds: FairDataset) -> list[np.ndarray]:
+    active = cfg.active_columns or ds.default_active_columns
+    return split_columns(ds.n_features, cfg.num_parties, cfg.num_active, active)
+
+
+def is_active(cfg: RunConfig, partition_id: int) -> bool:
+    return partition_id < cfg.num_active
+
+
+@dataclass(frozen=True)
+class ServerLabels:
+    """What the server holds: labels and groups of the training and test rows, no features."""
+
+    y_train: np.ndarray
+    s_train: np.ndarray
+    y_test: np.ndarray
+    s_test: np.ndarray
+    protected_label: int
+    ids_digest: str
+
+    @property
+    def groups(self) -> Groups:
+        """DEO's groups; use :meth:`groups_for` for the run's constraint set."""
+        return Groups.from_labels(self.y_train, self.s_train, self.protected_label)
+
+    def groups_for(self, constraint: str, measure: str = "loss") -> Groups:
+        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure)
+
+
+def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:
+    ds = ds or load_data(cfg)
+    return ServerLabels(
+        y_train=ds.y_train, s_train=ds.s_train, y_test=ds.y_test, s_test=ds.s_test,
+        protected_label=ds.protected_label, ids_digest=ids_digest(ds.ids_train),
+    )

@@ -1,0 +1,386 @@
+"""Load, validate, split and standardise the tables FairVFL trains on.
+
+Two entry points:
+
+* :func:`load_dataset` for the three paper datasets that ship with the package
+  (``adult``, ``compas``, ``crime``), set up as in the paper (SPEC.md table);
+* :func:`load_csv` for a user's own table: name the label column and its positive
+  value, the sensitive column and its two group values.
+
+Both return a :class:`FairDataset`: features standardised with statistics of the
+training rows only, labels in {-1, +1}, group membership as a boolean (``True`` =
+group *a*), and the protected label (the label value whose rows form N^a and N^b).
+Every problem with the input is reported as a :class:`DataError` naming the file,
+column or count at fault, before any training starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where a table is parsed (import cost on every node)
+    import pandas as pd
+
+# pandas is imported where a table is parsed (~0.3 s), not here: the ClientApp imports this
+# module for ids_digest/DataError on every message's fresh process in deployment.
+
+DATA_DIR = Path(__file__).resolve().parent / "datasets"
+DATA_ENV = "FAIRVFL_DATA_DIR"
+
+
+def _data_dirs() -> list[Path]:
+    """Where the packaged tables may be.
+
+    ``flwr run`` executes the apps from the FAB, which carries only ``*.py``/``*.toml``
+    files, so next to this module there may be no data. Then the installed
+    distribution (regular or editable) of ``fairvfl-flwr`` has it.
+    """
+    dirs = [Path(os.environ[DATA_ENV])] if os.environ.get(DATA_ENV) else []
+    dirs.append(DATA_DIR)
+    try:
+        dist = importlib.metadata.distribution("fairvfl-flwr")
+    except importlib.metadata.PackageNotFoundError:
+        return dirs
+    for f in dist.files or []:
+        if f.name.endswith(".csv.gz") and "datasets" in f.parts:
+            dirs.append(Path(dist.locate_file(f)).parent)
+            break
+    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+    if url.startswith("file://"):  # editable install: the source tree
+        dirs.append(Path(urllib.parse.unquote(url[7:])) / "fairvfl_flwr" / "data" / "datasets")
+    return dirs
+
+
+def packaged_file(name: str) -> Path:
+    """Path of a packaged table, searched in :func:`_data_dirs` order."""
+    dirs = _data_dirs()
+    for d in dirs:
+        if (d / name).exists():
+            return d / name
+    raise DataError(
+        f"packaged dataset file {name} not found in {', '.join(map(str, dirs))}; "
+        f"install the package (pip install -e .) or set {DATA_ENV}"
+    )
+
+
+class DataError(ValueError):
+    """The input table cannot be used as given; the message says why."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How to read one table: which columns are label, group and features."""
+
+    name: str
+    path: Path
+    label_column: str
+    positive_value: str
+    sensitive_column: str
+    group_a: str
+    group_b: str
+    protected_label: int = 1
+    n_train: int | None = None
+    train_fraction: float = 0.8
+    active_columns: int | None = None
+    id_column: str | None = None
+    feature_columns: tuple[str, ...] | None = None
+
+
+def _packaged(name: str, file: str, **kwargs) -> DatasetSpec:
+    return DatasetSpec(name=name, path=Path(file), id_column="row_id", **kwargs)
+
+
+#: The paper's datasets (SPEC.md): groups, protected label, split and active columns.
+DATASETS: dict[str, DatasetSpec] = {
+    "adult": _packaged(
+        "adult", "adult.csv.gz",
+        label_column="income", positive_value=">50K",
+        sensitive_column="sex", group_a="Female", group_b="Male",
+        protected_label=1, n_train=40_000, active_columns=19,
+    ),
+    "compas": _packaged(
+        "compas", "compas.csv.gz",
+        label_column="recidivist", positive_value="yes",
+        sensitive_column="race", group_a="African-American", group_b="Caucasian",
+        protected_label=-1, n_train=4_800, active_columns=16,
+    ),
+    "crime": _packaged(
+        "crime", "crime.csv.gz",
+        label_column="crime", positive_value="high",
+        sensitive_column="black_share", group_a=">0.06", group_b="<=0.06",
+        protected_label=-1, n_train=1_200, active_columns=49,
+    ),
+}
+
+
+@dataclass
+class FairDataset:
+    """A train/test split ready for training (all arrays row-aligned).
+
+    ``s_*`` is ``True`` for group *a*; ``y_*`` is in {-1, +1}; ``X_*`` is float64,
+    standardised with the training rows' mean and standard deviation.
+    """
+
+    name: str
+    feature_names: list[str]
+    X_train: np.ndarray
+    y_train: np.ndarray
+    s_train: np.ndarray
+    ids_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    s_test: np.ndarray
+    ids_test: np.ndarray
+    protected_label: int
+    group_names: tuple[str, str]
+    default_active_columns: int | None = None
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_features(self) -> int:
+        return self.X_train.shape[1]
+
+    def summary(self) -> dict:
+        """Row, group and label counts (what the tests and the README quote)."""
+        def counts(y, s):
+            prot = y == self.protected_label
+            return {
+                "rows": int(len(y)),
+                "group_a": int(s.sum()),
+                "group_b": int((~s).sum()),
+                "positive": int((y == 1).sum()),
+                "protected_a": int((prot & s).sum()),
+                "protected_b": int((prot & ~s).sum()),
+            }
+
+        return {
+            "name": self.name,
+            "features": self.n_features,
+            "train": counts(self.y_train, self.s_train),
+            "test": counts(self.y_test, self.s_test),
+        }
+
+
+def available_datasets() -> list[str]:
+    return sorted(DATASETS)
+
+
+def load_dataset(name: str, seed: int = 0) -> FairDataset:
+    """Load one of the paper's datasets with the paper's split (seeded)."""
+    if name not in DATASETS:
+        raise DataError(
+            f"unknown dataset {name!r}: choose one of {', '.join(available_datasets())}"
+            " or give a CSV file with csv-path"
+        )
+    spec = DATASETS[name]
+    return _load_spec_cached(dataclasses.replace(spec, path=packaged_file(spec.path.name)), seed)
+
+
+def load_csv(
+    path: str | Path,
+    *,
+    label_column: str,
+    positive_value: str,
+    sensitive_column: str,
+    group_a: str,
+    group_b: str,
+    protected_label: int = 1,
+    id_column: str | None = None,
+    feature_columns: list[str] | None = None,
+    train_fraction: float = 0.8,
+    n_train: int | None = None,
+    seed: int = 0,
+) -> FairDataset:
+    """Load a user's own CSV table.
+
+    Non-numeric feature columns are one-hot encoded; the label, sensitive and id
+    columns never become features.
+    """
+    spec = DatasetSpec(
+        name=Path(path).name,
+        path=Path(path),
+        label_column=label_column,
+        positive_value=str(positive_value),
+        sensitive_column=sensitive_column,
+        group_a=str(group_a),
+        group_b=str(group_b),
+        protected_label=protected_label,
+        n_train=n_train,
+        train_fraction=train_fraction,
+        id_column=id_column,
+        feature_columns=tuple(feature_columns) if feature_columns else None,
+    )
+    return _load_spec_cached(spec, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_spec_cached(spec: DatasetSpec, seed: int) -> FairDataset:
+    # Parties and the server in one simulation process load the same table; cache it.
+    return _load_spec(spec, seed)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    try:
+        return pd.read_csv(path)
+    except Exception as exc:  # pandas raises many types; the user needs the file name
+        raise DataError(f"{path}: cannot be read as CSV ({exc})") from exc
+
+
+def as_text(col: pd.Series) -> pd.Series:
+    """Values as strings, with integral floats written as integers (1.0 -> "1")."""
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(col) and np.all(np.mod(col.dropna(), 1) == 0):
+        return col.astype("Int64").astype(str)
+    return col.astype(str)
+
+
+def norm_value(value: str) -> str:
+    try:
+        f = float(value)
+        return str(int(f)) if f.is_integer() else str(value)
+    except ValueError:
+        return str(value)
+
+
+def _column(df: pd.DataFrame, column: str, path: Path, role: str) -> pd.Series:
+    if column not in df.columns:
+        shown = ", ".join(map(str, df.columns[:12]))
+        raise DataError(f"{path}: {role} column {column!r} not found (columns: {shown}{'...' if df.shape[1] > 12 else ''})")
+    col = df[column]
+    if col.isna().any():
+        raise DataError(f"{path}: {role} column {column!r} has {int(col.isna().sum())} missing values")
+    return as_text(col)
+
+
+def _label(df: pd.DataFrame, spec: DatasetSpec) -> np.ndarray:
+    col = _column(df, spec.label_column, spec.path, "label")
+    pos = norm_value(spec.positive_value)
+    values = sorted(col.unique())
+    if pos not in values:
+        raise DataError(f"{spec.path}: label column {spec.label_column!r} never equals the positive value {pos!r} (values: {values[:5]})")
+    if len(values) != 2:
+        raise DataError(
+            f"{spec.path}: label column {spec.label_column!r} must hold exactly two values, "
+            f"found {len(values)}: {values[:6]}"
+        )
+    return np.where(col.to_numpy() == pos, 1, -1).astype(np.int8)
+
+
+def _groups(df: pd.DataFrame, spec: DatasetSpec) -> np.ndarray:
+    col = _column(df, spec.sensitive_column, spec.path, "sensitive")
+    a, b = norm_value(spec.group_a), norm_value(spec.group_b)
+    if a == b:
+        raise DataError(f"{spec.path}: the two groups must differ, both are {a!r}")
+    other = sorted(set(col.unique()) - {a, b})
+    if other:
+        raise DataError(
+            f"{spec.path}: sensitive column {spec.sensitive_column!r} holds values other than "
+            f"{a!r} and {b!r}: {other[:5]} ({int((~col.isin([a, b])).sum())} rows); filter them out first"
+        )
+    return (col == a).to_numpy()
+
+
+def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
+    import pandas as pd
+
+    path = spec.path
+    df = _read_table(path)
+    if spec.label_column == spec.sensitive_column:
+        raise DataError(f"{path}: label and sensitive column are both {spec.label_column!r}")
+    if spec.protected_label not in (-1, 1):
+        raise DataError(f"protected label must be +1 or -1, got {spec.protected_label!r}")
+
+    y = _label(df, spec)
+    s = _groups(df, spec)
+
+    if spec.id_column is not None:
+        if spec.id_column not in df.columns:
+            raise DataError(f"{path}: id column {spec.id_column!r} not found")
+        ids = df[spec.id_column].to_numpy()
+        if pd.Series(ids).duplicated().any():
+            raise DataError(f"{path}: id column {spec.id_column!r} has duplicate ids")
+    else:
+        ids = np.arange(len(df))
+
+    reserved = {spec.label_column, spec.sensitive_column, spec.id_column}
+    if spec.feature_columns is not None:
+        missing = [c for c in spec.feature_columns if c not in df.columns]
+        if missing:
+            raise DataError(f"{path}: feature columns not found: {missing[:5]}")
+        clash = [c for c in spec.feature_columns if c in reserved]
+        if clash:
+            raise DataError(f"{path}: {clash} cannot be both a feature and the label/sensitive/id column")
+        features = df[list(spec.feature_columns)]
+    else:
+        features = df[[c for c in df.columns if c not in reserved]]
+    if features.shape[1] == 0:
+        raise DataError(f"{path}: no feature columns left after removing label, sensitive and id columns")
+    nan_cols = features.columns[features.isna().any()].tolist()
+    if nan_cols:
+        counts = {c: int(features[c].isna().sum()) for c in nan_cols[:5]}
+        raise DataError(f"{path}: missing values (NaN) in feature columns {counts}; impute or drop them first")
+    categorical = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
+    if categorical:
+        features = pd.get_dummies(features, columns=categorical, dtype=float)
+    X = features.to_numpy(dtype=np.float64)
+    if not np.isfinite(X).all():
+        raise DataError(f"{path}: feature values must be finite (found inf)")
+
+    n = len(df)
+    n_train = spec.n_train if spec.n_train is not None else int(round(spec.train_fraction * n))
+    if not 0 < n_train < n:
+        raise DataError(f"{path}: cannot take {n_train} training rows out of {n}")
+    perm = np.random.default_rng(seed).permutation(n)
+    tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
+
+    mean = X[tr].mean(axis=0)
+    std = X[tr].std(axis=0)
+    std[std == 0] = 1.0  # constant columns stay constant (zero) instead of dividing by 0
+    Xs = (X - mean) / std
+
+    ds = FairDataset(
+        name=spec.name,
+        feature_names=[str(c) for c in features.columns],
+        X_train=Xs[tr], y_train=y[tr], s_train=s[tr], ids_train=ids[tr],
+        X_test=Xs[te], y_test=y[te], s_test=s[te], ids_test=ids[te],
+        protected_label=spec.protected_label,
+        group_names=(spec.group_a, spec.group_b),
+        default_active_columns=spec.active_columns,
+        source=str(path),
+    )
+    _check_groups(ds, spec)
+    return ds
+
+
+def _check_groups(ds: FairDataset, spec: DatasetSpec) -> None:
+    prot = ds.y_train == ds.protected_label
+    label = spec.positive_value if ds.protected_label == 1 else f"not {spec.positive_value}"
+    for name, in_group in ((spec.group_a, ds.s_train), (spec.group_b, ~ds.s_train)):
+        if not (prot & in_group).any():
+            raise DataError(
+                f"{spec.path}: group {name!r} of {spec.sensitive_column!r} has no training rows "
+                f"with the protected label ({spec.label_column} {label}); DEO is undefined"
+            )
+
+
+def ids_digest(ids: np.ndarray) -> str:
+    """A digest of an ordered id list: equal digests mean the same rows in the same order."""
+    return hashlib.sha256(np.asarray(ids).astype(str).astype("U").tobytes()).hexdigest()[:16]

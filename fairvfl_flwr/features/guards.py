@@ -1,0 +1,79 @@
+"""Guards: the server's divergence check, and the parties' check of what arrives.
+
+Server (:class:`DivergenceGuard`, a round hook): after every round the objective, every
+multiplier and the summed logits must be finite, or the run stops naming the round
+(before a checkpoint could save the diverged state: add this hook first).
+
+Party (:func:`guard_mod`, a ClientApp mod): every ``query.init`` and ``train.*``
+message must carry an integer round number; a re-sent message (same type and round as
+the last one answered) is answered again instead of being processed twice. For a step
+message (``flower.party.is_step_type``) the answer is rebuilt from the θ the party
+already has, so nothing steps twice; for other messages the reply itself is kept.
+The algorithm's own handlers check the payload (its length, dtype, finiteness).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from fairvfl_flwr.flower import checks
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.party import PartyRuntime, is_step_type
+
+LAST = "fairvfl.last-reply"  # ConfigRecord: type, round, record names of the last reply
+LAST_PREFIX = "fairvfl.last-reply."
+
+
+class DivergenceGuard(RoundHook):
+    """Stop the run at the first round whose objective, λ or z is not finite."""
+
+    def end(self, server, server_round: int) -> None:
+        row = server.history[-1]
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = server.z("train")
+        checks.check_state(float(row["loss"]), server.lam, server_round, z)
+
+
+def guard_mod(message: Message, context, call_next) -> Message:
+    """Round-number check and duplicate suppression (see the module doc)."""
+    mtype = message.metadata.message_type
+    if mtype != msgs.INIT and not mtype.startswith("train."):
+        return call_next(message, context)
+    rc = message.content.config_records.get(msgs.ROUND)
+    if rc is None or not isinstance(rc.get("round"), int):
+        raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
+    server_round = int(rc["round"])
+    if mtype == msgs.INIT:
+        reply = call_next(message, context)
+        _forget(context)
+        return reply
+    step = is_step_type(mtype)
+    last = context.state.config_records.get(LAST)
+    if last is not None and last["type"] == mtype and last["round"] == server_round:  # a re-send: answer again
+        if step:  # the reply is the logits of the θ it already has: rebuild it, no step
+            rt = PartyRuntime(context)
+            return rt.reply(message, rt.party(), steps=int(last["steps"]))
+        return Message(RecordDict({name: context.state[LAST_PREFIX + name] for name in last["names"]}), reply_to=message)
+    reply = call_next(message, context)
+    if reply.has_error():
+        return reply
+    _forget(context)
+    # Keep a copy of the reply only where it cannot be rebuilt: logits would double the
+    # state sent with every message.
+    names = [] if step else list(reply.content.keys())
+    for name in names:
+        context.state[LAST_PREFIX + name] = reply.content[name]
+    stats = reply.content.metric_records.get(msgs.STATS)
+    context.state.config_records[LAST] = ConfigRecord(
+        {"type": mtype, "round": server_round, "names": names, "steps": int(stats["steps"]) if stats else 0}
+    )
+    return reply
+
+
+def _forget(context) -> None:
+    last = context.state.config_records.pop(LAST, None)
+    if last is not None:
+        for name in last["names"]:
+            context.state.pop(LAST_PREFIX + name, None)

@@ -1,0 +1,26 @@
+"""Gaussian noise on ν (run config ``privacy.nu-noise``), a ν channel on the server.
+
+ν + N(0, (nu-noise / n)²) per row: the scale of ν itself is about 1/n. A defence
+against reading labels off sign(ν) (see the audit); no formal differential-privacy
+guarantee is claimed. The noise is zero-mean, so it averages out in a passive party's
+gradient X_kᵀν (its std there shrinks like 1/√n). Seeded by the run seed and the round,
+so a rerun draws the same noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fairvfl_flwr.flower.hooks import RoundHook
+
+
+class NuNoise(RoundHook):
+    """Adds the noise to ν before any passive party receives it."""
+
+    def __init__(self, scale: float, seed: int) -> None:
+        self.scale = scale
+        self.seed = seed
+
+    def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, server_round, 0x6E75])
+        return nu + rng.normal(scale=self.scale / len(nu), size=nu.shape)

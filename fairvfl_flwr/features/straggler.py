@@ -1,0 +1,54 @@
+"""Straggler simulation: delay a party's train replies (docs/async.md).
+
+A ClientApp mod (:func:`delay_mod`) sleeps after the party has computed its reply and
+before it returns it, so the server sees a slow party; it works the same in the
+in-process grid, in ``flwr run`` simulation and in deployment, because the sleep is in
+the ClientApp itself. Only ``train.*`` messages are delayed (discovery and init are not).
+
+Where the delay comes from (the first that is set wins):
+
+* node config ``delay-seconds`` (fixed) and ``delay-jitter`` (an extra uniform
+  [0, jitter) seconds per reply), e.g. ``flower-supernode ... --node-config
+  'partition-id=2 ... delay-seconds=0.3 delay-jitter=0.1'``;
+* run config ``staleness.straggler-delays``, for simulation where node configs are Flower's:
+  ``"2=0.3"`` or ``"2=0.3~0.1,4=0.05"`` (partition id = seconds [~ jitter]).
+
+The jitter is drawn from a generator seeded by the node id and the round, so a rerun
+draws the same delays.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING
+
+from fairvfl_flwr.config.sections import DelayError, parse_delays
+
+if TYPE_CHECKING:
+    from flwr.app import Message
+
+
+def delay_for(node_config, run_config) -> tuple[float, float]:
+    """(fixed seconds, jitter seconds) for this node; (0, 0) when it is not a straggler."""
+    if "delay-seconds" in node_config or "delay-jitter" in node_config:
+        base, jitter = float(node_config.get("delay-seconds", 0.0)), float(node_config.get("delay-jitter", 0.0))
+        if base < 0 or jitter < 0:
+            raise DelayError(f"node config delay-seconds={base}, delay-jitter={jitter}: must be >= 0")
+        return base, jitter
+    text = str(run_config.get("staleness.straggler-delays", "") or "")
+    if text and "partition-id" in node_config:
+        return parse_delays(text).get(int(node_config["partition-id"]), (0.0, 0.0))
+    return 0.0, 0.0
+
+
+def delay_mod(message: Message, context, call_next) -> Message:
+    """Compute the reply, then hold it back for this node's delay (train messages only)."""
+    reply = call_next(message, context)
+    if not message.metadata.message_type.startswith("train"):
+        return reply
+    base, jitter = delay_for(context.node_config, context.run_config)
+    if base > 0 or jitter > 0:
+        extra = random.Random(f"{context.node_id}/{message.metadata.group_id}").uniform(0.0, jitter) if jitter else 0.0
+        time.sleep(base + extra)
+    return reply

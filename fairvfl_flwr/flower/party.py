@@ -1,0 +1,178 @@
+"""The party runtime: what every ClientApp handler and mod of this app builds on.
+
+A node learns its role and feature block from its node config (``partition-id``, or a
+deployed party file) and the run config; its model θ_k lives in ``context.state``
+between messages and is never put in a reply. :class:`PartyRuntime` is the one public
+way to get at a node's config, data, model and reply; handlers (``algorithms/``) and
+mods (``features/``) use it instead of each other's helpers.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core import batching
+from fairvfl_flwr.core.models import DTYPES, build_model, squared_norm
+from fairvfl_flwr.core.objective import Groups
+from fairvfl_flwr.core.parties import ActiveParty, Party
+from fairvfl_flwr.data.partydata import PartySpec, load_party, party_spec
+from fairvfl_flwr.data.problem import constraint_groups
+from fairvfl_flwr.flower import protocol as msgs
+
+MODEL_STATE = "fairvfl.model"
+
+# A party's work is a few mat-vecs per round; torch's thread pool only adds spin-wait
+# contention when several parties (Ray actors, or a sweep beside a run) share the cores.
+torch.set_num_threads(1)
+
+
+@dataclass(frozen=True)
+class PartyData:
+    """One party's view of the table: its columns, and y/s only if it is active."""
+
+    partition_id: int
+    role: str
+    X_train: torch.Tensor
+    X_test: torch.Tensor
+    ids_digest: str
+    y: np.ndarray | None = None
+    groups: Groups | None = None
+
+
+@functools.lru_cache(maxsize=16)
+def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
+    """One path for deployment (the party's own file) and simulation (the packaged table,
+    built as export would write it). Cached per process: in simulation a worker serves
+    many rounds of the same run."""
+    ds = load_party(spec, None if spec.data_path else cfg)
+    dtype = DTYPES[cfg.dtype]
+    common = dict(
+        partition_id=spec.partition_id,
+        X_train=torch.from_numpy(ds.X_train).to(dtype),
+        X_test=torch.from_numpy(ds.X_test).to(dtype),
+        ids_digest=ds.ids_digest,
+    )
+    if ds.role == msgs.ROLE_ACTIVE:
+        groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+        return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
+    return PartyData(role=msgs.ROLE_PASSIVE, **common)
+
+
+@functools.lru_cache(maxsize=8)
+def run_config(items: tuple) -> RunConfig:
+    """Parsed once per run and process: every message carries the same run config.
+    A bad config raises every time (lru_cache keeps no exceptions)."""
+    return RunConfig.from_flower(dict(items))
+
+
+def round_of(message: Message) -> tuple[int, bool]:
+    """(round number, evaluate?) of a server message."""
+    rc = message.content.config_records[msgs.ROUND]
+    return int(rc["round"]), bool(rc["evaluate"])
+
+
+class PartyRuntime:
+    """A node's config, data and model for one message."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.cfg = run_config(tuple(sorted(context.run_config.items())))
+        self.data = party_data(self.cfg, party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active))
+
+    @property
+    def who(self) -> str:
+        return f"party {self.data.partition_id} ({self.data.role}, node {self.context.node_id})"
+
+    @property
+    def n_train(self) -> int:
+        return int(self.data.X_train.shape[0])
+
+    def party(self) -> Party:
+        """Rebuild the party from its data and the model state kept on this node."""
+        cfg, data = self.cfg, self.data
+        model = build_model(
+            cfg.model,
+            data.X_train.shape[1],
+            hidden=cfg.hidden,
+            bias=data.role == msgs.ROLE_ACTIVE or cfg.model == "mlp",
+            dtype=cfg.dtype,
+            seed=cfg.seed * 1000 + data.partition_id,
+        )
+        state = self.context.state.array_records.get(MODEL_STATE)
+        if state is not None:
+            model.load_state_dict(state.to_torch_state_dict())
+        mu = cfg.mu_value(data.X_train.shape[0])
+        if data.role == msgs.ROLE_ACTIVE:
+            return ActiveParty(model, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
+        return Party(model, data.X_train, data.X_test, cfg.lr, mu)
+
+    def save(self, party: Party) -> None:
+        self.context.state.array_records[MODEL_STATE] = ArrayRecord(party.model.state_dict())
+
+    def reset(self) -> None:
+        """Forget the model: the next :meth:`party` starts from the seeded initial θ."""
+        self.context.state.array_records.pop(MODEL_STATE, None)
+
+    def load_model_state(self, state: dict) -> None:
+        self.context.state.array_records[MODEL_STATE] = ArrayRecord(state)
+
+    def model_state(self) -> dict | None:
+        record = self.context.state.array_records.get(MODEL_STATE)
+        return None if record is None else record.to_torch_state_dict()
+
+    def rows(self, message: Message) -> np.ndarray | None:
+        """This round's training rows (mini-batch); None: all of them."""
+        return batching.round_rows(self.cfg, round_of(message)[0], self.n_train)
+
+    def next_rows(self, message: Message) -> np.ndarray | None:
+        """Rows the reply to ``message`` carries training logits on (the next round's batch)."""
+        return batching.reply_rows(self.cfg, *round_of(message), self.n_train)
+
+    def reply(self, message: Message, party: Party, steps: int) -> Message:
+        """New partial logits in the run's wire dtype, ‖θ_k‖² and the steps taken."""
+        evaluate = round_of(message)[1]
+        dtype = self.cfg.wire_dtype
+        u_train = party.logits("train", self.next_rows(message)).astype(dtype)
+        u_test = party.logits("test").astype(dtype) if evaluate else None
+        return Message(msgs.logits_reply(u_train, u_test, squared_norm(party.model), steps), reply_to=message)
+
+
+def info(message: Message, context: Context) -> Message:
+    """Tell the server this node's role and row count (never its data)."""
+    rt = PartyRuntime(context)
+    record = ConfigRecord(
+        {
+            "role": rt.data.role,
+            "partition-id": rt.data.partition_id,
+            "n-train": rt.n_train,
+            "n-test": int(rt.data.X_test.shape[0]),
+            "n-features": int(rt.data.X_train.shape[1]),
+            "ids-digest": rt.data.ids_digest,
+        }
+    )
+    return Message(RecordDict({"info": record}), reply_to=message)
+
+
+def register(app: ClientApp) -> None:
+    """Discovery (``query.info``), which every algorithm's server starts with."""
+    app.query("info")(info)
+
+
+# Message types whose reply is the party's new logits after a step on θ: a re-sent one
+# is answered from θ without stepping again (features.guards). Algorithms register theirs.
+_STEP_TYPES: set[str] = set()
+
+
+def mark_step_type(message_type: str) -> None:
+    _STEP_TYPES.add(message_type)
+
+
+def is_step_type(message_type: str) -> bool:
+    return message_type in _STEP_TYPES

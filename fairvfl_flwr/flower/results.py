@@ -1,0 +1,167 @@
+"""The run folder: resolved config, per-round history, final summary, the Figure-1 plot.
+
+Layout of ``<output-dir>/<run name>/``::
+
+    config.json     the resolved run config (every key, defaults included)
+    history.csv     one row per round: L, DEO, D, λ1, λ2, test ACC/DFP/DFN, seconds
+    history.json    the same rows as JSON
+    summary.json    final metrics, rounds, wall time, dataset sizes
+    convergence.png L(θ) and DEO(θ) against rounds, with the ε line
+
+The history is rewritten at every evaluation round, so a long run shows its progress
+on disk and an interrupted run keeps what it had done.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from fairvfl_flwr.config.run import RunConfig
+
+# lambda1/lambda2: the first two multipliers (the paper's λ for constraint=deo); max_gap,
+# gaps, lambdas: every constraint's gap and every multiplier (docs/fairness-constraints.md).
+COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "dfn", "seconds",
+           "max_gap", "gaps", "lambdas"]
+# max-staleness > 0: partition ids whose logits are from this round, and {partition id: rounds behind}
+ASYNC_COLUMNS = ["fresh", "stale"]
+# batch-size > 0: training rows loss/deo/gaps were measured on (all rows in evaluation rounds, else the next batch)
+BATCH_COLUMNS = ["train_rows"]
+
+
+def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
+    """A new folder under ``output-dir`` named by time (and Flower run id if known)."""
+    base = Path(cfg.output_dir).expanduser().resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{stamp}-{cfg.dataset}-{cfg.model}" + (f"-{run_id}" if run_id is not None else "")
+    folder, i = base / name, 1
+    while folder.exists():
+        folder, i = base / f"{name}-{i}", i + 1
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _clean(v):
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """Collects history rows and writes the run folder."""
+
+    def __init__(self, folder: Path, cfg: RunConfig, extra: dict | None = None) -> None:
+        self.folder = Path(folder)
+        self.cfg = cfg
+        self.rows: list[dict] = []
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.folder / "config.json", json.dumps({**cfg.to_flower(), **(extra or {})}, indent=2) + "\n")
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if not math.isnan(row.get("acc", math.nan)):
+            self.write_history()
+
+    def write_history(self) -> None:
+        # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
+        columns = COLUMNS + [k for k in ASYNC_COLUMNS + BATCH_COLUMNS if any(k in r for r in self.rows)]
+        rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
+        _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")
+        tmp = self.folder / "history.csv.tmp"
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.folder / "history.csv")
+
+    def finish(self, extra: dict | None = None) -> dict:
+        """Write history, summary and plot; return the summary."""
+        self.write_history()
+        last = self.rows[-1]
+        evaluated = [r for r in self.rows if not math.isnan(r.get("acc", math.nan))]
+        final_eval = evaluated[-1] if evaluated else {}
+        summary = {
+            "dataset": self.cfg.dataset,
+            "model": self.cfg.model,
+            "fairness": self.cfg.fairness,
+            "epsilon": self.cfg.epsilon,
+            "rounds": last["round"],
+            "train_loss": last["loss"],
+            "train_deo": last["deo"],
+            "lambda": [last["lambda1"], last["lambda2"]],
+            "constraint": self.cfg.constraint,
+            "constraint_measure": self.cfg.constraint_measure,
+            "train_max_gap": last.get("max_gap", last["deo"]),
+            "train_gaps": last.get("gaps", [last["gap"]]),
+            "lambdas": last.get("lambdas", [last["lambda1"], last["lambda2"]]),
+            "evaluated_on": "validation" if self.cfg.validation_fraction > 0 else "test",
+            "test_acc": final_eval.get("acc"),
+            "test_dfp": final_eval.get("dfp"),
+            "test_dfn": final_eval.get("dfn"),
+            "seconds": last["seconds"],
+            "seconds_per_round": last["seconds"] / max(1, last["round"]),
+            **(extra or {}),
+        }
+        _write_atomic(self.folder / "summary.json", json.dumps(summary, indent=2) + "\n")
+        plot_convergence(self.rows, self.cfg, self.folder / "convergence.png")
+        return summary
+
+
+def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
+    """L(θ) and DEO(θ) against rounds with the ε line (the paper's Figure 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [r["round"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(rounds, [r["loss"] for r in rows], color="C0")
+    ax1.set_xlabel("communication round")
+    ax1.set_ylabel(r"$L(\theta)$")
+    ax1.set_title("training objective")
+    ax2.plot(rounds, [r["deo"] for r in rows], color="C1", label=r"DEO($\theta$)")
+    if cfg.constraint != "deo" and all("max_gap" in r for r in rows):
+        ax2.plot(rounds, [r["max_gap"] for r in rows], color="C2", label=rf"max$_c|D_c|$ ({cfg.constraint})")
+    if cfg.fairness:
+        ax2.axhline(cfg.epsilon, color="k", ls="--", lw=1, label=rf"$\epsilon$ = {cfg.epsilon:g}")
+    ax2.set_xlabel("communication round")
+    ax2.set_ylabel(r"DEO($\theta$) on train")
+    ax2.set_ylim(bottom=0)
+    ax2.set_title("fairness constraint")
+    ax2.legend()
+    label = "FairVFL" if cfg.fairness else "FedBCD (fairness off)"
+    fig.suptitle(f"{label}: {cfg.dataset}, {cfg.model}, K={cfg.num_parties}, Q={cfg.local_steps}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_summary(summary: dict, folder: Path) -> str:
+    """The final table printed at the end of a run."""
+    def f(v, fmt):
+        return "n/a" if v is None else format(v, fmt)
+
+    lines = [
+        "",
+        f"FairVFL run finished: {summary['dataset']} / {summary['model']} / "
+        f"fairness {'on, eps=' + format(summary['epsilon'], 'g') if summary['fairness'] else 'off'}",
+        f"  rounds            {summary['rounds']}",
+        f"  train L(theta)    {summary['train_loss']:.4f}",
+        f"  train DEO         {summary['train_deo']:.4f}",
+        f"  lambda            ({summary['lambda'][0]:.4f}, {summary['lambda'][1]:.4f})",
+        f"  test ACC          {f(None if summary['test_acc'] is None else 100 * summary['test_acc'], '.2f')}%",
+        f"  test DFP          {f(summary['test_dfp'], '.4f')}",
+        f"  test DFN          {f(summary['test_dfn'], '.4f')}",
+        f"  wall time         {summary['seconds']:.1f} s ({1000 * summary['seconds_per_round']:.1f} ms/round)",
+        f"  results           {folder}",
+    ]
+    return "\n".join(lines)

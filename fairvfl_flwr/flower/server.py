@@ -1,0 +1,354 @@
+"""The server side of a vertical FL run, as a Flower Strategy: what every algorithm shares.
+
+Flower's stock ``Strategy.start`` sends one message to every node and runs a separate
+evaluate phase; a VFL round instead sends *different* content to active and passive
+nodes and needs every party's reply before it can go on. :class:`VFLServer` therefore
+keeps the ``configure_train`` / ``aggregate_train`` seams of ``Strategy`` and overrides
+``start`` with the VFL loop. Test-set evaluation rides on the round's replies every
+``eval-every`` rounds, so ``configure_evaluate`` sends nothing.
+
+An algorithm (``algorithms/``) subclasses :class:`VFLServer` and writes
+``configure_train`` (what each party receives) and ``z`` (the server's scores from the
+held replies). Features attach through :class:`~fairvfl_flwr.flower.hooks.RoundHook`
+objects and a round scheduler; nothing here names a feature. Every reply enters the
+server's state through :meth:`VFLServer.fold`, and the whole state round-trips through
+:meth:`state_dict` / :meth:`load_state_dict`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO
+from typing import Any, Callable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
+
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core import batching
+from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.core.objective import Groups, TrainStats, train_stats
+from fairvfl_flwr.data.problem import ServerLabels
+from fairvfl_flwr.flower import checks, exchange
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.hooks import Hooks, RoundHook
+
+
+@dataclass
+class Node:
+    """What the server knows about one party: its role and row counts, never its data."""
+
+    node_id: int
+    role: str
+    partition_id: int
+    n_train: int
+    n_test: int
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} (partition {self.partition_id}, {self.role})"
+
+
+class SyncRounds:
+    """The synchronous round loop: every party's reply to round t before round t + 1."""
+
+    def run(self, server: "VFLServer", grid: Grid, first: int, last: int, timeout: float, result: Result) -> Result:
+        for t in range(first, last + 1):
+            replies = server.exchange(grid, server.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
+            replies = server.hooks.incoming(server, grid, t, replies, timeout)
+            _, metrics = server.aggregate_train(t, replies)
+            server.hooks.end(server, t)
+            result.train_metrics_clientapp[t] = metrics
+        return result
+
+
+class VFLServer(Strategy):
+    """The server of one vertical FL run: discovery, exchange, state, history, the loop.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The validated run configuration.
+    labels : ServerLabels
+        Labels and groups of the training and test rows (the server's own data).
+    on_round : callable, optional
+        Called with each round's history row (a dict) as soon as it is complete.
+    hooks : iterable of RoundHook
+        Features on the round loop, called in order.
+    scheduler : object with ``run(server, grid, first, last, timeout, result)``
+        The round loop; :class:`SyncRounds` unless a feature replaces it.
+    """
+
+    #: Values per row in a party's reply (a partial logit: 1).
+    width = 1
+    #: The message type that starts (or restarts) a party's model.
+    init_type = msgs.INIT
+
+    def __init__(
+        self,
+        config: RunConfig,
+        labels: ServerLabels,
+        on_round: Callable[[dict], None] | None = None,
+        hooks: Iterable[RoundHook] = (),
+        scheduler: Any = None,
+    ) -> None:
+        self.cfg = config
+        self.labels = labels
+        self.groups: Groups = labels.groups_for(config.constraint, config.constraint_measure)
+        self.mu = config.mu_value(len(labels.y_train))
+        self.on_round = on_round
+        self.hooks = Hooks(hooks)
+        self.scheduler = scheduler or SyncRounds()
+        self.wire_dtype = np.dtype(config.wire_dtype)
+        # 0: full batch (also when batch-size >= the training rows); b: rounds train on b rows
+        self.batch_size = batching.effective_batch(config.batch_size, len(labels.y_train))
+        batching.check_batches(self.groups, config.seed, self.batch_size, config.num_server_rounds)
+        self.held_rows: np.ndarray | None = None  # training rows the held partial logits are on (None: all)
+        self.lam = np.zeros(self.groups.num_multipliers)  # multipliers; stay 0 without a fairness term
+        self.nodes: dict[int, Node] = {}
+        self.u_train: dict[int, np.ndarray] = {}
+        self.u_test: dict[int, np.ndarray] = {}
+        self.sq_norms: dict[int, float] = {}
+        self.steps: dict[int, int] = {}
+        self.stats: TrainStats | None = None
+        self.history: list[dict] = []
+        self.setup_seconds = 0.0
+        self._t0 = time.perf_counter()
+
+    # -- what an algorithm writes ---------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        raise NotImplementedError
+
+    def z(self, split: str) -> np.ndarray:
+        """The server's scores on ``split`` ("train" or "test") from the held replies."""
+        raise NotImplementedError
+
+    def init_content(self) -> RecordDict:
+        return msgs.init_content(True)
+
+    # -- Strategy interface ------------------------------------------------------------
+    def summary(self) -> None:
+        log(INFO, "%s: %s, %s model, %d parties, %d rounds", type(self).__name__, self.cfg.dataset,
+            self.cfg.model, self.cfg.num_parties, self.cfg.num_server_rounds)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Fold each party's reply into the server's state; record the round."""
+        evaluate = server_round == 0 or self.evaluates(server_round)  # init replies every row
+        self.held_rows = batching.reply_rows(self.cfg, server_round, evaluate, len(self.labels.y_train))
+        n_train = None if self.held_rows is None else len(self.held_rows)
+        for reply in replies:
+            self.fold(reply, n_train)
+        row = self.record(server_round)
+        return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No separate evaluate phase: test logits come back with the train replies."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        **_: object,
+    ) -> Result:
+        """Discover the parties, initialise (or let a hook restore), then run the rounds."""
+        num_rounds = num_rounds or self.cfg.num_server_rounds
+        timeout = timeout or self.cfg.round_timeout
+        self.summary()
+        setup_started = time.perf_counter()
+        self.discover(grid, timeout)
+        first = self.hooks.begin(self, grid, timeout)
+        if first is None:
+            self.initialise(grid, timeout)
+            self.hooks.end(self, 0)
+            first = 1
+        self.setup_seconds = time.perf_counter() - setup_started
+        self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
+        return self.scheduler.run(self, grid, first, num_rounds, timeout, Result())
+
+    # -- the parts of a round ------------------------------------------------------------
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """Ask every node for its role; check the federation matches the run."""
+        deadline = time.monotonic() + timeout
+        node_ids = list(grid.get_node_ids())
+        while len(node_ids) < self.cfg.num_parties and time.monotonic() < deadline:
+            time.sleep(0.5)
+            node_ids = list(grid.get_node_ids())
+        if len(node_ids) != self.cfg.num_parties:
+            raise FederationError(
+                f"the run needs num-parties={self.cfg.num_parties} nodes, the federation has {len(node_ids)}"
+            )
+        queries = [
+            Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
+        ]
+        for reply in self.exchange(grid, queries, timeout, named=False):
+            info = reply.content.config_records["info"]
+            node = Node(
+                node_id=reply.metadata.src_node_id,
+                role=str(info["role"]),
+                partition_id=int(info["partition-id"]),
+                n_train=int(info["n-train"]),
+                n_test=int(info["n-test"]),
+            )
+            self.nodes[node.node_id] = node
+            if str(info["ids-digest"]) != self.labels.ids_digest:
+                raise FederationError(
+                    f"{node} is not aligned with the server's labels: its row ids (digest {info['ids-digest']}, "
+                    f"{node.n_train}/{node.n_test} train/test rows) differ from the server's (digest "
+                    f"{self.labels.ids_digest}, {len(self.labels.y_train)}/{len(self.labels.y_test)} rows); "
+                    "every party file must hold the same row ids and train/test split (re-export them). "
+                    "Refused before round 1"
+                )
+            if node.n_train != len(self.labels.y_train) or node.n_test != len(self.labels.y_test):
+                raise FederationError(
+                    f"{node} has {node.n_train}/{node.n_test} train/test rows, the server "
+                    f"{len(self.labels.y_train)}/{len(self.labels.y_test)}"
+                )
+        pids = sorted(n.partition_id for n in self.nodes.values())
+        if pids != list(range(self.cfg.num_parties)):
+            raise FederationError(f"partition ids must be 0..{self.cfg.num_parties - 1} once each, got {pids}")
+        n_active = sum(n.role == msgs.ROLE_ACTIVE for n in self.nodes.values())
+        if n_active != self.cfg.num_active:
+            raise FederationError(f"expected {self.cfg.num_active} active parties, found {n_active}")
+        log(INFO, "FairVFL: %s", ", ".join(str(n) for n in self.ordered_nodes()))
+
+    def initialise(self, grid: Grid, timeout: float) -> None:
+        """Every party builds its model and sends its first replies (round 0)."""
+        messages = [
+            Message(self.init_content(), dst_node_id=nid, message_type=self.init_type, group_id="0")
+            for nid in self.nodes
+        ]
+        self.hooks.init_messages(self, messages)
+        self.aggregate_train(0, self.exchange(grid, messages, timeout))
+
+    def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:
+        """Push, poll, retry and check envelopes (:func:`fairvfl_flwr.flower.exchange.exchange`)."""
+        return exchange.exchange(grid, messages, timeout, self.cfg.round_retries,
+                                 lambda nid: self.who(nid, named))
+
+    def fold(self, reply: Message, n_train: int | None = None) -> None:
+        """Check one party's reply and make it the server's view of that party.
+
+        ``n_train``: training rows the reply must hold (a mini-batch's b); default all.
+        Raises :class:`FederationError` naming the node for a malformed reply.
+        """
+        nid = reply.metadata.src_node_id
+        n_train = len(self.labels.y_train) if n_train is None else n_train
+        try:
+            logits = checks.check_logits_reply(reply.content, self.who(nid), n_train, len(self.labels.y_test),
+                                               width=self.width)
+        except checks.ReplyError as exc:
+            raise FederationError(f"rejected a reply: {exc}") from None
+        stats = reply.content.metric_records[msgs.STATS]
+        self.u_train[nid] = logits["train"].astype(np.float64)
+        if "test" in logits:
+            self.u_test[nid] = logits["test"].astype(np.float64)
+        self.sq_norms[nid] = float(stats["sq-norm"])
+        self.steps[nid] = int(stats["steps"])
+
+    def record(self, server_round: int, extra: dict | None = None) -> dict:
+        """History row for θ after ``server_round`` (round 0: the initial model).
+
+        Mini-batch runs: L and the gaps are on every training row in evaluation rounds,
+        and on the next round's batch otherwise (``train_rows`` says which).
+        """
+        if self.held_rows is None:
+            self.stats = train_stats(self.labels.y_train, self.z("train"), self.groups)
+        else:
+            self.stats = train_stats(*self.batch_view(self.held_rows))
+        row: dict = {
+            "round": server_round,
+            "loss": self.stats.loss + 0.5 * self.mu * sum(self.sq_norms.values()),
+            "deo": self.stats.deo,
+            "gap": self.stats.gap,
+            "lambda1": float(self.lam[0]),
+            "lambda2": float(self.lam[1]),
+            "max_gap": self.stats.max_gap,  # max_c |D_c|: the constraint set holds when <= ε
+            "gaps": list(self.stats.gaps),  # D_c of every constraint (deo: [D])
+            "lambdas": [float(v) for v in self.lam],  # all multipliers [λ_1+, λ_1-, λ_2+, λ_2-, ...]
+            "acc": np.nan,
+            "dfp": np.nan,
+            "dfn": np.nan,
+            "seconds": time.perf_counter() - self._t0,
+        }
+        if self.batch_size:
+            row["train_rows"] = len(self.labels.y_train) if self.held_rows is None else len(self.held_rows)
+        row.update(extra or {})
+        evaluated = bool(self.u_test) and (server_round == 0 or self.evaluates(server_round))
+        if evaluated:
+            row.update(fairness_metrics(self.labels.y_test, self.labels.s_test, self.z("test")))
+        self.hooks.record(self, server_round, row)
+        if evaluated:
+            self.u_test.clear()
+            log(
+                INFO,
+                "[round %d/%d] L=%.4f DEO=%.4f (eps %.3g) lambda=(%.4f, %.4f) | test ACC=%.2f%% DFP=%.3f DFN=%.3f | %.1f s",
+                server_round, self.cfg.num_server_rounds, row["loss"], row["deo"], self.cfg.epsilon,
+                row["lambda1"], row["lambda2"], 100 * row["acc"], row["dfp"], row["dfn"], row["seconds"],
+            )
+        self.history.append(row)
+        if self.on_round is not None:
+            self.on_round(row)
+        return row
+
+    # -- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue after the last recorded round (keyed by partition
+        id: node ids change when a SuperNode restarts)."""
+        pid = {nid: node.partition_id for nid, node in self.nodes.items()}
+        return {
+            "round": int(self.history[-1]["round"]) if self.history else 0,
+            "lambda": [float(v) for v in self.lam],
+            "history": list(self.history),
+            "sq-norms": {str(pid[n]): v for n, v in self.sq_norms.items()},
+            "steps": {str(pid[n]): v for n, v in self.steps.items()},
+            "u_train": {pid[n]: u for n, u in self.u_train.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` (after :meth:`discover`: needs the nodes)."""
+        by_pid = {node.partition_id: nid for nid, node in self.nodes.items()}
+        self.lam = np.array(state["lambda"], dtype=np.float64)
+        self.history = list(state["history"])
+        for pid, nid in by_pid.items():
+            self.u_train[nid] = np.asarray(state["u_train"][pid], dtype=np.float64)
+            self.sq_norms[nid] = float(state["sq-norms"][str(pid)])
+            self.steps[nid] = int(state["steps"][str(pid)])
+        self.u_test.clear()
+        self.held_rows = None
+        self.stats = train_stats(self.labels.y_train, self.z("train"), self.groups)
+
+    # -- helpers -------------------------------------------------------------------------
+    def who(self, node_id: int, named: bool = True) -> str:
+        return str(self.nodes[node_id]) if named and node_id in self.nodes else f"node {node_id}"
+
+    def ordered_nodes(self) -> list[Node]:
+        return sorted(self.nodes.values(), key=lambda n: n.partition_id)
+
+    def evaluates(self, server_round: int) -> bool:
+        return server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
+
+    def batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, Groups]:
+        """Labels, scores and constraint groups on the batch ``rows``."""
+        z = self.z("train")
+        if self.held_rows is None:  # an evaluation round's replies held every row
+            z = z[rows]
+        elif not np.array_equal(self.held_rows, rows):
+            raise FederationError("internal: the parties' logits are not on this round's batch rows")
+        return self.labels.y_train[rows], z, batching.batch_groups(self.groups, rows)

@@ -1,0 +1,241 @@
+"""Choose ε: train over a list of ε on a validation split, pick one by a rule, plot the trade-off.
+
+::
+
+    python -m fairvfl_flwr.tools.epsweep --dataset adult --constraint equalized-odds \\
+        --epsilons 0.002,0.005,0.01,0.02,0.05,0.1 --max-dfn 0.05 --out results/epsweep-adult
+
+For every ε (and seed) the app trains on the training rows minus a seeded validation
+split (``validation-fraction``, default 0.2) and reports ACC, DFP and DFN on the
+validation rows; the test rows are not looked at. The rule: among the ε whose mean
+validation DFP <= ``--max-dfp`` and DFN <= ``--max-dfn`` (and ACC >= ``--min-acc``),
+take the one with the highest validation ACC (ties: the larger ε). If no ε qualifies,
+the one that misses the bounds by the least is taken and the output says so. The
+chosen ε is then retrained on all training rows and evaluated once on the test rows
+(``--no-refit`` skips this).
+
+Writes ``epsweep.json``, ``table.md`` and ``tradeoff.png`` into ``--out``. Every run
+goes through the real ServerApp strategy and ClientApp over the in-process grid, like
+``fairvfl_flwr.tools.sweep``; any run-config key can be set with ``--set KEY=VALUE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fairvfl_flwr.config.run import RunConfig
+from fairvfl_flwr.app.run import run_inprocess
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Bounds a chosen ε must meet on the validation rows (None: no bound)."""
+
+    max_dfp: float | None = None
+    max_dfn: float | None = None
+    min_acc: float | None = None
+
+    def shortfall(self, acc: float, dfp: float, dfn: float) -> float:
+        """How far a point misses the bounds (0: it meets them all)."""
+        miss = 0.0
+        if self.max_dfp is not None:
+            miss = max(miss, dfp - self.max_dfp)
+        if self.max_dfn is not None:
+            miss = max(miss, dfn - self.max_dfn)
+        if self.min_acc is not None:
+            miss = max(miss, self.min_acc - acc)
+        return miss
+
+    def __str__(self) -> str:
+        parts = [f"{name} {op} {v:g}" for name, op, v in
+                 (("DFP", "<=", self.max_dfp), ("DFN", "<=", self.max_dfn), ("ACC", ">=", self.min_acc))
+                 if v is not None]
+        return ("validation " + " and ".join(parts) + ", then highest validation ACC") if parts else \
+            "highest validation ACC"
+
+
+def select_epsilon(points: list[dict], rule: Rule) -> tuple[dict, bool]:
+    """Pick one point (mean validation metrics per ε) by ``rule``; return it and whether it qualifies."""
+    if not points:
+        raise ValueError("no ε to choose from")
+    scored = [(rule.shortfall(p["acc"], p["dfp"], p["dfn"]), p) for p in points]
+    ok = [p for miss, p in scored if miss <= 0]
+    if ok:
+        return max(ok, key=lambda p: (p["acc"], p["epsilon"])), True
+    return min(scored, key=lambda mp: (mp[0], -mp[1]["acc"]))[1], False
+
+
+def _train(changes: dict, quiet: bool) -> dict:
+    cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
+    summary, folder = run_inprocess(cfg.to_flower(), quiet=quiet)
+    return {"acc": summary["test_acc"], "dfp": summary["test_dfp"], "dfn": summary["test_dfn"],
+            "train_max_gap": summary.get("train_max_gap", summary["train_deo"]),
+            "train_deo": summary["train_deo"], "run_dir": str(folder)}
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in rows)
+
+
+def sweep(
+    base: dict,
+    epsilons: list[float],
+    seeds: list[int],
+    rule: Rule,
+    out: Path,
+    refit: bool = True,
+    quiet: bool = True,
+) -> dict:
+    """Run the sweep; return (and write) ``{"points", "runs", "chosen", "qualifies", "test"}``."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs, t0 = [], time.perf_counter()
+    total = len(epsilons) * len(seeds)
+    for eps in epsilons:
+        for seed in seeds:
+            started = time.perf_counter()
+            rec = _train({**base, "epsilon": eps, "seed": seed, "output-dir": str(out / "runs")}, quiet)
+            rec.update(epsilon=eps, seed=seed, seconds=time.perf_counter() - started)
+            runs.append(rec)
+            print(f"[{len(runs)}/{total}] eps={eps:g} seed {seed}: validation ACC {100 * rec['acc']:.2f}% "
+                  f"DFP {rec['dfp']:.3f} DFN {rec['dfn']:.3f} | train max gap {rec['train_max_gap']:.4f} "
+                  f"({rec['seconds']:.0f} s)", flush=True)
+    points = []
+    for eps in epsilons:
+        sel = [r for r in runs if r["epsilon"] == eps]
+        points.append({"epsilon": eps, **{k: _mean(sel, k) for k in ("acc", "dfp", "dfn", "train_max_gap")},
+                       "seeds": len(sel)})
+    chosen, qualifies = select_epsilon(points, rule)
+    result = {"config": base, "rule": str(rule), "points": points, "runs": runs,
+              "chosen": chosen["epsilon"], "qualifies": qualifies, "test": None}
+    if refit:
+        tests = []
+        for seed in seeds:
+            rec = _train({**base, "validation-fraction": 0.0, "epsilon": chosen["epsilon"], "seed": seed,
+                          "output-dir": str(out / "runs")}, quiet)
+            tests.append({**rec, "seed": seed})
+        result["test"] = {"epsilon": chosen["epsilon"], "runs": tests,
+                          **{k: _mean(tests, k) for k in ("acc", "dfp", "dfn", "train_max_gap")}}
+    result["seconds"] = time.perf_counter() - t0
+    (out / "epsweep.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "table.md").write_text(report(result))
+    plot_tradeoff(result, out / "tradeoff.png")
+    return result
+
+def report(result: dict) -> str:
+    """The sweep as markdown: one row per ε (validation means), the choice, the test numbers."""
+    cfg = result["config"]
+    lines = [
+        f"ε sweep: {cfg.get('dataset')} / {cfg.get('model')} / constraint {cfg.get('constraint')}, "
+        f"validation-fraction {cfg.get('validation-fraction')}, {result['points'][0]['seeds']} seed(s)",
+        "",
+        "| ε | val ACC % | val DFP | val DFN | train max gap | |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in result["points"]:
+        mark = "← chosen" if p["epsilon"] == result["chosen"] else ""
+        lines.append(f"| {p['epsilon']:g} | {100 * p['acc']:.2f} | {p['dfp']:.4f} | {p['dfn']:.4f} | "
+                     f"{p['train_max_gap']:.4f} | {mark} |")
+    lines += ["", f"Rule: {result['rule']}.",
+              f"Chosen ε = {result['chosen']:g}" + ("" if result["qualifies"] else
+                                                  " (NO ε meets the rule; this one misses it by the least)") + "."]
+    t = result.get("test")
+    if t:
+        lines.append(f"Refit on all training rows, test rows: ACC {100 * t['acc']:.2f}%, DFP {t['dfp']:.4f}, "
+                     f"DFN {t['dfn']:.4f}, train max gap {t['train_max_gap']:.4f}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot_tradeoff(result: dict, path: Path) -> None:
+    """Left: validation ACC, DFP, DFN against ε. Right: ACC against max(DFP, DFN), points labelled by ε."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = result["points"]
+    eps = [p["epsilon"] for p in pts]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(eps, [p["dfp"] for p in pts], "o-", label="val DFP")
+    ax1.plot(eps, [p["dfn"] for p in pts], "s-", label="val DFN")
+    ax1.set_xscale("log" if min(eps) > 0 else "symlog", **({} if min(eps) > 0 else {"linthresh": 1e-3}))
+    ax1.set_xlabel(r"$\epsilon$")
+    ax1.set_ylabel("fairness gap")
+    acc_ax = ax1.twinx()
+    acc_ax.plot(eps, [100 * p["acc"] for p in pts], "^--", color="C2", label="val ACC")
+    acc_ax.set_ylabel("validation ACC %")
+    h1, l1 = ax1.get_legend_handles_labels()
+    h2, l2 = acc_ax.get_legend_handles_labels()
+    ax1.legend(h1 + h2, l1 + l2, fontsize=8)
+    ax1.axvline(result["chosen"], color="k", ls=":", lw=1)
+    ax1.set_title("validation metrics against ε")
+    worst = [max(p["dfp"], p["dfn"]) for p in pts]
+    ax2.plot(worst, [100 * p["acc"] for p in pts], "o-", color="C0")
+    for p, w in zip(pts, worst):
+        ax2.annotate(f"{p['epsilon']:g}", (w, 100 * p["acc"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if p["epsilon"] == result["chosen"]:
+            ax2.plot([w], [100 * p["acc"]], "*", color="C3", ms=14, label=f"chosen ε={p['epsilon']:g}")
+    ax2.set_xlabel("validation max(DFP, DFN)")
+    ax2.set_ylabel("validation ACC %")
+    ax2.set_title("accuracy–fairness trade-off")
+    ax2.legend(fontsize=8)
+    cfg = result["config"]
+    fig.suptitle(f"FairVFL ε sweep: {cfg.get('dataset')}, {cfg.get('model')}, {cfg.get('constraint')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _float_or_none(v: str | None) -> float | None:
+    return None if v is None else float(v)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="adult")
+    p.add_argument("--model", default="linear")
+    p.add_argument("--constraint", default="deo", help="deo | equalized-odds | demographic-parity")
+    p.add_argument("--epsilons", default="0.002,0.005,0.01,0.02,0.05,0.1", help="comma list of ε")
+    p.add_argument("--seeds", default="0", help="comma list of seeds (metrics are averaged)")
+    p.add_argument("--validation-fraction", type=float, default=0.2)
+    p.add_argument("--max-dfp", type=float, default=None, help="bound on validation DFP")
+    p.add_argument("--max-dfn", type=float, default=None, help="bound on validation DFN")
+    p.add_argument("--min-acc", type=float, default=None, help="bound on validation ACC (a fraction, e.g. 0.83)")
+    p.add_argument("--no-refit", action="store_true", help="do not retrain the chosen ε for test numbers")
+    p.add_argument("--out", type=Path, default=Path("results/epsweep"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="run-config override for every run, e.g. --set num-server-rounds=500")
+    p.add_argument("--verbose", action="store_true", help="show every run's round log")
+    a = p.parse_args(argv)
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    epsilons = [float(e) for e in split(a.epsilons)]
+    if not epsilons or any(e < 0 or math.isnan(e) for e in epsilons):
+        p.error("--epsilons: give one or more numbers >= 0")
+    if not 0 < a.validation_fraction <= 0.5:
+        p.error("--validation-fraction must be in (0, 0.5]: ε is chosen on validation rows, never on test rows")
+    base = {"dataset": a.dataset, "model": a.model, "constraint": a.constraint, "fairness": True,
+            "validation-fraction": a.validation_fraction}
+    for item in a.set:
+        key, _, value = item.partition("=")
+        base[key.strip()] = value.strip()
+    RunConfig.from_flower({**RunConfig().to_flower(), **base})  # refuse bad keys before the first run
+    rule = Rule(a.max_dfp, a.max_dfn, a.min_acc)
+    result = sweep(base, epsilons, [int(s) for s in split(a.seeds)], rule, a.out,
+                   refit=not a.no_refit, quiet=not a.verbose)
+    print(report(result))
+    print(f"{len(result['runs'])} validation runs in {result['seconds']:.0f} s; results in {a.out.resolve()}")
+    return result
+
+
+def cli() -> None:
+    """Console script ``fairvfl-epsweep`` (:func:`main` returns the result for callers)."""
+    main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,153 @@
+"""Write one CSV per party and the server's label file; print how to start the federation.
+
+    python -m fairvfl_flwr.tools.export --dataset adult --parties 6 --out parties/
+    python -m fairvfl_flwr.tools.export --csv my.csv --label income --positive ">50K" \\
+        --sensitive sex --group-a Female --group-b Male --id-column id --parties 4 --out parties/
+
+Each party file holds the row id, the split (train/test) and that party's feature
+columns (encoded and standardised exactly as the simulation sees them); the active
+party's file also holds the label and sensitive columns. ``server_labels.csv`` holds
+what the server needs (row id, split, y, group, protected) and no features.
+``manifest.json`` records the node and run configs, and the printed lines start a
+SuperLink, one SuperNode per party and the run. A run on these files gives the same
+numbers as ``flwr run`` in simulation with the same run config (the tests check it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from fairvfl_flwr.config.run import ConfigError, RunConfig
+from fairvfl_flwr.data.partition import PartitionError
+from fairvfl_flwr.data.partydata import (
+    ID_COLUMN,
+    ROLE_ACTIVE,
+    ROLE_PASSIVE,
+    SPLIT_COLUMN,
+    active_node_config,
+    label_table,
+    party_table,
+)
+from fairvfl_flwr.data.problem import load_data, party_columns
+from fairvfl_flwr.data.tables import DataError
+from fairvfl_flwr.tools.localfed import node_config_arg, run_config_arg
+
+#: Run-config keys that shape the problem and the models: a deployment run must use the
+#: values the files were exported with.
+EXPORT_KEYS = ("dataset", "num-parties", "num-active", "active-columns", "seed", "validation-fraction")
+
+
+def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_port: int = 9100) -> dict:
+    """Write the party files, the server label file and ``manifest.json`` under ``out``."""
+
+    out = Path(out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    ds = load_data(cfg)
+    columns = party_columns(cfg, ds)
+    node_configs = []
+    for k in range(cfg.num_parties):
+        path = out / f"party{k}.csv"
+        party_table(cfg, ds, k).to_csv(path, index=False)
+        node = {"partition-id": k, "role": ROLE_ACTIVE if k < cfg.num_active else ROLE_PASSIVE,
+                "data-path": str(path), "id-column": ID_COLUMN}
+        if k < cfg.num_active:
+            node.update(active_node_config(cfg, ds))
+        node_configs.append(node)
+    labels_path = out / "server_labels.csv"
+    label_table(ds).to_csv(labels_path, index=False)
+    run_config = {k: v for k, v in cfg.to_flower().items() if k in EXPORT_KEYS and k in cfg.to_flower()}
+    run_config["server-labels"] = str(labels_path)
+    manifest = {
+        "dataset": ds.name,
+        "rows": {"train": len(ds.y_train), "test": len(ds.y_test)},
+        "party_columns": [len(c) for c in columns],
+        "superlink": superlink,
+        "node_configs": node_configs,
+        "run_config": run_config,
+        "first_port": first_port,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def instructions(manifest: dict, tls: bool = False) -> str:
+    """The exact commands to start the SuperLink, each SuperNode and the run."""
+    link = manifest["superlink"]
+    host, port = link.rsplit(":", 1)
+    if tls:
+        link_sec = "--ssl-ca-certfile certs/ca.crt --ssl-certfile certs/server.crt --ssl-keyfile certs/server.key --enable-supernode-auth"
+        node_sec = lambda k: f"--root-certificates certs/ca.crt --auth-supernode-private-key keys/party{k}"  # noqa: E731
+    else:
+        link_sec = "--insecure"
+        node_sec = lambda k: "--insecure"  # noqa: E731
+    lines = [
+        f"# 1. On the server (the organisation that owns the labels): the SuperLink",
+        f"flower-superlink {link_sec} --port {port}",
+    ]
+    if tls:
+        lines += ["# 1b. Register each party's public key (keys/partyK.pub) with the SuperLink"]
+        lines += [f"flwr supernode register keys/party{k}.pub <connection>"
+                  for k in range(len(manifest["node_configs"]))]
+    lines += [f"# 2. On each party's machine (copy its CSV there and fix data-path if it moves):"]
+    for k, node in enumerate(manifest["node_configs"]):
+        lines.append(
+            f"flower-supernode {node_sec(k)} --superlink {link} --port {manifest['first_port'] + k} "
+            f"--node-config {shlex.quote(node_config_arg(node))}"
+        )
+    lines += [
+        "# 3. From the app folder, with a connection to the SuperLink in $FLWR_HOME/config.toml:",
+        f"flwr run . <connection> --run-config {shlex.quote(run_config_arg(manifest['run_config']))} --stream",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fairvfl_flwr.tools.export", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="adult", help="adult, compas, crime (or use --csv)")
+    p.add_argument("--parties", type=int, default=6, help="number of parties K (default 6)")
+    p.add_argument("--active", type=int, default=1, help="number of active parties (default 1)")
+    p.add_argument("--active-columns", type=int, default=0, help="feature columns of the active parties (0: dataset default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split (default 0)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--superlink", default="127.0.0.1:9092", help="SuperLink address in the printed lines")
+    p.add_argument("--tls", action="store_true", help="print the lines with TLS and SuperNode authentication")
+    own = p.add_argument_group("your own table (sets dataset=csv)")
+    own.add_argument("--csv", default="", help="path of your CSV table")
+    own.add_argument("--label", default="", help="label column")
+    own.add_argument("--positive", default="", help="positive label value")
+    own.add_argument("--sensitive", default="", help="sensitive column")
+    own.add_argument("--group-a", default="", help="value of the sensitive column for group a")
+    own.add_argument("--group-b", default="", help="value of the sensitive column for group b")
+    own.add_argument("--protected-label", type=int, default=1, help="1: N^a/N^b are rows with the positive label; -1: negative")
+    own.add_argument("--id-column", default="", help="row id column (default: row number)")
+    own.add_argument("--train-fraction", type=float, default=0.8, help="share of rows used for training")
+    args = p.parse_args(argv)
+    values = dict(dataset=args.dataset, num_parties=args.parties, num_active=args.active,
+                  active_columns=args.active_columns, seed=args.seed)
+    if args.csv:
+        values.update(dataset="csv", csv_path=str(Path(args.csv).expanduser().resolve()), csv_label=args.label,
+                      csv_positive=args.positive, csv_sensitive=args.sensitive, csv_group_a=args.group_a,
+                      csv_group_b=args.group_b, csv_protected_label=args.protected_label,
+                      csv_id_column=args.id_column, csv_train_fraction=args.train_fraction)
+    try:
+        cfg = RunConfig(**values)
+        cfg.validate()
+        manifest = export(cfg, args.out, superlink=args.superlink)
+    except (ConfigError, DataError, PartitionError, ValueError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    print(f"Wrote {len(manifest['node_configs'])} party files, server_labels.csv and manifest.json to {out}")
+    print(f"  {manifest['dataset']}: {manifest['rows']['train']} training / {manifest['rows']['test']} test rows; "
+          f"columns per party {manifest['party_columns']}\n")
+    print(instructions(manifest, tls=args.tls))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The package's shape: import-linter's contracts (pyproject.toml), no imports hidden in
+functions, no private names imported across modules, no feature named in the round loop."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fairvfl_flwr"
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def test_import_linter_contracts_are_kept():
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip('needs import-linter: pip install -e ".[test]"')
+    done = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_no_package_import_inside_a_function():
+    found = []
+    for path, tree in _modules():
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fairvfl_flwr")):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
+    assert not found, "imports of the package's own modules belong at the top of the module:\n" + "\n".join(found)
+
+
+def test_no_private_name_imported_across_modules():
+    found = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fairvfl_flwr"):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "\n".join(found)
+
+
+def test_the_round_loop_and_the_algorithms_name_no_feature():
+    features = [p.stem for p in (PACKAGE / "features").glob("*.py") if p.stem != "__init__"]
+    words = set(features) | {"ckks", "secure_nu", "nu_noise", "checkpoint", "resume", "record_view", "staleness",
+                             "straggler", "scores"}
+    for rel in ("flower/server.py", "flower/hooks.py", "algorithms/fairvfl.py", "algorithms/split.py"):
+        tree = ast.parse((PACKAGE / rel).read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        modules = {(n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not names & words, f"{rel} names a feature: {sorted(names & words)}"
+        assert not any(m.startswith("fairvfl_flwr.features") for m in modules), f"{rel} imports a feature"
