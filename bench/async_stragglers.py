@@ -1,4 +1,4 @@
-"""Synchronous vs bounded-staleness rounds with one slow party (issue 8, docs/async.md).
+"""Synchronous vs bounded-staleness rounds with one slow party (docs/async.md).
 
 Runs the real ServerApp strategy and ClientApp over the in-process grid with
 ``async_replies`` (every node answers on its own thread, replies arrive late like over a

@@ -7,9 +7,9 @@ models, float32 wire). Modes, all measured in this one run (quote the ratios, no
 absolute numbers, on a loaded machine):
 
 * ``numpy floor``: the identical round math in one process, numpy only (bench/common.py);
-* ``torch centralised GDA``: reference.py (Q = 1, autograd on the whole problem);
-* ``in-process grid``: the real ServerApp strategy and ClientApp, no SuperLink (inprocess.py);
-* ``flwr run simulation``: a private simulation SuperLink (flwr_engine.py), 6 SuperNodes;
+* ``torch centralised GDA``: fairvfl_flwr/core/reference.py (Q = 1, autograd on the whole problem);
+* ``in-process grid``: the real ServerApp strategy and ClientApp, no SuperLink (fairvfl_flwr/flower/inprocess.py);
+* ``flwr run simulation``: a private simulation SuperLink (fairvfl_flwr/tools/flwr_engine.py), 6 SuperNodes;
 * ``no-op Flower round``: scripts/noop_app under the same SuperLink kind and node count,
   each message carrying n float32 each way (the same sizes as FairVFL's z/ν and logits).
 

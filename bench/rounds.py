@@ -7,7 +7,7 @@ value and train DEO <= ε + 0.005 (and both stay so), for Q ∈ {1, 2, 5, 10} on
 models: bench/common.NumpyFloor; float64 throughout), test metrics every 10 rounds;
 ``--engine inprocess`` runs the real ServerApp strategy and ClientApp on the in-process
 grid (same numbers up to the float32 wire, ~2-3x slower). ``--preset fast`` runs the
-same Q values with the ``fast`` preset (fairvfl_flwr/presets.py). A run that never meets
+same Q values with the ``fast`` preset (fairvfl_flwr/config/presets.py). A run that never meets
 the target reports ``rounds_to_target = None``.
 """
 
@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--dataset", default="adult")
     ap.add_argument("--rounds", type=int, default=1000)
     ap.add_argument("--qs", default="1,2,5,10")
-    ap.add_argument("--preset", default="", help="run-config preset (presets.py), e.g. fast")
+    ap.add_argument("--preset", default="", help="run-config preset (fairvfl_flwr/config/presets.py), e.g. fast")
     ap.add_argument("--set", default="", help="extra run config, e.g. 'eta=50 beta=0.5'")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="")

@@ -7,7 +7,7 @@ Synthetic table (fairvfl_flwr/synthetic.py: seeded, planted group bias, 32 colum
 active party holds 8 of them). Each role runs **in its own process** — the server, the
 active party and one passive party (the largest passive block) — doing exactly its own
 share of a round with the app's own code: the server sums K float32 logit vectors, takes
-the dual step and computes ν (objective.py) and casts z/ν to the float32 wire; a party
+the dual step and computes ν (fairvfl_flwr/core/step.py) and casts z/ν to the float32 wire; a party
 runs ``parties.Party.step`` / ``ActiveParty.local_steps`` (Q = 5) and computes its new
 logits. Each process generates only its own columns (the active party and the server
 also the labels), so its peak RSS is what that organisation's machine needs. There is no

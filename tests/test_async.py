@@ -1,4 +1,4 @@
-"""Issue 8: time-budgeted local steps, simulated stragglers, bounded-staleness rounds."""
+"""Time-budgeted local steps, simulated stragglers, bounded-staleness rounds."""
 
 import json
 import time

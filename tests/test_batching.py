@@ -1,4 +1,4 @@
-"""Issue 4: the app-level mini-batch key ``batching.batch-size`` (batching.py, strategy, ClientApp)."""
+"""The app-level mini-batch key ``batching.batch-size`` (core/batching.py, the server, the ClientApp)."""
 
 import json
 

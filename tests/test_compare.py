@@ -1,4 +1,4 @@
-"""The comparison harness (issue 7): baselines, table writer, the compare command."""
+"""The comparison harness: baselines, table writer, the compare command."""
 
 from __future__ import annotations
 

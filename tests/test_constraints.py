@@ -1,4 +1,4 @@
-"""Issue 9: constraint sets (deo / equalized-odds / demographic-parity), several active
+"""Constraint sets (deo / equalized-odds / demographic-parity), several active
 parties, and the validation split used to choose ε."""
 
 import json

@@ -1,4 +1,4 @@
-"""Datasets as in the paper (SPEC.md table), the CSV loader and its refusals."""
+"""Datasets as in the paper (docs/algorithm.md, Datasets), the CSV loader and its refusals."""
 
 import numpy as np
 import pandas as pd

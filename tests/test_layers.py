@@ -61,3 +61,25 @@ def test_the_round_loop_and_the_algorithms_name_no_feature():
         modules = {(n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not names & words, f"{rel} names a feature: {sorted(names & words)}"
         assert not any(m.startswith("fairvfl_flwr.features") for m in modules), f"{rel} imports a feature"
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_package_only(tmp_path):
+    """client_app.py / server_app.py travel in the FAB; as top-level site-packages modules
+    they would collide with any other Flower app in the same environment."""
+    import zipfile
+
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    if done.returncode != 0 and "hatchling" in done.stderr:
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path),
+                               str(ROOT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"fairvfl_flwr"}, top
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
+    for tool in ("compare", "sweep", "epsweep", "audit", "export", "localfed", "tls", "psi"):
+        assert f"fairvfl-{tool} = fairvfl_flwr.tools.{tool}:" in scripts

@@ -1,4 +1,4 @@
-"""The key identity of SPEC.md: J_kᵀν + μθ_k equals autograd's ∇_{θ_k} f̃ on the whole problem."""
+"""The key identity (docs/algorithm.md, Gradient identity): J_kᵀν + μθ_k equals autograd's ∇_{θ_k} f̃ on the whole problem."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 4: float32 wire, cheap config import, presets, the synthetic table and shared-seed batches."""
+"""Float32 wire, cheap config import, presets, the synthetic table and shared-seed batches."""
 
 import subprocess
 import sys

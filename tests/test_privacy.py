@@ -1,4 +1,4 @@
-"""Privacy defences (issue 6): CKKS-encrypted ν and PSI row alignment. Need .[privacy]."""
+"""Privacy defences: CKKS-encrypted ν and PSI row alignment. Need .[privacy]."""
 
 import numpy as np
 import pytest

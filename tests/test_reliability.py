@@ -1,4 +1,4 @@
-"""Faults and resuming (issue 5), fast: the real ServerApp strategy and ClientApp over the
+"""Faults and resuming, fast: the real ServerApp strategy and ClientApp over the
 in-process grid, with grids that lose, drop or tamper with messages.
 
 The deployment version (a SuperNode killed mid-run, restarted, resumed) is in

@@ -52,7 +52,7 @@ def seeded(seed: int) -> Iterator[None]:
     """Seed torch's CPU generator for a block and restore it afterwards.
 
     Not ``torch.manual_seed``: that also queues a seed call for every lazy accelerator
-    backend (CUDA, XPU, MTIA), each with a formatted stack trace, ~3 ms per call and a
+    backend (CUDA, XPU, MTIA), each with a formatted stack trace, and a
     list that grows with every message; these models only ever use the CPU generator.
     """
     with torch.random.fork_rng(devices=[]):
@@ -81,7 +81,7 @@ def build_model(
 
 @torch.no_grad()
 def gradient_step(model: nn.Module, lr: float, mu: float) -> None:
-    """θ ← θ − lr (∇ + μθ), with ∇ already in ``.grad`` (SPEC.md step 4)."""
+    """θ ← θ − lr (∇ + μθ), with ∇ already in ``.grad`` (docs/algorithm.md, One round, step 4)."""
     for p in model.parameters():
         p -= lr * (p.grad + mu * p)
         p.grad = None

@@ -1,4 +1,4 @@
-"""What one party does with what it receives (SPEC.md steps 4 and 5).
+"""What one party does with what it receives (docs/algorithm.md, One round, steps 4 and 5).
 
 A party owns its feature block and its model; nothing here sends θ anywhere. The
 ClientApp builds a party for each message from its cached data and the model state

@@ -3,7 +3,7 @@
 Two entry points:
 
 * :func:`load_dataset` for the three paper datasets that ship with the package
-  (``adult``, ``compas``, ``crime``), set up as in the paper (SPEC.md table);
+  (``adult``, ``compas``, ``crime``), set up as in the paper (docs/algorithm.md, Datasets);
 * :func:`load_csv` for a user's own table: name the label column and its positive
   value, the sensitive column and its two group values.
 
@@ -33,7 +33,7 @@ import numpy as np
 if TYPE_CHECKING:  # pandas is imported where a table is parsed (import cost on every node)
     import pandas as pd
 
-# pandas is imported where a table is parsed (~0.3 s), not here: the ClientApp imports this
+# pandas is imported where a table is parsed, not here (its import is paid per process): the ClientApp imports this
 # module for ids_digest/DataError on every message's fresh process in deployment.
 
 DATA_DIR = Path(__file__).resolve().parent / "datasets"
@@ -102,7 +102,7 @@ def _packaged(name: str, file: str, **kwargs) -> DatasetSpec:
     return DatasetSpec(name=name, path=Path(file), id_column="row_id", **kwargs)
 
 
-#: The paper's datasets (SPEC.md): groups, protected label, split and active columns.
+#: The paper's datasets (docs/algorithm.md, Datasets): groups, protected label, split and active columns.
 DATASETS: dict[str, DatasetSpec] = {
     "adult": _packaged(
         "adult", "adult.csv.gz",

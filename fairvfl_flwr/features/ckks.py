@@ -13,12 +13,12 @@ train.passive_unmask  Σ_slots of each decrypted   new u_k, steps, ‖θ_k‖²
                       masked vector (m floats)
 ============== ================================ =====================================
 
-Why this shape (measured on this machine, n = 40,000, m = 17): TenSEAL's
-``ckks_vector.matmul(plain_matrix)`` rotates once per matrix row and had not finished
-one chunk set after 10 minutes; per-column ``dot`` needs Galois keys (a 34 MB public
-context) and 12 rotations per column and chunk (~4 s). Instead the party multiplies
+Why this shape (costs in docs/privacy-defences.md): TenSEAL's
+``ckks_vector.matmul(plain_matrix)`` rotates once per matrix row; per-column ``dot``
+needs Galois keys (a large public context) and a dozen rotations per column and chunk.
+Instead the party multiplies
 each encrypted chunk by its column slice and adds across chunks (plaintext products
-and additions only, no rotations, no Galois or relinearisation keys: a 0.36 MB public
+and additions only, no rotations, no Galois or relinearisation keys: a small public
 context), masks every slot with its own uniform random number and returns one
 ciphertext per column; the server decrypts and sums the slots. The server thus sees
 n·(X_kᵀν)_j + Σ_s r_{j,s} and per-slot values under fresh masks, never the gradient;

@@ -23,8 +23,8 @@ in its run folder); ``eo``, ``ceo`` and ``central`` need ``pip install -e ".[bas
 
 Training runs go through the real ServerApp strategy and ClientApp. ``--engine
 inprocess`` (default) carries the messages over the in-process grid; ``--engine flwr``
-submits every run to a private simulation SuperLink with ``flwr run`` (Ray; ~0.15 s per
-round on 2 cores). ``tests/test_simulation.py`` checks both give the same numbers.
+submits every run to a private simulation SuperLink with ``flwr run`` (Ray; slower per round,
+see docs/performance.md). ``tests/test_simulation.py`` checks both give the same numbers.
 
 Writes into ``--out``: ``results.json`` / ``results.csv`` (every run's config and
 metrics), ``table_<model>.md`` (the paper's layout, mean ± std over seeds, the paper's
@@ -60,7 +60,7 @@ from fairvfl_flwr.tools.baselines import EXTRAS_HINT, extras_available
 from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
 
 METHODS = ("fedbcd", "eo", "ceo", "fairvfl", "fairvfl-eo", "fairvfl-dp", "split", "central")
-# the constraint-set rows (issue 9): method -> (run-config constraint, row tag)
+# the constraint-set rows (docs/fairness-constraints.md): method -> (run-config constraint, row tag)
 CONSTRAINT_METHODS = {"fairvfl-eo": ("equalized-odds", "EO"), "fairvfl-dp": ("demographic-parity", "DP")}
 PAPER_EPSILONS = (0.001, 0.01, 0.05, 0.1, 0.5)
 DATASET_TITLES = {"adult": "Adult", "compas": "Compas", "crime": "Crime"}

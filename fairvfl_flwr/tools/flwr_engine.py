@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-APP_DIR = Path(__file__).resolve().parents[1]  # the folder holding pyproject.toml (the Flower app)
+APP_DIR = Path(__file__).resolve().parents[2]  # the folder holding pyproject.toml (the Flower app)
 BIN = Path(sys.executable).parent
 
 

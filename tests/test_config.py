@@ -1,0 +1,80 @@
+"""The run config: sections with dotted keys, moved and unknown keys, the refusal table."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from flwr.common.config import flatten_dict
+
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.config.sections import KEY_OF, MOVED, REFUSED, SECTIONS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_config_is_exactly_the_defaults():
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flat = flatten_dict(table)  # what Flower hands the apps
+    assert flat == RunConfig().to_flower()
+    assert RunConfig.from_flower(flat) == RunConfig()
+    assert {k.split(".")[0] for k in flat if "." in k} == set(SECTIONS)
+
+
+def test_section_keys_set_the_flat_attributes():
+    cfg = RunConfig.from_flower({"privacy.nu-noise": 2.0, "batching.batch-size": 64, "csv.path": "/x.csv",
+                                 "split.embedding": 8, "reliability.round-retries": 3})
+    assert (cfg.nu_noise, cfg.batch_size, cfg.csv_path, cfg.split_embedding, cfg.round_retries) == (2.0, 64, "/x.csv",
+                                                                                                     8, 3)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_moved_key_is_refused_naming_its_new_key(old):
+    with pytest.raises(ConfigError, match=rf"run config {old}: this key is now '{MOVED[old]}'"):
+        RunConfig.from_flower({old: RunConfig().to_flower()[MOVED[old]]})
+
+
+def test_an_unknown_key_is_refused_in_process_as_by_flwr_run(tmp_path):
+    with pytest.raises(ConfigError, match=r"run config num-server-round=5: unknown key"):
+        run_inprocess({"dataset": "crime", "num-server-round": 5, "output-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"privacy.secure=.*unknown key"):
+        RunConfig.from_flower({"privacy.secure": "ckks"})
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("privacy.nu-noise", -1.0, "must be >= 0"),
+    ("privacy.secure-nu", "rsa", "choose 'none'"),
+    ("reliability.round-timeout", 0.0, "must be > 0 seconds"),
+    ("reliability.checkpoint-every", -2, "must be >= 0"),
+    ("staleness.quorum", 9, "between 0"),
+    ("staleness.straggler-delays", "2=x", "item '2=x': write partition=seconds"),
+    ("batching.batch-size", -1, "must be >= 0 rows"),
+    ("split.embedding", 0, "at least 1"),
+    ("csv.train-fraction", 1.5, "between 0 and 1"),
+])
+def test_each_section_is_checked_and_names_its_dotted_key(key, value, why):
+    base = {"dataset": "csv", "csv.path": "x.csv", "csv.label": "y", "csv.positive": "1", "csv.sensitive": "s",
+            "csv.group-a": "a", "csv.group-b": "b"} if key.startswith("csv.") else {}
+    with pytest.raises(ConfigError, match=rf"{key}.*{why}"):
+        RunConfig.from_flower({**base, key: value})
+
+
+ON = {"batch_size": 64, "max_staleness": 1, "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/r",
+      "record_view": "/tmp/v", "model": "mlp", "validation_fraction": 0.2, "server_labels": "/tmp/labels.csv",
+      "mode": "split", "nu_noise": 1.0}
+
+
+@pytest.mark.parametrize("row", range(len(REFUSED)))
+def test_every_refused_combination_names_both_keys(row):
+    pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
+    field, _, other, _, _ = REFUSED[row]
+    key, other_key = KEY_OF.get(field, field.replace("_", "-")), KEY_OF.get(other, other.replace("_", "-"))
+    with pytest.raises(ConfigError, match=rf"run config {key}=.*not supported with {other_key}="):
+        RunConfig(dataset="crime", **{field: ON[field], other: ON[other]}).validate()
+
+
+def test_the_split_baseline_refuses_what_it_would_ignore():
+    with pytest.raises(ConfigError, match=r"privacy.nu-noise=1.0: not supported with mode='split'"):
+        RunConfig.from_flower({"mode": "split", "privacy.nu-noise": 1.0})
