@@ -51,7 +51,7 @@ def _federation(home: Path, manifest: dict, security=None) -> LocalFederation:
 
 
 def _run(fed: LocalFederation, manifest: dict, out: Path) -> tuple[str, str]:
-    return fed.run({**BASE, **manifest["run_config"], "output-dir": str(out)}, timeout=240)
+    return fed.run({**BASE, **manifest["run_config"], "output-dir": str(out)}, timeout=480)
 
 
 def _result(out: Path) -> tuple[dict, list]:
