@@ -44,16 +44,14 @@ def _columns(K: int):
 def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0) -> dict:
     """One role's share of ``rounds`` rounds; returns its seconds per round and peak RSS."""
     import numpy as np
-    import torch
 
     from fairvfl_flwr.data import synthetic
     from fairvfl_flwr.core.batching import batch_rows
-    from fairvfl_flwr.core.models import build_model
+    from fairvfl_flwr.core.blocks import build_block
     from fairvfl_flwr.core.objective import Groups, train_stats
     from fairvfl_flwr.core.step import server_step
     from fairvfl_flwr.core.parties import ActiveParty, Party
 
-    torch.set_num_threads(1)
     base = peak_rss_mib()
     tr, _ = synthetic.split(n)
     n_train = tr.stop
@@ -70,8 +68,8 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
         groups = Groups.from_labels(y, s, 1)
     else:
         block = cols[0] if role == "active" else max(cols[1:], key=len)
-        X = torch.from_numpy(synthetic.columns(n, block, seed)[tr])
-        model = build_model("linear", len(block), bias=role == "active", seed=0)
+        X = np.ascontiguousarray(synthetic.columns(n, block, seed)[tr])
+        model = build_block("linear", len(block), bias=role == "active", seed=0)
         z_wire = rng.normal(size=n_train).astype(np.float32)
         nu_wire = (rng.normal(size=n_train) / n_train).astype(np.float32)
         if role == "active":
@@ -89,7 +87,7 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
             lam, nu = server_step(lam, yb, z, g, epsilon=0.01, beta=0.1, c=1e-3)
             _wire = (nu.astype(np.float32), z.astype(np.float32))
             return
-        Xb = X if rows is None else X[torch.from_numpy(rows)]
+        Xb = X if rows is None else X[rows]
         if role == "active":
             yb, gb = (y, groups) if rows is None else (y[rows], Groups.from_labels(y[rows], s[rows], 1))
             party = ActiveParty(model, Xb, Xb[:0], lr, mu, y=yb.astype(np.float64), groups=gb)
@@ -98,9 +96,8 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
             party = Party(model, Xb, Xb[:0], lr, mu)
             party.step(nu_wire[: Xb.shape[0]].astype(np.float64))
         nxt = batch_rows(seed, t + 1, n_train, batch)  # reply: new logits on the next round's rows
-        Xn = X if nxt is None else X[torch.from_numpy(nxt)]
-        with torch.no_grad():
-            _reply = model(Xn).numpy().astype(np.float32)
+        Xn = X if nxt is None else X[nxt]
+        _reply = model.forward(Xn).astype(np.float32)
 
     if role == "server" and batch:
         u = [v[:batch] for v in u]  # mini-batch: the server holds b logits per party

@@ -186,7 +186,8 @@ def test_export_cli_own_csv_prints_supernode_lines(tmp_path, capsys):
                         "--parties", "3", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
-    assert printed.count("flower-supernode --insecure --superlink 127.0.0.1:9092") == 3
+    assert printed.count("FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05 flower-supernode --insecure --superlink 127.0.0.1:9092") == 3
+    assert "flower-superlink --insecure --port 9092 --disable-runtime-dependency-installation" in printed
     assert f'data-path="{out / "party0.csv"}"' in printed and 'label-column="income"' in printed
     assert "flwr run . <connection>" in printed and "server-labels=" in printed
     manifest = json.loads((out / "manifest.json").read_text())

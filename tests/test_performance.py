@@ -30,6 +30,19 @@ def test_config_imports_neither_torch_nor_pandas_and_client_app_not_pandas():
     assert out.strip() == "[False, False] False"
 
 
+def test_a_linear_run_never_imports_torch(tmp_path):
+    """The ClientApp's linear path (and the whole in-process linear run) is numpy only: a
+    deployed party pays no torch import on any message."""
+    code = ("import sys, json; from fairvfl_flwr.app.run import run_inprocess; "
+            f"run_inprocess({{'dataset': 'crime', 'num-server-rounds': 3, 'eval-every': 3, 'output-dir': {str(tmp_path)!r}}}, "
+            "quiet=True); print(json.dumps(['torch' in sys.modules, 'client_app' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[false, false]"
+    mlp = code.replace("'dataset': 'crime'", "'dataset': 'crime', 'model': 'mlp'")
+    out = subprocess.run([sys.executable, "-c", mlp], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[true, false]"  # the check can fail: the MLP does load torch
+
+
 def test_presets_fill_only_keys_left_at_default():
     fast = RunConfig.from_flower({"preset": "fast"})
     assert (fast.eta, fast.beta) == (20.0, 0.5)

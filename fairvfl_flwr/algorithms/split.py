@@ -23,7 +23,9 @@ client part is ``nn.Linear(m_k, d)`` as in the example; ``"mlp"``: two hidden Re
 layers then ``d`` outputs. Full batch, every round, as in the example.
 
 :class:`SplitVFL` is a sibling of FairVFL on the shared server base (no multipliers, no
-ν); :func:`register` adds the parties' handlers to the app's one ``ClientApp``.
+ν); :func:`register` adds the parties' handlers to the app's one ``ClientApp``. Torch is
+imported where this baseline runs, not at module import: the ClientApp registers these
+handlers in every run, and a linear FairVFL party must not pay torch's import.
 """
 
 from __future__ import annotations
@@ -31,14 +33,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
-from torch import nn
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.models import DTYPES, seeded, squared_norm
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.party import PartyRuntime, round_of
@@ -47,8 +46,12 @@ from fairvfl_flwr.flower.server import VFLServer
 SPLIT_STATE = "split.model"
 
 
-def build_embedder(kind: str, in_features: int, d: int, hidden: int, dtype: str, seed: int) -> nn.Module:
+def build_embedder(kind: str, in_features: int, d: int, hidden: int, dtype: str, seed: int):
     """A client's part of the split model (seeded, like ``core.models.build_model``)."""
+    from torch import nn
+
+    from fairvfl_flwr.core.models import DTYPES, seeded  # torch: only in split mode
+
     with seeded(seed):
         if kind == "linear":
             model: nn.Module = nn.Linear(in_features, d)
@@ -60,7 +63,7 @@ def build_embedder(kind: str, in_features: int, d: int, hidden: int, dtype: str,
 
 
 # -- ClientApp side -------------------------------------------------------------------
-def _embedder(rt: PartyRuntime) -> nn.Module:
+def _embedder(rt: PartyRuntime):
     cfg, data = rt.cfg, rt.data
     model = build_embedder(cfg.model, data.X_train.shape[1], cfg.split_embedding, cfg.hidden, cfg.dtype,
                            seed=cfg.seed * 1000 + data.partition_id)
@@ -70,12 +73,17 @@ def _embedder(rt: PartyRuntime) -> nn.Module:
     return model
 
 
-def _split_reply(message: Message, rt: PartyRuntime, model: nn.Module, steps: int) -> Message:
+def _split_reply(message: Message, rt: PartyRuntime, model, steps: int) -> Message:
+    import torch
+
+    from fairvfl_flwr.core.models import squared_norm  # torch: only in split mode
+
     rt.context.state.array_records[SPLIT_STATE] = ArrayRecord(model.state_dict())
     evaluate = round_of(message)[1]
+    dtype = next(model.parameters()).dtype
     with torch.no_grad():
-        e_train = model(rt.data.X_train).numpy()
-        e_test = model(rt.data.X_test).numpy() if evaluate else None
+        e_train = model(torch.from_numpy(rt.data.X_train).to(dtype)).numpy()
+        e_test = model(torch.from_numpy(rt.data.X_test).to(dtype)).numpy() if evaluate else None
     return Message(msgs.logits_reply(e_train, e_test, squared_norm(model), steps), reply_to=message)
 
 
@@ -88,10 +96,12 @@ def split_init(message: Message, context: Context) -> Message:
 
 def split_train(message: Message, context: Context) -> Message:
     """Backpropagate the server's ∂L/∂E_k, one SGD step (Flower example's client ``evaluate``)."""
+    import torch
+
     rt = PartyRuntime(context)
     model = _embedder(rt)
     grad = msgs.read_array(message.content, msgs.PAYLOAD, "grad")
-    emb = model(rt.data.X_train)
+    emb = model(torch.from_numpy(rt.data.X_train).to(next(model.parameters()).dtype))
     emb.backward(torch.as_tensor(grad, dtype=emb.dtype))
     with torch.no_grad():
         for p in model.parameters():
@@ -118,6 +128,11 @@ class SplitVFL(VFLServer):
     init_type = msgs.SPLIT_INIT
 
     def __init__(self, config: RunConfig, labels: ServerLabels, on_round=None, hooks=(), scheduler=None) -> None:
+        import torch
+        from torch import nn
+
+        from fairvfl_flwr.core.models import DTYPES, seeded  # torch: only in split mode
+
         super().__init__(config, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
         self.mu = 0.0
         self.width = config.split_embedding
@@ -134,11 +149,16 @@ class SplitVFL(VFLServer):
         return np.concatenate([parts[nid].reshape(len(parts[nid]), -1) for nid in self._order()], axis=1)
 
     def z(self, split: str) -> np.ndarray:
+        import torch
+
         with torch.no_grad():
             return self.head(torch.from_numpy(self._embeddings(split)).to(self.y01.dtype)).squeeze(-1).numpy()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Head forward/backward on the embeddings, SGD step, ∂L/∂E_k to each client."""
+        import torch
+        from torch import nn
+
         emb = torch.from_numpy(self._embeddings("train")).to(self.y01.dtype).requires_grad_()
         z = self.head(emb).squeeze(-1)
         loss = nn.functional.softplus(-self.y01 * z).mean()  # = BCE of sigmoid(z), labels in {-1,+1}

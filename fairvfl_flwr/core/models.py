@@ -10,8 +10,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch import nn
+
+# A party's work is a few mat-vecs per round; torch's thread pool only adds spin-wait
+# contention when several parties (Ray actors, or a sweep beside a run) share the cores.
+torch.set_num_threads(1)
 
 MODELS = ("linear", "mlp")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -89,3 +94,33 @@ def gradient_step(model: nn.Module, lr: float, mu: float) -> None:
 
 def squared_norm(model: nn.Module) -> float:
     return float(sum((p.detach() ** 2).sum() for p in model.parameters()))
+
+
+class TorchBlock:
+    """A torch model behind the block interface the parties use (``core.linear.LinearBlock``):
+    numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.dtype = next(model.parameters()).dtype
+
+    def _tensor(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x).to(self.dtype)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.model(self._tensor(x)).numpy()
+
+    def step(self, x: np.ndarray, nu: np.ndarray, lr: float, mu: float) -> None:
+        u = self.model(self._tensor(x))
+        u.backward(torch.as_tensor(nu, dtype=u.dtype))
+        gradient_step(self.model, lr, mu)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+
+    def sq_norm(self) -> float:
+        return squared_norm(self.model)

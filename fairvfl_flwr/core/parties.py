@@ -2,20 +2,19 @@
 
 A party owns its feature block and its model; nothing here sends θ anywhere. The
 ClientApp builds a party for each message from its cached data and the model state
-kept in ``context.state``.
+kept in ``context.state``. The model is a block (``core/blocks.py``): numpy for linear
+models, torch only for the MLP.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from fairvfl_flwr.core.batching import batch_groups
-from fairvfl_flwr.core.models import gradient_step
 from fairvfl_flwr.core.objective import Groups, masked_weights
 
 
@@ -23,34 +22,31 @@ from fairvfl_flwr.core.objective import Groups, masked_weights
 class Party:
     """A party's features and model, and one gradient step from upstream weights ν."""
 
-    model: nn.Module
-    X_train: torch.Tensor
-    X_test: torch.Tensor
+    block: Any  # LinearBlock or TorchBlock
+    X_train: np.ndarray
+    X_test: np.ndarray
     lr: float  # 1/η
     mu: float
 
     def logits(self, split: str = "train", rows: np.ndarray | None = None) -> np.ndarray:
         """Partial logits u_k on a split, or on the training ``rows`` only (a mini-batch)."""
         x = self.X_train if split == "train" else self.X_test
-        with torch.no_grad():
-            return self.model(self._rows(x, rows)).numpy()
+        return self.block.forward(self._rows(x, rows))
 
     def step(self, nu: np.ndarray, rows: np.ndarray | None = None) -> None:
-        """θ ← θ − (1/η)(J_kᵀν + μθ): backpropagate ν as the upstream gradient of u_k.
+        """θ ← θ − (1/η)(J_kᵀν + μθ): ν is the upstream gradient of u_k.
 
-        ``rows``: the round's mini-batch, ν holds one value per batch row (batching.py).
+        ``rows``: the round's mini-batch, ν holds one value per batch row (core/batching.py).
         """
-        u = self.model(self._rows(self.X_train, rows))
-        u.backward(torch.as_tensor(nu, dtype=u.dtype))
-        gradient_step(self.model, self.lr, self.mu)
+        self.block.step(self._rows(self.X_train, rows), nu, self.lr, self.mu)
 
     @property
     def n_train(self) -> int:
         return int(self.X_train.shape[0])
 
     @staticmethod
-    def _rows(x: torch.Tensor, rows: np.ndarray | None) -> torch.Tensor:
-        return x if rows is None else x[torch.from_numpy(rows)]
+    def _rows(x: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        return x if rows is None else x[rows]
 
 
 @dataclass
@@ -65,9 +61,9 @@ class ActiveParty(Party):
     ) -> int:
         """Up to Q steps on z̃ = z − u_k(old) + u_k(new): the other parties' logits stay stale.
 
-        ``time_budget`` > 0 (seconds, run config ``staleness.local-time-budget``): take as many steps
-        as fit in the budget, at least one and at most ``steps`` (= Q); a step is not begun
-        when the mean step time so far says it would end past the budget. Returns the
+        ``time_budget`` > 0 (seconds, run config ``staleness.local-time-budget``): take as many
+        steps as fit in the budget, at least one and at most ``steps`` (= Q); a step is not
+        begun when the mean step time so far says it would end past the budget. Returns the
         number of steps taken (the reply's ``steps`` metric). ``rows``: the round's
         mini-batch (``z`` then holds one value per batch row); ν, its 1/b weight and
         the group sizes are the batch's, as on the server (batching.batch_groups).
@@ -76,15 +72,11 @@ class ActiveParty(Party):
         x = self._rows(self.X_train, rows)
         y = self.y if rows is None else self.y[rows]
         groups = batch_groups(self.groups, rows)
-        with torch.no_grad():
-            u_old = self.model(x).numpy()
-        others = z - u_old
+        others = z - self.block.forward(x)
         taken = 0
         for _ in range(steps):
-            u = self.model(x)
-            nu = masked_weights(y, others + u.detach().numpy(), lam, groups)
-            u.backward(torch.as_tensor(nu, dtype=u.dtype))
-            gradient_step(self.model, self.lr, self.mu)
+            nu = masked_weights(y, others + self.block.forward(x), lam, groups)
+            self.block.step(x, nu, self.lr, self.mu)
             taken += 1
             if time_budget > 0:
                 elapsed = time.perf_counter() - started

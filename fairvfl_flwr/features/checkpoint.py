@@ -8,7 +8,7 @@ step counts: the server's ``state_dict``, everything it needs to continue exactl
 :class:`Checkpoints` is the round hook that writes it and, with
 ``reliability.resume-from``, restores it; :func:`checkpoint_mod` is the parties' side.
 
-Party (``<reliability.checkpoint-dir>/<run key>/partition-<k>/round-<r>.pt``, same schedule, the
+Party (``<reliability.checkpoint-dir>/<run key>/partition-<k>/round-<r>.npz``, same schedule, the
 last :data:`KEEP` kept): its model's state dict. θ never leaves the party. The run key
 is a hash of the settings that determine θ (every run-config key except the
 operational ones in :data:`OPERATIONAL`), so a resumed run finds the files of the run it
@@ -108,31 +108,30 @@ def party_dir(node_config: Mapping[str, Any], run_config: Mapping[str, Any], par
     return Path(root).expanduser() / run_key(run_config) / f"partition-{partition_id}"
 
 
-def save_party(folder: Path, server_round: int, model_state: dict) -> Path:
-    import torch
-
+def save_party(folder: Path, server_round: int, model_state: Mapping[str, Any]) -> Path:
+    """θ_r of one party (arrays by parameter name) in ``round-<r>.npz``; keeps the KEEP latest."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"round-{server_round:08d}.pt"
-    _atomic(path, lambda fh: torch.save({"round": server_round, "model": model_state}, fh))
+    path = folder / f"round-{server_round:08d}.npz"
+    arrays = {f"param.{k}": np.asarray(v) for k, v in model_state.items()}
+    _atomic(path, lambda fh: np.savez(fh, round=np.array(server_round), **arrays))
     # Keep the KEEP latest rounds up to this one; later rounds are left over from a run that got
     # further before it stopped (this run rewrites them when it gets there).
-    for old in folder.glob("round-*.pt"):
+    for old in folder.glob("round-*.npz"):
         r = int(old.stem.split("-")[1])
         if r > server_round:
             old.unlink(missing_ok=True)
-    for old in sorted(folder.glob("round-*.pt"))[:-KEEP]:
+    for old in sorted(folder.glob("round-*.npz"))[:-KEEP]:
         old.unlink(missing_ok=True)
     return path
 
 
-def load_party(folder: Path, server_round: int, who: str) -> dict:
-    import torch
-
-    path = folder / f"round-{server_round:08d}.pt"
+def load_party(folder: Path, server_round: int, who: str) -> dict[str, np.ndarray]:
+    path = folder / f"round-{server_round:08d}.npz"
     if not path.exists():
-        have = sorted(p.stem for p in folder.glob("round-*.pt")) if folder.exists() else []
+        have = sorted(p.stem for p in folder.glob("round-*.npz")) if folder.exists() else []
         raise CheckpointError(f"{who} has no checkpoint of round {server_round} in {folder} (has: {have or 'none'})")
-    return torch.load(path, weights_only=True)["model"]
+    with np.load(path) as f:
+        return {k[len("param."):]: f[k].copy() for k in f.files if k.startswith("param.")}
 
 
 # -- the server's hook ----------------------------------------------------------------

@@ -34,10 +34,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-import torch
 from flwr.clientapp import ClientApp
 
-from fairvfl_flwr.core.models import gradient_step
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook
@@ -213,7 +211,7 @@ def train_passive_enc(message: Message, context: Context) -> Message:
     keys = sorted(record, key=lambda k: int(k.rsplit("-", 1)[1]))
     blobs = [from_bytes_array(record[k]) for k in keys]
     rng = np.random.default_rng()  # fresh OS entropy: the server must not predict the mask
-    X = rt.data.X_train.numpy().astype(np.float64)
+    X = rt.data.X_train.astype(np.float64)
     cts, mask_sums = masked_column_sums(_public_context(context), blobs, X, rng)
     context.state.array_records[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums)})
     content = RecordDict({MASKED_RECORD: ArrayRecord({f"col-{j}": to_bytes_array(c) for j, c in enumerate(cts)})})
@@ -229,10 +227,9 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
     masked = msgs.read_array(message.content, msgs.PAYLOAD, "masked-sum").astype(np.float64)
     g = (masked - state["mask-sums"].numpy()) / rt.n_train  # X_kᵀν
     party = rt.party()
-    if getattr(party.model, "bias", None) is not None or rt.cfg.model != "linear":
+    if rt.cfg.model != "linear" or party.block.bias is not None:
         raise NodeConfigError("privacy.secure-nu='ckks' supports linear passive models without intercept only")
-    party.model.weight.grad = torch.as_tensor(g, dtype=party.model.weight.dtype)
-    gradient_step(party.model, rt.cfg.lr, party.mu)
+    party.block.apply_gradient(g, rt.cfg.lr, party.mu)
     rt.save(party)
     return rt.reply(message, party, steps=1)
 

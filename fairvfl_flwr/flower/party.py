@@ -13,13 +13,12 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
-from fairvfl_flwr.core.models import DTYPES, build_model, squared_norm
+from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.core.objective import Groups
 from fairvfl_flwr.core.parties import ActiveParty, Party
 from fairvfl_flwr.data.partydata import PartySpec, load_party, party_spec
@@ -28,10 +27,6 @@ from fairvfl_flwr.flower import protocol as msgs
 
 MODEL_STATE = "fairvfl.model"
 
-# A party's work is a few mat-vecs per round; torch's thread pool only adds spin-wait
-# contention when several parties (Ray actors, or a sweep beside a run) share the cores.
-torch.set_num_threads(1)
-
 
 @dataclass(frozen=True)
 class PartyData:
@@ -39,8 +34,8 @@ class PartyData:
 
     partition_id: int
     role: str
-    X_train: torch.Tensor
-    X_test: torch.Tensor
+    X_train: np.ndarray
+    X_test: np.ndarray
     ids_digest: str
     y: np.ndarray | None = None
     groups: Groups | None = None
@@ -52,11 +47,10 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
     built as export would write it). Cached per process: in simulation a worker serves
     many rounds of the same run."""
     ds = load_party(spec, None if spec.data_path else cfg)
-    dtype = DTYPES[cfg.dtype]
     common = dict(
         partition_id=spec.partition_id,
-        X_train=torch.from_numpy(ds.X_train).to(dtype),
-        X_test=torch.from_numpy(ds.X_test).to(dtype),
+        X_train=as_dtype(ds.X_train, cfg.dtype),
+        X_test=as_dtype(ds.X_test, cfg.dtype),
         ids_digest=ds.ids_digest,
     )
     if ds.role == msgs.ROLE_ACTIVE:
@@ -97,7 +91,7 @@ class PartyRuntime:
     def party(self) -> Party:
         """Rebuild the party from its data and the model state kept on this node."""
         cfg, data = self.cfg, self.data
-        model = build_model(
+        block = build_block(
             cfg.model,
             data.X_train.shape[1],
             hidden=cfg.hidden,
@@ -105,27 +99,29 @@ class PartyRuntime:
             dtype=cfg.dtype,
             seed=cfg.seed * 1000 + data.partition_id,
         )
-        state = self.context.state.array_records.get(MODEL_STATE)
+        state = self.model_state()
         if state is not None:
-            model.load_state_dict(state.to_torch_state_dict())
+            block.load_state_dict(state)
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
-            return ActiveParty(model, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
-        return Party(model, data.X_train, data.X_test, cfg.lr, mu)
+            return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
+        return Party(block, data.X_train, data.X_test, cfg.lr, mu)
 
     def save(self, party: Party) -> None:
-        self.context.state.array_records[MODEL_STATE] = ArrayRecord(party.model.state_dict())
+        self.load_model_state(party.block.state_dict())
 
     def reset(self) -> None:
         """Forget the model: the next :meth:`party` starts from the seeded initial θ."""
         self.context.state.array_records.pop(MODEL_STATE, None)
 
     def load_model_state(self, state: dict) -> None:
-        self.context.state.array_records[MODEL_STATE] = ArrayRecord(state)
+        """Keep θ (numpy arrays by parameter name) in the node's state for the next message."""
+        self.context.state.array_records[MODEL_STATE] = ArrayRecord(
+            {k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
 
-    def model_state(self) -> dict | None:
+    def model_state(self) -> dict[str, np.ndarray] | None:
         record = self.context.state.array_records.get(MODEL_STATE)
-        return None if record is None else record.to_torch_state_dict()
+        return None if record is None else {k: v.numpy() for k, v in record.items()}
 
     def rows(self, message: Message) -> np.ndarray | None:
         """This round's training rows (mini-batch); None: all of them."""
@@ -141,7 +137,7 @@ class PartyRuntime:
         dtype = self.cfg.wire_dtype
         u_train = party.logits("train", self.next_rows(message)).astype(dtype)
         u_test = party.logits("test").astype(dtype) if evaluate else None
-        return Message(msgs.logits_reply(u_train, u_test, squared_norm(party.model), steps), reply_to=message)
+        return Message(msgs.logits_reply(u_train, u_test, party.block.sq_norm(), steps), reply_to=message)
 
 
 def info(message: Message, context: Context) -> Message:

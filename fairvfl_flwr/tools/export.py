@@ -84,19 +84,23 @@ def instructions(manifest: dict, tls: bool = False) -> str:
     else:
         link_sec = "--insecure"
         node_sec = lambda k: "--insecure"  # noqa: E731
+    # The app's dependencies are installed where each process runs (the SuperLink must not
+    # fetch them at run time: slow, needs the network, and may pull another torch build);
+    # the SuperExec's task poll sets how long each message waits before its process starts.
     lines = [
-        f"# 1. On the server (the organisation that owns the labels): the SuperLink",
-        f"flower-superlink {link_sec} --port {port}",
+        "# 1. On the server (the organisation that owns the labels): the SuperLink",
+        f"flower-superlink {link_sec} --port {port} --disable-runtime-dependency-installation",
     ]
     if tls:
         lines += ["# 1b. Register each party's public key (keys/partyK.pub) with the SuperLink"]
         lines += [f"flwr supernode register keys/party{k}.pub <connection>"
                   for k in range(len(manifest["node_configs"]))]
-    lines += [f"# 2. On each party's machine (copy its CSV there and fix data-path if it moves):"]
+    lines += ["# 2. On each party's machine (pip install the app's dependencies there, copy its CSV there",
+              "#    and fix data-path if it moves); a 50 ms task poll instead of 1 s starts each message sooner:"]
     for k, node in enumerate(manifest["node_configs"]):
         lines.append(
-            f"flower-supernode {node_sec(k)} --superlink {link} --port {manifest['first_port'] + k} "
-            f"--node-config {shlex.quote(node_config_arg(node))}"
+            f"FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05 flower-supernode {node_sec(k)} --superlink {link} "
+            f"--port {manifest['first_port'] + k} --node-config {shlex.quote(node_config_arg(node))}"
         )
     lines += [
         "# 3. From the app folder, with a connection to the SuperLink in $FLWR_HOME/config.toml:",

@@ -1,0 +1,27 @@
+"""One party's model as a block: ``forward(x)``, ``step(x, ν, lr, μ)``, ``state_dict``.
+
+Linear blocks are numpy (``core/linear.py``); the MLP is a torch model behind the same
+interface (``core/models.py``), imported only when a run asks for it, so that the
+linear path never loads torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fairvfl_flwr.core.linear import LinearBlock
+
+
+def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = False, dtype: str = "float64",
+                seed: int = 0):
+    """Create one party's block, deterministically from ``seed`` (linear: zeros)."""
+    if kind == "linear":
+        return LinearBlock.zeros(in_features, bias, dtype)
+    from fairvfl_flwr.core.models import TorchBlock, build_model  # torch, only for the MLP
+
+    return TorchBlock(build_model(kind, in_features, hidden=hidden, bias=bias, dtype=dtype, seed=seed))
+
+
+def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Features in the run's model dtype (no copy when they already are)."""
+    return np.ascontiguousarray(x, dtype=dtype)
