@@ -17,12 +17,14 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.data import blocks
-from fairvfl_flwr.data.preprocess import packaged_test_frame
+from fairvfl_flwr.data import blocks, partydata
+from fairvfl_flwr.data.preprocess import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.data.tables import DATASETS, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools.export import export
 
 BASE = {"dataset": "crime", "num-server-rounds": 10, "eval-every": 5, "num-parties": 4}
 
@@ -268,3 +270,38 @@ def test_score_settings_are_checked():
 def test_a_folder_without_a_manifest_is_refused(tmp_path):
     with pytest.raises(blocks.BlockError, match=r"no model.json there"):
         _score(tmp_path, tmp_path / "out")
+
+
+# -- deployed party files (in process) ------------------------------------------------------
+def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path, monkeypatch):
+    """Export → train on the party files (each node with its own model-dir) → score a new
+    1,000-row raw file per party; equal to scoring the saved blocks by hand."""
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+    rc = {**BASE, "num-server-rounds": 6, "eval-every": 3}
+    manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
+    nodes = [{**n, "model-dir": str(tmp_path / f"node{n['partition-id']}")} for n in manifest["node_configs"]]
+    train_rc = RunConfig.from_flower({**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}).to_flower()
+    _, folder = run_server(InProcessGrid(client_app, train_rc, 4, node_configs=nodes), train_rc)
+    assert not (folder / blocks.PARTIES).exists()  # deployed parties keep their blocks on their own disk
+    run_id = folder.name
+
+    raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[:1000]
+    expected = np.zeros(1000)
+    for node in nodes:
+        k = node["partition-id"]
+        arrays, meta = blocks.load_block(tmp_path / f"node{k}" / run_id / f"partition-{k}", f"party {k}")
+        pre = Preprocessing.from_dict(meta["preprocessing"])
+        cols = ["row_id", *pre.raw_columns]
+        raw[cols].sample(frac=1.0, random_state=k).to_csv(tmp_path / f"new{k}.csv", index=False)
+        node["score-path"] = str(tmp_path / f"new{k}.csv")
+        u = pre.apply(raw, "test") @ arrays["weight"] + (arrays["bias"] if "bias" in arrays else 0.0)
+        expected += u.astype(np.float32)
+    score_rc = RunConfig.from_flower({**train_rc, "mode": "score", "score.model-from": str(folder),
+                                      "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}).to_flower()
+    summary, out = run_server(InProcessGrid(client_app, score_rc, 4, node_configs=nodes), score_rc)
+    p = pd.read_csv(out / "predictions.csv")
+    assert summary["rows"] == 1000 and p["id"].tolist() == raw["row_id"].tolist()
+    z = np.log(p["probability"] / (1 - p["probability"])).to_numpy()
+    np.testing.assert_allclose(z, expected, rtol=1e-5, atol=1e-6)
+    clear = np.abs(expected) > 1e-5
+    assert (p["decision"].to_numpy()[clear] == (expected[clear] >= 0)).all()
