@@ -24,6 +24,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.data.tables import DATASETS, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools import report
 from fairvfl_flwr.tools.export import export
 
 BASE = {"dataset": "crime", "num-server-rounds": 10, "eval-every": 5, "num-parties": 4}
@@ -305,3 +306,17 @@ def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path,
     np.testing.assert_allclose(z, expected, rtol=1e-5, atol=1e-6)
     clear = np.abs(expected) > 1e-5
     assert (p["decision"].to_numpy()[clear] == (expected[clear] >= 0)).all()
+
+
+def test_the_report_on_scored_test_rows_gives_the_training_runs_gaps(trained, tmp_path):
+    pytest.importorskip("fairlearn")
+    summary, folder = trained
+    _, out = _score(folder, tmp_path / "score")
+    partydata.label_table(load_data(RunConfig.from_flower(BASE))).to_csv(tmp_path / "server_labels.csv", index=False)
+    assert report.main([str(out / "predictions.csv"), "--outcomes", str(tmp_path / "server_labels.csv"),
+                        "--out", str(tmp_path / "report")]) == 0
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert rep["rows"] == 793  # crime's test rows
+    assert rep["overall"]["accuracy"] == pytest.approx(summary["test_acc"], abs=1e-12)
+    assert rep["gaps"]["dfp"] == pytest.approx(summary["test_dfp"], abs=1e-12)
+    assert rep["gaps"]["dfn"] == pytest.approx(summary["test_dfn"], abs=1e-12)
