@@ -25,6 +25,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.data.tables import DATASETS, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools import report
+from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
 from fairvfl_flwr.tools.export import export
 
 BASE = {"dataset": "crime", "num-server-rounds": 10, "eval-every": 5, "num-parties": 4}
@@ -64,6 +65,11 @@ def _raw_files(rc: dict, model_from: Path, out: Path, edit=None) -> list[dict]:
         table.to_csv(path, index=False)
         configs.append({"partition-id": k, "num-partitions": cfg.num_parties, "score-path": str(path)})
     return configs
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
@@ -274,10 +280,9 @@ def test_a_folder_without_a_manifest_is_refused(tmp_path):
 
 
 # -- deployed party files (in process) ------------------------------------------------------
-def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path, monkeypatch):
+def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path):
     """Export → train on the party files (each node with its own model-dir) → score a new
     1,000-row raw file per party; equal to scoring the saved blocks by hand."""
-    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
     rc = {**BASE, "num-server-rounds": 6, "eval-every": 3}
     manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
     nodes = [{**n, "model-dir": str(tmp_path / f"node{n['partition-id']}")} for n in manifest["node_configs"]]
@@ -306,6 +311,8 @@ def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path,
     np.testing.assert_allclose(z, expected, rtol=1e-5, atol=1e-6)
     clear = np.abs(expected) > 1e-5
     assert (p["decision"].to_numpy()[clear] == (expected[clear] >= 0)).all()
+    # each party parsed its file once; a fresh ClientApp process loads the parsed rows from its disk
+    assert len(list((tmp_path / "cache").glob("score-*.npz"))) == 4
 
 
 def test_the_report_on_scored_test_rows_gives_the_training_runs_gaps(trained, tmp_path):
@@ -320,3 +327,19 @@ def test_the_report_on_scored_test_rows_gives_the_training_runs_gaps(trained, tm
     assert rep["overall"]["accuracy"] == pytest.approx(summary["test_acc"], abs=1e-12)
     assert rep["gaps"]["dfp"] == pytest.approx(summary["test_dfp"], abs=1e-12)
     assert rep["gaps"]["dfn"] == pytest.approx(summary["test_dfn"], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_path):
+    """The real runtime: `flwr run` trains (parties save their blocks), then `flwr run` with
+    mode = "score" sums the partial logits; ACC/DFP/DFN equal the training run's."""
+    with SimulationSuperLink(tmp_path / "flwr-home") as link:
+        link.run({**BASE, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
+        (folder,) = [p for p in (tmp_path / "train").iterdir() if p.is_dir()]
+        assert all((folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK).is_file() for k in range(4))
+        link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300,
+                  "output-dir": str(tmp_path / "score")}, num_supernodes=4, timeout=600)
+    (out,) = [p for p in (tmp_path / "score").iterdir() if p.is_dir()]
+    summary = json.loads((folder / "summary.json").read_text())
+    got = _metrics(BASE, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])

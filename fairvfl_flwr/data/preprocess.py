@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import PartySpec, load_party, read_csv
+from fairvfl_flwr.data.partydata import CACHE_VERSION, PartySpec, cache_dir, load_party, read_csv
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, packaged_file
 
@@ -206,20 +206,47 @@ def packaged_test_frame(cfg: Any) -> tuple[Any, str | None, str]:
     return df, id_column, f"{cfg.dataset} ({split} rows of {path.name})"
 
 
+def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str) -> ScoreRows:
+    """Parse a score file once per file content and preprocessing: in deployment every
+    message may run in a fresh ClientApp process, and a job asks for its rows chunk by chunk."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    h.update(f"|{pre.digest()}|{id_column}|{CACHE_VERSION}".encode())
+    cached = cache_dir(spec) / f"score-{h.hexdigest()[:32]}.npz"
+    where = f"{spec.name}: score file {path}"
+    if cached.exists():
+        try:
+            with np.load(cached, allow_pickle=False) as z:
+                return ScoreRows(ids=z["ids"], X=z["X"], ids_digest=str(z["digest"]), source=where)
+        except Exception:  # noqa: BLE001  (a damaged cache entry is rebuilt, never trusted)
+            pass
+    rows = rows_from_frame(read_csv(path, f"{spec.name}: score-path"), id_column, pre, where)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, ids=rows.ids, X=rows.X, digest=np.array(rows.ids_digest))
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # a read-only cache only costs speed
+    return rows
+
+
 @functools.lru_cache(maxsize=8)
-def _cached_rows(key: tuple, pre_json: str, spec_name: str, cfg: Any, path: str, id_column: str) -> ScoreRows:
+def _cached_rows(key: tuple, pre_json: str, spec: PartySpec, cfg: Any, path: str) -> ScoreRows:
     pre = Preprocessing.from_dict(json.loads(pre_json))
     if path:
-        df = read_csv(path, f"{spec_name}: score-path")
-        return rows_from_frame(df, id_column, pre, f"{spec_name}: score file {path}")
+        return _disk_cached(spec, path, pre, spec.id_column)
     df, idc, name = packaged_test_frame(cfg)
-    return rows_from_frame(df, idc, pre, f"{spec_name}: {name}")
+    return rows_from_frame(df, idc, pre, f"{spec.name}: {name}")
 
 
 def score_rows(spec: PartySpec, cfg: Any, pre: Preprocessing, score_path: str = "") -> ScoreRows:
     """The rows this party scores: its raw file ``score_path`` (deployment, node config
     ``score-path``), else in simulation the packaged test rows. Cached per process and file
-    version: a scoring job asks for its rows chunk by chunk."""
+    version, and a score file's parsed rows on the party's disk (node config ``cache-dir``)."""
     if not score_path and spec.data_path:
         raise DataError(f"{spec.name}: node config score-path is not set; give this party's file of rows to score "
                         "(its raw columns and the id column)")
@@ -231,4 +258,4 @@ def score_rows(spec: PartySpec, cfg: Any, pre: Preprocessing, score_path: str = 
         st = os.stat(p)
         key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
         score_path = str(p)
-    return _cached_rows(key, json.dumps(pre.to_dict(), sort_keys=True), spec.name, cfg, score_path, spec.id_column)
+    return _cached_rows(key, json.dumps(pre.to_dict(), sort_keys=True), spec, cfg, score_path)
