@@ -259,3 +259,8 @@ def score_rows(spec: PartySpec, cfg: Any, pre: Preprocessing, score_path: str = 
         key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
         score_path = str(p)
     return _cached_rows(key, json.dumps(pre.to_dict(), sort_keys=True), spec, cfg, score_path)
+
+
+def clear_cache() -> None:
+    """Forget the rows parsed in this process (the disk cache stays), as a fresh process would."""
+    _cached_rows.cache_clear()
