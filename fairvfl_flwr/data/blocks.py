@@ -57,14 +57,15 @@ def block_folder(node_config: Mapping[str, Any], run_folder: str, run_id: str, p
                  deployed: bool) -> Path:
     """Where this party keeps its block of run ``run_id`` (see the module doc).
 
-    Deployment without ``model-dir``: ``<cache>/models/<run id>/partition-<k>`` on the party's disk.
+    Deployment without ``model-dir``: ``<cache-dir>/models/<run id>/partition-<k>`` on the party's disk.
     """
     model_dir = str(node_config.get("model-dir", "") or "")
     if model_dir:
         return Path(model_dir).expanduser() / run_id / f"partition-{partition_id}"
     if deployed:
-        base = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr"
-        return Path(base) / "models" / run_id / f"partition-{partition_id}"
+        base = (str(node_config.get("cache-dir", "") or "") or os.environ.get(CACHE_ENV)
+                or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr")
+        return Path(base).expanduser() / "models" / run_id / f"partition-{partition_id}"
     if not run_folder:
         raise BlockError(f"partition {partition_id}: no model-dir in the node config and no run folder in the message")
     return Path(run_folder) / PARTIES / f"partition-{partition_id}"
