@@ -189,9 +189,11 @@ def rows_from_frame(df: Any, id_column: str | None, pre: Preprocessing, where: s
     return ScoreRows(ids=sorted_ids, X=np.ascontiguousarray(X[order]), ids_digest=ids_digest(sorted_ids), source=where)
 
 
+@functools.lru_cache(maxsize=2)
 def packaged_test_frame(cfg: Any) -> tuple[Any, str | None, str]:
     """The raw rows of the run's test split (validation split with ``validation-fraction``)
-    from the packaged table or ``csv.path``: (frame, id column, name)."""
+    from the packaged table or ``csv.path``: (frame, id column, name). Cached: in simulation
+    every party of the process reads the same table; callers must not change the frame."""
     ds = load_data(cfg)
     if cfg.dataset == "csv":
         path, id_column = Path(cfg.csv_path).expanduser(), (cfg.csv_id_column or None)
