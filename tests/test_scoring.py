@@ -26,6 +26,7 @@ from fairvfl_flwr.data.tables import DATASETS, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools import report
 from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
+from fairvfl_flwr.tools.localfed import LocalFederation
 from fairvfl_flwr.tools.export import export
 
 BASE = {"dataset": "crime", "num-server-rounds": 10, "eval-every": 5, "num-parties": 4}
@@ -343,3 +344,40 @@ def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_p
     summary = json.loads((folder / "summary.json").read_text())
     got = _metrics(BASE, out / "predictions.csv")
     assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+
+
+@pytest.mark.slow
+def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
+    """A real SuperLink and 4 SuperNodes on 127.0.0.1: train 20 rounds on exported files,
+    then score a new 1,000-row raw file per party; equal to scoring the saved blocks by hand."""
+    rc = {**BASE, "num-server-rounds": 20, "eval-every": 10}
+    manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
+    raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[-1000:]
+    nodes = []
+    for n in manifest["node_configs"]:
+        k = n["partition-id"]
+        pre = Preprocessing.from_dict(json.loads((tmp_path / "files" / f"party{k}.preprocessing.json").read_text()))
+        raw[["row_id", *pre.raw_columns]].sample(frac=1.0, random_state=k).to_csv(tmp_path / f"new{k}.csv", index=False)
+        nodes.append({**n, "model-dir": str(tmp_path / f"models{k}"), "score-path": str(tmp_path / f"new{k}.csv")})
+    env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    train_rc = {**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
+    with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
+        run_id, status = fed.run(train_rc, timeout=300)
+        assert status == "finished:completed", fed.logs(run_id)[-3000:]
+        (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+        run_id, status = fed.run({**train_rc, "mode": "score", "score.model-from": str(folder),
+                                  "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}, timeout=300)
+        assert status == "finished:completed", fed.logs(run_id)[-3000:]
+    assert not (folder / blocks.PARTIES).exists()
+    expected = np.zeros(len(raw))
+    for n in nodes:
+        k = n["partition-id"]
+        arrays, meta = blocks.load_block(Path(n["model-dir"]) / folder.name / f"partition-{k}", f"party {k}")
+        u = Preprocessing.from_dict(meta["preprocessing"]).apply(raw, "test") @ arrays["weight"]
+        expected += (u + arrays["bias"] if "bias" in arrays else u).astype(np.float32)
+    (out,) = [p for p in (tmp_path / "scores").iterdir() if p.is_dir()]
+    p = pd.read_csv(out / "predictions.csv")
+    assert p["id"].tolist() == sorted(raw["row_id"].tolist())
+    z = np.log(p["probability"] / (1 - p["probability"])).to_numpy()
+    order = np.argsort(raw["row_id"].to_numpy())
+    np.testing.assert_allclose(z, expected[order], rtol=1e-5, atol=1e-6)
