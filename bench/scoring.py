@@ -93,14 +93,14 @@ def one_party(path: str, model: str, k: int, chunk: int) -> dict:
 
     from fairvfl_flwr.core.models import build_model
     from fairvfl_flwr.data import blocks
-    from fairvfl_flwr.data.partydata import read_csv
-    from fairvfl_flwr.data.preprocess import Preprocessing, rows_from_frame
+    from fairvfl_flwr.data.preprocess import Preprocessing, read_columns, rows_from_frame
 
     torch.set_num_threads(1)
     base = peak_rss_mib()
     arrays, meta = blocks.load_block(Path(model) / blocks.PARTIES / f"partition-{k}", f"party {k}")
     t0 = time.perf_counter()
-    rows = rows_from_frame(read_csv(path, "bench"), "row_id", Preprocessing.from_dict(meta["preprocessing"]), path)
+    pre = Preprocessing.from_dict(meta["preprocessing"])
+    rows = rows_from_frame(read_columns(path, ["row_id", *pre.raw_columns], path), "row_id", pre, path)
     t_parse = time.perf_counter() - t0
     m = build_model("linear", int(meta["n-features"]), bias="bias" in arrays)
     m.load_state_dict({n: torch.from_numpy(v) for n, v in arrays.items()})

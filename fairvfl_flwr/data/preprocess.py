@@ -73,9 +73,12 @@ class Preprocessing:
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
-    def apply(self, df: Any, where: str) -> np.ndarray:
-        """The feature block of the rows of ``df`` (a pandas DataFrame of raw columns)."""
+    def apply(self, df: Any, where: str, order: np.ndarray | None = None) -> np.ndarray:
+        """The feature block of the rows of ``df`` (a pandas DataFrame of raw columns), in the
+        row order ``order`` if given (built in place: one block-sized array, no sorted copy)."""
         import pandas as pd
+
+        take = (lambda v: v) if order is None else (lambda v: v[order])
 
         missing = [c for c in self.raw_columns if c not in df.columns]
         if missing:
@@ -94,17 +97,19 @@ class Preprocessing:
         numbers: dict[str, np.ndarray] = {}
         for j, (raw, cat) in enumerate(zip(self.raw, self.category)):
             if cat is not None:
-                X[:, j] = (text[raw] == cat).astype(np.float64)
+                X[:, j] = take(text[raw] == cat)
                 continue
             if raw not in numbers:
                 if not pd.api.types.is_numeric_dtype(df[raw]):
                     bad = df[raw][pd.to_numeric(df[raw], errors="coerce").isna()].iloc[:3].tolist()
                     raise DataError(f"{where}: column {raw!r} must hold numbers, found {bad}")
-                numbers[raw] = df[raw].to_numpy(dtype=np.float64)
+                numbers[raw] = take(df[raw].to_numpy(dtype=np.float64))
             X[:, j] = numbers[raw]
         if not np.isfinite(X).all():
             raise DataError(f"{where}: feature values must be finite")
-        return (X - np.asarray(self.mean)) / np.asarray(self.std)
+        X -= np.asarray(self.mean)  # in place: the same values as (X - mean) / std
+        X /= np.asarray(self.std)
+        return X
 
 
 def identity(features: tuple[str, ...] | list[str]) -> Preprocessing:
@@ -183,10 +188,10 @@ def rows_from_frame(df: Any, id_column: str | None, pre: Preprocessing, where: s
         ids = col.to_numpy()
     if len(df) == 0:
         raise DataError(f"{where}: no rows to score")
-    X = pre.apply(df, where)
     order = _order(ids)
+    X = pre.apply(df, where, order)
     sorted_ids = ids[order].astype(str)
-    return ScoreRows(ids=sorted_ids, X=np.ascontiguousarray(X[order]), ids_digest=ids_digest(sorted_ids), source=where)
+    return ScoreRows(ids=sorted_ids, X=X, ids_digest=ids_digest(sorted_ids), source=where)
 
 
 @functools.lru_cache(maxsize=2)
@@ -208,6 +213,17 @@ def packaged_test_frame(cfg: Any) -> tuple[Any, str | None, str]:
     return df, id_column, f"{cfg.dataset} ({split} rows of {path.name})"
 
 
+def read_columns(path: str, columns: list[str], where: str) -> Any:
+    """The file's columns among ``columns`` only (a score file may carry others, e.g. a label)."""
+    import pandas as pd
+
+    try:
+        header = pd.read_csv(path, nrows=0).columns
+        return pd.read_csv(path, usecols=[c for c in dict.fromkeys(columns) if c in header])
+    except Exception as exc:  # pandas raises many types; the user needs the file name
+        raise DataError(f"{where}: cannot be read as CSV ({exc})") from exc
+
+
 def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str) -> ScoreRows:
     """Parse a score file once per file content and preprocessing: in deployment every
     message may run in a fresh ClientApp process, and a job asks for its rows chunk by chunk."""
@@ -224,7 +240,7 @@ def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str)
                 return ScoreRows(ids=z["ids"], X=z["X"], ids_digest=str(z["digest"]), source=where)
         except Exception:  # noqa: BLE001  (a damaged cache entry is rebuilt, never trusted)
             pass
-    rows = rows_from_frame(read_csv(path, f"{spec.name}: score-path"), id_column, pre, where)
+    rows = rows_from_frame(read_columns(path, [id_column, *pre.raw_columns], where), id_column, pre, where)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp")

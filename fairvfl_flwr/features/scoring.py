@@ -155,6 +155,8 @@ def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> 
             if u.dtype != wire:
                 raise ScoreError(f"{name(nid)}: partial logits in {u.dtype}, the run's wire dtype is {wire}")
             ids = content.array_records[LOGITS]["ids"].numpy().astype(str)
+            if ids.shape != (stop - start,):
+                raise ScoreError(f"{name(nid)}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
             if chunk_ids is None:
                 chunk_ids = ids
             elif not np.array_equal(ids, chunk_ids):
