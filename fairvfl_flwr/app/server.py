@@ -101,8 +101,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
          "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)
     )
     if cfg.mode != "split":
-        save_blocks(server, grid, folder, {**summary, "dataset-summary": ds.summary() if ds else None},
-                    cfg.round_timeout)
+        save_blocks(server, grid, folder, {**summary, "dataset-summary": ds.summary() if ds else None,
+                                           "group-names": list(ds.group_names) if ds else None}, cfg.round_timeout)
     log(INFO, "%s", format_summary(summary, folder))
     return summary, folder
 

@@ -60,7 +60,15 @@ def positive_label(cfg) -> str:
     return "y = +1 (the active party's label-positive)"
 
 
-def test_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
+def group_labels(cfg, names: list | None) -> dict:
+    """Groups a and b as the data names them (deployment: the server knows only a and b)."""
+    if not names:
+        return {"a": "group a", "b": "group b"}
+    column = DATASETS[cfg.dataset].sensitive_column if cfg.dataset in DATASETS else cfg.csv_sensitive
+    return {"a": f"{column} = {names[0]}", "b": f"{column} = {names[1]}"}
+
+
+def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
     """Bootstrap intervals of the final test ACC/DFP/DFN/DEO (empty without test scores)."""
     if z_test is None or len(z_test) == 0:
         return {}
@@ -93,13 +101,14 @@ def save_blocks(server, grid: Grid, folder: Path, summary: dict, timeout: float)
     hook = server.hooks.find(FinalTest)
     metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
                                            "test_acc", "test_dfp", "test_dfn")}
-    metrics["intervals"] = test_intervals(server.labels, hook.z_test if hook else None, cfg.seed)
+    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, cfg.seed)
     manifest = {
         "format": blocks.FORMAT, "run-id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "parties": parties,
         "threshold": {"logit": 0.0, "probability": 0.5,
                       "rule": "decision 1 (positive) when sigma(z) >= 0.5, i.e. z = sum_k u_k >= 0"},
         "positive-label": positive_label(cfg),
+        "groups": group_labels(cfg, summary.get("group-names")),
         "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.constraint_measure,
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
         "config": cfg.to_flower(),
@@ -137,6 +146,7 @@ def run_card(m: dict, summary: dict) -> str:
         "",
         (f"- constraint `{m['constraint']}` on `{m['constraint-measure']}`, ε = {m['epsilon']:g}" if m["fairness"]
          else "- none (fairness = false: the FedBCD baseline)"),
+        f"- groups: a = {m['groups']['a']}, b = {m['groups']['b']}",
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
         "z = Σ_k u_k the sum of the parties' partial logits; no group attribute is used to predict",
         "",

@@ -25,7 +25,6 @@ simulation, the packaged test rows. No labels or groups are read or sent.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from logging import INFO
