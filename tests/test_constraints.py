@@ -183,14 +183,15 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_di
                 assert set(payload) == {"z", "lam"} and list(payload["lam"].shape) == [4]
                 assert list(payload["z"].shape) == [rows]
             continue
-        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE)
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, msgs.SAVE)
         assert not m.content.metric_records
         if m.metadata.message_type == msgs.TRAIN_PASSIVE:
             assert set(m.content.array_records) == {msgs.PAYLOAD}
             assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
             assert list(m.content.array_records[msgs.PAYLOAD]["nu"].shape) == [rows]
-        for record in m.content.config_records.values():
-            assert set(record) <= {"round", "evaluate"}
+        for record in m.content.config_records.values():  # query.save: where to save, no data
+            assert set(record) <= ({"run-id", "run-folder", "round"} if m.metadata.message_type == msgs.SAVE
+                                   else {"round", "evaluate"})
 
 
 def test_fairness_off_keeps_every_multiplier_zero(out_dir):

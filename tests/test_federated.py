@@ -77,7 +77,7 @@ def test_passive_parties_receive_only_nu(out_dir):
     assert passive and active
     n = 1200
     for m in passive:
-        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE)
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, msgs.SAVE)
         c = m.content
         assert not c.metric_records
         if m.metadata.message_type == msgs.TRAIN_PASSIVE:
@@ -86,8 +86,9 @@ def test_passive_parties_receive_only_nu(out_dir):
             assert list(c.array_records[msgs.PAYLOAD]["nu"].shape) == [n]
         else:
             assert not c.array_records
-        for record in c.config_records.values():
-            assert set(record) <= {"round", "evaluate"}
+        for record in c.config_records.values():  # query.save: where to save, no data
+            assert set(record) <= ({"run-id", "run-folder", "round"} if m.metadata.message_type == msgs.SAVE
+                                   else {"round", "evaluate"})
     # The active party gets z and λ instead; that is what the passive ones must not see.
     train_active = [m for m in active if m.metadata.message_type == msgs.TRAIN_ACTIVE]
     assert set(train_active[0].content.array_records[msgs.PAYLOAD]) == {"z", "lam"}
@@ -106,7 +107,7 @@ def test_replies_carry_logits_not_models(out_dir):
 
     grid.pull_messages = pull
     run_server(grid, cfg.to_flower())
-    train_replies = [r for r in replies if r.metadata.message_type != msgs.INFO]
+    train_replies = [r for r in replies if r.metadata.message_type not in (msgs.INFO, msgs.SAVE)]
     assert train_replies
     for r in train_replies:
         assert set(r.content.array_records) == {msgs.LOGITS}

@@ -85,11 +85,12 @@ def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
     passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= 1}
     passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
     types = {m.metadata.message_type for m in passive}
-    assert types == {msgs.INFO, msgs.INIT, secure.TRAIN_PASSIVE_ENC, secure.TRAIN_PASSIVE_UNMASK}
+    assert types == {msgs.INFO, msgs.INIT, secure.TRAIN_PASSIVE_ENC, secure.TRAIN_PASSIVE_UNMASK, msgs.SAVE}
     for m in passive:
         assert not m.content.metric_records
-        for record in m.content.config_records.values():
-            assert set(record) <= {"round", "evaluate"}
+        for record in m.content.config_records.values():  # query.save: where to save, no data
+            assert set(record) <= ({"run-id", "run-folder", "round"} if m.metadata.message_type == msgs.SAVE
+                                   else {"round", "evaluate"})
         for name, record in m.content.array_records.items():
             for key, array in record.items():
                 a = array.numpy()

@@ -15,6 +15,7 @@ from fairvfl_flwr.algorithms import fairvfl, split
 from fairvfl_flwr.features import ckks
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod
+from fairvfl_flwr.features import saving, scoring
 from fairvfl_flwr.features.record_view import record_mod
 from fairvfl_flwr.features.straggler import delay_mod
 from fairvfl_flwr.flower import party
@@ -27,3 +28,5 @@ party.register(app)
 fairvfl.register(app)
 split.register(app)
 ckks.register(app)
+saving.register(app)
+scoring.register(app)

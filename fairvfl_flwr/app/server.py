@@ -9,7 +9,12 @@ Modes (run config ``mode``):
 * ``fairvfl-scores``: the same, and the server's final scores go to ``scores.npz`` (the
   post-processing baselines of ``tools/compare.py`` start from them);
 * ``split``: split-learning VFL as in Flower's vertical-FL example (``algorithms/split.py``),
-  scores saved too.
+  scores saved too;
+* ``score``: score rows with the saved blocks of a training run (``score.model-from``,
+  ``features/scoring.py``).
+
+After a FairVFL run (``fairvfl``, ``fairvfl-scores``) every party saves its block on its own
+disk and the server writes the manifest and model card (``features/saving.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, lo
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.features.saving import FinalTest, save_blocks
 from fairvfl_flwr.features.scores import KeepScores
+from fairvfl_flwr.features.scoring import run_scoring
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
@@ -49,6 +56,8 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         hooks.append(Checkpoints(folder, cfg.checkpoint_every, cfg.to_flower(), labels_fingerprint(labels), resume))
     if cfg.mode != "fairvfl":
         hooks.append(KeepScores())
+    if cfg.mode != "split":
+        hooks.append(FinalTest())
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     algorithm = SplitVFL if cfg.mode == "split" else FairVFL
     return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
@@ -60,6 +69,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     Every input is validated (config, data, partition) before the first message.
     """
     cfg = RunConfig.from_flower(run_config)
+    if cfg.mode == "score":
+        return run_scoring(grid, cfg, run_id)
     if cfg.server_labels:  # deployment: the server holds only its label file, never a feature table
         ds, columns, labels = None, [], server_labels_for(cfg)
     else:
@@ -89,6 +100,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
         {**extra, "party_columns": [len(c) for c in columns], "setup_seconds": server.setup_seconds,
          "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)
     )
+    if cfg.mode != "split":
+        save_blocks(server, grid, folder, {**summary, "dataset-summary": ds.summary() if ds else None,
+                                           "group-names": list(ds.group_names) if ds else None}, cfg.round_timeout)
     log(INFO, "%s", format_summary(summary, folder))
     return summary, folder
 

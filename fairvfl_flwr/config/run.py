@@ -19,7 +19,7 @@ from fairvfl_flwr.core.names import DTYPE_NAMES as DTYPES
 from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
 from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES
 
-MODES = ("fairvfl", "fairvfl-scores", "split")
+MODES = ("fairvfl", "fairvfl-scores", "split", "score")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class RunConfig:
     hidden: int = 16
     dtype: str = "float64"  # the parties' model and feature dtype
     wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
-    mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline)
+    mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline) | score
     # [batching]
     batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (core/batching.py)
     # [reliability] (features/guards.py, features/checkpoint.py, docs/reliability.md)
@@ -86,6 +86,9 @@ class RunConfig:
     # [split] the split-learning baseline (algorithms/split.py)
     split_embedding: int = 4  # d: each party's embedding size, as in Flower's vertical-FL example
     split_lr: float = 0.0  # SGD step of parties and head; 0: 1/eta
+    # [score] the scoring job, mode = "score" (features/scoring.py, docs/scoring.md)
+    score_model_from: str = ""  # the training run folder (with model.json) whose saved blocks score
+    score_chunk_rows: int = 100_000  # rows per query.score message (bounds every message's size)
 
     # -- construction ------------------------------------------------------------
     @classmethod

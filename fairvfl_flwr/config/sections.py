@@ -30,6 +30,7 @@ SECTIONS: dict[str, dict[str, str]] = {
             "group-a": "csv_group_a", "group-b": "csv_group_b", "protected-label": "csv_protected_label",
             "id-column": "csv_id_column", "train-fraction": "csv_train_fraction"},
     "split": {"embedding": "split_embedding", "lr": "split_lr"},
+    "score": {"model-from": "score_model_from", "chunk-rows": "score_chunk_rows"},
 }
 #: RunConfig field -> its dotted key.
 KEY_OF: dict[str, str] = {field: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, field in keys.items()}
@@ -123,9 +124,19 @@ def check_split(c: Any) -> None:
         raise bad(c, "split_lr", "must be > 0 (or 0: 1/eta)")
 
 
+def check_score(c: Any) -> None:
+    if c.score_chunk_rows < 1:
+        raise bad(c, "score_chunk_rows", "must be at least 1 row")
+    if c.mode == "score" and not c.score_model_from:
+        raise bad(c, "score_model_from", "mode='score' needs the training run folder whose model scores "
+                  "(the folder with model.json)")
+    if c.mode != "score" and c.score_model_from:
+        raise bad(c, "score_model_from", f"is read only with mode='score' (mode is {c.mode!r})")
+
+
 CHECKS: dict[str, Callable[[Any], None]] = {
     "privacy": check_privacy, "reliability": check_reliability, "staleness": check_staleness,
-    "batching": check_batching, "csv": check_csv, "split": check_split,
+    "batching": check_batching, "csv": check_csv, "split": check_split, "score": check_score,
 }
 
 _FULL_BATCH = "use batching.batch-size=0 (full batch) with it"

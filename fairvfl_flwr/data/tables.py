@@ -338,6 +338,7 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
         counts = {c: int(features[c].isna().sum()) for c in nan_cols[:5]}
         raise DataError(f"{path}: missing values (NaN) in feature columns {counts}; impute or drop them first")
     categorical = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
+    categories = {c: [str(v) for v in pd.Categorical(features[c]).categories] for c in categorical}
     if categorical:
         features = pd.get_dummies(features, columns=categorical, dtype=float)
     X = features.to_numpy(dtype=np.float64)
@@ -365,9 +366,18 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
         group_names=(spec.group_a, spec.group_b),
         default_active_columns=spec.active_columns,
         source=str(path),
+        extra={"encoding": encoding_of([str(c) for c in features.columns], categories),
+               "mean": mean.tolist(), "std": std.tolist(), "categories": categories, "id_column": spec.id_column},
     )
     _check_groups(ds, spec)
     return ds
+
+
+def encoding_of(feature_names: list[str], categories: dict[str, list[str]]) -> list[tuple[str, str | None]]:
+    """(raw column, category or None) of each feature: how a raw row becomes the feature vector
+    (what a party saves with its block to score new rows, data/preprocess.py)."""
+    dummies = {f"{c}_{v}": (c, v) for c, values in categories.items() for v in values}
+    return [dummies.get(name, (name, None)) for name in feature_names]
 
 
 def _check_groups(ds: FairDataset, spec: DatasetSpec) -> None:

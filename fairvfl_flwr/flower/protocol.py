@@ -11,6 +11,10 @@ train.active    z, λ, round config     new u_k, steps taken, ‖θ_k‖²
 train.passive   ν, round config        new u_k, steps taken, ‖θ_k‖²
 ============== ===================== ==========================================
 
+Saving the model adds ``query.save`` (the reply holds digests, never θ_k) and the scoring
+job (``mode = "score"``) ``query.scoreinfo`` / ``query.score`` (partial logits of a chunk of
+rows to score, with their ids; no labels or groups anywhere); docs/scoring.md.
+
 Features and the split-learning baseline add their own types (encrypted ν:
 ``train.passive_enc`` / ``train.passive_unmask``, features/ckks.py; split learning:
 ``query.splitinit`` / ``train.split``, algorithms/split.py). All names live here, so the
@@ -34,6 +38,9 @@ TRAIN_PASSIVE_ENC = "train.passive_enc"  # encrypted ν, first leg
 TRAIN_PASSIVE_UNMASK = "train.passive_unmask"  # encrypted ν, second leg
 SPLIT_INIT = "query.splitinit"
 SPLIT_TRAIN = "train.split"
+SAVE = "query.save"  # after the last round: each party saves its block on its own disk, replies its digest
+SCORE_INFO = "query.scoreinfo"  # scoring job: which block and how many rows to score (digests only)
+SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with their ids
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits

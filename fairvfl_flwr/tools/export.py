@@ -6,7 +6,9 @@
 
 Each party file holds the row id, the split (train/test) and that party's feature
 columns (encoded and standardised exactly as the simulation sees them); the active
-party's file also holds the label and sensitive columns. ``server_labels.csv`` holds
+party's file also holds the label and sensitive columns; ``party<k>.preprocessing.json`` beside
+it holds how that party's raw columns became its features (it scores raw rows with it,
+docs/scoring.md). ``server_labels.csv`` holds
 what the server needs (row id, split, y, group, protected) and no features.
 ``manifest.json`` records the node and run configs, and the printed lines start a
 SuperLink, one SuperNode per party and the run. A run on these files gives the same
@@ -32,6 +34,7 @@ from fairvfl_flwr.data.partydata import (
     label_table,
     party_table,
 )
+from fairvfl_flwr.data.preprocess import for_columns, sidecar_path
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.tools.localfed import node_config_arg, run_config_arg
@@ -52,6 +55,8 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     for k in range(cfg.num_parties):
         path = out / f"party{k}.csv"
         party_table(cfg, ds, k).to_csv(path, index=False)
+        # the party's raw columns, categories and scaling: what it needs to score raw rows later
+        sidecar_path(path).write_text(json.dumps(for_columns(ds, columns[k]).to_dict(), indent=1) + "\n")
         node = {"partition-id": k, "role": ROLE_ACTIVE if k < cfg.num_active else ROLE_PASSIVE,
                 "data-path": str(path), "id-column": ID_COLUMN}
         if k < cfg.num_active:

@@ -1,0 +1,148 @@
+"""The files a trained model leaves: each party's block on its own disk, the server's manifest.
+
+A party's folder (``<model-dir>/<run id>/partition-<k>/`` in deployment, node config
+``model-dir``; ``<run folder>/parties/partition-<k>/`` in simulation)::
+
+    block.npz    θ_k as numpy arrays, named as the model's state_dict (linear: weight,
+                 bias on active parties; mlp: net.0.weight, net.0.bias, ...)
+    block.json   run id, partition, role, model kind, feature names, the party's
+                 preprocessing (data/preprocess.py), its training rows' digest, the
+                 block's digest
+    card.md      the party's own model card (its columns' weights, for a linear block)
+
+The server's run folder holds ``model.json`` (the manifest: parties, block digests,
+threshold, constraint, ε, final metrics, config) and ``model-card.md``. No block ever
+reaches the server: a party reports only its block's digest.
+
+numpy only (no torch, no Flower): the block is read back into a model by the party.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from fairvfl_flwr.data.partydata import CACHE_ENV
+
+BLOCK = "block.npz"
+BLOCK_META = "block.json"
+PARTY_CARD = "card.md"
+MANIFEST = "model.json"
+RUN_CARD = "model-card.md"
+PARTIES = "parties"
+FORMAT = 1
+
+
+class BlockError(RuntimeError):
+    """A saved block or manifest is missing, damaged, or does not fit the job."""
+
+
+def block_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 over the arrays' names, dtypes, shapes and bytes (order-independent)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def block_folder(node_config: Mapping[str, Any], run_folder: str, run_id: str, partition_id: int,
+                 deployed: bool) -> Path:
+    """Where this party keeps its block of run ``run_id`` (see the module doc).
+
+    Deployment without ``model-dir``: ``<cache-dir>/models/<run id>/partition-<k>`` on the party's disk.
+    """
+    model_dir = str(node_config.get("model-dir", "") or "")
+    if model_dir:
+        return Path(model_dir).expanduser() / run_id / f"partition-{partition_id}"
+    if deployed:
+        base = (str(node_config.get("cache-dir", "") or "") or os.environ.get(CACHE_ENV)
+                or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr")
+        return Path(base).expanduser() / "models" / run_id / f"partition-{partition_id}"
+    if not run_folder:
+        raise BlockError(f"partition {partition_id}: no model-dir in the node config and no run folder in the message")
+    return Path(run_folder) / PARTIES / f"partition-{partition_id}"
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        write(fh)
+    os.replace(tmp, path)
+
+
+def save_block(folder: Path, arrays: Mapping[str, np.ndarray], meta: dict, card: str) -> str:
+    """Write the block, its metadata and the party's card; return the block digest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = block_digest(arrays)
+    meta = {**meta, "format": FORMAT, "block-digest": digest, "saved-at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _atomic_write(folder / BLOCK, lambda fh: np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()}))
+    _atomic_write(folder / BLOCK_META, lambda fh: fh.write((json.dumps(meta, indent=1) + "\n").encode()))
+    _atomic_write(folder / PARTY_CARD, lambda fh: fh.write(card.encode()))
+    return digest
+
+
+def load_block(folder: Path, who: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The block and its metadata; the digest is checked against the file's content."""
+    if not (folder / BLOCK).is_file() or not (folder / BLOCK_META).is_file():
+        raise BlockError(f"{who}: no saved block in {folder} (missing {BLOCK} or {BLOCK_META})")
+    try:
+        meta = json.loads((folder / BLOCK_META).read_text())
+        with np.load(folder / BLOCK, allow_pickle=False) as f:
+            arrays = {k: f[k].copy() for k in f.files}
+    except Exception as exc:  # noqa: BLE001  (a damaged file is reported, never half-used)
+        raise BlockError(f"{who}: the block in {folder} cannot be read: {exc}") from None
+    if block_digest(arrays) != meta.get("block-digest"):
+        raise BlockError(f"{who}: {folder / BLOCK} does not match the digest in {BLOCK_META} (changed after saving?)")
+    return arrays, meta
+
+
+def party_card(meta: dict, arrays: Mapping[str, np.ndarray]) -> str:
+    """The party's own model card: what it holds; for a linear block, each column's weight."""
+    pre = meta["preprocessing"]
+    lines = [
+        f"# Party {meta['partition-id']} ({meta['role']}): block of run {meta['run-id']}",
+        "",
+        "This card stays with the party, next to its block; the server never receives either.",
+        "",
+        f"- model: {meta['model']}" + (f" (hidden {meta['hidden']})" if meta["model"] == "mlp" else ""),
+        f"- features: {len(pre['features'])}, from raw columns: {', '.join(dict.fromkeys(pre['raw']))}",
+        f"- training rows digest: {meta['data-digest']}",
+        f"- block digest: {meta['block-digest'] if 'block-digest' in meta else block_digest(arrays)}",
+        "- parameters: " + ", ".join(f"{k} {list(np.shape(v))}" for k, v in arrays.items()),
+        "",
+    ]
+    if meta["model"] == "linear":
+        w = np.asarray(arrays["weight"], dtype=np.float64)
+        lines += ["Weights on the standardised features (feature = (raw − mean) / std), largest first:", "",
+                  "| feature | raw column | category | mean | std | weight |", "|---|---|---|---|---|---|"]
+        for j in np.argsort(-np.abs(w), kind="stable"):
+            cat = pre["category"][j]
+            lines.append(f"| {pre['features'][j]} | {pre['raw'][j]} | {'' if cat is None else cat} | "
+                         f"{pre['mean'][j]:.6g} | {pre['std'][j]:.6g} | {w[j]:+.6f} |")
+        if "bias" in arrays:
+            lines += ["", f"Intercept: {float(np.asarray(arrays['bias'])):+.6f}"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: dict) -> None:
+    _atomic_write(path, lambda fh: fh.write((json.dumps(data, indent=1, default=str) + "\n").encode()))
+
+
+def read_manifest(folder: str | Path, what: str = "score.model-from") -> dict:
+    path = Path(folder).expanduser() / MANIFEST
+    if not path.is_file():
+        raise BlockError(f"{what}={str(folder)!r}: no {MANIFEST} there (is it the run folder of a finished "
+                         "training run?)")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise BlockError(f"{path} cannot be read: {exc}") from None

@@ -1,0 +1,226 @@
+"""Keep the trained model: every party saves its block on its own disk after the last round.
+
+Server: after the rounds, :func:`save_blocks` sends ``query.save`` (run id, run folder)
+to every party, collects the digests the parties report, and writes the manifest
+``model.json`` and the run's model card into the run folder. A reply that carries any
+array is refused: θ_k never reaches the server. :class:`FinalTest` (a round hook) keeps
+the last evaluation's scores, for the card's bootstrap intervals.
+
+Party (:func:`save`): writes ``block.npz`` (θ_k as numpy arrays), ``block.json`` (its
+preprocessing, run id, data digest) and its own ``card.md`` (data/blocks.py), in node
+config ``model-dir`` (deployment) or the run folder's ``parties/partition-<k>``
+(simulation: the parties share the machine).
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fairvfl_flwr.core.bootstrap import bootstrap, cell_counts
+from fairvfl_flwr.data import blocks
+from fairvfl_flwr.data.partydata import party_spec
+from fairvfl_flwr.data.preprocess import party_preprocessing
+from fairvfl_flwr.data.tables import DATASETS
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.party import PartyRuntime
+
+SAVE_RECORD = "save"
+SAVED_RECORD = "saved"
+BOOTSTRAP_REPLICATES = 1000
+
+
+class FinalTest(RoundHook):
+    """The summed test logits of the last evaluation (the model card's intervals)."""
+
+    def __init__(self) -> None:
+        self.z_test: np.ndarray | None = None
+
+    def record(self, server, server_round: int, row: dict) -> None:
+        if server.u_test and len(server.u_test) == len(server.nodes):
+            self.z_test = server.z("test")
+
+
+def positive_label(cfg) -> str:
+    if cfg.dataset in DATASETS and not cfg.server_labels:
+        spec = DATASETS[cfg.dataset]
+        return f"{spec.label_column} = {spec.positive_value}"
+    if cfg.dataset == "csv" and cfg.csv_label:
+        return f"{cfg.csv_label} = {cfg.csv_positive}"
+    return "y = +1 (the active party's label-positive)"
+
+
+def group_labels(cfg, names: list | None) -> dict:
+    """Groups a and b as the data names them (deployment: the server knows only a and b)."""
+    if not names:
+        return {"a": "group a", "b": "group b"}
+    column = DATASETS[cfg.dataset].sensitive_column if cfg.dataset in DATASETS else cfg.csv_sensitive
+    return {"a": f"{column} = {names[0]}", "b": f"{column} = {names[1]}"}
+
+
+def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
+    """Bootstrap intervals of the final test ACC/DFP/DFN/DEO (empty without test scores)."""
+    if z_test is None or len(z_test) == 0:
+        return {}
+    counts = cell_counts(labels.y_test == 1, np.where(labels.s_test, "a", "b"), z_test >= 0, ["a", "b"])
+    return {k: list(v) for k, v in bootstrap(counts, BOOTSTRAP_REPLICATES, seed).items()}
+
+
+def save_blocks(server, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
+    """Every party saves its block; the server writes ``model.json`` and ``model-card.md``."""
+    folder = Path(folder)
+    run_id = folder.name
+    messages = [
+        Message(RecordDict({SAVE_RECORD: ConfigRecord({"run-id": run_id, "run-folder": str(folder),
+                                                       "round": int(summary["rounds"])})}),
+                dst_node_id=nid, message_type=msgs.SAVE, group_id="save")
+        for nid in server.nodes
+    ]
+    parties = []
+    for reply in server.exchange(grid, messages, timeout):
+        who = server.who(reply.metadata.src_node_id)
+        if reply.content.array_records or SAVED_RECORD not in reply.content.config_records:
+            raise FederationError(f"{who}: its {msgs.SAVE} reply must hold only digests, never arrays; refused")
+        r = reply.content.config_records[SAVED_RECORD]
+        if str(r["run-id"]) != run_id:
+            raise FederationError(f"{who} saved a block of run {r['run-id']}, this run is {run_id}")
+        parties.append({k: r[k] for k in ("partition-id", "role", "model", "n-features", "block-digest",
+                                          "data-digest", "preprocessing-digest")})
+    parties.sort(key=lambda p: p["partition-id"])
+    cfg = server.cfg
+    hook = server.hooks.find(FinalTest)
+    metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
+                                           "test_acc", "test_dfp", "test_dfn")}
+    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, cfg.seed)
+    manifest = {
+        "format": blocks.FORMAT, "run-id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "parties": parties,
+        "threshold": {"logit": 0.0, "probability": 0.5,
+                      "rule": "decision 1 (positive) when sigma(z) >= 0.5, i.e. z = sum_k u_k >= 0"},
+        "positive-label": positive_label(cfg),
+        "groups": group_labels(cfg, summary.get("group-names")),
+        "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.constraint_measure,
+        "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
+        "config": cfg.to_flower(),
+    }
+    blocks.write_json(folder / blocks.MANIFEST, manifest)
+    (folder / blocks.RUN_CARD).write_text(run_card(manifest, summary))
+    log(INFO, "FairVFL: %d parties saved their blocks (run %s); manifest %s", len(parties), run_id,
+        folder / blocks.MANIFEST)
+    return manifest
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None:
+        return "n/a"
+    return f"{100 * v:.2f}%" if pct else f"{v:.4f}"
+
+
+def run_card(m: dict, summary: dict) -> str:
+    """The run's model card (markdown)."""
+    c, met = m["config"], m["metrics"]
+    iv = met.get("intervals", {})
+
+    def with_iv(key: str, value: Any, pct: bool = False) -> str:
+        lo_hi = iv.get(key)
+        return _fmt(value, pct) + (f" [{_fmt(lo_hi[0], pct)}, {_fmt(lo_hi[1], pct)}]" if lo_hi else "")
+
+    data = summary.get("dataset-summary") or {}
+    lines = [
+        f"# Model card: run {m['run-id']}",
+        "",
+        f"FairVFL, {c['model']} model, trained {met['rounds']} rounds on `{c['dataset']}` by {len(m['parties'])} "
+        f"parties ({c['num-active']} active). Created {m['created']}.",
+        "",
+        "## Fairness constraint",
+        "",
+        (f"- constraint `{m['constraint']}` on `{m['constraint-measure']}`, ε = {m['epsilon']:g}" if m["fairness"]
+         else "- none (fairness = false: the FedBCD baseline)"),
+        f"- groups: a = {m['groups']['a']}, b = {m['groups']['b']}",
+        f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
+        "z = Σ_k u_k the sum of the parties' partial logits; no group attribute is used to predict",
+        "",
+        f"## Metrics on the {met.get('evaluated_on') or 'test'} rows (95% bootstrap intervals, "
+        f"{BOOTSTRAP_REPLICATES} resamples)",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| accuracy | {with_iv('acc', met.get('test_acc'), pct=True)} |",
+        f"| DFP = abs(FPR_a − FPR_b) | {with_iv('dfp', met.get('test_dfp'))} |",
+        f"| DFN = abs(FNR_a − FNR_b) | {with_iv('dfn', met.get('test_dfn'))} |",
+        f"| train DEO (the constrained gap) | {_fmt(met.get('train_deo'))} |",
+        "",
+    ]
+    if data:
+        lines += [f"Data: {data.get('train', {}).get('rows')} training rows, {data.get('test', {}).get('rows')} "
+                  f"test rows, {data.get('features')} features.", ""]
+    lines += [
+        "## Parties: what each one holds",
+        "",
+        "Each party keeps its block θ_k, its preprocessing (raw columns, categories, means and deviations) and its "
+        "own card on its own disk; the server holds this card, `model.json` (digests only), the labels and groups "
+        "of the training rows, and no feature or weight.",
+        "",
+        "| partition | role | model | features | block digest | training rows digest |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in m["parties"]:
+        lines.append(f"| {p['partition-id']} | {p['role']} | {p['model']} | {p['n-features']} | "
+                     f"`{p['block-digest']}` | `{p['data-digest']}` |")
+    lines += [
+        "",
+        "## Scoring",
+        "",
+        f"`flwr run . --run-config \"mode='score' score.model-from='<this folder>'\"` (docs/scoring.md): every "
+        "party must be online; each returns partial logits on its own columns, the server writes "
+        "`predictions.csv` (id, probability, decision).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# -- the parties' handler ---------------------------------------------------------------
+def save(message: Message, context: Context) -> Message:
+    """Save this party's block, preprocessing and card on its own disk; reply digests only."""
+    rt = PartyRuntime(context)
+    rc = message.content.config_records[SAVE_RECORD]
+    state = rt.model_state()
+    if state is None:
+        raise blocks.BlockError(f"{rt.who}: no trained model on this node to save")
+    cfg = rt.cfg
+    spec = party_spec(context.node_config, cfg.num_parties, cfg.num_active)
+    pre = party_preprocessing(spec, cfg)
+    arrays = {k: v.detach().cpu().numpy() for k, v in state.items()}
+    n_features = int(rt.data.X_train.shape[1])
+    if len(pre.features) != n_features:
+        raise blocks.BlockError(f"{rt.who}: preprocessing describes {len(pre.features)} features, the block "
+                                f"has {n_features}")
+    run_id = str(rc["run-id"])
+    folder = blocks.block_folder(context.node_config, str(rc["run-folder"]), run_id, spec.partition_id,
+                                 deployed=bool(spec.data_path))
+    meta = {
+        "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
+        "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": int(rc["round"]),
+        "data-digest": rt.data.ids_digest, "source": spec.data_path or f"{cfg.dataset} (packaged)",
+        "preprocessing": pre.to_dict(),
+    }
+    digest = blocks.save_block(folder, arrays, meta, blocks.party_card({**meta, "block-digest": blocks.block_digest(arrays)}, arrays))
+    return Message(RecordDict({SAVED_RECORD: ConfigRecord({
+        "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
+        "n-features": n_features, "block-digest": digest, "data-digest": rt.data.ids_digest,
+        "preprocessing-digest": pre.digest(),
+    })}), reply_to=message)
+
+
+def register(app: ClientApp) -> None:
+    app.query("save")(save)

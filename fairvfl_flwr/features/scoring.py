@@ -1,0 +1,256 @@
+"""The scoring job (``mode = "score"``): every party scores its own columns, the server sums.
+
+Server (:func:`run_scoring`), given ``score.model-from`` (a training run folder with its
+``model.json``):
+
+1. checks the run config against the model's (the keys in :data:`MODEL_KEYS`);
+2. sends ``query.scoreinfo``: each party loads its block, checks it is its own, reads
+   its rows to score and replies its block's run id and digest, its row count and the
+   digest of its sorted ids (never an id list, a feature or a weight);
+3. refuses, naming the party, a block of another run, a block that is not the one the
+   manifest recorded, a different set of ids;
+4. asks for the rows in chunks of ``score.chunk-rows`` (positions in the id-sorted rows
+   every party holds); each reply has the chunk's partial logits in the run's wire dtype
+   and the chunk's ids, which must be equal across parties;
+5. writes ``predictions.csv`` (id, probability = σ(z), decision = 1 when z ≥ 0) and
+   ``score.json`` into a new run folder, only once every chunk has arrived: a refused
+   job leaves no output file.
+
+Party (:func:`score_info`, :func:`score`): its block from node config ``model-dir``
+(deployment) or the training run folder (simulation), its rows from node config
+``score-path`` (its raw file, preprocessed with its saved encoding and scaling) or, in
+simulation, the packaged test rows. No labels or groups are read or sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.models import DTYPES, build_model
+from fairvfl_flwr.data import blocks
+from fairvfl_flwr.data.partydata import party_spec
+from fairvfl_flwr.data.preprocess import Preprocessing, score_rows
+from fairvfl_flwr.flower import checks, exchange
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.party import run_config
+from fairvfl_flwr.flower.results import run_folder
+
+#: Run-config keys the scoring job must share with the training run of its model.
+MODEL_KEYS = ("dataset", "model", "hidden", "dtype", "num-parties", "num-active", "active-columns", "seed",
+              "validation-fraction", "csv.path", "csv.id-column")
+JOB = "score"  # the ConfigRecord every scoring message carries
+LOGITS = "logits"
+PREDICTIONS = "predictions.csv"
+SUMMARY = "score.json"
+
+
+class ScoreError(FederationError):
+    """The scoring job is refused; the message names the party and what is wrong."""
+
+
+def check_config(cfg: RunConfig, manifest: dict) -> None:
+    """Refuse a run config whose model-shaping keys differ from the training run's."""
+    trained = manifest["config"]
+    now = cfg.to_flower()
+    for key in MODEL_KEYS:
+        if key in trained and trained[key] != now.get(key):
+            raise ScoreError(
+                f"run config {key}={now.get(key)!r} differs from the model's {key}={trained[key]!r} "
+                f"(score.model-from={cfg.score_model_from!r}); score with --run-config \"{key}={trained[key]!r}\""
+            )
+
+
+def _message(nid: int, kind: str, job: dict, group: str) -> Message:
+    return Message(RecordDict({JOB: ConfigRecord(job)}), dst_node_id=nid, message_type=kind, group_id=group)
+
+
+def _discover(grid: Grid, cfg: RunConfig, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    node_ids = list(grid.get_node_ids())
+    while len(node_ids) < cfg.num_parties and time.monotonic() < deadline:
+        time.sleep(0.5)
+        node_ids = list(grid.get_node_ids())
+    if len(node_ids) != cfg.num_parties:
+        raise ScoreError(f"the model has {cfg.num_parties} parties, the federation has {len(node_ids)} nodes; "
+                         "every party must be online to score")
+    return node_ids
+
+
+def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> tuple[dict, Path]:
+    """Score every party's rows with the model of ``score.model-from``; return (summary, folder)."""
+    started = time.perf_counter()
+    model_from = Path(cfg.score_model_from).expanduser().resolve()
+    manifest = blocks.read_manifest(model_from)
+    check_config(cfg, manifest)
+    expected = {int(p["partition-id"]): p for p in manifest["parties"]}
+    timeout, retries = cfg.round_timeout, cfg.round_retries
+    node_ids = _discover(grid, cfg, timeout)
+    job = {"run-id": manifest["run-id"], "run-folder": str(model_from)}
+    who: dict[int, str] = {}
+
+    def name(nid: int) -> str:
+        return who.get(nid, f"node {nid}")
+
+    replies = exchange.exchange(grid, [_message(nid, msgs.SCORE_INFO, job, "score-info") for nid in node_ids],
+                                timeout, retries, name)
+    info: dict[int, dict] = {}
+    for reply in replies:
+        nid = reply.metadata.src_node_id
+        if reply.content.array_records:
+            raise ScoreError(f"{name(nid)}: its {msgs.SCORE_INFO} reply must hold no arrays; refused")
+        r = dict(reply.content.config_records[JOB])
+        pid = int(r["partition-id"])
+        who[nid] = f"party {pid} ({r['role']}, node {nid})"
+        info[pid] = {**r, "node": nid}
+    if sorted(info) != sorted(expected):
+        raise ScoreError(f"the model's parties are partitions {sorted(expected)}, the federation's {sorted(info)}")
+    first = info[min(info)]
+    for pid in sorted(info):
+        r, want, party = info[pid], expected[pid], who[info[pid]["node"]]
+        if r["run-id"] != manifest["run-id"]:
+            raise ScoreError(f"{party} holds a block of run {r['run-id']}, the model is run {manifest['run-id']}: "
+                             "blocks from different runs; refused")
+        if r["block-digest"] != want["block-digest"]:
+            raise ScoreError(f"{party}: its block (digest {r['block-digest']}) is not the one run "
+                             f"{manifest['run-id']} saved (digest {want['block-digest']}); refused")
+        if r["ids-digest"] != first["ids-digest"] or r["n-rows"] != first["n-rows"]:
+            raise ScoreError(
+                f"{party} holds {r['n-rows']} rows to score (ids digest {r['ids-digest']}), party {min(info)} holds "
+                f"{first['n-rows']} (ids digest {first['ids-digest']}): every party must hold the same row ids; refused")
+    n = int(first["n-rows"])
+    chunk = cfg.score_chunk_rows
+    ordered = [info[pid]["node"] for pid in sorted(info)]
+    wire = np.dtype(cfg.wire_dtype)
+    z = np.zeros(n, dtype=np.float64)
+    ids_out: list[np.ndarray] = []
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        messages = [_message(nid, msgs.SCORE, {**job, "start": start, "stop": stop}, f"score-{start}") for nid in ordered]
+        got = {r.metadata.src_node_id: r for r in exchange.exchange(grid, messages, timeout, retries, name)}
+        chunk_ids = None
+        parts = []
+        for nid in ordered:
+            content = got[nid].content
+            if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
+                raise ScoreError(f"{name(nid)}: a {msgs.SCORE} reply holds exactly the chunk's logits and ids; refused")
+            try:
+                u = checks.check_vector(content.array_records[LOGITS]["logits"].numpy(), "partial logits",
+                                        stop - start, name(nid))
+            except checks.ReplyError as exc:
+                raise ScoreError(f"rejected a reply: {exc}") from None
+            if u.dtype != wire:
+                raise ScoreError(f"{name(nid)}: partial logits in {u.dtype}, the run's wire dtype is {wire}")
+            ids = content.array_records[LOGITS]["ids"].numpy().astype(str)
+            if ids.shape != (stop - start,):
+                raise ScoreError(f"{name(nid)}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
+            if chunk_ids is None:
+                chunk_ids = ids
+            elif not np.array_equal(ids, chunk_ids):
+                raise ScoreError(f"{name(nid)}: rows {start}..{stop - 1} are not the same ids as party {min(info)}'s; "
+                                 "refused")
+            parts.append(u.astype(np.float64))
+        z[start:stop] = np.sum(parts, axis=0)
+        ids_out.append(chunk_ids)
+    ids_all = np.concatenate(ids_out) if ids_out else np.array([], dtype=str)
+    folder = run_folder(cfg, run_id)
+    write_predictions(folder / PREDICTIONS, ids_all, z)
+    summary = {"mode": "score", "model-from": str(model_from), "run-id": manifest["run-id"], "rows": n,
+               "chunk-rows": chunk, "chunks": -(-n // chunk), "positive": int((z >= 0).sum()),
+               "positive-label": manifest.get("positive-label"), "seconds": time.perf_counter() - started,
+               "predictions": str(folder / PREDICTIONS)}
+    blocks.write_json(folder / SUMMARY, summary)
+    log(INFO, "FairVFL score: %d rows, %d positive, with run %s (%s) -> %s (%.1f s)", n, summary["positive"],
+        manifest["run-id"], model_from, folder / PREDICTIONS, summary["seconds"])
+    return summary, folder
+
+
+def write_predictions(path: Path, ids: np.ndarray, z: np.ndarray) -> None:
+    """id, probability = σ(z), decision = 1 when z ≥ 0 (σ(z) ≥ 0.5); written whole, then renamed."""
+    prob = np.exp(-np.logaddexp(0.0, -z))  # σ(z) without overflow for large |z|
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write("id,probability,decision\n")
+        step = 1 << 16
+        for i in range(0, len(z), step):
+            rows = zip(ids[i:i + step], prob[i:i + step], (z[i:i + step] >= 0).astype(int))
+            fh.writelines(f"{a},{float(p)!r},{d}\n" for a, p, d in rows)
+    os.replace(tmp, path)
+
+
+# -- the parties' handlers ---------------------------------------------------------------
+@functools.lru_cache(maxsize=8)
+def _model(folder: str, mtime_ns: int, who: str) -> tuple[torch.nn.Module, dict]:
+    arrays, meta = blocks.load_block(Path(folder), who)
+    model = build_model(meta["model"], int(meta["n-features"]), hidden=int(meta["hidden"]),
+                        bias="bias" in arrays or meta["model"] == "mlp", dtype=meta["dtype"])
+    try:
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+    except RuntimeError as exc:
+        raise blocks.BlockError(f"{who}: the block in {folder} does not fit a {meta['model']} model: {exc}") from None
+    model.eval()
+    return model, meta
+
+
+class PartyScorer:
+    """One party's block and rows for a scoring message (cached between the job's messages)."""
+
+    def __init__(self, message: Message, context: Context) -> None:
+        self.cfg = run_config(tuple(sorted(context.run_config.items())))
+        self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
+        job = message.content.config_records[JOB]
+        self.run_id = str(job["run-id"])
+        self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
+        folder = blocks.block_folder(context.node_config, str(job["run-folder"]), self.run_id,
+                                     self.spec.partition_id, deployed=bool(self.spec.data_path))
+        meta_file = folder / blocks.BLOCK_META
+        if not meta_file.is_file():
+            raise blocks.BlockError(f"{self.who}: no saved block of run {self.run_id} in {folder} "
+                                    "(node config model-dir, or the training run folder's parties/)")
+        self.model, self.meta = _model(str(folder), os.stat(meta_file).st_mtime_ns, self.who)
+        if int(self.meta["partition-id"]) != self.spec.partition_id:
+            raise blocks.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
+        pre = Preprocessing.from_dict(self.meta["preprocessing"])
+        self.rows = score_rows(self.spec, self.cfg, pre, str(context.node_config.get("score-path", "") or ""))
+
+    def logits(self, start: int, stop: int) -> np.ndarray:
+        x = torch.from_numpy(self.rows.X[start:stop]).to(DTYPES[self.meta["dtype"]])
+        with torch.no_grad():
+            return self.model(x).numpy().astype(self.cfg.wire_dtype)
+
+
+def score_info(message: Message, context: Context) -> Message:
+    """Which block this party holds and how many rows it scores (digests, no ids)."""
+    s = PartyScorer(message, context)
+    return Message(RecordDict({JOB: ConfigRecord({
+        "partition-id": s.spec.partition_id, "role": s.spec.role, "run-id": str(s.meta["run-id"]),
+        "block-digest": str(s.meta["block-digest"]), "n-rows": int(len(s.rows.ids)), "ids-digest": s.rows.ids_digest,
+    })}), reply_to=message)
+
+
+def score(message: Message, context: Context) -> Message:
+    """Partial logits of rows [start, stop) of this party's id-sorted rows, with their ids."""
+    s = PartyScorer(message, context)
+    job = message.content.config_records[JOB]
+    start, stop = int(job["start"]), int(job["stop"])
+    if not 0 <= start < stop <= len(s.rows.ids):
+        raise checks.ReplyError(f"{s.who}: rows {start}..{stop} asked, it holds {len(s.rows.ids)}")
+    return Message(RecordDict({LOGITS: msgs.array_record(logits=s.logits(start, stop), ids=s.rows.ids[start:stop])}),
+                   reply_to=message)
+
+
+def register(app: ClientApp) -> None:
+    app.query("scoreinfo")(score_info)
+    app.query("score")(score)

@@ -1,0 +1,387 @@
+"""Saved blocks and the scoring job: reproduce the training run's test metrics, refuse what
+does not fit (naming the party), and never let a block reach the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.data import blocks, partydata
+from fairvfl_flwr.data.preprocess import Preprocessing, packaged_test_frame
+from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.data.tables import DATASETS, packaged_file
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools import report
+from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
+from fairvfl_flwr.tools.localfed import LocalFederation
+from fairvfl_flwr.tools.export import export
+
+BASE = {"dataset": "crime", "num-server-rounds": 10, "eval-every": 5, "num-parties": 4}
+
+
+def _train(out: Path, **extra) -> tuple[dict, Path]:
+    return run_inprocess({**BASE, "output-dir": str(out), **extra}, quiet=True)
+
+
+def _score(model_from: Path, out: Path, node_configs=None, **extra) -> tuple[dict, Path]:
+    rc = {**BASE, "mode": "score", "score.model-from": str(model_from), "output-dir": str(out), **extra}
+    cfg = RunConfig.from_flower(rc)
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, node_configs=node_configs)
+    return run_server(grid, cfg.to_flower())
+
+
+def _metrics(rc: dict, predictions: Path) -> dict:
+    ds = load_data(RunConfig.from_flower(rc))
+    p = pd.read_csv(predictions)
+    assert p["id"].tolist() == ds.ids_test.tolist()  # every test row, sorted by id
+    return fairness_metrics(ds.y_test, ds.s_test, np.where(p["decision"] == 1, 1.0, -1.0))
+
+
+def _raw_files(rc: dict, model_from: Path, out: Path, edit=None) -> list[dict]:
+    """One raw score file per party (its id column and raw columns, unscaled) and its node config."""
+    cfg = RunConfig.from_flower(rc)
+    df, id_column, _ = packaged_test_frame(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = []
+    for k in range(cfg.num_parties):
+        meta = json.loads((model_from / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK_META).read_text())
+        raw = list(dict.fromkeys(meta["preprocessing"]["raw"]))
+        table = df[[id_column, *raw]].rename(columns={id_column: "row_id"}).sample(frac=1.0, random_state=k)
+        if edit is not None:
+            table = edit(k, table)
+        path = out / f"score{k}.csv"
+        table.to_csv(path, index=False)
+        configs.append({"partition-id": k, "num-partitions": cfg.num_parties, "score-path": str(path)})
+    return configs
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train")
+    summary, folder = _train(out)
+    return summary, folder
+
+
+@pytest.fixture
+def model_copy(trained, tmp_path):
+    """A copy of the trained run folder a test may damage."""
+    dst = tmp_path / trained[1].name
+    shutil.copytree(trained[1], dst)
+    return dst
+
+
+def _no_predictions(out: Path) -> bool:
+    return not list(out.rglob("predictions.csv*")) if out.exists() else True
+
+
+# -- reproduce ------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["linear", "mlp"])
+def test_scoring_the_test_rows_reproduces_the_training_runs_test_metrics(model, tmp_path):
+    summary, folder = _train(tmp_path / "train", model=model)
+    assert summary["test_acc"] is not None
+    s, out = _score(folder, tmp_path / "score", model=model, **{"score.chunk-rows": 150})
+    assert s["chunks"] == -(-s["rows"] // 150) > 1
+    got = _metrics({**BASE, "model": model}, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+    p = pd.read_csv(out / "predictions.csv")
+    assert list(p.columns) == ["id", "probability", "decision"]
+    assert ((p["probability"] >= 0.5) == (p["decision"] == 1)).all()
+    manifest = json.loads((folder / blocks.MANIFEST).read_text())
+    assert manifest["metrics"]["test_acc"] == summary["test_acc"]
+    lo, hi = manifest["metrics"]["intervals"]["acc"]
+    assert lo <= summary["test_acc"] <= hi
+
+
+def test_raw_score_files_reproduce_the_packaged_rows(trained, tmp_path):
+    """Each party's raw, unscaled, shuffled file, preprocessed with its saved scaling."""
+    summary, folder = trained
+    configs = _raw_files(BASE, folder, tmp_path / "raw")
+    _, out = _score(folder, tmp_path / "score", node_configs=configs)
+    got = _metrics(BASE, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+
+
+def test_a_csv_table_with_text_columns_is_one_hot_encoded_as_in_training(tmp_path):
+    """A user's table with a category column: the party holding it encodes raw rows itself,
+    and a category training never saw is refused naming the party, column and value."""
+    rng = np.random.default_rng(0)
+    n = 600
+    group = rng.choice(["a", "b"], n)
+    color = rng.choice(["red", "green", "blue"], n)
+    x = rng.normal(size=(n, 4))
+    score = x[:, 0] + 0.5 * (color == "red") + 0.3 * (group == "a") + rng.normal(scale=0.5, size=n)
+    table = pd.DataFrame({"id": np.arange(1000, 1000 + n), "x0": x[:, 0], "x1": x[:, 1], "x2": x[:, 2],
+                          "x3": x[:, 3], "color": color, "group": group, "label": np.where(score > 0, "yes", "no")})
+    csv = tmp_path / "table.csv"
+    table.to_csv(csv, index=False)
+    rc = {"dataset": "csv", "num-parties": 3, "num-server-rounds": 10, "eval-every": 5, "active-columns": 2,
+          "csv.path": str(csv), "csv.label": "label", "csv.positive": "yes", "csv.sensitive": "group",
+          "csv.group-a": "a", "csv.group-b": "b", "csv.id-column": "id"}
+    summary, folder = run_inprocess({**rc, "output-dir": str(tmp_path / "train")}, quiet=True)
+    meta = json.loads((folder / blocks.PARTIES / "partition-2" / blocks.BLOCK_META).read_text())
+    assert meta["preprocessing"]["categories"] == {"color": ["blue", "green", "red"]}
+    score_rc = {**rc, "mode": "score", "score.model-from": str(folder)}
+
+    def score(configs, out):
+        cfg = RunConfig.from_flower({**score_rc, "output-dir": str(out)})
+        return run_server(InProcessGrid(client_app, cfg.to_flower(), 3, node_configs=configs), cfg.to_flower())
+
+    _, out = score(_raw_files(rc, folder, tmp_path / "raw"), tmp_path / "score")
+    got = _metrics(rc, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+
+    def purple(k, t):
+        if k == 2:
+            t.loc[t.index[:3], "color"] = "purple"
+        return t
+
+    with pytest.raises(FederationError, match=r"party 2 .*column 'color' holds categories training never saw: "
+                                               r"\['purple'\] \(3 rows"):
+        score(_raw_files(rc, folder, tmp_path / "bad", edit=purple), tmp_path / "refused")
+    assert _no_predictions(tmp_path / "refused")
+
+
+# -- what reaches the server ----------------------------------------------------------------
+class RecordingGrid(InProcessGrid):
+    """Keeps every reply a party sends to the server."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.replies = []
+
+    def _answer(self, msg):
+        reply = super()._answer(msg)
+        self.replies.append((msg.metadata.message_type, reply))
+        return reply
+
+
+def test_blocks_never_reach_the_server(tmp_path):
+    cfg = RunConfig.from_flower({**BASE, "output-dir": str(tmp_path / "train")})
+    grid = RecordingGrid(client_app, cfg.to_flower(), cfg.num_parties)
+    _, folder = run_server(grid, cfg.to_flower())
+    saved = [r for t, r in grid.replies if t == msgs.SAVE]
+    assert len(saved) == cfg.num_parties
+    for reply in saved:
+        assert not reply.content.array_records  # digests only
+        assert set(reply.content.config_records) == {"saved"}
+    thetas = {k: np.load(folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK)["weight"] for k in range(4)}
+    manifest_text = (folder / blocks.MANIFEST).read_text()
+    for k, w in thetas.items():
+        assert repr(float(w[0])) not in manifest_text
+
+    score_cfg = RunConfig.from_flower({**BASE, "mode": "score", "score.model-from": str(folder),
+                                       "score.chunk-rows": 200, "output-dir": str(tmp_path / "score")})
+    grid = RecordingGrid(client_app, score_cfg.to_flower(), score_cfg.num_parties)
+    run_server(grid, score_cfg.to_flower())
+    for kind, reply in grid.replies:
+        if kind == msgs.SCORE_INFO:
+            assert not reply.content.array_records
+        else:
+            assert kind == msgs.SCORE
+            (record,) = reply.content.array_records.values()
+            assert set(record) == {"logits", "ids"}
+            assert record["logits"].numpy().shape == record["ids"].numpy().shape
+            assert len(record["ids"].numpy()) <= 200
+            assert not reply.content.config_records and not reply.content.metric_records
+
+
+# -- refusals -------------------------------------------------------------------------------
+def test_a_missing_block_is_refused_naming_the_party(model_copy, tmp_path):
+    (model_copy / blocks.PARTIES / "partition-3" / blocks.BLOCK_META).unlink()
+    with pytest.raises(FederationError, match=r"party 3 \(passive, node \d+\): no saved block of run"):
+        _score(model_copy, tmp_path / "out")
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_blocks_from_different_runs_are_refused(model_copy, tmp_path):
+    _, other = _train(tmp_path / "other", seed=1)
+    dst = model_copy / blocks.PARTIES / "partition-2"
+    shutil.rmtree(dst)
+    shutil.copytree(other / blocks.PARTIES / "partition-2", dst)
+    with pytest.raises(FederationError, match=rf"party 2 \(passive, node \d+\) holds a block of run {other.name}, "
+                                              rf"the model is run {model_copy.name}: blocks from different runs"):
+        _score(model_copy, tmp_path / "out")
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_a_changed_block_is_refused(model_copy, tmp_path):
+    path = model_copy / blocks.PARTIES / "partition-1" / blocks.BLOCK
+    with np.load(path) as f:
+        arrays = {k: f[k].copy() for k in f.files}
+    arrays["weight"][0] += 1.0
+    np.savez(path, **arrays)
+    with pytest.raises(FederationError, match=r"party 1 .*does not match the digest"):
+        _score(model_copy, tmp_path / "out")
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_a_score_file_missing_a_column_is_refused(trained, tmp_path):
+    _, folder = trained
+    drop = {}
+
+    def edit(k, t):
+        if k == 1:
+            drop["col"] = t.columns[3]
+            return t.drop(columns=[t.columns[3]])
+        return t
+
+    configs = _raw_files(BASE, folder, tmp_path / "raw", edit=edit)
+    with pytest.raises(FederationError, match=rf"party 1 .*score file .*score1.csv: column\(s\) \['{drop['col']}'\] "
+                                              r"not found"):
+        _score(folder, tmp_path / "out", node_configs=configs)
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_ids_not_held_by_every_party_are_refused(trained, tmp_path):
+    _, folder = trained
+    configs = _raw_files(BASE, folder, tmp_path / "raw", edit=lambda k, t: t.iloc[1:] if k == 2 else t)
+    with pytest.raises(FederationError, match=r"party 2 \(passive, node \d+\) holds 792 rows to score .*party 0 holds "
+                                              r"793 .*every party must hold the same row ids"):
+        _score(folder, tmp_path / "out", node_configs=configs)
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_a_model_config_mismatch_is_refused(trained, tmp_path):
+    _, folder = trained
+    with pytest.raises(FederationError, match=r"run config model='mlp' differs from the model's model='linear'"):
+        _score(folder, tmp_path / "out", model="mlp")
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_score_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"score.model-from='': mode='score' needs the training run folder"):
+        RunConfig.from_flower({"mode": "score"})
+    with pytest.raises(ConfigError, match=r"score.model-from='x': is read only with mode='score'"):
+        RunConfig.from_flower({"score.model-from": "x"})
+    with pytest.raises(ConfigError, match=r"score.chunk-rows=0"):
+        RunConfig.from_flower({"score.chunk-rows": 0})
+
+
+def test_a_folder_without_a_manifest_is_refused(tmp_path):
+    with pytest.raises(blocks.BlockError, match=r"no model.json there"):
+        _score(tmp_path, tmp_path / "out")
+
+
+# -- deployed party files (in process) ------------------------------------------------------
+def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path):
+    """Export → train on the party files (each node with its own model-dir) → score a new
+    1,000-row raw file per party; equal to scoring the saved blocks by hand."""
+    rc = {**BASE, "num-server-rounds": 6, "eval-every": 3}
+    manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
+    nodes = [{**n, "model-dir": str(tmp_path / f"node{n['partition-id']}")} for n in manifest["node_configs"]]
+    train_rc = RunConfig.from_flower({**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}).to_flower()
+    _, folder = run_server(InProcessGrid(client_app, train_rc, 4, node_configs=nodes), train_rc)
+    assert not (folder / blocks.PARTIES).exists()  # deployed parties keep their blocks on their own disk
+    run_id = folder.name
+
+    raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[:1000]
+    expected = np.zeros(1000)
+    for node in nodes:
+        k = node["partition-id"]
+        arrays, meta = blocks.load_block(tmp_path / f"node{k}" / run_id / f"partition-{k}", f"party {k}")
+        pre = Preprocessing.from_dict(meta["preprocessing"])
+        cols = ["row_id", *pre.raw_columns]
+        raw[cols].sample(frac=1.0, random_state=k).to_csv(tmp_path / f"new{k}.csv", index=False)
+        node["score-path"] = str(tmp_path / f"new{k}.csv")
+        u = pre.apply(raw, "test") @ arrays["weight"] + (arrays["bias"] if "bias" in arrays else 0.0)
+        expected += u.astype(np.float32)
+    score_rc = RunConfig.from_flower({**train_rc, "mode": "score", "score.model-from": str(folder),
+                                      "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}).to_flower()
+    summary, out = run_server(InProcessGrid(client_app, score_rc, 4, node_configs=nodes), score_rc)
+    p = pd.read_csv(out / "predictions.csv")
+    assert summary["rows"] == 1000 and p["id"].tolist() == raw["row_id"].tolist()
+    z = np.log(p["probability"] / (1 - p["probability"])).to_numpy()
+    np.testing.assert_allclose(z, expected, rtol=1e-5, atol=1e-6)
+    clear = np.abs(expected) > 1e-5
+    assert (p["decision"].to_numpy()[clear] == (expected[clear] >= 0)).all()
+    # each party parsed its file once; a fresh ClientApp process loads the parsed rows from its disk
+    assert len(list((tmp_path / "cache").glob("score-*.npz"))) == 4
+
+
+def test_the_report_on_scored_test_rows_gives_the_training_runs_gaps(trained, tmp_path):
+    pytest.importorskip("fairlearn")
+    summary, folder = trained
+    _, out = _score(folder, tmp_path / "score")
+    partydata.label_table(load_data(RunConfig.from_flower(BASE))).to_csv(tmp_path / "server_labels.csv", index=False)
+    assert report.main([str(out / "predictions.csv"), "--outcomes", str(tmp_path / "server_labels.csv"),
+                        "--out", str(tmp_path / "report")]) == 0
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert rep["rows"] == 793  # crime's test rows
+    assert rep["overall"]["accuracy"] == pytest.approx(summary["test_acc"], abs=1e-12)
+    assert rep["gaps"]["dfp"] == pytest.approx(summary["test_dfp"], abs=1e-12)
+    assert rep["gaps"]["dfn"] == pytest.approx(summary["test_dfn"], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_path):
+    """The real runtime: `flwr run` trains (parties save their blocks), then `flwr run` with
+    mode = "score" sums the partial logits; ACC/DFP/DFN equal the training run's."""
+    with SimulationSuperLink(tmp_path / "flwr-home") as link:
+        link.run({**BASE, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
+        (folder,) = [p for p in (tmp_path / "train").iterdir() if p.is_dir()]
+        assert all((folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK).is_file() for k in range(4))
+        link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300,
+                  "output-dir": str(tmp_path / "score")}, num_supernodes=4, timeout=600)
+    (out,) = [p for p in (tmp_path / "score").iterdir() if p.is_dir()]
+    summary = json.loads((folder / "summary.json").read_text())
+    got = _metrics(BASE, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+
+
+@pytest.mark.slow
+def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
+    """A real SuperLink and 4 SuperNodes on 127.0.0.1: train on exported files, then score a
+    new 1,000-row raw file per party; equal to scoring the saved blocks by hand. Every
+    deployed message starts a fresh ClientApp process, so the rounds default to 2 here
+    (FAIRVFL_TEST_SCORE_ROUNDS=20 for the longer run)."""
+    rounds = int(os.environ.get("FAIRVFL_TEST_SCORE_ROUNDS", "2"))
+    rc = {**BASE, "num-server-rounds": rounds, "eval-every": rounds}
+    manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
+    raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[-1000:]
+    nodes = []
+    for n in manifest["node_configs"]:
+        k = n["partition-id"]
+        pre = Preprocessing.from_dict(json.loads((tmp_path / "files" / f"party{k}.preprocessing.json").read_text()))
+        raw[["row_id", *pre.raw_columns]].sample(frac=1.0, random_state=k).to_csv(tmp_path / f"new{k}.csv", index=False)
+        nodes.append({**n, "model-dir": str(tmp_path / f"models{k}"), "score-path": str(tmp_path / f"new{k}.csv")})
+    env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    train_rc = {**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
+    with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
+        run_id, status = fed.run(train_rc, timeout=600)
+        assert status == "finished:completed", fed.logs(run_id)[-3000:]
+        (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+        run_id, status = fed.run({**train_rc, "mode": "score", "score.model-from": str(folder),
+                                  "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}, timeout=600)
+        assert status == "finished:completed", fed.logs(run_id)[-3000:]
+    assert not (folder / blocks.PARTIES).exists()
+    expected = np.zeros(len(raw))
+    for n in nodes:
+        k = n["partition-id"]
+        arrays, meta = blocks.load_block(Path(n["model-dir"]) / folder.name / f"partition-{k}", f"party {k}")
+        u = Preprocessing.from_dict(meta["preprocessing"]).apply(raw, "test") @ arrays["weight"]
+        expected += (u + arrays["bias"] if "bias" in arrays else u).astype(np.float32)
+    (out,) = [p for p in (tmp_path / "scores").iterdir() if p.is_dir()]
+    p = pd.read_csv(out / "predictions.csv")
+    assert p["id"].tolist() == sorted(raw["row_id"].tolist())
+    z = np.log(p["probability"] / (1 - p["probability"])).to_numpy()
+    order = np.argsort(raw["row_id"].to_numpy())
+    np.testing.assert_allclose(z, expected[order], rtol=1e-5, atol=1e-6)
