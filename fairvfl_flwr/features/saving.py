@@ -200,7 +200,7 @@ def save(message: Message, context: Context) -> Message:
     cfg = rt.cfg
     spec = party_spec(context.node_config, cfg.num_parties, cfg.num_active)
     pre = party_preprocessing(spec, cfg)
-    arrays = {k: v.detach().cpu().numpy() for k, v in state.items()}
+    arrays = {k: np.asarray(v) for k, v in state.items()}
     n_features = int(rt.data.X_train.shape[1])
     if len(pre.features) != n_features:
         raise blocks.BlockError(f"{rt.who}: preprocessing describes {len(pre.features)} features, the block "

@@ -31,14 +31,13 @@ from logging import INFO
 from pathlib import Path
 
 import numpy as np
-import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.models import DTYPES, build_model
+from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import blocks
 from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.preprocess import Preprocessing, score_rows
@@ -192,15 +191,17 @@ def write_predictions(path: Path, ids: np.ndarray, z: np.ndarray) -> None:
 
 # -- the parties' handlers ---------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
-def _model(folder: str, mtime_ns: int, who: str) -> tuple[torch.nn.Module, dict]:
+def _model(folder: str, mtime_ns: int, who: str) -> tuple:
+    """The saved block as a model block (numpy for linear: scoring needs no torch there)."""
     arrays, meta = blocks.load_block(Path(folder), who)
-    model = build_model(meta["model"], int(meta["n-features"]), hidden=int(meta["hidden"]),
+    model = build_block(meta["model"], int(meta["n-features"]), hidden=int(meta["hidden"]),
                         bias="bias" in arrays or meta["model"] == "mlp", dtype=meta["dtype"])
-    try:
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
-    except RuntimeError as exc:
-        raise blocks.BlockError(f"{who}: the block in {folder} does not fit a {meta['model']} model: {exc}") from None
-    model.eval()
+    expected = model.state_dict()
+    if set(arrays) != set(expected) or any(np.shape(arrays[k]) != np.shape(v) for k, v in expected.items()):
+        raise blocks.BlockError(f"{who}: the block in {folder} does not fit a {meta['model']} model: it holds "
+                                f"{ {k: np.shape(v) for k, v in arrays.items()} }, the model "
+                                f"{ {k: np.shape(v) for k, v in expected.items()} }")
+    model.load_state_dict(arrays)
     return model, meta
 
 
@@ -226,9 +227,7 @@ class PartyScorer:
         self.rows = score_rows(self.spec, self.cfg, pre, str(context.node_config.get("score-path", "") or ""))
 
     def logits(self, start: int, stop: int) -> np.ndarray:
-        x = torch.from_numpy(self.rows.X[start:stop]).to(DTYPES[self.meta["dtype"]])
-        with torch.no_grad():
-            return self.model(x).numpy().astype(self.cfg.wire_dtype)
+        return self.model.forward(as_dtype(self.rows.X[start:stop], self.meta["dtype"])).astype(self.cfg.wire_dtype)
 
 
 def score_info(message: Message, context: Context) -> Message:

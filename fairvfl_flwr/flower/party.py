@@ -117,7 +117,7 @@ class PartyRuntime:
     def load_model_state(self, state: dict) -> None:
         """Keep θ (numpy arrays by parameter name) in the node's state for the next message."""
         self.context.state.array_records[MODEL_STATE] = ArrayRecord(
-            {k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
+            {k: Array(np.asarray(v, order="C")) for k, v in state.items()})
 
     def model_state(self) -> dict[str, np.ndarray] | None:
         record = self.context.state.array_records.get(MODEL_STATE)
