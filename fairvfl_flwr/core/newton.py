@@ -218,26 +218,32 @@ def dual_newton_step(
     """Newton ascent on the dual in d_c = λ_c+ − λ_c− (one multiplier of a pair is 0 at the optimum).
 
     The dual is concave in d with derivative r_c = D_c − ε sign(d_c) − c d_c (at d_c = 0: 0
-    if |D_c| <= ε, else the side D_c points to). Per constraint, d_c ← d_c − r_c / (J_cc − c)
-    with J_cc the sensitivity of D_c to d_c: the subspace's (``jac``, a lower bound on the
-    true magnitude), or the secant slope observed since ``previous = (d, gaps)`` where that
-    is steeper, so the step errs short. A step does not cross 0 (the dual's kink: the other
+    if |D_c| <= ε, else the side D_c points to). Newton: d ← d − (J − cI)⁻¹ r on the
+    constraints not resting at 0, with J the gaps' sensitivity to d: the subspace's
+    (``jac``, negative semidefinite, a lower bound on the true magnitude), its diagonal made
+    steeper where the secant slope observed since ``previous = (d, gaps)`` is, so the step
+    errs short. A step does not cross 0 (the dual's kink: the other
     multiplier takes over from there on the next round), and d stays within
     :func:`weight_bounds` (loss measure).
     """
     lam = np.asarray(lam, dtype=np.float64)
     gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
     d = lam[0::2] - lam[1::2]
-    slope = np.minimum(np.diag(np.atleast_2d(jac)), 0.0)
+    jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
+    slope = np.diag(jac)
+    steeper = np.zeros(len(d))
     if previous is not None:
         d_prev, gaps_prev = (np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in previous)
         moved = np.abs(d - d_prev) > 0
         secant = np.where(moved, (gaps - gaps_prev) / np.where(moved, d - d_prev, 1.0), 0.0)
-        slope = np.minimum(slope, np.where(secant < 0, secant, 0.0))
+        steeper = np.minimum(secant - slope, 0.0)
     side = np.where(d != 0, np.sign(d), np.where(np.abs(gaps) > epsilon, np.sign(gaps), 0.0))
     r = gaps - epsilon * side - c * d
-    r = np.where((d == 0) & (side == 0), 0.0, r)
-    new = d - r / (slope - c)
+    free = ~((d == 0) & (side == 0))
+    new = d.copy()
+    if free.any():
+        M = (jac + np.diag(steeper) - c * np.eye(len(d)))[np.ix_(free, free)]
+        new[free] = d[free] - np.linalg.solve(M, r[free])
     new = np.where((d != 0) & (np.sign(new) != np.sign(d)), 0.0, new)
     out = np.empty_like(lam)
     out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
