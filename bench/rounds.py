@@ -16,6 +16,10 @@ subspace line search and dual Newton step (fairvfl_flwr/core/newton.py; Q is unu
 
     python bench/rounds.py --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
         --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton
+
+Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
+methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
+negative where the multipliers give some rows a negative weight).
 """
 
 from __future__ import annotations
@@ -76,8 +80,11 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
             row.update(fairness_metrics(ds.y_test, ds.s_test, z_test))
         history.append(row)
     last = history[-1]
+    reg = sum(float(th @ th) for th in fl.theta) + sum(b * b for b in fl.bias if b is not None)
+    objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * cfg.mu_value(n) * reg  # L(θ)
     return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
             "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
+            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * n),
             "seconds": time.perf_counter() - t}
 
 
@@ -144,8 +151,11 @@ def main(argv=None) -> dict:
                         rows.append(r)
     name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
     md = (f"Rounds to target ({','.join(datasets)}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
-          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {args.engine}\n\n"
-          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "seconds"]))
+          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {args.engine}"
+          + (f", newton: curvature {args.curvature}, memory {args.memory}, {args.newton_rounds or args.rounds} rounds"
+             if "newton" in args.optimizer else "") + "\n\n"
+          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
+                         "min_weight_n", "seconds"]))
     write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
     return {"rows": rows}
 
