@@ -6,18 +6,20 @@ of f̃ is, up to terms constant in θ,
     F(θ) = φ(z) + Σ_k (μ/2)‖θ_k‖²,   φ(z) = (1/n) Σ_i l_i(z_i) + Σ_i m_i q_i(z_i),
 
 with ∂φ/∂z = ν (core/objective.masked_weights) and a diagonal Hessian in z,
-φ''_i = (core/newton.curvature). One round:
+φ''_i (:func:`curvature`). One round:
 
-1. Server: dual step at z, then ν (as for gradient descent) and, for the curvature
-   variants that need it, the per-row curvature h.
+1. Server: the dual step (:func:`newton_dual_step`), then ν as for gradient descent.
 2. Party k (θ_k with the bias as its last entry for an active party, X_k with a column of
    ones appended): a block Newton direction on a PSD model,
-   ``s_k = −(X_kᵀ diag(h) X_k + μI)⁻¹ (X_kᵀν + μθ_k)`` (:func:`block_direction`), and
-   replies ``Δu_k = X_k s_k``, ``a_k = θ_k·s_k`` and ``b_k = ‖s_k‖²``.
-3. Server: the K step lengths α minimising F(θ + Σ_k α_k e_k s_k) over the K-dimensional
-   subspace the parties' directions span (:func:`subspace_step`): damped Newton in α with
-   an Armijo backtracking on the exact F, which the server can evaluate from z, Δu, a, b
-   alone. Each party then sets θ_k ← θ_k + α_k s_k (in the app: on the next message).
+   ``s_k = −(X_kᵀ diag(h) X_k + μI)⁻¹ (X_kᵀν + μθ_k)`` (:func:`block_direction`). Its
+   directions d_j are s_k and its last moves (the "memory"); it replies ``Δu_j = X_k d_j``,
+   ``a_j = θ_k·d_j`` and the Gram matrix of its d_j.
+3. Server: the step lengths α minimising F(θ + Σ_j α_j d_j) over the subspace all parties'
+   directions span (:func:`subspace_step`): damped Newton in α with an Armijo
+   backtracking on the exact F, which the server can evaluate from z, Δu, a and the Gram
+   matrices alone; then the subspace's sensitivity of the gaps to λ
+   (:func:`subspace_gap_jacobian`) for the next dual step. Each party then sets
+   θ_k ← θ_k + Σ_{j∈k} α_j d_j (in the app: on the next message). docs/newton.md.
 
 Why this is safe by construction: every accepted α satisfies the Armijo condition on the
 true F (not on a model), and α = 0 is always admissible, so F at fixed λ never increases,
@@ -29,7 +31,8 @@ Curvature. For the loss measure φ''_i = w_i σ(z_i)(1 − σ(z_i)) with the sig
 w_i = 1/n + m_i, which is negative for rows of a group whose weight λ pushes below zero;
 φ is then not convex in z there. :func:`curvature` clips φ'' at 0 (a PSD model), so every
 direction is a descent direction; the line search works on the true, unclipped F.
-Variants of what the passive parties use for h (``curvature``):
+(The dual step keeps every w_i >= 0 on the loss measure, :func:`weight_bounds`, so there
+the clip only guards the rate measure and rounding.) Variants of what the passive parties use for h (``curvature``):
 
 * ``exact``: the server sends h with ν. Reveals more than ν (see :func:`curvature`).
 * ``nu``: the party derives h from ν alone, as if every row had weight 1/n:
