@@ -20,6 +20,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from fairvfl_flwr.core.objective import Groups, masked_weights  # noqa: E402
+from fairvfl_flwr.core.newton import (  # noqa: E402
+    block_direction,
+    curvature,
+    newton_dual_step,
+    party_curvature,
+    subspace_gap_jacobian,
+    subspace_step,
+    with_bias,
+)
 from fairvfl_flwr.core.step import server_step  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results"
@@ -104,6 +113,69 @@ class NumpyFloor:
                     self.bias[k] -= self.lr * (nu_k.sum() + self.mu * self.bias[k])
             else:
                 self.theta[k] -= self.lr * (x.T @ nu + self.mu * self.theta[k])
+        self.u = [self._u(k, x) for k, x in enumerate(self.X)]
+
+
+class NewtonFloor(NumpyFloor):
+    """``optimizer = "newton"`` (fairvfl_flwr/core/newton.py) in one process, linear models.
+
+    The server's dual step and ν as for gradient descent; each party's block Newton
+    direction; the server's subspace line search over the K step lengths; each party
+    moves by its α_k. ``curvature``: what the passive parties use for h (``exact``: sent by
+    the server; ``nu``, ``const``: derived by the party). ``lr`` and ``Q`` are unused.
+    """
+
+    def __init__(self, blocks, y, groups: Groups, *, curvature="nu", memory=2, dual="newton", **kw):
+        super().__init__(blocks, y, groups, **kw)
+        self.curvature, self.memory, self.dual = curvature, memory, dual
+        self.jac, self.previous = None, None
+        self.alphas: list[np.ndarray] = []
+        self.moves: list[list] = [[] for _ in self.X]  # each party's last moves θ_k(t) − θ_k(t−1), newest first
+        self.du_moves: list[list] = [[] for _ in self.X]
+
+    def params(self, k):
+        return np.append(self.theta[k], self.bias[k]) if k < self.active else self.theta[k]
+
+    def round(self):
+        z = self.z()
+        if self.dual == "newton":
+            if self.fairness:
+                gaps = self.groups.gaps(self.y, z)
+                d = self.lam[0::2] - self.lam[1::2]
+                self.lam = newton_dual_step(self.lam, self.y, z, self.groups, self.jac, epsilon=self.epsilon,
+                                            beta=self.beta, c=self.c, previous=self.previous)
+                self.previous = (d, gaps)
+            nu = masked_weights(self.y, z, self.lam, self.groups)
+        else:
+            self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta,
+                                       c=self.c, fairness=self.fairness)
+        n = len(z)
+        h_exact = curvature(self.y, z, self.lam, self.groups)
+        h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
+        dirs, du, owner = [], [], []
+        for k, x in enumerate(self.X):
+            xk = with_bias(x) if k < self.active else x
+            s = block_direction(xk, nu, h_exact if k < self.active else h_party, self.params(k), self.mu)
+            dirs.append(s), du.append(xk @ s), owner.append(k)
+            for mv, dmv in zip(self.moves[k], self.du_moves[k]):
+                dirs.append(mv), du.append(dmv), owner.append(k)
+        owner = np.array(owner)
+        a = np.array([self.params(k) @ d for k, d in zip(owner, dirs)])
+        B = np.array([[di @ dj if ki == kj else 0.0 for kj, dj in zip(owner, dirs)] for ki, di in zip(owner, dirs)])
+        du = np.column_stack(du)
+        alpha = subspace_step(self.y, z, du, a, B, self.lam, self.groups, self.mu)
+        self.alphas.append(alpha)
+        self.jac = subspace_gap_jacobian(self.y, z + du @ alpha, du, B, self.lam, self.groups, self.mu)
+        for k, x in enumerate(self.X):
+            sel = np.flatnonzero(owner == k)
+            move = sum(alpha[j] * dirs[j] for j in sel)
+            self.moves[k] = [move, *self.moves[k]][: self.memory]
+            self.du_moves[k] = [du[:, sel] @ alpha[sel], *self.du_moves[k]][: self.memory]
+            if k < self.active:
+                self.theta[k] = self.theta[k] + move[:-1]
+                self.bias[k] = self.bias[k] + move[-1]
+            else:
+                self.theta[k] = self.theta[k] + move
         self.u = [self._u(k, x) for k, x in enumerate(self.X)]
 
 

@@ -9,6 +9,17 @@ models: bench/common.NumpyFloor; float64 throughout), test metrics every 10 roun
 grid (same numbers up to the float32 wire, ~2-3x slower). ``--preset fast`` runs the
 same Q values with the ``fast`` preset (fairvfl_flwr/config/presets.py). A run that never meets
 the target reports ``rounds_to_target = None``.
+
+``--optimizer newton`` (floor engine) trains with block Newton directions and the server's
+subspace line search and dual Newton step (fairvfl_flwr/core/newton.py; Q is unused);
+``--optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2`` compares both:
+
+    python bench/rounds.py --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
+        --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton
+
+Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
+methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
+negative where the multipliers give some rows a negative weight).
 """
 
 from __future__ import annotations
@@ -39,11 +50,11 @@ def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
     return hit
 
 
-def run_floor(overrides: dict) -> dict:
-    """The same run as the app's, with bench/common.NumpyFloor (linear models only)."""
+def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", memory: int = 2) -> dict:
+    """The same run as the app's, with bench/common.NumpyFloor or NewtonFloor (linear models only)."""
     import numpy as np
 
-    from bench.common import NumpyFloor, adult_problem
+    from bench.common import NewtonFloor, NumpyFloor, adult_problem
     from fairvfl_flwr.config import RunConfig
     from fairvfl_flwr.core.metrics import fairness_metrics
     from fairvfl_flwr.core.objective import train_stats
@@ -54,8 +65,12 @@ def run_floor(overrides: dict) -> dict:
     ds, blocks, groups = adult_problem(cfg)
     test_blocks = [ds.X_test[:, c] for c in party_columns(cfg, ds)]
     n = len(ds.y_train)
-    fl = NumpyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n),
-                    lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active, fairness=cfg.fairness)
+    kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps,
+              active=cfg.num_active, fairness=cfg.fairness)
+    if optimizer == "newton":
+        fl = NewtonFloor(blocks, ds.y_train, groups, curvature=curvature, memory=memory, **kw)
+    else:
+        fl = NumpyFloor(blocks, ds.y_train, groups, **kw)
     history = []
     for r in range(1, cfg.num_server_rounds + 1):
         fl.round()
@@ -65,8 +80,11 @@ def run_floor(overrides: dict) -> dict:
             row.update(fairness_metrics(ds.y_test, ds.s_test, z_test))
         history.append(row)
     last = history[-1]
+    reg = sum(float(th @ th) for th in fl.theta) + sum(b * b for b in fl.bias if b is not None)
+    objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * cfg.mu_value(n) * reg  # L(θ)
     return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
             "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
+            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * n),
             "seconds": time.perf_counter() - t}
 
 
@@ -92,26 +110,53 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="")
     ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
+    ap.add_argument("--optimizer", default="gd", help="gd, newton or both (gd,newton); newton: floor engine only")
+    ap.add_argument("--datasets", default="", help="several datasets, e.g. adult,compas,crime (overrides --dataset)")
+    ap.add_argument("--seeds", default="", help="run-config seeds, e.g. 0,1,2 (default: the run config's)")
+    ap.add_argument("--newton-rounds", type=int, default=0, help="rounds of the newton runs (default: --rounds)")
+    ap.add_argument("--curvature", default="nu", help="newton: what passive parties use for h (exact, nu, const)")
+    ap.add_argument("--memory", type=int, default=2, help="newton: earlier moves per party in the subspace search")
     args = ap.parse_args(argv)
     extra = {}
     for item in args.set.split():
         k, v = item.split("=", 1)
         extra[k] = float(v) if v.replace(".", "", 1).replace("e-", "", 1).isdigit() else v
     rows = []
+    datasets = args.datasets.split(",") if args.datasets else [args.dataset]
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
     with tempfile.TemporaryDirectory() as tmp:
-        for q in [int(x) for x in args.qs.split(",")]:
-            cfg = {"dataset": args.dataset, "num-server-rounds": args.rounds, "eval-every": 10, "local-steps": q, **extra}
-            if args.preset:
-                cfg["preset"] = args.preset
-            res = run(cfg, f"{tmp}/q{q}") if args.engine == "inprocess" else run_floor(cfg)
-            r = {"preset": args.preset or "default", "Q": q, **res}
-            print(r, flush=True)
-            rows.append(r)
+        for dataset in datasets:
+            for seed in seeds:
+                for optimizer in args.optimizer.split(","):
+                    qs = [int(x) for x in args.qs.split(",")] if optimizer == "gd" else [None]
+                    rounds = args.newton_rounds or args.rounds if optimizer == "newton" else args.rounds
+                    for q in qs:
+                        cfg = {"dataset": dataset, "num-server-rounds": rounds, "eval-every": 10, **extra}
+                        if q is not None:
+                            cfg["local-steps"] = q
+                        if seed is not None:
+                            cfg["seed"] = seed
+                        if args.preset:
+                            cfg["preset"] = args.preset
+                        if optimizer == "newton":
+                            cfg["eval-every"] = 1
+                            res = run_floor(cfg, "newton", args.curvature, args.memory)
+                        elif args.engine == "inprocess":
+                            res = run(cfg, f"{tmp}/q{q}")
+                        else:
+                            res = run_floor(cfg)
+                        r = {"dataset": dataset, "seed": seed, "optimizer": optimizer, "rounds": rounds,
+                             "preset": args.preset or "default", "Q": q if q is not None else "-", **res}
+                        print(r, flush=True)
+                        rows.append(r)
     name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
-    md = (f"Rounds to target ({args.dataset}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
-          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {args.engine}\n\n"
-          + table(rows, ["preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "seconds"]))
-    write(args.out, name, {"dataset": args.dataset, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
+    md = (f"Rounds to target ({','.join(datasets)}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
+          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {args.engine}"
+          + (f", newton: curvature {args.curvature}, memory {args.memory}, {args.newton_rounds or args.rounds} rounds"
+             if "newton" in args.optimizer else "") + "\n\n"
+          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
+                         "min_weight_n", "seconds"]))
+    write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
     return {"rows": rows}
 
 

@@ -1,0 +1,332 @@
+"""Block Newton steps with a server-side subspace line search (``optimizer = "newton"``).
+
+Pure numpy, linear parties (docs/algorithm.md, notation). For a fixed λ the primal part
+of f̃ is, up to terms constant in θ,
+
+    F(θ) = φ(z) + Σ_k (μ/2)‖θ_k‖²,   φ(z) = (1/n) Σ_i l_i(z_i) + Σ_i m_i q_i(z_i),
+
+with ∂φ/∂z = ν (core/objective.masked_weights) and a diagonal Hessian in z,
+φ''_i (:func:`curvature`). One round:
+
+1. Server: the dual step (:func:`newton_dual_step`), then ν as for gradient descent.
+2. Party k (θ_k with the bias as its last entry for an active party, X_k with a column of
+   ones appended): a block Newton direction on a PSD model,
+   ``s_k = −(X_kᵀ diag(h) X_k + μI)⁻¹ (X_kᵀν + μθ_k)`` (:func:`block_direction`). Its
+   directions d_j are s_k and its last moves (the "memory"); it replies ``Δu_j = X_k d_j``,
+   ``a_j = θ_k·d_j`` and the Gram matrix of its d_j.
+3. Server: the step lengths α minimising F(θ + Σ_j α_j d_j) over the subspace all parties'
+   directions span (:func:`subspace_step`): damped Newton in α with an Armijo
+   backtracking on the exact F, which the server can evaluate from z, Δu, a and the Gram
+   matrices alone; then the subspace's sensitivity of the gaps to λ
+   (:func:`subspace_gap_jacobian`) for the next dual step. Each party then sets
+   θ_k ← θ_k + Σ_{j∈k} α_j d_j (in the app: on the next message). docs/newton.md.
+
+Why this is safe by construction: every accepted α satisfies the Armijo condition on the
+true F (not on a model), and α = 0 is always admissible, so F at fixed λ never increases,
+whatever K, the data or how correlated the blocks are. Simultaneous undamped block steps
+(α_k = 1) diverge when blocks are correlated; the subspace search shrinks α exactly as
+much as the correlation requires and no constant is tuned.
+
+Curvature. For the loss measure φ''_i = w_i σ(z_i)(1 − σ(z_i)) with the signed row weight
+w_i = 1/n + m_i, which is negative for rows of a group whose weight λ pushes below zero;
+φ is then not convex in z there. :func:`curvature` clips φ'' at 0 (a PSD model), so every
+direction is a descent direction; the line search works on the true, unclipped F.
+(The dual step keeps every w_i >= 0 on the loss measure, :func:`weight_bounds`, so there
+the clip only guards the rate measure and rounding.) Variants of what the passive parties use for h (``curvature``):
+
+* ``exact``: the server sends h with ν. Reveals more than ν (see :func:`curvature`).
+* ``nu``: the party derives h from ν alone, as if every row had weight 1/n:
+  σ(−y_i z_i) = n|ν_i| there, so h̃_i = |ν_i|(1 − n|ν_i|), clipped at 0 (exact on the rows
+  outside the constrained groups, which are most rows).
+* ``const``: h̃_i = 1/(4n), the bound on σ'/n: a fixed preconditioner.
+
+The active party knows y, s, λ and z, so it always uses the exact h.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fairvfl_flwr.core.objective import (
+    Groups,
+    dual_step,
+    logistic_loss,
+    loss_derivative,
+    masked_weights,
+    row_weights,
+    sigmoid,
+)
+
+CURVATURES = ("exact", "nu", "const")
+ARMIJO = 1e-4
+
+
+def smooth_part(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> float:
+    """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
+    m = row_weights(lam, groups) - 1.0 / groups.n
+    return float(logistic_loss(y, z).mean() + m @ groups.values(y, z))
+
+
+def curvature(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> np.ndarray:
+    """φ''(z_i) clipped at 0: the PSD per-row curvature of f̃ in z.
+
+    Loss measure: max(w_i, 0) σ'(z_i); rate measure: max(σ'/n + m_i σ'(1 − 2σ), 0).
+    Sent to a passive party (``curvature = "exact"``), h_i with ν_i gives w_i = ν_i²/(|ν_i| − h_i)
+    on the loss measure: the row's group weight, hence its group among the constrained
+    rows once λ ≠ 0, and σ(z_i)(1 − σ(z_i)), hence |z_i|.
+    """
+    p = sigmoid(z)
+    dp = p * (1.0 - p)
+    w = row_weights(lam, groups)
+    if groups.measure == "loss":
+        return np.maximum(w, 0.0) * dp
+    return np.maximum(dp / groups.n + (w - 1.0 / groups.n) * dp * (1.0 - 2.0 * p), 0.0)
+
+
+def party_curvature(nu: np.ndarray, n: int, kind: str) -> np.ndarray:
+    """What a passive party uses for h without receiving it (``nu``, ``const``)."""
+    if kind == "nu":
+        a = np.abs(nu)
+        return np.maximum(a * (1.0 - n * a), 0.0)
+    if kind == "const":
+        return np.full(len(nu), 0.25 / n)
+    raise ValueError(f"party curvature {kind!r}: choose nu or const (exact comes from the server)")
+
+
+def with_bias(x: np.ndarray) -> np.ndarray:
+    """An active party's block with its intercept column."""
+    return np.hstack([x, np.ones((x.shape[0], 1), dtype=x.dtype)])
+
+
+def block_direction(x: np.ndarray, nu: np.ndarray, h: np.ndarray, theta: np.ndarray, mu: float) -> np.ndarray:
+    """s = −(xᵀ diag(h) x + μI)⁻¹ (xᵀν + μθ): the Newton direction on one block (PSD model).
+
+    ``x`` (n × m) and ``theta`` (m) include the intercept column for an active party.
+    """
+    hess = (x * h[:, None]).T @ x
+    hess[np.diag_indices_from(hess)] += mu
+    grad = x.T @ nu + mu * theta
+    try:
+        return -np.linalg.solve(hess, grad)
+    except np.linalg.LinAlgError:  # μ = 0 and a rank-deficient block
+        return -np.linalg.lstsq(hess, grad, rcond=None)[0]
+
+
+def subspace_step(
+    y: np.ndarray,
+    z: np.ndarray,
+    du: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    lam: np.ndarray,
+    groups: Groups,
+    mu: float,
+    *,
+    iters: int = 20,
+    tol: float = 1e-12,
+) -> np.ndarray:
+    """α ∈ R^J minimising F(α) = φ(z + Δu α) + μ (a·α + αᵀBα/2) (the μ-term's change).
+
+    J directions d_j (each within one party's block): ``du`` is n × J (column j: the
+    logits' change X_k d_j), ``a_j = θ_k·d_j`` and ``b`` the Gram matrix B_ij = d_i·d_j
+    (0 across parties), or its diagonal when each party has one direction. Damped Newton on
+    the PSD model (Δuᵀ diag(h) Δu + μB) with Armijo backtracking on the true F, so
+    F(α) <= F(0) always; stops when the predicted decrease is below ``tol`` · (1 + |F|).
+    """
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    B = np.diag(b) if b.ndim == 1 else b
+    alpha = np.zeros(du.shape[1])
+
+    def value(al: np.ndarray) -> float:
+        return smooth_part(y, z + du @ al, lam, groups) + mu * float(a @ al + 0.5 * al @ B @ al)
+
+    f = value(alpha)
+    for _ in range(iters):
+        zz = z + du @ alpha
+        g = du.T @ masked_weights(y, zz, lam, groups) + mu * (a + B @ alpha)
+        H = (du * curvature(y, zz, lam, groups)[:, None]).T @ du + mu * B
+        p = -np.linalg.pinv(H, rcond=1e-12, hermitian=True) @ g
+        slope = float(g @ p)
+        if not slope < -tol * (1.0 + abs(f)):
+            break
+        t = 1.0
+        while True:
+            f_new = value(alpha + t * p)
+            if f_new <= f + ARMIJO * t * slope:
+                break
+            t *= 0.5
+            if t < 1e-10:
+                return alpha
+        alpha, f = alpha + t * p, f_new
+    return alpha
+
+
+def gap_directions(y: np.ndarray, z: np.ndarray, groups: Groups) -> np.ndarray:
+    """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
+    if groups.measure == "loss":
+        g = loss_derivative(y, z)
+    else:
+        p = sigmoid(z)
+        g = p * (1.0 - p)
+    cols = []
+    for con in groups.constraints:
+        col = np.zeros(len(z))
+        col[con.in_a] = 1.0 / con.size_a
+        col[con.in_b] = -1.0 / con.size_b
+        cols.append(g * col)
+    return np.column_stack(cols)
+
+
+def subspace_gap_jacobian(
+    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: Groups, mu: float
+) -> np.ndarray:
+    """J = dD/dd (C × C, d_c = λ_c+ − λ_c−) at the subspace optimum z, by implicit differentiation.
+
+    At the minimiser α* of F over the parties' directions, dα*/dd = −H_α⁻¹ V with
+    V = Δuᵀ ∂D/∂z, so J = −Vᵀ H_α⁻¹ V (negative semidefinite). It is the sensitivity of the
+    gaps to the multipliers when θ may move only within the subspace, so |J| is at most
+    the full problem's (the H-projection onto a subspace shrinks the quadratic form).
+    """
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    b = np.asarray(b, dtype=np.float64)
+    B = np.diag(b) if b.ndim == 1 else b
+    H = (du * curvature(y, z, lam, groups)[:, None]).T @ du + mu * B
+    V = du.T @ gap_directions(y, z, groups)
+    return -V.T @ np.linalg.pinv(H, rcond=1e-12, hermitian=True) @ V
+
+
+def weight_bounds(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
+    """Per constraint, the interval of d_c = λ_c+ − λ_c− that keeps every row weight w_i >= 0.
+
+    For the loss measure, w_i < 0 makes f̃ concave in those rows' logits and unbounded below
+    in θ (up to the tiny μ-term): the primal has no minimiser and a descent method diverges.
+    Rows of several constraints are disjoint for every constraint set here, so the bounds
+    are per constraint: −|A_c|/n <= d_c <= |B_c|/n.
+    """
+    lo = np.array([-c.size_a / groups.n for c in groups.constraints])
+    hi = np.array([c.size_b / groups.n for c in groups.constraints])
+    return lo, hi
+
+
+def dual_newton_step(
+    lam: np.ndarray,
+    gaps: np.ndarray,
+    jac: np.ndarray,
+    epsilon: float,
+    c: float,
+    groups: Groups,
+    previous: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Newton ascent on the dual in d_c = λ_c+ − λ_c− (one multiplier of a pair is 0 at the optimum).
+
+    The dual is concave in d with derivative r_c = D_c − ε sign(d_c) − c d_c (at d_c = 0: 0
+    if |D_c| <= ε, else the side D_c points to). Newton: d ← d − (J − cI)⁻¹ r on the
+    constraints not resting at 0, with J the gaps' sensitivity to d: the subspace's
+    (``jac``, negative semidefinite, a lower bound on the true magnitude), its diagonal made
+    steeper where the secant slope observed since ``previous = (d, gaps)`` is, so the step
+    errs short. A step does not cross 0 (the dual's kink: the other
+    multiplier takes over from there on the next round), and d stays within
+    :func:`weight_bounds` (loss measure).
+    """
+    lam = np.asarray(lam, dtype=np.float64)
+    gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
+    d = lam[0::2] - lam[1::2]
+    jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
+    slope = np.diag(jac)
+    steeper = np.zeros(len(d))
+    if previous is not None:
+        d_prev, gaps_prev = (np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in previous)
+        moved = np.abs(d - d_prev) > 0
+        secant = np.where(moved, (gaps - gaps_prev) / np.where(moved, d - d_prev, 1.0), 0.0)
+        steeper = np.minimum(secant - slope, 0.0)
+    side = np.where(d != 0, np.sign(d), np.where(np.abs(gaps) > epsilon, np.sign(gaps), 0.0))
+    r = gaps - epsilon * side - c * d
+    free = ~((d == 0) & (side == 0))
+    new = d.copy()
+    if free.any():
+        M = (jac + np.diag(steeper) - c * np.eye(len(d)))[np.ix_(free, free)]
+        new[free] = d[free] - np.linalg.solve(M, r[free])
+    new = np.where((d != 0) & (np.sign(new) != np.sign(d)), 0.0, new)
+    out = np.empty_like(lam)
+    out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
+    return clip_multipliers(out, groups)
+
+
+def clip_multipliers(lam: np.ndarray, groups: Groups) -> np.ndarray:
+    """λ >= 0 with each d_c within :func:`weight_bounds` (loss measure), λ_c± scaled down together."""
+    lam = np.maximum(np.asarray(lam, dtype=np.float64), 0.0)
+    if groups.measure != "loss":
+        return lam
+    lo, hi = weight_bounds(groups)
+    d = lam[0::2] - lam[1::2]
+    scale = np.ones(len(d))
+    pos, neg = d > hi, d < lo
+    scale[pos] = hi[pos] / d[pos]
+    scale[neg] = lo[neg] / d[neg]
+    return lam * np.repeat(scale, 2)
+
+
+def newton_dual_step(
+    lam: np.ndarray,
+    y: np.ndarray,
+    z: np.ndarray,
+    groups: Groups,
+    jac: np.ndarray | None,
+    *,
+    epsilon: float,
+    beta: float,
+    c: float,
+    previous: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """The server's dual step under ``optimizer = "newton"``: :func:`dual_newton_step` with the
+    last round's subspace sensitivity, or the gradient step (β) before there is one; clipped
+    to keep the weights >= 0 either way. ``previous``: (d, gaps) at the last dual step."""
+    gaps = groups.gaps(y, z)
+    if jac is None:
+        return clip_multipliers(dual_step(lam, gaps, epsilon, beta, c), groups)
+    return dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
+
+
+class CentralisedNewton:
+    """The centralised counterpart: all columns and the intercept in one θ, the full Hessian.
+
+    Each round: the dual step (:func:`newton_dual_step`), the Newton direction on the whole
+    problem's PSD model, and the subspace search over it and the last ``memory`` moves. With
+    one party (the active one, exact curvature) the federated method is this, to float
+    tolerance: the yardstick of tests/test_newton.py.
+    """
+
+    def __init__(self, x, y, groups: Groups, *, epsilon, beta, c, mu, memory=2, fairness=True):
+        self.x = with_bias(np.asarray(x, dtype=np.float64))  # intercept last, as an active party's
+        self.y, self.groups = np.asarray(y, dtype=np.float64), groups
+        self.epsilon, self.beta, self.c, self.mu, self.memory, self.fairness = epsilon, beta, c, mu, memory, fairness
+        self.theta = np.zeros(self.x.shape[1])
+        self.lam = np.zeros(groups.num_multipliers)
+        self.jac: np.ndarray | None = None
+        self.previous: tuple[np.ndarray, np.ndarray] | None = None
+        self.moves: list[np.ndarray] = []
+
+    def z(self) -> np.ndarray:
+        return self.x @ self.theta
+
+    def round(self) -> None:
+        z = self.z()
+        if self.fairness:
+            gaps = self.groups.gaps(self.y, z)
+            d = self.lam[0::2] - self.lam[1::2]
+            self.lam = newton_dual_step(self.lam, self.y, z, self.groups, self.jac, epsilon=self.epsilon,
+                                        beta=self.beta, c=self.c, previous=self.previous)
+            self.previous = (d, gaps)
+        nu = masked_weights(self.y, z, self.lam, self.groups)
+        h = curvature(self.y, z, self.lam, self.groups)
+        hess = self.x.T @ (h[:, None] * self.x) + self.mu * np.eye(self.x.shape[1])
+        dirs = [-np.linalg.solve(hess, self.x.T @ nu + self.mu * self.theta), *self.moves]
+        D = np.column_stack(dirs)
+        du = self.x @ D
+        gram = D.T @ D
+        alpha = subspace_step(self.y, z, du, self.theta @ D, gram, self.lam, self.groups, self.mu)
+        self.jac = subspace_gap_jacobian(self.y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu)
+        move = D @ alpha
+        self.theta = self.theta + move
+        self.moves = [move, *self.moves][: self.memory]

@@ -1,0 +1,191 @@
+"""Block Newton with the server's subspace search (fairvfl_flwr/core/newton.py, ``optimizer = "newton"``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.common import NewtonFloor
+from fairvfl_flwr.core.newton import (
+    CentralisedNewton,
+    clip_multipliers,
+    curvature,
+    dual_newton_step,
+    gap_directions,
+    party_curvature,
+    smooth_part,
+    subspace_gap_jacobian,
+    subspace_step,
+    weight_bounds,
+)
+from fairvfl_flwr.core.objective import Groups, masked_weights, row_weights
+
+
+def _problem(seed: int, n: int = 300, widths=(5, 3, 4), constraint="deo", measure="loss"):
+    rng = np.random.default_rng(seed)
+    blocks = [rng.normal(size=(n, m)) for m in widths]
+    true = sum(x @ rng.normal(size=x.shape[1]) for x in blocks)
+    s = rng.random(n) < 0.4
+    y = np.where(true - 0.8 * s + rng.normal(size=n) > 0, 1.0, -1.0)
+    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
+    return blocks, y, groups
+
+
+def _F(y, z, du, a, B, lam, groups, mu, alpha):
+    return smooth_part(y, z + du @ alpha, lam, groups) + mu * (a @ alpha + 0.5 * alpha @ B @ alpha)
+
+
+@pytest.mark.parametrize("measure", ["loss", "rate"])
+@pytest.mark.parametrize("constraint", ["deo", "equalized-odds", "demographic-parity"])
+def test_nu_is_the_gradient_and_h_the_curvature_of_phi_in_z(measure, constraint):
+    _, y, groups = _problem(0, constraint=constraint, measure=measure)
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=len(y))
+    lam = rng.uniform(0, 0.05, size=groups.num_multipliers)  # small: every row weight > 0, no clipping
+    assert (row_weights(lam, groups) > 0).all()
+    nu, h, step = masked_weights(y, z, lam, groups), curvature(y, z, lam, groups), 1e-5
+    e = np.zeros(len(z))
+    for i in rng.choice(len(z), 12, replace=False):
+        e[:] = 0
+        e[i] = step
+        fd = (smooth_part(y, z + e, lam, groups) - smooth_part(y, z - e, lam, groups)) / (2 * step)
+        assert abs(fd - nu[i]) < 1e-8, i
+    # ν_i depends on z_i only, so φ'' is diagonal: a central difference of ν is h, row by row
+    fd2 = (masked_weights(y, z + step, lam, groups) - masked_weights(y, z - step, lam, groups)) / (2 * step)
+    if measure == "loss":
+        assert np.allclose(fd2, h, atol=1e-9)
+    else:
+        assert np.allclose(np.maximum(fd2, 0), h, atol=1e-9)
+
+
+def test_curvature_is_clipped_where_the_weight_is_negative():
+    _, y, groups = _problem(0)
+    lam = np.array([0.0, 5.0])  # d = -5 makes group a's weights negative
+    w = row_weights(lam, groups)
+    assert (w < 0).any()
+    h = curvature(y, np.zeros(len(y)), lam, groups)
+    assert (h >= 0).all() and (h[w < 0] == 0).all()
+
+
+def test_party_curvature_from_nu_is_exact_on_rows_of_weight_one_over_n():
+    _, y, groups = _problem(2)
+    z = np.random.default_rng(0).normal(size=len(y))
+    lam = np.array([0.03, 0.0])
+    nu, h = masked_weights(y, z, lam, groups), curvature(y, z, lam, groups)
+    plain = np.isclose(row_weights(lam, groups), 1 / groups.n)
+    assert plain.sum() > 50
+    assert np.allclose(party_curvature(nu, groups.n, "nu")[plain], h[plain], rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_party_is_centralised_newton(seed):
+    blocks, y, groups = _problem(seed)
+    x = np.hstack(blocks)
+    kw = dict(epsilon=0.01, beta=0.1, c=1e-3, mu=2 / len(y))
+    fed = NewtonFloor([x], y, groups, curvature="exact", memory=2, lr=0.0, Q=1, active=1, **kw)
+    ref = CentralisedNewton(x, y, groups, memory=2, **kw)
+    for _ in range(12):
+        fed.round()
+        ref.round()
+        assert np.allclose(fed.lam, ref.lam, atol=1e-10, rtol=0)
+        assert np.allclose(np.append(fed.theta[0], fed.bias[0]), ref.theta, atol=1e-8, rtol=0)
+    assert np.abs(ref.lam).max() > 1e-3  # the constraint is active: the comparison means something
+
+
+def test_first_round_without_constraint_is_the_newton_direction_with_exact_line_search():
+    blocks, y, groups = _problem(3)
+    x = np.hstack(blocks)
+    mu = 2 / len(y)
+    ref = CentralisedNewton(x, y, groups, epsilon=0.01, beta=0.1, c=1e-3, mu=mu, fairness=False)
+    ref.round()
+    xb = np.hstack([x, np.ones((len(y), 1))])
+    z = np.zeros(len(y))
+    p = 0.5
+    hess = xb.T @ (p * (1 - p) / len(y) * xb) + mu * np.eye(xb.shape[1])
+    step = -np.linalg.solve(hess, xb.T @ (-y * 0.5 / len(y)))
+    cos = ref.theta @ step / np.linalg.norm(ref.theta) / np.linalg.norm(step)
+    assert cos > 1 - 1e-12  # along the Newton direction, its length chosen by the search
+    lam = np.zeros(2)
+    slope = (xb.T @ masked_weights(y, xb @ ref.theta, lam, groups) + mu * ref.theta) @ step
+    assert abs(slope) < 1e-10  # the length is the exact minimiser along the direction
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_subspace_step_never_increases_F_even_where_undamped_steps_do(seed):
+    rng = np.random.default_rng(seed)
+    blocks, y, groups = _problem(seed)
+    blocks = blocks + [blocks[0] + 0.01 * rng.normal(size=blocks[0].shape) for _ in range(4)]  # near-equal columns
+    mu = 2 / len(y)
+    lam = np.array([0.0, rng.uniform(0, 3)])  # may make some weights negative: F then non-convex
+    thetas = [rng.normal(scale=0.3, size=x.shape[1]) for x in blocks]
+    z = sum(x @ t for x, t in zip(blocks, thetas))
+    nu, h = masked_weights(y, z, lam, groups), curvature(y, z, lam, groups)
+    dirs = []
+    for x, t in zip(blocks, thetas):
+        hess = x.T @ (h[:, None] * x) + mu * np.eye(x.shape[1])
+        dirs.append(-np.linalg.solve(hess, x.T @ nu + mu * t))
+    du = np.column_stack([x @ d for x, d in zip(blocks, dirs)])
+    a = np.array([t @ d for t, d in zip(thetas, dirs)])
+    B = np.diag([d @ d for d in dirs])
+    alpha = subspace_step(y, z, du, a, B, lam, groups, mu)
+    f0 = _F(y, z, du, a, B, lam, groups, mu, np.zeros(len(dirs)))
+    assert _F(y, z, du, a, B, lam, groups, mu, alpha) < f0
+    # five parties with near-equal columns: simultaneous full block steps go five times too far
+    assert _F(y, z, du, a, B, lam, groups, mu, np.ones(len(dirs))) > f0
+
+
+def test_subspace_gap_jacobian_matches_finite_differences():
+    blocks, y, groups = _problem(4)
+    mu, rng = 2 / len(y), np.random.default_rng(4)
+    thetas = [rng.normal(scale=0.2, size=x.shape[1]) for x in blocks]
+    z = sum(x @ t for x, t in zip(blocks, thetas))
+    dirs = [rng.normal(size=x.shape[1]) for x in blocks]
+    du = np.column_stack([x @ d for x, d in zip(blocks, dirs)])
+    a = np.array([t @ d for t, d in zip(thetas, dirs)])
+    b = np.array([d @ d for d in dirs])
+
+    def gap_at(dd):
+        lam = np.array([max(dd, 0.0), max(-dd, 0.0)])
+        alpha = subspace_step(y, z, du, a, b, lam, groups, mu, iters=50, tol=1e-15)
+        return groups.gaps(y, z + du @ alpha)[0], z + du @ alpha, lam
+
+    d0, step = 0.05, 1e-5
+    _, z0, lam0 = gap_at(d0)
+    jac = subspace_gap_jacobian(y, z0, du, b, lam0, groups, mu)
+    fd = (gap_at(d0 + step)[0] - gap_at(d0 - step)[0]) / (2 * step)
+    assert jac.shape == (1, 1) and jac[0, 0] < 0
+    assert abs(jac[0, 0] - fd) < 1e-5 * (1 + abs(fd))
+    assert gap_directions(y, z0, groups).shape == (len(y), 1)
+
+
+def test_dual_newton_step_keeps_weights_nonnegative_and_does_not_cross_the_kink():
+    _, y, groups = _problem(5, constraint="equalized-odds")
+    lo, hi = weight_bounds(groups)
+    lam = np.array([0.02, 0.0, 0.0, 0.01])
+    # tiny sensitivities ask for huge steps: clipped to the bounds
+    out = dual_newton_step(lam, np.array([0.5, -0.5]), np.diag([-1e-6, -1e-6]), 0.01, 1e-3, groups)
+    d = out[0::2] - out[1::2]
+    assert np.allclose(d, [hi[0], lo[1]]) and (row_weights(out, groups) >= -1e-15).all()
+    # a gap on the other side: d moves toward 0 and stops there, it does not jump across
+    out = dual_newton_step(lam, np.array([-0.5, 0.5]), np.diag([-1e-3, -1e-3]), 0.01, 1e-3, groups)
+    assert np.allclose(out, 0.0)
+    # inside the band at d = 0 nothing moves
+    out = dual_newton_step(np.zeros(4), np.array([0.005, -0.002]), -np.eye(2), 0.01, 1e-3, groups)
+    assert np.allclose(out, 0.0)
+    # the Newton step solves a linear gap exactly: D(d) = D0 + J d reaches ε
+    out = dual_newton_step(np.zeros(4), np.array([0.11, 0.0]), np.diag([-2.0, -2.0]), 0.01, 0.0, groups)
+    assert np.isclose(out[0], 0.05) and np.allclose(out[1:], 0.0)
+    assert np.allclose(clip_multipliers(np.array([-1.0, 0.0, 0.0, 0.0]), groups), 0.0)
+
+
+@pytest.mark.parametrize("curv", ["nu", "const", "exact"])
+def test_federated_newton_decreases_the_primal_at_fixed_multipliers(curv):
+    blocks, y, groups = _problem(6, widths=(4, 3, 3, 2))
+    fl = NewtonFloor(blocks, y, groups, curvature=curv, epsilon=0.01, beta=0.0, c=1e-3, mu=2 / len(y), lr=0.0, Q=1,
+                     active=1, fairness=False)
+    values = []
+    for _ in range(10):
+        fl.round()
+        reg = sum(t @ t for t in fl.theta) + sum(b * b for b in fl.bias if b is not None)
+        values.append(smooth_part(y, fl.z(), fl.lam, groups) + 0.5 * fl.mu * reg)
+    assert all(b <= a + 1e-15 for a, b in zip(values, values[1:]))
