@@ -32,7 +32,9 @@ from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.features.scores import KeepScores
+from fairvfl_flwr.features.secagg import SecureAggregation
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
+from fairvfl_flwr.features.transcripts import ServerTranscript
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
 
@@ -45,6 +47,10 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         hooks.append(NuNoise(cfg.nu_noise, cfg.seed))
     if cfg.secure_nu == "ckks":
         hooks.append(CkksChannel(len(labels.y_train)))
+    if cfg.transcript_dir:  # after the ν channels (ν as sent), before secure aggregation (replies as received)
+        hooks.append(ServerTranscript(cfg.transcript_dir, cfg.record_first, cfg.record_every))
+    if cfg.secure_aggregation:  # before checkpoints: its set-up runs in begin
+        hooks.append(SecureAggregation())
     if cfg.checkpoint_every > 0 or resume is not None:
         hooks.append(Checkpoints(folder, cfg.checkpoint_every, cfg.to_flower(), labels_fingerprint(labels), resume))
     if cfg.mode != "fairvfl":

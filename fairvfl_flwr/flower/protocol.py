@@ -32,6 +32,8 @@ TRAIN_ACTIVE = "train.active"
 TRAIN_PASSIVE = "train.passive"
 TRAIN_PASSIVE_ENC = "train.passive_enc"  # encrypted ν, first leg
 TRAIN_PASSIVE_UNMASK = "train.passive_unmask"  # encrypted ν, second leg
+SECAGG_KEYS = "query.sakeys"  # secure aggregation set-up: each party's X25519 public key
+SECAGG_PEERS = "query.sapeers"  # secure aggregation set-up: every party's public key to all
 SPLIT_INIT = "query.splitinit"
 SPLIT_TRAIN = "train.split"
 
