@@ -15,8 +15,9 @@ format is documented in docs/privacy.md ("Transcripts") and read by
   ``z`` and ``lam``; both also keep ``own-u``, the training logits of their own reply
   (which they hold anyway, and which an attack on z needs).
 
-Every file also holds ``round``. Rounds 0..``privacy.record-first`` and every
-``privacy.record-every``-th round are recorded. Nothing is sent anywhere.
+Every file also holds ``round``. Rounds 0..``privacy.record-first`` are recorded, then
+every ``privacy.record-every``-th round with the rounds just before and after it.
+Nothing is sent anywhere.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ SERVER = "server"
 
 
 def should_record(server_round: int, first: int, every: int) -> bool:
-    return 0 <= server_round <= first or (every > 0 and server_round % every == 0)
+    """Rounds 0..first, then every ``every``-th round with its neighbours: attacks on the
+    logits need consecutive rounds (on z, three), and rounds spread over the run see ν move more."""
+    return 0 <= server_round <= first or (every > 0 and server_round % every in (every - 1, 0, 1 % every))
 
 
 def role_dir(folder: str | Path, role: str | int) -> Path:

@@ -36,8 +36,13 @@ import numpy as np
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.data.partydata import party_spec
+from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data
 from fairvfl_flwr.features import record_view as view
+from fairvfl_flwr.features import transcripts
+from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.flower.party import party_data
+from fairvfl_flwr.tools import attacks
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
@@ -71,23 +76,16 @@ def group_scores(nus: np.ndarray) -> np.ndarray:
     return vt[0]
 
 
-def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np.ndarray, protected_label: int) -> dict:
-    """Run both attacks on one party's recorded ν and score them against the truth."""
-    majority = float(max((y == 1).mean(), (y == -1).mean()))
-    if not view.has_plaintext(folder, partition_id):  # privacy.secure-nu=ckks: the transcript is ciphertext only
-        recorded = len(list((Path(folder) / f"party-{partition_id}").glob("nu-ct-r*.bin")))
-        if recorded:
-            nan = float("nan")  # no per-row plaintext: the attacks have nothing to work on
-            return {"rounds_recorded": recorded, "view": "ciphertext", "label_attack_acc": nan,
-                    "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_baseline_acc": majority,
-                    "group_attack_auc": nan, "group_rows_scored": 0}
-    rounds, nus = view.load(folder, partition_id)
-    # Round 1 is the worst case for the defender: z = 0 and λ = 0, so ν_i = −y_i / (2n).
+def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.ndarray, protected_label: int,
+                    early: int = view.EARLY_ROUNDS) -> dict:
+    """The label and group attacks on one passive party's ν (rounds × rows), scored."""
+    # The first recorded round is the worst case for the defender: z = 0 and λ = 0 in
+    # round 1, so ν_i = −y_i / (2n).
     y_first = label_attack(nus[0])
     y_last = label_attack(nus[-1])
     # Noise is fresh every round while ∂l/∂z moves slowly: averaging the early rounds
     # (λ still small, so every weight is positive) strips zero-mean noise off ν.
-    y_avg = label_attack(nus[rounds <= view.EARLY_ROUNDS].mean(axis=0))
+    y_avg = label_attack(nus[(rounds >= 1) & (rounds <= early)].mean(axis=0))
     # The attacker restricts the group attack to rows it believes carry the protected label.
     chosen = y_first == protected_label
     score = group_scores(nus)
@@ -99,29 +97,91 @@ def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np
         "label_attack_acc": float((y_first == y).mean()),
         "label_attack_acc_last": float((y_last == y).mean()),
         "label_attack_acc_avg": float((y_avg == y).mean()),
-        "label_baseline_acc": majority,
+        "label_baseline_acc": float(max((y == 1).mean(), (y == -1).mean())),
         "group_attack_auc": float(max(a, 1 - a)),
         "group_rows_scored": int(truth_rows.sum()),
     }
 
 
+def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np.ndarray, protected_label: int) -> dict:
+    """Run both attacks on one party's recorded ν (``privacy.record-view``) and score them."""
+    majority = float(max((y == 1).mean(), (y == -1).mean()))
+    if not view.has_plaintext(folder, partition_id):  # privacy.secure-nu=ckks: the transcript is ciphertext only
+        recorded = len(list((Path(folder) / f"party-{partition_id}").glob("nu-ct-r*.bin")))
+        if recorded:
+            nan = float("nan")  # no per-row plaintext: the attacks have nothing to work on
+            return {"rounds_recorded": recorded, "view": "ciphertext", "label_attack_acc": nan,
+                    "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_baseline_acc": majority,
+                    "group_attack_auc": nan, "group_rows_scored": 0}
+    rounds, nus = view.load(folder, partition_id)
+    return passive_attacks(rounds, nus, y, s, protected_label)
+
+
+def passive_from_transcript(folder: str | Path, pid: int, y: np.ndarray, s: np.ndarray, protected_label: int,
+                            noise: NuNoise | None = None) -> dict:
+    """The passive attacks on party ``pid``'s transcript; with ``noise``, also the attacker
+    that regenerates the seeded ν noise (its seed is the run's, which every party holds)."""
+    party = [r for r in transcripts.load(folder, pid) if int(r["round"]) >= 1]
+    if not any("nu" in r for r in party):  # encrypted ν: ciphertext only, nothing per row to attack
+        nan = float("nan")
+        return {"rounds_recorded": len(party), "view": "ciphertext", "label_attack_acc": nan,
+                "label_attack_acc_last": nan, "label_attack_acc_avg": nan,
+                "label_baseline_acc": float(max((y == 1).mean(), (y == -1).mean())),
+                "group_attack_auc": nan, "group_rows_scored": 0}
+    rounds, nus = transcripts.stack(party, "nu")
+    out = passive_attacks(rounds, nus.astype(np.float64), y, s, protected_label)
+    if noise is not None:
+        clean = nus[0].astype(np.float64) - noise.nu(None, int(rounds[0]), np.zeros(nus.shape[1]))
+        out["label_attack_acc_seeded"] = float((label_attack(clean) == y).mean())
+    return out
+
+
+def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
+    """Every role's attack on its own transcript, scored against the truth (tools/attacks.py)."""
+    n = len(ds.y_train)
+    mu, rows = cfg.mu_value(n), attacks.score_rows(n, cfg.seed)
+    X = {k: party_data(cfg, party_spec({"partition-id": k}, cfg.num_parties, cfg.num_active)).X_train.numpy()
+         for k in range(cfg.num_parties)}
+    passive = [k for k in range(cfg.num_parties) if not is_active(cfg, k)]
+    out: dict = {}
+    server = transcripts.load(folder, transcripts.SERVER)
+    if cfg.model == "linear":
+        errors = [attacks.gram_error(attacks.server_gram_attack(server, k, cfg.eta, mu, X[k].shape[1]), X[k], rows)
+                  for k in passive]
+        out["server_gram_errors"] = errors
+        out["server_gram_error"] = float(np.median(errors)) if errors else float("nan")
+        if cfg.num_active == 1 and passive:
+            active = transcripts.load(folder, 0)
+            groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+            noise = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
+            add = None if noise is None else (lambda t, v: noise.nu(None, t, v))
+            x_passive = np.concatenate([X[k] for k in passive], axis=1)
+            est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
+                                             cfg.wire_dtype, x_passive.shape[1])
+            out["active_gram_error"] = attacks.gram_error(est, x_passive, rows)
+    return out
+
+
 def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides: dict | None = None) -> dict:
-    """Train with recording on, then attack passive party 1's transcript."""
-
-
+    """Train with transcripts on, then attack what each role received."""
     with tempfile.TemporaryDirectory() as tmp:
         changes = {
             "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
-            "privacy.record-view": str(Path(tmp) / "views"), "privacy.record-every": 5, "privacy.nu-noise": noise,
+            "privacy.transcript-dir": str(Path(tmp) / "transcripts"), "privacy.record-every": 10,
+            "privacy.record-first": 30, "privacy.nu-noise": noise,
             "output-dir": str(Path(tmp) / "runs"), **(overrides or {}),
         }
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
         summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
         ds = load_data(cfg)
-        result = audit_transcript(cfg.record_view, cfg.num_active, ds.y_train, ds.s_train, ds.protected_label)
-    return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu, "rounds": rounds, "test_acc": summary["test_acc"],
-            "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"], "train_deo": summary["train_deo"],
-            **result}
+        regen = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
+        result = passive_from_transcript(cfg.transcript_dir, cfg.num_active, ds.y_train, ds.s_train,
+                                         ds.protected_label, regen)
+        result.update(role_attacks(cfg.transcript_dir, cfg, ds))
+    return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu,
+            "secure_aggregation": cfg.secure_aggregation, "model": cfg.model, "rounds": rounds,
+            "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
+            "train_deo": summary["train_deo"], **result}
 
 
 def table(rows: list[dict]) -> str:
