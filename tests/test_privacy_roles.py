@@ -132,7 +132,34 @@ def test_each_attack_beats_chance_undefended_and_secure_aggregation_stops_the_se
     assert s["test_acc"] == pytest.approx(r["test_acc"], abs=1e-12)
 
 
-def test_seeded_noise_is_regenerated_by_a_passive_party():
+def test_a_passive_party_cannot_redraw_the_noise_from_the_run_seed():
     r = run_audit("crime", rounds=12, noise=4.0)
-    assert r["label_attack_acc"] < 0.7  # one noisy round looks safe ...
-    assert r["label_attack_acc_seeded"] == 1.0  # ... until the party redraws the noise from the run's seed
+    assert r["label_attack_acc"] < 0.7  # one noisy round: near chance
+    # the noise is seeded with a secret of the server's too: redrawn from the run seed
+    # alone it is another draw, and subtracting it only adds noise
+    assert r["label_attack_acc_seeded"] < 0.7
+
+
+def test_noise_from_the_public_seed_alone_would_be_redrawn_exactly():
+    from fairvfl_flwr.features.noise import NuNoise
+
+    nu = np.linspace(-1, 1, 50) / 50
+    public, secret = NuNoise(4.0, 0), NuNoise(4.0, 0, "ab" * 32)
+    assert np.allclose(public.nu(None, 1, nu) - public.nu(None, 1, np.zeros(50)), nu)
+    assert not np.allclose(secret.nu(None, 1, nu) - public.nu(None, 1, np.zeros(50)), nu, atol=1e-3)
+    assert np.array_equal(secret.nu(None, 1, nu), NuNoise(4.0, 0, "ab" * 32).nu(None, 1, nu))  # reproducible
+
+
+@pytest.mark.parametrize("extra", [{"batching.batch-size": 256}, {"model": "mlp"}, {"privacy.nu-noise": 1.0},
+                                   {"reliability.checkpoint-every": 2}])
+def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, extra):
+    def run(on):
+        rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 4,
+                                    "eval-every": 2, "output-dir": str(tmp_path / f"runs{on}"),
+                                    "reliability.checkpoint-dir": str(tmp_path / f"ckpt{on}"),
+                                    "privacy.secure-aggregation": on, **extra}).to_flower()
+        return run_server(InProcessGrid(client_app, rc, rc["num-parties"]), rc)[0]
+
+    plain, masked = run(False), run(True)
+    for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
+        assert masked[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-9)

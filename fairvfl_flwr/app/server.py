@@ -44,7 +44,7 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     """The run's server: the algorithm of ``mode`` with the hooks its features need."""
     hooks: list = [DivergenceGuard()]  # first: nothing may checkpoint a diverged state
     if cfg.nu_noise > 0:
-        hooks.append(NuNoise(cfg.nu_noise, cfg.seed))
+        hooks.append(NuNoise(cfg.nu_noise, cfg.seed, labels_fingerprint(labels)))  # parties cannot redraw it
     if cfg.secure_nu == "ckks":
         hooks.append(CkksChannel(len(labels.y_train)))
     if cfg.transcript_dir:  # after the ν channels (ν as sent), before secure aggregation (replies as received)

@@ -1,29 +1,35 @@
-"""Leakage audit: what an honest-but-curious passive party learns from ν.
+"""Leakage audit: what each role (server, active party, passive party) learns, measured.
 
 ::
 
     python -m fairvfl_flwr.tools.audit --datasets adult,compas,crime --rounds 300 --out results/audit
     python -m fairvfl_flwr.tools.audit --datasets adult --noise 0,1,4,16    # with the nu-noise defence
+    python -m fairvfl_flwr.tools.audit --datasets crime --secure-aggregation  # masked partial logits
 
 For each dataset the command trains FairVFL (in-process grid, real ClientApp) with
-``privacy.record-view`` on, so every passive party keeps the ν it received on its own side,
-then attacks party 1's transcript and scores the attacks against the truth, which the
-attacker never sees:
+``privacy.transcript-dir`` on, so every role keeps what it received on its own side
+(features/transcripts.py), then attacks each transcript and scores the attacks against
+the truth, which no attacker sees:
 
-* **labels**: ``ŷ_i = −sign(ν_i)``. Since ν_i = w_i ∂l/∂z_i and ∂l/∂z_i = −y_i σ(−y_i z_i),
-  the sign gives the label wherever the row weight w_i is positive. In round 1, z = 0
-  and λ = 0, so ν_i = −y_i / (2n) exactly. Scored as accuracy on round 1's ν and on the
-  last recorded round's (where a large λ can make a group's weight negative), next to
-  the majority-class baseline; and on the mean of the first 10 rounds' ν, which strips
-  zero-mean noise (the ``privacy.nu-noise`` defence) off.
-* **groups** of the protected-label rows: ν_i(t) = w_g(t) o_i(t) with one weight per
-  group g ∈ {N^a, N^b, rest} that moves with λ1 − λ2. The attacker takes the per-round
-  log-ratios log|ν_i(t)/ν_i(t−1)|, centres them per round, and projects each row on
-  the first principal component: rows of the same group share the weight's moves.
-  Scored as AUC against the true group (max(AUC, 1 − AUC): the attacker learns the
-  partition, not which side is called "a"), next to 0.5 for guessing.
+* **passive party 1, labels**: ``ŷ_i = −sign(ν_i)``. Since ν_i = w_i ∂l/∂z_i and
+  ∂l/∂z_i = −y_i σ(−y_i z_i), the sign gives the label wherever the row weight w_i is
+  positive. In round 1, z = 0 and λ = 0, so ν_i = −y_i / (2n) exactly. Scored as accuracy
+  on round 1's ν and on the last recorded round's (where a large λ can make a group's
+  weight negative), next to the majority-class baseline; on the mean of the first 10
+  rounds' ν, which strips zero-mean noise (the ``privacy.nu-noise`` defence) off; and,
+  under that noise, after redrawing it from the run's seed (every party holds the run config).
+* **passive party 1, groups** of the protected-label rows: ν_i(t) = w_g(t) o_i(t) with
+  one weight per group g ∈ {N^a, N^b, rest} that moves with λ1 − λ2. The attacker takes
+  the per-round log-ratios log|ν_i(t)/ν_i(t−1)|, centres them per round, and projects
+  each row on the first principal component: rows of the same group share the weight's
+  moves. Scored as AUC against the true group (max(AUC, 1 − AUC): the attacker learns
+  the partition, not which side is called "a"), next to 0.5 for guessing.
+* **the server, features**: each linear passive party's Gram matrix X_k X_kᵀ from the
+  u_k it received and the ν it sent (tools/attacks.py); relative Frobenius error on 200
+  seeded rows, next to 1.0 for guessing 0. The median over the passive parties.
+* **the active party, features**: Σ_passive X_k X_kᵀ from z minus its own logits, with
+  ν recomputed from its own y, s and the λ it receives; the same score.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -186,41 +192,53 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| dataset | nu-noise | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | majority baseline | group attack AUC (guess: 0.5) | test ACC % | DFP | DFN | train DEO |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | defence | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | (noise redrawn from the seed) "
+        "| majority baseline | group attack AUC (guess: 0.5) | server: Gram error (guess: 1.0) | active: Gram error of the passive sum "
+        "| test ACC % | DFP | DFN | train DEO |",
+        "|" + "---|" * 14,
     ]
-    def f(v: float) -> str:  # nan: the transcript was ciphertext only (privacy.secure-nu=ckks)
-        return "n/a (ciphertext)" if v != v else f"{v:.3f}"
+
+    def f(v) -> str:  # nan: nothing to attack (ciphertext only) or the attack does not apply (MLP)
+        if v is None:
+            return "–"
+        return "n/a" if v != v else (f"{v:.3f}" if v < 100 else f"{v:.3g}")
 
     for r in rows:
-        name = r["dataset"] + (" (privacy.secure-nu=ckks)" if r.get("secure_nu") == "ckks" else "")
+        defence = [f"nu-noise={r['nu_noise']:g}"] if r["nu_noise"] else []
+        defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
+        defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
         lines.append(
-            f"| {name} | {r['nu_noise']:g} | {f(r['label_attack_acc'])} | {f(r['label_attack_acc_last'])} | "
-            f"{f(r['label_attack_acc_avg'])} | "
-            f"{r['label_baseline_acc']:.3f} | "
-            f"{f(r['group_attack_auc'])} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | {r['test_dfn']:.3f} | "
-            f"{r['train_deo']:.4f} |"
+            f"| {r['dataset']} | {', '.join(defence) or 'none'} | {f(r['label_attack_acc'])} | "
+            f"{f(r['label_attack_acc_last'])} | {f(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
+            f"{r['label_baseline_acc']:.3f} | {f(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
+            f"{f(r.get('active_gram_error'))} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
+            f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Leakage audit of the masked weights ν (see module docstring).")
+    p = argparse.ArgumentParser(description="Leakage audit of every role's transcript (see module docstring).")
     p.add_argument("--datasets", default="adult,compas,crime")
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--noise", default="0", help="comma list of nu-noise levels (units of 1/n)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--secure-nu", default="none", choices=["none", "ckks"], help="audit under encrypted ν (linear)")
+    p.add_argument("--secure-aggregation", action="store_true", help="audit with masked partial logits")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
     for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
         for noise in [float(x) for x in a.noise.split(",")]:
-            r = run_audit(dataset, a.rounds, noise, a.seed, {"privacy.secure-nu": a.secure_nu})
+            r = run_audit(dataset, a.rounds, noise, a.seed, {"privacy.secure-nu": a.secure_nu,
+                                                            "privacy.secure-aggregation": a.secure_aggregation})
             rows.append(r)
-            print(f"{dataset} privacy.nu-noise={noise:g} privacy.secure-nu={a.secure_nu}: labels {r['label_attack_acc']:.3f} (baseline {r['label_baseline_acc']:.3f}), "
-                  f"groups AUC {r['group_attack_auc']:.3f}, test ACC {100 * r['test_acc']:.2f}% "
+            print(f"{dataset} privacy.nu-noise={noise:g} privacy.secure-nu={a.secure_nu} "
+                  f"privacy.secure-aggregation={a.secure_aggregation}: labels {r['label_attack_acc']:.3f} "
+                  f"(baseline {r['label_baseline_acc']:.3f}), groups AUC {r['group_attack_auc']:.3f}, "
+                  f"server Gram error {r.get('server_gram_error', float('nan')):.3g}, "
+                  f"active Gram error {r.get('active_gram_error', float('nan')):.3g}, test ACC {100 * r['test_acc']:.2f}% "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")
             (a.out / "audit.md").write_text(table(rows))
