@@ -163,3 +163,39 @@ def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, ex
     plain, masked = run(False), run(True)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert masked[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-9)
+
+
+def test_a_resent_key_request_gets_the_same_key_and_a_new_setup_a_new_one():
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+
+    def ask(session):
+        m = Message(RecordDict({"secagg": ConfigRecord({"session": session})}), dst_node_id=5,
+                    message_type="query.sakeys")
+        m.metadata.__dict__["_message_id"] = f"m-{session}"
+        return secagg.sakeys(m, ctx).content.array_records["secagg"]["public"].numpy().tobytes()
+
+    first = ask("a")
+    assert ask("a") == first and ask("b") != first
+
+
+class KeySwapGrid(InProcessGrid):
+    """Gives one node a wrong pair key after set-up, as a node that lost its keys and got others."""
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        for msg in messages:
+            if msg.metadata.message_type == "query.sapeers" and msg.metadata.dst_node_id == self.node_ids[3]:
+                state = self.contexts[self.node_ids[3]].state.array_records[secagg.KEYS_STATE]
+                state["k-0"] = state["k-1"]
+        return ids
+
+
+def test_masks_that_do_not_cancel_stop_the_run_without_revealing_anyone(tmp_path):
+    from fairvfl_flwr.flower.errors import FederationError
+
+    rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 2,
+                                "output-dir": str(tmp_path), "privacy.secure-aggregation": True}).to_flower()
+    with pytest.raises(FederationError, match="round 0: the masks of the .* logits did not cancel"):
+        run_server(KeySwapGrid(client_app, rc, rc["num-parties"]), rc)

@@ -32,6 +32,7 @@ of parties (there is no unmasking step at all).
 
 from __future__ import annotations
 
+import secrets
 import struct
 
 import numpy as np
@@ -52,6 +53,7 @@ FRACTION_BITS = 48
 SCALE = float(2**FRACTION_BITS)
 LIMIT = 2.0 ** (63 - FRACTION_BITS)  # |z| must stay below this for the sum not to wrap
 KEYS_STATE = "fairvfl.secagg-keys"  # ArrayRecord on the party: its private key, then the pair keys
+SESSION_STATE = "fairvfl.secagg-session"  # ConfigRecord on the party: the set-up its key pair belongs to
 SPLITS = {"train": 0, "test": 1}
 INFO = b"fairvfl-flwr secure aggregation v1"
 
@@ -60,10 +62,10 @@ INFO = b"fairvfl-flwr secure aggregation v1"
 def encode(u: np.ndarray, num_parties: int, who: str) -> np.ndarray:
     """Fixed point: round(u · 2^48) as uint64 words (two's complement)."""
     u = np.asarray(u, dtype=np.float64)
-    bound = LIMIT / num_parties
+    bound = LIMIT / (2 * num_parties)  # a true sum stays below LIMIT / 2: the server can tell masks that failed to cancel
     if not np.all(np.abs(u) < bound):
         raise ValueError(f"{who}: a partial logit of magnitude {np.max(np.abs(u)):.4g} is beyond the secure-aggregation "
-                         f"range ±{bound:.4g} (2^{63 - FRACTION_BITS} / num-parties); the run is diverging")
+                         f"range ±{bound:.4g} (2^{62 - FRACTION_BITS} / num-parties); the run is diverging")
     return np.rint(u * SCALE).astype(np.int64).view(np.uint64)
 
 
@@ -112,8 +114,10 @@ class SecureAggregation(RoundHook):
 
     def begin(self, server, grid, timeout: float) -> None:
         order = server.ordered_nodes()
-        asks = [Message(RecordDict(), dst_node_id=n.node_id, message_type=msgs.SECAGG_KEYS, group_id="secagg")
-                for n in order]
+        # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
+        session = ConfigRecord({"session": secrets.token_hex(16)})
+        asks = [Message(RecordDict({"secagg": session}), dst_node_id=n.node_id, message_type=msgs.SECAGG_KEYS,
+                        group_id="secagg") for n in order]
         public = {}
         for node, reply in zip(order, server.exchange(grid, asks, timeout)):
             record = reply.content.array_records.get("secagg")
@@ -145,6 +149,11 @@ class SecureAggregation(RoundHook):
                     raise FederationError(f"rejected a reply: {who}: {len(words)} {split} rows, others sent "
                                           f"{len(sums[split])}")
                 sums[split] = words.copy() if split not in sums else sums[split] + words
+        for split, total in sums.items():
+            if np.any(np.abs(decode(total)) >= LIMIT / 2):
+                raise FederationError(f"round {server_round}: the masks of the {split} logits did not cancel (the "
+                                      "parties' pair keys differ: a node restarted or a reply was altered); no party's "
+                                      "logits were revealed; start the run again")
         first = server.ordered_nodes()[0].node_id
         for reply in with_logits:
             mine = reply.metadata.src_node_id == first
@@ -163,11 +172,17 @@ def _private(context: Context) -> X25519PrivateKey:
 
 
 def sakeys(message: Message, context: Context) -> Message:
-    """A fresh key pair; the private key stays in this node's state."""
-    private = X25519PrivateKey.generate()
-    raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                serialization.NoEncryption())
-    context.state.array_records[KEYS_STATE] = ArrayRecord({"private": _array(raw)})
+    """A fresh key pair per set-up (the same one for a re-sent request); the private key stays here."""
+    session = str(message.content.config_records["secagg"]["session"])
+    held = context.state.config_records.get(SESSION_STATE)
+    if held is not None and held["session"] == session:
+        private = _private(context)
+    else:
+        private = X25519PrivateKey.generate()
+        raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                    serialization.NoEncryption())
+        context.state.array_records[KEYS_STATE] = ArrayRecord({"private": _array(raw)})
+        context.state.config_records[SESSION_STATE] = ConfigRecord({"session": session})
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return Message(RecordDict({"secagg": ArrayRecord({"public": _array(public)})}), reply_to=message)
 

@@ -42,10 +42,11 @@ import numpy as np
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.data.partydata import party_spec
+from fairvfl_flwr.data.partydata import party_spec, server_labels_for
 from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data
 from fairvfl_flwr.features import record_view as view
 from fairvfl_flwr.features import transcripts
+from fairvfl_flwr.features.checkpoint import labels_fingerprint
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.party import party_data
 from fairvfl_flwr.tools import attacks
@@ -159,7 +160,10 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
         if cfg.num_active == 1 and passive:
             active = transcripts.load(folder, 0)
             groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
-            noise = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
+            # The noise's secret is the fingerprint of the labels, which the active party
+            # holds as well (the server's labels are its labels): it can redraw the noise.
+            secret = labels_fingerprint(server_labels_for(cfg, ds))
+            noise = NuNoise(cfg.nu_noise, cfg.seed, secret) if cfg.nu_noise > 0 else None
             add = None if noise is None else (lambda t, v: noise.nu(None, t, v))
             x_passive = np.concatenate([X[k] for k in passive], axis=1)
             est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
