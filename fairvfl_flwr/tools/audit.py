@@ -190,6 +190,7 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
         result.update(role_attacks(cfg.transcript_dir, cfg, ds))
     return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu,
             "secure_aggregation": cfg.secure_aggregation, "model": cfg.model, "rounds": rounds,
+            "num_parties": cfg.num_parties,
             "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
             "train_deo": summary["train_deo"], **result}
 
@@ -212,7 +213,8 @@ def table(rows: list[dict]) -> str:
         defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
         defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
         lines.append(
-            f"| {r['dataset']} | {', '.join(defence) or 'none'} | {f(r['label_attack_acc'])} | "
+            f"| {r['dataset']}{'' if r.get('num_parties', 6) == 6 else ', num-parties=' + str(r['num_parties'])} | "
+            f"{', '.join(defence) or 'none'} | {f(r['label_attack_acc'])} | "
             f"{f(r['label_attack_acc_last'])} | {f(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
             f"{r['label_baseline_acc']:.3f} | {f(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
             f"{f(r.get('active_gram_error'))} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
@@ -229,14 +231,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--secure-nu", default="none", choices=["none", "ckks"], help="audit under encrypted ν (linear)")
     p.add_argument("--secure-aggregation", action="store_true", help="audit with masked partial logits")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other run-config key, e.g. --set num-parties=2 (repeatable)")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
     a = p.parse_args(argv)
+    extra = {}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set {item!r}: write KEY=VALUE")
+        extra[key.strip()] = value.strip()
     a.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
     for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
         for noise in [float(x) for x in a.noise.split(",")]:
             r = run_audit(dataset, a.rounds, noise, a.seed, {"privacy.secure-nu": a.secure_nu,
-                                                            "privacy.secure-aggregation": a.secure_aggregation})
+                                                            "privacy.secure-aggregation": a.secure_aggregation,
+                                                            **extra})
             rows.append(r)
             print(f"{dataset} privacy.nu-noise={noise:g} privacy.secure-nu={a.secure_nu} "
                   f"privacy.secure-aggregation={a.secure_aggregation}: labels {r['label_attack_acc']:.3f} "
