@@ -209,14 +209,19 @@ def table(rows: list[dict]) -> str:
         return "n/a" if v != v else (f"{v:.3f}" if v < 100 else f"{v:.3g}")
 
     for r in rows:
+        ct = r.get("view") == "ciphertext"  # the passive transcript holds no per-row plaintext
+
+        def p(v, ct=ct) -> str:
+            return "n/a (ciphertext)" if ct else f(v)
+
         defence = [f"nu-noise={r['nu_noise']:g}"] if r["nu_noise"] else []
         defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
         defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
         lines.append(
             f"| {r['dataset']}{'' if r.get('num_parties', 6) == 6 else ', num-parties=' + str(r['num_parties'])} | "
-            f"{', '.join(defence) or 'none'} | {f(r['label_attack_acc'])} | "
-            f"{f(r['label_attack_acc_last'])} | {f(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
-            f"{r['label_baseline_acc']:.3f} | {f(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
+            f"{', '.join(defence) or 'none'} | {p(r['label_attack_acc'])} | "
+            f"{p(r['label_attack_acc_last'])} | {p(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
+            f"{r['label_baseline_acc']:.3f} | {p(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
             f"{f(r.get('active_gram_error'))} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
             f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
         )
