@@ -2,12 +2,15 @@
 
 import numpy as np
 import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features import transcripts as tr
+from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools.audit import run_audit
 
@@ -141,8 +144,6 @@ def test_a_passive_party_cannot_redraw_the_noise_from_the_run_seed():
 
 
 def test_noise_from_the_public_seed_alone_would_be_redrawn_exactly():
-    from fairvfl_flwr.features.noise import NuNoise
-
     nu = np.linspace(-1, 1, 50) / 50
     public, secret = NuNoise(4.0, 0), NuNoise(4.0, 0, "ab" * 32)
     assert np.allclose(public.nu(None, 1, nu) - public.nu(None, 1, np.zeros(50)), nu)
@@ -166,8 +167,6 @@ def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, ex
 
 
 def test_a_resent_key_request_gets_the_same_key_and_a_new_setup_a_new_one():
-    from flwr.app import ConfigRecord, Context, Message, RecordDict
-
     ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
 
     def ask(session):
@@ -193,8 +192,6 @@ class KeySwapGrid(InProcessGrid):
 
 
 def test_masks_that_do_not_cancel_stop_the_run_without_revealing_anyone(tmp_path):
-    from fairvfl_flwr.flower.errors import FederationError
-
     rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 2,
                                 "output-dir": str(tmp_path), "privacy.secure-aggregation": True}).to_flower()
     with pytest.raises(FederationError, match="round 0: the masks of the .* logits did not cancel"):
