@@ -196,3 +196,17 @@ def test_masks_that_do_not_cancel_stop_the_run_without_revealing_anyone(tmp_path
                                 "output-dir": str(tmp_path), "privacy.secure-aggregation": True}).to_flower()
     with pytest.raises(FederationError, match="round 0: the masks of the .* logits did not cancel"):
         run_server(KeySwapGrid(client_app, rc, rc["num-parties"]), rc)
+
+
+def test_secure_aggregation_with_encrypted_nu_gives_the_encrypted_run(tmp_path):
+    pytest.importorskip("tenseal")
+
+    def run(on):
+        rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 3,
+                                    "eval-every": 3, "output-dir": str(tmp_path / f"runs{on}"),
+                                    "privacy.secure-nu": "ckks", "privacy.secure-aggregation": on}).to_flower()
+        return run_server(InProcessGrid(client_app, rc, rc["num-parties"]), rc)[0]
+
+    plain, masked = run(False), run(True)
+    for key in ("train_loss", "train_deo", "test_acc"):  # CKKS adds ~1e-9 noise to each gradient
+        assert masked[key] == pytest.approx(plain[key], rel=1e-8, abs=1e-10)

@@ -165,8 +165,6 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
      "masks cancel only in the sum of every party's reply to the same round; use staleness.max-staleness=0"),
     ("secure_aggregation", lambda c: c.secure_aggregation, "resume_from", lambda c: bool(c.resume_from),
      "a resumed run restores per-party logits, which a masked run never had; start the run afresh"),
-    ("secure_aggregation", lambda c: c.secure_aggregation, "secure_nu", lambda c: c.secure_nu != "none",
-     "not combined with encrypted ν yet; use one of them"),
     ("secure_aggregation", lambda c: c.secure_aggregation, "mode", lambda c: c.mode == "split", _SPLIT),
 ]
 
