@@ -202,6 +202,21 @@ def sapeers(message: Message, context: Context) -> Message:
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
 
+_PARSED: dict[tuple, dict[int, bytes]] = {}  # (run, node, set-up) -> pair keys: parsed once, not per reply
+
+
+def _pair_keys(context: Context) -> dict[int, bytes]:
+    held = context.state.config_records.get(SESSION_STATE)
+    cache_key = (context.run_id, context.node_id, None if held is None else str(held["session"]))
+    keys = _PARSED.get(cache_key)
+    if keys is None or len(keys) == 0:
+        record = context.state.array_records.get(KEYS_STATE)
+        keys = {int(k.split("-", 1)[1]): _bytes(v) for k, v in (record or {}).items() if k.startswith("k-")}
+        if keys:
+            _PARSED[cache_key] = keys
+    return keys
+
+
 def mask_mod(message: Message, context: Context, call_next) -> Message:
     """ClientApp mod (outermost): mask the logits of every reply that carries them."""
     reply = call_next(message, context)
@@ -210,8 +225,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     rt = PartyRuntime(context)
     if not rt.cfg.secure_aggregation:
         return reply
-    record = context.state.array_records.get(KEYS_STATE)
-    keys = {int(k.split("-", 1)[1]): _bytes(v) for k, v in (record or {}).items() if k.startswith("k-")}
+    keys = _pair_keys(context)
     if len(keys) != rt.cfg.num_parties - 1:
         raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(keys)} of "
                               f"{rt.cfg.num_parties - 1} pair keys (no set-up, or the node restarted); start the run again")
