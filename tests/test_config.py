@@ -63,16 +63,22 @@ def test_each_section_is_checked_and_names_its_dotted_key(key, value, why):
 
 ON = {"batch_size": 64, "max_staleness": 1, "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/r",
       "record_view": "/tmp/v", "model": "mlp", "validation_fraction": 0.2, "server_labels": "/tmp/labels.csv",
-      "mode": "split", "nu_noise": 1.0}
+      "mode": "split", "nu_noise": 1.0, "transcript_dir": "/tmp/t", "secure_aggregation": True}
 
 
 @pytest.mark.parametrize("row", range(len(REFUSED)))
 def test_every_refused_combination_names_both_keys(row):
     pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
-    field, _, other, _, _ = REFUSED[row]
+    field, on, other, other_on, _ = REFUSED[row]
     key, other_key = KEY_OF.get(field, field.replace("_", "-")), KEY_OF.get(other, other.replace("_", "-"))
+    values = {field: ON[field], other: ON[other]}
+    if not other_on(RunConfig(**values)):  # the row names another mode: the one it refuses
+        values[other] = next(m for m in ("split", "score") if other_on(RunConfig(**{other: m})))
+    if values.get("mode") == "score":
+        values["score_model_from"] = "/tmp/run"
+    assert on(RunConfig(**values)) and other_on(RunConfig(**values))
     with pytest.raises(ConfigError, match=rf"run config {key}=.*not supported with {other_key}="):
-        RunConfig(dataset="crime", **{field: ON[field], other: ON[other]}).validate()
+        RunConfig(dataset="crime", **values).validate()
 
 
 def test_the_split_baseline_refuses_what_it_would_ignore():

@@ -49,3 +49,16 @@ def test_flwr_run_crime_reaches_epsilon_and_matches_inprocess(superlink, tmp_pat
 def test_flwr_run_with_bad_config_fails_and_says_why(superlink, tmp_path):
     with pytest.raises(FlwrRunError, match="local-steps=0"):
         superlink.run({"dataset": "crime", "local-steps": 0, "output-dir": str(tmp_path)}, num_supernodes=6)
+
+
+def test_flwr_run_with_secure_aggregation_matches_inprocess_plain(superlink, tmp_path):
+    """Keys agreed over the real runtime, kept in each node's context.state between messages."""
+    out = tmp_path / "flwr"
+    overrides = {"dataset": "crime", "num-server-rounds": 20, "eval-every": 10}
+    superlink.run({**overrides, "privacy.secure-aggregation": True, "output-dir": str(out)}, num_supernodes=6,
+                  timeout=600)
+    summary = json.loads((_only_run(out) / "summary.json").read_text())
+    cfg = RunConfig.from_flower({**overrides, "output-dir": str(tmp_path / "inproc")})
+    plain, _ = run_inprocess(cfg.to_flower())
+    for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
+        assert summary[key] == pytest.approx(plain[key], rel=1e-9, abs=1e-12), key

@@ -1,8 +1,9 @@
 """The ClientApp: one party of the federation, assembled from the algorithms' handlers
 and the features' mods.
 
-Mods run outermost first: the guard answers re-sent messages before anything else
-runs; checkpoints save θ after a step; the transcript mod records what a passive party
+Mods run outermost first: secure aggregation masks every reply's logits, the guard's
+re-sent answers included; the guard answers re-sent messages before anything else
+runs; checkpoints save θ after a step; the transcript mods record what a party
 received; the straggler mod delays replies last, so a delay never changes state. Each
 mod reads its own section of the run config and passes through when it is off.
 """
@@ -12,21 +13,23 @@ from __future__ import annotations
 from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.algorithms import fairvfl, split
-from fairvfl_flwr.features import ckks
+from fairvfl_flwr.features import ckks, saving, scoring, secagg
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod
-from fairvfl_flwr.features import saving, scoring
 from fairvfl_flwr.features.record_view import record_mod
 from fairvfl_flwr.features.straggler import delay_mod
+from fairvfl_flwr.features.transcripts import transcript_mod
 from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower.party import MODEL_STATE
 
 __all__ = ["MODEL_STATE", "app"]
 
-app = ClientApp(mods=[guard_mod, ckks.keep_context_mod, checkpoint_mod, record_mod, delay_mod])
+app = ClientApp(mods=[secagg.mask_mod, guard_mod, ckks.keep_context_mod, checkpoint_mod, record_mod, transcript_mod,
+                     delay_mod])
 party.register(app)
 fairvfl.register(app)
 split.register(app)
 ckks.register(app)
 saving.register(app)
 scoring.register(app)
+secagg.register(app)

@@ -39,7 +39,9 @@ from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.features.saving import FinalTest, save_blocks
 from fairvfl_flwr.features.scores import KeepScores
 from fairvfl_flwr.features.scoring import run_scoring
+from fairvfl_flwr.features.secagg import SecureAggregation
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
+from fairvfl_flwr.features.transcripts import ServerTranscript
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
 
@@ -49,9 +51,13 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     """The run's server: the algorithm of ``mode`` with the hooks its features need."""
     hooks: list = [DivergenceGuard()]  # first: nothing may checkpoint a diverged state
     if cfg.nu_noise > 0:
-        hooks.append(NuNoise(cfg.nu_noise, cfg.seed))
+        hooks.append(NuNoise(cfg.nu_noise, cfg.seed, labels_fingerprint(labels)))  # parties cannot redraw it
     if cfg.secure_nu == "ckks":
         hooks.append(CkksChannel(len(labels.y_train)))
+    if cfg.transcript_dir:  # after the ν channels (ν as sent), before secure aggregation (replies as received)
+        hooks.append(ServerTranscript(cfg.transcript_dir, cfg.record_first, cfg.record_every))
+    if cfg.secure_aggregation:  # before checkpoints: its set-up runs in begin
+        hooks.append(SecureAggregation())
     if cfg.checkpoint_every > 0 or resume is not None:
         hooks.append(Checkpoints(folder, cfg.checkpoint_every, cfg.to_flower(), labels_fingerprint(labels), resume))
     if cfg.mode != "fairvfl":

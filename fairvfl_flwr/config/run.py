@@ -74,6 +74,11 @@ class RunConfig:
     # [privacy] passive parties keep a transcript of the ν they receive (features/record_view.py)
     record_view: str = ""
     record_every: int = 10
+    record_first: int = 10  # rounds 1..record-first are all recorded (then every record-every-th)
+    # Transcripts of what every role receives, written on the receiving side (features/transcripts.py)
+    transcript_dir: str = ""
+    # Pairwise-masked partial logits: the server learns z = Σ u_k and nothing per party (features/secagg.py)
+    secure_aggregation: bool = False
     # Gaussian noise on ν before it reaches passive parties, in units of 1/n (features/noise.py).
     nu_noise: float = 0.0
     # "ckks": ν reaches passive parties only CKKS-encrypted (features/ckks.py; linear models, needs .[privacy]).

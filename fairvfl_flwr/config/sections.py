@@ -19,7 +19,8 @@ from fairvfl_flwr.core.errors import ConfigError
 # section -> {key in the section: RunConfig field}
 SECTIONS: dict[str, dict[str, str]] = {
     "privacy": {"secure-nu": "secure_nu", "nu-noise": "nu_noise", "record-view": "record_view",
-                "record-every": "record_every"},
+                "record-every": "record_every", "record-first": "record_first", "transcript-dir": "transcript_dir",
+                "secure-aggregation": "secure_aggregation"},
     "reliability": {"round-timeout": "round_timeout", "round-retries": "round_retries",
                     "checkpoint-every": "checkpoint_every", "checkpoint-dir": "checkpoint_dir",
                     "resume-from": "resume_from"},
@@ -76,6 +77,8 @@ def check_privacy(c: Any) -> None:
         raise bad(c, "secure_nu", "needs TenSEAL: pip install 'fairvfl-flwr[privacy]'")
     if c.record_every < 0:
         raise bad(c, "record_every", "must be >= 0 (0 = only the first rounds)")
+    if c.record_first < 0:
+        raise bad(c, "record_first", "must be >= 0 (rounds 1..record-first are all recorded)")
 
 
 def check_reliability(c: Any) -> None:
@@ -167,6 +170,16 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
     ("checkpoint_every", lambda c: c.checkpoint_every > 0, "mode", lambda c: c.mode == "split", _SPLIT),
     ("resume_from", lambda c: bool(c.resume_from), "mode", lambda c: c.mode == "split", _SPLIT),
     ("record_view", lambda c: bool(c.record_view), "mode", lambda c: c.mode == "split", _SPLIT),
+    ("batch_size", lambda c: c.batch_size > 0, "transcript_dir", lambda c: bool(c.transcript_dir), _FULL_BATCH),
+    ("transcript_dir", lambda c: bool(c.transcript_dir), "mode", lambda c: c.mode == "split", _SPLIT),
+    ("secure_aggregation", lambda c: c.secure_aggregation, "max_staleness", lambda c: c.max_staleness > 0,
+     "masks cancel only in the sum of every party's reply to the same round; use staleness.max-staleness=0"),
+    ("secure_aggregation", lambda c: c.secure_aggregation, "resume_from", lambda c: bool(c.resume_from),
+     "a resumed run restores per-party logits, which a masked run never had; start the run afresh"),
+    ("secure_aggregation", lambda c: c.secure_aggregation, "mode", lambda c: c.mode == "split", _SPLIT),
+    ("secure_aggregation", lambda c: c.secure_aggregation, "mode", lambda c: c.mode == "score",
+     "scoring replies are not masked (no pair keys are agreed in a scoring job); score with "
+     "privacy.secure-aggregation=false"),
 ]
 
 

@@ -40,7 +40,7 @@ KEEP = 3  # party checkpoints kept per partition (the server's latest is always 
 OPERATIONAL = frozenset({
     "num-server-rounds", "reliability.round-timeout", "reliability.round-retries", "reliability.checkpoint-every",
     "reliability.checkpoint-dir", "reliability.resume-from", "output-dir", "eval-every", "privacy.record-view",
-    "privacy.record-every", "server-labels", "csv.path",
+    "privacy.record-every", "privacy.record-first", "privacy.transcript-dir", "server-labels", "csv.path",
 })
 
 

@@ -1,7 +1,8 @@
 """Opt-in recording of what a passive party receives, on the party's own side.
 
 With run config ``privacy.record-view = "<dir>"`` every passive party writes the ν it was sent
-to ``<dir>/party-<partition id>/nu-r<round>.npy`` (float32) for rounds 1..10 and every
+to ``<dir>/party-<partition id>/nu-r<round>.npy`` (float32) for rounds 1..``privacy.record-first``
+(default 10) and every
 ``privacy.record-every``-th round after. Nothing is sent anywhere: this is the honest-but-
 curious party's own transcript, the input of ``python -m fairvfl_flwr.tools.audit``.
 """
@@ -20,21 +21,23 @@ from fairvfl_flwr.flower.party import PartyRuntime, round_of
 EARLY_ROUNDS = 10
 
 
-def should_record(server_round: int, every: int) -> bool:
-    return 1 <= server_round <= EARLY_ROUNDS or (every > 0 and server_round % every == 0)
+def should_record(server_round: int, every: int, first: int = EARLY_ROUNDS) -> bool:
+    return 1 <= server_round <= first or (every > 0 and server_round % every == 0)
 
 
-def record(folder: str, partition_id: int, server_round: int, every: int, nu: np.ndarray) -> None:
-    if not folder or not should_record(server_round, every):
+def record(folder: str, partition_id: int, server_round: int, every: int, nu: np.ndarray,
+           first: int = EARLY_ROUNDS) -> None:
+    if not folder or not should_record(server_round, every, first):
         return
     out = Path(folder) / f"party-{partition_id}"
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / f"nu-r{server_round:06d}.npy", nu.astype(np.float32))
 
 
-def record_ciphertext(folder: str, partition_id: int, server_round: int, every: int, blobs: list[bytes]) -> None:
+def record_ciphertext(folder: str, partition_id: int, server_round: int, every: int, blobs: list[bytes],
+                      first: int = EARLY_ROUNDS) -> None:
     """Under privacy.secure-nu='ckks' a passive party receives only ciphertexts: record those bytes."""
-    if not folder or not should_record(server_round, every):
+    if not folder or not should_record(server_round, every, first):
         return
     out = Path(folder) / f"party-{partition_id}"
     out.mkdir(parents=True, exist_ok=True)
@@ -67,9 +70,11 @@ def record_mod(message: Message, context, call_next) -> Message:
     server_round = round_of(message)[0]
     payload = message.content.array_records[msgs.PAYLOAD]
     if mtype == msgs.TRAIN_PASSIVE:
-        record(rt.cfg.record_view, rt.data.partition_id, server_round, rt.cfg.record_every, payload["nu"].numpy())
+        record(rt.cfg.record_view, rt.data.partition_id, server_round, rt.cfg.record_every, payload["nu"].numpy(),
+               rt.cfg.record_first)
     else:  # the honest-but-curious transcript: ciphertext is all there is to record
         keys = sorted(payload, key=lambda k: int(k.rsplit("-", 1)[1]))
         blobs = [payload[k].numpy().tobytes() for k in keys]
-        record_ciphertext(rt.cfg.record_view, rt.data.partition_id, server_round, rt.cfg.record_every, blobs)
+        record_ciphertext(rt.cfg.record_view, rt.data.partition_id, server_round, rt.cfg.record_every, blobs,
+                          rt.cfg.record_first)
     return reply

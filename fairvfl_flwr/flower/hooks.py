@@ -15,7 +15,7 @@ Points, in the order a run meets them:
   channel may transform them, e.g. add noise);
 * ``passive_message``: the message that carries ν to a passive party (a ν channel may
   carry it differently, e.g. encrypted); None keeps the plain message;
-* ``incoming``: a round's replies, before they are folded into the server's state
+* ``incoming``: a round's replies (round 0: the first logits), before they are folded into the server's state
   (a channel with a second leg sends it here);
 * ``record``: a round's history row, before it is stored;
 * ``end``: after a round is folded and recorded (guards, checkpoints);

@@ -235,7 +235,7 @@ class VFLServer(Strategy):
             for nid in self.nodes
         ]
         self.hooks.init_messages(self, messages)
-        self.aggregate_train(0, self.exchange(grid, messages, timeout))
+        self.aggregate_train(0, self.hooks.incoming(self, grid, 0, self.exchange(grid, messages, timeout), timeout))
 
     def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:
         """Push, poll, retry and check envelopes (:func:`fairvfl_flwr.flower.exchange.exchange`)."""

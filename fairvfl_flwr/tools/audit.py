@@ -1,29 +1,35 @@
-"""Leakage audit: what an honest-but-curious passive party learns from ν.
+"""Leakage audit: what each role (server, active party, passive party) learns, measured.
 
 ::
 
     python -m fairvfl_flwr.tools.audit --datasets adult,compas,crime --rounds 300 --out results/audit
     python -m fairvfl_flwr.tools.audit --datasets adult --noise 0,1,4,16    # with the nu-noise defence
+    python -m fairvfl_flwr.tools.audit --datasets crime --secure-aggregation  # masked partial logits
 
 For each dataset the command trains FairVFL (in-process grid, real ClientApp) with
-``privacy.record-view`` on, so every passive party keeps the ν it received on its own side,
-then attacks party 1's transcript and scores the attacks against the truth, which the
-attacker never sees:
+``privacy.transcript-dir`` on, so every role keeps what it received on its own side
+(features/transcripts.py), then attacks each transcript and scores the attacks against
+the truth, which no attacker sees:
 
-* **labels**: ``ŷ_i = −sign(ν_i)``. Since ν_i = w_i ∂l/∂z_i and ∂l/∂z_i = −y_i σ(−y_i z_i),
-  the sign gives the label wherever the row weight w_i is positive. In round 1, z = 0
-  and λ = 0, so ν_i = −y_i / (2n) exactly. Scored as accuracy on round 1's ν and on the
-  last recorded round's (where a large λ can make a group's weight negative), next to
-  the majority-class baseline; and on the mean of the first 10 rounds' ν, which strips
-  zero-mean noise (the ``privacy.nu-noise`` defence) off.
-* **groups** of the protected-label rows: ν_i(t) = w_g(t) o_i(t) with one weight per
-  group g ∈ {N^a, N^b, rest} that moves with λ1 − λ2. The attacker takes the per-round
-  log-ratios log|ν_i(t)/ν_i(t−1)|, centres them per round, and projects each row on
-  the first principal component: rows of the same group share the weight's moves.
-  Scored as AUC against the true group (max(AUC, 1 − AUC): the attacker learns the
-  partition, not which side is called "a"), next to 0.5 for guessing.
+* **passive party 1, labels**: ``ŷ_i = −sign(ν_i)``. Since ν_i = w_i ∂l/∂z_i and
+  ∂l/∂z_i = −y_i σ(−y_i z_i), the sign gives the label wherever the row weight w_i is
+  positive. In round 1, z = 0 and λ = 0, so ν_i = −y_i / (2n) exactly. Scored as accuracy
+  on round 1's ν and on the last recorded round's (where a large λ can make a group's
+  weight negative), next to the majority-class baseline; on the mean of the first 10
+  rounds' ν, which strips zero-mean noise (the ``privacy.nu-noise`` defence) off; and,
+  under that noise, after redrawing it from the run's seed (every party holds the run config).
+* **passive party 1, groups** of the protected-label rows: ν_i(t) = w_g(t) o_i(t) with
+  one weight per group g ∈ {N^a, N^b, rest} that moves with λ1 − λ2. The attacker takes
+  the per-round log-ratios log|ν_i(t)/ν_i(t−1)|, centres them per round, and projects
+  each row on the first principal component: rows of the same group share the weight's
+  moves. Scored as AUC against the true group (max(AUC, 1 − AUC): the attacker learns
+  the partition, not which side is called "a"), next to 0.5 for guessing.
+* **the server, features**: each linear passive party's Gram matrix X_k X_kᵀ from the
+  u_k it received and the ν it sent (tools/attacks.py); relative Frobenius error on 200
+  seeded rows, next to 1.0 for guessing 0. The median over the passive parties.
+* **the active party, features**: Σ_passive X_k X_kᵀ from z minus its own logits, with
+  ν recomputed from its own y, s and the λ it receives; the same score.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -36,8 +42,14 @@ import numpy as np
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.data.partydata import party_spec, server_labels_for
+from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data
 from fairvfl_flwr.features import record_view as view
+from fairvfl_flwr.features import transcripts
+from fairvfl_flwr.features.checkpoint import labels_fingerprint
+from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.flower.party import party_data
+from fairvfl_flwr.tools import attacks
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
@@ -71,23 +83,16 @@ def group_scores(nus: np.ndarray) -> np.ndarray:
     return vt[0]
 
 
-def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np.ndarray, protected_label: int) -> dict:
-    """Run both attacks on one party's recorded ν and score them against the truth."""
-    majority = float(max((y == 1).mean(), (y == -1).mean()))
-    if not view.has_plaintext(folder, partition_id):  # privacy.secure-nu=ckks: the transcript is ciphertext only
-        recorded = len(list((Path(folder) / f"party-{partition_id}").glob("nu-ct-r*.bin")))
-        if recorded:
-            nan = float("nan")  # no per-row plaintext: the attacks have nothing to work on
-            return {"rounds_recorded": recorded, "view": "ciphertext", "label_attack_acc": nan,
-                    "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_baseline_acc": majority,
-                    "group_attack_auc": nan, "group_rows_scored": 0}
-    rounds, nus = view.load(folder, partition_id)
-    # Round 1 is the worst case for the defender: z = 0 and λ = 0, so ν_i = −y_i / (2n).
+def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.ndarray, protected_label: int,
+                    early: int = view.EARLY_ROUNDS) -> dict:
+    """The label and group attacks on one passive party's ν (rounds × rows), scored."""
+    # The first recorded round is the worst case for the defender: z = 0 and λ = 0 in
+    # round 1, so ν_i = −y_i / (2n).
     y_first = label_attack(nus[0])
     y_last = label_attack(nus[-1])
     # Noise is fresh every round while ∂l/∂z moves slowly: averaging the early rounds
     # (λ still small, so every weight is positive) strips zero-mean noise off ν.
-    y_avg = label_attack(nus[rounds <= view.EARLY_ROUNDS].mean(axis=0))
+    y_avg = label_attack(nus[(rounds >= 1) & (rounds <= early)].mean(axis=0))
     # The attacker restricts the group attack to rows it believes carry the protected label.
     chosen = y_first == protected_label
     score = group_scores(nus)
@@ -99,68 +104,161 @@ def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np
         "label_attack_acc": float((y_first == y).mean()),
         "label_attack_acc_last": float((y_last == y).mean()),
         "label_attack_acc_avg": float((y_avg == y).mean()),
-        "label_baseline_acc": majority,
+        "label_baseline_acc": float(max((y == 1).mean(), (y == -1).mean())),
         "group_attack_auc": float(max(a, 1 - a)),
         "group_rows_scored": int(truth_rows.sum()),
     }
 
 
+def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np.ndarray, protected_label: int) -> dict:
+    """Run both attacks on one party's recorded ν (``privacy.record-view``) and score them."""
+    majority = float(max((y == 1).mean(), (y == -1).mean()))
+    if not view.has_plaintext(folder, partition_id):  # privacy.secure-nu=ckks: the transcript is ciphertext only
+        recorded = len(list((Path(folder) / f"party-{partition_id}").glob("nu-ct-r*.bin")))
+        if recorded:
+            nan = float("nan")  # no per-row plaintext: the attacks have nothing to work on
+            return {"rounds_recorded": recorded, "view": "ciphertext", "label_attack_acc": nan,
+                    "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_baseline_acc": majority,
+                    "group_attack_auc": nan, "group_rows_scored": 0}
+    rounds, nus = view.load(folder, partition_id)
+    return passive_attacks(rounds, nus, y, s, protected_label)
+
+
+def passive_from_transcript(folder: str | Path, pid: int, y: np.ndarray, s: np.ndarray, protected_label: int,
+                            noise: NuNoise | None = None) -> dict:
+    """The passive attacks on party ``pid``'s transcript; with ``noise``, also the attacker
+    that regenerates the seeded ν noise (its seed is the run's, which every party holds)."""
+    party = [r for r in transcripts.load(folder, pid) if int(r["round"]) >= 1]
+    if not any("nu" in r for r in party):  # encrypted ν: ciphertext only, nothing per row to attack
+        nan = float("nan")
+        return {"rounds_recorded": len(party), "view": "ciphertext", "label_attack_acc": nan,
+                "label_attack_acc_last": nan, "label_attack_acc_avg": nan,
+                "label_baseline_acc": float(max((y == 1).mean(), (y == -1).mean())),
+                "group_attack_auc": nan, "group_rows_scored": 0}
+    rounds, nus = transcripts.stack(party, "nu")
+    out = passive_attacks(rounds, nus.astype(np.float64), y, s, protected_label)
+    if noise is not None:
+        clean = nus[0].astype(np.float64) - noise.nu(None, int(rounds[0]), np.zeros(nus.shape[1]))
+        out["label_attack_acc_seeded"] = float((label_attack(clean) == y).mean())
+    return out
+
+
+def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
+    """Every role's attack on its own transcript, scored against the truth (tools/attacks.py)."""
+    n = len(ds.y_train)
+    mu, rows = cfg.mu_value(n), attacks.score_rows(n, cfg.seed)
+    X = {k: party_data(cfg, party_spec({"partition-id": k}, cfg.num_parties, cfg.num_active)).X_train
+         for k in range(cfg.num_parties)}
+    passive = [k for k in range(cfg.num_parties) if not is_active(cfg, k)]
+    out: dict = {}
+    server = transcripts.load(folder, transcripts.SERVER)
+    if cfg.model == "linear":
+        errors = [attacks.gram_error(attacks.server_gram_attack(server, k, cfg.eta, mu, X[k].shape[1]), X[k], rows)
+                  for k in passive]
+        out["server_gram_errors"] = errors
+        out["server_gram_error"] = float(np.median(errors)) if errors else float("nan")
+        if cfg.num_active == 1 and passive:
+            active = transcripts.load(folder, 0)
+            groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+            # The noise's secret is the fingerprint of the labels, which the active party
+            # holds as well (the server's labels are its labels): it can redraw the noise.
+            secret = labels_fingerprint(server_labels_for(cfg, ds))
+            noise = NuNoise(cfg.nu_noise, cfg.seed, secret) if cfg.nu_noise > 0 else None
+            add = None if noise is None else (lambda t, v: noise.nu(None, t, v))
+            x_passive = np.concatenate([X[k] for k in passive], axis=1)
+            est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
+                                             cfg.wire_dtype, x_passive.shape[1])
+            out["active_gram_error"] = attacks.gram_error(est, x_passive, rows)
+    return out
+
+
 def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides: dict | None = None) -> dict:
-    """Train with recording on, then attack passive party 1's transcript."""
-
-
+    """Train with transcripts on, then attack what each role received."""
     with tempfile.TemporaryDirectory() as tmp:
         changes = {
             "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
-            "privacy.record-view": str(Path(tmp) / "views"), "privacy.record-every": 5, "privacy.nu-noise": noise,
+            "privacy.transcript-dir": str(Path(tmp) / "transcripts"), "privacy.record-every": 10,
+            "privacy.record-first": 30, "privacy.nu-noise": noise,
             "output-dir": str(Path(tmp) / "runs"), **(overrides or {}),
         }
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
         summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
         ds = load_data(cfg)
-        result = audit_transcript(cfg.record_view, cfg.num_active, ds.y_train, ds.s_train, ds.protected_label)
-    return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu, "rounds": rounds, "test_acc": summary["test_acc"],
-            "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"], "train_deo": summary["train_deo"],
-            **result}
+        regen = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
+        result = passive_from_transcript(cfg.transcript_dir, cfg.num_active, ds.y_train, ds.s_train,
+                                         ds.protected_label, regen)
+        result.update(role_attacks(cfg.transcript_dir, cfg, ds))
+    return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu,
+            "secure_aggregation": cfg.secure_aggregation, "model": cfg.model, "rounds": rounds,
+            "num_parties": cfg.num_parties,
+            "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
+            "train_deo": summary["train_deo"], **result}
 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| dataset | nu-noise | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | majority baseline | group attack AUC (guess: 0.5) | test ACC % | DFP | DFN | train DEO |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | defence | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | (noise redrawn from the seed) "
+        "| majority baseline | group attack AUC (guess: 0.5) | server: Gram error (guess: 1.0) | active: Gram error of the passive sum "
+        "| test ACC % | DFP | DFN | train DEO |",
+        "|" + "---|" * 14,
     ]
-    def f(v: float) -> str:  # nan: the transcript was ciphertext only (privacy.secure-nu=ckks)
-        return "n/a (ciphertext)" if v != v else f"{v:.3f}"
+
+    def f(v) -> str:  # nan: nothing to attack (ciphertext only) or the attack does not apply (MLP)
+        if v is None:
+            return "–"
+        return "n/a" if v != v else (f"{v:.3f}" if v < 100 else f"{v:.3g}")
 
     for r in rows:
-        name = r["dataset"] + (" (privacy.secure-nu=ckks)" if r.get("secure_nu") == "ckks" else "")
+        ct = r.get("view") == "ciphertext"  # the passive transcript holds no per-row plaintext
+
+        def p(v, ct=ct) -> str:
+            return "n/a (ciphertext)" if ct else f(v)
+
+        defence = [f"nu-noise={r['nu_noise']:g}"] if r["nu_noise"] else []
+        defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
+        defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
         lines.append(
-            f"| {name} | {r['nu_noise']:g} | {f(r['label_attack_acc'])} | {f(r['label_attack_acc_last'])} | "
-            f"{f(r['label_attack_acc_avg'])} | "
-            f"{r['label_baseline_acc']:.3f} | "
-            f"{f(r['group_attack_auc'])} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | {r['test_dfn']:.3f} | "
-            f"{r['train_deo']:.4f} |"
+            f"| {r['dataset']}{'' if r.get('num_parties', 6) == 6 else ', num-parties=' + str(r['num_parties'])} | "
+            f"{', '.join(defence) or 'none'} | {p(r['label_attack_acc'])} | "
+            f"{p(r['label_attack_acc_last'])} | {p(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
+            f"{r['label_baseline_acc']:.3f} | {p(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
+            f"{f(r.get('active_gram_error'))} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
+            f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Leakage audit of the masked weights ν (see module docstring).")
+    p = argparse.ArgumentParser(description="Leakage audit of every role's transcript (see module docstring).")
     p.add_argument("--datasets", default="adult,compas,crime")
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--noise", default="0", help="comma list of nu-noise levels (units of 1/n)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--secure-nu", default="none", choices=["none", "ckks"], help="audit under encrypted ν (linear)")
+    p.add_argument("--secure-aggregation", action="store_true", help="audit with masked partial logits")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other run-config key, e.g. --set num-parties=2 (repeatable)")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
     a = p.parse_args(argv)
+    extra = {}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set {item!r}: write KEY=VALUE")
+        extra[key.strip()] = value.strip()
     a.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
     for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
         for noise in [float(x) for x in a.noise.split(",")]:
-            r = run_audit(dataset, a.rounds, noise, a.seed, {"privacy.secure-nu": a.secure_nu})
+            r = run_audit(dataset, a.rounds, noise, a.seed, {"privacy.secure-nu": a.secure_nu,
+                                                            "privacy.secure-aggregation": a.secure_aggregation,
+                                                            **extra})
             rows.append(r)
-            print(f"{dataset} privacy.nu-noise={noise:g} privacy.secure-nu={a.secure_nu}: labels {r['label_attack_acc']:.3f} (baseline {r['label_baseline_acc']:.3f}), "
-                  f"groups AUC {r['group_attack_auc']:.3f}, test ACC {100 * r['test_acc']:.2f}% "
+            print(f"{dataset} privacy.nu-noise={noise:g} privacy.secure-nu={a.secure_nu} "
+                  f"privacy.secure-aggregation={a.secure_aggregation}: labels {r['label_attack_acc']:.3f} "
+                  f"(baseline {r['label_baseline_acc']:.3f}), groups AUC {r['group_attack_auc']:.3f}, "
+                  f"server Gram error {r.get('server_gram_error', float('nan')):.3g}, "
+                  f"active Gram error {r.get('active_gram_error', float('nan')):.3g}, test ACC {100 * r['test_acc']:.2f}% "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")
             (a.out / "audit.md").write_text(table(rows))

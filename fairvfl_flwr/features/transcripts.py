@@ -1,0 +1,145 @@
+"""Transcripts of what every role receives (run config ``privacy.transcript-dir``).
+
+Each role writes what reaches it, on its own side, one ``.npz`` per recorded round; the
+format is documented in docs/privacy.md ("Transcripts") and read by
+``python -m fairvfl_flwr.tools.audit``:
+
+* ``<dir>/server/r<round>.npz`` (:class:`ServerTranscript`, a round hook): ``u-<pid>``
+  (every party's training logits as received: float at the wire dtype, or the masked
+  uint64 words under ``privacy.secure-aggregation``), ``u-test-<pid>`` when the reply
+  carried test logits, and what the server computed itself that round: ``nu`` (as sent to
+  passive parties, after any ν channel such as noise, at the wire dtype), ``z`` (as sent
+  to active parties) and ``lam`` (after the dual step). Round 0 holds the first logits only.
+* ``<dir>/party-<pid>/r<round>.npz`` (:func:`transcript_mod`, a ClientApp mod): a passive
+  party's ``nu`` (or ``nu-ct``, the ciphertext bytes under encrypted ν), an active party's
+  ``z`` and ``lam``; both also keep ``own-u``, the training logits of their own reply
+  (which they hold anyway, and which an attack on z needs).
+
+Every file also holds ``round``. Rounds 0..``privacy.record-first`` are recorded, then
+every ``privacy.record-every``-th round with the rounds just before and after it.
+Nothing is sent anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Message
+
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.party import PartyRuntime, round_of
+
+SERVER = "server"
+
+
+def should_record(server_round: int, first: int, every: int) -> bool:
+    """Rounds 0..first, then every ``every``-th round with its neighbours: attacks on the
+    logits need consecutive rounds (on z, three), and rounds spread over the run see ν move more."""
+    return 0 <= server_round <= first or (every > 0 and server_round % every in (every - 1, 0, 1 % every))
+
+
+def role_dir(folder: str | Path, role: str | int) -> Path:
+    """``server`` or ``party-<pid>`` under the transcript folder."""
+    return Path(folder) / (SERVER if role == SERVER else f"party-{int(role)}")
+
+
+def write(folder: str | Path, role: str | int, server_round: int, arrays: dict[str, np.ndarray]) -> Path:
+    out = role_dir(folder, role)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"r{server_round:06d}.npz"
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, round=np.int64(server_round), **arrays)
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def load(folder: str | Path, role: str | int) -> list[dict[str, np.ndarray]]:
+    """Every recorded round of one role, in round order (each a dict of arrays)."""
+    where = role_dir(folder, role)
+    files = sorted(where.glob("r*.npz"), key=lambda f: int(re.search(r"r(\d+)", f.name).group(1)))
+    if not files:
+        raise FileNotFoundError(f"no transcript in {where} (run with privacy.transcript-dir set)")
+    out = []
+    for f in files:
+        with np.load(f) as z:
+            out.append({k: z[k] for k in z.files})
+    return out
+
+
+def stack(rounds: list[dict[str, np.ndarray]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(round numbers, values stacked round × ...) of the rounds that hold ``key``."""
+    held = [r for r in rounds if key in r]
+    if not held:
+        raise KeyError(f"no recorded round holds {key!r}")
+    return np.array([int(r["round"]) for r in held]), np.stack([r[key] for r in held])
+
+
+class ServerTranscript(RoundHook):
+    """What the server receives (every reply as it arrives) and computes, per round.
+
+    Add it after the ν channels that change ν (so ``nu`` is what was sent) and before any
+    hook that rewrites replies (so ``u-<pid>`` is what arrived).
+    """
+
+    def __init__(self, folder: str, first: int, every: int) -> None:
+        self.folder, self.first, self.every = folder, first, every
+        self.pending: dict[int, dict[str, np.ndarray]] = {}
+
+    def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
+        if should_record(server_round, self.first, self.every):
+            self.pending[server_round] = {
+                "nu": np.asarray(nu).astype(server.wire_dtype),
+                "z": server.z("train").astype(server.wire_dtype),
+                "lam": np.asarray(server.lam, dtype=np.float64).copy(),
+            }
+        return nu
+
+    def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
+        if not should_record(server_round, self.first, self.every):
+            return replies
+        arrays = self.pending.pop(server_round, {})
+        for reply in replies:
+            record = reply.content.array_records.get(msgs.LOGITS)
+            if record is None:
+                continue
+            pid = server.nodes[reply.metadata.src_node_id].partition_id
+            arrays[f"u-{pid}"] = record["train"].numpy()
+            if "test" in record:
+                arrays[f"u-test-{pid}"] = record["test"].numpy()
+        write(self.folder, SERVER, server_round, arrays)
+        return replies
+
+
+def transcript_mod(message: Message, context, call_next) -> Message:
+    """ClientApp mod: a party's own transcript of what it received (and its own reply's logits)."""
+    reply = call_next(message, context)
+    mtype = message.metadata.message_type
+    if reply.has_error() or not (mtype == msgs.INIT or mtype.startswith("train.")):
+        return reply
+    rt = PartyRuntime(context)
+    server_round = round_of(message)[0]
+    if not rt.cfg.transcript_dir or not should_record(server_round, rt.cfg.record_first, rt.cfg.record_every):
+        return reply
+    arrays: dict[str, np.ndarray] = {}
+    payload = message.content.array_records.get(msgs.PAYLOAD)
+    if mtype == msgs.TRAIN_PASSIVE:
+        arrays["nu"] = payload["nu"].numpy()
+    elif mtype == msgs.TRAIN_PASSIVE_ENC:  # encrypted ν: the ciphertext is all there is
+        keys = sorted(payload, key=lambda k: int(k.rsplit("-", 1)[1]))
+        arrays["nu-ct"] = np.frombuffer(b"".join(payload[k].numpy().tobytes() for k in keys), dtype=np.uint8)
+    elif mtype == msgs.TRAIN_ACTIVE:
+        arrays["z"] = payload["z"].numpy()
+        arrays["lam"] = payload["lam"].numpy()
+    logits = reply.content.array_records.get(msgs.LOGITS)
+    if logits is not None:
+        arrays["own-u"] = logits["train"].numpy()
+    if arrays:
+        path = role_dir(rt.cfg.transcript_dir, rt.data.partition_id) / f"r{server_round:06d}.npz"
+        if mtype == msgs.TRAIN_PASSIVE_UNMASK and path.exists():  # CKKS second leg: keep the first leg's ν
+            with np.load(path) as old:
+                arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}
+        write(rt.cfg.transcript_dir, rt.data.partition_id, server_round, arrays)
+    return reply

@@ -1,0 +1,114 @@
+"""Attacks on the transcripts of every role (features/transcripts.py), scored against the truth.
+
+Each attack uses only what its role receives and holds; the truth (features, labels,
+groups) is used for scoring only. docs/privacy.md ("Threat table") has the numbers.
+
+**Gram matrix from logits** (the server, and the active party on z). For a linear party
+without intercept, one step is θ ← (1 − μ/η) θ − (1/η) X_kᵀν, so
+
+    r(t) = η [(1 − μ/η) u_k(t−1) − u_k(t)] = X_k X_kᵀ ν(t)
+
+for every pair of consecutive recorded rounds. The r(t) span (part of) the column space
+of X_k: with U an orthonormal basis of the r(t) (SVD, rank from the noise floor) and
+G = U M Uᵀ, M solves Uᵀ r(t) = M Uᵀ ν(t) by least squares. The estimate Ĝ gives every
+inner product and distance between two people in that party's feature space, i.e. its
+features up to a rotation. Scored by ‖Ĝ − G‖_F / ‖G‖_F on a seeded sample of rows
+(1.0: no better than guessing 0). Directions of X_k that ν never excites are not
+recovered; the score counts them as errors. For an MLP, u_k is not linear in the
+features and this attack does not apply (the server still sees u_k per round).
+The active party runs the same algebra on the passive parties' sum, z − u_active, with
+ν(t) computed from its own y, s, the λ it receives and z: it recovers Σ_passive X_k X_kᵀ
+(with one passive party, that party's Gram matrix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fairvfl_flwr.core.objective import Groups, masked_weights
+from fairvfl_flwr.features.secagg import decode
+
+#: Rows the Gram matrices are scored on (a seeded sample: the full n × n matrix is 13 GB on Adult).
+SCORE_ROWS = 200
+
+
+@dataclass
+class GramEstimate:
+    basis: np.ndarray  # n × r, orthonormal
+    core: np.ndarray  # r × r, symmetric: Ĝ = basis · core · basisᵀ
+    pairs: int  # consecutive round pairs used
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        b = self.basis[rows]
+        return b @ self.core @ b.T
+
+
+def as_logits(words: np.ndarray) -> np.ndarray:
+    """A reply as the server reads it: floats, or masked words decoded as fixed point."""
+    return decode(words) if words.dtype == np.uint64 else words.astype(np.float64)
+
+
+def gram_attack(u: dict[int, np.ndarray], nu: dict[int, np.ndarray], eta: float, mu: float,
+                max_rank: int | None = None) -> GramEstimate:
+    """Ĝ = X_k X_kᵀ from logits u[t] (after round t) and the ν[t] each round t sent."""
+    ts = sorted(t for t in nu if t in u and t - 1 in u)
+    if len(ts) < 2:
+        raise ValueError(f"the Gram attack needs consecutive recorded rounds; got {len(ts)} pairs")
+    keep = 1.0 - mu / eta
+    R = np.stack([eta * (keep * u[t - 1] - u[t]) for t in ts], axis=1)
+    V = np.stack([nu[t] for t in ts], axis=1)
+    basis, s, _ = np.linalg.svd(R, full_matrices=False)
+    if not np.all(np.isfinite(s)) or s[0] == 0:
+        return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), len(ts))
+    # Rank: singular values clear of the noise floor (the wire dtype's rounding of u).
+    rank = int((s > 5 * np.median(s)).sum()) if len(s) > 4 else len(s)
+    rank = max(1, min(rank, max_rank or rank, len(ts) - 1))
+    basis = basis[:, :rank]
+    core = (basis.T @ R) @ np.linalg.pinv(basis.T @ V)
+    return GramEstimate(basis, (core + core.T) / 2, len(ts))
+
+
+def score_rows(n: int, seed: int = 0, size: int = SCORE_ROWS) -> np.ndarray:
+    return np.sort(np.random.default_rng([seed, 0x6772]).choice(n, size=min(size, n), replace=False))
+
+
+def gram_error(estimate: GramEstimate, X: np.ndarray, rows: np.ndarray) -> float:
+    """‖Ĝ − G‖_F / ‖G‖_F on ``rows`` × ``rows``, G = X Xᵀ."""
+    truth = X[rows] @ X[rows].T
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = float(np.linalg.norm(estimate.rows(rows) - truth) / np.linalg.norm(truth))
+    return err if np.isfinite(err) else float("inf")
+
+
+def server_gram_attack(server_rounds: list[dict], pid: int, eta: float, mu: float,
+                       max_rank: int | None = None) -> GramEstimate:
+    """The server on one party: the logits it received and the ν it sent."""
+    u = {int(r["round"]): as_logits(r[f"u-{pid}"]) for r in server_rounds if f"u-{pid}" in r}
+    nu = {int(r["round"]): r["nu"].astype(np.float64) for r in server_rounds if "nu" in r}
+    return gram_attack(u, nu, eta, mu, max_rank)
+
+
+def active_nu(z: np.ndarray, lam: np.ndarray, y: np.ndarray, groups: Groups, wire_dtype: str = "float32") -> np.ndarray:
+    """ν as the server computed it, from what the active party holds (y, s) and receives (z, λ)."""
+    return masked_weights(y, z.astype(np.float64), lam.astype(np.float64), groups).astype(wire_dtype).astype(np.float64)
+
+
+def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: Groups, eta: float, mu: float,
+                       noise=None, wire_dtype: str = "float32", max_rank: int | None = None) -> GramEstimate:
+    """The active party on the passive parties' sum S = z − u_active.
+
+    S(t) (after round t) = z(t + 1) − own u(t); ν(t) from z(t), λ(t). ``noise(t, ν)``:
+    what the active party can add to match the ν passive parties got (e.g. the seeded
+    ν noise, whose seed is in the run config every party holds).
+    """
+    by_round = {int(r["round"]): r for r in active_rounds}
+    passive_sum = {t - 1: by_round[t]["z"].astype(np.float64) - by_round[t - 1]["own-u"].astype(np.float64)
+                   for t in by_round if "z" in by_round[t] and t - 1 in by_round and "own-u" in by_round[t - 1]}
+    nu = {}
+    for t, r in by_round.items():
+        if "z" in r:
+            v = active_nu(r["z"], r["lam"], y, groups, wire_dtype)
+            nu[t] = v if noise is None else noise(t, v).astype(wire_dtype).astype(np.float64)
+    return gram_attack(passive_sum, nu, eta, mu, max_rank)
