@@ -348,6 +348,7 @@ def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.deploy_long
 def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
     """A real SuperLink and 4 SuperNodes on 127.0.0.1: train on exported files, then score a
     new 1,000-row raw file per party; equal to scoring the saved blocks by hand. Every
