@@ -23,7 +23,7 @@ from fairvfl_flwr.core.objective import Groups, masked_weights  # noqa: E402
 from fairvfl_flwr.core.newton import (  # noqa: E402
     block_direction,
     curvature,
-    newton_dual_step,
+    newton_server_step,
     party_curvature,
     subspace_gap_jacobian,
     subspace_step,
@@ -139,13 +139,9 @@ class NewtonFloor(NumpyFloor):
     def round(self):
         z = self.z()
         if self.dual == "newton":
-            if self.fairness:
-                gaps = self.groups.gaps(self.y, z)
-                d = self.lam[0::2] - self.lam[1::2]
-                self.lam = newton_dual_step(self.lam, self.y, z, self.groups, self.jac, epsilon=self.epsilon,
-                                            beta=self.beta, c=self.c, previous=self.previous)
-                self.previous = (d, gaps)
-            nu = masked_weights(self.y, z, self.lam, self.groups)
+            self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac,
+                                                             self.previous, epsilon=self.epsilon, beta=self.beta,
+                                                             c=self.c, fairness=self.fairness)
         else:
             self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta,
                                        c=self.c, fairness=self.fairness)

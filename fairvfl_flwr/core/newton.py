@@ -288,6 +288,19 @@ def newton_dual_step(
     return dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
 
 
+
+def newton_server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fairness=True):
+    """The Newton method's server step: the dual Newton step on λ, then ν at the new λ
+    (its counterpart of ``core.step.server_step``). Returns ``(λ, ν, previous)``, where
+    ``previous`` is what the next dual step compares against."""
+    if fairness:
+        gaps = groups.gaps(y, z)
+        d = lam[0::2] - lam[1::2]
+        lam = newton_dual_step(lam, y, z, groups, jac, epsilon=epsilon, beta=beta, c=c, previous=previous)
+        previous = (d, gaps)
+    return lam, masked_weights(y, z, lam, groups), previous
+
+
 class CentralisedNewton:
     """The centralised counterpart: all columns and the intercept in one θ, the full Hessian.
 
@@ -312,13 +325,9 @@ class CentralisedNewton:
 
     def round(self) -> None:
         z = self.z()
-        if self.fairness:
-            gaps = self.groups.gaps(self.y, z)
-            d = self.lam[0::2] - self.lam[1::2]
-            self.lam = newton_dual_step(self.lam, self.y, z, self.groups, self.jac, epsilon=self.epsilon,
-                                        beta=self.beta, c=self.c, previous=self.previous)
-            self.previous = (d, gaps)
-        nu = masked_weights(self.y, z, self.lam, self.groups)
+        self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
+                                                         epsilon=self.epsilon, beta=self.beta, c=self.c,
+                                                         fairness=self.fairness)
         h = curvature(self.y, z, self.lam, self.groups)
         hess = self.x.T @ (h[:, None] * self.x) + self.mu * np.eye(self.x.shape[1])
         dirs = [-np.linalg.solve(hess, self.x.T @ nu + self.mu * self.theta), *self.moves]
