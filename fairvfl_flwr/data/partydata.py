@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
-from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value
+from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, read_csv
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
@@ -340,18 +340,6 @@ def parse_label_table(df, source: str):
         y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
         protected_label=int(protected[0]), ids_digest=rows_digest(ids[tr], ids[te]),
     )
-
-
-def read_csv(path: str | Path, what: str):
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{what}: file {path} not found")
-    try:
-        return pd.read_csv(path)
-    except Exception as exc:  # pandas raises many types; the user needs the file name
-        raise DataError(f"{what}: {path} cannot be read as CSV ({exc})") from exc
 
 
 def server_labels_for(cfg, ds=None):

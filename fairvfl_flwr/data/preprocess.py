@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import CACHE_VERSION, PartySpec, cache_dir, load_party, read_csv
+from fairvfl_flwr.data.partydata import CACHE_VERSION, PartySpec, cache_dir, load_party
+from fairvfl_flwr.data.tables import read_csv
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, packaged_file
 

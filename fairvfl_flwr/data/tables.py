@@ -232,15 +232,18 @@ def _load_spec_cached(spec: DatasetSpec, seed: int) -> FairDataset:
     return _load_spec(spec, seed)
 
 
-def _read_table(path: Path) -> pd.DataFrame:
+def read_csv(path: str | Path, what: str = "") -> pd.DataFrame:
+    """A CSV file as a DataFrame, or a DataError naming ``what`` (the setting or party) and the file."""
     import pandas as pd
 
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{what}: file {path} not found" if what else f"{path}: file not found")
     try:
         return pd.read_csv(path)
     except Exception as exc:  # pandas raises many types; the user needs the file name
-        raise DataError(f"{path}: cannot be read as CSV ({exc})") from exc
+        where = f"{what}: {path}" if what else f"{path}:"
+        raise DataError(f"{where} cannot be read as CSV ({exc})") from exc
 
 
 def as_text(col: pd.Series) -> pd.Series:
@@ -302,7 +305,7 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
     import pandas as pd
 
     path = spec.path
-    df = _read_table(path)
+    df = read_csv(path)
     if spec.label_column == spec.sensitive_column:
         raise DataError(f"{path}: label and sensitive column are both {spec.label_column!r}")
     if spec.protected_label not in (-1, 1):

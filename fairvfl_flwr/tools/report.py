@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fairvfl_flwr.core.bootstrap import bootstrap, cell_counts, from_counts
-from fairvfl_flwr.data.partydata import read_csv
+from fairvfl_flwr.data.tables import read_csv
 from fairvfl_flwr.data.tables import DataError, norm_value
 from fairvfl_flwr.tools.baselines import EXTRAS_HINT
 
