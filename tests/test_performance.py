@@ -1,5 +1,6 @@
 """Float32 wire, cheap config import, presets, the synthetic table and shared-seed batches."""
 
+import os
 import subprocess
 import sys
 
@@ -90,3 +91,19 @@ def test_synthetic_blocks_agree_with_whole_table_and_bias_is_planted():
     assert (y[s] == 1).mean() < (y[~s] == 1).mean() - 0.15  # group a gets fewer positives
     ds = synthetic.make_dataset(n, 6, seed=2)
     assert ds.X_train.shape == (4_500, 6) and ds.X_test.shape == (500, 6)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: BLAS starts one thread anyway")
+@pytest.mark.parametrize("env, threads", [({}, 1), ({"OPENBLAS_NUM_THREADS": "2"}, 2)])
+def test_app_processes_use_one_blas_thread_unless_the_operator_chose(env, threads):
+    """Spinning BLAS threads make a party's products tens of times slower on a busy machine."""
+    code = ("import numpy\n"
+            "from threadpoolctl import threadpool_info\n"
+            "def blas(): return max(i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas')\n"
+            "before = blas()\n"
+            "import fairvfl_flwr.app.client, fairvfl_flwr.app.server\n"
+            "print(before, blas())")
+    clean = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
+    before, after = map(int, out.stdout.strip().splitlines()[-1].split())
+    assert before >= 2 and after == threads

@@ -13,6 +13,7 @@ from __future__ import annotations
 from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.algorithms import fairvfl, split
+from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, saving, scoring, secagg
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod
@@ -23,6 +24,8 @@ from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower.party import MODEL_STATE
 
 __all__ = ["MODEL_STATE", "app"]
+
+limit_blas_threads()  # before any party computes: see app/threads.py
 
 app = ClientApp(mods=[secagg.mask_mod, guard_mod, ckks.keep_context_mod, checkpoint_mod, record_mod, transcript_mod,
                      delay_mod])

@@ -29,6 +29,7 @@ from flwr.supercore import log
 
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
+from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
@@ -124,6 +125,7 @@ def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseEx
         " | ".join(notes))
 
 
+limit_blas_threads()  # the server's subspace search and ν: see app/threads.py
 app = ServerApp()
 
 
