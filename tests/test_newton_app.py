@@ -129,6 +129,8 @@ def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
 def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="auto").optimizer_in_use == "newton"
     assert RunConfig(optimizer="gd").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="auto", constraint="equalized-odds").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
     with pytest.raises(ConfigError, match=r"optimizer='adam': choose one of auto, gd, newton"):
         RunConfig.from_flower({"optimizer": "adam"})
 

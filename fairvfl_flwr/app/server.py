@@ -80,9 +80,11 @@ def optimizer_note(cfg: RunConfig) -> str:
     if cfg.optimizer == "newton":
         return "block Newton (docs/newton.md)"
     refusal = sections.newton_refusal(cfg)
-    if refusal is None:
-        return "block Newton (linear parties, full batch; docs/newton.md)"
-    return f"gradient descent: block Newton does not run with {sections.key(refusal[0])}={getattr(cfg, refusal[0])!r}"
+    if refusal is not None:
+        return f"gradient descent: block Newton does not run with {sections.key(refusal[0])}={getattr(cfg, refusal[0])!r}"
+    if cfg.optimizer_in_use == "gd":
+        return f"gradient descent: block Newton is measured with constraint='deo' only (constraint={cfg.constraint!r})"
+    return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)"
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:

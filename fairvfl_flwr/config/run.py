@@ -208,10 +208,11 @@ class RunConfig:
     @property
     def optimizer_in_use(self) -> str:
         """``gd`` or ``newton``: ``auto`` is newton unless a setting of the run rules it out
-        (the optimizer rows of sections.REFUSED: an MLP, mini-batches, staleness, ...)."""
+        (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...) or the constraint
+        set is not the measured one (``deo``: docs/newton.md, open problems)."""
         if self.optimizer != "auto":
             return self.optimizer
-        return "gd" if sections.newton_refusal(self) else "newton"
+        return "gd" if sections.newton_refusal(self) or self.constraint != "deo" else "newton"
 
     @property
     def lr(self) -> float:
