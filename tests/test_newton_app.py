@@ -181,3 +181,15 @@ def test_what_each_role_receives_under_newton(tmp_path):
     assert {f"{k}-{pid}" for k in ("dir", "a", "gram") for pid in range(3)} <= set(server[3])
     assert "test-dirs-1" in server[2] and "test-dirs-1" not in server[3]
     assert server[3]["gram-1"].shape == (3, 3)
+
+
+def test_newton_runs_with_noise_on_nu_and_records_the_passive_view(tmp_path):
+    """Allowed features: passive parties derive h and s_k from the noisy ν, the server's search
+    is on the true objective; privacy.record-view keeps the ν a passive party received."""
+    rc = {"dataset": "crime", "num-server-rounds": 3, "eval-every": 3, "num-parties": 3, "optimizer": "newton",
+          "privacy.nu-noise": 1.0, "privacy.record-view": str(tmp_path / "view"), "output-dir": str(tmp_path / "o")}
+    summary, folder = run_inprocess(rc, quiet=True)
+    history = _history(folder)
+    assert all(np.isfinite(r["loss"]) for r in history) and history[-1]["loss"] < history[0]["loss"]
+    assert sorted(p.name for p in (tmp_path / "view" / "party-1").glob("nu-r*.npy")) == [
+        f"nu-r{t:06d}.npy" for t in (1, 2, 3)]
