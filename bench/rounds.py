@@ -48,7 +48,8 @@ DEO_SLACK = 0.005
 
 def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
     """First evaluated round from which on every evaluated round meets both targets."""
-    evals = [r for r in history if r["acc"] == r["acc"] and r["round"] > 0]  # acc is NaN off eval rounds
+    # acc is NaN off eval rounds (None in a run folder's history.json)
+    evals = [r for r in history if r["acc"] is not None and r["acc"] == r["acc"] and r["round"] > 0]
     final = evals[-1]["acc"]
     hit = None
     for r in evals:
