@@ -10,12 +10,19 @@ grid (same numbers up to the float32 wire, ~2-3x slower). ``--preset fast`` runs
 same Q values with the ``fast`` preset (fairvfl_flwr/config/presets.py). A run that never meets
 the target reports ``rounds_to_target = None``.
 
-``--optimizer newton`` (floor engine) trains with block Newton directions and the server's
+``--optimizer newton`` trains with block Newton directions and the server's
 subspace line search and dual Newton step (fairvfl_flwr/core/newton.py; Q is unused);
 ``--optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2`` compares both:
 
     python bench/rounds.py --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
         --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton
+
+``--app`` runs every row (gd and newton) through the real ServerApp and ClientApp on the
+in-process grid (app/run.run_inprocess, float32 wire as by default); the table then has no
+``final_train_L`` / ``min_weight_n``:
+
+    python bench/rounds.py --app --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
+        --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton-app
 
 Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
 methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
@@ -41,7 +48,8 @@ DEO_SLACK = 0.005
 
 def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
     """First evaluated round from which on every evaluated round meets both targets."""
-    evals = [r for r in history if r["acc"] == r["acc"] and r["round"] > 0]  # acc is NaN off eval rounds
+    # acc is NaN off eval rounds (None in a run folder's history.json)
+    evals = [r for r in history if r["acc"] is not None and r["acc"] == r["acc"] and r["round"] > 0]
     final = evals[-1]["acc"]
     hit = None
     for r in evals:
@@ -92,12 +100,12 @@ def run(overrides: dict, tmp: str) -> dict:
     from fairvfl_flwr.app.run import run_inprocess
 
     t = time.perf_counter()
-    summary, folder = run_inprocess({**overrides, "output-dir": tmp})
+    summary, folder = run_inprocess({**overrides, "output-dir": tmp}, quiet=True)
     history = json.loads((Path(folder) / "history.json").read_text())
     eps = float(overrides.get("epsilon", 0.01))
     return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * summary["test_acc"],
             "final_train_deo": summary["train_deo"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
-            "seconds": time.perf_counter() - t}
+            "round_seconds": history[-1]["seconds"], "seconds": time.perf_counter() - t}
 
 
 def main(argv=None) -> dict:
@@ -110,7 +118,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="")
     ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
-    ap.add_argument("--optimizer", default="gd", help="gd, newton or both (gd,newton); newton: floor engine only")
+    ap.add_argument("--optimizer", default="gd", help="gd, newton or both (gd,newton)")
+    ap.add_argument("--app", action="store_true", help="every run through the ServerApp/ClientApp (in-process grid)")
     ap.add_argument("--datasets", default="", help="several datasets, e.g. adult,compas,crime (overrides --dataset)")
     ap.add_argument("--seeds", default="", help="run-config seeds, e.g. 0,1,2 (default: the run config's)")
     ap.add_argument("--newton-rounds", type=int, default=0, help="rounds of the newton runs (default: --rounds)")
@@ -140,6 +149,9 @@ def main(argv=None) -> dict:
                             cfg["preset"] = args.preset
                         if optimizer == "newton":
                             cfg["eval-every"] = 1
+                        if args.app:
+                            res = run({**cfg, "optimizer": optimizer}, f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
+                        elif optimizer == "newton":
                             res = run_floor(cfg, "newton", args.curvature, args.memory)
                         elif args.engine == "inprocess":
                             res = run(cfg, f"{tmp}/q{q}")
@@ -151,11 +163,11 @@ def main(argv=None) -> dict:
                         rows.append(r)
     name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
     md = (f"Rounds to target ({','.join(datasets)}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
-          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {args.engine}"
+          f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {'app (in-process grid)' if args.app else args.engine}"
           + (f", newton: curvature {args.curvature}, memory {args.memory}, {args.newton_rounds or args.rounds} rounds"
              if "newton" in args.optimizer else "") + "\n\n"
           + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
-                         "min_weight_n", "seconds"]))
+                         "min_weight_n", "round_seconds", "seconds"]))
     write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
     return {"rows": rows}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from flwr.clientapp import ClientApp
 
-from fairvfl_flwr.algorithms import fairvfl, split
+from fairvfl_flwr.algorithms import fairvfl, newton, split
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, saving, scoring, secagg
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
@@ -31,6 +31,7 @@ app = ClientApp(mods=[secagg.mask_mod, guard_mod, ckks.keep_context_mod, checkpo
                      delay_mod])
 party.register(app)
 fairvfl.register(app)
+newton.register(app)
 split.register(app)
 ckks.register(app)
 saving.register(app)

@@ -28,9 +28,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
+from fairvfl_flwr.algorithms.newton import NewtonVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
 from fairvfl_flwr.app.threads import limit_blas_threads
-from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config import RunConfig, sections
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
@@ -66,8 +67,25 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     if cfg.mode != "split":
         hooks.append(FinalTest())
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
-    algorithm = SplitVFL if cfg.mode == "split" else FairVFL
+    if cfg.mode == "split":
+        algorithm = SplitVFL
+    else:
+        algorithm = NewtonVFL if cfg.optimizer_in_use == "newton" else FairVFL
     return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
+
+
+def optimizer_note(cfg: RunConfig) -> str:
+    """How ``optimizer`` resolved for this run, and why (the run's log says it)."""
+    if cfg.optimizer == "gd":
+        return "gradient descent (the paper's steps)"
+    if cfg.optimizer == "newton":
+        return "block Newton (docs/newton.md)"
+    refusal = sections.newton_refusal(cfg)
+    if refusal is not None:
+        return f"gradient descent: block Newton does not run with {sections.key(refusal[0])}={getattr(cfg, refusal[0])!r}"
+    if cfg.optimizer_in_use == "gd":
+        return f"gradient descent: block Newton is measured with constraint='deo' only (constraint={cfg.constraint!r})"
+    return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)"
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
@@ -92,6 +110,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     recorder = RunRecorder(folder, cfg, extra={**extra, "party-columns": [len(c) for c in columns],
                                                "dataset-summary": ds.summary() if ds else None})
     log(INFO, "FairVFL%s: writing results to %s", f" ({cfg.mode})" if extra else "", folder)
+    if cfg.mode != "split":
+        log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, optimizer_note(cfg))
     server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume)
     if resume:
         recorder.rows = list(resume[0]["history"])

@@ -20,6 +20,7 @@ from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
 from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES
 
 MODES = ("fairvfl", "fairvfl-scores", "split", "score")
+OPTIMIZERS = ("auto", "gd", "newton")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class RunConfig:
     dtype: str = "float64"  # the parties' model and feature dtype
     wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
     mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline) | score
+    # gd: the paper's gradient steps; newton: block Newton with the server's subspace search
+    # (linear, full batch; docs/newton.md); auto: newton where it runs, gd otherwise (optimizer_in_use)
+    optimizer: str = "gd"
     # [batching]
     batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (core/batching.py)
     # [reliability] (features/guards.py, features/checkpoint.py, docs/reliability.md)
@@ -148,6 +152,8 @@ class RunConfig:
             raise bad("model", f"unknown model; choose one of {', '.join(MODELS)}")
         if self.mode not in MODES:
             raise bad("mode", f"choose one of {', '.join(MODES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise bad("optimizer", f"choose one of {', '.join(OPTIMIZERS)}")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
         if self.wire_dtype not in ("float32", "float64"):
@@ -198,6 +204,15 @@ class RunConfig:
         if value < 0:
             raise ConfigError(f"run config mu={self.mu!r}: must be >= 0")
         return value
+
+    @property
+    def optimizer_in_use(self) -> str:
+        """``gd`` or ``newton``: ``auto`` is newton unless a setting of the run rules it out
+        (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...) or the constraint
+        set is not the measured one (``deo``: docs/newton.md, open problems)."""
+        if self.optimizer != "auto":
+            return self.optimizer
+        return "gd" if sections.newton_refusal(self) or self.constraint != "deo" else "newton"
 
     @property
     def lr(self) -> float:

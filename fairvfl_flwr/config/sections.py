@@ -183,6 +183,45 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
 ]
 
 
+_NEWTON = "optimizer='newton' is block Newton for linear parties on full batches (docs/newton.md); use optimizer='gd'"
+
+#: What optimizer='newton' cannot run with: (setting, is it on?, why). optimizer='auto'
+#: falls back to gradient descent where one of these holds (:func:`newton_refusal`).
+NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model", lambda c: c.model != "linear",
+     "a block Newton direction is computed for a linear block (an MLP would need its Jacobian); " + _NEWTON),
+    ("batch_size", lambda c: c.batch_size > 0,
+     "the subspace search evaluates the objective on every training row, and the last moves it searches along "
+     "lose their meaning when the rows change each round; use batching.batch-size=0 or optimizer='gd'"),
+    ("max_staleness", lambda c: c.max_staleness > 0,
+     "the subspace search combines every party's direction of the same round; use staleness.max-staleness=0"),
+    ("local_time_budget", lambda c: c.local_time_budget > 0,
+     "the active party computes one Newton direction per round, not a number of gradient steps; "
+     "use staleness.local-time-budget=0"),
+    ("secure_aggregation", lambda c: c.secure_aggregation,
+     "the subspace search needs each party's change of logits X_k s_k separately, and secure aggregation "
+     "reveals only their sum; use privacy.secure-aggregation=false or optimizer='gd'"),
+    ("secure_nu", lambda c: c.secure_nu != "none",
+     "a passive party derives its curvature from plaintext ν (|ν|(1 − n|ν|) is not linear in ν, so it cannot "
+     "be computed on a CKKS ciphertext); use privacy.secure-nu='none' or optimizer='gd'"),
+    ("checkpoint_every", lambda c: c.checkpoint_every > 0,
+     "a party's checkpoint holds θ only, not the directions and last moves a Newton round continues from; "
+     "use reliability.checkpoint-every=0 or optimizer='gd'"),
+    ("resume_from", lambda c: bool(c.resume_from),
+     "Newton runs are not checkpointed (a party's pending directions are not saved); start the run afresh"),
+    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
+]
+REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
+
+
+def newton_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
+    for other, on, why in NEWTON_REFUSED:
+        if on(c):
+            return other, why
+    return None
+
+
 def check_combinations(c: Any) -> None:
     for field, on, other, other_on, why in REFUSED:
         if on(c) and other_on(c):

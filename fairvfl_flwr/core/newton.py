@@ -280,12 +280,37 @@ def newton_dual_step(
     previous: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """The server's dual step under ``optimizer = "newton"``: :func:`dual_newton_step` with the
-    last round's subspace sensitivity, or the gradient step (β) before there is one; clipped
-    to keep the weights >= 0 either way. ``previous``: (d, gaps) at the last dual step."""
+    last round's subspace sensitivity, or the gradient step (β) before there is one; both
+    clipped to keep the weights >= 0. A constraint whose d_c already sits at that bound takes
+    the unclipped gradient step instead (:func:`at_weight_bound`). ``previous``: (d, gaps)
+    at the last dual step."""
     gaps = groups.gaps(y, z)
     if jac is None:
         return clip_multipliers(dual_step(lam, gaps, epsilon, beta, c), groups)
-    return dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
+    new = dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
+    past = at_weight_bound(lam, groups)
+    if past.any():
+        step = dual_step(lam, gaps, epsilon, beta, c)
+        for k in np.flatnonzero(past):
+            new[2 * k:2 * k + 2] = step[2 * k:2 * k + 2]
+    return new
+
+
+def at_weight_bound(lam: np.ndarray, groups: Groups) -> np.ndarray:
+    """Per constraint: does d_c sit at (or past) :func:`weight_bounds`? (Loss measure; else none.)
+
+    From there the dual step is the paper's projected gradient step with β, unclipped: where
+    the constraint needs some rows' weights below 0 (Crime), λ moves past the bound by
+    β(|D_c| − ε) per round, and back once the gap is met. Small steps, because past the
+    bound f̃ is not convex in those rows' logits and the Newton step's sensitivity J, taken
+    at weights >= 0, says nothing about how far the primal then moves.
+    """
+    if groups.measure != "loss":
+        return np.zeros(len(groups.constraints), dtype=bool)
+    lo, hi = weight_bounds(groups)
+    d = np.asarray(lam, dtype=np.float64)[0::2] - np.asarray(lam, dtype=np.float64)[1::2]
+    rel = 1e-9  # clip_multipliers puts d on the bound up to rounding
+    return (d >= hi * (1 - rel)) | (d <= lo * (1 - rel))
 
 
 

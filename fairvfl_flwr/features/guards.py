@@ -39,13 +39,13 @@ class DivergenceGuard(RoundHook):
 def guard_mod(message: Message, context, call_next) -> Message:
     """Round-number check and duplicate suppression (see the module doc)."""
     mtype = message.metadata.message_type
-    if mtype != msgs.INIT and not mtype.startswith("train."):
+    if mtype not in (msgs.INIT, msgs.NEWTON_INIT) and not mtype.startswith("train."):
         return call_next(message, context)
     rc = message.content.config_records.get(msgs.ROUND)
     if rc is None or not isinstance(rc.get("round"), int):
         raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
     server_round = int(rc["round"])
-    if mtype == msgs.INIT:
+    if mtype in (msgs.INIT, msgs.NEWTON_INIT):
         reply = call_next(message, context)
         _forget(context)
         return reply

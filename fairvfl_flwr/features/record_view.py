@@ -62,14 +62,14 @@ def record_mod(message: Message, context, call_next) -> Message:
     (plain ν, or the ciphertext under encrypted ν)."""
     reply = call_next(message, context)
     mtype = message.metadata.message_type
-    if mtype not in (msgs.TRAIN_PASSIVE, msgs.TRAIN_PASSIVE_ENC) or reply.has_error():
+    if mtype not in (msgs.TRAIN_PASSIVE, msgs.TRAIN_PASSIVE_ENC, msgs.NEWTON_PASSIVE) or reply.has_error():
         return reply
     rt = PartyRuntime(context)
     if not rt.cfg.record_view:
         return reply
     server_round = round_of(message)[0]
     payload = message.content.array_records[msgs.PAYLOAD]
-    if mtype == msgs.TRAIN_PASSIVE:
+    if mtype in (msgs.TRAIN_PASSIVE, msgs.NEWTON_PASSIVE):
         record(rt.cfg.record_view, rt.data.partition_id, server_round, rt.cfg.record_every, payload["nu"].numpy(),
                rt.cfg.record_first)
     else:  # the honest-but-curious transcript: ciphertext is all there is to record

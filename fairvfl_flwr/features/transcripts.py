@@ -15,6 +15,13 @@ format is documented in docs/privacy.md ("Transcripts") and read by
   ``z`` and ``lam``; both also keep ``own-u``, the training logits of their own reply
   (which they hold anyway, and which an attack on z needs).
 
+Under ``optimizer = "newton"`` the server's file also holds each party's reply:
+``dir-<pid>`` (X_k s_k, at the wire dtype), ``a-<pid>`` (θ_k·d_j) and ``gram-<pid>``
+(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds; a party's file
+holds what it received, ``alpha`` (its step lengths of the round before) with ``nu`` or
+``z`` and ``lam``, and ``own-dir`` (its own X_k s_k). The step lengths of the last round
+(``train.newton_apply``) are added to that round's file as ``alpha-last``, with ``own-u``.
+
 Every file also holds ``round``. Rounds 0..``privacy.record-first`` are recorded, then
 every ``privacy.record-every``-th round with the rounds just before and after it.
 Nothing is sent anywhere.
@@ -102,10 +109,13 @@ class ServerTranscript(RoundHook):
             return replies
         arrays = self.pending.pop(server_round, {})
         for reply in replies:
+            pid = server.nodes[reply.metadata.src_node_id].partition_id
+            directions = reply.content.array_records.get(msgs.DIRECTIONS)
+            if directions is not None:
+                arrays.update({f"{key}-{pid}": directions[key].numpy() for key in directions})
             record = reply.content.array_records.get(msgs.LOGITS)
             if record is None:
                 continue
-            pid = server.nodes[reply.metadata.src_node_id].partition_id
             arrays[f"u-{pid}"] = record["train"].numpy()
             if "test" in record:
                 arrays[f"u-test-{pid}"] = record["test"].numpy()
@@ -117,7 +127,7 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     """ClientApp mod: a party's own transcript of what it received (and its own reply's logits)."""
     reply = call_next(message, context)
     mtype = message.metadata.message_type
-    if reply.has_error() or not (mtype == msgs.INIT or mtype.startswith("train.")):
+    if reply.has_error() or not (mtype in (msgs.INIT, msgs.NEWTON_INIT) or mtype.startswith("train.")):
         return reply
     rt = PartyRuntime(context)
     server_round = round_of(message)[0]
@@ -130,15 +140,25 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     elif mtype == msgs.TRAIN_PASSIVE_ENC:  # encrypted ν: the ciphertext is all there is
         keys = sorted(payload, key=lambda k: int(k.rsplit("-", 1)[1]))
         arrays["nu-ct"] = np.frombuffer(b"".join(payload[k].numpy().tobytes() for k in keys), dtype=np.uint8)
-    elif mtype == msgs.TRAIN_ACTIVE:
+    elif mtype in (msgs.TRAIN_ACTIVE, msgs.NEWTON_ACTIVE):
         arrays["z"] = payload["z"].numpy()
         arrays["lam"] = payload["lam"].numpy()
+    if mtype == msgs.NEWTON_PASSIVE:
+        arrays["nu"] = payload["nu"].numpy()
+    if mtype in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE):
+        arrays["alpha"] = payload["alpha"].numpy()
+    elif mtype == msgs.NEWTON_APPLY:
+        arrays["alpha-last"] = payload["alpha"].numpy()
     logits = reply.content.array_records.get(msgs.LOGITS)
     if logits is not None:
         arrays["own-u"] = logits["train"].numpy()
+    directions = reply.content.array_records.get(msgs.DIRECTIONS)
+    if directions is not None:
+        arrays["own-dir"] = directions["dir"].numpy()
     if arrays:
         path = role_dir(rt.cfg.transcript_dir, rt.data.partition_id) / f"r{server_round:06d}.npz"
-        if mtype == msgs.TRAIN_PASSIVE_UNMASK and path.exists():  # CKKS second leg: keep the first leg's ν
+        # CKKS second leg: keep the first leg's ν; the Newton apply message: keep the last round's view
+        if mtype in (msgs.TRAIN_PASSIVE_UNMASK, msgs.NEWTON_APPLY) and path.exists():
             with np.load(path) as old:
                 arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}
         write(rt.cfg.transcript_dir, rt.data.partition_id, server_round, arrays)

@@ -11,6 +11,21 @@ train.active    z, λ, round config     new u_k, steps taken, ‖θ_k‖²
 train.passive   ν, round config        new u_k, steps taken, ‖θ_k‖²
 ============== ===================== ==========================================
 
+Under ``optimizer = "newton"`` (algorithms/newton.py, docs/newton.md) a round is one message
+per party too, and a party applies last round's step lengths α_k when the next one arrives:
+
+==================== ============================ ========================================
+message type          from server                  reply
+==================== ============================ ========================================
+query.newtoninit      round config                 partial logits u_k (train, test)
+train.newton_active   z, λ, α_k, round config      X_k s_k; θ_k·d_j; d_iᵀd_j; test: X_test θ_k
+train.newton_passive  ν, α_k, round config         and X_test d_j; ‖θ_k‖², steps
+train.newton_apply    α_k, round config            partial logits u_k (train, test)
+==================== ============================ ========================================
+
+``train.newton_apply`` follows the last round only: the parties take their last step, so
+the server's final scores and the saved blocks are the same model.
+
 Saving the model adds ``query.save`` (the reply holds digests, never θ_k) and the scoring
 job (``mode = "score"``) ``query.scoreinfo`` / ``query.score`` (partial logits of a chunk of
 rows to score, with their ids; no labels or groups anywhere); docs/scoring.md.
@@ -40,6 +55,10 @@ SECAGG_KEYS = "query.sakeys"  # secure aggregation set-up: each party's X25519 p
 SECAGG_PEERS = "query.sapeers"  # secure aggregation set-up: every party's public key to all
 SPLIT_INIT = "query.splitinit"
 SPLIT_TRAIN = "train.split"
+NEWTON_INIT = "query.newtoninit"
+NEWTON_ACTIVE = "train.newton_active"
+NEWTON_PASSIVE = "train.newton_passive"
+NEWTON_APPLY = "train.newton_apply"  # after the last round: apply the last step lengths, reply the logits
 SAVE = "query.save"  # after the last round: each party saves its block on its own disk, replies its digest
 SCORE_INFO = "query.scoreinfo"  # scoring job: which block and how many rows to score (digests only)
 SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with their ids
@@ -47,6 +66,7 @@ SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with th
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits
 LOGITS = "logits"  # ArrayRecord a party replies with
+DIRECTIONS = "directions"  # ArrayRecord of a Newton reply: dir (X_k s_k), a, gram[, test, test-dirs]
 STATS = "stats"  # MetricRecord a party replies with
 
 ROLE_ACTIVE = "active"
@@ -69,6 +89,18 @@ def active_content(z: np.ndarray, lam: np.ndarray, server_round: int, evaluate: 
 
 def passive_content(nu: np.ndarray, server_round: int, evaluate: bool, dtype) -> RecordDict:
     return RecordDict({PAYLOAD: array_record(nu=nu.astype(dtype)), ROUND: round_config(server_round, evaluate)})
+
+
+def newton_content(server_round: int, evaluate: bool, alpha: np.ndarray, dtype, **arrays: np.ndarray) -> RecordDict:
+    """A Newton round's message: α_k (float64: a handful of step lengths) and z, λ or ν."""
+    payload = {k: (v.astype(np.float64) if k == "lam" else v.astype(dtype)) for k, v in arrays.items()}
+    return RecordDict({PAYLOAD: array_record(alpha=np.asarray(alpha, dtype=np.float64), **payload),
+                       ROUND: round_config(server_round, evaluate)})
+
+
+def directions_reply(arrays: dict[str, np.ndarray], sq_norm: float, steps: int) -> RecordDict:
+    return RecordDict({DIRECTIONS: array_record(**arrays),
+                       STATS: MetricRecord({"sq-norm": float(sq_norm), "steps": int(steps)})})
 
 
 def init_content(evaluate: bool) -> RecordDict:

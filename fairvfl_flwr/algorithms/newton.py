@@ -1,0 +1,320 @@
+"""Block Newton with the server's subspace search (``optimizer = "newton"``), server and parties.
+
+The math is ``core/newton.py``; docs/newton.md describes the method and this protocol.
+One message per party and round, as for gradient descent:
+
+* Server, ``configure_train`` (round t): the dual Newton step on λ and ν at the new λ
+  (``newton_server_step``); to each party its step lengths α_k of round t − 1, with z and
+  λ (active) or ν (passive).
+* Party: it applies α_k to the directions it sent last round (θ_k += D_k α_k, which
+  becomes its newest "move"), then computes its block Newton direction s_k (passive: the
+  curvature from ν alone, ``party_curvature(ν, n, "nu")``; active: the exact curvature from
+  y, z and λ, with its intercept). It replies X_k s_k, a = θ_kᵀD_k and D_kᵀD_k for
+  D_k = [s_k, its last moves], and on evaluation rounds X_test θ_k and X_test D_k.
+* Server, ``aggregate_train``: the change of logits of every direction (the parties'
+  X_k s_k and its own record of their last moves' changes), the step lengths α that
+  minimise the objective on their span (``subspace_step``), the gaps' sensitivity to λ
+  there for the next dual step, and every party's partial logits u_k += X_k D_k α_k.
+
+After the last round the parties get ``train.newton_apply`` with their last α_k and reply
+their partial logits, so the final scores, the history's last row and the blocks each
+party saves (``query.save``) are the same model. Full batch and linear parties only: the
+config refuses the rest (``config/sections.NEWTON_REFUSED``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fairvfl_flwr.core.newton import (
+    block_direction,
+    curvature,
+    newton_server_step,
+    party_curvature,
+    subspace_gap_jacobian,
+    subspace_step,
+    with_bias,
+)
+from fairvfl_flwr.core.objective import masked_weights
+from fairvfl_flwr.flower import checks
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.server import VFLServer
+
+#: Earlier moves of each party searched along with its new direction (docs/newton.md:
+#: without them the primal converges only linearly on correlated blocks).
+MEMORY = 2
+#: What a passive party uses for its curvature: derived from ν, nothing else received.
+PASSIVE_CURVATURE = "nu"
+NEWTON_STATE = "newton.state"  # a party's directions awaiting their α, and its last moves
+
+
+class NewtonVFL(VFLServer):
+    """The server of a FairVFL run trained by block Newton steps (linear parties, full batch)."""
+
+    init_type = msgs.NEWTON_INIT
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.jac: np.ndarray | None = None  # dD/dd in the last round's subspace (None before round 1's)
+        self.previous: tuple[np.ndarray, np.ndarray] | None = None  # (d, gaps) at the last dual step
+        self.alpha: dict[int, np.ndarray] = {}  # each party's step lengths, sent with its next message
+        self.du_moves: dict[int, list[np.ndarray]] = {}  # each party's last moves' change of logits, newest first
+        self.grid: Grid | None = None
+
+    def summary(self) -> None:
+        c = self.cfg
+        log(
+            INFO,
+            "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), optimizer=newton "
+            "(block Newton, server subspace search, memory %d; optimizer=%r), beta=%s (round 1), c=%s, mu=%s, "
+            "%d rounds, full batch",
+            c.dataset, c.model, c.num_parties, c.num_active, c.epsilon, "on" if c.fairness else "off",
+            c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}",
+            MEMORY, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
+        )
+
+    def z(self, split: str) -> np.ndarray:
+        parts = self.u_train if split == "train" else self.u_test
+        return np.sum([parts[nid] for nid in self.nodes], axis=0)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The dual step on λ, then z, λ and α_k to active parties and ν and α_k to passive ones."""
+        self.grid = grid  # the last round's apply message goes out from aggregate_train
+        c = self.cfg
+        y, z = self.labels.y_train, self.z("train")
+        self.lam, nu, self.previous = newton_server_step(self.lam, y, z, self.groups, self.jac, self.previous,
+                                                         epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
+        nu = self.hooks.nu(self, server_round, nu)
+        evaluate = self.evaluates(server_round)
+        out = []
+        for node in self.nodes.values():
+            alpha = self.alpha.get(node.node_id, np.zeros(0))
+            if node.role == msgs.ROLE_ACTIVE:
+                content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, z=z, lam=self.lam)
+                kind = msgs.NEWTON_ACTIVE
+            else:
+                content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, nu=nu)
+                kind = msgs.NEWTON_PASSIVE
+            out.append(Message(content, dst_node_id=node.node_id, message_type=kind, group_id=str(server_round)))
+        return out
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The subspace search over every party's directions; the last round also applies it."""
+        if server_round == 0:  # the first partial logits, as under gradient descent
+            return super().aggregate_train(server_round, replies)
+        self.held_rows = None
+        got = {}
+        for reply in replies:
+            nid = reply.metadata.src_node_id
+            got[nid] = self.check_directions(reply, 1 + len(self.du_moves.get(nid, [])))
+        nodes = [n.node_id for n in self.ordered_nodes()]
+        du, a, owner = [], [], []
+        for nid in nodes:
+            du += [got[nid]["dir"], *self.du_moves.get(nid, [])]
+            a.append(got[nid]["a"])
+            owner += [nid] * len(got[nid]["a"])
+        du, a, owner = np.column_stack(du), np.concatenate(a), np.array(owner)
+        gram = np.zeros((len(a), len(a)))
+        for nid in nodes:
+            sel = np.flatnonzero(owner == nid)
+            gram[np.ix_(sel, sel)] = got[nid]["gram"]
+        y, z, c = self.labels.y_train, self.z("train"), self.cfg
+        alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu)
+        self.jac = subspace_gap_jacobian(y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu)
+        for nid in nodes:
+            sel = np.flatnonzero(owner == nid)
+            al = alpha[sel]
+            move = du[:, sel] @ al
+            self.u_train[nid] = self.u_train[nid] + move
+            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:MEMORY]
+            self.sq_norms[nid] = max(got[nid]["sq-norm"] + 2.0 * float(got[nid]["a"] @ al)
+                                     + float(al @ got[nid]["gram"] @ al), 0.0)
+            self.steps[nid] = 1
+            self.alpha[nid] = al
+            if "test" in got[nid]:
+                self.u_test[nid] = got[nid]["test"] + got[nid]["test-dirs"] @ al
+        if server_round == c.num_server_rounds:
+            self.apply_last(server_round)
+        row = self.record(server_round)
+        return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def apply_last(self, server_round: int) -> None:
+        """The parties take the last round's step; their replies become the server's final logits."""
+        messages = [
+            Message(msgs.newton_content(server_round, True, self.alpha.get(nid, np.zeros(0)), self.wire_dtype),
+                    dst_node_id=nid, message_type=msgs.NEWTON_APPLY, group_id=f"{server_round}-apply")
+            for nid in self.nodes
+        ]
+        for reply in self.exchange(self.grid, messages, self.cfg.round_timeout):
+            self.fold(reply)
+        self.alpha = {}
+
+    def check_directions(self, reply: Message, width: int) -> dict:
+        """One party's Newton reply, checked: ``width`` directions, one value per row each."""
+        nid = reply.metadata.src_node_id
+        who = self.who(nid)
+        record = reply.content.array_records.get(msgs.DIRECTIONS)
+        stats = reply.content.metric_records.get(msgs.STATS)
+        try:
+            if record is None or stats is None:
+                raise checks.ReplyError(f"{who}: a Newton reply needs '{msgs.DIRECTIONS}' arrays and "
+                                        f"'{msgs.STATS}' metrics (got {sorted(reply.content.keys())})")
+            n, n_test = len(self.labels.y_train), len(self.labels.y_test)
+            for key in ("dir", "a", "gram"):
+                if key not in record:
+                    raise checks.ReplyError(f"{who}: Newton reply has no '{key}' (got {sorted(record)})")
+            out = {
+                "dir": checks.check_vector(record["dir"].numpy(), "X_k s_k", n, who).astype(np.float64),
+                "a": checks.check_vector(record["a"].numpy(), "θ_k·d_j", width, who).astype(np.float64),
+                "gram": checks.check_vector(record["gram"].numpy().reshape(-1), "the directions' Gram matrix",
+                                            width * width, who).astype(np.float64).reshape(width, width),
+            }
+            if "test" in record:
+                out["test"] = checks.check_vector(record["test"].numpy(), "test logits", n_test, who).astype(np.float64)
+                out["test-dirs"] = checks.check_vector(record["test-dirs"].numpy().reshape(-1), "test directions",
+                                                       n_test * width, who).astype(np.float64).reshape(n_test, width)
+            sq = stats.get("sq-norm")
+            if not isinstance(sq, (int, float)) or not np.isfinite(sq) or sq < 0:
+                raise checks.ReplyError(f"{who}: sq-norm={sq!r} is not a finite number >= 0")
+            out["sq-norm"] = float(sq)
+        except checks.ReplyError as exc:
+            raise FederationError(f"rejected a reply: {exc}") from None
+        return out
+
+
+# -- parties --------------------------------------------------------------------------
+def _params(block) -> np.ndarray:
+    """θ_k as one vector (an active party's intercept last, as ``core/newton.with_bias`` puts its column)."""
+    theta = np.asarray(block.weight, dtype=np.float64)
+    return np.append(theta, float(block.bias)) if block.bias is not None else theta.copy()
+
+
+def _set_params(block, theta: np.ndarray) -> None:
+    if block.bias is not None:
+        block.weight = theta[:-1].astype(block.weight.dtype)
+        block.bias = np.asarray(theta[-1], dtype=block.weight.dtype)
+    else:
+        block.weight = theta.astype(block.weight.dtype)
+
+
+def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
+    """(directions awaiting their α, or None; last moves, newest first)."""
+    record = rt.context.state.array_records.get(NEWTON_STATE)
+    if record is None:
+        return None, []
+    pending = record["pending"].numpy() if "pending" in record else None
+    moves = [record[f"move-{i}"].numpy() for i in range(MEMORY) if f"move-{i}" in record]
+    return pending, moves
+
+
+def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarray]) -> None:
+    arrays = {f"move-{i}": Array(np.ascontiguousarray(m)) for i, m in enumerate(moves)}
+    if pending is not None:
+        arrays["pending"] = Array(np.ascontiguousarray(pending))
+    rt.context.state.array_records[NEWTON_STATE] = ArrayRecord(arrays)
+
+
+def _take_step(rt: PartyRuntime, message: Message, pending: np.ndarray | None, alpha: np.ndarray,
+               theta: np.ndarray, moves: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """θ_k += D_k α_k for last round's directions; the move joins the memory."""
+    if pending is None:
+        if len(alpha):
+            raise checks.ReplyError(f"{rt.who}: got {len(alpha)} step lengths in round {round_of(message)[0]} but "
+                                    "holds no directions (was this node's state lost? restart the run)")
+        return theta, moves
+    move = pending @ alpha
+    return theta + move, [move, *moves][:MEMORY]
+
+
+def _alpha(rt: PartyRuntime, message: Message, pending: np.ndarray | None, **sizes: int) -> dict[str, np.ndarray]:
+    spec = {"alpha": (0 if pending is None else pending.shape[1], False)}
+    spec.update({k: (size, k == "lam") for k, size in sizes.items()})
+    return {k: v.astype(np.float64) for k, v in checks.check_payload(message.content, rt.who, spec).items()}
+
+
+def init(message: Message, context: Context) -> Message:
+    """Start (or restart) this party's model and memory; reply its first partial logits."""
+    rt = PartyRuntime(context)
+    rt.reset()
+    context.state.array_records.pop(NEWTON_STATE, None)
+    party = rt.party()
+    rt.save(party)
+    return rt.reply(message, party, steps=0)
+
+
+def _direction(message: Message, context: Context, role: str) -> Message:
+    rt = PartyRuntime(context)
+    if rt.data.role != role:
+        raise checks.ReplyError(f"{rt.who}: got {message.metadata.message_type}, but this party is {rt.data.role}")
+    data, n = rt.data, rt.n_train
+    pending, moves = _memory(rt)
+    if role == msgs.ROLE_ACTIVE:
+        got = _alpha(rt, message, pending, z=n, lam=data.groups.num_multipliers)
+    else:
+        got = _alpha(rt, message, pending, nu=n)
+    party = rt.party()
+    theta, moves = _take_step(rt, message, pending, got["alpha"], _params(party.block), moves)
+    x = np.asarray(data.X_train, dtype=np.float64)
+    x_test = np.asarray(data.X_test, dtype=np.float64)
+    if role == msgs.ROLE_ACTIVE:
+        x, x_test = with_bias(x), with_bias(x_test)
+        nu = masked_weights(data.y, got["z"], got["lam"], data.groups)
+        h = curvature(data.y, got["z"], got["lam"], data.groups)
+    else:
+        nu = got["nu"]
+        h = party_curvature(nu, n, PASSIVE_CURVATURE)
+    s = block_direction(x, nu, h, theta, party.mu)
+    D = np.column_stack([s, *moves])
+    dtype = rt.cfg.wire_dtype
+    arrays = {"dir": (x @ s).astype(dtype), "a": theta @ D, "gram": D.T @ D}
+    if round_of(message)[1]:
+        arrays.update({"test": (x_test @ theta).astype(dtype), "test-dirs": (x_test @ D).astype(dtype)})
+    _set_params(party.block, theta)
+    rt.save(party)
+    _remember(rt, D, moves)
+    return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)
+
+
+def train_active(message: Message, context: Context) -> Message:
+    """Last round's step, then the active party's block Newton direction (exact curvature)."""
+    return _direction(message, context, msgs.ROLE_ACTIVE)
+
+
+def train_passive(message: Message, context: Context) -> Message:
+    """Last round's step, then a passive party's block Newton direction (curvature from ν)."""
+    return _direction(message, context, msgs.ROLE_PASSIVE)
+
+
+def apply(message: Message, context: Context) -> Message:
+    """After the last round: take its step and reply the final partial logits."""
+    rt = PartyRuntime(context)
+    pending, moves = _memory(rt)
+    got = _alpha(rt, message, pending)
+    party = rt.party()
+    theta, moves = _take_step(rt, message, pending, got["alpha"], _params(party.block), moves)
+    _set_params(party.block, theta)
+    rt.save(party)
+    _remember(rt, None, moves)
+    return rt.reply(message, party, steps=0)
+
+
+def register(app: ClientApp) -> None:
+    """The Newton handlers on ``app``. Not step types of the guard (flower.party.mark_step_type):
+    a re-sent message is answered with the kept reply, never by applying α twice."""
+    app.query("newtoninit")(init)
+    app.train("newton_active")(train_active)
+    app.train("newton_passive")(train_passive)
+    app.train("newton_apply")(apply)

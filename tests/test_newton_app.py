@@ -1,0 +1,195 @@
+"""``optimizer = "newton"`` through the real ServerApp and ClientApp (algorithms/newton.py):
+the same numbers as the one-process reference, centralised Newton with one party, gradient
+descent unchanged, no torch, the refusals, the saved blocks and what each role receives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.sections import NEWTON_REFUSED, key
+from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.core.newton import CentralisedNewton
+from fairvfl_flwr.data import partydata
+from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.features import transcripts
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.common import NewtonFloor  # noqa: E402
+
+EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 4}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+
+
+def _history(folder: Path) -> list[dict]:
+    return json.loads((folder / "history.json").read_text())
+
+
+def _blocks(folder: Path, parties: int) -> list[dict]:
+    out = []
+    for k in range(parties):
+        with np.load(folder / "parties" / f"partition-{k}" / "block.npz") as f:
+            out.append({name: f[name] for name in f.files})
+    return out
+
+
+def _problem(rc: dict):
+    cfg = RunConfig.from_flower(rc)
+    ds = load_data(cfg)
+    blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
+    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    return cfg, ds, blocks, groups
+
+
+def test_the_app_equals_the_one_process_reference_round_for_round(tmp_path):
+    """K = 6 parties on Crime: λ every round, the train DEO and the saved θ_k as NewtonFloor's."""
+    rc = {**EXACT, "num-parties": 6, "num-server-rounds": 8}
+    _, folder = run_inprocess({**rc, "output-dir": str(tmp_path)}, quiet=True)
+    history, saved = _history(folder), _blocks(folder, 6)
+    cfg, ds, blocks, groups = _problem(rc)
+    n = len(ds.y_train)
+    floor = NewtonFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+                        mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active)
+    for t in range(1, cfg.num_server_rounds + 1):
+        floor.round()
+        np.testing.assert_allclose(history[t]["lambdas"], floor.lam, rtol=0, atol=1e-10)
+        assert history[t]["deo"] == pytest.approx(abs(groups.gaps(ds.y_train, floor.z())[0]), abs=1e-10)
+    assert max(abs(history[t]["lambda1"]) for t in range(1, 9)) > 0  # the constraint was active
+    for k in range(6):
+        np.testing.assert_allclose(saved[k]["weight"], floor.theta[k], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(saved[0]["bias"], floor.bias[0], rtol=0, atol=1e-10)
+
+
+def test_one_active_party_is_centralised_newton(tmp_path):
+    rc = {**EXACT, "num-parties": 1, "num-server-rounds": 6}
+    _, folder = run_inprocess({**rc, "output-dir": str(tmp_path)}, quiet=True)
+    history, (saved,) = _history(folder), _blocks(folder, 1)
+    cfg, ds, (x,), groups = _problem(rc)
+    ref = CentralisedNewton(x, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+                            mu=cfg.mu_value(len(ds.y_train)))
+    for t in range(1, cfg.num_server_rounds + 1):
+        ref.round()
+        np.testing.assert_allclose(history[t]["lambdas"], ref.lam, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np.append(saved["weight"], saved["bias"]), ref.theta, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("extra", [{}, {"optimizer": "gd"}])
+def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
+    """A short gd run's history as recorded before the optimizer key existed (tests/golden)."""
+    golden = json.loads((ROOT / "tests" / "golden" / "gd-crime-12.json").read_text())
+    _, folder = run_inprocess({**golden["run-config"], **extra, "output-dir": str(tmp_path)}, quiet=True)
+    history = _history(folder)
+    for row in history:
+        row.pop("seconds", None)
+    assert history == golden["history"]
+
+
+@pytest.mark.slow  # a fresh interpreter: flwr's import alone takes seconds
+def test_the_linear_newton_path_never_imports_torch(tmp_path):
+    code = ("import sys; from fairvfl_flwr.app.run import run_inprocess; "
+            f"run_inprocess({{**{EXACT!r}, 'num-parties': 3, 'num-server-rounds': 2, 'output-dir': {str(tmp_path)!r}}}, "
+            "quiet=True); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**__import__("os").environ, partydata.CACHE_ENV: str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+ON = {"model": "mlp", "batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": True,
+      "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split"}
+
+
+@pytest.mark.parametrize("field", [row[0] for row in NEWTON_REFUSED])
+def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
+    on = next(row[1] for row in NEWTON_REFUSED if row[0] == field)
+    assert on(RunConfig(**{field: ON[field]}))
+    if field == "secure_nu":
+        pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
+    with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {key(field)}=.*: \S"):
+        RunConfig(optimizer="newton", **{field: ON[field]}).validate()
+    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == "gd"
+
+
+def test_auto_is_newton_for_linear_full_batch_runs():
+    assert RunConfig(optimizer="auto").optimizer_in_use == "newton"
+    assert RunConfig(optimizer="gd").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="auto", constraint="equalized-odds").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
+    with pytest.raises(ConfigError, match=r"optimizer='adam': choose one of auto, gd, newton"):
+        RunConfig.from_flower({"optimizer": "adam"})
+
+
+def test_newton_trained_blocks_score_as_the_run_measured(tmp_path):
+    """The last round's step reaches the parties before they save: scoring the saved blocks
+    gives the training run's final test metrics exactly (float32 wire, as by default)."""
+    base = {"dataset": "crime", "num-server-rounds": 6, "eval-every": 3, "num-parties": 4, "optimizer": "newton"}
+    summary, folder = run_inprocess({**base, "output-dir": str(tmp_path / "train")}, quiet=True)
+    rc = {**base, "mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "score")}
+    cfg = RunConfig.from_flower(rc)
+    _, out = run_server(InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties), cfg.to_flower())
+    import pandas as pd
+
+    from fairvfl_flwr.core.metrics import fairness_metrics
+
+    ds = load_data(cfg)
+    p = pd.read_csv(out / "predictions.csv")
+    got = fairness_metrics(ds.y_test, ds.s_test, np.where(p["decision"] == 1, 1.0, -1.0))
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+
+
+def test_what_each_role_receives_under_newton(tmp_path):
+    """Passive parties: ν and their own step lengths α_k, nothing else; the server: X_k s_k,
+    a and the Gram matrix per party; the transcripts record exactly that."""
+    rounds = 4
+    rc = {"dataset": "crime", "num-server-rounds": rounds, "eval-every": 2, "num-parties": 3, "optimizer": "newton",
+          "privacy.transcript-dir": str(tmp_path / "t"), "output-dir": str(tmp_path / "out")}
+    cfg = RunConfig.from_flower(rc)
+    seen = []
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append)
+    run_server(grid, cfg.to_flower())
+    passive = [m for m in seen if m.metadata.message_type == msgs.NEWTON_PASSIVE]
+    assert len(passive) == 2 * rounds  # one message per party and round
+    for m in passive:
+        assert set(m.content.array_records) == {msgs.PAYLOAD} and set(m.content.config_records) == {msgs.ROUND}
+        assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu", "alpha"}
+    applied = [m for m in seen if m.metadata.message_type == msgs.NEWTON_APPLY]
+    assert len(applied) == 3 and all(set(m.content.array_records[msgs.PAYLOAD]) == {"alpha"} for m in applied)
+    for pid in (1, 2):
+        views = transcripts.load(tmp_path / "t", pid)
+        assert [len(v.get("alpha", [])) for v in views[1:]] == [0, 1, 2, 3]  # its direction and two moves
+        assert all("z" not in v and "lam" not in v for v in views)
+        assert "alpha-last" in views[-1] and "own-u" in views[-1]
+    active = transcripts.load(tmp_path / "t", 0)
+    assert {"z", "lam", "alpha", "own-dir"} <= set(active[2])
+    server = transcripts.load(tmp_path / "t", transcripts.SERVER)
+    assert {f"{k}-{pid}" for k in ("dir", "a", "gram") for pid in range(3)} <= set(server[3])
+    assert "test-dirs-1" in server[2] and "test-dirs-1" not in server[3]
+    assert server[3]["gram-1"].shape == (3, 3)
+
+
+def test_newton_runs_with_noise_on_nu_and_records_the_passive_view(tmp_path):
+    """Allowed features: passive parties derive h and s_k from the noisy ν, the server's search
+    is on the true objective; privacy.record-view keeps the ν a passive party received."""
+    rc = {"dataset": "crime", "num-server-rounds": 3, "eval-every": 3, "num-parties": 3, "optimizer": "newton",
+          "privacy.nu-noise": 1.0, "privacy.record-view": str(tmp_path / "view"), "output-dir": str(tmp_path / "o")}
+    summary, folder = run_inprocess(rc, quiet=True)
+    history = _history(folder)
+    assert all(np.isfinite(r["loss"]) for r in history) and history[-1]["loss"] < history[0]["loss"]
+    assert sorted(p.name for p in (tmp_path / "view" / "party-1").glob("nu-r*.npy")) == [
+        f"nu-r{t:06d}.npy" for t in (1, 2, 3)]
