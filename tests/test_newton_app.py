@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import NewtonFloor  # noqa: E402
 
-EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 4}
+EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 4,
+         "newton-tolerance": 0.0}  # the reference runs every round
 
 
 @pytest.fixture(autouse=True)
@@ -193,3 +194,26 @@ def test_newton_runs_with_noise_on_nu_and_records_the_passive_view(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in history) and history[-1]["loss"] < history[0]["loss"]
     assert sorted(p.name for p in (tmp_path / "view" / "party-1").glob("nu-r*.npy")) == [
         f"nu-r{t:06d}.npy" for t in (1, 2, 3)]
+
+
+def test_a_converged_newton_run_ends_early_with_the_same_model(tmp_path):
+    """newton-tolerance ends training once the objective stops moving with the gaps at ε; the
+    model is the one the same run capped at that round gives (nothing skipped, nothing extra)."""
+    base = {"dataset": "compas", "optimizer": "newton", "epsilon": 0.01, "num-server-rounds": 40, "eval-every": 40}
+    stopped, folder = run_inprocess({**base, "output-dir": str(tmp_path / "a")})
+    assert 2 <= stopped["rounds"] < 40
+    history = _history(folder)
+    assert history[-1]["round"] == stopped["rounds"] and history[-1].get("acc") is not None  # evaluated there
+    assert stopped["train_deo"] <= 0.01 + 1e-3
+    capped, _ = run_inprocess({**base, "num-server-rounds": stopped["rounds"], "newton-tolerance": 0.0,
+                               "output-dir": str(tmp_path / "b")})
+    for k in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
+        assert stopped[k] == capped[k], k
+
+
+def test_newton_tolerance_zero_runs_every_round_and_negative_is_refused(tmp_path):
+    summary, _ = run_inprocess({"dataset": "compas", "optimizer": "newton", "num-server-rounds": 12,
+                                "eval-every": 12, "newton-tolerance": 0.0, "output-dir": str(tmp_path)})
+    assert summary["rounds"] == 12
+    with pytest.raises(ConfigError, match="newton-tolerance"):
+        RunConfig.from_flower({"newton-tolerance": -1.0})

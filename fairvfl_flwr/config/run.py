@@ -54,6 +54,9 @@ class RunConfig:
     # gd: the paper's gradient steps; newton: block Newton with the server's subspace search
     # (linear, full batch; docs/newton.md); auto: newton where it runs, gd otherwise (optimizer_in_use)
     optimizer: str = "gd"
+    # newton: training ends once a round decreases F by less than this (relative) twice in a
+    # row with the gaps at ε (so num-server-rounds is a cap); 0: run every round
+    newton_tolerance: float = 1e-6
     # [batching]
     batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (core/batching.py)
     # [reliability] (features/guards.py, features/checkpoint.py, docs/reliability.md)
@@ -154,6 +157,8 @@ class RunConfig:
             raise bad("mode", f"choose one of {', '.join(MODES)}")
         if self.optimizer not in OPTIMIZERS:
             raise bad("optimizer", f"choose one of {', '.join(OPTIMIZERS)}")
+        if not self.newton_tolerance >= 0:
+            raise bad("newton_tolerance", "must be >= 0 (0 runs every round)")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
         if self.wire_dtype not in ("float32", "float64"):

@@ -25,7 +25,7 @@ class KeepScores(RoundHook):
         self.z_test: np.ndarray | None = None
 
     def record(self, server, server_round: int, row: dict) -> None:
-        if server_round == server.cfg.num_server_rounds:
+        if server_round == server.last_round:
             self.z_train = server.z("train")
             if server.u_test:
                 self.z_test = server.z("test")

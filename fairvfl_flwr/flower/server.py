@@ -64,6 +64,8 @@ class SyncRounds:
             _, metrics = server.aggregate_train(t, replies)
             server.hooks.end(server, t)
             result.train_metrics_clientapp[t] = metrics
+            if t >= server.last_round:  # an algorithm that converged ended training early
+                break
         return result
 
 
@@ -117,6 +119,9 @@ class VFLServer(Strategy):
         self.steps: dict[int, int] = {}
         self.stats: TrainStats | None = None
         self.history: list[dict] = []
+        # The round training ends with: num-server-rounds, unless an algorithm finds itself
+        # converged sooner and says so by lowering it (it then evaluates that round).
+        self.last_round = config.num_server_rounds
         self.setup_seconds = 0.0
         self._t0 = time.perf_counter()
 
@@ -169,6 +174,7 @@ class VFLServer(Strategy):
     ) -> Result:
         """Discover the parties, initialise (or let a hook restore), then run the rounds."""
         num_rounds = num_rounds or self.cfg.num_server_rounds
+        self.last_round = num_rounds
         timeout = timeout or self.cfg.round_timeout
         self.summary()
         setup_started = time.perf_counter()
@@ -342,7 +348,7 @@ class VFLServer(Strategy):
         return sorted(self.nodes.values(), key=lambda n: n.partition_id)
 
     def evaluates(self, server_round: int) -> bool:
-        return server_round % self.cfg.eval_every == 0 or server_round == self.cfg.num_server_rounds
+        return server_round % self.cfg.eval_every == 0 or server_round == self.last_round
 
     def batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, Groups]:
         """Labels, scores and constraint groups on the batch ``rows``."""
