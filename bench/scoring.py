@@ -47,6 +47,7 @@ K = 6
 SYNTHETIC_TRAIN_ROWS = 20_000
 SYNTHETIC_FEATURES = 32
 FILES = "score{partition}.csv"
+RAY_TRIES = 3
 
 
 def base_config(table: str, work: Path) -> dict:
@@ -200,7 +201,7 @@ class TreeMemory:
 
 def flwr_job(work: Path, table: str, model: str, chunk: int) -> dict:
     """The scoring job through `flwr run` on a private simulation SuperLink, cold then warm."""
-    from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
+    from fairvfl_flwr.tools.flwr_engine import FlwrRunError, SimulationSuperLink
 
     os.environ["FAIRVFL_CACHE_DIR"] = str(work / "cache-flwr")  # the SuperLink's processes inherit it
     out: dict = {}
@@ -209,10 +210,19 @@ def flwr_job(work: Path, table: str, model: str, chunk: int) -> dict:
         out["idle"] = {"rss_mib": idle_rss, "pss_mib": idle_pss, "processes": idle_n}
         for run in ("cold", "warm"):
             dest = work / f"flwr-score-{run}"
-            with TreeMemory(link.proc.pid) as mem:
-                t0 = time.perf_counter()
-                link.run(score_config(table, work, model, chunk, dest), num_supernodes=K, timeout=1800)
-                wall = time.perf_counter() - t0
+            for attempt in range(RAY_TRIES):
+                with TreeMemory(link.proc.pid) as mem:
+                    t0 = time.perf_counter()
+                    try:
+                        link.run(score_config(table, work, model, chunk, dest), num_supernodes=K, timeout=1800)
+                    except FlwrRunError as exc:
+                        # Ray gives its raylet a fixed 30 s to start, which a loaded machine can miss
+                        if "timed out during startup" not in str(exc) or attempt == RAY_TRIES - 1:
+                            raise
+                        out.setdefault("ray_start_retries", []).append(run)
+                        continue
+                    wall = time.perf_counter() - t0
+                break
             (folder,) = [p for p in dest.iterdir() if p.is_dir()]
             summary = json.loads((folder / "score.json").read_text())
             out[run] = {"seconds": wall, "job_seconds": summary["seconds"], "rows": summary["rows"],
