@@ -101,7 +101,7 @@ def prepare(work: Path, table: str, rows: int, train_rounds: int) -> dict:
             part = pd.DataFrame(synthetic.columns(rows, [int(c[1:]) for c in raw_cols], seed=1), columns=raw_cols)
             part.insert(0, "row_id", np.arange(rows))
         path = work / FILES.format(partition=k)
-        part.iloc[np.random.default_rng(k + 1).permutation(rows)].to_csv(path, index=False)
+        part.iloc[np.random.default_rng(k + 1).permutation(rows)].to_csv(path, index=False, float_format="%.7g")
         files.append({"path": str(path), "columns": len(raw_cols), "mib": path.stat().st_size / 2**20})
     return {"model": str(folder), "files": files}
 
@@ -267,7 +267,7 @@ def _child(*args: str) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--table", choices=["synthetic", "adult"], default="synthetic")
-    ap.add_argument("--engines", default="inprocess,flwr", help="comma-separated: inprocess, flwr")
+    ap.add_argument("--engines", default="inprocess,flwr", help="comma-separated, run in this order: inprocess, flwr")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--chunk-rows", type=int, default=100_000)
     ap.add_argument("--train-rounds", type=int, default=20)
@@ -295,8 +295,13 @@ def main(argv=None) -> dict:
         prep_s = time.perf_counter() - t0
         paths = [f["path"] for f in prep["files"]]
         common = ["--work", str(work), "--table", a.table, "--model", prep["model"], "--chunk-rows", str(a.chunk_rows)]
-        job = _child("--child", "score", *common) if "inprocess" in engines else {}
-        sim = _child("--child", "flwr", *common) if "flwr" in engines else {}
+        job: dict = {}
+        sim: dict = {}
+        for engine in engines:  # in the order given
+            if engine == "inprocess":
+                job = _child("--child", "score", *common)
+            elif engine == "flwr":
+                sim = _child("--child", "flwr", *common)
         big = max(range(K), key=lambda k: prep["files"][k]["columns"])
         party = _child("--child", "party", "--model", prep["model"], "--files", paths[big], "--k", str(big),
                        "--chunk-rows", str(a.chunk_rows))
