@@ -96,6 +96,7 @@ def test_misaligned_party_file_is_refused_before_round_1(federation, exported, t
     assert not (run / "history.json").exists()  # no round was recorded
 
 
+@pytest.mark.deploy_long
 def test_tls_and_node_authentication(tmp_path, exported, simulated):
     _, manifest = exported
     security = make_security(tmp_path / "secrets", parties=len(manifest["node_configs"]))
@@ -107,6 +108,7 @@ def test_tls_and_node_authentication(tmp_path, exported, simulated):
         assert summary[key] == simulated[key], key
 
 
+@pytest.mark.deploy_long
 def test_unregistered_supernode_is_rejected(tmp_path, exported):
     """With authentication on, a SuperNode whose key was not registered never joins."""
     _, manifest = exported
