@@ -190,7 +190,7 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_di
             assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
             assert list(m.content.array_records[msgs.PAYLOAD]["nu"].shape) == [rows]
         for record in m.content.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
                                    else {"round", "evaluate"})
 
 

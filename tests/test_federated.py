@@ -87,7 +87,7 @@ def test_passive_parties_receive_only_nu(out_dir):
         else:
             assert not c.array_records
         for record in c.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
                                    else {"round", "evaluate"})
     # The active party gets z and λ instead; that is what the passive ones must not see.
     train_active = [m for m in active if m.metadata.message_type == msgs.TRAIN_ACTIVE]

@@ -89,7 +89,7 @@ def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
     for m in passive:
         assert not m.content.metric_records
         for record in m.content.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
                                    else {"round", "evaluate"})
         for name, record in m.content.array_records.items():
             for key, array in record.items():

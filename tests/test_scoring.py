@@ -4,7 +4,6 @@ does not fit (naming the party), and never let a block reach the server."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.metrics import fairness_metrics
 from fairvfl_flwr.data import blocks, partydata
+from fairvfl_flwr.features import checkpoint
 from fairvfl_flwr.data.preprocess import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
@@ -175,11 +175,14 @@ class RecordingGrid(InProcessGrid):
 
 
 def test_blocks_never_reach_the_server(tmp_path):
-    cfg = RunConfig.from_flower({**BASE, "output-dir": str(tmp_path / "train")})
+    """Neither at the end nor at a checkpoint (rounds 0, 5 and 10 here)."""
+    cfg = RunConfig.from_flower({**BASE, "output-dir": str(tmp_path / "train"), "reliability.checkpoint-every": 5,
+                                 "reliability.checkpoint-dir": str(tmp_path / "ckpt")})
     grid = RecordingGrid(client_app, cfg.to_flower(), cfg.num_parties)
     _, folder = run_server(grid, cfg.to_flower())
     saved = [r for t, r in grid.replies if t == msgs.SAVE]
-    assert len(saved) == cfg.num_parties
+    assert len(saved) == cfg.num_parties * 4
+    assert blocks.checkpoint_rounds(folder) == [0, 5, 10]
     for reply in saved:
         assert not reply.content.array_records  # digests only
         assert set(reply.content.config_records) == {"saved"}
@@ -202,6 +205,68 @@ def test_blocks_never_reach_the_server(tmp_path):
             assert record["logits"].numpy().shape == record["ids"].numpy().shape
             assert len(record["ids"].numpy()) <= 200
             assert not reply.content.config_records and not reply.content.metric_records
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
+    """checkpoint-every=4 over 10 rounds: each checkpoint (rounds 0, 4, 8) is a model. The one of
+    round 4 holds the θ the checkpoint feature saved for round 4 and the blocks of a run of 4
+    rounds, and scores its rows as that run's final model does; a round without a
+    checkpoint is refused, listing the checkpoints."""
+    ckpt = {"reliability.checkpoint-every": 4, "reliability.checkpoint-dir": str(tmp_path / "ckpt"), "eval-every": 2}
+    _, folder = _train(tmp_path / "train", **ckpt)
+    assert blocks.checkpoint_rounds(folder) == [0, 4, 8]
+    four, folder4 = _train(tmp_path / "four", **{"num-server-rounds": 4, "eval-every": 2})
+    at4 = json.loads((folder / "checkpoints" / "round-4" / blocks.MANIFEST).read_text())
+    final4 = json.loads((folder4 / blocks.MANIFEST).read_text())
+    assert at4["checkpoint"] and at4["round"] == 4 and at4["run-id"] == folder.name
+    assert [p["block-digest"] for p in at4["parties"]] == [p["block-digest"] for p in final4["parties"]]
+    assert at4["metrics"]["test_acc"] == four["test_acc"] and at4["metrics"]["intervals"]
+    cfg = RunConfig.from_flower({**BASE, **ckpt})
+    for p in at4["parties"]:
+        k = p["partition-id"]
+        theta = checkpoint.load_party(checkpoint.party_dir({}, cfg.to_flower(), k), 4, f"party {k}")
+        assert blocks.block_digest(theta) == p["block-digest"]
+        party = folder / "checkpoints" / "round-4" / blocks.PARTIES / f"partition-{k}"
+        assert "checkpoint of round 4" in (party / blocks.PARTY_CARD).read_text()
+    assert "checkpoint of round 4" in (folder / "checkpoints" / "round-4" / blocks.RUN_CARD).read_text()
+
+    s, out = _score(folder, tmp_path / "score", **{"score.round": 4})
+    _, out4 = _score(folder4, tmp_path / "score4")
+    assert s["checkpoint"] == 4 and s["round"] == 4
+    assert (out / "predictions.csv").read_text() == (out4 / "predictions.csv").read_text()
+    got = _metrics(BASE, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (four["test_acc"], four["test_dfp"], four["test_dfn"])
+    # the checkpoint's own folder names the same model
+    _, direct = _score(folder / "checkpoints" / "round-4", tmp_path / "direct")
+    assert (direct / "predictions.csv").read_text() == (out4 / "predictions.csv").read_text()
+
+    with pytest.raises(blocks.BlockError, match=r"score.round=5: the run folder .* has no checkpoint of round 5 "
+                                                r"\(its checkpoints: 0, 4, 8;"):
+        _score(folder, tmp_path / "refused", **{"score.round": 5})
+    assert _no_predictions(tmp_path / "refused")
+
+
+# -- simulation: a raw file per party from the run config -----------------------------------
+def test_score_path_gives_each_simulated_party_its_raw_file(trained, tmp_path):
+    """run config score.path with {partition}: per-party raw, shuffled files score as the test
+    rows do; one file holding every party's columns does too; a missing file names the party
+    and the key."""
+    summary, folder = trained
+    _raw_files(BASE, folder, tmp_path / "raw")
+    _, out = _score(folder, tmp_path / "score", **{"score.path": str(tmp_path / "raw" / "score{partition}.csv")})
+    got = _metrics(BASE, out / "predictions.csv")
+    assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+
+    df, id_column, _ = packaged_test_frame(RunConfig.from_flower(BASE))
+    df.rename(columns={id_column: "row_id"}).sample(frac=1.0, random_state=9).to_csv(tmp_path / "all.csv", index=False)
+    _, out_all = _score(folder, tmp_path / "score-all", **{"score.path": str(tmp_path / "all.csv")})
+    assert (out_all / "predictions.csv").read_text() == (out / "predictions.csv").read_text()
+
+    with pytest.raises(FederationError, match=r"party (\d) .*score file .*nowhere\1.csv not found \(run config "
+                                              r"score.path='.*nowhere\{partition\}.csv'\)"):
+        _score(folder, tmp_path / "refused", **{"score.path": str(tmp_path / "nowhere{partition}.csv")})
+    assert _no_predictions(tmp_path / "refused")
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -274,6 +339,12 @@ def test_score_settings_are_checked():
         RunConfig.from_flower({"score.model-from": "x"})
     with pytest.raises(ConfigError, match=r"score.chunk-rows=0"):
         RunConfig.from_flower({"score.chunk-rows": 0})
+    with pytest.raises(ConfigError, match=r"score.round=-2: must be -1 \(the final model\)"):
+        RunConfig.from_flower({"mode": "score", "score.model-from": "x", "score.round": -2})
+    with pytest.raises(ConfigError, match=r"score.round=3: is read only with mode='score'"):
+        RunConfig.from_flower({"score.round": 3})
+    with pytest.raises(ConfigError, match=r"score.path='a.csv': is read only with mode='score'"):
+        RunConfig.from_flower({"score.path": "a.csv"})
 
 
 def test_a_folder_without_a_manifest_is_refused(tmp_path):
@@ -333,18 +404,30 @@ def test_the_report_on_scored_test_rows_gives_the_training_runs_gaps(trained, tm
 
 @pytest.mark.slow
 def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_path):
-    """The real runtime: `flwr run` trains (parties save their blocks), then `flwr run` with
-    mode = "score" sums the partial logits; ACC/DFP/DFN equal the training run's."""
+    """The real runtime: `flwr run` trains (parties save their blocks, at the end and at each
+    checkpoint), then `flwr run` with mode = "score" sums the partial logits; ACC/DFP/DFN equal
+    the training run's. Then the checkpoint of round 5 scores a raw file per party
+    (score.path) as the in-process grid does."""
+    ckpt = {"reliability.checkpoint-every": 5, "reliability.checkpoint-dir": str(tmp_path / "ckpt")}
     with SimulationSuperLink(tmp_path / "flwr-home") as link:
-        link.run({**BASE, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
+        link.run({**BASE, **ckpt, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
         (folder,) = [p for p in (tmp_path / "train").iterdir() if p.is_dir()]
         assert all((folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK).is_file() for k in range(4))
+        assert blocks.checkpoint_rounds(folder) == [0, 5, 10]
         link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300,
                   "output-dir": str(tmp_path / "score")}, num_supernodes=4, timeout=600)
+        _raw_files(BASE, folder, tmp_path / "raw")
+        at5 = {"score.round": 5, "score.path": str(tmp_path / "raw" / "score{partition}.csv")}
+        link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300, **at5,
+                  "output-dir": str(tmp_path / "score5")}, num_supernodes=4, timeout=600)
     (out,) = [p for p in (tmp_path / "score").iterdir() if p.is_dir()]
     summary = json.loads((folder / "summary.json").read_text())
     got = _metrics(BASE, out / "predictions.csv")
     assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+    (out5,) = [p for p in (tmp_path / "score5").iterdir() if p.is_dir()]
+    _, here = _score(folder, tmp_path / "here", **at5)
+    assert (out5 / "predictions.csv").read_text() == (here / "predictions.csv").read_text()
+    assert json.loads((out5 / "score.json").read_text())["checkpoint"] == 5
 
 
 @pytest.mark.slow
@@ -352,10 +435,9 @@ def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_p
 def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
     """A real SuperLink and 4 SuperNodes on 127.0.0.1: train on exported files, then score a
     new 1,000-row raw file per party; equal to scoring the saved blocks by hand. Every
-    deployed message starts a fresh ClientApp process, so the rounds default to 2 here
-    (FAIRVFL_TEST_SCORE_ROUNDS=20 for the longer run)."""
-    rounds = int(os.environ.get("FAIRVFL_TEST_SCORE_ROUNDS", "2"))
-    rc = {**BASE, "num-server-rounds": rounds, "eval-every": rounds}
+    deployed message starts a fresh ClientApp process; the SuperNodes poll for tasks every
+    0.05 s (docs/deploy.md), which keeps 20 rounds within the timeouts on a loaded machine."""
+    rc = {**BASE, "num-server-rounds": 20, "eval-every": 10}
     manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
     raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[-1000:]
     nodes = []
@@ -367,9 +449,10 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     train_rc = {**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
-        run_id, status = fed.run(train_rc, timeout=600)
+        run_id, status = fed.run(train_rc, timeout=1500)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
         (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+        assert json.loads((folder / "summary.json").read_text())["rounds"] == 20
         run_id, status = fed.run({**train_rc, "mode": "score", "score.model-from": str(folder),
                                   "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}, timeout=600)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]

@@ -13,8 +13,9 @@ Modes (run config ``mode``):
 * ``score``: score rows with the saved blocks of a training run (``score.model-from``,
   ``features/scoring.py``).
 
-After a FairVFL run (``fairvfl``, ``fairvfl-scores``) every party saves its block on its own
-disk and the server writes the manifest and model card (``features/saving.py``).
+After a FairVFL run (``fairvfl``, ``fairvfl-scores``), and at each of its checkpoints, every
+party saves its block on its own disk and the server writes the manifest and model card
+(``features/saving.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, lo
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.noise import NuNoise
-from fairvfl_flwr.features.saving import FinalTest, save_blocks
+from fairvfl_flwr.features.saving import CheckpointBlocks, FinalTest, save_blocks
 from fairvfl_flwr.features.scores import KeepScores
 from fairvfl_flwr.features.scoring import run_scoring
 from fairvfl_flwr.features.secagg import SecureAggregation
@@ -49,8 +50,11 @@ from fairvfl_flwr.flower.server import VFLServer
 
 
 def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
-                 resume: tuple[dict, dict] | None = None) -> VFLServer:
-    """The run's server: the algorithm of ``mode`` with the hooks its features need."""
+                 resume: tuple[dict, dict] | None = None, described: dict | None = None) -> VFLServer:
+    """The run's server: the algorithm of ``mode`` with the hooks its features need.
+
+    ``described``: what the model cards say about the data (dataset summary, group names).
+    """
     hooks: list = [DivergenceGuard()]  # first: nothing may checkpoint a diverged state
     if cfg.nu_noise > 0:
         hooks.append(NuNoise(cfg.nu_noise, cfg.seed, labels_fingerprint(labels)))  # parties cannot redraw it
@@ -66,6 +70,8 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         hooks.append(KeepScores())
     if cfg.mode != "split":
         hooks.append(FinalTest())
+        if cfg.checkpoint_every > 0:  # after the guard and FinalTest: a checkpoint's block is of a sound θ
+            hooks.append(CheckpointBlocks(folder, cfg.checkpoint_every, described))
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     if cfg.mode == "split":
         algorithm = SplitVFL
@@ -112,7 +118,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     log(INFO, "FairVFL%s: writing results to %s", f" ({cfg.mode})" if extra else "", folder)
     if cfg.mode != "split":
         log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, optimizer_note(cfg))
-    server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume)
+    described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(ds.group_names) if ds else None}
+    server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume, described=described)
     if resume:
         recorder.rows = list(resume[0]["history"])
     try:
@@ -128,8 +135,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
          "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)
     )
     if cfg.mode != "split":
-        save_blocks(server, grid, folder, {**summary, "dataset-summary": ds.summary() if ds else None,
-                                           "group-names": list(ds.group_names) if ds else None}, cfg.round_timeout)
+        save_blocks(server, grid, folder, {**summary, **described}, cfg.round_timeout)
     log(INFO, "%s", format_summary(summary, folder))
     return summary, folder
 

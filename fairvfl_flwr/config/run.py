@@ -101,6 +101,8 @@ class RunConfig:
     # [score] the scoring job, mode = "score" (features/scoring.py, docs/scoring.md)
     score_model_from: str = ""  # the training run folder (with model.json) whose saved blocks score
     score_chunk_rows: int = 100_000  # rows per query.score message (bounds every message's size)
+    score_round: int = -1  # -1: the final model; r >= 0: the checkpoint of round r (reliability.checkpoint-every)
+    score_path: str = ""  # simulation: each party's raw file to score; {partition} becomes its partition id
 
     # -- construction ------------------------------------------------------------
     @classmethod

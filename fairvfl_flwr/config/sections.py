@@ -31,7 +31,8 @@ SECTIONS: dict[str, dict[str, str]] = {
             "group-a": "csv_group_a", "group-b": "csv_group_b", "protected-label": "csv_protected_label",
             "id-column": "csv_id_column", "train-fraction": "csv_train_fraction"},
     "split": {"embedding": "split_embedding", "lr": "split_lr"},
-    "score": {"model-from": "score_model_from", "chunk-rows": "score_chunk_rows"},
+    "score": {"model-from": "score_model_from", "chunk-rows": "score_chunk_rows", "round": "score_round",
+              "path": "score_path"},
 }
 #: RunConfig field -> its dotted key.
 KEY_OF: dict[str, str] = {field: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, field in keys.items()}
@@ -133,8 +134,11 @@ def check_score(c: Any) -> None:
     if c.mode == "score" and not c.score_model_from:
         raise bad(c, "score_model_from", "mode='score' needs the training run folder whose model scores "
                   "(the folder with model.json)")
-    if c.mode != "score" and c.score_model_from:
-        raise bad(c, "score_model_from", f"is read only with mode='score' (mode is {c.mode!r})")
+    if c.score_round < -1:
+        raise bad(c, "score_round", "must be -1 (the final model) or a checkpoint's round >= 0")
+    for field, unset in (("score_model_from", ""), ("score_round", -1), ("score_path", "")):
+        if c.mode != "score" and getattr(c, field) != unset:
+            raise bad(c, field, f"is read only with mode='score' (mode is {c.mode!r})")
 
 
 CHECKS: dict[str, Callable[[Any], None]] = {

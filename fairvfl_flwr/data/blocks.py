@@ -14,6 +14,11 @@ The server's run folder holds ``model.json`` (the manifest: parties, block diges
 threshold, constraint, ε, final metrics, config) and ``model-card.md``. No block ever
 reaches the server: a party reports only its block's digest.
 
+A checkpoint of round r (``reliability.checkpoint-every``) is a model of its own, in
+``checkpoints/round-<r>/`` below both: the server's ``<run folder>/checkpoints/round-<r>/``
+(manifest and card) and each party's ``<model-dir>/<run id>/checkpoints/round-<r>/partition-<k>/``
+(deployment) or ``<run folder>/checkpoints/round-<r>/parties/partition-<k>/`` (simulation).
+
 numpy only (no torch, no Flower): the block is read back into a model by the party.
 """
 
@@ -36,6 +41,7 @@ PARTY_CARD = "card.md"
 MANIFEST = "model.json"
 RUN_CARD = "model-card.md"
 PARTIES = "parties"
+CHECKPOINTS = "checkpoints"
 FORMAT = 1
 
 
@@ -53,22 +59,61 @@ def block_digest(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
+def checkpoint_part(checkpoint: int | None) -> Path:
+    """The relative folder of a checkpoint's model (empty for the final model)."""
+    return Path() if checkpoint is None else Path(CHECKPOINTS) / f"round-{int(checkpoint)}"
+
+
 def block_folder(node_config: Mapping[str, Any], run_folder: str, run_id: str, partition_id: int,
-                 deployed: bool) -> Path:
-    """Where this party keeps its block of run ``run_id`` (see the module doc).
+                 deployed: bool, checkpoint: int | None = None) -> Path:
+    """Where this party keeps its block of run ``run_id`` (see the module doc); ``checkpoint``:
+    the round of a checkpoint's block, None for the final one.
 
     Deployment without ``model-dir``: ``<cache-dir>/models/<run id>/partition-<k>`` on the party's disk.
     """
+    part = checkpoint_part(checkpoint)
     model_dir = str(node_config.get("model-dir", "") or "")
     if model_dir:
-        return Path(model_dir).expanduser() / run_id / f"partition-{partition_id}"
+        return Path(model_dir).expanduser() / run_id / part / f"partition-{partition_id}"
     if deployed:
         base = (str(node_config.get("cache-dir", "") or "") or os.environ.get(CACHE_ENV)
                 or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr")
-        return Path(base).expanduser() / "models" / run_id / f"partition-{partition_id}"
+        return Path(base).expanduser() / "models" / run_id / part / f"partition-{partition_id}"
     if not run_folder:
         raise BlockError(f"partition {partition_id}: no model-dir in the node config and no run folder in the message")
-    return Path(run_folder) / PARTIES / f"partition-{partition_id}"
+    return Path(run_folder) / part / PARTIES / f"partition-{partition_id}"
+
+
+def checkpoint_rounds(run_folder: str | Path) -> list[int]:
+    """The rounds whose checkpoint has a manifest in the run folder, ascending."""
+    root = Path(run_folder) / CHECKPOINTS
+    found = []
+    for p in root.glob("round-*") if root.is_dir() else ():
+        r = p.name.split("-", 1)[1]
+        if r.isdigit() and (p / MANIFEST).is_file():
+            found.append(int(r))
+    return sorted(found)
+
+
+def read_model(model_from: str | Path, round_: int, what: str = "score.model-from") -> tuple[dict, Path, int | None]:
+    """The manifest of the model to score: (manifest, training run folder, checkpoint round or None).
+
+    ``round_`` < 0: the final model of ``model_from``, or, when ``model_from`` is a
+    checkpoint's own folder, that checkpoint; else the checkpoint of that round.
+    """
+    model_from = Path(model_from).expanduser().resolve()
+    if round_ < 0:
+        manifest = read_manifest(model_from, what)
+        if manifest.get("checkpoint"):
+            return manifest, model_from.parents[1], int(manifest["round"])
+        return manifest, model_from, None
+    folder = model_from / checkpoint_part(round_)
+    if not (folder / MANIFEST).is_file():
+        have = checkpoint_rounds(model_from)
+        raise BlockError(f"score.round={round_}: the run folder {model_from} has no checkpoint of round {round_} "
+                         f"(its checkpoints: {', '.join(map(str, have)) if have else 'none'}; a run writes one every "
+                         "reliability.checkpoint-every rounds, and round 0)")
+    return read_manifest(folder, what), model_from, round_
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -108,7 +153,8 @@ def party_card(meta: dict, arrays: Mapping[str, np.ndarray]) -> str:
     """The party's own model card: what it holds; for a linear block, each column's weight."""
     pre = meta["preprocessing"]
     lines = [
-        f"# Party {meta['partition-id']} ({meta['role']}): block of run {meta['run-id']}",
+        f"# Party {meta['partition-id']} ({meta['role']}): block of run {meta['run-id']}"
+        + (f", checkpoint of round {meta['round']}" if meta.get("checkpoint") else ""),
         "",
         "This card stays with the party, next to its block; the server never receives either.",
         "",
@@ -131,6 +177,10 @@ def party_card(meta: dict, arrays: Mapping[str, np.ndarray]) -> str:
             lines += ["", f"Intercept: {float(np.asarray(arrays['bias'])):+.6f}"]
         lines.append("")
     return "\n".join(lines)
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def write_json(path: Path, data: dict) -> None:

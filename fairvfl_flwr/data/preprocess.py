@@ -262,18 +262,20 @@ def _cached_rows(key: tuple, pre_json: str, spec: PartySpec, cfg: Any, path: str
     return rows_from_frame(df, idc, pre, f"{spec.name}: {name}")
 
 
-def score_rows(spec: PartySpec, cfg: Any, pre: Preprocessing, score_path: str = "") -> ScoreRows:
-    """The rows this party scores: its raw file ``score_path`` (deployment, node config
-    ``score-path``), else in simulation the packaged test rows. Cached per process and file
-    version, and a score file's parsed rows on the party's disk (node config ``cache-dir``)."""
+def score_rows(spec: PartySpec, cfg: Any, pre: Preprocessing, score_path: str = "",
+               source: str = "node config score-path") -> ScoreRows:
+    """The rows this party scores: its raw file ``score_path`` (deployment: node config
+    ``score-path``; simulation: run config ``score.path``, named by ``source``), else in
+    simulation the packaged test rows. Cached per process and file version, and a score
+    file's parsed rows on the party's disk (node config ``cache-dir``)."""
     if not score_path and spec.data_path:
         raise DataError(f"{spec.name}: node config score-path is not set; give this party's file of rows to score "
-                        "(its raw columns and the id column)")
+                        "(its raw columns and the id column; run config score.path is read only by simulated parties)")
     key: tuple = ()
     if score_path:
         p = Path(score_path).expanduser()
         if not p.is_file():
-            raise DataError(f"{spec.name}: score file {p} not found (node config score-path)")
+            raise DataError(f"{spec.name}: score file {p} not found ({source})")
         st = os.stat(p)
         key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
         score_path = str(p)

@@ -176,7 +176,7 @@ class Checkpoints(RoundHook):
         self.last_checkpoint = r
         return r + 1
 
-    def end(self, server, server_round: int) -> None:
+    def end(self, server, grid, server_round: int, timeout: float) -> None:
         if self.every > 0 and server_round % self.every == 0:
             self.save(server)
 

@@ -29,7 +29,7 @@ LAST_PREFIX = "fairvfl.last-reply."
 class DivergenceGuard(RoundHook):
     """Stop the run at the first round whose objective, λ or z is not finite."""
 
-    def end(self, server, server_round: int) -> None:
+    def end(self, server, grid, server_round: int, timeout: float) -> None:
         row = server.history[-1]
         with np.errstate(over="ignore", invalid="ignore"):
             z = server.z("train")

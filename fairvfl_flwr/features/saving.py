@@ -1,10 +1,14 @@
-"""Keep the trained model: every party saves its block on its own disk after the last round.
+"""Keep the trained model: every party saves its block on its own disk after the last round
+and at every checkpoint.
 
 Server: after the rounds, :func:`save_blocks` sends ``query.save`` (run id, run folder)
 to every party, collects the digests the parties report, and writes the manifest
-``model.json`` and the run's model card into the run folder. A reply that carries any
-array is refused: θ_k never reaches the server. :class:`FinalTest` (a round hook) keeps
-the last evaluation's scores, for the card's bootstrap intervals.
+``model.json`` and the run's model card into the run folder. With
+``reliability.checkpoint-every`` = c, :class:`CheckpointBlocks` (a round hook) does the same
+after round 0 and every c-th round, into ``checkpoints/round-<r>/`` (data/blocks.py), so
+the model of any checkpoint can be scored. A reply that carries any array is refused:
+θ_k never reaches the server. :class:`FinalTest` (a round hook) keeps the last
+evaluation's scores, for the card's bootstrap intervals.
 
 Party (:func:`save`): writes ``block.npz`` (θ_k as numpy arrays), ``block.json`` (its
 preprocessing, run id, data digest) and its own ``card.md`` (data/blocks.py), in node
@@ -14,6 +18,7 @@ config ``model-dir`` (deployment) or the run folder's ``parties/partition-<k>``
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO
 from pathlib import Path
@@ -45,10 +50,12 @@ class FinalTest(RoundHook):
 
     def __init__(self) -> None:
         self.z_test: np.ndarray | None = None
+        self.round: int | None = None  # the round z_test belongs to
 
     def record(self, server, server_round: int, row: dict) -> None:
         if server.u_test and len(server.u_test) == len(server.nodes):
             self.z_test = server.z("test")
+            self.round = server_round
 
 
 def positive_label(cfg) -> str:
@@ -78,12 +85,57 @@ def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
 
 def save_blocks(server, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
     """Every party saves its block; the server writes ``model.json`` and ``model-card.md``."""
-    folder = Path(folder)
+    hook = server.hooks.find(FinalTest)
+    metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
+                                           "test_acc", "test_dfp", "test_dfn")}
+    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed)
+    return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
+
+
+def _number(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+class CheckpointBlocks(RoundHook):
+    """After round 0 and every ``every``-th round, every party saves a scorable block of θ_r
+    and the server writes that checkpoint's manifest and card (``checkpoints/round-<r>/``).
+
+    ``described``: what the model card says about the data (``dataset-summary``,
+    ``group-names``), as for the final model.
+    """
+
+    def __init__(self, folder: Path, every: int, described: dict | None = None) -> None:
+        self.folder = Path(folder)
+        self.every = every
+        self.described = dict(described or {})
+
+    def end(self, server, grid, server_round: int, timeout: float) -> None:
+        if self.every <= 0 or server_round % self.every:
+            return
+        row = server.history[-1]
+        metrics = {"rounds": server_round, "train_loss": _number(row["loss"]), "train_deo": _number(row["deo"]),
+                   "train_max_gap": _number(row.get("max_gap", row["deo"])),
+                   "evaluated_on": "validation" if server.cfg.validation_fraction > 0 else "test",
+                   "test_acc": _number(row.get("acc")), "test_dfp": _number(row.get("dfp")),
+                   "test_dfn": _number(row.get("dfn"))}
+        test = server.hooks.find(FinalTest)
+        evaluated = test is not None and test.round == server_round
+        metrics["intervals"] = final_intervals(server.labels, test.z_test if evaluated else None, server.cfg.seed)
+        _save(server, grid, self.folder, server_round, server_round, metrics, self.described, timeout)
+
+
+def _save(server, grid: Grid, folder: Path, server_round: int, checkpoint: int | None, metrics: dict,
+          summary: dict, timeout: float) -> dict:
+    """Ask every party to save its block of θ after ``server_round``; write the manifest and card
+    into ``folder`` (the run folder) or, for a checkpoint, its ``checkpoints/round-<r>/``."""
     run_id = folder.name
+    model_folder = folder / blocks.checkpoint_part(checkpoint)
     messages = [
         Message(RecordDict({SAVE_RECORD: ConfigRecord({"run-id": run_id, "run-folder": str(folder),
-                                                       "round": int(summary["rounds"])})}),
-                dst_node_id=nid, message_type=msgs.SAVE, group_id="save")
+                                                       "round": server_round,
+                                                       "checkpoint": checkpoint is not None})}),
+                dst_node_id=nid, message_type=msgs.SAVE,
+                group_id="save" if checkpoint is None else f"save-checkpoint-{checkpoint}")
         for nid in server.nodes
     ]
     parties = []
@@ -98,12 +150,9 @@ def save_blocks(server, grid: Grid, folder: Path, summary: dict, timeout: float)
                                           "data-digest", "preprocessing-digest")})
     parties.sort(key=lambda p: p["partition-id"])
     cfg = server.cfg
-    hook = server.hooks.find(FinalTest)
-    metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
-                                           "test_acc", "test_dfp", "test_dfn")}
-    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, cfg.seed)
     manifest = {
         "format": blocks.FORMAT, "run-id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "round": server_round, "checkpoint": checkpoint is not None,
         "parties": parties,
         "threshold": {"logit": 0.0, "probability": 0.5,
                       "rule": "decision 1 (positive) when sigma(z) >= 0.5, i.e. z = sum_k u_k >= 0"},
@@ -113,10 +162,11 @@ def save_blocks(server, grid: Grid, folder: Path, summary: dict, timeout: float)
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
         "config": cfg.to_flower(),
     }
-    blocks.write_json(folder / blocks.MANIFEST, manifest)
-    (folder / blocks.RUN_CARD).write_text(run_card(manifest, summary))
-    log(INFO, "FairVFL: %d parties saved their blocks (run %s); manifest %s", len(parties), run_id,
-        folder / blocks.MANIFEST)
+    model_folder.mkdir(parents=True, exist_ok=True)
+    blocks.write_json(model_folder / blocks.MANIFEST, manifest)
+    blocks.write_text(model_folder / blocks.RUN_CARD, run_card(manifest, summary))
+    log(INFO, "FairVFL: %d parties saved their blocks of round %d (run %s); manifest %s", len(parties),
+        server_round, run_id, model_folder / blocks.MANIFEST)
     return manifest
 
 
@@ -136,8 +186,9 @@ def run_card(m: dict, summary: dict) -> str:
         return _fmt(value, pct) + (f" [{_fmt(lo_hi[0], pct)}, {_fmt(lo_hi[1], pct)}]" if lo_hi else "")
 
     data = summary.get("dataset-summary") or {}
+    checkpoint = bool(m.get("checkpoint"))
     lines = [
-        f"# Model card: run {m['run-id']}",
+        f"# Model card: run {m['run-id']}" + (f", checkpoint of round {m['round']}" if checkpoint else ""),
         "",
         f"FairVFL, {c['model']} model, trained {met['rounds']} rounds on `{c['dataset']}` by {len(m['parties'])} "
         f"parties ({c['num-active']} active). Created {m['created']}.",
@@ -181,7 +232,8 @@ def run_card(m: dict, summary: dict) -> str:
         "",
         "## Scoring",
         "",
-        f"`flwr run . --run-config \"mode='score' score.model-from='<this folder>'\"` (docs/scoring.md): every "
+        f"`flwr run . --run-config \"mode='score' score.model-from='<the run folder>'"
+        + (f" score.round={m['round']}" if checkpoint else "") + "\"` (docs/scoring.md): every "
         "party must be online; each returns partial logits on its own columns, the server writes "
         "`predictions.csv` (id, probability, decision).",
         "",
@@ -206,11 +258,13 @@ def save(message: Message, context: Context) -> Message:
         raise blocks.BlockError(f"{rt.who}: preprocessing describes {len(pre.features)} features, the block "
                                 f"has {n_features}")
     run_id = str(rc["run-id"])
+    server_round, checkpoint = int(rc["round"]), bool(rc.get("checkpoint", False))
     folder = blocks.block_folder(context.node_config, str(rc["run-folder"]), run_id, spec.partition_id,
-                                 deployed=bool(spec.data_path))
+                                 deployed=bool(spec.data_path), checkpoint=server_round if checkpoint else None)
     meta = {
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
-        "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": int(rc["round"]),
+        "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": server_round,
+        "checkpoint": checkpoint,
         "data-digest": rt.data.ids_digest, "source": spec.data_path or f"{cfg.dataset} (packaged)",
         "preprocessing": pre.to_dict(),
     }

@@ -1,7 +1,7 @@
 """The scoring job (``mode = "score"``): every party scores its own columns, the server sums.
 
 Server (:func:`run_scoring`), given ``score.model-from`` (a training run folder with its
-``model.json``):
+``model.json``) and ``score.round`` (-1: its final model; r: its checkpoint of round r):
 
 1. checks the run config against the model's (the keys in :data:`MODEL_KEYS`);
 2. sends ``query.scoreinfo``: each party loads its block, checks it is its own, reads
@@ -17,9 +17,10 @@ Server (:func:`run_scoring`), given ``score.model-from`` (a training run folder 
    job leaves no output file.
 
 Party (:func:`score_info`, :func:`score`): its block from node config ``model-dir``
-(deployment) or the training run folder (simulation), its rows from node config
-``score-path`` (its raw file, preprocessed with its saved encoding and scaling) or, in
-simulation, the packaged test rows. No labels or groups are read or sent.
+(deployment) or the training run folder (simulation), its rows from its raw file,
+preprocessed with its saved encoding and scaling: node config ``score-path`` (deployment),
+run config ``score.path`` with ``{partition}`` replaced by its partition id (simulation),
+else, in simulation, the packaged test rows. No labels or groups are read or sent.
 """
 
 from __future__ import annotations
@@ -91,13 +92,12 @@ def _discover(grid: Grid, cfg: RunConfig, timeout: float) -> list[int]:
 def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> tuple[dict, Path]:
     """Score every party's rows with the model of ``score.model-from``; return (summary, folder)."""
     started = time.perf_counter()
-    model_from = Path(cfg.score_model_from).expanduser().resolve()
-    manifest = blocks.read_manifest(model_from)
+    manifest, model_from, checkpoint = blocks.read_model(cfg.score_model_from, cfg.score_round)
     check_config(cfg, manifest)
     expected = {int(p["partition-id"]): p for p in manifest["parties"]}
     timeout, retries = cfg.round_timeout, cfg.round_retries
     node_ids = _discover(grid, cfg, timeout)
-    job = {"run-id": manifest["run-id"], "run-folder": str(model_from)}
+    job = {"run-id": manifest["run-id"], "run-folder": str(model_from), "checkpoint": -1 if checkpoint is None else checkpoint}
     who: dict[int, str] = {}
 
     def name(nid: int) -> str:
@@ -166,13 +166,15 @@ def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> 
     ids_all = np.concatenate(ids_out) if ids_out else np.array([], dtype=str)
     folder = run_folder(cfg, run_id)
     write_predictions(folder / PREDICTIONS, ids_all, z)
-    summary = {"mode": "score", "model-from": str(model_from), "run-id": manifest["run-id"], "rows": n,
+    summary = {"mode": "score", "model-from": str(model_from), "run-id": manifest["run-id"],
+               "round": manifest.get("round"), "checkpoint": checkpoint, "rows": n,
                "chunk-rows": chunk, "chunks": -(-n // chunk), "positive": int((z >= 0).sum()),
                "positive-label": manifest.get("positive-label"), "seconds": time.perf_counter() - started,
                "predictions": str(folder / PREDICTIONS)}
     blocks.write_json(folder / SUMMARY, summary)
-    log(INFO, "FairVFL score: %d rows, %d positive, with run %s (%s) -> %s (%.1f s)", n, summary["positive"],
-        manifest["run-id"], model_from, folder / PREDICTIONS, summary["seconds"])
+    log(INFO, "FairVFL score: %d rows, %d positive, with run %s%s (%s) -> %s (%.1f s)", n, summary["positive"],
+        manifest["run-id"], "" if checkpoint is None else f" at its checkpoint of round {checkpoint}", model_from,
+        folder / PREDICTIONS, summary["seconds"])
     return summary, folder
 
 
@@ -214,17 +216,26 @@ class PartyScorer:
         job = message.content.config_records[JOB]
         self.run_id = str(job["run-id"])
         self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
+        checkpoint = int(job.get("checkpoint", -1))
         folder = blocks.block_folder(context.node_config, str(job["run-folder"]), self.run_id,
-                                     self.spec.partition_id, deployed=bool(self.spec.data_path))
+                                     self.spec.partition_id, deployed=bool(self.spec.data_path),
+                                     checkpoint=None if checkpoint < 0 else checkpoint)
         meta_file = folder / blocks.BLOCK_META
         if not meta_file.is_file():
-            raise blocks.BlockError(f"{self.who}: no saved block of run {self.run_id} in {folder} "
+            what = "" if checkpoint < 0 else f" (checkpoint of round {checkpoint})"
+            raise blocks.BlockError(f"{self.who}: no saved block of run {self.run_id}{what} in {folder} "
                                     "(node config model-dir, or the training run folder's parties/)")
         self.model, self.meta = _model(str(folder), os.stat(meta_file).st_mtime_ns, self.who)
         if int(self.meta["partition-id"]) != self.spec.partition_id:
             raise blocks.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
-        self.rows = score_rows(self.spec, self.cfg, pre, str(context.node_config.get("score-path", "") or ""))
+        node_path = str(context.node_config.get("score-path", "") or "")
+        if node_path or self.spec.data_path:  # deployed: a party scores only the file its own node config names
+            path, source = node_path, "node config score-path"
+        else:
+            path = self.cfg.score_path.replace("{partition}", str(self.spec.partition_id))
+            source = f"run config score.path={self.cfg.score_path!r}"
+        self.rows = score_rows(self.spec, self.cfg, pre, path, source)
 
     def logits(self, start: int, stop: int) -> np.ndarray:
         return self.model.forward(as_dtype(self.rows.X[start:stop], self.meta["dtype"])).astype(self.cfg.wire_dtype)

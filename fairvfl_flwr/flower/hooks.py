@@ -18,7 +18,8 @@ Points, in the order a run meets them:
 * ``incoming``: a round's replies (round 0: the first logits), before they are folded into the server's state
   (a channel with a second leg sends it here);
 * ``record``: a round's history row, before it is stored;
-* ``end``: after a round is folded and recorded (guards, checkpoints);
+* ``end``: after a round is folded and recorded (guards, checkpoints); a hook may exchange
+  messages of its own here (every party has answered the round);
 * ``stopped``: the run is stopping on an error; a hook may say what it leaves on disk.
 """
 
@@ -58,7 +59,7 @@ class RoundHook:
     def record(self, server: "VFLServer", server_round: int, row: dict) -> None:
         return None
 
-    def end(self, server: "VFLServer", server_round: int) -> None:
+    def end(self, server: "VFLServer", grid: Any, server_round: int, timeout: float) -> None:
         return None
 
     def stopped(self, server: "VFLServer", exc: BaseException) -> str | None:
@@ -114,9 +115,9 @@ class Hooks:
         for h in self.hooks:
             h.record(server, server_round, row)
 
-    def end(self, server: "VFLServer", server_round: int) -> None:
+    def end(self, server: "VFLServer", grid: Any, server_round: int, timeout: float) -> None:
         for h in self.hooks:
-            h.end(server, server_round)
+            h.end(server, grid, server_round, timeout)
 
     def stopped(self, server: "VFLServer", exc: BaseException) -> list[str]:
         return [s for s in (h.stopped(server, exc) for h in self.hooks) if s]

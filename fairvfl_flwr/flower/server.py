@@ -62,7 +62,7 @@ class SyncRounds:
             replies = server.exchange(grid, server.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
             replies = server.hooks.incoming(server, grid, t, replies, timeout)
             _, metrics = server.aggregate_train(t, replies)
-            server.hooks.end(server, t)
+            server.hooks.end(server, grid, t, timeout)
             result.train_metrics_clientapp[t] = metrics
             if t >= server.last_round:  # an algorithm that converged ended training early
                 break
@@ -182,7 +182,7 @@ class VFLServer(Strategy):
         first = self.hooks.begin(self, grid, timeout)
         if first is None:
             self.initialise(grid, timeout)
-            self.hooks.end(self, 0)
+            self.hooks.end(self, grid, 0, timeout)
             first = 1
         self.setup_seconds = time.perf_counter() - setup_started
         self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
