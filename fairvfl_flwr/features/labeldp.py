@@ -53,6 +53,16 @@ def _accountants():
     return importlib.import_module("opacus.accountants"), importlib.import_module("opacus.accountants.utils")
 
 
+def _alphas(acc) -> list[float]:
+    # Opacus's default RDP orders stop at 63; at the large noise multipliers of many
+    # full-batch rounds the best order is higher, and stopping early overstates ε.
+    return [*acc.RDPAccountant.DEFAULT_ALPHAS, *HIGH_ORDERS]
+
+
+#: RDP orders added to Opacus's defaults (see :func:`_alphas`).
+HIGH_ORDERS = (80, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192)
+
+
 def epsilon_spent(noise_multiplier: float, steps: int, delta: float, sample_rate: float = 1.0) -> float:
     """ε after ``steps`` Gaussian releases at ``noise_multiplier`` (Opacus's RDP accountant)."""
     if steps <= 0:
@@ -60,14 +70,14 @@ def epsilon_spent(noise_multiplier: float, steps: int, delta: float, sample_rate
     acc, _ = _accountants()
     accountant = acc.RDPAccountant()
     accountant.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(accountant.get_epsilon(delta=delta))
+    return float(accountant.get_epsilon(delta=delta, alphas=_alphas(acc)))
 
 
 def noise_multiplier_for(epsilon: float, delta: float, steps: int, sample_rate: float = 1.0) -> float:
     """The smallest noise multiplier whose ``steps`` releases spend at most ``epsilon`` (Opacus's search)."""
-    _, utils = _accountants()
+    acc, utils = _accountants()
     return float(utils.get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                            steps=steps, accountant="rdp"))
+                                            steps=steps, accountant="rdp", alphas=_alphas(acc)))
 
 
 def min_group_size(groups: Groups) -> int:
