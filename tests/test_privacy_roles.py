@@ -130,8 +130,13 @@ def test_each_attack_beats_chance_undefended_and_secure_aggregation_stops_the_se
     assert r["label_attack_acc"] == 1.0 and r["group_attack_auc"] > 0.9
     assert r["server_gram_error"] < 0.1  # the server rebuilds X_k X_kᵀ (guessing 0 scores 1.0)
     assert r["active_gram_error"] < 0.6  # the active party: Σ of the passive Gram matrices, from z
+    assert r["coalition_gram_error"] < 0.6  # server + active party: the same sum with the ν as sent
+    # distances between people from their logit trajectories (any model): far above shuffled rows
+    assert r["server_traj_rho"] > r["server_traj_rho_chance"] + 0.3
     s = run_audit("crime", rounds=40, noise=0.0, overrides={"privacy.secure-aggregation": True})
     assert min(s["server_gram_errors"]) >= 0.9
+    assert abs(s["server_traj_rho"]) < 0.2  # masked words: no trajectory to read
+    assert s["coalition_gram_error"] < 0.6  # z and the active party's own logits are not masked from it
     assert s["test_acc"] == pytest.approx(r["test_acc"], abs=1e-12)
 
 
@@ -149,6 +154,13 @@ def test_noise_from_the_public_seed_alone_would_be_redrawn_exactly():
     assert np.allclose(public.nu(None, 1, nu) - public.nu(None, 1, np.zeros(50)), nu)
     assert not np.allclose(secret.nu(None, 1, nu) - public.nu(None, 1, np.zeros(50)), nu, atol=1e-3)
     assert np.array_equal(secret.nu(None, 1, nu), NuNoise(4.0, 0, "ab" * 32).nu(None, 1, nu))  # reproducible
+
+
+@pytest.mark.slow
+def test_the_server_reads_distances_off_an_mlp_partys_logit_trajectories():
+    r = run_audit("crime", rounds=40, noise=0.0, overrides={"model": "mlp"})
+    assert "server_gram_error" not in r  # the Gram attack assumes a linear party
+    assert r["server_traj_rho"] > r["server_traj_rho_chance"] + 0.2
 
 
 @pytest.mark.parametrize("extra", [{"batching.batch-size": 256}, {"model": "mlp"}, {"privacy.nu-noise": 1.0},

@@ -38,6 +38,7 @@ from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
+from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.features.saving import CheckpointBlocks, FinalTest, save_blocks
 from fairvfl_flwr.features.scores import KeepScores
@@ -56,6 +57,11 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     ``described``: what the model cards say about the data (dataset summary, group names).
     """
     hooks: list = [DivergenceGuard()]  # first: nothing may checkpoint a diverged state
+    if cfg.label_dp_epsilon > 0:  # the first ν channel: it recomputes ν at the clipped λ
+        hooks.append(LabelDP(labels.groups_for(cfg.constraint, cfg.constraint_measure), cfg.constraint, epsilon=cfg.label_dp_epsilon,
+                             delta=cfg.label_dp_delta, rounds=cfg.num_server_rounds,
+                             lambda_bound=cfg.label_dp_lambda_bound, min_group=cfg.label_dp_min_group,
+                             fairness=cfg.fairness))
     if cfg.nu_noise > 0:
         hooks.append(NuNoise(cfg.nu_noise, cfg.seed, labels_fingerprint(labels)))  # parties cannot redraw it
     if cfg.secure_nu == "ckks":
@@ -130,6 +136,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     scores = server.hooks.find(KeepScores)
     if scores is not None:
         scores.save(folder)
+    dp = server.hooks.find(LabelDP)
+    if dp is not None:
+        extra["label_dp"] = dp.summary()
     summary = recorder.finish(
         {**extra, "party_columns": [len(c) for c in columns], "setup_seconds": server.setup_seconds,
          "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)

@@ -90,6 +90,12 @@ class RunConfig:
     nu_noise: float = 0.0
     # "ckks": ν reaches passive parties only CKKS-encrypted (features/ckks.py; linear models, needs .[privacy]).
     secure_nu: str = "none"
+    # Label DP on ν (features/labeldp.py): target ε over the run's rounds (0: off), δ, the public
+    # bound Λ on the multipliers and on the group sizes (0: the data's smallest group − 1).
+    label_dp_epsilon: float = 0.0
+    label_dp_delta: float = 1e-5
+    label_dp_lambda_bound: float = 0.5
+    label_dp_min_group: int = 0
     # [staleness] asynchronous rounds (features/staleness.py, features/straggler.py, docs/async.md)
     local_time_budget: float = 0.0  # > 0: active parties take as many steps as fit (1..local-steps)
     max_staleness: int = 0  # τ: 0 = synchronous rounds; > 0: a party's logits may be up to τ rounds old

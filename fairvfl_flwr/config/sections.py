@@ -20,7 +20,9 @@ from fairvfl_flwr.core.errors import ConfigError
 SECTIONS: dict[str, dict[str, str]] = {
     "privacy": {"secure-nu": "secure_nu", "nu-noise": "nu_noise", "record-view": "record_view",
                 "record-every": "record_every", "record-first": "record_first", "transcript-dir": "transcript_dir",
-                "secure-aggregation": "secure_aggregation"},
+                "secure-aggregation": "secure_aggregation", "label-dp-epsilon": "label_dp_epsilon",
+                "label-dp-delta": "label_dp_delta", "label-dp-lambda-bound": "label_dp_lambda_bound",
+                "label-dp-min-group": "label_dp_min_group"},
     "reliability": {"round-timeout": "round_timeout", "round-retries": "round_retries",
                     "checkpoint-every": "checkpoint_every", "checkpoint-dir": "checkpoint_dir",
                     "resume-from": "resume_from"},
@@ -76,6 +78,16 @@ def check_privacy(c: Any) -> None:
         raise bad(c, "secure_nu", "choose 'none' (plain ν) or 'ckks' (encrypted ν, linear models)")
     if c.secure_nu == "ckks" and importlib.util.find_spec("tenseal") is None:
         raise bad(c, "secure_nu", "needs TenSEAL: pip install 'fairvfl-flwr[privacy]'")
+    if c.label_dp_epsilon < 0:
+        raise bad(c, "label_dp_epsilon", "must be >= 0 (0: no label DP)")
+    if not 0 < c.label_dp_delta < 1:
+        raise bad(c, "label_dp_delta", "must be between 0 and 1 (exclusive), e.g. 1e-5")
+    if c.label_dp_lambda_bound <= 0:
+        raise bad(c, "label_dp_lambda_bound", "must be > 0 (the multipliers are clipped to [0, bound])")
+    if c.label_dp_min_group < 0:
+        raise bad(c, "label_dp_min_group", "must be >= 0 rows (0: the data's smallest group - 1)")
+    if c.label_dp_epsilon > 0 and importlib.util.find_spec("opacus") is None:
+        raise bad(c, "label_dp_epsilon", "needs Opacus's accountant: pip install 'fairvfl-flwr[privacy]'")
     if c.record_every < 0:
         raise bad(c, "record_every", "must be >= 0 (0 = only the first rounds)")
     if c.record_first < 0:
@@ -176,6 +188,9 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
     ("record_view", lambda c: bool(c.record_view), "mode", lambda c: c.mode == "split", _SPLIT),
     ("batch_size", lambda c: c.batch_size > 0, "transcript_dir", lambda c: bool(c.transcript_dir), _FULL_BATCH),
     ("transcript_dir", lambda c: bool(c.transcript_dir), "mode", lambda c: c.mode == "split", _SPLIT),
+    ("label_dp_epsilon", lambda c: c.label_dp_epsilon > 0, "batch_size", lambda c: c.batch_size > 0,
+     "the sensitivity and the accountant assume every round releases ν on all rows; " + _FULL_BATCH),
+    ("label_dp_epsilon", lambda c: c.label_dp_epsilon > 0, "mode", lambda c: c.mode == "split", _SPLIT),
     ("secure_aggregation", lambda c: c.secure_aggregation, "max_staleness", lambda c: c.max_staleness > 0,
      "masks cancel only in the sum of every party's reply to the same round; use staleness.max-staleness=0"),
     ("secure_aggregation", lambda c: c.secure_aggregation, "resume_from", lambda c: bool(c.resume_from),

@@ -31,6 +31,8 @@ COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "d
 ASYNC_COLUMNS = ["fresh", "stale"]
 # batch-size > 0: training rows loss/deo/gaps were measured on (all rows in evaluation rounds, else the next batch)
 BATCH_COLUMNS = ["train_rows"]
+#: Rows of runs with a privacy accountant: the ε spent after the row's round.
+PRIVACY_COLUMNS = ["dp_epsilon"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
@@ -72,7 +74,7 @@ class RunRecorder:
 
     def write_history(self) -> None:
         # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
-        columns = COLUMNS + [k for k in ASYNC_COLUMNS + BATCH_COLUMNS if any(k in r for r in self.rows)]
+        columns = COLUMNS + [k for k in ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS if any(k in r for r in self.rows)]
         rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
         _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")
         tmp = self.folder / "history.csv.tmp"

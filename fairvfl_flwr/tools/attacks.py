@@ -112,3 +112,81 @@ def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: Groups,
             v = active_nu(r["z"], r["lam"], y, groups, wire_dtype)
             nu[t] = v if noise is None else noise(t, v).astype(wire_dtype).astype(np.float64)
     return gram_attack(passive_sum, nu, eta, mu, max_rank)
+
+
+# -- the coalition server + active party ---------------------------------------------------------
+def coalition_gram_attack(server_rounds: list[dict], active_rounds: list[dict], eta: float, mu: float,
+                          max_rank: int | None = None) -> GramEstimate:
+    """Server and active party together on the passive parties' sum S = z − u_active.
+
+    The server holds z (the sum it decoded, as sent to the active party) and ν exactly as
+    sent, noise included (it drew the noise); the active party holds its own logits. So
+    S(t) = z(t + 1) − own u(t) with the true ν(t): the active party's attack without having
+    to recompute or redraw ν. Secure aggregation leaves it whole (z and the active party's
+    own logits are not masked from the coalition); with one passive party S is that party's
+    logits, so the coalition gets that party's Gram matrix.
+    """
+    server = {int(r["round"]): r for r in server_rounds}
+    own = {int(r["round"]): r["own-u"].astype(np.float64) for r in active_rounds if "own-u" in r}
+    passive_sum = {t - 1: server[t]["z"].astype(np.float64) - own[t - 1]
+                   for t in server if "z" in server[t] and t - 1 in own}
+    nu = {t: r["nu"].astype(np.float64) for t, r in server.items() if "nu" in r}
+    return gram_attack(passive_sum, nu, eta, mu, max_rank)
+
+
+# -- what the server learns from any party's logits (linear or MLP) -----------------------------
+def ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    out = np.empty(len(x))
+    out[order] = np.arange(len(x))
+    return out
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float(ra @ rb / np.sqrt((ra @ ra) * (rb @ rb)))
+
+
+def pair_distances(V: np.ndarray) -> np.ndarray:
+    """Euclidean distances of every pair of rows of V (upper triangle, flattened)."""
+    sq = (V * V).sum(axis=1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2 * V @ V.T, 0.0)
+    return np.sqrt(d2[np.triu_indices(len(V), k=1)])
+
+
+def trajectory_attack(server_rounds: list[dict], pid: int, X: np.ndarray, rows: np.ndarray, seed: int = 0) -> dict:
+    """The server on any party's model, linear or MLP: u_k(t) = f_k(X_k; θ_k(t)) for every row
+    and round, and f_k(·; θ) is continuous, so two people close in that party's feature space
+    have close logit trajectories. The attacker's distances are between the rows' centred
+    trajectories (rows × recorded rounds); scored as the Spearman rank correlation with
+    the true distances in X_k over the pairs of ``rows``, and the share of rows whose
+    nearest neighbour by trajectory is among their 10 nearest in X_k (chance: 10/(rows−1)).
+    The chance line: the same scores with the rows' trajectories shuffled.
+    """
+    traj = np.stack([as_logits(r[f"u-{pid}"]) for r in sorted(server_rounds, key=lambda r: int(r["round"]))
+                     if f"u-{pid}" in r], axis=1)[rows]
+    traj = traj - traj.mean(axis=0, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        traj = traj / max(float(np.abs(traj).max()), 1e-300)  # the scale is irrelevant to ranks; keeps squares finite
+    truth = X[rows].astype(np.float64)
+    d_true = pair_distances(truth)
+
+    def score(t: np.ndarray) -> tuple[float, float]:
+        d_att = pair_distances(t)
+        k = len(rows)
+        D_att, D_true = np.zeros((k, k)), np.zeros((k, k))
+        iu = np.triu_indices(k, 1)
+        D_att[iu], D_true[iu] = d_att, d_true
+        D_att, D_true = D_att + D_att.T, D_true + D_true.T
+        np.fill_diagonal(D_att, np.inf)
+        np.fill_diagonal(D_true, np.inf)
+        nearest = D_att.argmin(axis=1)
+        true_10 = np.argsort(D_true, axis=1)[:, :10]
+        hit = float(np.mean([nearest[i] in true_10[i] for i in range(k)]))
+        return spearman(d_att, d_true), hit
+
+    rho, hit = score(traj)
+    shuffled = traj[np.random.default_rng([seed, 0x7368]).permutation(len(rows))]
+    rho0, hit0 = score(shuffled)
+    return {"rho": rho, "nn10": hit, "rho_chance": rho0, "nn10_chance": hit0, "rounds": int(traj.shape[1])}

@@ -29,6 +29,12 @@ the truth, which no attacker sees:
   seeded rows, next to 1.0 for guessing 0. The median over the passive parties.
 * **the active party, features**: Σ_passive X_k X_kᵀ from z minus its own logits, with
   ν recomputed from its own y, s and the λ it receives; the same score.
+* **server + active party, features**: the same sum with the ν the server sent (noise
+  included) and the z it decoded, which secure aggregation does not hide from it.
+* **the server, any model** (linear or MLP): distances between people in a party's
+  feature space from the distances between their logit trajectories across rounds;
+  Spearman rank correlation with the true distances, next to the same score on shuffled
+  rows.
 """
 from __future__ import annotations
 
@@ -152,6 +158,11 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
     passive = [k for k in range(cfg.num_parties) if not is_active(cfg, k)]
     out: dict = {}
     server = transcripts.load(folder, transcripts.SERVER)
+    traj = [attacks.trajectory_attack(server, k, X[k], rows, cfg.seed) for k in passive]
+    if traj:
+        out["server_traj"] = traj
+        for key in ("rho", "nn10", "rho_chance", "nn10_chance"):
+            out[f"server_traj_{key}"] = float(np.median([t[key] for t in traj]))
     if cfg.model == "linear":
         errors = [attacks.gram_error(attacks.server_gram_attack(server, k, cfg.eta, mu, X[k].shape[1]), X[k], rows)
                   for k in passive]
@@ -169,6 +180,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
             est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
                                              cfg.wire_dtype, x_passive.shape[1])
             out["active_gram_error"] = attacks.gram_error(est, x_passive, rows)
+            both = attacks.coalition_gram_attack(server, active, cfg.eta, mu, x_passive.shape[1])
+            out["coalition_gram_error"] = attacks.gram_error(both, x_passive, rows)
     return out
 
 
@@ -188,9 +201,12 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
         result = passive_from_transcript(cfg.transcript_dir, cfg.num_active, ds.y_train, ds.s_train,
                                          ds.protected_label, regen)
         result.update(role_attacks(cfg.transcript_dir, cfg, ds))
+    dp = summary.get("label_dp") or {}
     return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu,
+            "label_dp_epsilon": dp.get("epsilon"), "label_dp_delta": dp.get("delta"),
+            "label_dp_lambda_bound": dp.get("lambda_bound"), "label_dp_noise_std": dp.get("noise_std"),
             "secure_aggregation": cfg.secure_aggregation, "model": cfg.model, "rounds": rounds,
-            "num_parties": cfg.num_parties,
+            "num_parties": cfg.num_parties, "n_train": int(len(ds.y_train)),
             "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
             "train_deo": summary["train_deo"], **result}
 
@@ -199,8 +215,9 @@ def table(rows: list[dict]) -> str:
     lines = [
         "| dataset | defence | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | (noise redrawn from the seed) "
         "| majority baseline | group attack AUC (guess: 0.5) | server: Gram error (guess: 1.0) | active: Gram error of the passive sum "
+        "| server + active: Gram error of the passive sum | server: distance rank corr. from logit trajectories (shuffled) "
         "| test ACC % | DFP | DFN | train DEO |",
-        "|" + "---|" * 14,
+        "|" + "---|" * 16,
     ]
 
     def f(v) -> str:  # nan: nothing to attack (ciphertext only) or the attack does not apply (MLP)
@@ -217,12 +234,16 @@ def table(rows: list[dict]) -> str:
         defence = [f"nu-noise={r['nu_noise']:g}"] if r["nu_noise"] else []
         defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
         defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
+        if r.get("label_dp_epsilon") is not None:
+            defence += [f"label DP (ε={r['label_dp_epsilon']:.3g}, δ={r['label_dp_delta']:g}, "
+                        f"λ ≤ {r['label_dp_lambda_bound']:g})"]
         lines.append(
             f"| {r['dataset']}{'' if r.get('num_parties', 6) == 6 else ', num-parties=' + str(r['num_parties'])} | "
             f"{', '.join(defence) or 'none'} | {p(r['label_attack_acc'])} | "
             f"{p(r['label_attack_acc_last'])} | {p(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
             f"{r['label_baseline_acc']:.3f} | {p(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
-            f"{f(r.get('active_gram_error'))} | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
+            f"{f(r.get('active_gram_error'))} | {f(r.get('coalition_gram_error'))} | "
+            f"{f(r.get('server_traj_rho'))} ({f(r.get('server_traj_rho_chance'))}) | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
             f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
         )
     return "\n".join(lines) + "\n"
@@ -258,7 +279,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"privacy.secure-aggregation={a.secure_aggregation}: labels {r['label_attack_acc']:.3f} "
                   f"(baseline {r['label_baseline_acc']:.3f}), groups AUC {r['group_attack_auc']:.3f}, "
                   f"server Gram error {r.get('server_gram_error', float('nan')):.3g}, "
-                  f"active Gram error {r.get('active_gram_error', float('nan')):.3g}, test ACC {100 * r['test_acc']:.2f}% "
+                  f"active Gram error {r.get('active_gram_error', float('nan')):.3g}, "
+                  f"coalition Gram error {r.get('coalition_gram_error', float('nan')):.3g}, "
+                  f"trajectory rank corr. {r.get('server_traj_rho', float('nan')):.3f}, test ACC {100 * r['test_acc']:.2f}% "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")
             (a.out / "audit.md").write_text(table(rows))
