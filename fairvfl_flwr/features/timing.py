@@ -139,7 +139,8 @@ class TimedGrid:
         now = time.time()
         for reply in got:
             meta = reply.metadata
-            _write("serverapp", {"event": "pull", "reply_to": meta.reply_to_message_id, "node_id": meta.src_node_id,
+            _write("serverapp", {"event": "pull", "message_id": meta.message_id, "reply_to": meta.reply_to_message_id,
+                                 "node_id": meta.src_node_id,
                                  "group": meta.group_id, "t": now, "created": meta.created_at,
                                  "error": reply.has_error(),
                                  "bytes": 0 if reply.has_error() else array_bytes(reply.content)})
