@@ -111,6 +111,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--poll", default="0.05", help="SuperExec task poll of the SuperNodes ('default': Flower's 1 s)")
     ap.add_argument("--run-config", default="", help="extra run config (Flower's syntax)")
     ap.add_argument("--keep", type=Path, default=None, help="keep files and logs here (default: a temporary folder)")
+    ap.add_argument("--parties-dir", type=Path, default=None,
+                    help="party files from an earlier run (its manifest.json); written there if missing")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="deploy_scale")
     args = ap.parse_args(argv)
@@ -118,12 +120,18 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="fairvfl-scale-") as tmp:
         tmp = args.keep or Path(tmp)
         t0 = time.perf_counter()
-        ds = synthetic.make_dataset(args.n, args.features, seed=0)
-        problem._load_table = lambda cfg: ds  # the synthetic table in place of the packaged ones (this process only)
-        manifest = export(RunConfig(dataset="adult", num_parties=args.parties), tmp / "parties")
-        del ds
+        parties = args.parties_dir or tmp / "parties"
+        if (parties / "manifest.json").exists():
+            manifest = json.loads((parties / "manifest.json").read_text())
+            if manifest["rows"]["train"] + manifest["rows"]["test"] != args.n:
+                raise SystemExit(f"{parties} holds {manifest['rows']} rows, not n = {args.n}")
+        else:
+            ds = synthetic.make_dataset(args.n, args.features, seed=0)
+            problem._load_table = lambda cfg: ds  # the synthetic table in place of the packaged ones (this process only)
+            manifest = export(RunConfig(dataset="adult", num_parties=args.parties), parties)
+            del ds
         export_s = time.perf_counter() - t0
-        file_mib = {p.name: p.stat().st_size / 2**20 for p in sorted((tmp / "parties").glob("*.csv"))}
+        file_mib = {p.name: p.stat().st_size / 2**20 for p in sorted(parties.glob("*.csv"))}
         print(json.dumps({"export_seconds": export_s, "files_MiB": file_mib}), flush=True)
         cfg = {**manifest["run_config"], "num-server-rounds": args.rounds, "eval-every": args.rounds,
                "batching.batch-size": args.batch_size, "output-dir": str(tmp / "out"), **extra}
