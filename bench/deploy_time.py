@@ -106,7 +106,7 @@ def history_round_seconds(rows: list[dict]) -> list[float]:
 
 
 # -- the timing logs ---------------------------------------------------------------------
-LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*?(Receiving|Sending): \S+ message \(ID: ([0-9a-f]+)\)")
+LOG_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*?(Receiving|Sending): (\S+) message \(ID: ([0-9a-f]+)\)")
 
 
 def supernode_times(fed_home: Path) -> dict[str, float]:
@@ -118,8 +118,30 @@ def supernode_times(fed_home: Path) -> dict[str, float]:
     out = {}
     for f in Path(fed_home).glob("supernode*.log"):
         for m in LOG_LINE.finditer(f.read_text(errors="replace")):
-            out[m.group(3)] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out[m.group(4)] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
     return out
+
+
+def node_spans(fed_home: Path, first_round: int = 1) -> list[float]:
+    """Seconds from a SuperNode receiving a round's message to it sending the reply (rounds >=
+    ``first_round``), from the SuperNodes' own logs: the same span for any app, the no-op included."""
+    spans = []
+    for f in sorted(Path(fed_home).glob("supernode*.log")):
+        received, round_no = None, None
+        for line in f.read_text(errors="replace").splitlines():
+            tag = re.search(r"ROUND (\w+)\]", line)
+            if tag:
+                round_no = tag.group(1)
+            m = LOG_LINE.search(line)
+            if not m:
+                continue
+            t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if m.group(2) == "Receiving":
+                received = t if round_no and round_no.isdigit() and int(round_no) >= first_round else None
+            elif received is not None:
+                spans.append(t - received)
+                received = None
+    return spans
 
 
 def read_logs(folder: Path) -> tuple[list[dict], list[dict], dict[int, float]]:
@@ -268,6 +290,9 @@ def main(argv=None) -> dict:
                 print(run["log_tail"], file=sys.stderr)
                 raise SystemExit(f"FairVFL run ended {run['status']}")
             res["fairvfl_per_round"] = history_round_seconds(history(tmp / f"out-{poll}"))
+            for kind in ("noop", "fairvfl"):
+                spans = node_spans(tmp / f"fed-{kind}-{poll}")
+                res[f"{kind}_node_span_median"] = statistics.median(spans) if spans else None
             bd = breakdown(log, tmp / f"fed-fairvfl-{poll}")
             res["breakdown"] = bd["rounds"]
             res["summary"] = summarise(bd)
@@ -285,11 +310,14 @@ def main(argv=None) -> dict:
     lines = [f"Loopback deployment, {args.dataset}, {args.parties} SuperNodes, {args.rounds} rounds (rounds 1..R), "
              f"run config {args.run_config or '(defaults)'}; load average {results[0]['load_before']:.1f} before, "
              f"{results[-1]['load_after']:.1f} after.", ""]
-    lines += ["| poll | no-op s/round | FairVFL s/round | FairVFL / no-op |", "|---|---|---|---|"]
+    lines += ["| poll | no-op s/round | FairVFL s/round | FairVFL / no-op | node span no-op s | node span FairVFL s |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         noop = r.get("noop_s_per_round")
-        lines.append(f"| {r['poll']} | {noop if noop is None else f'{noop:.2f}'} | {r['fairvfl_s_per_round']:.2f} | "
-                     f"{r['ratio']:.2f} |" if noop else f"| {r['poll']} | – | {r['fairvfl_s_per_round']:.2f} | – |")
+        spans = [r.get(f"{k}_node_span_median") for k in ("noop", "fairvfl")]
+        spans_md = " | ".join("–" if v is None else f"{v:.2f}" for v in spans)
+        lines.append(f"| {r['poll']} | {noop:.2f} | {r['fairvfl_s_per_round']:.2f} | {r['ratio']:.2f} | {spans_md} |" if noop
+                     else f"| {r['poll']} | – | {r['fairvfl_s_per_round']:.2f} | – | {spans_md} |")
     lines += ["", breakdown_table(results)]
     write(args.out, args.name, {"args": vars(args) | {"out": str(args.out), "keep": str(args.keep)},
                                 "results": results}, "\n".join(lines))
