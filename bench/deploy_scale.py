@@ -68,12 +68,13 @@ class MemorySampler(threading.Thread):
                 except (OSError, IndexError, ValueError):
                     continue
                 children[ppid].append(int(entry.name))
-        out, todo = [], list(self.roots)
+        out, todo = {}, list(self.roots)
         while todo:
             pid = todo.pop()
-            out.append(pid)
-            todo += children.get(pid, [])
-        return out
+            if pid not in out:
+                out[pid] = None
+                todo += children.get(pid, [])
+        return list(out)
 
     def kind(self, pid: int) -> str | None:
         try:
