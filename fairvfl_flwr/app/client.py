@@ -1,9 +1,10 @@
 """The ClientApp: one party of the federation, assembled from the algorithms' handlers
 and the features' mods.
 
-Mods run outermost first: secure aggregation masks every reply's logits, the guard's
-re-sent answers included; the guard answers re-sent messages before anything else
-runs; checkpoints save θ after a step; the transcript mods record what a party
+Mods run outermost first: the timing log (off unless ``FAIRVFL_TIMING_LOG`` is set)
+counts every other mod's time as the message's; secure aggregation masks every reply's
+logits, the guard's re-sent answers included; the guard answers re-sent messages before
+anything else runs; checkpoints save θ after a step; the transcript mods record what a party
 received; the straggler mod delays replies last, so a delay never changes state. Each
 mod reads its own section of the run config and passes through when it is off.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from flwr.clientapp import ClientApp
 
+# first of the app's modules: it notes when the app's import began
+from fairvfl_flwr.features import timing  # isort: skip
 from fairvfl_flwr.algorithms import fairvfl, newton, split
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, saving, scoring, secagg
@@ -27,8 +30,8 @@ __all__ = ["MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
 
-app = ClientApp(mods=[secagg.mask_mod, guard_mod, ckks.keep_context_mod, checkpoint_mod, record_mod, transcript_mod,
-                     delay_mod])
+app = ClientApp(mods=[timing.timing_mod, secagg.mask_mod, guard_mod, ckks.keep_context_mod, checkpoint_mod, record_mod,
+                     transcript_mod, delay_mod])
 party.register(app)
 fairvfl.register(app)
 newton.register(app)
@@ -37,3 +40,4 @@ ckks.register(app)
 saving.register(app)
 scoring.register(app)
 secagg.register(app)
+timing.imported()

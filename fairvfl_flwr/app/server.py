@@ -45,6 +45,7 @@ from fairvfl_flwr.features.scores import KeepScores
 from fairvfl_flwr.features.scoring import run_scoring
 from fairvfl_flwr.features.secagg import SecureAggregation
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
+from fairvfl_flwr.features.timing import timed
 from fairvfl_flwr.features.transcripts import ServerTranscript
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
@@ -166,4 +167,4 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_server(grid, context.run_config, getattr(grid.run, "run_id", None))
+    run_server(timed(grid), context.run_config, getattr(grid.run, "run_id", None))  # timed: FAIRVFL_TIMING_LOG

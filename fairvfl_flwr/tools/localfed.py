@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -22,7 +21,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+from flwr.common.config import parse_config_args
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -56,6 +57,12 @@ def run_config_arg(config: Mapping[str, object]) -> str:
     return node_config_arg(config)
 
 
+def parse_run_config(text: str) -> dict[str, Any]:
+    """``key=value`` pairs as ``flwr run --run-config`` reads them (Flower's own parser):
+    ``"optimizer='newton' num-server-rounds=20 batching.batch-size=4096"``."""
+    return parse_config_args([text]) if text.strip() else {}
+
+
 @dataclass
 class Security:
     """TLS and SuperNode authentication material (see :mod:`fairvfl_flwr.tools.tls`)."""
@@ -79,6 +86,9 @@ class LocalFederation:
         Turn on TLS (all connections) and SuperNode authentication.
     env : mapping, optional
         Extra environment for every process (e.g. ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
+    node_env : mapping, optional
+        Extra environment for the SuperNodes only (e.g. ``FLWR_LOG_LEVEL``, which would
+        also change what the ``flwr`` CLI prints).
     """
 
     def __init__(
@@ -87,8 +97,10 @@ class LocalFederation:
         node_configs: Sequence[Mapping[str, object]],
         security: Security | None = None,
         env: Mapping[str, str] | None = None,
+        node_env: Mapping[str, str] | None = None,
     ) -> None:
         self.home = Path(home).resolve()
+        self.node_env = dict(node_env or {})
         self.home.mkdir(parents=True, exist_ok=True)
         self.node_configs = list(node_configs)
         self.security = security
@@ -142,7 +154,7 @@ class LocalFederation:
                 cmd += ["--root-certificates", str(sec.ca_cert), "--auth-supernode-private-key", str(sec.node_keys[i][0])]
             else:
                 cmd += ["--insecure"]
-            self._spawn(f"supernode{i}", cmd, env={**self.env, "FLWR_HOME": str(node_home)})
+            self._spawn(f"supernode{i}", cmd, env={**self.env, **self.node_env, "FLWR_HOME": str(node_home)})
         self.wait_nodes(len(self.node_configs), timeout)
         return self
 
@@ -263,9 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.partition_only:
         nodes = [{"partition-id": i, "num-partitions": len(nodes)} for i in range(len(nodes))]
         run_config.pop("server-labels", None)
-    for item in shlex.split(args.run_config):
-        key, _, value = item.partition("=")
-        run_config[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+    run_config.update(parse_run_config(args.run_config))
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.poll)} if args.poll else None
     with LocalFederation(args.home or args.export_dir / "federation", nodes, env=env) as fed:
         started = time.perf_counter()
