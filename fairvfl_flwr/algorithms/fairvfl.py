@@ -41,10 +41,6 @@ class FairVFL(VFLServer):
             f"{self.batch_size} rows" if self.batch_size else "full",
         )
 
-    def z(self, split: str) -> np.ndarray:
-        parts = self.u_train if split == "train" else self.u_test
-        return np.sum([parts[nid] for nid in self.nodes], axis=0)
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

@@ -90,10 +90,6 @@ class NewtonVFL(VFLServer):
             MEMORY, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
         )
 
-    def z(self, split: str) -> np.ndarray:
-        parts = self.u_train if split == "train" else self.u_test
-        return np.sum([parts[nid] for nid in self.nodes], axis=0)
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

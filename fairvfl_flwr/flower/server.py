@@ -132,8 +132,10 @@ class VFLServer(Strategy):
         raise NotImplementedError
 
     def z(self, split: str) -> np.ndarray:
-        """The server's scores on ``split`` ("train" or "test") from the held replies."""
-        raise NotImplementedError
+        """The server's scores on ``split`` ("train" or "test"): the sum of the held partial
+        logits (an algorithm whose replies are not partial logits overrides this)."""
+        parts = self.u_train if split == "train" else self.u_test
+        return np.sum([parts[nid] for nid in self.nodes], axis=0)
 
     def init_content(self) -> RecordDict:
         return msgs.init_content(True)
