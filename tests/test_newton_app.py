@@ -90,7 +90,7 @@ def test_one_active_party_is_centralised_newton(tmp_path):
     np.testing.assert_allclose(np.append(saved["weight"], saved["bias"]), ref.theta, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("extra", [{}, {"optimizer": "gd"}])
+@pytest.mark.parametrize("extra", [{"optimizer": "gd"}, {"preset": "paper"}])
 def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
     """A short gd run's history as recorded before the optimizer key existed (tests/golden)."""
     golden = json.loads((ROOT / "tests" / "golden" / "gd-crime-12.json").read_text())

@@ -80,7 +80,7 @@ class LosingGrid(InProcessGrid):
 
 
 def _run(tmp_path, name, grid_cls=InProcessGrid, **extra):
-    rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 8,
+    rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime", "num-server-rounds": 8,
                                 "eval-every": 4, "output-dir": str(tmp_path / "runs"),
                                 "privacy.transcript-dir": str(tmp_path / name), "privacy.record-first": 3,
                                 "privacy.record-every": 5, "reliability.round-timeout": 0.5, **extra}).to_flower()
@@ -167,7 +167,7 @@ def test_the_server_reads_distances_off_an_mlp_partys_logit_trajectories():
                                    {"reliability.checkpoint-every": 2}])
 def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, extra):
     def run(on):
-        rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 4,
+        rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime", "num-server-rounds": 4,
                                     "eval-every": 2, "output-dir": str(tmp_path / f"runs{on}"),
                                     "reliability.checkpoint-dir": str(tmp_path / f"ckpt{on}"),
                                     "privacy.secure-aggregation": on, **extra}).to_flower()

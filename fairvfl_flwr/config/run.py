@@ -27,7 +27,7 @@ OPTIMIZERS = ("auto", "gd", "newton")
 class RunConfig:
     """All settings of one FairVFL run (defaults: the paper's setup on Adult, linear)."""
 
-    preset: str = ""  # "", "paper" (= the defaults) or "fast" (presets.py): fills keys left at their default
+    preset: str = ""  # "", "paper" (the paper's gradient steps) or "fast" (presets.py): fills keys left at their default
     dataset: str = "adult"
     model: str = "linear"
     epsilon: float = 0.01
@@ -51,9 +51,10 @@ class RunConfig:
     dtype: str = "float64"  # the parties' model and feature dtype
     wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
     mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline) | score
-    # gd: the paper's gradient steps; newton: block Newton with the server's subspace search
-    # (linear, full batch; docs/newton.md); auto: newton where it runs, gd otherwise (optimizer_in_use)
-    optimizer: str = "gd"
+    # auto: newton where it runs, gd otherwise (optimizer_in_use); gd: the paper's gradient
+    # steps (preset "paper"); newton: block Newton with the server's subspace search
+    # (linear, full batch; docs/newton.md)
+    optimizer: str = "auto"
     # newton: training ends once a round decreases F by less than this (relative) twice in a
     # row with the gaps at ε (so num-server-rounds is a cap); 0: run every round
     newton_tolerance: float = 1e-6

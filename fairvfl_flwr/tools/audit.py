@@ -188,8 +188,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
 def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides: dict | None = None) -> dict:
     """Train with transcripts on, then attack what each role received."""
     with tempfile.TemporaryDirectory() as tmp:
-        changes = {
-            "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
+        changes = {  # the attacks model the paper's gradient steps
+            "preset": "paper", "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
             "privacy.transcript-dir": str(Path(tmp) / "transcripts"), "privacy.record-every": 10,
             "privacy.record-first": 30, "privacy.nu-noise": noise,
             "output-dir": str(Path(tmp) / "runs"), **(overrides or {}),
