@@ -75,6 +75,8 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps,
               active=cfg.num_active, fairness=cfg.fairness)
+    if cfg.model == "mlp":
+        return _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, t)
     if optimizer == "newton":
         fl = NewtonFloor(blocks, ds.y_train, groups, curvature=curvature, memory=memory, **kw)
     else:
@@ -94,6 +96,29 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
             "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
             "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * n),
             "seconds": time.perf_counter() - t}
+
+
+def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, started) -> dict:
+    """MLP parties (gd or adam) in one process: bench/common.PartyFloor, the parties' own step code."""
+    from bench.common import PartyFloor
+    from fairvfl_flwr.core.metrics import fairness_metrics
+    from fairvfl_flwr.core.objective import train_stats
+
+    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,
+                    seed=cfg.seed, test_blocks=test_blocks, **kw)
+    history = []
+    for r in range(1, cfg.num_server_rounds + 1):
+        fl.round()
+        row = {"round": r, "deo": train_stats(ds.y_train, fl.z(), groups).deo, "acc": float("nan")}
+        if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
+            row.update(fairness_metrics(ds.y_test, ds.s_test, fl.z("test")))
+        history.append(row)
+    last = history[-1]
+    objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
+    return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
+            "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
+            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * len(ds.y_train)),
+            "seconds": time.perf_counter() - started}
 
 
 def run(overrides: dict, tmp: str) -> dict:
@@ -123,6 +148,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--datasets", default="", help="several datasets, e.g. adult,compas,crime (overrides --dataset)")
     ap.add_argument("--seeds", default="", help="run-config seeds, e.g. 0,1,2 (default: the run config's)")
     ap.add_argument("--newton-rounds", type=int, default=0, help="rounds of the newton runs (default: --rounds)")
+    ap.add_argument("--adam-rounds", type=int, default=0, help="rounds of the adam runs (default: --rounds)")
     ap.add_argument("--curvature", default="nu", help="newton: what passive parties use for h (exact, nu, const)")
     ap.add_argument("--memory", type=int, default=2, help="newton: earlier moves per party in the subspace search")
     args = ap.parse_args(argv)
@@ -137,8 +163,8 @@ def main(argv=None) -> dict:
         for dataset in datasets:
             for seed in seeds:
                 for optimizer in args.optimizer.split(","):
-                    qs = [int(x) for x in args.qs.split(",")] if optimizer == "gd" else [None]
-                    rounds = args.newton_rounds or args.rounds if optimizer == "newton" else args.rounds
+                    qs = [int(x) for x in args.qs.split(",")] if optimizer in ("gd", "adam") else [None]
+                    rounds = {"newton": args.newton_rounds, "adam": args.adam_rounds}.get(optimizer) or args.rounds
                     for q in qs:
                         cfg = {"dataset": dataset, "num-server-rounds": rounds, "eval-every": 10, **extra}
                         if q is not None:
@@ -147,16 +173,16 @@ def main(argv=None) -> dict:
                             cfg["seed"] = seed
                         if args.preset:
                             cfg["preset"] = args.preset
-                        if optimizer == "newton":
+                        if optimizer in ("newton", "adam"):
                             cfg["eval-every"] = 1
                         if args.app:
                             res = run({**cfg, "optimizer": optimizer}, f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
                         elif optimizer == "newton":
                             res = run_floor(cfg, "newton", args.curvature, args.memory)
                         elif args.engine == "inprocess":
-                            res = run(cfg, f"{tmp}/q{q}")
+                            res = run({**cfg, "optimizer": optimizer}, f"{tmp}/q{q}")
                         else:
-                            res = run_floor(cfg)
+                            res = run_floor(cfg, optimizer)
                         r = {"dataset": dataset, "seed": seed, "optimizer": optimizer, "rounds": rounds,
                              "preset": args.preset or "default", "Q": q if q is not None else "-", **res}
                         print(r, flush=True)

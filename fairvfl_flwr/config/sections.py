@@ -233,12 +233,39 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
 REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
 
 
-def newton_refusal(c: Any) -> tuple[str, str] | None:
-    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
-    for other, on, why in NEWTON_REFUSED:
+_ADAM = "optimizer='adam' is per-coordinate adaptive steps for MLP parties (docs/adam.md); use optimizer='gd'"
+
+#: What optimizer='adam' cannot run with: (setting, is it on?, why). optimizer='auto'
+#: falls back to gradient descent where one of these holds (:func:`adam_refusal`).
+ADAM_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model", lambda c: c.model == "linear",
+     "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
+     "(or 'auto') for a linear model, or optimizer='gd'"),
+    ("checkpoint_every", lambda c: c.checkpoint_every > 0,
+     "a party's checkpoint holds θ only, not the Adam moments and step count its next step continues from; "
+     "use reliability.checkpoint-every=0 or optimizer='gd'"),
+    ("resume_from", lambda c: bool(c.resume_from),
+     "Adam runs are not checkpointed (a party's moments are not saved); start the run afresh"),
+    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAM),
+]
+REFUSED += [("optimizer", lambda c: c.optimizer == "adam", other, on, why) for other, on, why in ADAM_REFUSED]
+
+
+def _first(table: list[tuple[str, Callable[[Any], bool], str]], c: Any) -> tuple[str, str] | None:
+    for other, on, why in table:
         if on(c):
             return other, why
     return None
+
+
+def newton_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
+    return _first(NEWTON_REFUSED, c)
+
+
+def adam_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules Adam out, or None."""
+    return _first(ADAM_REFUSED, c)
 
 
 def check_combinations(c: Any) -> None:

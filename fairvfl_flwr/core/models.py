@@ -92,16 +92,64 @@ def gradient_step(model: nn.Module, lr: float, mu: float) -> None:
         p.grad = None
 
 
+class Adam:
+    """Per-coordinate adaptive steps (Kingma and Ba) on the gradient of f̃, kept by the party.
+
+    The gradient is J_kᵀν + μθ_k, the same as for :func:`gradient_step`: μ is the
+    objective's regulariser, not a decoupled decay. Each party keeps its own moments and
+    step count; nothing of them leaves the node. ``lr`` is the run's 1/η: with Adam's
+    normalised update it bounds how far one coordinate moves per step (|Δθ| ≤ lr·(1−β1)/√(1−β2)
+    for β1² < β2), whatever the scale of ν.
+    """
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.betas, self.eps = betas, eps
+        self.t = 0
+        self.m: dict[str, torch.Tensor] = {}
+        self.v: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def step(self, model: nn.Module, lr: float, mu: float) -> None:
+        b1, b2 = self.betas
+        self.t += 1
+        for name, p in model.named_parameters():
+            g = p.grad + mu * p
+            m = self.m.get(name)
+            m = (1 - b1) * g if m is None else b1 * m + (1 - b1) * g
+            v = self.v.get(name)
+            v = (1 - b2) * g * g if v is None else b2 * v + (1 - b2) * g * g
+            self.m[name], self.v[name] = m, v
+            m_hat = m / (1 - b1**self.t)
+            v_hat = v / (1 - b2**self.t)
+            p -= lr * m_hat / (v_hat.sqrt() + self.eps)
+            p.grad = None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = {"t": np.asarray(self.t, dtype=np.int64)}
+        state.update({f"m.{k}": v.numpy().copy() for k, v in self.m.items()})
+        state.update({f"v.{k}": v.numpy().copy() for k, v in self.v.items()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = int(np.asarray(state["t"]))
+        self.m = {k[2:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("m.")}
+        self.v = {k[2:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("v.")}
+
+
 def squared_norm(model: nn.Module) -> float:
     return float(sum((p.detach() ** 2).sum() for p in model.parameters()))
 
 
 class TorchBlock:
     """A torch model behind the block interface the parties use (``core.linear.LinearBlock``):
-    numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k."""
+    numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``optimizer``: None for the paper's gradient step, or an :class:`Adam` whose moments
+    the party keeps (``optimizer_state``)."""
+
+    def __init__(self, model: nn.Module, optimizer: Adam | None = None) -> None:
         self.model = model
+        self.optimizer = optimizer
         self.dtype = next(model.parameters()).dtype
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
@@ -114,13 +162,23 @@ class TorchBlock:
     def step(self, x: np.ndarray, nu: np.ndarray, lr: float, mu: float) -> None:
         u = self.model(self._tensor(x))
         u.backward(torch.as_tensor(nu, dtype=u.dtype))
-        gradient_step(self.model, lr, mu)
+        if self.optimizer is None:
+            gradient_step(self.model, lr, mu)
+        else:
+            self.optimizer.step(self.model, lr, mu)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+
+    def optimizer_state(self) -> dict[str, np.ndarray] | None:
+        return None if self.optimizer is None else self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
 
     def sq_norm(self) -> float:
         return squared_norm(self.model)

@@ -26,6 +26,7 @@ from fairvfl_flwr.data.problem import constraint_groups
 from fairvfl_flwr.flower import protocol as msgs
 
 MODEL_STATE = "fairvfl.model"
+OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adam': the party's moments and step count, never sent
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,14 @@ class PartyRuntime:
             bias=data.role == msgs.ROLE_ACTIVE or cfg.model == "mlp",
             dtype=cfg.dtype,
             seed=cfg.seed * 1000 + data.partition_id,
+            optimizer="adam" if cfg.optimizer_in_use == "adam" else "gd",
         )
         state = self.model_state()
         if state is not None:
             block.load_state_dict(state)
+        optimizer = self.context.state.array_records.get(OPTIMIZER_STATE)
+        if optimizer is not None:
+            block.load_optimizer_state({k: v.numpy() for k, v in optimizer.items()})
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
             return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
@@ -109,10 +114,16 @@ class PartyRuntime:
 
     def save(self, party: Party) -> None:
         self.load_model_state(party.block.state_dict())
+        optimizer = party.block.optimizer_state()
+        if optimizer is not None:
+            self.context.state.array_records[OPTIMIZER_STATE] = ArrayRecord(
+                {k: Array(np.asarray(v, order="C")) for k, v in optimizer.items()})
 
     def reset(self) -> None:
-        """Forget the model: the next :meth:`party` starts from the seeded initial θ."""
+        """Forget the model: the next :meth:`party` starts from the seeded initial θ (and,
+        under Adam, from fresh moments)."""
         self.context.state.array_records.pop(MODEL_STATE, None)
+        self.context.state.array_records.pop(OPTIMIZER_STATE, None)
 
     def load_model_state(self, state: dict) -> None:
         """Keep θ (numpy arrays by parameter name) in the node's state for the next message."""
