@@ -176,7 +176,7 @@ class NewtonFloor(NumpyFloor):
 
 
 class PartyFloor:
-    """FairVFL's round for any block (``core/blocks.py``: linear, MLP; gd or adam) in one
+    """FairVFL's round for any block (``core/blocks.py``: linear, MLP; gd or adagrad) in one
     process: the server's dual step and ν, then the parties' own step code
     (``core/parties.py``), float64, no messages. The app's parties run the same code."""
 

@@ -124,8 +124,8 @@ def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
         pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {key(field)}=.*: \S"):
         RunConfig(optimizer="newton", **{field: ON[field]}).validate()
-    # an MLP falls back to Adam (docs/adam.md); the others keep the linear model, which Adam refuses
-    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == ("adam" if field == "model" else "gd")
+    # an MLP falls back to AdaGrad (docs/adagrad.md); the others keep the linear model, which AdaGrad refuses
+    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == ("adagrad" if field == "model" else "gd")
 
 
 def test_auto_is_newton_for_linear_full_batch_runs():
@@ -133,7 +133,7 @@ def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="gd").optimizer_in_use == "gd"
     assert RunConfig(optimizer="auto", constraint="equalized-odds").optimizer_in_use == "gd"
     assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
-    with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, gd, newton, adam"):
+    with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, gd, newton, adagrad"):
         RunConfig.from_flower({"optimizer": "sgd"})
 
 

@@ -93,20 +93,20 @@ def optimizer_note(cfg: RunConfig) -> str:
         return "gradient descent (the paper's steps)"
     if cfg.optimizer == "newton":
         return "block Newton (docs/newton.md)"
-    if cfg.optimizer == "adam":
-        return "Adam steps kept by each party (docs/adam.md)"
+    if cfg.optimizer == "adagrad":
+        return "AdaGrad steps kept by each party (docs/adagrad.md)"
     if cfg.constraint != "deo":
-        return (f"gradient descent: block Newton and Adam are measured with constraint='deo' only "
+        return (f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
                 f"(constraint={cfg.constraint!r})")
     if cfg.optimizer_in_use == "newton":
         return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)"
     newton_no = sections.newton_refusal(cfg)
     why_not_newton = f"block Newton does not run with {sections.key(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
-    if cfg.optimizer_in_use == "adam":
-        return f"Adam steps kept by each party ({why_not_newton}; docs/adam.md)"
-    adam_no = sections.adam_refusal(cfg)
-    return (f"gradient descent: {why_not_newton}, and Adam does not run with "
-            f"{sections.key(adam_no[0])}={getattr(cfg, adam_no[0])!r}")
+    if cfg.optimizer_in_use == "adagrad":
+        return f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)"
+    adagrad_no = sections.adagrad_refusal(cfg)
+    return (f"gradient descent: {why_not_newton}, and AdaGrad does not run with "
+            f"{sections.key(adagrad_no[0])}={getattr(cfg, adagrad_no[0])!r}")
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:

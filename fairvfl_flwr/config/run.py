@@ -20,7 +20,7 @@ from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
 from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES
 
 MODES = ("fairvfl", "fairvfl-scores", "split", "score")
-OPTIMIZERS = ("auto", "gd", "newton", "adam")
+OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class RunConfig:
     wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
     mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline) | score
     # gd: the paper's gradient steps; newton: block Newton with the server's subspace search
-    # (linear, full batch; docs/newton.md); adam: per-coordinate adaptive steps kept by each
-    # party (MLP; docs/adam.md); auto: newton where it runs, else adam, else gd (optimizer_in_use)
+    # (linear, full batch; docs/newton.md); adagrad: per-coordinate adaptive steps kept by each
+    # party (MLP; docs/adagrad.md); auto: newton where it runs, else adagrad, else gd (optimizer_in_use)
     optimizer: str = "gd"
     # newton: training ends once a round decreases F by less than this (relative) twice in a
     # row with the gaps at ε (so num-server-rounds is a cap); 0: run every round
@@ -221,18 +221,18 @@ class RunConfig:
 
     @property
     def optimizer_in_use(self) -> str:
-        """``gd``, ``newton`` or ``adam``: ``auto`` is newton unless a setting of the run rules it
-        out (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...), then adam unless
-        one rules that out (sections.ADAM_REFUSED: a linear model, checkpoints, ...), else gd;
+        """``gd``, ``newton`` or ``adagrad``: ``auto`` is newton unless a setting of the run rules it
+        out (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...), then adagrad unless
+        one rules that out (sections.ADAGRAD_REFUSED: a linear model, checkpoints, ...), else gd;
         gd too where the constraint set is not the measured one (``deo``: docs/newton.md,
-        docs/adam.md)."""
+        docs/adagrad.md)."""
         if self.optimizer != "auto":
             return self.optimizer
         if self.constraint != "deo":
             return "gd"
         if not sections.newton_refusal(self):
             return "newton"
-        return "gd" if sections.adam_refusal(self) else "adam"
+        return "gd" if sections.adagrad_refusal(self) else "adagrad"
 
     @property
     def lr(self) -> float:

@@ -233,22 +233,22 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
 REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
 
 
-_ADAM = "optimizer='adam' is per-coordinate adaptive steps for MLP parties (docs/adam.md); use optimizer='gd'"
+_ADAGRAD = "optimizer='adagrad' is per-coordinate adaptive steps for MLP parties (docs/adagrad.md); use optimizer='gd'"
 
-#: What optimizer='adam' cannot run with: (setting, is it on?, why). optimizer='auto'
-#: falls back to gradient descent where one of these holds (:func:`adam_refusal`).
-ADAM_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
+#: What optimizer='adagrad' cannot run with: (setting, is it on?, why). optimizer='auto'
+#: falls back to gradient descent where one of these holds (:func:`adagrad_refusal`).
+ADAGRAD_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("model", lambda c: c.model == "linear",
      "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
      "(or 'auto') for a linear model, or optimizer='gd'"),
     ("checkpoint_every", lambda c: c.checkpoint_every > 0,
-     "a party's checkpoint holds θ only, not the Adam moments and step count its next step continues from; "
+     "a party's checkpoint holds θ only, not the sums of squared gradients its next AdaGrad step continues from; "
      "use reliability.checkpoint-every=0 or optimizer='gd'"),
     ("resume_from", lambda c: bool(c.resume_from),
-     "Adam runs are not checkpointed (a party's moments are not saved); start the run afresh"),
-    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAM),
+     "AdaGrad runs are not checkpointed (a party's sums of squared gradients are not saved); start the run afresh"),
+    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAGRAD),
 ]
-REFUSED += [("optimizer", lambda c: c.optimizer == "adam", other, on, why) for other, on, why in ADAM_REFUSED]
+REFUSED += [("optimizer", lambda c: c.optimizer == "adagrad", other, on, why) for other, on, why in ADAGRAD_REFUSED]
 
 
 def _first(table: list[tuple[str, Callable[[Any], bool], str]], c: Any) -> tuple[str, str] | None:
@@ -263,9 +263,9 @@ def newton_refusal(c: Any) -> tuple[str, str] | None:
     return _first(NEWTON_REFUSED, c)
 
 
-def adam_refusal(c: Any) -> tuple[str, str] | None:
-    """(setting, why) of the first setting of ``c`` that rules Adam out, or None."""
-    return _first(ADAM_REFUSED, c)
+def adagrad_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules AdaGrad out, or None."""
+    return _first(ADAGRAD_REFUSED, c)
 
 
 def check_combinations(c: Any) -> None:

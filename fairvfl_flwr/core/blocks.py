@@ -16,17 +16,17 @@ def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = F
                 seed: int = 0, optimizer: str = "gd"):
     """Create one party's block, deterministically from ``seed`` (linear: zeros).
 
-    ``optimizer``: ``gd`` (the paper's step) or ``adam`` (MLP only: per-coordinate
-    adaptive steps with moments the party keeps, ``core/models.Adam``).
+    ``optimizer``: ``gd`` (the paper's step) or ``adagrad`` (MLP only: per-coordinate
+    adaptive steps with sums of squared gradients the party keeps, ``core/models.AdaGrad``).
     """
     if kind == "linear":
-        if optimizer == "adam":
-            raise ValueError("optimizer 'adam' is for MLP blocks; a linear block takes gradient or Newton steps")
+        if optimizer == "adagrad":
+            raise ValueError("optimizer 'adagrad' is for MLP blocks; a linear block takes gradient or Newton steps")
         return LinearBlock.zeros(in_features, bias, dtype)
-    from fairvfl_flwr.core.models import Adam, TorchBlock, build_model  # torch, only for the MLP
+    from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model  # torch, only for the MLP
 
     model = build_model(kind, in_features, hidden=hidden, bias=bias, dtype=dtype, seed=seed)
-    return TorchBlock(model, Adam() if optimizer == "adam" else None)
+    return TorchBlock(model, AdaGrad() if optimizer == "adagrad" else None)
 
 
 def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -92,48 +92,42 @@ def gradient_step(model: nn.Module, lr: float, mu: float) -> None:
         p.grad = None
 
 
-class Adam:
-    """Per-coordinate adaptive steps (Kingma and Ba) on the gradient of f̃, kept by the party.
+class AdaGrad:
+    """Per-coordinate adaptive steps (Duchi, Hazan and Singer) on the gradient of f̃, kept by the party.
 
-    The gradient is J_kᵀν + μθ_k, the same as for :func:`gradient_step`: μ is the
-    objective's regulariser, not a decoupled decay. Each party keeps its own moments and
-    step count; nothing of them leaves the node. ``lr`` is the run's 1/η: with Adam's
-    normalised update it bounds how far one coordinate moves per step (|Δθ| ≤ lr·(1−β1)/√(1−β2)
-    for β1² < β2), whatever the scale of ν.
+    θ ← θ − lr·g/(√(Σ g²) + eps), the sum over this party's own steps, with g = J_kᵀν + μθ_k
+    as for :func:`gradient_step` (μ is the objective's regulariser, not a decoupled decay).
+    ``lr`` is the run's 1/η. Every step moves each coordinate by at most lr, whatever the
+    scale of ν, and the steps shrink as the squared gradients add up: at a fixed λ this
+    converges to a stationary point of f̃ for any lr (docs/adagrad.md, What is proved).
+    The sums never leave the node. Same arithmetic as ``torch.optim.Adagrad`` (its defaults).
     """
 
-    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
-        self.betas, self.eps = betas, eps
+    eps = 1e-10
+
+    def __init__(self) -> None:
         self.t = 0
-        self.m: dict[str, torch.Tensor] = {}
-        self.v: dict[str, torch.Tensor] = {}
+        self.sums: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
     def step(self, model: nn.Module, lr: float, mu: float) -> None:
-        b1, b2 = self.betas
         self.t += 1
         for name, p in model.named_parameters():
             g = p.grad + mu * p
-            m = self.m.get(name)
-            m = (1 - b1) * g if m is None else b1 * m + (1 - b1) * g
-            v = self.v.get(name)
-            v = (1 - b2) * g * g if v is None else b2 * v + (1 - b2) * g * g
-            self.m[name], self.v[name] = m, v
-            m_hat = m / (1 - b1**self.t)
-            v_hat = v / (1 - b2**self.t)
-            p -= lr * m_hat / (v_hat.sqrt() + self.eps)
+            total = self.sums.get(name)
+            total = g * g if total is None else total + g * g
+            self.sums[name] = total
+            p -= lr * g / (total.sqrt() + self.eps)
             p.grad = None
 
     def state_dict(self) -> dict[str, np.ndarray]:
         state = {"t": np.asarray(self.t, dtype=np.int64)}
-        state.update({f"m.{k}": v.numpy().copy() for k, v in self.m.items()})
-        state.update({f"v.{k}": v.numpy().copy() for k, v in self.v.items()})
+        state.update({f"sum.{k}": v.numpy().copy() for k, v in self.sums.items()})
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.t = int(np.asarray(state["t"]))
-        self.m = {k[2:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("m.")}
-        self.v = {k[2:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("v.")}
+        self.sums = {k[4:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("sum.")}
 
 
 def squared_norm(model: nn.Module) -> float:
@@ -144,10 +138,10 @@ class TorchBlock:
     """A torch model behind the block interface the parties use (``core.linear.LinearBlock``):
     numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k.
 
-    ``optimizer``: None for the paper's gradient step, or an :class:`Adam` whose moments
-    the party keeps (``optimizer_state``)."""
+    ``optimizer``: None for the paper's gradient step, or an :class:`AdaGrad` whose sums of
+    squared gradients the party keeps (``optimizer_state``)."""
 
-    def __init__(self, model: nn.Module, optimizer: Adam | None = None) -> None:
+    def __init__(self, model: nn.Module, optimizer: AdaGrad | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.dtype = next(model.parameters()).dtype

@@ -26,7 +26,7 @@ from fairvfl_flwr.data.problem import constraint_groups
 from fairvfl_flwr.flower import protocol as msgs
 
 MODEL_STATE = "fairvfl.model"
-OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adam': the party's moments and step count, never sent
+OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class PartyRuntime:
             bias=data.role == msgs.ROLE_ACTIVE or cfg.model == "mlp",
             dtype=cfg.dtype,
             seed=cfg.seed * 1000 + data.partition_id,
-            optimizer="adam" if cfg.optimizer_in_use == "adam" else "gd",
+            optimizer="adagrad" if cfg.optimizer_in_use == "adagrad" else "gd",
         )
         state = self.model_state()
         if state is not None:
@@ -121,7 +121,7 @@ class PartyRuntime:
 
     def reset(self) -> None:
         """Forget the model: the next :meth:`party` starts from the seeded initial θ (and,
-        under Adam, from fresh moments)."""
+        under AdaGrad, from fresh sums)."""
         self.context.state.array_records.pop(MODEL_STATE, None)
         self.context.state.array_records.pop(OPTIMIZER_STATE, None)
 
