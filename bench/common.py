@@ -76,6 +76,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def dual_step(floor, z):
+    """The server's step of a floor (docs/algorithm.md, One round, steps 2-3): new λ and ν."""
+    return server_step(floor.lam, floor.y, z, floor.groups, epsilon=floor.epsilon, beta=floor.beta, c=floor.c,
+                       fairness=floor.fairness)
+
+
 class NumpyFloor:
     """FairVFL's round (docs/algorithm.md) for linear models in one process, plain numpy, no messages.
 
@@ -102,8 +108,7 @@ class NumpyFloor:
 
     def round(self):
         z = self.z()
-        self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta, c=self.c,
-                                   fairness=self.fairness)
+        self.lam, nu = dual_step(self, z)
         for k, x in enumerate(self.X):
             if k < self.active:
                 others = z - self.u[k]
@@ -143,8 +148,7 @@ class NewtonFloor(NumpyFloor):
                                                              self.previous, epsilon=self.epsilon, beta=self.beta,
                                                              c=self.c, fairness=self.fairness)
         else:
-            self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta,
-                                       c=self.c, fairness=self.fairness)
+            self.lam, nu = dual_step(self, z)
         n = len(z)
         h_exact = curvature(self.y, z, self.lam, self.groups)
         h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
@@ -209,8 +213,7 @@ class PartyFloor:
 
     def round(self):
         z = self.z()
-        self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta, c=self.c,
-                                   fairness=self.fairness)
+        self.lam, nu = dual_step(self, z)
         for k, p in enumerate(self.parties):
             if k < self.active:
                 p.local_steps(z, self.lam, self.Q)
