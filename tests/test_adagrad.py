@@ -21,6 +21,7 @@ from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
 from fairvfl_flwr.core.reference import lagrangian
 from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.data import partydata
+from fairvfl_flwr.features import checkpoint
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -118,7 +119,25 @@ def test_gradient_descent_on_an_mlp_is_unchanged_bit_for_bit(tmp_path):
     assert history == golden["history"]
 
 
-ON = {"model": "linear", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split"}
+def test_a_resumed_run_continues_with_each_partys_sums(tmp_path):
+    """Checkpoints hold θ_k and AdaGrad's sums: a run resumed at round 2 by fresh parties
+    (new contexts, state from their own disks) equals the uninterrupted run."""
+    rc = {**ADAGRAD, "num-parties": 3, "eval-every": 2, "reliability.checkpoint-every": 2,
+          "reliability.checkpoint-dir": str(tmp_path / "parties")}
+    _, folder = run_inprocess({**rc, "num-server-rounds": 2, "output-dir": str(tmp_path / "a")}, quiet=True)
+    saved = checkpoint.load_party(checkpoint.party_dir({}, RunConfig.from_flower(rc).to_flower(), 1), 2, "party 1", "optim")
+    assert int(saved["t"]) == 2 and any(k.startswith("sum.") for k in saved)
+    run_inprocess({**rc, "num-server-rounds": 4, "reliability.resume-from": str(folder)}, quiet=True)
+    resumed = json.loads((folder / "history.json").read_text())
+    _, full = run_inprocess({**rc, "num-server-rounds": 4, "output-dir": str(tmp_path / "b")}, quiet=True)
+    full = json.loads((full / "history.json").read_text())
+    assert [r["round"] for r in resumed] == [r["round"] for r in full] == list(range(5))
+    for a, b in zip(resumed, full):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-12) and a["lambdas"] == pytest.approx(b["lambdas"], abs=1e-15)
+        assert a["acc"] == b["acc"]
+
+
+ON = {"model": "linear", "mode": "split"}
 
 
 @pytest.mark.parametrize("field", [row[0] for row in ADAGRAD_REFUSED])
@@ -138,6 +157,8 @@ def test_auto_picks_adagrad_for_an_mlp_and_says_why():
     assert "AdaGrad" in optimizer_note(cfg) and "model='mlp'" in optimizer_note(cfg)
     assert RunConfig(optimizer="auto", model="mlp", batch_size=256).optimizer_in_use == "adagrad"
     assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds").optimizer_in_use == "gd"
-    fallback = RunConfig(optimizer="auto", model="mlp", checkpoint_every=5)
+    assert RunConfig(optimizer="auto", model="mlp", checkpoint_every=5).optimizer_in_use == "adagrad"
+    fallback = RunConfig(optimizer="auto", batch_size=256)  # linear: neither Newton nor AdaGrad
     assert fallback.optimizer_in_use == "gd"
-    assert "reliability.checkpoint-every=5" in optimizer_note(fallback)
+    assert optimizer_note(fallback) == ("gradient descent: block Newton does not run with batching.batch-size=256, "
+                                        "and AdaGrad does not run with model='linear'")

@@ -202,16 +202,6 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
 ]
 
 
-def _not_checkpointed(method: str, state: str) -> list[tuple[str, Callable[[Any], bool], str]]:
-    """The two refusals of an optimizer whose party state beyond θ the checkpoints do not hold."""
-    return [
-        ("checkpoint_every", lambda c: c.checkpoint_every > 0,
-         f"a party's checkpoint holds θ only, not {state}; use reliability.checkpoint-every=0 or optimizer='gd'"),
-        ("resume_from", lambda c: bool(c.resume_from),
-         f"{method} runs are not checkpointed (a party's checkpoint lacks {state}); start the run afresh"),
-    ]
-
-
 _NEWTON = "optimizer='newton' is block Newton for linear parties on full batches (docs/newton.md); use optimizer='gd'"
 
 #: What optimizer='newton' cannot run with: (setting, is it on?, why). optimizer='auto'
@@ -233,7 +223,11 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("secure_nu", lambda c: c.secure_nu != "none",
      "a passive party derives its curvature from plaintext ν (|ν|(1 − n|ν|) is not linear in ν, so it cannot "
      "be computed on a CKKS ciphertext); use privacy.secure-nu='none' or optimizer='gd'"),
-    *_not_checkpointed("Newton", "the directions and last moves a Newton round continues from"),
+    ("checkpoint_every", lambda c: c.checkpoint_every > 0,
+     "a party's checkpoint holds θ only, not the directions and last moves a Newton round continues from; "
+     "use reliability.checkpoint-every=0 or optimizer='gd'"),
+    ("resume_from", lambda c: bool(c.resume_from),
+     "Newton runs are not checkpointed (a party's pending directions are not saved); start the run afresh"),
     ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
 ]
 REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
@@ -247,7 +241,6 @@ ADAGRAD_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("model", lambda c: c.model == "linear",
      "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
      "(or 'auto') for a linear model, or optimizer='gd'"),
-    *_not_checkpointed("AdaGrad", "the sums of squared gradients its next AdaGrad step continues from"),
     ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAGRAD),
 ]
 REFUSED += [("optimizer", lambda c: c.optimizer == "adagrad", other, on, why) for other, on, why in ADAGRAD_REFUSED]
