@@ -24,6 +24,15 @@ in-process grid (app/run.run_inprocess, float32 wire as by default); the table t
     python bench/rounds.py --app --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
         --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton-app
 
+``--optimizer adagrad --set model=mlp`` trains MLP parties with AdaGrad steps (docs/adagrad.md),
+``--optimizer gd --set model=mlp`` with the paper's; MLP rows run on bench/common.PartyFloor,
+the parties' own step code. ``--jobs N`` runs N of the (dataset, seed, optimizer, Q) runs
+at a time, one process each; the JSON's MLP rows carry ``curve`` ([round, test acc, train
+DEO] per evaluated round):
+
+    python bench/rounds.py --dataset adult --seeds 0,1,2 --qs 5 --set model=mlp --jobs 3 \
+        --optimizer adagrad --rounds 100 --name mlp-adult-adagrad-100
+
 Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
 methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
 negative where the multipliers give some rows a negative weight).

@@ -81,6 +81,31 @@ def test_one_active_party_is_centralised_adagrad_on_the_lagrangian(tmp_path):
             np.testing.assert_allclose(saved[name], p.numpy(), rtol=0, atol=1e-10)
 
 
+def test_the_app_equals_the_one_process_floor_that_the_benchmarks_use(tmp_path):
+    """K = 3, Q = 5 on Crime: λ and the train DEO every round as bench/common.PartyFloor's
+    (float64 wire), so the rounds-to-target table measures what the app runs."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from bench.common import PartyFloor
+
+    rc = {**ADAGRAD, "num-parties": 3, "num-server-rounds": 5, "eval-every": 5}
+    _, folder = run_inprocess({**rc, "output-dir": str(tmp_path)}, quiet=True)
+    history = json.loads((folder / "history.json").read_text())
+    cfg = RunConfig.from_flower(rc)
+    ds = load_data(cfg)
+    cols = party_columns(cfg, ds)
+    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    floor = PartyFloor([ds.X_train[:, c] for c in cols], ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta,
+                       c=cfg.c, mu=cfg.mu_value(len(ds.y_train)), lr=cfg.lr, Q=cfg.local_steps, model="mlp",
+                       hidden=cfg.hidden, optimizer="adagrad", seed=cfg.seed)
+    for t in range(1, cfg.num_server_rounds + 1):
+        floor.round()
+        np.testing.assert_allclose(history[t]["lambdas"], floor.lam, rtol=0, atol=1e-10)
+        assert history[t]["deo"] == pytest.approx(abs(groups.gaps(ds.y_train, floor.z())[0]), abs=1e-10)
+    assert history[-1]["lambdas"][0] > 0
+
+
 def test_each_party_keeps_its_sums_and_passive_parties_receive_nu_only(tmp_path):
     rounds, q = 3, 2
     rc = {**ADAGRAD, "num-parties": 3, "local-steps": q, "num-server-rounds": rounds, "eval-every": 3,
