@@ -93,12 +93,20 @@ def optimizer_note(cfg: RunConfig) -> str:
         return "gradient descent (the paper's steps)"
     if cfg.optimizer == "newton":
         return "block Newton (docs/newton.md)"
-    refusal = sections.newton_refusal(cfg)
-    if refusal is not None:
-        return f"gradient descent: block Newton does not run with {sections.key(refusal[0])}={getattr(cfg, refusal[0])!r}"
-    if cfg.optimizer_in_use == "gd":
-        return f"gradient descent: block Newton is measured with constraint='deo' only (constraint={cfg.constraint!r})"
-    return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)"
+    if cfg.optimizer == "adagrad":
+        return "AdaGrad steps kept by each party (docs/adagrad.md)"
+    if cfg.constraint != "deo":
+        return (f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
+                f"(constraint={cfg.constraint!r})")
+    if cfg.optimizer_in_use == "newton":
+        return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)"
+    newton_no = sections.newton_refusal(cfg)
+    why_not_newton = f"block Newton does not run with {sections.key(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
+    if cfg.optimizer_in_use == "adagrad":
+        return f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)"
+    adagrad_no = sections.adagrad_refusal(cfg)
+    return (f"gradient descent: {why_not_newton}, and AdaGrad does not run with "
+            f"{sections.key(adagrad_no[0])}={getattr(cfg, adagrad_no[0])!r}")
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:

@@ -233,12 +233,34 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
 REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
 
 
-def newton_refusal(c: Any) -> tuple[str, str] | None:
-    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
-    for other, on, why in NEWTON_REFUSED:
+_ADAGRAD = "optimizer='adagrad' is per-coordinate adaptive steps for MLP parties (docs/adagrad.md); use optimizer='gd'"
+
+#: What optimizer='adagrad' cannot run with: (setting, is it on?, why). optimizer='auto'
+#: falls back to gradient descent where one of these holds (:func:`adagrad_refusal`).
+ADAGRAD_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model", lambda c: c.model == "linear",
+     "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
+     "(or 'auto') for a linear model, or optimizer='gd'"),
+    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAGRAD),
+]
+REFUSED += [("optimizer", lambda c: c.optimizer == "adagrad", other, on, why) for other, on, why in ADAGRAD_REFUSED]
+
+
+def _first(table: list[tuple[str, Callable[[Any], bool], str]], c: Any) -> tuple[str, str] | None:
+    for other, on, why in table:
         if on(c):
             return other, why
     return None
+
+
+def newton_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
+    return _first(NEWTON_REFUSED, c)
+
+
+def adagrad_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules AdaGrad out, or None."""
+    return _first(ADAGRAD_REFUSED, c)
 
 
 def check_combinations(c: Any) -> None:
