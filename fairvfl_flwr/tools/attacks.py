@@ -31,8 +31,10 @@ from fairvfl_flwr.core.newton import party_curvature
 from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.features.secagg import decode, mask
 
-#: Singular values of the Newton equations kept, relative to the largest (above float32 rounding).
+#: Singular values of the Newton equations' R kept, relative to the largest (above float32
+#: rounding), and eigenvalues of WᵀR (about their squares) kept in its pseudo-inverse.
 NEWTON_RTOL = 1e-5
+NEWTON_KTOL = 1e-8
 #: Rows the Gram matrices are scored on (a seeded sample: the full n × n matrix is 13 GB on Adult).
 SCORE_ROWS = 200
 
@@ -65,19 +67,13 @@ def gram_attack(u: dict[int, np.ndarray], nu: dict[int, np.ndarray], eta: float,
     return fit_gram(R, V, max_rank)
 
 
-def fit_gram(R: np.ndarray, V: np.ndarray, max_rank: int | None = None, rtol: float | None = None) -> GramEstimate:
-    """Ĝ with Ĝ V ≈ R (columns: one equation G v = r each), on the column space of R.
-
-    Rank: with ``rtol``, the singular values above ``rtol`` times the largest; without, those
-    5× above the median (the noise floor when most columns are noise, as in gradient descent's
-    long runs of nearly parallel updates)."""
+def fit_gram(R: np.ndarray, V: np.ndarray, max_rank: int | None = None) -> GramEstimate:
+    """Ĝ with Ĝ V ≈ R (columns: one equation G v = r each), on the column space of R."""
     basis, s, _ = np.linalg.svd(R, full_matrices=False)
     if not np.all(np.isfinite(s)) or s[0] == 0:
         return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), R.shape[1])
-    if rtol is not None:
-        rank = int((s > rtol * s[0]).sum())
-    else:  # singular values clear of the noise floor (the wire dtype's rounding of u)
-        rank = int((s > 5 * np.median(s)).sum()) if len(s) > 4 else len(s)
+    # Rank: singular values clear of the noise floor (the wire dtype's rounding of u).
+    rank = int((s > 5 * np.median(s)).sum()) if len(s) > 4 else len(s)
     rank = max(1, min(rank, max_rank or rank, R.shape[1] - 1))
     basis = basis[:, :rank]
     core = (basis.T @ R) @ np.linalg.pinv(basis.T @ V)
@@ -247,8 +243,9 @@ def newton_gram_attack(dirs: dict[int, np.ndarray], u: dict[int, np.ndarray], nu
         X_k X_kᵀ (h̃ ⊙ v + ν) = −μ (v + u),
 
     one exact equation G w = r per round, every term known to the server (it sent ν). The
-    same fit as the gradient-descent attack (:func:`fit_gram`): the r span the column space
-    of X_k one round at a time, so a party with m columns is rebuilt after about m rounds.
+    r span the column space of X_k one round at a time, so a party with m columns is rebuilt
+    after about m rounds; before that, :func:`nystrom_gram` gives the part of G the rounds
+    have reached (on random parties it beats :func:`fit_gram` there, and is exact a round earlier).
     """
     ts = sorted(t for t in dirs if t in u and t in nu)
     if len(ts) < 2:
@@ -256,15 +253,33 @@ def newton_gram_attack(dirs: dict[int, np.ndarray], u: dict[int, np.ndarray], nu
     n = len(nu[ts[0]])
     W = np.stack([party_curvature(nu[t], n, "nu") * dirs[t] + nu[t] for t in ts], axis=1)
     R = np.stack([-mu * (dirs[t] + u[t]) for t in ts], axis=1)
-    # Every column is a new direction of X_k until the rounds cover its columns: the noise
-    # floor is the wire's rounding (float32: 6e-8 relative), not half the columns.
-    return fit_gram(R, W, max_rank, rtol=NEWTON_RTOL)
+    return nystrom_gram(R, W, max_rank)
+
+
+def nystrom_gram(R: np.ndarray, W: np.ndarray, max_rank: int | None = None) -> GramEstimate:
+    """Ĝ = R (WᵀR)⁺ Rᵀ from exact equations G W = R (G positive semi-definite): the Nyström
+    approximation of G on the columns W, which is G itself once GW has G's rank.
+
+    Every column is a new direction of X_k until the rounds cover its columns, so the rank
+    is set by the wire's rounding (float32: 6e-8 relative), not by a median of the columns.
+    """
+    basis, s, _ = np.linalg.svd(R, full_matrices=False)
+    if not np.all(np.isfinite(s)) or s[0] == 0:
+        return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), R.shape[1])
+    rank = max(1, min(int((s > NEWTON_RTOL * s[0]).sum()), max_rank or len(s)))
+    basis = basis[:, :rank]
+    inner = W.T @ R  # = WᵀGW: symmetric PSD up to rounding
+    vals, vecs = np.linalg.eigh((inner + inner.T) / 2)
+    keep = vals > NEWTON_KTOL * vals.max()
+    pinv = (vecs[:, keep] / vals[keep]) @ vecs[:, keep].T
+    core = (basis.T @ R) @ pinv @ (basis.T @ R).T
+    return GramEstimate(basis, (core + core.T) / 2, R.shape[1])
 
 
 def newton_server_rounds(server_rounds: list[dict], pid: int) -> tuple[dict, dict, dict]:
     """(X_k s_k per round, the tracked X_k θ_k per round, ν per round) of party ``pid``, as the server holds them."""
     by_round = {int(r["round"]): r for r in server_rounds}
-    dirs = {t: r[f"dir-{pid}"].astype(np.float64) for t, r in by_round.items() if f"dir-{pid}" in r}
+    dirs = {t: as_logits(r[f"dir-{pid}"]) for t, r in by_round.items() if f"dir-{pid}" in r}
     alphas = {t: r[f"alpha-{pid}"] for t, r in by_round.items() if f"alpha-{pid}" in r}
     u = newton_track(as_logits(by_round[0][f"u-{pid}"]), dirs, alphas)
     nu = {t: r["nu"].astype(np.float64) for t, r in by_round.items() if "nu" in r}
@@ -272,9 +287,12 @@ def newton_server_rounds(server_rounds: list[dict], pid: int) -> tuple[dict, dic
 
 
 def newton_server_gram_attack(server_rounds: list[dict], pid: int, mu: float,
-                              max_rank: int | None = None) -> GramEstimate:
-    """The server on one party under Newton: its replies, the α it computed and the ν it sent."""
+                              max_rank: int | None = None, last: int | None = None) -> GramEstimate:
+    """The server on one party under Newton: its replies, the α it computed and the ν it sent
+    (``last``: the rounds up to that one only, as if training had stopped there)."""
     dirs, u, nu = newton_server_rounds(server_rounds, pid)
+    if last is not None:
+        dirs = {t: v for t, v in dirs.items() if t <= last}
     return newton_gram_attack(dirs, u, nu, mu, max_rank)
 
 
