@@ -328,7 +328,7 @@ class SumEstimate:
 
 # -- the coalition server + active party under secure aggregation ---------------------------------
 def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round: int, split: str = "train") -> np.ndarray:
-    """Party ``pid``'s masked words with the masks of the pairs in ``keys`` (other party → pair key) removed.
+    """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other party → key) removed.
 
     Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
     k_ij for some j undoes those terms. With every pair key of the word (one passive party and
@@ -341,12 +341,14 @@ def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round
     return out
 
 
-def coalition_peeled(server_rounds: list[dict], pid: int, keys: dict[int, bytes]) -> list[dict]:
-    """The server's transcript with party ``pid``'s training words peeled by the coalition's keys."""
+def coalition_peeled(server_rounds: list[dict], pid: int, holder: int, keys: dict[int, bytes]) -> list[dict]:
+    """The server's transcript with party ``pid``'s training words peeled by the key it shares
+    with party ``holder`` (``keys``: the holder's pair keys, other party → key)."""
+    pair = {holder: keys[pid]}
     out = []
     for r in server_rounds:
         r = dict(r)
         if f"u-{pid}" in r and r[f"u-{pid}"].dtype == np.uint64:
-            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, keys, int(r["round"])))
+            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, int(r["round"])))
         out.append(r)
     return out

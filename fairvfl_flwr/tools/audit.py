@@ -221,7 +221,7 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         out["server_gram_errors"] = errors
         out["server_gram_error"] = float(np.median(errors)) if errors else float("nan")
     if coalition_keys is not None:
-        peeled = {k: attacks.coalition_peeled(server, k, coalition_keys) for k in passive}
+        peeled = {k: attacks.coalition_peeled(server, k, 0, coalition_keys) for k in passive}
         medians(out, "coalition_traj", [attacks.trajectory_attack(peeled[k], k, X[k], rows, cfg.seed)
                                         for k in passive])
         if cfg.model == "linear":
