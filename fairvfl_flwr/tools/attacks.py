@@ -31,10 +31,8 @@ from fairvfl_flwr.core.newton import party_curvature
 from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.features.secagg import decode, mask
 
-#: Singular values of the Newton equations' R kept, relative to the largest (above float32
-#: rounding), and eigenvalues of WᵀR (about their squares) kept in its pseudo-inverse.
+#: Singular values of the Newton equations' R kept, relative to the largest (above float32 rounding).
 NEWTON_RTOL = 1e-5
-NEWTON_KTOL = 1e-8
 #: Rows the Gram matrices are scored on (a seeded sample: the full n × n matrix is 13 GB on Adult).
 SCORE_ROWS = 200
 
@@ -268,9 +266,10 @@ def nystrom_gram(R: np.ndarray, W: np.ndarray, max_rank: int | None = None) -> G
         return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), R.shape[1])
     rank = max(1, min(int((s > NEWTON_RTOL * s[0]).sum()), max_rank or len(s)))
     basis = basis[:, :rank]
-    inner = W.T @ R  # = WᵀGW: symmetric PSD up to rounding
+    inner = W.T @ R  # = WᵀGW: symmetric PSD up to rounding, of GW's rank (R's)
     vals, vecs = np.linalg.eigh((inner + inner.T) / 2)
-    keep = vals > NEWTON_KTOL * vals.max()
+    keep = np.argsort(vals)[::-1][:rank]
+    keep = keep[vals[keep] > 0]
     pinv = (vecs[:, keep] / vals[keep]) @ vecs[:, keep].T
     core = (basis.T @ R) @ pinv @ (basis.T @ R).T
     return GramEstimate(basis, (core + core.T) / 2, R.shape[1])
