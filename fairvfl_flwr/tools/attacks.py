@@ -326,8 +326,10 @@ class SumEstimate:
 
 
 # -- the coalition server + active party under secure aggregation ---------------------------------
-def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round: int, split: str = "train") -> np.ndarray:
-    """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other party → key) removed.
+def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round: int,
+               split: str = "train") -> np.ndarray:
+    """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other
+    party → key) removed.
 
     Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
     k_ij for some j undoes those terms. With every pair key of the word (one passive party and
