@@ -12,6 +12,7 @@ from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.audit import run_audit
 
 # -- secure aggregation: the arithmetic -------------------------------------------------------
@@ -222,3 +223,61 @@ def test_secure_aggregation_with_encrypted_nu_gives_the_encrypted_run(tmp_path):
     plain, masked = run(False), run(True)
     for key in ("train_loss", "train_deo", "test_acc"):  # CKKS adds ~1e-9 noise to each gradient
         assert masked[key] == pytest.approx(plain[key], rel=1e-8, abs=1e-10)
+
+
+def test_every_attack_beats_chance_on_newton_transcripts():
+    """Under Newton each role's attack still works undefended: the server rebuilds each passive
+    party's Gram matrix from its replies X_k s_k (one exact equation a round), the passive party
+    reads labels and groups off ν, the active party ranks distances from the passive sum's
+    trajectory, the coalition sums the server's estimates."""
+    r = run_audit("crime", rounds=25, noise=0.0, overrides={"optimizer": "newton", "newton-tolerance": 0.0})
+    assert r["optimizer"] == "newton" and r["rounds_run"] == 25
+    assert r["label_attack_acc"] == 1.0 and r["group_attack_auc"] > 0.9
+    assert max(r["server_gram_errors"]) < 1e-3  # guessing 0 scores 1.0
+    assert r["server_traj_rho"] > r["server_traj_rho_chance"] + 0.3
+    assert r["active_traj_rho"] > r["active_traj_rho_chance"] + 0.2
+    assert r["coalition_gram_error"] < 1e-3
+
+
+def test_newton_gram_attack_needs_the_true_equation():
+    """The attack's identity is exact: on a random party it recovers X Xᵀ once the rounds cover
+    its columns, and a wrong μ (or fewer rounds than columns) does not."""
+    from fairvfl_flwr.core.newton import block_direction, party_curvature
+
+    rng = np.random.default_rng(3)
+    n, m, mu = 300, 6, 2 / 300
+    X = rng.normal(size=(n, m))
+    theta = rng.normal(size=m)
+    dirs, u, nu = {}, {}, {}
+    for t in range(1, 11):
+        nu[t] = rng.normal(size=n) / n
+        u[t] = X @ theta
+        s = block_direction(X, nu[t], party_curvature(nu[t], n, "nu"), theta, mu)
+        dirs[t] = X @ s
+        theta = theta + 0.5 * s
+    rows = np.arange(50)
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, mu), X, rows) < 1e-8
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, 3 * mu), X, rows) > 0.5
+    few = {t: dirs[t] for t in range(1, 4)}
+    assert attacks.gram_error(attacks.newton_gram_attack(few, u, nu, mu), X, rows) > 0.1
+
+
+def test_coalition_peels_a_lone_passive_party_exactly():
+    """Server + active party under secure aggregation with one passive party: the active party's
+    pair key is that party's only mask, so the coalition reads its logits exactly and its
+    attacks score what the server's score without secure aggregation."""
+    both = {"num-parties": 2}
+    plain = run_audit("crime", rounds=40, noise=0.0, overrides=both)
+    r = run_audit("crime", rounds=40, noise=0.0, overrides={**both, "privacy.secure-aggregation": True})
+    assert min(r["server_gram_errors"]) >= 0.9  # the server alone: masked words
+    assert r["coalition_party_gram_error"] == pytest.approx(plain["server_gram_error"], abs=1e-9)
+    assert plain["server_gram_error"] < 0.5
+    assert r["coalition_traj_rho"] == pytest.approx(plain["server_traj_rho"], abs=1e-9)
+
+
+def test_coalition_cannot_peel_two_passive_parties():
+    """With two passive parties their mutual mask remains: the peeled words are still noise."""
+    r = run_audit("crime", rounds=40, noise=0.0, overrides={"privacy.secure-aggregation": True, "num-parties": 3})
+    assert min(r["coalition_party_gram_errors"]) >= 0.9
+    assert abs(r["coalition_traj_rho"]) < 0.2
+    assert r["coalition_gram_error"] < 0.6  # the passive sum is still the coalition's (z is not masked from it)

@@ -74,6 +74,7 @@ class NewtonVFL(VFLServer):
         self.jac: np.ndarray | None = None  # dD/dd in the last round's subspace (None before round 1's)
         self.previous: tuple[np.ndarray, np.ndarray] | None = None  # (d, gaps) at the last dual step
         self.alpha: dict[int, np.ndarray] = {}  # each party's step lengths, sent with its next message
+        self.computed_alpha: dict[int, np.ndarray] = {}  # the last round's, kept after the apply message went out
         self.du_moves: dict[int, list[np.ndarray]] = {}  # each party's last moves' change of logits, newest first
         self.grid: Grid | None = None
         self.converged_rounds = 0  # rounds in a row that passed the convergence test
@@ -149,6 +150,7 @@ class NewtonVFL(VFLServer):
                                      + float(al @ got[nid]["gram"] @ al), 0.0)
             self.steps[nid] = 1
             self.alpha[nid] = al
+            self.computed_alpha[nid] = al
             if "test" in got[nid]:
                 self.u_test[nid] = got[nid]["test"] + got[nid]["test-dirs"] @ al
         if self.converged(f_before, z + du @ alpha):
@@ -188,9 +190,16 @@ class NewtonVFL(VFLServer):
                     dst_node_id=nid, message_type=msgs.NEWTON_APPLY, group_id=f"{server_round}-apply")
             for nid in self.nodes
         ]
-        for reply in self.exchange(self.grid, messages, self.cfg.round_timeout):
+        timeout = self.cfg.round_timeout
+        # through the hooks like any round's replies: a transcript keeps these logits as received
+        for reply in self.hooks.incoming(self, self.grid, server_round, self.exchange(self.grid, messages, timeout),
+                                         timeout):
             self.fold(reply)
         self.alpha = {}
+
+    def computed(self) -> dict[int, dict[str, np.ndarray]]:
+        """The step lengths α_k of the round just folded, per party (sent with its next message)."""
+        return {nid: {"alpha": al} for nid, al in self.computed_alpha.items()}
 
     def check_directions(self, reply: Message, width: int) -> dict:
         """One party's Newton reply, checked: ``width`` directions, one value per row each."""

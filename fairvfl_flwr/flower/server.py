@@ -272,6 +272,11 @@ class VFLServer(Strategy):
         self.sq_norms[nid] = float(stats["sq-norm"])
         self.steps[nid] = int(stats["steps"])
 
+    def computed(self) -> dict[int, dict[str, np.ndarray]]:
+        """Per node, what the algorithm computed for that party from the round just folded,
+        beyond ν, z and λ (a transcript keeps it); gradient descent computes nothing more."""
+        return {}
+
     def record(self, server_round: int, extra: dict | None = None) -> dict:
         """History row for θ after ``server_round`` (round 0: the initial model).
 
