@@ -240,7 +240,8 @@ class SecureAggregation(RoundHook):
             else:
                 total, limit = decode(np.sum(ws, axis=0, dtype=np.uint64)), LIMIT / 2  # wraps mod 2^64
             if np.any(np.abs(total) >= limit):
-                raise FederationError(f"round {server_round}: the masks of the {name} '{key}' did not cancel (the "
+                what = f"{key} logits" if name == msgs.LOGITS else f"{name} '{key}'"
+                raise FederationError(f"round {server_round}: the masks of the {what} did not cancel (the "
                                       "parties' pair keys differ: a node restarted or a reply was altered); no party's "
                                       "values were revealed; start the run again")
             sums[key] = total
