@@ -151,6 +151,7 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
         assert len(alphas[0]) == min(t - 1, 3)  # the combined direction and up to two combined moves
     server = {int(r["round"]): r for r in tr.load(tmp_path / "masked" / "t", tr.SERVER)}
     assert server[3]["dir-1"].dtype == np.uint64 and "a-1" in server[3]
+    assert {"dir-1", "u-1", "nu", "z"} <= set(server[5])  # the last round's file keeps its directions and the apply leg
 
 
 def test_the_masked_run_is_the_plain_shared_step_run(tmp_path, monkeypatch):

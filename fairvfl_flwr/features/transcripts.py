@@ -17,7 +17,9 @@ format is documented in docs/privacy.md ("Transcripts") and read by
 
 Under ``optimizer = "newton"`` the server's file also holds each party's reply:
 ``dir-<pid>`` (X_k s_k, at the wire dtype), ``a-<pid>`` (θ_k·d_j) and ``gram-<pid>``
-(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds; a party's file
+(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds (all masked
+uint64 words under secure aggregation, with the last round's ``u-<pid>`` of the apply
+step added to its file); a party's file
 holds what it received, ``alpha`` (its step lengths of the round before) with ``nu`` or
 ``z`` and ``lam``, and ``own-dir`` (its own X_k s_k). The step lengths of the last round
 (``train.newton_apply``) are added to that round's file as ``alpha-last``, with ``own-u``.
@@ -94,6 +96,7 @@ class ServerTranscript(RoundHook):
     def __init__(self, folder: str, first: int, every: int) -> None:
         self.folder, self.first, self.every = folder, first, every
         self.pending: dict[int, dict[str, np.ndarray]] = {}
+        self.written: set[int] = set()
 
     def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
         if should_record(server_round, self.first, self.every):
@@ -119,6 +122,10 @@ class ServerTranscript(RoundHook):
             arrays[f"u-{pid}"] = record["train"].numpy()
             if "test" in record:
                 arrays[f"u-test-{pid}"] = record["test"].numpy()
+        if server_round in self.written:  # a second leg of the round (shared-step Newton's apply): add to its file
+            with np.load(role_dir(self.folder, SERVER) / f"r{server_round:06d}.npz") as old:
+                arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}
+        self.written.add(server_round)
         write(self.folder, SERVER, server_round, arrays)
         return replies
 
