@@ -255,9 +255,8 @@ class SharedNewtonVFL(NewtonVFL):
     α = 0 is admissible and F at fixed λ never increases), the dual step uses the gap
     Jacobian of that subspace, and every party gets the same α and applies it to its own
     parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
-    combined moves). With privacy.secure-aggregation each reply is masked
-    (features/secagg.py) and the server decodes only the sums; without it the server sums
-    the plain replies (the same method, for comparison). The server's per-party view is
+    combined moves). The app runs it under secure aggregation, whose round hook hands this
+    server decoded sums only; over plain replies it is the same method (the server sums). The server's per-party view is
     the sums on the first party and zeros on the others.
     """
 
@@ -267,8 +266,8 @@ class SharedNewtonVFL(NewtonVFL):
 
     def summary(self) -> None:
         super().summary()
-        log(INFO, "FairVFL: block Newton with shared step lengths: the server's search sees only sums over "
-            "parties (secure aggregation %s)", "on" if self.cfg.secure_aggregation else "off")
+        log(INFO, "FairVFL: block Newton with step lengths shared by all parties: the server's search needs only "
+            "sums over parties")
 
     def width_of(self, nid: int) -> int:
         return 1 + len(self.dz_moves)
