@@ -23,6 +23,7 @@ from fairvfl_flwr.data.problem import constraint_groups, load_data, party_column
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import PartyUnavailable
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 3,
@@ -211,3 +212,23 @@ def test_auto_picks_shared_step_newton_under_secure_aggregation():
     assert "shared step lengths" in optimizer_note(cfg)
     assert "shared step lengths" not in optimizer_note(RunConfig(optimizer="auto"))
     RunConfig(optimizer="newton", secure_aggregation=True).validate()  # no longer refused
+
+
+class SilentGrid(Recording):
+    """Node 2 stops answering from round 3 on (its node is gone)."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages):
+            if msg.metadata.group_id == "3" and msg.metadata.dst_node_id == self.node_ids[2]:
+                self._replies.pop(mid)
+        return ids
+
+
+def test_a_party_that_stays_silent_stops_the_run_and_nothing_is_unmasked(tmp_path):
+    with pytest.raises(PartyUnavailable, match="partition 2"):
+        _secure_run(tmp_path, "silent", SilentGrid, **{"reliability.round-timeout": 0.3,
+                                                        "reliability.round-retries": 1})
+    rounds = {int(r["round"]) for r in tr.load(tmp_path / "silent" / "t", tr.SERVER)}
+    assert rounds == {0, 1, 2}  # round 3's two replies were never summed nor recorded
