@@ -33,6 +33,12 @@ DEO] per evaluated round):
     python bench/rounds.py --dataset adult --seeds 0,1,2 --qs 5 --set model=mlp --jobs 3 \
         --optimizer adagrad --rounds 100 --name mlp-adult-adagrad-100
 
+``--optimizer newton,newton-secagg`` with ``--app``: block Newton against block Newton under
+``privacy.secure-aggregation = true`` (shared step lengths, docs/newton.md):
+
+    python bench/rounds.py --app --optimizer newton,newton-secagg --datasets adult,compas,crime --seeds 0,1,2 \
+        --newton-rounds 100 --name rounds-secnewton-app
+
 Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
 methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
 negative where the multipliers give some rows a negative weight).
@@ -142,13 +148,15 @@ def run(overrides: dict, tmp: str) -> dict:
     eps = float(overrides.get("epsilon", 0.01))
     return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * summary["test_acc"],
             "final_train_deo": summary["train_deo"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
-            "round_seconds": history[-1]["seconds"], "seconds": time.perf_counter() - t}
+            "rounds_run": summary.get("rounds"), "round_seconds": history[-1]["seconds"],
+            "seconds": time.perf_counter() - t}
 
 
 def _one(task: tuple, args, tmp: str) -> dict:
     dataset, seed, optimizer, rounds, q, cfg = task
-    if args.app:
-        res = run({**cfg, "optimizer": optimizer}, f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
+    if args.app:  # newton-secagg: block Newton with privacy.secure-aggregation on
+        res = run({**cfg, "optimizer": "newton" if optimizer.startswith("newton") else optimizer},
+                  f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
     elif optimizer == "newton":
         res = run_floor(cfg, "newton", args.curvature, args.memory)
     elif args.engine == "inprocess":
@@ -171,7 +179,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="")
     ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
-    ap.add_argument("--optimizer", default="gd", help="gd, newton or both (gd,newton)")
+    ap.add_argument("--optimizer", default="gd",
+                    help="gd, newton or both (gd,newton); with --app also newton-secagg (newton under secure aggregation)")
     ap.add_argument("--app", action="store_true", help="every run through the ServerApp/ClientApp (in-process grid)")
     ap.add_argument("--datasets", default="", help="several datasets, e.g. adult,compas,crime (overrides --dataset)")
     ap.add_argument("--seeds", default="", help="run-config seeds, e.g. 0,1,2 (default: the run config's)")
@@ -181,6 +190,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--memory", type=int, default=2, help="newton: earlier moves per party in the subspace search")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
     args = ap.parse_args(argv)
+    if "newton-secagg" in args.optimizer.split(",") and not args.app:
+        ap.error("--optimizer newton-secagg runs through the app: add --app")
     extra = {}
     for item in args.set.split():
         k, v = item.split("=", 1)
@@ -192,7 +203,9 @@ def main(argv=None) -> dict:
         for seed in seeds:
             for optimizer in args.optimizer.split(","):
                 qs = [int(x) for x in args.qs.split(",")] if optimizer in ("gd", "adagrad") else [None]
-                rounds = {"newton": args.newton_rounds, "adagrad": args.adagrad_rounds}.get(optimizer) or args.rounds
+                newtonian = optimizer.startswith("newton")
+                rounds = (args.newton_rounds if newtonian else args.adagrad_rounds if optimizer == "adagrad"
+                          else 0) or args.rounds
                 for q in qs:
                     cfg = {"dataset": dataset, "num-server-rounds": rounds, "eval-every": 10, **extra}
                     if q is not None:
@@ -201,8 +214,10 @@ def main(argv=None) -> dict:
                         cfg["seed"] = seed
                     if args.preset:
                         cfg["preset"] = args.preset
-                    if optimizer in ("newton", "adagrad"):
+                    if newtonian or optimizer == "adagrad":
                         cfg["eval-every"] = 1
+                    if optimizer == "newton-secagg":
+                        cfg["privacy.secure-aggregation"] = True
                     tasks.append((dataset, seed, optimizer, rounds, q, cfg))
     with tempfile.TemporaryDirectory() as tmp:
         one = functools.partial(_one, args=args, tmp=tmp)
@@ -216,7 +231,7 @@ def main(argv=None) -> dict:
           f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {'app (in-process grid)' if args.app else args.engine}"
           + (f", newton: curvature {args.curvature}, memory {args.memory}, {args.newton_rounds or args.rounds} rounds"
              if "newton" in args.optimizer else "") + "\n\n"
-          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
+          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_run", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
                          "min_weight_n", "round_seconds", "seconds"]))
     write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
     return {"rows": rows}

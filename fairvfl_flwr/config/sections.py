@@ -217,9 +217,6 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("local_time_budget", lambda c: c.local_time_budget > 0,
      "the active party computes one Newton direction per round, not a number of gradient steps; "
      "use staleness.local-time-budget=0"),
-    ("secure_aggregation", lambda c: c.secure_aggregation,
-     "the subspace search needs each party's change of logits X_k s_k separately, and secure aggregation "
-     "reveals only their sum; use privacy.secure-aggregation=false or optimizer='gd'"),
     ("secure_nu", lambda c: c.secure_nu != "none",
      "a passive party derives its curvature from plaintext ν (|ν|(1 − n|ν|) is not linear in ν, so it cannot "
      "be computed on a CKKS ciphertext); use privacy.secure-nu='none' or optimizer='gd'"),

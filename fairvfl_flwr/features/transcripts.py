@@ -17,7 +17,8 @@ format is documented in docs/privacy.md ("Transcripts") and read by
 
 Under ``optimizer = "newton"`` the server's file also holds each party's reply:
 ``dir-<pid>`` (X_k s_k, at the wire dtype), ``a-<pid>`` (θ_k·d_j) and ``gram-<pid>``
-(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds, with what it
+(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds (masked uint64 words
+under secure aggregation), with what it
 computed from them: ``alpha-<pid>``, the step lengths it sends party ``pid`` with its next
 message (the round's hook ``end``, from ``VFLServer.computed``); the last round's file also
 holds the applied logits ``u-<pid>`` (and ``u-test-<pid>``) of ``train.newton_apply``; a party's file
