@@ -87,18 +87,25 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
 
 
+def _encrypted_nu_note(cfg: RunConfig) -> str:
+    if cfg.secure_nu != "ckks":
+        return ""
+    return ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
+            "curvature 1/(4n) (docs/newton.md)")
+
+
 def optimizer_note(cfg: RunConfig) -> str:
     """How ``optimizer`` resolved for this run, and why (the run's log says it)."""
     if cfg.optimizer == "gd":
         return "gradient descent (the paper's steps)"
     if cfg.optimizer == "newton":
-        return "block Newton (docs/newton.md)"
+        return "block Newton (docs/newton.md)" + _encrypted_nu_note(cfg)
     refusal = sections.newton_refusal(cfg)
     if refusal is not None:
         return f"gradient descent: block Newton does not run with {sections.key(refusal[0])}={getattr(cfg, refusal[0])!r}"
     if cfg.optimizer_in_use == "gd":
         return f"gradient descent: block Newton is measured with constraint='deo' only (constraint={cfg.constraint!r})"
-    return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)"
+    return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)" + _encrypted_nu_note(cfg)
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:

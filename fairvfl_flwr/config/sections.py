@@ -220,9 +220,6 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("secure_aggregation", lambda c: c.secure_aggregation,
      "the subspace search needs each party's change of logits X_k s_k separately, and secure aggregation "
      "reveals only their sum; use privacy.secure-aggregation=false or optimizer='gd'"),
-    ("secure_nu", lambda c: c.secure_nu != "none",
-     "a passive party derives its curvature from plaintext ν (|ν|(1 − n|ν|) is not linear in ν, so it cannot "
-     "be computed on a CKKS ciphertext); use privacy.secure-nu='none' or optimizer='gd'"),
     ("checkpoint_every", lambda c: c.checkpoint_every > 0,
      "a party's checkpoint holds θ only, not the directions and last moves a Newton round continues from; "
      "use reliability.checkpoint-every=0 or optimizer='gd'"),
