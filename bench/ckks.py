@@ -8,7 +8,7 @@ and CKKS runs alternated ``--reps`` times each so that load drifts hit both alik
 ms/round is the mean over rounds 2..R of each run (round 1 excluded: a party encodes
 its columns there, once, reported apart); the minimum and the median over reps are reported with their
 ratios, and the CPU time per round of this process, which holds the server and every
-party, over the same rounds (other users' load moves it far less than wall time).
+party, over rounds 2..R-1 (other users' load moves it far less than wall time).
 
 Where a CKKS round's time goes: the functions of features/ckks.py are timed in place
 (CPU time, summed over the last rep's rounds, per round): the server encrypting ν, a party's
@@ -28,11 +28,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# bench.common first: it sets one BLAS thread before numpy loads OpenBLAS (imported
+# earlier, OpenBLAS keeps a thread per core, and on a busy machine the plain round's
+# matrix products run several times slower, which flatters the ratio)
 from bench.common import DEFAULT_OUT, alternated, table, write  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 #: features/ckks.py functions timed in place: name → what the row says
 TIMED = {
@@ -124,17 +127,17 @@ def main(argv=None) -> dict:
                                          "optimizer": args.optimizer, "newton-tolerance": 0.0,
                                          "num-server-rounds": rounds, "eval-every": rounds,
                                          "output-dir": str(out), "privacy.secure-nu": "ckks" if on else "none"})
-            started = []
+            marks: dict[str, float] = {}
 
-            def tap(msg, started=started):  # the first message of round 2: CPU from here on
-                if msg.metadata.group_id == "2" and not started:
-                    started.append(time.process_time())
+            def tap(msg, marks=marks, last=str(rounds)):  # CPU at the first message of round 2 and of round R
+                if msg.metadata.group_id in ("2", last) and msg.metadata.group_id not in marks:
+                    marks[msg.metadata.group_id] = time.process_time()
             timers.reset()
             summary, _ = run_inprocess(cfg.to_flower(), quiet=True, tap=tap)
             if rep < 0:
                 continue
-            # CPU time of this process (server and every party run in it), rounds 2..R and the final save
-            cpu[on].append(1000 * (time.process_time() - started[0]) / (rounds - 1))
+            # CPU time of this process (server and every party run in it), rounds 2..R-1
+            cpu[on].append(1000 * (marks[str(rounds)] - marks["2"]) / (rounds - 2))
             wall[on].append(_per_round(out))
             accs[on] = summary["test_acc"]
             if on:
