@@ -115,8 +115,11 @@ def _scratch_path() -> str:
 def _dump(obj) -> bytes:
     path = _scratch_path()
     obj.save(path)
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    finally:  # nothing left in memory-backed /dev/shm should the process die before atexit
+        os.remove(path)
 
 
 def _ciphertext(ctx, blob: bytes, what: str):
@@ -129,6 +132,8 @@ def _ciphertext(ctx, blob: bytes, what: str):
         ct.load(ctx, path)
     except (RuntimeError, ValueError) as exc:
         raise ValueError(f"{what} is not a CKKS ciphertext for these parameters: {exc}") from None
+    finally:
+        os.remove(path)
     return ct
 
 
