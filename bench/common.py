@@ -85,6 +85,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def dual_step(floor, z):
+    """The server's step of a floor (docs/algorithm.md, One round, steps 2-3): new λ and ν."""
+    return server_step(floor.lam, floor.y, z, floor.groups, epsilon=floor.epsilon, beta=floor.beta, c=floor.c,
+                       fairness=floor.fairness)
+
+
 class NumpyFloor:
     """FairVFL's round (docs/algorithm.md) for linear models in one process, plain numpy, no messages.
 
@@ -111,8 +117,7 @@ class NumpyFloor:
 
     def round(self):
         z = self.z()
-        self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta, c=self.c,
-                                   fairness=self.fairness)
+        self.lam, nu = dual_step(self, z)
         for k, x in enumerate(self.X):
             if k < self.active:
                 others = z - self.u[k]
@@ -152,8 +157,7 @@ class NewtonFloor(NumpyFloor):
                                                              self.previous, epsilon=self.epsilon, beta=self.beta,
                                                              c=self.c, fairness=self.fairness)
         else:
-            self.lam, nu = server_step(self.lam, self.y, z, self.groups, epsilon=self.epsilon, beta=self.beta,
-                                       c=self.c, fairness=self.fairness)
+            self.lam, nu = dual_step(self, z)
         n = len(z)
         h_exact = curvature(self.y, z, self.lam, self.groups)
         h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
@@ -182,6 +186,49 @@ class NewtonFloor(NumpyFloor):
             else:
                 self.theta[k] = self.theta[k] + move
         self.u = [self._u(k, x) for k, x in enumerate(self.X)]
+
+
+class PartyFloor:
+    """FairVFL's round for any block (``core/blocks.py``: linear, MLP; gd or adagrad) in one
+    process: the server's dual step and ν, then the parties' own step code
+    (``core/parties.py``), float64, no messages. The app's parties run the same code."""
+
+    def __init__(self, blocks, y, groups: Groups, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True,
+                 model="mlp", hidden=16, optimizer="gd", seed=0, test_blocks=None):
+        from fairvfl_flwr.core.blocks import build_block
+        from fairvfl_flwr.core.parties import ActiveParty, Party
+
+        self.y, self.groups = y.astype(np.float64), groups
+        self.epsilon, self.beta, self.c, self.Q, self.fairness, self.active = epsilon, beta, c, Q, fairness, active
+        self.parties = []
+        for k, x in enumerate(blocks):
+            x = np.ascontiguousarray(x, dtype=np.float64)
+            xt = np.ascontiguousarray(test_blocks[k] if test_blocks is not None else x[:1], dtype=np.float64)
+            # as flower/party.PartyRuntime.party builds it: same seed, same bias rule
+            block = build_block(model, x.shape[1], hidden=hidden, bias=k < active or model == "mlp",
+                                seed=seed * 1000 + k, optimizer=optimizer)
+            if k < active:
+                self.parties.append(ActiveParty(block, x, xt, lr, mu, y=self.y, groups=groups))
+            else:
+                self.parties.append(Party(block, x, xt, lr, mu))
+        self.lam = np.zeros(groups.num_multipliers)
+        self.u = [p.logits() for p in self.parties]
+
+    def z(self, split: str = "train"):
+        return np.sum(self.u, axis=0) if split == "train" else np.sum([p.logits("test") for p in self.parties], axis=0)
+
+    def sq_norm(self) -> float:
+        return sum(p.block.sq_norm() for p in self.parties)
+
+    def round(self):
+        z = self.z()
+        self.lam, nu = dual_step(self, z)
+        for k, p in enumerate(self.parties):
+            if k < self.active:
+                p.local_steps(z, self.lam, self.Q)
+            else:
+                p.step(nu)
+        self.u = [p.logits() for p in self.parties]
 
 
 def adult_problem(cfg):

@@ -24,6 +24,21 @@ in-process grid (app/run.run_inprocess, float32 wire as by default); the table t
     python bench/rounds.py --app --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
         --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton-app
 
+``--optimizer adagrad --set model=mlp`` trains MLP parties with AdaGrad steps (docs/adagrad.md),
+``--optimizer gd --set model=mlp`` with the paper's; MLP rows run on bench/common.PartyFloor,
+the parties' own step code. ``--jobs N`` runs N of the (dataset, seed, optimizer, Q) runs
+at a time, one process each; the JSON's MLP rows carry ``curve`` ([round, test acc, train
+DEO] per evaluated round):
+
+    python bench/rounds.py --dataset adult --seeds 0,1,2 --qs 5 --set model=mlp --jobs 3 \
+        --optimizer adagrad --rounds 100 --name mlp-adult-adagrad-100
+
+``--optimizer newton,newton-secagg`` with ``--app``: block Newton against block Newton under
+``privacy.secure-aggregation = true`` (shared step lengths, docs/newton.md):
+
+    python bench/rounds.py --app --optimizer newton,newton-secagg --datasets adult,compas,crime --seeds 0,1,2 \
+        --newton-rounds 100 --name rounds-secnewton-app
+
 Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
 methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
 negative where the multipliers give some rows a negative weight).
@@ -32,7 +47,9 @@ negative where the multipliers give some rows a negative weight).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -75,6 +92,8 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps,
               active=cfg.num_active, fairness=cfg.fairness)
+    if cfg.model == "mlp":
+        return _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, t)
     if optimizer == "newton":
         fl = NewtonFloor(blocks, ds.y_train, groups, curvature=curvature, memory=memory, **kw)
     else:
@@ -96,6 +115,30 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
             "seconds": time.perf_counter() - t}
 
 
+def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, started) -> dict:
+    """MLP parties (gd or adagrad) in one process: bench/common.PartyFloor, the parties' own step code."""
+    from bench.common import PartyFloor
+    from fairvfl_flwr.core.metrics import fairness_metrics
+    from fairvfl_flwr.core.objective import train_stats
+
+    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,
+                    seed=cfg.seed, test_blocks=test_blocks, **kw)
+    history = []
+    for r in range(1, cfg.num_server_rounds + 1):
+        fl.round()
+        row = {"round": r, "deo": train_stats(ds.y_train, fl.z(), groups).deo, "acc": float("nan")}
+        if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
+            row.update(fairness_metrics(ds.y_test, ds.s_test, fl.z("test")))
+        history.append(row)
+    last = history[-1]
+    objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
+    curve = [[r["round"], r["acc"], r["deo"]] for r in history if r["acc"] == r["acc"]]  # the JSON's evaluated rounds
+    return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
+            "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
+            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * len(ds.y_train)),
+            "seconds": time.perf_counter() - started, "curve": curve}
+
+
 def run(overrides: dict, tmp: str) -> dict:
     from fairvfl_flwr.app.run import run_inprocess
 
@@ -105,8 +148,25 @@ def run(overrides: dict, tmp: str) -> dict:
     eps = float(overrides.get("epsilon", 0.01))
     return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * summary["test_acc"],
             "final_train_deo": summary["train_deo"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
-            "rounds_run": history[-1]["round"], "round_seconds": history[-1]["seconds"],
+            "rounds_run": summary.get("rounds"), "round_seconds": history[-1]["seconds"],
             "seconds": time.perf_counter() - t}
+
+
+def _one(task: tuple, args, tmp: str) -> dict:
+    dataset, seed, optimizer, rounds, q, cfg = task
+    if args.app:  # newton-secagg: block Newton with privacy.secure-aggregation on
+        res = run({**cfg, "optimizer": "newton" if optimizer.startswith("newton") else optimizer},
+                  f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
+    elif optimizer == "newton":
+        res = run_floor(cfg, "newton", args.curvature, args.memory)
+    elif args.engine == "inprocess":
+        res = run({**cfg, "optimizer": optimizer}, f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
+    else:
+        res = run_floor(cfg, optimizer)
+    r = {"dataset": dataset, "seed": seed, "optimizer": optimizer, "rounds": rounds,
+         "preset": args.preset or "default", "Q": q if q is not None else "-", **res}
+    print({k: v for k, v in r.items() if k != "curve"}, flush=True)
+    return r
 
 
 def main(argv=None) -> dict:
@@ -119,56 +179,60 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="")
     ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
-    ap.add_argument("--optimizer", default="gd", help="gd, newton or both (gd,newton)")
+    ap.add_argument("--optimizer", default="gd",
+                    help="gd, newton or both (gd,newton); with --app also newton-secagg (newton under secure aggregation)")
     ap.add_argument("--app", action="store_true", help="every run through the ServerApp/ClientApp (in-process grid)")
     ap.add_argument("--datasets", default="", help="several datasets, e.g. adult,compas,crime (overrides --dataset)")
     ap.add_argument("--seeds", default="", help="run-config seeds, e.g. 0,1,2 (default: the run config's)")
     ap.add_argument("--newton-rounds", type=int, default=0, help="rounds of the newton runs (default: --rounds)")
+    ap.add_argument("--adagrad-rounds", type=int, default=0, help="rounds of the adagrad runs (default: --rounds)")
     ap.add_argument("--curvature", default="nu", help="newton: what passive parties use for h (exact, nu, const)")
     ap.add_argument("--memory", type=int, default=2, help="newton: earlier moves per party in the subspace search")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
     args = ap.parse_args(argv)
+    if "newton-secagg" in args.optimizer.split(",") and not args.app:
+        ap.error("--optimizer newton-secagg runs through the app: add --app")
     extra = {}
     for item in args.set.split():
         k, v = item.split("=", 1)
         extra[k] = float(v) if v.replace(".", "", 1).replace("e-", "", 1).isdigit() else v
-    rows = []
     datasets = args.datasets.split(",") if args.datasets else [args.dataset]
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
+    tasks = []
+    for dataset in datasets:
+        for seed in seeds:
+            for optimizer in args.optimizer.split(","):
+                qs = [int(x) for x in args.qs.split(",")] if optimizer in ("gd", "adagrad") else [None]
+                newtonian = optimizer.startswith("newton")
+                rounds = (args.newton_rounds if newtonian else args.adagrad_rounds if optimizer == "adagrad"
+                          else 0) or args.rounds
+                for q in qs:
+                    cfg = {"dataset": dataset, "num-server-rounds": rounds, "eval-every": 10, **extra}
+                    if q is not None:
+                        cfg["local-steps"] = q
+                    if seed is not None:
+                        cfg["seed"] = seed
+                    if args.preset:
+                        cfg["preset"] = args.preset
+                    if newtonian or optimizer == "adagrad":
+                        cfg["eval-every"] = 1
+                    if optimizer == "newton-secagg":
+                        cfg["privacy.secure-aggregation"] = True
+                    tasks.append((dataset, seed, optimizer, rounds, q, cfg))
     with tempfile.TemporaryDirectory() as tmp:
-        for dataset in datasets:
-            for seed in seeds:
-                for optimizer in args.optimizer.split(","):
-                    qs = [int(x) for x in args.qs.split(",")] if optimizer == "gd" else [None]
-                    rounds = args.newton_rounds or args.rounds if optimizer == "newton" else args.rounds
-                    for q in qs:
-                        cfg = {"dataset": dataset, "num-server-rounds": rounds, "eval-every": 10, **extra}
-                        if q is not None:
-                            cfg["local-steps"] = q
-                        if seed is not None:
-                            cfg["seed"] = seed
-                        if args.preset:
-                            cfg["preset"] = args.preset
-                        if optimizer == "newton":
-                            cfg["eval-every"] = 1
-                        if args.app:
-                            res = run({**cfg, "optimizer": optimizer}, f"{tmp}/{dataset}-{seed}-{optimizer}-q{q}")
-                        elif optimizer == "newton":
-                            res = run_floor(cfg, "newton", args.curvature, args.memory)
-                        elif args.engine == "inprocess":
-                            res = run(cfg, f"{tmp}/q{q}")
-                        else:
-                            res = run_floor(cfg)
-                        r = {"dataset": dataset, "seed": seed, "optimizer": optimizer, "rounds": rounds,
-                             "preset": args.preset or "default", "Q": q if q is not None else "-", **res}
-                        print(r, flush=True)
-                        rows.append(r)
+        one = functools.partial(_one, args=args, tmp=tmp)
+        if args.jobs > 1:  # separate processes: each run is single-threaded (bench/common sets one BLAS thread)
+            with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+                rows = pool.map(one, tasks, chunksize=1)
+        else:
+            rows = [one(t) for t in tasks]
     name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
     md = (f"Rounds to target ({','.join(datasets)}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
           f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {'app (in-process grid)' if args.app else args.engine}"
           + (f", newton: curvature {'as the app chooses' if args.app else args.curvature}, memory {args.memory}, "
              f"{args.newton_rounds or args.rounds} rounds" if "newton" in args.optimizer else "") + "\n\n"
-          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
-                         "min_weight_n", "rounds_run", "round_seconds", "seconds"]))
+          + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_run", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
+                         "min_weight_n", "round_seconds", "seconds"]))
     write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
     return {"rows": rows}
 

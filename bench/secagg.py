@@ -11,6 +11,13 @@ and the CPU time per round of this process, which holds the server and every par
 (other users' load moves it far less than wall time). Also: the set-up (key agreement) time, the bytes of one party's
 logits reply (float32 plain, uint64 masked), and the masking cost of one reply alone.
 Quote the ratio, not the absolute numbers, on a loaded machine.
+
+``--optimizer newton``: block Newton (``newton-tolerance = 0``, so both run every round)
+against block Newton under secure aggregation (shared step lengths, algorithms/newton.py):
+the cost of a round of each method, the masking included. Also the masking of one Newton
+reply (X_k s_k in the 64-bit ring, a and the 3 × 3 Gram matrix in the 128-bit ring).
+
+    python bench/secagg.py --optimizer newton --dataset adult --rounds 10 --reps 3
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--dataset", default="adult")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--optimizer", choices=("gd", "newton"), default="gd")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
+    newton = args.optimizer == "newton"
 
     from fairvfl_flwr.app.run import run_inprocess
     from fairvfl_flwr.config import RunConfig
@@ -55,7 +64,10 @@ def main(argv=None) -> dict:
         for rep, on, out, rounds in alternated(args.reps, args.rounds, tmp):
             cfg = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": args.dataset,
                                          "num-server-rounds": rounds, "eval-every": rounds,
-                                         "output-dir": str(out), "privacy.secure-aggregation": on})
+                                         "output-dir": str(out), "privacy.secure-aggregation": on,
+                                         # the same method both ways (auto would pick shared steps under masks)
+                                         **({"optimizer": "newton", "newton-tolerance": 0.0} if newton
+                                            else {"optimizer": "gd"})})
             started = time.process_time()
             summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
             if rep < 0:
@@ -79,6 +91,13 @@ def main(argv=None) -> dict:
     for _ in range(50):
         secagg.decode(np.sum([words] * 6, axis=0, dtype=np.uint64))
     sum_ms = 1000 * (time.perf_counter() - t0) / 50
+    t0 = time.perf_counter()
+    small = rng.normal(size=3 + 9)
+    for t in range(50):  # one Newton reply: X_k s_k, then a and the Gram matrix, then ‖θ_k‖²
+        secagg.masked(u, 0, keys, t, "dir", 6, "bench")
+        secagg.masked_wide(small, 0, keys, t, "dir-gram", 6, "bench", "gram")
+        secagg.masked_wide(small[:1], 0, keys, t, "dir-sq-norm", 6, "bench", "sq-norm")
+    newton_mask_ms = 1000 * (time.perf_counter() - t0) / 50
 
     def stats(on: bool) -> tuple[float, float]:
         ms = [r[0] for r in runs[on]]
@@ -95,20 +114,23 @@ def main(argv=None) -> dict:
          "set-up s": float(np.median([r[1] for r in runs[True]])), "logits bytes/party/round": 8 * n,
          "test ACC": accs[True]},
     ]
-    md = (f"Secure aggregation vs plain, {args.dataset}, {args.rounds} rounds x {args.reps} reps each, in-process grid "
+    what = "block Newton vs block Newton with shared step lengths" if newton else "gradient descent"
+    md = (f"Secure aggregation vs plain ({what}), {args.dataset}, {args.rounds} rounds x {args.reps} reps each, "
+          "in-process grid "
           "(the 6 parties run one after another in one process)\n\n"
           + table(rows, ["mode", "CPU ms/round (median)", "ms/round (min)", "ms/round (median)", "set-up s", "logits bytes/party/round",
                          "test ACC"])
           + f"\n\nratio (secure aggregation / plain): CPU per round {np.median(cpu[True]) / np.median(cpu[False]):.3f}; "
           f"wall per round min {masked_min / plain_min:.3f}, median {masked_med / plain_med:.3f}"
           + f"\none party masking one training reply (encode + 5 pair masks, {n} rows): {mask_ms:.2f} ms"
-          + f"\nthe server summing 6 masked replies and decoding z: {sum_ms:.2f} ms")
-    payload = {"dataset": args.dataset, "rounds": args.rounds, "reps": args.reps,
+          + f"\nthe server summing 6 masked replies and decoding z: {sum_ms:.2f} ms"
+          + f"\none party masking one Newton reply (X_k s_k, a + Gram matrix, ‖θ_k‖²): {newton_mask_ms:.2f} ms")
+    payload = {"dataset": args.dataset, "optimizer": args.optimizer, "rounds": args.rounds, "reps": args.reps,
                "ms_per_round": {"plain": [r[0] for r in runs[False]], "secagg": [r[0] for r in runs[True]]},
                "cpu_ms_per_round": {"plain": cpu[False], "secagg": cpu[True]},
                "ratio_cpu": float(np.median(cpu[True]) / np.median(cpu[False])), "ratio_min": masked_min / plain_min, "ratio_median": masked_med / plain_med,
-               "mask_ms": mask_ms, "server_sum_ms": sum_ms}
-    write(args.out, "secagg", payload, md)
+               "mask_ms": mask_ms, "server_sum_ms": sum_ms, "newton_mask_ms": newton_mask_ms}
+    write(args.out, "secagg" + ("-newton" if newton else ""), payload, md)
     return payload
 
 

@@ -8,7 +8,19 @@ end) and prints one JSON line per setting:
 * ``noop``: scripts/noop_app (one empty message per node per round; the Flower floor);
 * ``fairvfl``: this app on exported party files (node-config data-path, server-labels);
 * ``before`` (optional): an older checkout of the app, nodes started with
-  partition-id/num-partitions as that version expects.
+  partition-id/num-partitions as that version expects;
+* ``variant`` (with ``--variant``): this app again with extra run config on top, e.g. secure
+  aggregation, so its cost per round is measured against ``fairvfl`` in the same run.
+
+``--run-config`` adds run config (Flower's syntax) to ``fairvfl`` and ``variant``; ``--variant``
+adds more to ``variant`` only. Per round with and without secure aggregation, block Newton
+running every round (``newton-tolerance=0``: both runs have the same number of rounds)::
+
+    python scripts/measure_deploy.py --rounds 10 --dataset adult --poll 0.05 \
+        --run-config "optimizer='newton' newton-tolerance=0" \
+        --variant "privacy.secure-aggregation=true" --settings noop,fairvfl,variant
+
+The last line printed is the ratio variant / fairvfl of seconds per round at each poll.
 
 Each setting runs with the SuperExec's default task poll (1 s) and with
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05`` unless ``--poll`` is given. Round 0 (FAB
@@ -31,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
-from fairvfl_flwr.tools.localfed import LocalFederation  # noqa: E402
+from fairvfl_flwr.tools.localfed import LocalFederation, parse_run_config  # noqa: E402
 
 
 def _fairvfl_rounds(out: Path) -> list[float]:
@@ -41,7 +53,8 @@ def _fairvfl_rounds(out: Path) -> list[float]:
     return seconds[:1] + [b - a for a, b in zip(seconds, seconds[1:])]
 
 
-def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None, app: Path | None = None) -> dict:
+def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None, app: Path | None = None,
+            extra: dict | None = None) -> dict:
     env = {"FAIRVFL_CACHE_DIR": str(home / "cache")}
     if poll:
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = poll
@@ -57,12 +70,13 @@ def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None
         else:
             cfg = {"num-server-rounds": rounds, "eval-every": rounds, "output-dir": str(home / "out"),
                    "dataset": manifest["dataset"]}
-            if kind == "fairvfl":
+            if kind in ("fairvfl", "variant"):
                 cfg.update(manifest["run_config"])
+                cfg.update(extra or {})
             run_id, status = fed.run(cfg, app=app or REPO)
             per_round = _fairvfl_rounds(home / "out") if status == "finished:completed" else []
     return {
-        "setting": kind, "poll": poll or "1.0 (default)", "status": status, "rounds": rounds,
+        "setting": kind, "poll": poll or "1.0 (default)", "status": status, "rounds": rounds, "run_config": extra or {},
         "seconds_per_round": statistics.median(per_round) if per_round else None,
         "per_round": [round(s, 2) for s in per_round], "wall_seconds": round(time.perf_counter() - started, 1),
         "load_average": os.getloadavg()[0],
@@ -75,18 +89,33 @@ def main() -> None:
     p.add_argument("--dataset", default="crime")
     p.add_argument("--before", type=Path, default=None, help="an older checkout of the app (e.g. git archive of a commit)")
     p.add_argument("--poll", action="append", default=None, help="SuperExec task poll interval(s) to try")
-    p.add_argument("--settings", default="noop,fairvfl", help="comma list of noop,fairvfl,before")
+    p.add_argument("--settings", default="noop,fairvfl", help="comma list of noop,fairvfl,before,variant")
+    p.add_argument("--run-config", default="", help="extra run config of fairvfl and variant (Flower's syntax)")
+    p.add_argument("--variant", default="", help="run config on top of --run-config for the variant setting, "
+                   "e.g. \"privacy.secure-aggregation=true\"")
     args = p.parse_args()
+    base = parse_run_config(args.run_config)
+    variant = {**base, **parse_run_config(args.variant)}
+    if "variant" in args.settings.split(",") and not args.variant:
+        p.error("the variant setting needs --variant \"key=value ...\"")
     polls = args.poll or [None, "0.05"]
     with tempfile.TemporaryDirectory(prefix="fairvfl-measure-") as tmp:
         tmp = Path(tmp)
         manifest = export(RunConfig(dataset=args.dataset), tmp / "parties")
         settings = args.settings.split(",") + (["before"] if args.before and "before" not in args.settings else [])
+        ratios = {}
         for poll in polls:
+            per_round = {}
             for kind in settings:
                 home = tmp / f"{kind}-{poll}"
-                res = measure(kind, home, manifest, args.rounds, poll, app=args.before if kind == "before" else None)
+                res = measure(kind, home, manifest, args.rounds, poll, app=args.before if kind == "before" else None,
+                              extra=variant if kind == "variant" else base)
+                per_round[kind] = res["seconds_per_round"]
                 print(json.dumps(res), flush=True)
+            if per_round.get("variant") and per_round.get("fairvfl"):
+                ratios[poll or "1.0 (default)"] = round(per_round["variant"] / per_round["fairvfl"], 3)
+        if ratios:
+            print(json.dumps({"variant_over_fairvfl_per_round": ratios, "variant": args.variant}), flush=True)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def _steps_seen(cfg: RunConfig) -> list[int]:
 
 # -- (1) time-budgeted active steps -----------------------------------------------------
 def test_time_budget_takes_between_one_and_q_steps(out_dir):
-    base = RunConfig(dataset="crime", num_server_rounds=3, local_steps=40, output_dir=out_dir)
+    base = RunConfig(dataset="crime", num_server_rounds=3, local_steps=40, optimizer="gd", output_dir=out_dir)
     assert _steps_seen(base.replace(local_time_budget=1e-9)) == [1, 1, 1]  # budget spent by one step: still 1
     assert _steps_seen(base.replace(local_time_budget=60.0)) == [40, 40, 40]  # Q caps a generous budget
     assert _steps_seen(base) == [40, 40, 40]  # 0 = off: always Q

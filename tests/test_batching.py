@@ -52,7 +52,7 @@ def _thetas(grid) -> dict[int, dict]:
 
 
 def _crime(out_dir, **kw) -> RunConfig:
-    base = dict(dataset="crime", model="linear", num_server_rounds=6, eval_every=3, output_dir=out_dir)
+    base = dict(optimizer="gd", dataset="crime", model="linear", num_server_rounds=6, eval_every=3, output_dir=out_dir)
     return RunConfig(**{**base, **kw})
 
 

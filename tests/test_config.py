@@ -67,14 +67,19 @@ ON = {"batch_size": 64, "max_staleness": 1, "secure_nu": "ckks", "checkpoint_eve
       "local_time_budget": 1.0, "label_dp_epsilon": 1.0}
 
 
+OTHER_VALUES = {"mode": ("split", "score"), "optimizer": ("adagrad",), "model": ("linear",)}
+
+
 @pytest.mark.parametrize("row", range(len(REFUSED)))
 def test_every_refused_combination_names_both_keys(row):
     pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     field, on, other, other_on, _ = REFUSED[row]
     key, other_key = KEY_OF.get(field, field.replace("_", "-")), KEY_OF.get(other, other.replace("_", "-"))
-    values = {field: ON[field], other: ON[other]}
-    if not other_on(RunConfig(**values)):  # the row names another mode: the one it refuses
-        values[other] = next(m for m in ("split", "score") if other_on(RunConfig(**{other: m})))
+    # where ON's value is not the one the row refuses (another mode, optimizer or model): the one it does
+    values = {name: next(v for v in (ON[name], *OTHER_VALUES.get(name, ())) if is_on(RunConfig(**{name: v})))
+              for name, is_on in ((field, on), (other, other_on))}
+    if values.get("optimizer") == "adagrad":  # its other refusals are of MLP runs (a linear model is refused first)
+        values.setdefault("model", "mlp")
     if values.get("mode") == "score":
         values["score_model_from"] = "/tmp/run"
     assert on(RunConfig(**values)) and other_on(RunConfig(**values))

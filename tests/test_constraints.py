@@ -138,7 +138,7 @@ def _run(cfg: RunConfig, **grid_kwargs):
 def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, measure, out_dir):
     rounds, seed = 8, 4
     cfg = RunConfig(
-        dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
+        optimizer="gd", dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
         epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=seed, constraint=constraint,
         constraint_measure=measure,
     )
@@ -223,7 +223,7 @@ def test_equalized_odds_mode_lowers_dfp_and_dfn_below_deo_mode_on_adult(out_dir)
 
     79 s for both runs on the 2-core machine (186 s under heavy load) (seed 0: DEO DFP 0.034 / DFN 0.063, EO 0.020 / 0.054) (300 rounds at step 1/25 instead of 1000 at 1/100).
     """
-    base = RunConfig(dataset="adult", epsilon=0.01, eta=25.0, num_server_rounds=300, eval_every=300,
+    base = RunConfig(optimizer="gd", dataset="adult", epsilon=0.01, eta=25.0, num_server_rounds=300, eval_every=300,
                      output_dir=out_dir, seed=0)
     deo = _run(base)[1]
     eo = _run(base.replace(constraint="equalized-odds"))[1]

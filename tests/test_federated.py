@@ -35,7 +35,7 @@ def _thetas(grid: InProcessGrid, cfg: RunConfig) -> dict[int, dict]:
 def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir):
     rounds = 8
     cfg = RunConfig(
-        dataset="crime", model=model, local_steps=1, num_server_rounds=rounds, eval_every=4,
+        optimizer="gd", dataset="crime", model=model, local_steps=1, num_server_rounds=rounds, eval_every=4,
         epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=3, wire_dtype="float64",
     )
     grid, summary, folder = _run(cfg)
@@ -68,7 +68,7 @@ def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir):
 
 def test_passive_parties_receive_only_nu(out_dir):
     seen = []
-    cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir)
+    cfg = RunConfig(optimizer="gd", dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir)
     grid, _, _ = _run(cfg, tap=seen.append)
     roles = {nid: ("active" if ctx.node_config["partition-id"] < cfg.num_active else "passive")
              for nid, ctx in grid.contexts.items()}
@@ -142,7 +142,7 @@ def test_same_seed_same_results_other_seed_differs(out_dir):
 
 
 def test_active_party_takes_q_local_steps(out_dir):
-    cfg = RunConfig(dataset="crime", num_server_rounds=3, local_steps=4, output_dir=out_dir)
+    cfg = RunConfig(optimizer="gd", dataset="crime", num_server_rounds=3, local_steps=4, output_dir=out_dir)
     replies = []
     grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
     original = grid.pull_messages

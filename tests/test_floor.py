@@ -15,7 +15,7 @@ from fairvfl_flwr.config import RunConfig
 @pytest.mark.parametrize("measure", ["loss", "rate"])
 def test_numpy_floor_follows_the_app_round_for_round(measure, tmp_path):
     rounds = 30
-    cfg = RunConfig(dataset="crime", constraint_measure=measure, epsilon=0.02, beta=1.0, num_server_rounds=rounds,
+    cfg = RunConfig(optimizer="gd", dataset="crime", constraint_measure=measure, epsilon=0.02, beta=1.0, num_server_rounds=rounds,
                     eval_every=rounds, wire_dtype="float64", output_dir=str(tmp_path))
     _, folder = run_inprocess(cfg.to_flower(), quiet=True)
     history = json.loads((folder / "history.json").read_text())

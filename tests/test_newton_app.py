@@ -90,7 +90,7 @@ def test_one_active_party_is_centralised_newton(tmp_path):
     np.testing.assert_allclose(np.append(saved["weight"], saved["bias"]), ref.theta, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("extra", [{}, {"optimizer": "gd"}])
+@pytest.mark.parametrize("extra", [{"optimizer": "gd"}, {"preset": "paper"}])
 def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
     """A short gd run's history as recorded before the optimizer key existed (tests/golden)."""
     golden = json.loads((ROOT / "tests" / "golden" / "gd-crime-12.json").read_text())
@@ -124,7 +124,8 @@ def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
         pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {key(field)}=.*: \S"):
         RunConfig(optimizer="newton", **{field: ON[field]}).validate()
-    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == "gd"
+    # an MLP falls back to AdaGrad (docs/adagrad.md); the others keep the linear model, which AdaGrad refuses
+    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == ("adagrad" if field == "model" else "gd")
 
 
 def test_auto_is_newton_for_linear_full_batch_runs():
@@ -132,8 +133,8 @@ def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="gd").optimizer_in_use == "gd"
     assert RunConfig(optimizer="auto", constraint="equalized-odds").optimizer_in_use == "gd"
     assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
-    with pytest.raises(ConfigError, match=r"optimizer='adam': choose one of auto, gd, newton"):
-        RunConfig.from_flower({"optimizer": "adam"})
+    with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, gd, newton, adagrad"):
+        RunConfig.from_flower({"optimizer": "sgd"})
 
 
 def test_newton_trained_blocks_score_as_the_run_measured(tmp_path):
@@ -182,6 +183,77 @@ def test_what_each_role_receives_under_newton(tmp_path):
     assert {f"{k}-{pid}" for k in ("dir", "a", "gram") for pid in range(3)} <= set(server[3])
     assert "test-dirs-1" in server[2] and "test-dirs-1" not in server[3]
     assert server[3]["gram-1"].shape == (3, 3)
+
+
+class PairedGrid(InProcessGrid):
+    """Keeps every (message, reply) pair: what each side received, to hold the transcripts to."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.pairs: list[tuple] = []
+
+    def _answer(self, msg):
+        reply = super()._answer(msg)
+        self.pairs.append((msg, reply))
+        return reply
+
+
+def test_newton_transcripts_hold_exactly_what_each_role_received(tmp_path):
+    """Every array a role received under Newton is in its transcript, bit for bit, and nothing
+    else: passive ν and α; active z, λ and α; the server each reply's X_k s_k, a, Gram matrix,
+    test directions and the applied logits, with the α it computed for each party."""
+    rounds = 4
+    rc = {"dataset": "crime", "num-server-rounds": rounds, "eval-every": 2, "num-parties": 3, "optimizer": "newton",
+          "newton-tolerance": 0.0, "privacy.transcript-dir": str(tmp_path / "t"), "output-dir": str(tmp_path / "out")}
+    cfg = RunConfig.from_flower(rc)
+    grid = PairedGrid(client_app, cfg.to_flower(), cfg.num_parties)
+    run_server(grid, cfg.to_flower())
+    pid = {nid: i for i, nid in enumerate(grid.node_ids)}  # node i holds partition i
+    party = {k: {int(r["round"]): r for r in transcripts.load(tmp_path / "t", k)} for k in range(3)}
+    server = {int(r["round"]): r for r in transcripts.load(tmp_path / "t", transcripts.SERVER)}
+    expect_server: dict[int, set] = {t: {"round"} for t in range(rounds + 1)}
+    expect_party = {k: {t: {"round"} for t in range(rounds + 1)} for k in range(3)}
+    checked = 0
+    for msg, reply in grid.pairs:
+        mtype, k = msg.metadata.message_type, pid[msg.metadata.dst_node_id]
+        if mtype not in (msgs.NEWTON_INIT, msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY):
+            continue
+        t = int(msg.content.config_records[msgs.ROUND]["round"])
+        got = {key: arr.numpy() for key, arr in msg.content.array_records.get(msgs.PAYLOAD, {}).items()}
+        for key, value in got.items():  # the party side: what arrived
+            name = "alpha-last" if mtype == msgs.NEWTON_APPLY else key
+            assert np.array_equal(party[k][t][name], value), (k, t, name)
+            expect_party[k][t].add(name)
+            checked += 1
+        if mtype == msgs.NEWTON_APPLY:  # the server computed these α in the last round
+            assert np.array_equal(server[t][f"alpha-{k}"], got["alpha"])
+        elif t >= 2:  # round t's α, computed in round t − 1
+            assert np.array_equal(server[t - 1][f"alpha-{k}"], got["alpha"])
+        if "nu" in got:
+            assert np.array_equal(server[t]["nu"], got["nu"])
+            expect_server[t].add("nu")
+        if "z" in got:
+            assert np.array_equal(server[t]["z"], got["z"]) and np.array_equal(server[t]["lam"], got["lam"])
+            expect_server[t] |= {"z", "lam"}
+        for record, prefix in ((msgs.DIRECTIONS, ""), (msgs.LOGITS, "u-")):  # the server side: each reply
+            for key, arr in reply.content.array_records.get(record, {}).items():
+                name = f"{prefix}{key}-{k}".replace("u-train-", "u-")
+                assert np.array_equal(server[t][name], arr.numpy()), (t, name)
+                expect_server[t].add(name)
+                checked += 1
+        own = {msgs.DIRECTIONS: ("dir", "own-dir"), msgs.LOGITS: ("train", "own-u")}
+        for record, (key, name) in own.items():
+            if record in reply.content.array_records:
+                assert np.array_equal(party[k][t][name], reply.content.array_records[record][key].numpy())
+                expect_party[k][t].add(name)
+    for t in range(1, rounds + 1):
+        expect_server[t] |= {f"alpha-{k}" for k in range(3)}
+    assert {t: set(r) for t, r in server.items()} == expect_server
+    for k in range(3):
+        assert {t: set(r) for t, r in party[k].items()} == expect_party[k]
+    assert {"u-0", "u-1", "u-2", "u-test-1"} <= expect_server[rounds]  # the applied logits, as received
+    assert expect_party[1][2] == {"round", "nu", "alpha", "own-dir"}  # a passive party: ν and α, nothing else
+    assert checked > 50
 
 
 def test_newton_runs_with_noise_on_nu_and_records_the_passive_view(tmp_path):

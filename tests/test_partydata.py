@@ -4,6 +4,7 @@ Fast: the real ClientApp and ServerApp strategy over the in-process grid, with t
 node configs that ``python -m fairvfl_flwr.tools.export`` prints.
 """
 
+import os
 import json
 
 import numpy as np
@@ -154,6 +155,25 @@ def test_parsed_file_is_cached_by_content_hash(exported, tmp_path):
     cached = partydata.load_party_file(partydata.party_spec(manifest["node_configs"][0], 6, 1))
     np.testing.assert_array_equal(active.y_train, cached.y_train)
     np.testing.assert_array_equal(active.s_train, cached.s_train)
+
+
+def test_file_is_hashed_once_per_version_and_again_after_an_edit(tmp_path, monkeypatch):
+    path = tmp_path / "p.csv"
+    pd.DataFrame({"row_id": [1, 2, 3], "split": ["train", "train", "test"], "age": [30, 40, 50]}).to_csv(path, index=False)
+    spec = partydata.PartySpec(partition_id=1, role="passive", data_path=str(path))
+    reads = []
+    real = partydata.file_digest
+    monkeypatch.setattr(partydata, "file_digest", lambda p: reads.append(p) or real(p))
+    first = partydata.load_party_file(spec)
+    partydata.load_party_file(spec)
+    assert len(reads) == 1  # the second message loads the parsed arrays without reading the CSV
+    # an edit in place, same size, same mtime: the ctime still changes, so the new bytes are parsed
+    st = path.stat()
+    path.write_text(path.read_text().replace("40", "41"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    edited = partydata.load_party_file(spec)
+    assert len(reads) == 2
+    assert first.X_train[1, 0] == 40 and edited.X_train[1, 0] == 41
 
 
 def test_bad_server_label_file_is_named(tmp_path):

@@ -46,10 +46,12 @@ def test_a_linear_run_never_imports_torch(tmp_path):
 
 def test_presets_fill_only_keys_left_at_default():
     fast = RunConfig.from_flower({"preset": "fast"})
-    assert (fast.eta, fast.beta) == (20.0, 0.5)
+    assert (fast.eta, fast.beta, fast.optimizer) == (20.0, 0.5, "gd")
     mine = RunConfig.from_flower({"preset": "fast", "eta": 50.0, "local-steps": 10})
     assert (mine.eta, mine.beta, mine.local_steps) == (50.0, 0.5, 10)
-    assert RunConfig.from_flower({"preset": "paper"}) == RunConfig(preset="paper")
+    assert RunConfig.from_flower({"preset": "paper"}) == RunConfig(preset="paper", optimizer="gd")
+    assert RunConfig.from_flower({"preset": "paper", "optimizer": "newton"}).optimizer == "newton"
+    assert RunConfig.from_flower({}).optimizer == "auto"
     with pytest.raises(ConfigError, match="preset='nope'"):
         RunConfig.from_flower({"preset": "nope"})
 
@@ -71,7 +73,8 @@ def test_messages_carry_float32_by_default_float64_on_request(tmp_path):
         grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append)
         run_server(grid, cfg.to_flower())
         payloads = [m.content.array_records["payload"] for m in seen if m.metadata.message_type.startswith("train.")]
-        assert payloads and all(a[k].numpy().dtype == want for a in payloads for k in a if k != "lam")
+        # λ and Newton's step lengths are a few scalars that stay float64
+        assert payloads and all(a[k].numpy().dtype == want for a in payloads for k in a if k not in ("lam", "alpha"))
 
 
 def test_batch_rows_shared_seed_sorted_distinct_and_full_batch():

@@ -66,7 +66,7 @@ def ckks_vs_plain(tmp_path_factory):
     pytest.importorskip("tenseal")
     out = str(tmp_path_factory.mktemp("runs"))
     seen = []
-    base = dict(dataset="crime", num_server_rounds=4, eval_every=4, output_dir=out, epsilon=0.01, beta=1.0)
+    base = dict(optimizer="gd", dataset="crime", num_server_rounds=4, eval_every=4, output_dir=out, epsilon=0.01, beta=1.0)
     plain_grid, plain = _grid_run(RunConfig(**base))
     ckks_grid, ckks = _grid_run(RunConfig(**base, secure_nu="ckks"), tap=seen.append)
     return plain_grid, plain, ckks_grid, ckks, seen

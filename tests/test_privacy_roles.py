@@ -12,6 +12,7 @@ from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.audit import run_audit
 
 # -- secure aggregation: the arithmetic -------------------------------------------------------
@@ -80,7 +81,7 @@ class LosingGrid(InProcessGrid):
 
 
 def _run(tmp_path, name, grid_cls=InProcessGrid, **extra):
-    rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 8,
+    rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime", "num-server-rounds": 8,
                                 "eval-every": 4, "output-dir": str(tmp_path / "runs"),
                                 "privacy.transcript-dir": str(tmp_path / name), "privacy.record-first": 3,
                                 "privacy.record-every": 5, "reliability.round-timeout": 0.5, **extra}).to_flower()
@@ -167,7 +168,7 @@ def test_the_server_reads_distances_off_an_mlp_partys_logit_trajectories():
                                    {"reliability.checkpoint-every": 2}])
 def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, extra):
     def run(on):
-        rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 4,
+        rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime", "num-server-rounds": 4,
                                     "eval-every": 2, "output-dir": str(tmp_path / f"runs{on}"),
                                     "reliability.checkpoint-dir": str(tmp_path / f"ckpt{on}"),
                                     "privacy.secure-aggregation": on, **extra}).to_flower()
@@ -214,11 +215,69 @@ def test_secure_aggregation_with_encrypted_nu_gives_the_encrypted_run(tmp_path):
     pytest.importorskip("tenseal")
 
     def run(on):
-        rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 3,
-                                    "eval-every": 3, "output-dir": str(tmp_path / f"runs{on}"),
+        rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime",
+                                    "num-server-rounds": 3, "eval-every": 3, "output-dir": str(tmp_path / f"runs{on}"),
                                     "privacy.secure-nu": "ckks", "privacy.secure-aggregation": on}).to_flower()
         return run_server(InProcessGrid(client_app, rc, rc["num-parties"]), rc)[0]
 
     plain, masked = run(False), run(True)
     for key in ("train_loss", "train_deo", "test_acc"):  # CKKS adds ~1e-9 noise to each gradient
         assert masked[key] == pytest.approx(plain[key], rel=1e-8, abs=1e-10)
+
+
+def test_every_attack_beats_chance_on_newton_transcripts():
+    """Under Newton each role's attack still works undefended: the server rebuilds each passive
+    party's Gram matrix from its replies X_k s_k (one exact equation a round), the passive party
+    reads labels and groups off ν, the active party ranks distances from the passive sum's
+    trajectory, the coalition sums the server's estimates."""
+    r = run_audit("crime", rounds=25, noise=0.0, overrides={"optimizer": "newton", "newton-tolerance": 0.0})
+    assert r["optimizer"] == "newton" and r["rounds_run"] == 25
+    assert r["label_attack_acc"] == 1.0 and r["group_attack_auc"] > 0.9
+    assert max(r["server_gram_errors"]) < 1e-3  # guessing 0 scores 1.0
+    assert r["server_traj_rho"] > r["server_traj_rho_chance"] + 0.3
+    assert r["active_traj_rho"] > r["active_traj_rho_chance"] + 0.2
+    assert r["coalition_gram_error"] < 1e-3
+
+
+def test_newton_gram_attack_needs_the_true_equation():
+    """The attack's identity is exact: on a random party it recovers X Xᵀ once the rounds cover
+    its columns, and a wrong μ (or fewer rounds than columns) does not."""
+    from fairvfl_flwr.core.newton import block_direction, party_curvature
+
+    rng = np.random.default_rng(3)
+    n, m, mu = 300, 6, 2 / 300
+    X = rng.normal(size=(n, m))
+    theta = rng.normal(size=m)
+    dirs, u, nu = {}, {}, {}
+    for t in range(1, 11):
+        nu[t] = rng.normal(size=n) / n
+        u[t] = X @ theta
+        s = block_direction(X, nu[t], party_curvature(nu[t], n, "nu"), theta, mu)
+        dirs[t] = X @ s
+        theta = theta + 0.5 * s
+    rows = np.arange(50)
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, mu), X, rows) < 1e-8
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, 3 * mu), X, rows) > 0.5
+    few = {t: dirs[t] for t in range(1, 4)}
+    assert attacks.gram_error(attacks.newton_gram_attack(few, u, nu, mu), X, rows) > 0.1
+
+
+def test_coalition_peels_a_lone_passive_party_exactly():
+    """Server + active party under secure aggregation with one passive party: the active party's
+    pair key is that party's only mask, so the coalition reads its logits exactly and its
+    attacks score what the server's score without secure aggregation."""
+    both = {"num-parties": 2}
+    plain = run_audit("crime", rounds=40, noise=0.0, overrides=both)
+    r = run_audit("crime", rounds=40, noise=0.0, overrides={**both, "privacy.secure-aggregation": True})
+    assert min(r["server_gram_errors"]) >= 0.9  # the server alone: masked words
+    assert r["coalition_party_gram_error"] == pytest.approx(plain["server_gram_error"], abs=1e-9)
+    assert plain["server_gram_error"] < 0.5
+    assert r["coalition_traj_rho"] == pytest.approx(plain["server_traj_rho"], abs=1e-9)
+
+
+def test_coalition_cannot_peel_two_passive_parties():
+    """With two passive parties their mutual mask remains: the peeled words are still noise."""
+    r = run_audit("crime", rounds=40, noise=0.0, overrides={"privacy.secure-aggregation": True, "num-parties": 3})
+    assert min(r["coalition_party_gram_errors"]) >= 0.9
+    assert abs(r["coalition_traj_rho"]) < 0.2
+    assert r["coalition_gram_error"] < 0.6  # the passive sum is still the coalition's (z is not masked from it)

@@ -25,7 +25,7 @@ from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 
 N = 1200  # Crime training rows
 ROUNDS = 6
-BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": 3, "epsilon": 0.05,
+BASE = {"optimizer": "gd", "dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": 3, "epsilon": 0.05,
         "reliability.checkpoint-every": 2, "reliability.round-timeout": 0.3, "reliability.round-retries": 1}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
 

@@ -35,7 +35,8 @@ def test_flwr_run_crime_reaches_epsilon_and_matches_inprocess(superlink, tmp_pat
         assert (run / name).stat().st_size > 0, name
     summary = json.loads((run / "summary.json").read_text())
     history = json.loads((run / "history.json").read_text())
-    assert summary["rounds"] == 150 and len(history) == 151
+    # the default (block Newton for a linear model) stops once converged: 150 is a cap
+    assert summary["rounds"] == len(history) - 1 < 150
     assert abs(summary["train_deo"] - 0.05) <= 0.01
     assert json.loads((run / "config.json").read_text())["epsilon"] == 0.05
 
@@ -54,7 +55,7 @@ def test_flwr_run_with_bad_config_fails_and_says_why(superlink, tmp_path):
 def test_flwr_run_with_secure_aggregation_matches_inprocess_plain(superlink, tmp_path):
     """Keys agreed over the real runtime, kept in each node's context.state between messages."""
     out = tmp_path / "flwr"
-    overrides = {"dataset": "crime", "num-server-rounds": 20, "eval-every": 10}
+    overrides = {"dataset": "crime", "num-server-rounds": 20, "eval-every": 10, "optimizer": "gd"}
     superlink.run({**overrides, "privacy.secure-aggregation": True, "output-dir": str(out)}, num_supernodes=6,
                   timeout=600)
     summary = json.loads((_only_run(out) / "summary.json").read_text())

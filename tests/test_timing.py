@@ -17,7 +17,8 @@ ROUNDS = 2
 
 
 def _run(tmp_path, name):
-    cfg = RunConfig.from_flower({"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": 1,
+    # gradient steps: one training message per party and round, each answered with logits
+    cfg = RunConfig.from_flower({"optimizer": "gd", "dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": 1,
                                  "output-dir": str(tmp_path / name)})
     sent, replies = [], []
     grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=sent.append)

@@ -77,9 +77,11 @@ class NewtonVFL(VFLServer):
         self.jac: np.ndarray | None = None  # dD/dd in the last round's subspace (None before round 1's)
         self.previous: tuple[np.ndarray, np.ndarray] | None = None  # (d, gaps) at the last dual step
         self.alpha: dict[int, np.ndarray] = {}  # each party's step lengths, sent with its next message
+        self.computed_alpha: dict[int, np.ndarray] = {}  # the last round's, kept after the apply message went out
         self.du_moves: dict[int, list[np.ndarray]] = {}  # each party's last moves' change of logits, newest first
         self.grid: Grid | None = None
         self.converged_rounds = 0  # rounds in a row that passed the convergence test
+        self.owner = np.zeros(0, dtype=np.int64)  # the party of each direction of the last search
 
     def summary(self) -> None:
         c = self.cfg
@@ -137,34 +139,13 @@ class NewtonVFL(VFLServer):
         got = {}
         for reply in replies:
             nid = reply.metadata.src_node_id
-            got[nid] = self.check_directions(reply, 1 + len(self.du_moves.get(nid, [])))
-        nodes = [n.node_id for n in self.ordered_nodes()]
-        du, a, owner = [], [], []
-        for nid in nodes:
-            du += [got[nid]["dir"], *self.du_moves.get(nid, [])]
-            a.append(got[nid]["a"])
-            owner += [nid] * len(got[nid]["a"])
-        du, a, owner = np.column_stack(du), np.concatenate(a), np.array(owner)
-        gram = np.zeros((len(a), len(a)))
-        for nid in nodes:
-            sel = np.flatnonzero(owner == nid)
-            gram[np.ix_(sel, sel)] = got[nid]["gram"]
+            got[nid] = self.check_directions(reply, self.width_of(nid))
+        du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
-        f_before = self.objective(z, sum(got[nid]["sq-norm"] for nid in nodes))
+        f_before = self.objective(z, sq_norm)
         alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu)
         self.jac = subspace_gap_jacobian(y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu)
-        for nid in nodes:
-            sel = np.flatnonzero(owner == nid)
-            al = alpha[sel]
-            move = du[:, sel] @ al
-            self.u_train[nid] = self.u_train[nid] + move
-            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:MEMORY]
-            self.sq_norms[nid] = max(got[nid]["sq-norm"] + 2.0 * float(got[nid]["a"] @ al)
-                                     + float(al @ got[nid]["gram"] @ al), 0.0)
-            self.steps[nid] = 1
-            self.alpha[nid] = al
-            if "test" in got[nid]:
-                self.u_test[nid] = got[nid]["test"] + got[nid]["test-dirs"] @ al
+        self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):
             self.last_round = server_round
             log(INFO, "[round %d] converged: the objective decreased by less than newton-tolerance=%g (relative) "
@@ -174,6 +155,41 @@ class NewtonVFL(VFLServer):
             self.apply_last(server_round)
         row = self.record(server_round)
         return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def width_of(self, nid: int) -> int:
+        """Directions in party ``nid``'s reply: its new one and its last moves."""
+        return 1 + len(self.du_moves.get(nid, []))
+
+    def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """(Δu, a, B, Σ_k ‖θ_k‖²) of the search: every party's directions, block-diagonal B."""
+        nodes = [n.node_id for n in self.ordered_nodes()]
+        du, a, owner = [], [], []
+        for nid in nodes:
+            du += [got[nid]["dir"], *self.du_moves.get(nid, [])]
+            a.append(got[nid]["a"])
+            owner += [nid] * len(got[nid]["a"])
+        du, a, self.owner = np.column_stack(du), np.concatenate(a), np.array(owner)
+        gram = np.zeros((len(a), len(a)))
+        for nid in nodes:
+            sel = np.flatnonzero(self.owner == nid)
+            gram[np.ix_(sel, sel)] = got[nid]["gram"]
+        return du, a, gram, sum(got[nid]["sq-norm"] for nid in nodes)
+
+    def take(self, got: dict[int, dict], du: np.ndarray, alpha: np.ndarray) -> None:
+        """The server's view after the step: each party's logits, ‖θ_k‖², moves and α_k."""
+        for nid in [n.node_id for n in self.ordered_nodes()]:
+            sel = np.flatnonzero(self.owner == nid)
+            al = alpha[sel]
+            move = du[:, sel] @ al
+            self.u_train[nid] = self.u_train[nid] + move
+            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:MEMORY]
+            self.sq_norms[nid] = max(got[nid]["sq-norm"] + 2.0 * float(got[nid]["a"] @ al)
+                                     + float(al @ got[nid]["gram"] @ al), 0.0)
+            self.steps[nid] = 1
+            self.alpha[nid] = al
+            self.computed_alpha[nid] = al
+            if "test" in got[nid]:
+                self.u_test[nid] = got[nid]["test"] + got[nid]["test-dirs"] @ al
 
     def objective(self, z: np.ndarray, sq_norm: float) -> float:
         """F at the current λ: φ(z) + (μ/2) Σ_k ‖θ_k‖² (what the subspace search decreases)."""
@@ -202,9 +218,16 @@ class NewtonVFL(VFLServer):
                     dst_node_id=nid, message_type=msgs.NEWTON_APPLY, group_id=f"{server_round}-apply")
             for nid in self.nodes
         ]
-        for reply in self.exchange(self.grid, messages, self.cfg.round_timeout):
+        timeout = self.cfg.round_timeout
+        # through the hooks like any round's replies: a transcript keeps these logits as received
+        for reply in self.hooks.incoming(self, self.grid, server_round, self.exchange(self.grid, messages, timeout),
+                                         timeout):
             self.fold(reply)
         self.alpha = {}
+
+    def computed(self) -> dict[int, dict[str, np.ndarray]]:
+        """The step lengths α_k of the round just folded, per party (sent with its next message)."""
+        return {nid: {"alpha": al} for nid, al in self.computed_alpha.items()}
 
     def check_directions(self, reply: Message, width: int) -> dict:
         """One party's Newton reply, checked: ``width`` directions, one value per row each."""
@@ -237,6 +260,60 @@ class NewtonVFL(VFLServer):
         except checks.ReplyError as exc:
             raise FederationError(f"rejected a reply: {exc}") from None
         return out
+
+
+class SharedNewtonVFL(NewtonVFL):
+    """Block Newton with step lengths shared by all parties: every quantity the server's
+    search needs is a sum over parties, so it runs under secure aggregation.
+
+    The subspace is spanned by ≤ 3 *combined* directions: d_0 = (s_1, ..., s_K), every
+    party's new direction, and the last two combined moves. Their change of logits is
+    Σ_k X_k s_k (the server's own record for the moves), a_j = Σ_k θ_k·d_j,k and
+    B = Σ_k D_kᵀD_k, and the objective's μ-term needs Σ_k ‖θ_k‖²: the parties' replies summed.
+    The search is over ≤ 3 step lengths, Armijo on the true F as for :class:`NewtonVFL` (so
+    α = 0 is admissible and F at fixed λ never increases), the dual step uses the gap
+    Jacobian of that subspace, and every party gets the same α and applies it to its own
+    parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
+    combined moves). The app runs it under secure aggregation, whose round hook hands this
+    server decoded sums only; over plain replies it is the same method (the server sums). The server's per-party view is
+    the sums on the first party and zeros on the others.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dz_moves: list[np.ndarray] = []  # the last combined moves' change of z, newest first
+
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "FairVFL: block Newton with step lengths shared by all parties: the server's search needs only "
+            "sums over parties")
+
+    def width_of(self, nid: int) -> int:
+        return 1 + len(self.dz_moves)
+
+    def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        nodes = [n.node_id for n in self.ordered_nodes()]
+        self.totals = {key: sum(got[nid][key] for nid in nodes) for key in got[nodes[0]]}
+        du = np.column_stack([self.totals["dir"], *self.dz_moves])
+        return du, self.totals["a"], self.totals["gram"], self.totals["sq-norm"]
+
+    def take(self, got: dict[int, dict], du: np.ndarray, alpha: np.ndarray) -> None:
+        """One combined move: z, Σ‖θ_k‖² and the test logits on the first party, zeros elsewhere."""
+        t = self.totals
+        move = du @ alpha
+        z = self.z("train") + move
+        first = self.ordered_nodes()[0].node_id
+        self.dz_moves = [move, *self.dz_moves][:MEMORY]
+        for nid in self.nodes:
+            mine = nid == first
+            self.u_train[nid] = z if mine else np.zeros_like(z)
+            self.sq_norms[nid] = max(t["sq-norm"] + 2.0 * float(t["a"] @ alpha) + float(alpha @ t["gram"] @ alpha),
+                                     0.0) if mine else 0.0
+            self.steps[nid] = 1
+            self.alpha[nid] = alpha
+            self.computed_alpha[nid] = alpha
+            if "test" in t:
+                self.u_test[nid] = t["test"] + t["test-dirs"] @ alpha if mine else np.zeros(len(t["test"]))
 
 
 # -- parties --------------------------------------------------------------------------

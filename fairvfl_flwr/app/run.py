@@ -18,15 +18,17 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 
-def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, **grid_kwargs: Any) -> tuple[dict, Path]:
+def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, grid: InProcessGrid | None = None,
+                  **grid_kwargs: Any) -> tuple[dict, Path]:
     """Run the ServerApp's job over an :class:`InProcessGrid`; return (summary, folder).
 
     ``run_config`` is checked as ``flwr run`` checks it (an unknown key is refused).
     ``quiet`` silences the per-round log and the final table (for sweeps that print
-    their own progress line per run).
+    their own progress line per run). ``grid``: run on this grid (built for the same run
+    config) instead of a new one, e.g. to read a node's state afterwards.
     """
     cfg = RunConfig.from_flower(run_config)
-    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
+    grid = grid or InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
     if not quiet:
         return run_server(grid, cfg.to_flower())
     flwr_logger = logging.getLogger("flwr")

@@ -29,7 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
-from fairvfl_flwr.algorithms.newton import NewtonVFL
+from fairvfl_flwr.algorithms.newton import NewtonVFL, SharedNewtonVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.config import RunConfig, sections
@@ -82,8 +82,10 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     if cfg.mode == "split":
         algorithm = SplitVFL
+    elif cfg.optimizer_in_use == "newton":  # secure aggregation hides X_k s_k: the search over shared step lengths
+        algorithm = SharedNewtonVFL if cfg.secure_aggregation else NewtonVFL
     else:
-        algorithm = NewtonVFL if cfg.optimizer_in_use == "newton" else FairVFL
+        algorithm = FairVFL
     return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
 
 
@@ -98,14 +100,24 @@ def optimizer_note(cfg: RunConfig) -> str:
     """How ``optimizer`` resolved for this run, and why (the run's log says it)."""
     if cfg.optimizer == "gd":
         return "gradient descent (the paper's steps)"
+    shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
+              "parties)" if cfg.secure_aggregation else "")
     if cfg.optimizer == "newton":
-        return "block Newton (docs/newton.md)" + _encrypted_nu_note(cfg)
-    refusal = sections.newton_refusal(cfg)
-    if refusal is not None:
-        return f"gradient descent: block Newton does not run with {sections.key(refusal[0])}={getattr(cfg, refusal[0])!r}"
-    if cfg.optimizer_in_use == "gd":
-        return f"gradient descent: block Newton is measured with constraint='deo' only (constraint={cfg.constraint!r})"
-    return "block Newton (linear parties, full batch, constraint='deo'; docs/newton.md)" + _encrypted_nu_note(cfg)
+        return f"block Newton{shared} (docs/newton.md)" + _encrypted_nu_note(cfg)
+    if cfg.optimizer == "adagrad":
+        return "AdaGrad steps kept by each party (docs/adagrad.md)"
+    if cfg.constraint != "deo":
+        return (f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
+                f"(constraint={cfg.constraint!r})")
+    if cfg.optimizer_in_use == "newton":
+        return f"block Newton{shared} (linear parties, full batch, constraint='deo'; docs/newton.md)" + _encrypted_nu_note(cfg)
+    newton_no = sections.newton_refusal(cfg)
+    why_not_newton = f"block Newton does not run with {sections.key(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
+    if cfg.optimizer_in_use == "adagrad":
+        return f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)"
+    adagrad_no = sections.adagrad_refusal(cfg)
+    return (f"gradient descent: {why_not_newton}, and AdaGrad does not run with "
+            f"{sections.key(adagrad_no[0])}={getattr(cfg, adagrad_no[0])!r}")
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:

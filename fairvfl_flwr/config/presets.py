@@ -1,9 +1,12 @@
 """Named sets of training settings (run-config key ``preset``).
 
-* ``paper`` (= the defaults): the paper's η = 100, β = 0.1, c = 1e-3, Q = 5; the README's
-  headline numbers and the tests use these.
-* ``fast``: fewer rounds to the same target (bench/rounds.py, docs/performance.md):
-  a larger primal step and a faster dual step.
+* ``paper``: the paper's method, gradient steps (``optimizer = "gd"``) with the default
+  η = 100, β = 0.1, c = 1e-3, Q = 5; the reproduction tables (tools/compare, sweep,
+  epsweep) use it.
+* ``fast``: gradient steps with fewer rounds to the same target (bench/rounds.py,
+  docs/performance.md): a larger primal step and a faster dual step.
+
+Without a preset, ``optimizer = "auto"`` trains linear models with block Newton.
 
 A preset fills in its keys only where the run config leaves them at their default, so
 ``preset = "fast" local-steps = 10`` keeps Q = 10. (To force a default value on top of a
@@ -17,8 +20,8 @@ from typing import Any
 from fairvfl_flwr.core.errors import ConfigError
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {},
-    "fast": {"eta": 20.0, "beta": 0.5},
+    "paper": {"optimizer": "gd"},
+    "fast": {"optimizer": "gd", "eta": 20.0, "beta": 0.5},
 }
 
 

@@ -20,14 +20,14 @@ from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
 from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES
 
 MODES = ("fairvfl", "fairvfl-scores", "split", "score")
-OPTIMIZERS = ("auto", "gd", "newton")
+OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """All settings of one FairVFL run (defaults: the paper's setup on Adult, linear)."""
 
-    preset: str = ""  # "", "paper" (= the defaults) or "fast" (presets.py): fills keys left at their default
+    preset: str = ""  # "", "paper" (the paper's gradient steps) or "fast" (presets.py): fills keys left at their default
     dataset: str = "adult"
     model: str = "linear"
     epsilon: float = 0.01
@@ -51,9 +51,11 @@ class RunConfig:
     dtype: str = "float64"  # the parties' model and feature dtype
     wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
     mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline) | score
-    # gd: the paper's gradient steps; newton: block Newton with the server's subspace search
-    # (linear, full batch; docs/newton.md); auto: newton where it runs, gd otherwise (optimizer_in_use)
-    optimizer: str = "gd"
+    # auto: newton where it runs, else adagrad, else gd (optimizer_in_use); gd: the paper's
+    # gradient steps (preset "paper"); newton: block Newton with the server's subspace search
+    # (linear, full batch; docs/newton.md); adagrad: per-coordinate adaptive steps kept by
+    # each party (MLP; docs/adagrad.md)
+    optimizer: str = "auto"
     # newton: training ends once a round decreases F by less than this (relative) twice in a
     # row with the gaps at ε (so num-server-rounds is a cap); 0: run every round
     newton_tolerance: float = 1e-6
@@ -220,12 +222,18 @@ class RunConfig:
 
     @property
     def optimizer_in_use(self) -> str:
-        """``gd`` or ``newton``: ``auto`` is newton unless a setting of the run rules it out
-        (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...) or the constraint
-        set is not the measured one (``deo``: docs/newton.md, open problems)."""
+        """``gd``, ``newton`` or ``adagrad``: ``auto`` is newton unless a setting of the run rules it
+        out (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...), then adagrad unless
+        one rules that out (sections.ADAGRAD_REFUSED: a linear model, checkpoints, ...), else gd;
+        gd too where the constraint set is not the measured one (``deo``: docs/newton.md,
+        docs/adagrad.md)."""
         if self.optimizer != "auto":
             return self.optimizer
-        return "gd" if sections.newton_refusal(self) or self.constraint != "deo" else "newton"
+        if self.constraint != "deo":
+            return "gd"
+        if not sections.newton_refusal(self):
+            return "newton"
+        return "gd" if sections.adagrad_refusal(self) else "adagrad"
 
     @property
     def lr(self) -> float:

@@ -217,9 +217,6 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("local_time_budget", lambda c: c.local_time_budget > 0,
      "the active party computes one Newton direction per round, not a number of gradient steps; "
      "use staleness.local-time-budget=0"),
-    ("secure_aggregation", lambda c: c.secure_aggregation,
-     "the subspace search needs each party's change of logits X_k s_k separately, and secure aggregation "
-     "reveals only their sum; use privacy.secure-aggregation=false or optimizer='gd'"),
     ("checkpoint_every", lambda c: c.checkpoint_every > 0,
      "a party's checkpoint holds θ only, not the directions and last moves a Newton round continues from; "
      "use reliability.checkpoint-every=0 or optimizer='gd'"),
@@ -230,12 +227,34 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
 REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
 
 
-def newton_refusal(c: Any) -> tuple[str, str] | None:
-    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
-    for other, on, why in NEWTON_REFUSED:
+_ADAGRAD = "optimizer='adagrad' is per-coordinate adaptive steps for MLP parties (docs/adagrad.md); use optimizer='gd'"
+
+#: What optimizer='adagrad' cannot run with: (setting, is it on?, why). optimizer='auto'
+#: falls back to gradient descent where one of these holds (:func:`adagrad_refusal`).
+ADAGRAD_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model", lambda c: c.model == "linear",
+     "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
+     "(or 'auto') for a linear model, or optimizer='gd'"),
+    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAGRAD),
+]
+REFUSED += [("optimizer", lambda c: c.optimizer == "adagrad", other, on, why) for other, on, why in ADAGRAD_REFUSED]
+
+
+def _first(table: list[tuple[str, Callable[[Any], bool], str]], c: Any) -> tuple[str, str] | None:
+    for other, on, why in table:
         if on(c):
             return other, why
     return None
+
+
+def newton_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
+    return _first(NEWTON_REFUSED, c)
+
+
+def adagrad_refusal(c: Any) -> tuple[str, str] | None:
+    """(setting, why) of the first setting of ``c`` that rules AdaGrad out, or None."""
+    return _first(ADAGRAD_REFUSED, c)
 
 
 def check_combinations(c: Any) -> None:

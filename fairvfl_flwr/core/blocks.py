@@ -13,13 +13,20 @@ from fairvfl_flwr.core.linear import LinearBlock
 
 
 def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = False, dtype: str = "float64",
-                seed: int = 0):
-    """Create one party's block, deterministically from ``seed`` (linear: zeros)."""
-    if kind == "linear":
-        return LinearBlock.zeros(in_features, bias, dtype)
-    from fairvfl_flwr.core.models import TorchBlock, build_model  # torch, only for the MLP
+                seed: int = 0, optimizer: str = "gd"):
+    """Create one party's block, deterministically from ``seed`` (linear: zeros).
 
-    return TorchBlock(build_model(kind, in_features, hidden=hidden, bias=bias, dtype=dtype, seed=seed))
+    ``optimizer``: ``gd`` (the paper's step) or ``adagrad`` (MLP only: per-coordinate
+    adaptive steps with sums of squared gradients the party keeps, ``core/models.AdaGrad``).
+    """
+    if kind == "linear":
+        if optimizer == "adagrad":
+            raise ValueError("optimizer 'adagrad' is for MLP blocks; a linear block takes gradient or Newton steps")
+        return LinearBlock.zeros(in_features, bias, dtype)
+    from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model  # torch, only for the MLP
+
+    model = build_model(kind, in_features, hidden=hidden, bias=bias, dtype=dtype, seed=seed)
+    return TorchBlock(model, AdaGrad() if optimizer == "adagrad" else None)
 
 
 def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:

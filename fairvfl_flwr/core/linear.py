@@ -47,5 +47,12 @@ class LinearBlock:
         if self.bias is not None:
             self.bias = np.asarray(state["bias"], dtype=self.weight.dtype).reshape(()).copy()
 
+    def optimizer_state(self) -> None:
+        """A linear block's step keeps no state beyond θ."""
+        return None
+
+    def load_optimizer_state(self, state: dict) -> None:
+        raise ValueError("a linear block keeps no optimizer state")
+
     def sq_norm(self) -> float:
         return float((self.weight**2).sum() + (0.0 if self.bias is None else self.bias**2))

@@ -92,16 +92,58 @@ def gradient_step(model: nn.Module, lr: float, mu: float) -> None:
         p.grad = None
 
 
+class AdaGrad:
+    """Per-coordinate adaptive steps (Duchi, Hazan and Singer) on the gradient of f̃, kept by the party.
+
+    θ ← θ − lr·g/(√(Σ g²) + eps), the sum over this party's own steps, with g = J_kᵀν + μθ_k
+    as for :func:`gradient_step` (μ is the objective's regulariser, not a decoupled decay).
+    ``lr`` is the run's 1/η. Every step moves each coordinate by at most lr, whatever the
+    scale of ν, and the steps shrink as the squared gradients add up: at a fixed λ this
+    converges to a stationary point of f̃ for any lr (docs/adagrad.md, What is proved).
+    The sums never leave the node. Same arithmetic as ``torch.optim.Adagrad`` (its defaults).
+    """
+
+    eps = 1e-10
+
+    def __init__(self) -> None:
+        self.t = 0
+        self.sums: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def step(self, model: nn.Module, lr: float, mu: float) -> None:
+        self.t += 1
+        for name, p in model.named_parameters():
+            g = p.grad + mu * p
+            total = self.sums.get(name)
+            total = g * g if total is None else total + g * g
+            self.sums[name] = total
+            p -= lr * g / (total.sqrt() + self.eps)
+            p.grad = None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = {"t": np.asarray(self.t, dtype=np.int64)}
+        state.update({f"sum.{k}": v.numpy().copy() for k, v in self.sums.items()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = int(np.asarray(state["t"]))
+        self.sums = {k[4:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("sum.")}
+
+
 def squared_norm(model: nn.Module) -> float:
     return float(sum((p.detach() ** 2).sum() for p in model.parameters()))
 
 
 class TorchBlock:
     """A torch model behind the block interface the parties use (``core.linear.LinearBlock``):
-    numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k."""
+    numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``optimizer``: None for the paper's gradient step, or an :class:`AdaGrad` whose sums of
+    squared gradients the party keeps (``optimizer_state``)."""
+
+    def __init__(self, model: nn.Module, optimizer: AdaGrad | None = None) -> None:
         self.model = model
+        self.optimizer = optimizer
         self.dtype = next(model.parameters()).dtype
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
@@ -114,13 +156,23 @@ class TorchBlock:
     def step(self, x: np.ndarray, nu: np.ndarray, lr: float, mu: float) -> None:
         u = self.model(self._tensor(x))
         u.backward(torch.as_tensor(nu, dtype=u.dtype))
-        gradient_step(self.model, lr, mu)
+        if self.optimizer is None:
+            gradient_step(self.model, lr, mu)
+        else:
+            self.optimizer.step(self.model, lr, mu)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+
+    def optimizer_state(self) -> dict[str, np.ndarray] | None:
+        return None if self.optimizer is None else self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
 
     def sq_norm(self) -> float:
         return squared_norm(self.model)

@@ -15,7 +15,8 @@ same way from the server label file (run config ``server-labels``) or the packag
 data, through :func:`parse_label_table`.
 
 Parsed party files are cached on the node's disk (``cache-dir``, default
-``~/.cache/fairvfl-flwr``) keyed by the file's SHA-256 and the parse options: in
+``~/.cache/fairvfl-flwr``) keyed by the file's SHA-256 (remembered per version of the
+file: :func:`known_digest`) and the parse options: in
 deployment every message runs in a fresh ``flwr-clientapp`` process, which then loads
 one ``.npz`` instead of parsing the CSV with pandas.
 
@@ -354,12 +355,43 @@ def server_labels_for(cfg, ds=None):
 
 
 # -- loading with the on-disk cache -------------------------------------------------------
-def _file_hash(path: Path) -> str:
+def file_digest(path: Path) -> str:
+    """SHA-256 of the file's bytes."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def known_digest(path: Path, cache: Path) -> str:
+    """The file's SHA-256, read once per version of the file.
+
+    A deployed party starts a fresh process per message, and hashing a 1M-row file costs
+    more than loading its parsed arrays, so the digest is remembered under the file's
+    identity: path, inode, size, mtime and ctime (in ns). An edit in place changes mtime
+    and ctime, and ctime cannot be set back by a user, so a remembered digest never
+    outlives the bytes it was computed from.
+    """
+    st = path.stat()
+    stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    entry = cache / "digests" / f"{hashlib.sha256(stamp.encode()).hexdigest()[:32]}.txt"
+    try:
+        known = entry.read_text().strip()
+        if len(known) == 64:
+            return known
+    except OSError:
+        pass
+    digest = file_digest(path)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(digest)
+        os.replace(tmp, entry)
+    except OSError:
+        pass  # a read-only cache only costs speed
+    return digest
 
 
 def cache_dir(spec: PartySpec) -> Path:
@@ -404,7 +436,8 @@ def load_party_file(spec: PartySpec) -> PartyArrays:
     path = Path(spec.data_path)
     if not path.is_file():
         raise DataError(f"{spec.name}: data file {path} not found (node config data-path)")
-    cached = cache_dir(spec) / f"{_cache_key(spec, _file_hash(path))}.npz"
+    cache = cache_dir(spec)
+    cached = cache / f"{_cache_key(spec, known_digest(path, cache))}.npz"
     if cached.exists():
         try:
             return _load(cached)

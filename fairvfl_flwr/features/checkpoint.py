@@ -108,11 +108,15 @@ def party_dir(node_config: Mapping[str, Any], run_config: Mapping[str, Any], par
     return Path(root).expanduser() / run_key(run_config) / f"partition-{partition_id}"
 
 
-def save_party(folder: Path, server_round: int, model_state: Mapping[str, Any]) -> Path:
-    """θ_r of one party (arrays by parameter name) in ``round-<r>.npz``; keeps the KEEP latest."""
+def save_party(folder: Path, server_round: int, model_state: Mapping[str, Any],
+               optimizer_state: Mapping[str, Any] | None = None) -> Path:
+    """θ_r of one party (arrays by parameter name) in ``round-<r>.npz``, with the state its
+    step continues from (``optimizer = "adagrad"``: the sums of squared gradients), if any;
+    keeps the KEEP latest."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"round-{server_round:08d}.npz"
     arrays = {f"param.{k}": np.asarray(v) for k, v in model_state.items()}
+    arrays.update({f"optim.{k}": np.asarray(v) for k, v in (optimizer_state or {}).items()})
     _atomic(path, lambda fh: np.savez(fh, round=np.array(server_round), **arrays))
     # Keep the KEEP latest rounds up to this one; later rounds are left over from a run that got
     # further before it stopped (this run rewrites them when it gets there).
@@ -125,13 +129,16 @@ def save_party(folder: Path, server_round: int, model_state: Mapping[str, Any]) 
     return path
 
 
-def load_party(folder: Path, server_round: int, who: str) -> dict[str, np.ndarray]:
+def load_party(folder: Path, server_round: int, who: str, part: str = "param") -> dict[str, np.ndarray]:
+    """θ_r of one party (``part = "param"``) or the state its step continues from (``"optim"``,
+    empty where the step keeps none)."""
     path = folder / f"round-{server_round:08d}.npz"
     if not path.exists():
         have = sorted(p.stem for p in folder.glob("round-*.npz")) if folder.exists() else []
         raise CheckpointError(f"{who} has no checkpoint of round {server_round} in {folder} (has: {have or 'none'})")
+    prefix = f"{part}."
     with np.load(path) as f:
-        return {k[len("param."):]: f[k].copy() for k in f.files if k.startswith("param.")}
+        return {k[len(prefix):]: f[k].copy() for k in f.files if k.startswith(prefix)}
 
 
 # -- the server's hook ----------------------------------------------------------------
@@ -233,11 +240,17 @@ def checkpoint_mod(message: Message, context, call_next) -> Message:
     if mtype == msgs.INIT and server_round > 0:  # resume: θ_r from this party's own disk
         folder = party_dir(context.node_config, rt.cfg.to_flower(), rt.data.partition_id)
         rt.load_model_state(load_party(folder, server_round, rt.who))
+        optimizer = load_party(folder, server_round, rt.who, "optim")
+        if rt.cfg.optimizer_in_use == "adagrad":
+            if not optimizer:  # fresh sums would restart with full-length steps: not the run it continues
+                raise CheckpointError(f"{rt.who}: the checkpoint of round {server_round} in {folder} holds no "
+                                      "AdaGrad sums; resume it with the optimizer it was trained with")
+            rt.load_optimizer_state(optimizer)
         return rt.reply(message, rt.party(), steps=0)
     every = rt.cfg.checkpoint_every
     if every > 0 and server_round % every == 0:
         state = rt.model_state()
         if state is not None:
             folder = party_dir(context.node_config, rt.cfg.to_flower(), rt.data.partition_id)
-            save_party(folder, server_round, state)
+            save_party(folder, server_round, state, rt.optimizer_state())
     return reply

@@ -28,6 +28,17 @@ the round and split only, so a re-sent message (the guard answers it from the sa
 gets the identical masked reply: nothing new is revealed. A party that stays silent
 makes the exchange re-send and then stop the run; no round is ever unmasked for a subset
 of parties (there is no unmasking step at all).
+
+Each reply's ‖θ_k‖² (the μ-term of the objective) is masked too, in a 128-bit ring with 64
+fraction bits (:func:`masked_wide`): the server learns Σ_k ‖θ_k‖² only.
+
+Under block Newton (algorithms/newton.SharedNewtonVFL, "shared step lengths") a round's
+reply is a party's ``directions`` instead of logits: X_k s_k (and on evaluation rounds
+X_test θ_k, X_test D_k) in the 64-bit ring as the logits, and the small per-party
+quantities a = θ_k·d_j and the Gram matrix d_iᵀd_j in the 128-bit ring (their scale is not
+bounded as a logit's is, and near convergence they are tiny). Every vector a party masks
+in a round has its own nonce label (:data:`SPLITS`), so no two vectors ever share a mask.
+The server gets the sums over parties, which is all the shared-step search needs.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.data.partydata import NodeConfigError
@@ -54,17 +65,26 @@ SCALE = float(2**FRACTION_BITS)
 LIMIT = 2.0 ** (63 - FRACTION_BITS)  # |z| must stay below this for the sum not to wrap
 KEYS_STATE = "fairvfl.secagg-keys"  # ArrayRecord on the party: its private key, then the pair keys
 SESSION_STATE = "fairvfl.secagg-session"  # ConfigRecord on the party: the set-up its key pair belongs to
-SPLITS = {"train": 0, "test": 1}
+WIDE_FRACTION_BITS = 64
+WIDE_LIMIT = 2.0 ** (127 - WIDE_FRACTION_BITS)  # the 128-bit ring's signed range, in value units
+_WIDE_MOD = 1 << 128
+#: Nonce label of every vector a party masks; one round's reply never uses a label twice,
+#: and the Newton directions reply and the apply reply after it (same round) use distinct ones.
+SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "dir-a": 5, "dir-gram": 6,
+          "dir-sq-norm": 7, "sq-norm": 8}
+#: Keys of a Newton directions reply summed in the 128-bit ring (float64, unbounded scale).
+WIDE_KEYS = ("a", "gram")
+SQ_NORM = "secagg-sq-norm"  # ArrayRecord of a masked reply: ‖θ_k‖², 128-bit words (its metric is then 0)
 INFO = b"fairvfl-flwr secure aggregation v1"
 
 
 # -- encoding and masks (both sides) ----------------------------------------------------
-def encode(u: np.ndarray, num_parties: int, who: str) -> np.ndarray:
+def encode(u: np.ndarray, num_parties: int, who: str, what: str = "partial logit") -> np.ndarray:
     """Fixed point: round(u · 2^48) as uint64 words (two's complement)."""
     u = np.asarray(u, dtype=np.float64)
     bound = LIMIT / (2 * num_parties)  # a true sum stays below LIMIT / 2: the server can tell masks that failed to cancel
     if not np.all(np.abs(u) < bound):
-        raise ValueError(f"{who}: a partial logit of magnitude {np.max(np.abs(u)):.4g} is beyond the secure-aggregation "
+        raise ValueError(f"{who}: a {what} of magnitude {np.max(np.abs(u)):.4g} is beyond the secure-aggregation "
                          f"range ±{bound:.4g} (2^{62 - FRACTION_BITS} / num-parties); the run is diverging")
     return np.rint(u * SCALE).astype(np.int64).view(np.uint64)
 
@@ -81,13 +101,54 @@ def mask(key: bytes, server_round: int, split: str, rows: int) -> np.ndarray:
 
 
 def masked(u: np.ndarray, own: int, pair_keys: dict[int, bytes], server_round: int, split: str,
-           num_parties: int, who: str) -> np.ndarray:
+           num_parties: int, who: str, what: str = "partial logit") -> np.ndarray:
     """q_own + Σ_{j>own} m_{own,j} − Σ_{j<own} m_{j,own} (mod 2^64)."""
-    out = encode(u, num_parties, who)
+    out = encode(u, num_parties, who, what)
     for other, key in pair_keys.items():
         m = mask(key, server_round, split, len(out))
         out = out + m if other > own else out - m  # uint64: wraps mod 2^64
     return out
+
+
+def encode_wide(v: np.ndarray, num_parties: int, who: str, what: str) -> list[int]:
+    """Fixed point in the 128-bit ring: round(v · 2^64) as Python ints (exact for every float64 ≥ 2^-11)."""
+    v = np.asarray(v, dtype=np.float64).ravel()
+    bound = WIDE_LIMIT / (2 * num_parties)
+    if not np.all(np.abs(v) < bound):  # also refuses NaN
+        raise ValueError(f"{who}: {what} {v.tolist()!r} is not finite or beyond the secure-aggregation range "
+                         f"±{bound:.4g}")
+    return [round(float(x) * 2.0**WIDE_FRACTION_BITS) % _WIDE_MOD for x in v]
+
+
+def mask_wide(key: bytes, server_round: int, split: str, count: int) -> list[int]:
+    """The pair's pseudo-random 128-bit words for one round and label."""
+    nonce = struct.pack(">QII", server_round, SPLITS[split], 0)
+    stream = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor().update(bytes(16 * count))
+    return [int.from_bytes(stream[16 * i:16 * i + 16], "big") for i in range(count)]
+
+
+def masked_wide(v: np.ndarray, own: int, pair_keys: dict[int, bytes], server_round: int, split: str,
+                num_parties: int, who: str, what: str) -> np.ndarray:
+    """:func:`masked` in the 128-bit ring; on the wire two uint64 words per value (high, low)."""
+    out = encode_wide(v, num_parties, who, what)
+    for other, key in pair_keys.items():
+        m = mask_wide(key, server_round, split, len(out))
+        sign = 1 if other > own else -1
+        out = [(q + sign * w) % _WIDE_MOD for q, w in zip(out, m)]
+    return np.array([[q >> 64, q & (2**64 - 1)] for q in out], dtype=np.uint64).reshape(-1)
+
+
+def sum_wide(words: list[np.ndarray]) -> list[int]:
+    """The 128-bit sum of several replies' words (each high, low per value)."""
+    total = [0] * (len(words[0]) // 2)
+    for w in words:
+        pairs = np.asarray(w, dtype=np.uint64).reshape(-1, 2)
+        total = [(t + (int(hi) << 64 | int(lo))) % _WIDE_MOD for t, (hi, lo) in zip(total, pairs)]
+    return total
+
+
+def decode_wide(total: list[int]) -> np.ndarray:
+    return np.array([(q - _WIDE_MOD if q >> 127 else q) / 2**WIDE_FRACTION_BITS for q in total], dtype=np.float64)
 
 
 def pair_key(private: X25519PrivateKey, peer_public: bytes, a: int, b: int) -> bytes:
@@ -130,36 +191,61 @@ class SecureAggregation(RoundHook):
         return None
 
     def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
-        with_logits = [r for r in replies if msgs.LOGITS in r.content.array_records]
-        if not with_logits:
-            return replies
-        if len(with_logits) != len(server.nodes):
-            raise FederationError(f"round {server_round}: secure aggregation needs every party's reply, "
-                                  f"got {len(with_logits)} of {len(server.nodes)}")
-        sums: dict[str, np.ndarray] = {}
-        for reply in with_logits:
-            who = server.who(reply.metadata.src_node_id)
-            record = reply.content.array_records[msgs.LOGITS]
-            for split in record:
-                words = record[split].numpy()
-                if words.dtype != np.uint64 or words.ndim != 1:
-                    raise FederationError(f"rejected a reply: {who}: {split} logits are {words.dtype} "
-                                          f"{words.shape}, expected masked uint64 words (privacy.secure-aggregation)")
-                if split in sums and len(sums[split]) != len(words):
-                    raise FederationError(f"rejected a reply: {who}: {len(words)} {split} rows, others sent "
-                                          f"{len(sums[split])}")
-                sums[split] = words.copy() if split not in sums else sums[split] + words
-        for split, total in sums.items():
-            if np.any(np.abs(decode(total)) >= LIMIT / 2):
-                raise FederationError(f"round {server_round}: the masks of the {split} logits did not cancel (the "
-                                      "parties' pair keys differ: a node restarted or a reply was altered); no party's "
-                                      "logits were revealed; start the run again")
-        first = server.ordered_nodes()[0].node_id
-        for reply in with_logits:
-            mine = reply.metadata.src_node_id == first
-            reply.content.array_records[msgs.LOGITS] = msgs.array_record(
-                **{split: decode(total) if mine else np.zeros(len(total)) for split, total in sums.items()})
+        """Each masked record summed over the parties: the first party's reply holds the sum,
+        the others zeros (the server's z and the Newton search read only sums)."""
+        for name in (msgs.LOGITS, msgs.DIRECTIONS, SQ_NORM):
+            carrying = [r for r in replies if name in r.content.array_records]
+            if not carrying:
+                continue
+            if len(carrying) != len(server.nodes):
+                raise FederationError(f"round {server_round}: secure aggregation needs every party's reply, "
+                                      f"got {len(carrying)} of {len(server.nodes)}")
+            sums = self._sums(server, server_round, carrying, name)
+            first = server.ordered_nodes()[0].node_id
+            for reply in carrying:
+                mine = reply.metadata.src_node_id == first
+                if name == SQ_NORM:
+                    del reply.content.array_records[SQ_NORM]
+                    stats = reply.content.metric_records[msgs.STATS]
+                    reply.content.metric_records[msgs.STATS] = MetricRecord(
+                        {**stats, "sq-norm": float(sums["sq-norm"][0]) if mine else 0.0})
+                else:
+                    reply.content.array_records[name] = msgs.array_record(
+                        **{key: total if mine else np.zeros(len(total)) for key, total in sums.items()})
         return replies
+
+    @staticmethod
+    def _sums(server, server_round: int, replies: list[Message], name: str) -> dict[str, np.ndarray]:
+        """Decoded sums of every key of record ``name``, checked: uint64 words, equal lengths, masks cancelled."""
+        words: dict[str, list[np.ndarray]] = {}
+        for reply in replies:
+            who = server.who(reply.metadata.src_node_id)
+            record = reply.content.array_records[name]
+            for key in record:
+                w = record[key].numpy()
+                if w.dtype != np.uint64 or w.ndim != 1:
+                    raise FederationError(f"rejected a reply: {who}: {name} '{key}' is {w.dtype} {w.shape}, expected "
+                                          "masked uint64 words (privacy.secure-aggregation)")
+                if key in words and len(words[key][0]) != len(w):
+                    raise FederationError(f"rejected a reply: {who}: {len(w)} words of {name} '{key}', others sent "
+                                          f"{len(words[key][0])}")
+                words.setdefault(key, []).append(w)
+        if any(len(ws) != len(replies) for ws in words.values()):
+            raise FederationError(f"rejected a reply: round {server_round}: the parties' {name} replies hold different "
+                                  f"keys ({sorted(words)})")
+        sums = {}
+        for key, ws in words.items():
+            if name == SQ_NORM or (name == msgs.DIRECTIONS and key in WIDE_KEYS):
+                total, limit = decode_wide(sum_wide(ws)), WIDE_LIMIT / 2
+            else:
+                total, limit = decode(np.sum(ws, axis=0, dtype=np.uint64)), LIMIT / 2  # wraps mod 2^64
+            if np.any(np.abs(total) >= limit):
+                what = f"{key} logits" if name == msgs.LOGITS else f"{name} '{key}'"
+                raise FederationError(f"round {server_round}: the masks of the {what} did not cancel (the "
+                                      "parties' pair keys differ: a node restarted or a reply was altered); no party's "
+                                      "values were revealed; start the run again")
+            sums[key] = total
+        return sums
 
 
 # -- the party's side ------------------------------------------------------------------
@@ -217,25 +303,46 @@ def _pair_keys(context: Context) -> dict[int, bytes]:
     return keys
 
 
+def _label(name: str, key: str) -> str:
+    if name == msgs.LOGITS:
+        return key
+    return "dir" if key == "dir" else f"dir-{key}"
+
+
 def mask_mod(message: Message, context: Context, call_next) -> Message:
-    """ClientApp mod (outermost): mask the logits of every reply that carries them."""
+    """ClientApp mod (outermost): mask the logits or Newton directions of every reply that
+    carries them, and its ‖θ_k‖². New records replace the reply's: the guard may hold the
+    plain ones to answer a re-sent message, which is then masked again to the same words."""
     reply = call_next(message, context)
-    if reply.has_error() or msgs.LOGITS not in reply.content.array_records:
+    if reply.has_error():
+        return reply
+    name = next((n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in reply.content.array_records), None)
+    if name is None:
         return reply
     rt = PartyRuntime(context)
     if not rt.cfg.secure_aggregation:
         return reply
     keys = _pair_keys(context)
-    if len(keys) != rt.cfg.num_parties - 1:
+    k = rt.cfg.num_parties
+    if len(keys) != k - 1:
         raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(keys)} of "
-                              f"{rt.cfg.num_parties - 1} pair keys (no set-up, or the node restarted); start the run again")
-    server_round = round_of(message)[0]
-    logits = reply.content.array_records[msgs.LOGITS]
-    reply.content.array_records[msgs.LOGITS] = msgs.array_record(**{
-        split: masked(logits[split].numpy(), rt.data.partition_id, keys, server_round, split, rt.cfg.num_parties,
-                      rt.who)
-        for split in logits
-    })
+                              f"{k - 1} pair keys (no set-up, or the node restarted); start the run again")
+    server_round, own = round_of(message)[0], rt.data.partition_id
+    masked_record = {}
+    for key, array in reply.content.array_records[name].items():
+        label, values = _label(name, key), array.numpy()
+        if name == msgs.DIRECTIONS and key in WIDE_KEYS:
+            masked_record[key] = masked_wide(values, own, keys, server_round, label, k, rt.who, f"Newton '{key}'")
+        else:
+            what = "partial logit" if name == msgs.LOGITS else f"Newton '{key}' value"
+            masked_record[key] = masked(values.reshape(-1), own, keys, server_round, label, k, rt.who, what)
+    reply.content.array_records[name] = msgs.array_record(**masked_record)
+    stats = reply.content.metric_records.get(msgs.STATS)
+    if stats is not None:
+        label = "dir-sq-norm" if name == msgs.DIRECTIONS else "sq-norm"
+        reply.content.array_records[SQ_NORM] = msgs.array_record(**{"sq-norm": masked_wide(
+            np.array([stats["sq-norm"]]), own, keys, server_round, label, k, rt.who, "‖θ_k‖²")})
+        reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     return reply
 
 

@@ -17,7 +17,11 @@ format is documented in docs/privacy.md ("Transcripts") and read by
 
 Under ``optimizer = "newton"`` the server's file also holds each party's reply:
 ``dir-<pid>`` (X_k s_k, at the wire dtype), ``a-<pid>`` (θ_k·d_j) and ``gram-<pid>``
-(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds; a party's file
+(d_iᵀd_j), and ``test-<pid>`` / ``test-dirs-<pid>`` on evaluation rounds (masked uint64 words
+under secure aggregation), with what it
+computed from them: ``alpha-<pid>``, the step lengths it sends party ``pid`` with its next
+message (the round's hook ``end``, from ``VFLServer.computed``); the last round's file also
+holds the applied logits ``u-<pid>`` (and ``u-test-<pid>``) of ``train.newton_apply``; a party's file
 holds what it received, ``alpha`` (its step lengths of the round before) with ``nu`` or
 ``z`` and ``lam``, and ``own-dir`` (its own X_k s_k). The step lengths of the last round
 (``train.newton_apply``) are added to that round's file as ``alpha-last``, with ``own-u``.
@@ -94,6 +98,16 @@ class ServerTranscript(RoundHook):
     def __init__(self, folder: str, first: int, every: int) -> None:
         self.folder, self.first, self.every = folder, first, every
         self.pending: dict[int, dict[str, np.ndarray]] = {}
+        self.written: set[int] = set()  # rounds whose file this run already holds (a later write adds to it)
+
+    def add(self, server_round: int, arrays: dict[str, np.ndarray]) -> None:
+        """Write the round's file, keeping what an earlier write of the same round put there
+        (a round can bring replies twice: Newton's last round also gets the applied logits)."""
+        if server_round in self.written:
+            with np.load(role_dir(self.folder, SERVER) / f"r{server_round:06d}.npz") as old:
+                arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}
+        write(self.folder, SERVER, server_round, arrays)
+        self.written.add(server_round)
 
     def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
         if should_record(server_round, self.first, self.every):
@@ -119,8 +133,17 @@ class ServerTranscript(RoundHook):
             arrays[f"u-{pid}"] = record["train"].numpy()
             if "test" in record:
                 arrays[f"u-test-{pid}"] = record["test"].numpy()
-        write(self.folder, SERVER, server_round, arrays)
+        self.add(server_round, arrays)
         return replies
+
+    def end(self, server, grid, server_round: int, timeout: float) -> None:
+        """What the algorithm computed for each party from the round's replies (Newton: the
+        step lengths α_k it sends with the next message), once the round is folded."""
+        computed = server.computed() if should_record(server_round, self.first, self.every) else {}
+        arrays = {f"{key}-{server.nodes[nid].partition_id}": np.asarray(value)
+                  for nid, values in computed.items() for key, value in values.items()}
+        if arrays:
+            self.add(server_round, arrays)
 
 
 def transcript_mod(message: Message, context, call_next) -> Message:

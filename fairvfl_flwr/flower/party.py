@@ -30,6 +30,7 @@ MODEL_STATE = "fairvfl.model"
 #: mod recovers it into the node's state before the training method's handler runs, which
 #: takes it with :meth:`PartyRuntime.take_gradient`.
 GRADIENT_STATE = "fairvfl.gradient"
+OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,14 @@ class PartyRuntime:
             bias=data.role == msgs.ROLE_ACTIVE or cfg.model == "mlp",
             dtype=cfg.dtype,
             seed=cfg.seed * 1000 + data.partition_id,
+            optimizer="adagrad" if cfg.optimizer_in_use == "adagrad" else "gd",
         )
         state = self.model_state()
         if state is not None:
             block.load_state_dict(state)
+        optimizer = self.optimizer_state()
+        if optimizer is not None:
+            block.load_optimizer_state(optimizer)
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
             return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
@@ -113,18 +118,37 @@ class PartyRuntime:
 
     def save(self, party: Party) -> None:
         self.load_model_state(party.block.state_dict())
+        optimizer = party.block.optimizer_state()
+        if optimizer is not None:
+            self.load_optimizer_state(optimizer)
 
     def reset(self) -> None:
-        """Forget the model: the next :meth:`party` starts from the seeded initial θ."""
+        """Forget the model: the next :meth:`party` starts from the seeded initial θ (and,
+        under AdaGrad, from fresh sums)."""
         self.context.state.array_records.pop(MODEL_STATE, None)
+        self.context.state.array_records.pop(OPTIMIZER_STATE, None)
 
     def load_model_state(self, state: dict) -> None:
         """Keep θ (numpy arrays by parameter name) in the node's state for the next message."""
-        self.context.state.array_records[MODEL_STATE] = ArrayRecord(
-            {k: Array(np.asarray(v, order="C")) for k, v in state.items()})
+        self._keep(MODEL_STATE, state)
 
     def model_state(self) -> dict[str, np.ndarray] | None:
-        record = self.context.state.array_records.get(MODEL_STATE)
+        return self._kept(MODEL_STATE)
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Keep the step's own state (AdaGrad's sums) beside θ, for the next message."""
+        self._keep(OPTIMIZER_STATE, state)
+
+    def optimizer_state(self) -> dict[str, np.ndarray] | None:
+        """The step's own state kept on this node (AdaGrad's sums); None under gradient descent."""
+        return self._kept(OPTIMIZER_STATE)
+
+    def _keep(self, name: str, state: dict) -> None:
+        self.context.state.array_records[name] = ArrayRecord(
+            {k: Array(np.asarray(v, order="C")) for k, v in state.items()})
+
+    def _kept(self, name: str) -> dict[str, np.ndarray] | None:
+        record = self.context.state.array_records.get(name)
         return None if record is None else {k: v.numpy() for k, v in record.items()}
 
     def take_gradient(self) -> np.ndarray | None:

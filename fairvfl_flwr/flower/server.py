@@ -142,9 +142,11 @@ class VFLServer(Strategy):
 
     def z(self, split: str) -> np.ndarray:
         """The server's scores on ``split`` ("train" or "test"): the sum of the held partial
-        logits (an algorithm whose replies are not partial logits overrides this)."""
+        logits (an algorithm whose replies are not partial logits overrides this). Summed in
+        partition order, so that a run's floats do not depend on the node ids a runtime
+        assigns."""
         parts = self.u_train if split == "train" else self.u_test
-        return np.sum([parts[nid] for nid in self.nodes], axis=0)
+        return np.sum([parts[n.node_id] for n in self.ordered_nodes()], axis=0)
 
     def init_content(self) -> RecordDict:
         return msgs.init_content(True)
@@ -278,6 +280,11 @@ class VFLServer(Strategy):
             self.u_test[nid] = logits["test"].astype(np.float64)
         self.sq_norms[nid] = float(stats["sq-norm"])
         self.steps[nid] = int(stats["steps"])
+
+    def computed(self) -> dict[int, dict[str, np.ndarray]]:
+        """Per node, what the algorithm computed for that party from the round just folded,
+        beyond ν, z and λ (a transcript keeps it); gradient descent computes nothing more."""
+        return {}
 
     def record(self, server_round: int, extra: dict | None = None) -> dict:
         """History row for θ after ``server_round`` (round 0: the initial model).

@@ -27,9 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fairvfl_flwr.core.newton import party_curvature
 from fairvfl_flwr.core.objective import Groups, masked_weights
-from fairvfl_flwr.features.secagg import decode
+from fairvfl_flwr.features.secagg import decode, mask
 
+#: Singular values of the Newton equations' R kept, relative to the largest (above float32 rounding).
+NEWTON_RTOL = 1e-5
 #: Rows the Gram matrices are scored on (a seeded sample: the full n × n matrix is 13 GB on Adult).
 SCORE_ROWS = 200
 
@@ -59,15 +62,20 @@ def gram_attack(u: dict[int, np.ndarray], nu: dict[int, np.ndarray], eta: float,
     keep = 1.0 - mu / eta
     R = np.stack([eta * (keep * u[t - 1] - u[t]) for t in ts], axis=1)
     V = np.stack([nu[t] for t in ts], axis=1)
+    return fit_gram(R, V, max_rank)
+
+
+def fit_gram(R: np.ndarray, V: np.ndarray, max_rank: int | None = None) -> GramEstimate:
+    """Ĝ with Ĝ V ≈ R (columns: one equation G v = r each), on the column space of R."""
     basis, s, _ = np.linalg.svd(R, full_matrices=False)
     if not np.all(np.isfinite(s)) or s[0] == 0:
-        return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), len(ts))
+        return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), R.shape[1])
     # Rank: singular values clear of the noise floor (the wire dtype's rounding of u).
     rank = int((s > 5 * np.median(s)).sum()) if len(s) > 4 else len(s)
-    rank = max(1, min(rank, max_rank or rank, len(ts) - 1))
+    rank = max(1, min(rank, max_rank or rank, R.shape[1] - 1))
     basis = basis[:, :rank]
     core = (basis.T @ R) @ np.linalg.pinv(basis.T @ V)
-    return GramEstimate(basis, (core + core.T) / 2, len(ts))
+    return GramEstimate(basis, (core + core.T) / 2, R.shape[1])
 
 
 def score_rows(n: int, seed: int = 0, size: int = SCORE_ROWS) -> np.ndarray:
@@ -95,6 +103,13 @@ def active_nu(z: np.ndarray, lam: np.ndarray, y: np.ndarray, groups: Groups, wir
     return masked_weights(y, z.astype(np.float64), lam.astype(np.float64), groups).astype(wire_dtype).astype(np.float64)
 
 
+def active_sums(active_rounds: list[dict]) -> dict[int, np.ndarray]:
+    """The passive parties' summed logits after round t, S(t) = z(t + 1) − own u(t) (gradient descent)."""
+    by_round = {int(r["round"]): r for r in active_rounds}
+    return {t - 1: by_round[t]["z"].astype(np.float64) - by_round[t - 1]["own-u"].astype(np.float64)
+            for t in by_round if "z" in by_round[t] and t - 1 in by_round and "own-u" in by_round[t - 1]}
+
+
 def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: Groups, eta: float, mu: float,
                        noise=None, wire_dtype: str = "float32", max_rank: int | None = None) -> GramEstimate:
     """The active party on the passive parties' sum S = z − u_active.
@@ -104,8 +119,7 @@ def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: Groups,
     ν noise, whose seed is in the run config every party holds).
     """
     by_round = {int(r["round"]): r for r in active_rounds}
-    passive_sum = {t - 1: by_round[t]["z"].astype(np.float64) - by_round[t - 1]["own-u"].astype(np.float64)
-                   for t in by_round if "z" in by_round[t] and t - 1 in by_round and "own-u" in by_round[t - 1]}
+    passive_sum = active_sums(active_rounds)
     nu = {}
     for t, r in by_round.items():
         if "z" in r:
@@ -165,7 +179,13 @@ def trajectory_attack(server_rounds: list[dict], pid: int, X: np.ndarray, rows: 
     The chance line: the same scores with the rows' trajectories shuffled.
     """
     traj = np.stack([as_logits(r[f"u-{pid}"]) for r in sorted(server_rounds, key=lambda r: int(r["round"]))
-                     if f"u-{pid}" in r], axis=1)[rows]
+                     if f"u-{pid}" in r], axis=1)
+    return trajectory_scores(traj, X, rows, seed)
+
+
+def trajectory_scores(traj: np.ndarray, X: np.ndarray, rows: np.ndarray, seed: int = 0) -> dict:
+    """The trajectory attack's scores for logit trajectories ``traj`` (all rows × rounds)."""
+    traj = traj[rows]
     traj = traj - traj.mean(axis=0, keepdims=True)
     with np.errstate(over="ignore", invalid="ignore"):
         traj = traj / max(float(np.abs(traj).max()), 1e-300)  # the scale is irrelevant to ranks; keeps squares finite
@@ -190,3 +210,146 @@ def trajectory_attack(server_rounds: list[dict], pid: int, X: np.ndarray, rows: 
     shuffled = traj[np.random.default_rng([seed, 0x7368]).permutation(len(rows))]
     rho0, hit0 = score(shuffled)
     return {"rho": rho, "nn10": hit, "rho_chance": rho0, "nn10_chance": hit0, "rounds": int(traj.shape[1])}
+
+
+# -- optimizer = "newton": what the directions give away -----------------------------------------
+def newton_track(u0: np.ndarray, dirs: dict[int, np.ndarray], alphas: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """A party's logits X_k θ_k(t) when it computes round t's direction, for t = 1, 2, ...
+
+    What the server does itself (algorithms/newton.py): round t's directions are [X_k s_k(t),
+    the party's last moves], and the move is those columns times the α_k it computed;
+    stops at the first round missing from ``dirs`` or ``alphas``.
+    """
+    u, moves, out = np.asarray(u0, np.float64), [], {}
+    t = 1
+    while t in dirs and t in alphas:
+        out[t] = u
+        al = np.asarray(alphas[t], np.float64)
+        move = np.column_stack([dirs[t].astype(np.float64), *moves])[:, :len(al)] @ al
+        u, moves, t = u + move, [move, *moves], t + 1
+    return out
+
+
+def newton_gram_attack(dirs: dict[int, np.ndarray], u: dict[int, np.ndarray], nu: dict[int, np.ndarray],
+                       mu: float, max_rank: int | None = None) -> GramEstimate:
+    """Ĝ = X_k X_kᵀ of a linear passive party from its Newton replies.
+
+    The party's direction solves (X_kᵀHX_k + μI) s = −(X_kᵀν + μθ_k) with H = diag(h̃),
+    h̃ = |ν|(1 − n|ν|) from ν alone (core/newton.party_curvature), so with v = X_k s (its
+    reply) and u = X_k θ_k (which the server tracks):
+
+        X_k X_kᵀ (h̃ ⊙ v + ν) = −μ (v + u),
+
+    one exact equation G w = r per round, every term known to the server (it sent ν). The
+    r span the column space of X_k one round at a time, so a party with m columns is rebuilt
+    after about m rounds; before that, :func:`nystrom_gram` gives the part of G the rounds
+    have reached (on random parties it beats :func:`fit_gram` there, and is exact a round earlier).
+    """
+    ts = sorted(t for t in dirs if t in u and t in nu)
+    if len(ts) < 2:
+        raise ValueError(f"the Newton Gram attack needs two recorded rounds; got {len(ts)}")
+    n = len(nu[ts[0]])
+    W = np.stack([party_curvature(nu[t], n, "nu") * dirs[t] + nu[t] for t in ts], axis=1)
+    R = np.stack([-mu * (dirs[t] + u[t]) for t in ts], axis=1)
+    return nystrom_gram(R, W, max_rank)
+
+
+def nystrom_gram(R: np.ndarray, W: np.ndarray, max_rank: int | None = None) -> GramEstimate:
+    """Ĝ = R (WᵀR)⁺ Rᵀ from exact equations G W = R (G positive semi-definite): the Nyström
+    approximation of G on the columns W, which is G itself once GW has G's rank.
+
+    Every column is a new direction of X_k until the rounds cover its columns, so the rank
+    is set by the wire's rounding (float32: 6e-8 relative), not by a median of the columns.
+    """
+    basis, s, _ = np.linalg.svd(R, full_matrices=False)
+    if not np.all(np.isfinite(s)) or s[0] == 0:
+        return GramEstimate(np.zeros((R.shape[0], 0)), np.zeros((0, 0)), R.shape[1])
+    rank = max(1, min(int((s > NEWTON_RTOL * s[0]).sum()), max_rank or len(s)))
+    basis = basis[:, :rank]
+    inner = W.T @ R  # = WᵀGW: symmetric PSD up to rounding, of GW's rank (R's)
+    vals, vecs = np.linalg.eigh((inner + inner.T) / 2)
+    keep = np.argsort(vals)[::-1][:rank]
+    keep = keep[vals[keep] > 0]
+    pinv = (vecs[:, keep] / vals[keep]) @ vecs[:, keep].T
+    core = (basis.T @ R) @ pinv @ (basis.T @ R).T
+    return GramEstimate(basis, (core + core.T) / 2, R.shape[1])
+
+
+def newton_server_rounds(server_rounds: list[dict], pid: int) -> tuple[dict, dict, dict]:
+    """(X_k s_k per round, the tracked X_k θ_k per round, ν per round) of party ``pid``, as the server holds them."""
+    by_round = {int(r["round"]): r for r in server_rounds}
+    dirs = {t: as_logits(r[f"dir-{pid}"]) for t, r in by_round.items() if f"dir-{pid}" in r}
+    alphas = {t: r[f"alpha-{pid}"] for t, r in by_round.items() if f"alpha-{pid}" in r}
+    u = newton_track(as_logits(by_round[0][f"u-{pid}"]), dirs, alphas)
+    nu = {t: r["nu"].astype(np.float64) for t, r in by_round.items() if "nu" in r}
+    return dirs, u, nu
+
+
+def newton_server_gram_attack(server_rounds: list[dict], pid: int, mu: float,
+                              max_rank: int | None = None, last: int | None = None) -> GramEstimate:
+    """The server on one party under Newton: its replies, the α it computed and the ν it sent
+    (``last``: the rounds up to that one only, as if training had stopped there)."""
+    dirs, u, nu = newton_server_rounds(server_rounds, pid)
+    if last is not None:
+        dirs = {t: v for t, v in dirs.items() if t <= last}
+    return newton_gram_attack(dirs, u, nu, mu, max_rank)
+
+
+def newton_trajectory_attack(server_rounds: list[dict], pid: int, X: np.ndarray, rows: np.ndarray,
+                             seed: int = 0) -> dict:
+    """The trajectory attack on the logits the server tracks under Newton, with the replies X_k s_k."""
+    dirs, u, _ = newton_server_rounds(server_rounds, pid)
+    ts = sorted(u)
+    return trajectory_scores(np.stack([u[t] for t in ts] + [dirs[t] for t in ts], axis=1), X, rows, seed)
+
+
+def active_newton_sums(active_rounds: list[dict]) -> dict[int, np.ndarray]:
+    """The passive parties' summed logits S(t) = z(t) − own u(t) as the active party holds them
+    under Newton: its own logits tracked from its first logits, its own X_k s_k and the α it
+    receives one round later (the last round's with ``train.newton_apply``)."""
+    by_round = {int(r["round"]): r for r in active_rounds}
+    dirs = {t: r["own-dir"].astype(np.float64) for t, r in by_round.items() if "own-dir" in r}
+    alphas = {t - 1: r["alpha"] for t, r in by_round.items() if "alpha" in r and len(r["alpha"])}
+    alphas.update({t: r["alpha-last"] for t, r in by_round.items() if "alpha-last" in r})
+    own = newton_track(by_round[0]["own-u"].astype(np.float64), dirs, alphas)
+    return {t: by_round[t]["z"].astype(np.float64) - own[t] for t in own if "z" in by_round.get(t, {})}
+
+
+class SumEstimate:
+    """The sum of several parties' estimates (scored as the Gram matrix of their joined columns)."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        return sum(p.rows(rows) for p in self.parts)
+
+
+# -- the coalition server + active party under secure aggregation ---------------------------------
+def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round: int,
+               split: str = "train") -> np.ndarray:
+    """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other
+    party → key) removed.
+
+    Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
+    k_ij for some j undoes those terms. With every pair key of the word (one passive party and
+    the active party's keys) this is q_i: the party's logits in the clear.
+    """
+    out = np.asarray(words, dtype=np.uint64).copy()
+    for other, key in keys.items():
+        m = mask(key, server_round, split, len(out))
+        out = out + m if other < pid else out - m  # uint64: wraps mod 2^64
+    return out
+
+
+def coalition_peeled(server_rounds: list[dict], pid: int, holder: int, keys: dict[int, bytes]) -> list[dict]:
+    """The server's transcript with party ``pid``'s training words peeled by the key it shares
+    with party ``holder`` (``keys``: the holder's pair keys, other party → key)."""
+    pair = {holder: keys[pid]}
+    out = []
+    for r in server_rounds:
+        r = dict(r)
+        if f"u-{pid}" in r and r[f"u-{pid}"].dtype == np.uint64:
+            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, int(r["round"])))
+        out.append(r)
+    return out

@@ -5,6 +5,7 @@
     python -m fairvfl_flwr.tools.audit --datasets adult,compas,crime --rounds 300 --out results/audit
     python -m fairvfl_flwr.tools.audit --datasets adult --noise 0,1,4,16    # with the nu-noise defence
     python -m fairvfl_flwr.tools.audit --datasets crime --secure-aggregation  # masked partial logits
+    python -m fairvfl_flwr.tools.audit --datasets crime --optimizer newton --set newton-tolerance=0 --rounds 30
 
 For each dataset the command trains FairVFL (in-process grid, real ClientApp) with
 ``privacy.transcript-dir`` on, so every role keeps what it received on its own side
@@ -34,7 +35,23 @@ the truth, which no attacker sees:
 * **the server, any model** (linear or MLP): distances between people in a party's
   feature space from the distances between their logit trajectories across rounds;
   Spearman rank correlation with the true distances, next to the same score on shuffled
-  rows.
+  rows. The active party's version ranks the passive sum's trajectory S(t) against the
+  passive parties' joined columns.
+* **server + active party under secure aggregation**: the active party's pair keys peeled
+  off each passive party's masked words (tools/attacks.peel_masks), then the server's
+  attacks on what is left: the party's logits with one passive party, words still masked
+  by the passive parties' mutual keys with two or more.
+
+Under ``optimizer = "newton"`` (``--optimizer newton`` or ``--set optimizer=newton``; the
+transcript holds directions, so the attacks follow it, not the flag) the server's Gram attack
+uses the Newton equation X_k X_kᵀ(h̃ ⊙ X_k s_k + ν) = −μ(X_k s_k + X_k θ_k) on each reply
+(tools/attacks.newton_gram_attack) and its trajectory attack the logits it tracks with the
+replies; the coalition sums the server's per-party estimates; the active party's attack is
+the trajectory one on S(t) (its gradient-descent identity does not hold for Newton steps);
+the passive attacks are unchanged (ν is computed as for gradient descent; its α_k are 1–3
+floats per round with nothing per row). Every round is recorded so the server can track
+each party's logits (``privacy.record-first`` is raised to the number of rounds).
+Any other run-config key: ``--set key=value``.
 """
 from __future__ import annotations
 
@@ -46,14 +63,17 @@ from pathlib import Path
 
 import numpy as np
 
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partydata import party_spec, server_labels_for
 from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data
 from fairvfl_flwr.features import record_view as view
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features import transcripts
 from fairvfl_flwr.features.checkpoint import labels_fingerprint
 from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
 from fairvfl_flwr.tools import attacks
 
@@ -149,8 +169,21 @@ def passive_from_transcript(folder: str | Path, pid: int, y: np.ndarray, s: np.n
     return out
 
 
-def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
-    """Every role's attack on its own transcript, scored against the truth (tools/attacks.py)."""
+def medians(out: dict, prefix: str, scores: list[dict]) -> None:
+    """``out[prefix + "_" + key]``: the median of a per-party score over the passive parties."""
+    if scores:
+        out[prefix] = scores
+        for key in ("rho", "nn10", "rho_chance", "nn10_chance"):
+            out[f"{prefix}_{key}"] = float(np.median([t[key] for t in scores]))
+
+
+def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[int, bytes] | None = None) -> dict:
+    """Every role's attack on its own transcript, scored against the truth (tools/attacks.py).
+
+    ``coalition_keys``: the active party's pair keys under secure aggregation (other party →
+    key), which the coalition server + active party holds: it peels them off each passive
+    party's masked words and runs the server's attacks on what is left.
+    """
     n = len(ds.y_train)
     mu, rows = cfg.mu_value(n), attacks.score_rows(n, cfg.seed)
     X = {k: party_data(cfg, party_spec({"partition-id": k}, cfg.num_parties, cfg.num_active)).X_train
@@ -158,25 +191,57 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
     passive = [k for k in range(cfg.num_parties) if not is_active(cfg, k)]
     out: dict = {}
     server = transcripts.load(folder, transcripts.SERVER)
-    traj = [attacks.trajectory_attack(server, k, X[k], rows, cfg.seed) for k in passive]
-    if traj:
-        out["server_traj"] = traj
-        for key in ("rho", "nn10", "rho_chance", "nn10_chance"):
-            out[f"server_traj_{key}"] = float(np.median([t[key] for t in traj]))
+    x_passive = np.concatenate([X[k] for k in passive], axis=1) if passive else None
+    if any(key.startswith("dir-") for r in server for key in r):  # optimizer = "newton": the replies are directions
+        out["optimizer"] = "newton"
+        medians(out, "server_traj", [attacks.newton_trajectory_attack(server, k, X[k], rows, cfg.seed)
+                                     for k in passive])
+        grams = [attacks.newton_server_gram_attack(server, k, mu, X[k].shape[1]) for k in passive]
+        out["server_gram_errors"] = [attacks.gram_error(g, X[k], rows) for g, k in zip(grams, passive)]
+        out["server_gram_error"] = float(np.median(out["server_gram_errors"])) if passive else float("nan")
+        ran = max(int(r["round"]) for r in server)
+        # how fast it comes: the same attack on the first rounds only
+        out["server_gram_error_by_rounds"] = {
+            last: float(np.median([attacks.gram_error(attacks.newton_server_gram_attack(server, k, mu, X[k].shape[1],
+                                                                                        last), X[k], rows)
+                                   for k in passive]))
+            for last in range(2, ran, 2)} if passive else {}
+        if cfg.num_active == 1 and passive:
+            sums = attacks.active_newton_sums(transcripts.load(folder, 0))
+            ts = sorted(sums)
+            medians(out, "active_traj", [attacks.trajectory_scores(np.stack([sums[t] for t in ts], axis=1),
+                                                                   x_passive, rows, cfg.seed)])
+            # the coalition holds every passive party's replies: the server's estimates, summed
+            out["coalition_gram_error"] = attacks.gram_error(attacks.SumEstimate(grams), x_passive, rows)
+        return out
+    medians(out, "server_traj", [attacks.trajectory_attack(server, k, X[k], rows, cfg.seed) for k in passive])
     if cfg.model == "linear":
         errors = [attacks.gram_error(attacks.server_gram_attack(server, k, cfg.eta, mu, X[k].shape[1]), X[k], rows)
                   for k in passive]
         out["server_gram_errors"] = errors
         out["server_gram_error"] = float(np.median(errors)) if errors else float("nan")
-        if cfg.num_active == 1 and passive:
-            active = transcripts.load(folder, 0)
+    if coalition_keys is not None:
+        peeled = {k: attacks.coalition_peeled(server, k, 0, coalition_keys) for k in passive}
+        medians(out, "coalition_traj", [attacks.trajectory_attack(peeled[k], k, X[k], rows, cfg.seed)
+                                        for k in passive])
+        if cfg.model == "linear":
+            out["coalition_party_gram_errors"] = [
+                attacks.gram_error(attacks.server_gram_attack(peeled[k], k, cfg.eta, mu, X[k].shape[1]), X[k], rows)
+                for k in passive]
+            out["coalition_party_gram_error"] = float(np.median(out["coalition_party_gram_errors"]))
+    if cfg.num_active == 1 and passive:
+        active = transcripts.load(folder, 0)
+        sums = attacks.active_sums(active)
+        ts = sorted(sums)
+        medians(out, "active_traj", [attacks.trajectory_scores(np.stack([sums[t] for t in ts], axis=1),
+                                                               x_passive, rows, cfg.seed)])
+        if cfg.model == "linear":
             groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
             # The noise's secret is the fingerprint of the labels, which the active party
             # holds as well (the server's labels are its labels): it can redraw the noise.
             secret = labels_fingerprint(server_labels_for(cfg, ds))
             noise = NuNoise(cfg.nu_noise, cfg.seed, secret) if cfg.nu_noise > 0 else None
             add = None if noise is None else (lambda t, v: noise.nu(None, t, v))
-            x_passive = np.concatenate([X[k] for k in passive], axis=1)
             est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
                                              cfg.wire_dtype, x_passive.shape[1])
             out["active_gram_error"] = attacks.gram_error(est, x_passive, rows)
@@ -185,27 +250,40 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds) -> dict:
     return out
 
 
+def active_pair_keys(grid: InProcessGrid, active: int = 0) -> dict[int, bytes] | None:
+    """The pair keys the active party's node holds after a run under secure aggregation (None without it)."""
+    record = grid.contexts[grid.node_ids[active]].state.array_records.get(secagg.KEYS_STATE)
+    if record is None:
+        return None
+    return {int(k.split("-", 1)[1]): record[k].numpy().tobytes() for k in record if k.startswith("k-")}
+
+
 def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides: dict | None = None) -> dict:
     """Train with transcripts on, then attack what each role received."""
     with tempfile.TemporaryDirectory() as tmp:
-        changes = {
-            "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
+        changes = {  # the attacks model the paper's gradient steps
+            "preset": "paper", "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
             "privacy.transcript-dir": str(Path(tmp) / "transcripts"), "privacy.record-every": 10,
             "privacy.record-first": 30, "privacy.nu-noise": noise,
             "output-dir": str(Path(tmp) / "runs"), **(overrides or {}),
         }
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-        summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
+        if cfg.optimizer_in_use == "newton":  # the server tracks each party's logits from every round's α
+            cfg = RunConfig.from_flower({**cfg.to_flower(), "privacy.record-first": max(cfg.record_first, rounds)})
+        grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
+        summary, _ = run_inprocess(cfg.to_flower(), quiet=True, grid=grid)
         ds = load_data(cfg)
         regen = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
         result = passive_from_transcript(cfg.transcript_dir, cfg.num_active, ds.y_train, ds.s_train,
                                          ds.protected_label, regen)
-        result.update(role_attacks(cfg.transcript_dir, cfg, ds))
+        keys = active_pair_keys(grid) if cfg.secure_aggregation and cfg.num_active == 1 else None
+        result.update(role_attacks(cfg.transcript_dir, cfg, ds, keys))
     dp = summary.get("label_dp") or {}
     return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu,
             "label_dp_epsilon": dp.get("epsilon"), "label_dp_delta": dp.get("delta"),
             "label_dp_lambda_bound": dp.get("lambda_bound"), "label_dp_noise_std": dp.get("noise_std"),
             "secure_aggregation": cfg.secure_aggregation, "model": cfg.model, "rounds": rounds,
+            "rounds_run": summary["rounds"], "optimizer": cfg.optimizer_in_use,
             "num_parties": cfg.num_parties, "n_train": int(len(ds.y_train)),
             "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
             "train_deo": summary["train_deo"], **result}
@@ -216,8 +294,10 @@ def table(rows: list[dict]) -> str:
         "| dataset | defence | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | (noise redrawn from the seed) "
         "| majority baseline | group attack AUC (guess: 0.5) | server: Gram error (guess: 1.0) | active: Gram error of the passive sum "
         "| server + active: Gram error of the passive sum | server: distance rank corr. from logit trajectories (shuffled) "
+        "| active: distance rank corr. of the passive sum's trajectories (shuffled) "
+        "| server + active, secure aggregation: a passive party's Gram error after peeling the active party's masks "
         "| test ACC % | DFP | DFN | train DEO |",
-        "|" + "---|" * 16,
+        "|" + "---|" * 18,
     ]
 
     def f(v) -> str:  # nan: nothing to attack (ciphertext only) or the attack does not apply (MLP)
@@ -234,6 +314,7 @@ def table(rows: list[dict]) -> str:
         defence = [f"nu-noise={r['nu_noise']:g}"] if r["nu_noise"] else []
         defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
         defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
+        defence += [f"optimizer=newton ({r['rounds_run']} rounds)"] if r.get("optimizer") == "newton" else []
         if r.get("label_dp_epsilon") is not None:
             defence += [f"label DP (ε={r['label_dp_epsilon']:.3g}, δ={r['label_dp_delta']:g}, "
                         f"λ ≤ {r['label_dp_lambda_bound']:g})"]
@@ -243,7 +324,9 @@ def table(rows: list[dict]) -> str:
             f"{p(r['label_attack_acc_last'])} | {p(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
             f"{r['label_baseline_acc']:.3f} | {p(r['group_attack_auc'])} | {f(r.get('server_gram_error'))} | "
             f"{f(r.get('active_gram_error'))} | {f(r.get('coalition_gram_error'))} | "
-            f"{f(r.get('server_traj_rho'))} ({f(r.get('server_traj_rho_chance'))}) | {100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
+            f"{f(r.get('server_traj_rho'))} ({f(r.get('server_traj_rho_chance'))}) | "
+            f"{f(r.get('active_traj_rho'))} ({f(r.get('active_traj_rho_chance'))}) | {f(r.get('coalition_party_gram_error'))} | "
+            f"{100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
             f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
         )
     return "\n".join(lines) + "\n"
@@ -257,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--secure-nu", default="none", choices=["none", "ckks"], help="audit under encrypted ν (linear)")
     p.add_argument("--secure-aggregation", action="store_true", help="audit with masked partial logits")
+    p.add_argument("--optimizer", choices=["gd", "newton", "auto"], default=None,
+                   help="train with this optimizer (the run config's default otherwise); a Newton transcript is "
+                        "attacked through its directions")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other run-config key, e.g. --set num-parties=2 (repeatable)")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
@@ -267,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
         if not sep:
             p.error(f"--set {item!r}: write KEY=VALUE")
         extra[key.strip()] = value.strip()
+    if a.optimizer is not None:
+        extra.setdefault("optimizer", a.optimizer)
     a.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
     for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
@@ -281,11 +369,18 @@ def main(argv: list[str] | None = None) -> None:
                   f"server Gram error {r.get('server_gram_error', float('nan')):.3g}, "
                   f"active Gram error {r.get('active_gram_error', float('nan')):.3g}, "
                   f"coalition Gram error {r.get('coalition_gram_error', float('nan')):.3g}, "
-                  f"trajectory rank corr. {r.get('server_traj_rho', float('nan')):.3f}, test ACC {100 * r['test_acc']:.2f}% "
+                  f"trajectory rank corr. {r.get('server_traj_rho', float('nan')):.3f}, active trajectory rank corr. "
+                  f"{r.get('active_traj_rho', float('nan')):.3f}, coalition peeled Gram error "
+                  f"{r.get('coalition_party_gram_error', float('nan')):.3g}, {r['optimizer']} {r['rounds_run']} rounds, "
+                  f"test ACC {100 * r['test_acc']:.2f}% "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")
             (a.out / "audit.md").write_text(table(rows))
     print(table(rows))
+    for r in rows:
+        if r.get("server_gram_error_by_rounds"):
+            print(f"{r['dataset']}: the server's Newton Gram error (median over the passive parties) from the first "
+                  "rounds only: " + ", ".join(f"{t}: {e:.3g}" for t, e in r["server_gram_error_by_rounds"].items()))
     print(f"{len(rows)} audits in {time.perf_counter() - t0:.0f} s; results in {a.out.resolve()}")
 
 

@@ -342,7 +342,8 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
     stream = stream or sys.stderr
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = plan(datasets, models, epsilons, seeds, methods, dict(overrides or {}), out,
+    # the paper's tables: its gradient steps, unless the caller sets a preset or an optimizer
+    jobs = plan(datasets, models, epsilons, seeds, methods, {"preset": "paper", **(overrides or {})}, out,
                 constraint_epsilons, constraint_measure)
     progress = Progress(jobs, stream)
     print(f"compare: {len(jobs)} jobs ({sum(j.kind == 'train' for j in jobs)} federated trainings) -> {out}",

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--epsilons: give one or more numbers >= 0")
     if not 0 < a.validation_fraction <= 0.5:
         p.error("--validation-fraction must be in (0, 0.5]: ε is chosen on validation rows, never on test rows")
-    base = {"dataset": a.dataset, "model": a.model, "constraint": a.constraint, "fairness": True,
+    base = {"preset": "paper", "dataset": a.dataset, "model": a.model, "constraint": a.constraint, "fairness": True,
             "validation-fraction": a.validation_fraction}
     for item in a.set:
         key, _, value = item.partition("=")

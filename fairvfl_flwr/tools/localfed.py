@@ -28,6 +28,7 @@ from flwr.common.config import parse_config_args
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
+WAIT_POLL_MAX = 8.0  # seconds between two status checks of a run, at most
 
 
 def free_port() -> int:
@@ -243,12 +244,16 @@ class LocalFederation:
     def wait(self, run_id: str, timeout: float = 600) -> str:
         """Wait for the run to finish; return its status (``finished:completed`` on success)."""
         deadline = time.monotonic() + timeout
+        pause = 0.5
         while time.monotonic() < deadline:
             runs = json.loads(self.flwr("ls", "local", "--run-id", run_id, "--format", "json"))["runs"]
             status = runs[0]["status"]
             if status.startswith("finished"):
                 return status
-            time.sleep(0.5)
+            # each `flwr ls` is a fresh interpreter (~2.5 CPU-seconds): polled twice a second, it
+            # would take most of a core from the federation it waits for
+            time.sleep(pause)
+            pause = min(2 * pause, WAIT_POLL_MAX)
         raise TimeoutError(f"run {run_id} did not finish within {timeout:.0f} s")
 
     def run(self, run_config: Mapping[str, object], timeout: float = 600, app: Path = REPO) -> tuple[str, str]:

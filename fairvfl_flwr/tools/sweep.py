@@ -49,7 +49,7 @@ def run_grid(
     combos = list(product(datasets, models, epsilons, seeds))
     records, t0 = [], time.perf_counter()
     for i, (dataset, model, eps, seed) in enumerate(combos, 1):
-        changes = {"dataset": dataset, "model": model, "seed": seed, "output-dir": str(out / "runs")}
+        changes = {"preset": "paper", "dataset": dataset, "model": model, "seed": seed, "output-dir": str(out / "runs")}
         changes.update(overrides or {})
         if eps == "off":
             changes["fairness"] = False
