@@ -39,6 +39,15 @@ def machine() -> dict:
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def alternated(reps: int, rounds: int, tmp: str):
+    """(rep, on, run folder, rounds) for a feature's cost against plain: off and on runs
+    alternated ``reps`` times, so that load drifts hit both alike, after a 2-round warm-up
+    pair (rep -1: loads the data; not to be counted)."""
+    for rep in range(-1, reps):
+        for on in (False, True):
+            yield rep, on, Path(tmp) / f"{int(on)}-{rep}", 2 if rep < 0 else rounds
+
+
 def table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         if isinstance(v, float):

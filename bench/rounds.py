@@ -229,8 +229,8 @@ def main(argv=None) -> dict:
     name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
     md = (f"Rounds to target ({','.join(datasets)}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
           f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {'app (in-process grid)' if args.app else args.engine}"
-          + (f", newton: curvature {args.curvature}, memory {args.memory}, {args.newton_rounds or args.rounds} rounds"
-             if "newton" in args.optimizer else "") + "\n\n"
+          + (f", newton: curvature {'as the app chooses' if args.app else args.curvature}, memory {args.memory}, "
+             f"{args.newton_rounds or args.rounds} rounds" if "newton" in args.optimizer else "") + "\n\n"
           + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_run", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
                          "min_weight_n", "round_seconds", "seconds"]))
     write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)

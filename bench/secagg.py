@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, alternated, table, write  # noqa: E402
 
 
 def _per_round(folder: Path) -> tuple[float, float]:
@@ -61,25 +61,24 @@ def main(argv=None) -> dict:
     cpu: dict[bool, list[float]] = {False: [], True: []}
     accs: dict[bool, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(-1, args.reps):  # rep -1: warm-up (loads the data), not counted
-            for on in (False, True):
-                out = Path(tmp) / f"{int(on)}-{rep}"
-                rounds = 2 if rep < 0 else args.rounds
-                cfg = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": args.dataset,
-                                             "num-server-rounds": rounds, "eval-every": rounds,
-                                             "output-dir": str(out), "privacy.secure-aggregation": on,
-                                             **({"optimizer": "newton", "newton-tolerance": 0.0} if newton else {})})
-                started = time.process_time()
-                summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
-                if rep < 0:
-                    continue
-                # CPU time of this process (server and every party run in it): other
-                # users' load on the machine moves wall time far more than CPU time
-                cpu[on].append(1000 * (time.process_time() - started) / rounds)
-                runs[on].append(_per_round(out))
-                accs[on] = summary["test_acc"]
-                print(f"rep {rep} secure-aggregation={on}: {runs[on][-1][0]:.1f} ms/round wall, "
-                      f"{cpu[on][-1]:.1f} ms/round CPU", flush=True)
+        for rep, on, out, rounds in alternated(args.reps, args.rounds, tmp):
+            cfg = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": args.dataset,
+                                         "num-server-rounds": rounds, "eval-every": rounds,
+                                         "output-dir": str(out), "privacy.secure-aggregation": on,
+                                         # the same method both ways (auto would pick shared steps under masks)
+                                         **({"optimizer": "newton", "newton-tolerance": 0.0} if newton
+                                            else {"optimizer": "gd"})})
+            started = time.process_time()
+            summary, _ = run_inprocess(cfg.to_flower(), quiet=True)
+            if rep < 0:
+                continue
+            # CPU time of this process (server and every party run in it): other
+            # users' load on the machine moves wall time far more than CPU time
+            cpu[on].append(1000 * (time.process_time() - started) / rounds)
+            runs[on].append(_per_round(out))
+            accs[on] = summary["test_acc"]
+            print(f"rep {rep} secure-aggregation={on}: {runs[on][-1][0]:.1f} ms/round wall, "
+                  f"{cpu[on][-1]:.1f} ms/round CPU", flush=True)
     n = {"adult": 40000, "compas": 4800, "crime": 1200}[args.dataset]
     rng = np.random.default_rng(0)
     keys = {j: rng.bytes(32) for j in range(1, 6)}

@@ -1,5 +1,7 @@
 """Privacy defences: CKKS-encrypted ν and PSI row alignment. Need .[privacy]."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -37,24 +39,26 @@ def test_masked_gradient_unmasks_to_xt_nu_and_hides_it_from_the_server():
     from fairvfl_flwr.features import ckks as secure
 
     rng = np.random.default_rng(1)
-    n, m = 5000, 3  # two chunks, the second one padded
+    n, m = 5000, 3  # two chunks, the second one padded; two column pairs, the second one padded
     X, nu = rng.random((n, m)), rng.normal(size=n) / n
     server = secure.CkksServer(n)
     record = server.passive_content(nu, 1, False)[msgs.PAYLOAD]
     blobs = [secure.from_bytes_array(record[f"nu-ct-{c}"]) for c in range(secure.chunks(n))]
     cts, mask_sums = secure.masked_column_sums(server.public, blobs, X, rng)
+    assert len(cts) == 2 and mask_sums.shape == (4,)
 
     class Reply:  # what the server reads off the party's reply
         content = msgs.RecordDict({secure.MASKED_RECORD: msgs.ArrayRecord(
-            {f"col-{j}": secure.to_bytes_array(c) for j, c in enumerate(cts)})})
+            {f"pair-{p}": secure.to_bytes_array(c) for p, c in enumerate(cts)})})
 
-    seen = server.masked_sums(Reply())  # the server's view: n·g + Σ masks
-    g = (seen - mask_sums) / n
-    assert np.allclose(g, X.T @ nu, rtol=1e-5, atol=1e-9)
-    assert np.all(np.abs(seen / n - X.T @ nu) > 1e-2)  # the server's decryption is far from the gradient
-    import tenseal as ts
-
-    assert not ts.context_from(server.public).is_private()  # what parties get holds no secret key
+    seen = server.masked_sums(Reply())  # the server's view: n·g + Σ masks, two per pair
+    g = secure.unmask(seen, mask_sums, n, m)
+    assert np.allclose(g, X.T @ nu, rtol=1e-7, atol=1e-12)
+    assert np.all(np.abs(seen[:m] / n - X.T @ nu) > 1e-2)  # the server's decryption is far from the gradient
+    # what parties get is N and the primes: no key of any kind
+    assert len(server.public) == 8 * (1 + len(secure.COEFF_MOD_BIT_SIZES))
+    # the party's columns are encoded once: a second round reuses the plaintexts
+    assert secure._encoded_block(server.public, X) is secure._encoded_block(server.public, X)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +108,71 @@ def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
     assert enc and all(set(m.content.array_records[msgs.PAYLOAD]) == {"nu-ct-0"} for m in enc)  # 1200 rows: 1 chunk
 
 
-def test_audit_under_ckks_has_nothing_to_attack():
+def test_ckks_parameters_are_checked_for_128_bit_security():
+    pytest.importorskip("tenseal")
+    from fairvfl_flwr.features import ckks as secure
+
+    primes = np.frombuffer(secure.parameters(), dtype="<u8")[1:]
+    weak = np.array([2048, *primes], dtype="<u8").tobytes()  # 160 bits of modulus at N = 2048
+    with pytest.raises(ValueError, match="128-bit security"):
+        secure._context(weak)
+
+
+def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path):
+    """optimizer='newton' with encrypted ν: the run equals the one-process reference whose passive
+    parties use h = 1/(4n), within CKKS precision; passive parties never get ν in the clear."""
+    pytest.importorskip("tenseal")
+    import sys
+    from pathlib import Path
+
+    from fairvfl_flwr.app.client import app as client_app
+    from fairvfl_flwr.app.server import run_server
+    from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
+    from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.common import NewtonFloor
+
+    rc = {"dataset": "crime", "optimizer": "auto", "privacy.secure-nu": "ckks", "wire-dtype": "float64",
+          "eval-every": 4, "newton-tolerance": 0.0, "num-parties": 6, "num-server-rounds": 8,
+          "output-dir": str(tmp_path)}
+    cfg = RunConfig.from_flower(rc)
+    assert cfg.optimizer_in_use == "newton"  # auto picks Newton under encrypted ν
+    seen = []
+    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append)
+    _, folder = run_server(grid, cfg.to_flower())
+    history = json.loads((folder / "history.json").read_text())
+
+    ds = load_data(cfg)
+    blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
+    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    n = len(ds.y_train)
+    floor = NewtonFloor(blocks, ds.y_train, groups, curvature="const", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+                        mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active)
+    plain = NewtonFloor(blocks, ds.y_train, groups, curvature="nu", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+                        mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active)
+    for t in range(1, cfg.num_server_rounds + 1):
+        floor.round(), plain.round()
+        # CKKS noise is fresh in every run; Newton's solves and search carry it from ~1e-9 in X_kᵀν to ~1e-7 in θ
+        np.testing.assert_allclose(history[t]["lambdas"], floor.lam, rtol=1e-5, atol=1e-8)
+        assert history[t]["deo"] == pytest.approx(abs(groups.gaps(ds.y_train, floor.z())[0]), abs=1e-7)
+    assert max(abs(history[t]["lambda1"]) for t in range(1, 9)) > 0  # the constraint was active
+    assert np.max(np.abs(floor.theta[1] - plain.theta[1])) > 1e-3  # the curvature made a difference
+    for k in range(6):
+        with np.load(folder / "parties" / f"partition-{k}" / "block.npz") as f:
+            np.testing.assert_allclose(f["weight"], floor.theta[k], rtol=0, atol=1e-6)
+
+    passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= cfg.num_active}
+    passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
+    assert {secure_type for secure_type in (m.metadata.message_type for m in passive)} == {
+        msgs.INFO, msgs.NEWTON_INIT, msgs.TRAIN_PASSIVE_ENC, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY, msgs.SAVE}
+    for m in passive:
+        for name, record in m.content.array_records.items():
+            for key, array in record.items():
+                a = array.numpy()
+                # floats: the masked sums (2 per column pair) and the step lengths, never n per-row values
+                assert a.dtype == np.uint8 or (key in ("masked-sum", "alpha") and a.shape[0] < 20), (name, key)
+
     pytest.importorskip("tenseal")
     from fairvfl_flwr.tools.audit import run_audit, table
 

@@ -215,8 +215,8 @@ def test_secure_aggregation_with_encrypted_nu_gives_the_encrypted_run(tmp_path):
     pytest.importorskip("tenseal")
 
     def run(on):
-        rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 3,
-                                    "eval-every": 3, "output-dir": str(tmp_path / f"runs{on}"),
+        rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime",
+                                    "num-server-rounds": 3, "eval-every": 3, "output-dir": str(tmp_path / f"runs{on}"),
                                     "privacy.secure-nu": "ckks", "privacy.secure-aggregation": on}).to_flower()
         return run_server(InProcessGrid(client_app, rc, rc["num-parties"]), rc)[0]
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
@@ -55,6 +55,9 @@ from fairvfl_flwr.flower.server import VFLServer
 MEMORY = 2
 #: What a passive party uses for its curvature: derived from ν, nothing else received.
 PASSIVE_CURVATURE = "nu"
+#: ... and where ν reaches it encrypted (privacy.secure-nu='ckks'): |ν|(1 − n|ν|) is not
+#: linear in ν, so the party uses the fixed 1/(4n), and the direction is linear in X_kᵀν.
+ENCRYPTED_NU_CURVATURE = "const"
 #: How far above ε a gap may end a converged run: the reproduction target (bench/rounds.py)
 #: allows ε + 0.005 and the final-quality bar ε + 0.002.
 GAP_SLACK = 1e-3
@@ -109,11 +112,22 @@ class NewtonVFL(VFLServer):
             if node.role == msgs.ROLE_ACTIVE:
                 content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, z=z, lam=self.lam)
                 kind = msgs.NEWTON_ACTIVE
-            else:
-                content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, nu=nu)
-                kind = msgs.NEWTON_PASSIVE
+            else:  # a ν channel may carry ν differently (encrypted: α then goes with the second leg)
+                carried = self.hooks.passive_message(self, server_round, nu, evaluate)
+                if carried is None:
+                    content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, nu=nu)
+                    kind = msgs.NEWTON_PASSIVE
+                else:
+                    content, kind = carried
             out.append(Message(content, dst_node_id=node.node_id, message_type=kind, group_id=str(server_round)))
         return out
+
+    def masked_gradient_message(self, node_id: int, server_round: int,
+                                arrays: dict[str, np.ndarray]) -> tuple[RecordDict, str]:
+        """Encrypted ν: the passive party's Newton message, with the masked X_kᵀν instead of ν."""
+        alpha = self.alpha.get(node_id, np.zeros(0))
+        content = msgs.newton_content(server_round, self.evaluates(server_round), alpha, np.float64, **arrays)
+        return content, msgs.NEWTON_PASSIVE
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -368,10 +382,12 @@ def _direction(message: Message, context: Context, role: str) -> Message:
         raise checks.ReplyError(f"{rt.who}: got {message.metadata.message_type}, but this party is {rt.data.role}")
     data, n = rt.data, rt.n_train
     pending, moves = _memory(rt)
+    xt_nu = None
     if role == msgs.ROLE_ACTIVE:
         got = _alpha(rt, message, pending, z=n, lam=data.groups.num_multipliers)
     else:
-        got = _alpha(rt, message, pending, nu=n)
+        xt_nu = rt.take_gradient()  # encrypted ν: X_kᵀν only, unmasked by the feature's mod
+        got = _alpha(rt, message, pending) if xt_nu is not None else _alpha(rt, message, pending, nu=n)
     party = rt.party()
     theta, moves = _take_step(rt, message, pending, got["alpha"], _params(party.block), moves)
     x = np.asarray(data.X_train, dtype=np.float64)
@@ -380,10 +396,12 @@ def _direction(message: Message, context: Context, role: str) -> Message:
         x, x_test = with_bias(x), with_bias(x_test)
         nu = masked_weights(data.y, got["z"], got["lam"], data.groups)
         h = curvature(data.y, got["z"], got["lam"], data.groups)
-    else:
+    elif xt_nu is None:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)
-    s = block_direction(x, nu, h, theta, party.mu)
+    else:
+        nu, h = None, party_curvature(None, n, ENCRYPTED_NU_CURVATURE)
+    s = block_direction(x, nu, h, theta, party.mu, xt_nu=xt_nu)
     D = np.column_stack([s, *moves])
     dtype = rt.cfg.wire_dtype
     arrays = {"dir": (x @ s).astype(dtype), "a": theta @ D, "gram": D.T @ D}

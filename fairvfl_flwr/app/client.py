@@ -30,7 +30,7 @@ __all__ = ["MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
 
-app = ClientApp(mods=[timing.timing_mod, secagg.mask_mod, guard_mod, ckks.keep_context_mod, checkpoint_mod, record_mod,
+app = ClientApp(mods=[timing.timing_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, record_mod,
                      transcript_mod, delay_mod])
 party.register(app)
 fairvfl.register(app)

@@ -89,6 +89,13 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
 
 
+def _encrypted_nu_note(cfg: RunConfig) -> str:
+    if cfg.secure_nu != "ckks":
+        return ""
+    return ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
+            "curvature 1/(4n) (docs/newton.md)")
+
+
 def optimizer_note(cfg: RunConfig) -> str:
     """How ``optimizer`` resolved for this run, and why (the run's log says it)."""
     if cfg.optimizer == "gd":
@@ -96,14 +103,14 @@ def optimizer_note(cfg: RunConfig) -> str:
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
               "parties)" if cfg.secure_aggregation else "")
     if cfg.optimizer == "newton":
-        return f"block Newton{shared} (docs/newton.md)"
+        return f"block Newton{shared} (docs/newton.md)" + _encrypted_nu_note(cfg)
     if cfg.optimizer == "adagrad":
         return "AdaGrad steps kept by each party (docs/adagrad.md)"
     if cfg.constraint != "deo":
         return (f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
                 f"(constraint={cfg.constraint!r})")
     if cfg.optimizer_in_use == "newton":
-        return f"block Newton{shared} (linear parties, full batch, constraint='deo'; docs/newton.md)"
+        return f"block Newton{shared} (linear parties, full batch, constraint='deo'; docs/newton.md)" + _encrypted_nu_note(cfg)
     newton_no = sections.newton_refusal(cfg)
     why_not_newton = f"block Newton does not run with {sections.key(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
     if cfg.optimizer_in_use == "adagrad":

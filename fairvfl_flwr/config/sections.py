@@ -217,9 +217,6 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("local_time_budget", lambda c: c.local_time_budget > 0,
      "the active party computes one Newton direction per round, not a number of gradient steps; "
      "use staleness.local-time-budget=0"),
-    ("secure_nu", lambda c: c.secure_nu != "none",
-     "a passive party derives its curvature from plaintext ν (|ν|(1 − n|ν|) is not linear in ν, so it cannot "
-     "be computed on a CKKS ciphertext); use privacy.secure-nu='none' or optimizer='gd'"),
     ("checkpoint_every", lambda c: c.checkpoint_every > 0,
      "a party's checkpoint holds θ only, not the directions and last moves a Newton round continues from; "
      "use reliability.checkpoint-every=0 or optimizer='gd'"),

@@ -83,13 +83,14 @@ def curvature(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> 
     return np.maximum(dp / groups.n + (w - 1.0 / groups.n) * dp * (1.0 - 2.0 * p), 0.0)
 
 
-def party_curvature(nu: np.ndarray, n: int, kind: str) -> np.ndarray:
-    """What a passive party uses for h without receiving it (``nu``, ``const``)."""
+def party_curvature(nu: np.ndarray | None, n: int, kind: str) -> np.ndarray:
+    """What a passive party uses for h without receiving it (``nu``, ``const``; ``const``
+    needs no ν: a party that gets only X_kᵀν, as under encrypted ν, can use it)."""
     if kind == "nu":
         a = np.abs(nu)
         return np.maximum(a * (1.0 - n * a), 0.0)
     if kind == "const":
-        return np.full(len(nu), 0.25 / n)
+        return np.full(n, 0.25 / n)
     raise ValueError(f"party curvature {kind!r}: choose nu or const (exact comes from the server)")
 
 
@@ -98,14 +99,16 @@ def with_bias(x: np.ndarray) -> np.ndarray:
     return np.hstack([x, np.ones((x.shape[0], 1), dtype=x.dtype)])
 
 
-def block_direction(x: np.ndarray, nu: np.ndarray, h: np.ndarray, theta: np.ndarray, mu: float) -> np.ndarray:
+def block_direction(x: np.ndarray, nu: np.ndarray | None, h: np.ndarray, theta: np.ndarray, mu: float,
+                    xt_nu: np.ndarray | None = None) -> np.ndarray:
     """s = −(xᵀ diag(h) x + μI)⁻¹ (xᵀν + μθ): the Newton direction on one block (PSD model).
 
     ``x`` (n × m) and ``theta`` (m) include the intercept column for an active party.
+    ``xt_nu``: xᵀν where the party holds that product but not ν (encrypted ν); ``nu`` is then unused.
     """
     hess = (x * h[:, None]).T @ x
     hess[np.diag_indices_from(hess)] += mu
-    grad = x.T @ nu + mu * theta
+    grad = (x.T @ nu if xt_nu is None else xt_nu) + mu * theta
     try:
         return -np.linalg.solve(hess, grad)
     except np.linalg.LinAlgError:  # μ = 0 and a rank-deficient block

@@ -1,35 +1,56 @@
 """Encrypted ν for linear models (run config ``privacy.secure-nu = "ckks"``), both sides.
 
 With plain ν a passive party reads labels off sign(ν_i) (see ``tools/audit.py``). Here ν
-reaches passive parties only as CKKS ciphertexts (TenSEAL), and the server, which holds
-the secret key, only ever decrypts gradients hidden under the party's random mask:
+reaches passive parties only as CKKS ciphertexts (Microsoft SEAL through TenSEAL's
+``sealapi`` binding), and the server, which holds the secret key, only ever decrypts
+gradients hidden under the party's random mask:
 
-============== ================================ =====================================
-message type    from server                      reply
-============== ================================ =====================================
-query.init      + ``ckks``: public CKKS context  (as before) partial logits
-train.passive_enc   Enc(n·ν) in 4096-row chunks  Enc(n·ν ⊙ X_k[:, j] + r_j), j = 1..m
-train.passive_unmask  Σ_slots of each decrypted   new u_k, steps, ‖θ_k‖²
-                      masked vector (m floats)
-============== ================================ =====================================
+================== ================================ =====================================
+message type        from server                      reply
+================== ================================ =====================================
+query.init          + ``ckks``: the CKKS parameters  (as before) partial logits
+                    (no key of any kind)
+train.passive_enc   Enc(n·ν) in 4096-row chunks      Enc(n·ν ⊙ (X_k[:, 2p] + i·X_k[:, 2p+1]) + r_p),
+                                                     one ciphertext per pair of columns
+second leg          Σ_slots of each decrypted        gradient descent (train.passive_unmask):
+                    masked vector (real and          new u_k; Newton (train.newton_passive,
+                    imaginary part: m floats)        with α_k): the block direction
+================== ================================ =====================================
 
-Why this shape (costs in docs/privacy-defences.md): TenSEAL's
-``ckks_vector.matmul(plain_matrix)`` rotates once per matrix row; per-column ``dot``
-needs Galois keys (a large public context) and a dozen rotations per column and chunk.
-Instead the party multiplies
-each encrypted chunk by its column slice and adds across chunks (plaintext products
-and additions only, no rotations, no Galois or relinearisation keys: a small public
-context), masks every slot with its own uniform random number and returns one
-ciphertext per column; the server decrypts and sums the slots. The server thus sees
-n·(X_kᵀν)_j + Σ_s r_{j,s} and per-slot values under fresh masks, never the gradient;
-the party sees ν only encrypted and, after unmasking, its own gradient X_kᵀν (m
-numbers a round, the same as in the plain protocol).
+Why this shape (costs in docs/privacy-defences.md). The party multiplies each encrypted
+chunk by its columns' slice and adds across chunks: plaintext products and additions
+only, no rotations, hence no Galois, relinearisation or even public keys (ν is encrypted
+with the secret key; the parties get the parameters only). Its columns are encoded
+once per process and kept (``_encoded_block``): TenSEAL's ``ckks_vector * list`` encodes
+the plaintext again for every product, and the encoding (an FFT and an NTT per prime)
+cost more than the product itself. Two columns share one product: CKKS slots are
+complex, so the plaintext is X[:, 2p] + i·X[:, 2p+1] and the real and imaginary parts of
+the slot sum are the two columns' sums, which halves the products, the masks and the
+ciphertexts sent back. Products are summed before the one rescale per pair. The party
+masks every slot with its own uniform random number (real and imaginary part) and
+returns one ciphertext per pair; the server decrypts and sums the slots. The server
+thus sees n·(X_kᵀν)_j + Σ_s r_{j,s} and per-slot values under fresh masks, never the
+gradient; the party sees ν only encrypted and, after unmasking, its own gradient X_kᵀν
+(m numbers a round, the same as in the plain protocol).
 
-ν is scaled by n before encryption (ν ~ 1/n; CKKS error is absolute, ~1e-9 here) and
-the gradient divided by n after: relative error ~1e-7 at n = 40,000.
+Parameters: N = 8192, coefficient moduli 60/40/60 bits (160 ≤ 218: 128-bit security per
+the HomomorphicEncryption.org standard, which SEAL checks when the context is built),
+scale 2^40. ν is scaled by n before encryption (ν ~ 1/n; CKKS error is absolute, ~1e-9
+here) and the gradient divided by n after: relative error ~1e-9 at n = 40,000.
+
+SEAL objects travel as SEAL's own serialisation; the binding saves and loads through a
+path only, so each goes through a scratch file (in /dev/shm where it exists).
 """
 
 from __future__ import annotations
+
+import atexit
+import functools
+import os
+import shutil
+import tempfile
+import threading
+import weakref
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
@@ -39,27 +60,28 @@ from flwr.clientapp import ClientApp
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook
-from fairvfl_flwr.flower.party import PartyRuntime, mark_step_type
+from fairvfl_flwr.flower.party import GRADIENT_STATE, PartyRuntime, mark_step_type
 
 TRAIN_PASSIVE_ENC = msgs.TRAIN_PASSIVE_ENC
 TRAIN_PASSIVE_UNMASK = msgs.TRAIN_PASSIVE_UNMASK
 MASK_STATE = "fairvfl.ckks-mask"
-CONTEXT_RECORD = "ckks"  # ArrayRecord: {"context": uint8 bytes of the public TenSEAL context}
-MASKED_RECORD = "masked"  # ArrayRecord a party replies with: {"col-<j>": uint8 ciphertext bytes}
+CONTEXT_RECORD = "ckks"  # ArrayRecord: {"context": uint8 bytes of the parameters: N and the primes, uint64}
+MASKED_RECORD = "masked"  # ArrayRecord a party replies with: {"pair-<p>": uint8 ciphertext bytes}
+MASKED_SUM = "masked-sum"  # the second leg's payload key: 2 floats per pair of columns
 
 POLY_MODULUS_DEGREE = 8192
 SLOTS = POLY_MODULUS_DEGREE // 2  # 4096 rows per ciphertext
-COEFF_MOD_BIT_SIZES = (60, 40, 60)  # one plaintext multiplication
-SCALE_BITS = 40
-MASK_BOUND = 2.0**16  # |mask| per slot; |n ν_i x_ij| summed over chunks stays << this
+COEFF_MOD_BIT_SIZES = (60, 40, 60)  # one plaintext multiplication, then one rescale
+SCALE = 2.0**40
+MASK_BOUND = 2.0**16  # |mask| per slot and part; |n ν_i x_ij| summed over chunks stays << this
 
 
-def _tenseal():
+def _seal():
     try:
-        import tenseal as ts
+        import tenseal.sealapi as seal
     except ImportError as exc:  # pragma: no cover - config.validate refuses first
         raise ImportError("privacy.secure-nu='ckks' needs TenSEAL: pip install 'fairvfl-flwr[privacy]'") from exc
-    return ts
+    return seal
 
 
 def to_bytes_array(blob: bytes) -> Array:
@@ -74,31 +96,138 @@ def chunks(n_rows: int) -> int:
     return -(-n_rows // SLOTS)
 
 
-# -- the passive party's side (no secret key) ---------------------------------------
-def masked_column_sums(public_context: bytes, nu_chunks: list[bytes], X: np.ndarray, rng: np.random.Generator):
-    """Enc(n·ν ⊙ X[:, j] + r_j) for every column j, and Σ_s r_{j,s} (kept by the party).
+def pairs(n_columns: int) -> int:
+    return -(-n_columns // 2)
+
+
+# -- SEAL objects as bytes ----------------------------------------------------------------
+_SCRATCH: list[str] = []
+
+
+def _scratch_path() -> str:
+    if not _SCRATCH:
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        _SCRATCH.append(tempfile.mkdtemp(prefix="fairvfl-ckks-", dir=shm))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return os.path.join(_SCRATCH[0], f"{os.getpid()}-{threading.get_ident()}")
+
+
+def _dump(obj) -> bytes:
+    path = _scratch_path()
+    obj.save(path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    finally:  # nothing left in memory-backed /dev/shm should the process die before atexit
+        os.remove(path)
+
+
+def _ciphertext(ctx, blob: bytes, what: str):
+    seal = _seal()
+    path = _scratch_path()
+    with open(path, "wb") as f:
+        f.write(blob)
+    ct = seal.Ciphertext()
+    try:
+        ct.load(ctx, path)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{what} is not a CKKS ciphertext for these parameters: {exc}") from None
+    finally:
+        os.remove(path)
+    return ct
+
+
+@functools.lru_cache(maxsize=4)
+def _context(params: bytes):
+    """(SEAL context, encoder, evaluator) of the parameters a server ships: built once per process."""
+    seal = _seal()
+    values = np.frombuffer(params, dtype="<u8")
+    if len(values) < 2:
+        raise ValueError(f"the CKKS parameters hold {len(values)} numbers (expected N and the primes)")
+    parms = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
+    parms.set_poly_modulus_degree(int(values[0]))
+    parms.set_coeff_modulus([seal.Modulus(int(q)) for q in values[1:]])
+    ctx = seal.SEALContext(parms, True, seal.SEC_LEVEL_TYPE.TC128)
+    if not ctx.parameters_set():
+        raise ValueError(f"CKKS parameters refused (128-bit security required): {ctx.parameters_error_message()}")
+    return ctx, seal.CKKSEncoder(ctx), seal.Evaluator(ctx)
+
+
+def parameters() -> bytes:
+    """N and the coefficient primes: all a party needs (it holds no key)."""
+    seal = _seal()
+    primes = [q.value() for q in seal.CoeffModulus.Create(POLY_MODULUS_DEGREE, list(COEFF_MOD_BIT_SIZES))]
+    return np.array([POLY_MODULUS_DEGREE, *primes], dtype="<u8").tobytes()
+
+
+# -- the passive party's side (no key) -----------------------------------------------------
+# X_k's column pairs encoded as plaintexts, per block and parameters: a party encodes its
+# columns once, not every round (a process that serves many rounds keeps them).
+_ENCODED: dict[int, tuple[weakref.ref, bytes, list]] = {}
+
+
+def _encoded_block(params: bytes, X: np.ndarray) -> list:
+    """plaintexts[c][p] = encode(X[chunk c, 2p] + i·X[chunk c, 2p+1]) at the fresh level."""
+    key = id(X)
+    hit = _ENCODED.get(key)
+    if hit is not None and hit[0]() is X and hit[1] == params:
+        return hit[2]
+    seal = _seal()
+    ctx, encoder, _ = _context(params)
+    n, m = X.shape
+    padded = np.zeros((chunks(n) * SLOTS, 2 * pairs(m)))
+    padded[:n, :m] = X
+    level = ctx.first_parms_id()
+    plain = []
+    for c in range(chunks(n)):
+        rows = padded[c * SLOTS:(c + 1) * SLOTS]
+        row = []
+        for p in range(pairs(m)):
+            pt = seal.Plaintext()
+            encoder.encode((rows[:, 2 * p] + 1j * rows[:, 2 * p + 1]).tolist(), level, SCALE, pt)
+            row.append(pt)
+        plain.append(row)
+    _ENCODED[key] = (weakref.ref(X, lambda _, key=key: _ENCODED.pop(key, None)), params, plain)
+    return plain
+
+
+def masked_column_sums(params: bytes, nu_chunks: list[bytes], X: np.ndarray, rng: np.random.Generator):
+    """Enc(n·ν ⊙ (X[:, 2p] + i·X[:, 2p+1]) + r_p) for every column pair p, and the mask sums
+    (real and imaginary part of Σ_s r_{p,s} for each p: 2·pairs floats, kept by the party).
 
     ``X`` is the party's n × m block; rows are padded with zeros to whole chunks.
     """
-    ts = _tenseal()
-    ctx = ts.context_from(public_context)
-    if ctx.is_private():
-        raise ValueError("a passive party must not hold the CKKS secret key")
+    seal = _seal()
+    ctx, encoder, evaluator = _context(params)
     n, m = X.shape
     if len(nu_chunks) != chunks(n):
         raise ValueError(f"got {len(nu_chunks)} ciphertext chunks for {n} rows (expected {chunks(n)})")
-    padded = np.zeros((len(nu_chunks) * SLOTS, m))
-    padded[:n] = X
-    encs = [ts.ckks_vector_from(ctx, c) for c in nu_chunks]
-    masks = rng.uniform(-MASK_BOUND, MASK_BOUND, size=(m, SLOTS))
+    plain = _encoded_block(params, X)
+    encs = [_ciphertext(ctx, blob, f"ν chunk {c}") for c, blob in enumerate(nu_chunks)]
+    masks = (rng.uniform(-MASK_BOUND, MASK_BOUND, size=(pairs(m), SLOTS))
+             + 1j * rng.uniform(-MASK_BOUND, MASK_BOUND, size=(pairs(m), SLOTS)))
     out = []
-    for j in range(m):
-        acc = None
-        for c, enc in enumerate(encs):
-            part = enc * padded[c * SLOTS:(c + 1) * SLOTS, j]
-            acc = part if acc is None else acc + part
-        out.append((acc + masks[j]).serialize())
-    return out, masks.sum(axis=1)
+    for p in range(pairs(m)):
+        acc = seal.Ciphertext()
+        evaluator.multiply_plain(encs[0], plain[0][p], acc)
+        part = seal.Ciphertext()
+        for c in range(1, len(encs)):
+            evaluator.multiply_plain(encs[c], plain[c][p], part)
+            evaluator.add_inplace(acc, part)
+        evaluator.rescale_to_next_inplace(acc)
+        mask = seal.Plaintext()
+        encoder.encode(masks[p].tolist(), acc.parms_id(), acc.scale, mask)
+        evaluator.add_plain_inplace(acc, mask)
+        out.append(_dump(acc))
+    sums = masks.sum(axis=1)
+    return out, np.column_stack([sums.real, sums.imag]).reshape(-1)
+
+
+def unmask(masked: np.ndarray, mask_sums: np.ndarray, n_rows: int, n_columns: int) -> np.ndarray:
+    """X_kᵀν from the server's slot sums: remove the masks, keep the m columns, divide by n."""
+    if masked.shape != mask_sums.shape:
+        raise ValueError(f"got {masked.shape[0]} masked sums for {mask_sums.shape[0]} masks")
+    return (masked - mask_sums)[:n_columns] / n_rows
 
 
 # -- the server's side (holds the secret key) ---------------------------------------
@@ -106,63 +235,69 @@ class CkksServer:
     """Key owner: encrypts ν once a round, decrypts masked column vectors, runs leg 2."""
 
     def __init__(self, n_rows: int) -> None:
-        ts = _tenseal()
+        seal = _seal()
         self.n = n_rows
-        self.ctx = ts.context(ts.SCHEME_TYPE.CKKS, POLY_MODULUS_DEGREE, coeff_mod_bit_sizes=list(COEFF_MOD_BIT_SIZES))
-        self.ctx.global_scale = 2.0**SCALE_BITS
-        self.public = self.ctx.serialize(
-            save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
-        )
+        self.public = parameters()
+        ctx, self.encoder, _ = _context(self.public)
+        self.ctx = ctx
+        secret = seal.KeyGenerator(ctx).secret_key()
+        self.encryptor = seal.Encryptor(ctx, secret)  # symmetric: parties need no public key
+        self.decryptor = seal.Decryptor(ctx, secret)
         self._round: int | None = None
         self._nu_record: ArrayRecord | None = None
-        self.bytes_sent = 0  # ciphertext + context bytes to passive parties (for cost reports)
+        self.bytes_sent = 0  # ciphertext + parameter bytes to passive parties (for cost reports)
         self.bytes_received = 0
 
     def ship_context(self, messages: list[Message], passive: set[int]) -> None:
-        """Attach the public context (no secret key) to the query.init of passive parties."""
+        """Attach the CKKS parameters (no key) to the init message of passive parties."""
         for m in messages:
             if m.metadata.dst_node_id in passive:
                 m.content.array_records[CONTEXT_RECORD] = ArrayRecord({"context": to_bytes_array(self.public)})
                 self.bytes_sent += len(self.public)
 
+    def encrypt(self, values: np.ndarray) -> bytes:
+        """Enc(values) (at most 4096), seeded: the ciphertext's random half travels as a seed."""
+        seal = _seal()
+        pt = seal.Plaintext()
+        self.encoder.encode(np.asarray(values, dtype=np.float64).tolist(), SCALE, pt)
+        return _dump(self.encryptor.encrypt_symmetric(pt))
+
     def passive_content(self, nu: np.ndarray, server_round: int, evaluate: bool) -> RecordDict:
         """Enc(n·ν) in 4096-row chunks, encrypted once per round for all passive parties."""
         if self._round != server_round:
-            ts = _tenseal()
             scaled = np.zeros(chunks(self.n) * SLOTS)
             scaled[: self.n] = np.asarray(nu, dtype=np.float64) * self.n
-            blobs = [ts.ckks_vector(self.ctx, scaled[c * SLOTS:(c + 1) * SLOTS]).serialize() for c in range(chunks(self.n))]
+            blobs = [self.encrypt(scaled[c * SLOTS:(c + 1) * SLOTS]) for c in range(chunks(self.n))]
             self._nu_record = ArrayRecord({f"nu-ct-{c}": to_bytes_array(b) for c, b in enumerate(blobs)})
             self._round = server_round
         self.bytes_sent += sum(a.numpy().nbytes for a in self._nu_record.values())
         return RecordDict({msgs.PAYLOAD: self._nu_record, msgs.ROUND: msgs.round_config(server_round, evaluate)})
 
     def masked_sums(self, reply: Message) -> np.ndarray:
-        """Decrypt each masked column vector and sum its slots: n·g_j + Σ_s r_{j,s}."""
-        ts = _tenseal()
+        """Decrypt each masked pair vector and sum its slots: n·g_j + Σ_s r_{j,s}, two per pair."""
+        seal = _seal()
         record = reply.content.array_records[MASKED_RECORD]
-        cols = sorted(record, key=lambda k: int(k.split("-")[1]))
-        blobs = [from_bytes_array(record[k]) for k in cols]
-        self.bytes_received += sum(map(len, blobs))
-        return np.array([np.sum(ts.ckks_vector_from(self.ctx, b).decrypt()) for b in blobs])
+        keys = sorted(record, key=lambda k: int(k.split("-")[1]))
+        out = []
+        for k in keys:
+            blob = from_bytes_array(record[k])
+            self.bytes_received += len(blob)
+            pt = seal.Plaintext()
+            self.decryptor.decrypt(_ciphertext(self.ctx, blob, f"masked ciphertext {k!r}"), pt)
+            total = complex(np.sum(self.encoder.decode_complex(pt)))
+            out += [total.real, total.imag]
+        return np.array(out)
 
     def second_leg(self, server, grid, replies: list[Message], server_round: int, timeout: float) -> list[Message]:
-        """Turn passive parties' masked gradients into train.passive_unmask messages."""
+        """Turn passive parties' masked gradients into the training method's second message."""
         done, follow_up = [], []
         for reply in replies:
             if reply.metadata.message_type != TRAIN_PASSIVE_ENC:
                 done.append(reply)
                 continue
-            content = RecordDict(
-                {
-                    msgs.PAYLOAD: ArrayRecord({"masked-sum": Array(self.masked_sums(reply))}),
-                    msgs.ROUND: msgs.round_config(server_round, server.evaluates(server_round)),
-                }
-            )
-            follow_up.append(
-                Message(content, dst_node_id=reply.metadata.src_node_id, message_type=TRAIN_PASSIVE_UNMASK,
-                        group_id=str(server_round))
-            )
+            nid = reply.metadata.src_node_id
+            content, kind = server.masked_gradient_message(nid, server_round, {MASKED_SUM: self.masked_sums(reply)})
+            follow_up.append(Message(content, dst_node_id=nid, message_type=kind, group_id=str(server_round)))
         return done + (server.exchange(grid, follow_up, timeout) if follow_up else [])
 
 
@@ -171,8 +306,9 @@ def passive_nodes(nodes: dict) -> set[int]:
 
 
 class CkksChannel(RoundHook):
-    """The server's ν channel for encrypted ν: public context with ``query.init``,
-    Enc(ν) instead of ν, and the second leg of every round."""
+    """The server's ν channel for encrypted ν: the parameters with the init message, Enc(ν)
+    instead of ν, and the second leg of every round (its message comes from the training
+    method: ``VFLServer.masked_gradient_message``)."""
 
     def __init__(self, n_rows: int) -> None:
         self.server = CkksServer(n_rows)
@@ -188,22 +324,36 @@ class CkksChannel(RoundHook):
 
 
 # -- the passive party's side -----------------------------------------------------------
-def _public_context(context: Context) -> bytes:
+def _parameters(context: Context) -> bytes:
     record = context.state.array_records.get(CONTEXT_RECORD)
     if record is None:
-        raise NodeConfigError("privacy.secure-nu='ckks' but this node got no CKKS context with query.init")
+        raise NodeConfigError("privacy.secure-nu='ckks' but this node got no CKKS parameters with its init message")
     return from_bytes_array(record["context"])
 
 
-def keep_context_mod(message: Message, context: Context, call_next) -> Message:
-    """Keep the public CKKS context a ``query.init`` carries, for the rest of the run."""
-    if message.metadata.message_type == msgs.INIT and CONTEXT_RECORD in message.content.array_records:
-        context.state.array_records[CONTEXT_RECORD] = message.content.array_records[CONTEXT_RECORD]
+def ckks_mod(message: Message, context: Context, call_next) -> Message:
+    """Keep the CKKS parameters an init message carries, for the rest of the run; and before
+    a second-leg message (masked slot sums in its payload), remove this round's masks and
+    leave X_kᵀν in the node's state (``GRADIENT_STATE``) for the training method's handler."""
+    mtype = message.metadata.message_type
+    arrays = message.content.array_records
+    if mtype in (msgs.INIT, msgs.NEWTON_INIT) and CONTEXT_RECORD in arrays:
+        context.state.array_records[CONTEXT_RECORD] = arrays[CONTEXT_RECORD]
+    elif mtype.startswith("train.") and MASKED_SUM in arrays.get(msgs.PAYLOAD, {}):
+        rt = PartyRuntime(context)
+        state = context.state.array_records.pop(MASK_STATE, None)
+        if state is None:
+            raise NodeConfigError(f"{rt.who}: {mtype} carries masked sums without a preceding {TRAIN_PASSIVE_ENC}")
+        masked = arrays[msgs.PAYLOAD][MASKED_SUM].numpy().astype(np.float64)
+        if not np.all(np.isfinite(masked)):
+            raise NodeConfigError(f"{rt.who}: the masked sums of {mtype} are not all finite")
+        g = unmask(masked, state["mask-sums"].numpy(), rt.n_train, rt.data.X_train.shape[1])
+        context.state.array_records[GRADIENT_STATE] = ArrayRecord({"gradient": Array(g)})
     return call_next(message, context)
 
 
 def train_passive_enc(message: Message, context: Context) -> Message:
-    """From Enc(n·ν): Enc(n·ν ⊙ X_k[:, j] + r_j) per column; keep Σ_s r_{j,s}; reply masked."""
+    """From Enc(n·ν): one masked ciphertext per column pair; keep the mask sums; reply masked."""
     rt = PartyRuntime(context)
     if rt.data.role != msgs.ROLE_PASSIVE:
         raise NodeConfigError(f"partition {rt.data.partition_id} is active but got a {TRAIN_PASSIVE_ENC} message")
@@ -211,21 +361,19 @@ def train_passive_enc(message: Message, context: Context) -> Message:
     keys = sorted(record, key=lambda k: int(k.rsplit("-", 1)[1]))
     blobs = [from_bytes_array(record[k]) for k in keys]
     rng = np.random.default_rng()  # fresh OS entropy: the server must not predict the mask
-    X = rt.data.X_train.astype(np.float64)
-    cts, mask_sums = masked_column_sums(_public_context(context), blobs, X, rng)
+    # the cached block itself (not a converted copy), so that its encoding is kept across rounds
+    cts, mask_sums = masked_column_sums(_parameters(context), blobs, rt.data.X_train, rng)
     context.state.array_records[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums)})
-    content = RecordDict({MASKED_RECORD: ArrayRecord({f"col-{j}": to_bytes_array(c) for j, c in enumerate(cts)})})
+    content = RecordDict({MASKED_RECORD: ArrayRecord({f"pair-{p}": to_bytes_array(c) for p, c in enumerate(cts)})})
     return Message(content, reply_to=message)
 
 
 def train_passive_unmask(message: Message, context: Context) -> Message:
-    """From the server's slot sums: remove the mask, g = X_kᵀν, one step, reply new logits."""
+    """Gradient descent's second leg: g = X_kᵀν (unmasked by :func:`ckks_mod`), one step, new logits."""
     rt = PartyRuntime(context)
-    state = context.state.array_records.pop(MASK_STATE, None)
-    if state is None:
-        raise NodeConfigError(f"{TRAIN_PASSIVE_UNMASK} without a preceding {TRAIN_PASSIVE_ENC}")
-    masked = msgs.read_array(message.content, msgs.PAYLOAD, "masked-sum").astype(np.float64)
-    g = (masked - state["mask-sums"].numpy()) / rt.n_train  # X_kᵀν
+    g = rt.take_gradient()
+    if g is None:
+        raise NodeConfigError(f"{rt.who}: {TRAIN_PASSIVE_UNMASK} without masked sums to unmask")
     party = rt.party()
     if rt.cfg.model != "linear" or party.block.bias is not None:
         raise NodeConfigError("privacy.secure-nu='ckks' supports linear passive models without intercept only")
@@ -235,7 +383,7 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
 
 
 def register(app: ClientApp) -> None:
-    """The passive party's handlers for encrypted ν on ``app`` (with :func:`keep_context_mod`)."""
+    """The passive party's handlers for encrypted ν on ``app`` (with :func:`ckks_mod`)."""
     app.train("passive_enc")(train_passive_enc)
     app.train("passive_unmask")(train_passive_unmask)
     mark_step_type(TRAIN_PASSIVE_UNMASK)

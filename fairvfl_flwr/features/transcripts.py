@@ -166,7 +166,7 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     elif mtype in (msgs.TRAIN_ACTIVE, msgs.NEWTON_ACTIVE):
         arrays["z"] = payload["z"].numpy()
         arrays["lam"] = payload["lam"].numpy()
-    if mtype == msgs.NEWTON_PASSIVE:
+    if mtype == msgs.NEWTON_PASSIVE and "nu" in payload:  # encrypted ν: the first leg recorded the ciphertext
         arrays["nu"] = payload["nu"].numpy()
     if mtype in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE):
         arrays["alpha"] = payload["alpha"].numpy()
@@ -181,7 +181,8 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     if arrays:
         path = role_dir(rt.cfg.transcript_dir, rt.data.partition_id) / f"r{server_round:06d}.npz"
         # CKKS second leg: keep the first leg's ν; the Newton apply message: keep the last round's view
-        if mtype in (msgs.TRAIN_PASSIVE_UNMASK, msgs.NEWTON_APPLY) and path.exists():
+        second_leg = mtype == msgs.TRAIN_PASSIVE_UNMASK or (mtype == msgs.NEWTON_PASSIVE and "nu" not in payload)
+        if (second_leg or mtype == msgs.NEWTON_APPLY) and path.exists():
             with np.load(path) as old:
                 arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}
         write(rt.cfg.transcript_dir, rt.data.partition_id, server_round, arrays)

@@ -26,6 +26,10 @@ from fairvfl_flwr.data.problem import constraint_groups
 from fairvfl_flwr.flower import protocol as msgs
 
 MODEL_STATE = "fairvfl.model"
+#: A passive party's gradient X_kᵀν where ν reached it encrypted: the encryption feature's
+#: mod recovers it into the node's state before the training method's handler runs, which
+#: takes it with :meth:`PartyRuntime.take_gradient`.
+GRADIENT_STATE = "fairvfl.gradient"
 OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
 
 
@@ -146,6 +150,11 @@ class PartyRuntime:
     def _kept(self, name: str) -> dict[str, np.ndarray] | None:
         record = self.context.state.array_records.get(name)
         return None if record is None else {k: v.numpy() for k, v in record.items()}
+
+    def take_gradient(self) -> np.ndarray | None:
+        """X_kᵀν left in the node's state for this message (see ``GRADIENT_STATE``), or None."""
+        record = self.context.state.array_records.pop(GRADIENT_STATE, None)
+        return None if record is None else record["gradient"].numpy()
 
     def rows(self, message: Message) -> np.ndarray | None:
         """This round's training rows (mini-batch); None: all of them."""

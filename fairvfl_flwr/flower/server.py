@@ -131,6 +131,15 @@ class VFLServer(Strategy):
     ) -> Iterable[Message]:
         raise NotImplementedError
 
+    def masked_gradient_message(self, node_id: int, server_round: int,
+                                arrays: dict[str, np.ndarray]) -> tuple[RecordDict, str]:
+        """The second message of a round to a passive party whose ν went out encrypted: with
+        ``arrays`` (an encryption feature's) it recovers its gradient X_kᵀν; gradient descent
+        then takes its step. An algorithm whose parties do more with it overrides this."""
+        content = RecordDict({msgs.PAYLOAD: msgs.array_record(**arrays),
+                              msgs.ROUND: msgs.round_config(server_round, self.evaluates(server_round))})
+        return content, msgs.TRAIN_PASSIVE_UNMASK
+
     def z(self, split: str) -> np.ndarray:
         """The server's scores on ``split`` ("train" or "test"): the sum of the held partial
         logits (an algorithm whose replies are not partial logits overrides this). Summed in
