@@ -29,11 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# bench.common first: it sets one BLAS thread before numpy loads OpenBLAS
 from bench.common import DEFAULT_OUT, alternated, table, write  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 
 def _per_round(folder: Path) -> tuple[float, float]:
