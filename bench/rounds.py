@@ -81,7 +81,6 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
 
     from bench.common import NewtonFloor, NumpyFloor, adult_problem
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.core.metrics import fairness_metrics
     from fairvfl_flwr.core.objective import train_stats
     from fairvfl_flwr.data.problem import party_columns
 
@@ -98,14 +97,8 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
         fl = NewtonFloor(blocks, ds.y_train, groups, curvature=curvature, memory=memory, **kw)
     else:
         fl = NumpyFloor(blocks, ds.y_train, groups, **kw)
-    history = []
-    for r in range(1, cfg.num_server_rounds + 1):
-        fl.round()
-        row = {"round": r, "deo": train_stats(ds.y_train, fl.z(), groups).deo, "acc": float("nan")}
-        if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
-            z_test = np.sum([fl._u(k, x) for k, x in enumerate(test_blocks)], axis=0)
-            row.update(fairness_metrics(ds.y_test, ds.s_test, z_test))
-        history.append(row)
+    history = _floor_history(fl, cfg, ds, groups,
+                             lambda: np.sum([fl._u(k, x) for k, x in enumerate(test_blocks)], axis=0))
     last = history[-1]
     reg = sum(float(th @ th) for th in fl.theta) + sum(b * b for b in fl.bias if b is not None)
     objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * cfg.mu_value(n) * reg  # L(θ)
@@ -115,21 +108,29 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
             "seconds": time.perf_counter() - t}
 
 
-def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, started) -> dict:
-    """MLP parties (gd or adagrad) in one process: bench/common.PartyFloor, the parties' own step code."""
-    from bench.common import PartyFloor
+def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
+    """The floor's rounds: train DEO every round, test metrics (``z_test()``) on evaluation rounds."""
     from fairvfl_flwr.core.metrics import fairness_metrics
     from fairvfl_flwr.core.objective import train_stats
 
-    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,
-                    seed=cfg.seed, test_blocks=test_blocks, **kw)
     history = []
     for r in range(1, cfg.num_server_rounds + 1):
         fl.round()
         row = {"round": r, "deo": train_stats(ds.y_train, fl.z(), groups).deo, "acc": float("nan")}
         if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
-            row.update(fairness_metrics(ds.y_test, ds.s_test, fl.z("test")))
+            row.update(fairness_metrics(ds.y_test, ds.s_test, z_test()))
         history.append(row)
+    return history
+
+
+def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, started) -> dict:
+    """MLP parties (gd or adagrad) in one process: bench/common.PartyFloor, the parties' own step code."""
+    from bench.common import PartyFloor
+    from fairvfl_flwr.core.objective import train_stats
+
+    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,
+                    seed=cfg.seed, test_blocks=test_blocks, **kw)
+    history = _floor_history(fl, cfg, ds, groups, lambda: fl.z("test"))
     last = history[-1]
     objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
     curve = [[r["round"], r["acc"], r["deo"]] for r in history if r["acc"] == r["acc"]]  # the JSON's evaluated rounds

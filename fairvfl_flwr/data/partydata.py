@@ -33,7 +33,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
 
@@ -384,11 +384,7 @@ def known_digest(path: Path, cache: Path) -> str:
         pass
     digest = file_digest(path)
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(digest)
-        os.replace(tmp, entry)
+        _write_atomically(entry, lambda fh: fh.write(digest.encode()))
     except OSError:
         pass  # a read-only cache only costs speed
     return digest
@@ -416,10 +412,15 @@ def _save(arrays: PartyArrays, path: Path) -> None:
     data = {"X_train": arrays.X_train, "X_test": arrays.X_test, "meta": np.array(json.dumps(meta))}
     if arrays.y_train is not None:
         data.update(y_train=arrays.y_train, s_train=arrays.s_train)
+    _write_atomically(path, lambda fh: np.savez(fh, **data))
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """A cache entry appears whole or not at all: another message's process may read it now."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "wb") as fh:
-        np.savez(fh, **data)
+        write(fh)
     os.replace(tmp, path)
 
 
