@@ -21,6 +21,7 @@ if str(REPO) not in sys.path:
 
 from fairvfl_flwr.core.objective import Groups, masked_weights  # noqa: E402
 from fairvfl_flwr.core.newton import (  # noqa: E402
+    MEMORY,
     block_direction,
     curvature,
     newton_server_step,
@@ -139,7 +140,7 @@ class NewtonFloor(NumpyFloor):
     the server; ``nu``, ``const``: derived by the party). ``lr`` and ``Q`` are unused.
     """
 
-    def __init__(self, blocks, y, groups: Groups, *, curvature="nu", memory=2, dual="newton", **kw):
+    def __init__(self, blocks, y, groups: Groups, *, curvature="nu", memory=MEMORY, dual="newton", **kw):
         super().__init__(blocks, y, groups, **kw)
         self.curvature, self.memory, self.dual = curvature, memory, dual
         self.jac, self.previous = None, None

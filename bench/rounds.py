@@ -58,6 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from fairvfl_flwr.core.newton import MEMORY  # noqa: E402
 
 ACC_POINTS = 0.5
 DEO_SLACK = 0.005
@@ -75,7 +76,7 @@ def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
     return hit
 
 
-def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", memory: int = 2) -> dict:
+def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", memory: int = MEMORY) -> dict:
     """The same run as the app's, with bench/common.NumpyFloor or NewtonFloor (linear models only)."""
     import numpy as np
 
@@ -188,7 +189,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--newton-rounds", type=int, default=0, help="rounds of the newton runs (default: --rounds)")
     ap.add_argument("--adagrad-rounds", type=int, default=0, help="rounds of the adagrad runs (default: --rounds)")
     ap.add_argument("--curvature", default="nu", help="newton: what passive parties use for h (exact, nu, const)")
-    ap.add_argument("--memory", type=int, default=2, help="newton: earlier moves per party in the subspace search")
+    ap.add_argument("--memory", type=int, default=MEMORY, help="newton: earlier moves per party in the subspace search")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
     args = ap.parse_args(argv)
     if "newton-secagg" in args.optimizer.split(",") and not args.app:

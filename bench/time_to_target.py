@@ -24,8 +24,10 @@ train DEO ≤ ε + 0.005, from that evaluated round on. ``--run-config`` is pass
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -59,6 +61,7 @@ def run_deploy(tmp: Path, manifest: dict, cfg: dict, env: dict, eps: float) -> d
     out = quality(rows, eps)
     t0 = run["submitted"]
     server, _, _ = read_logs(log)
+    out["message_rounds"] = len({r["group"] for r in server if r["event"] == "push"})
     start = next(r for r in server if r["event"] == "start")
     last_reply: dict[int, float] = {}
     for r in server:
@@ -102,6 +105,7 @@ def run_flwr_sim(tmp: Path, cfg: dict, eps: float, parties: int) -> dict:
     rows = history(tmp / "out-sim")
     out = quality(rows, eps)
     out["s_to_summary"] = summary.stat().st_mtime - t0
+    out["s_of_rounds"] = rows[-1]["seconds"]  # the ServerApp's clock: round 1 to the last round's end
     return out
 
 
@@ -110,8 +114,43 @@ def run_noop(tmp: Path, manifest: dict, rounds: int, env: dict) -> dict:
     run = deploy(tmp / "fed-noop", manifest["node_configs"], {"num-server-rounds": rounds, "output": str(out)}, env,
                  app=NOOP_APP)
     seconds = json.loads(out.read_text())["seconds"]
-    return {"rounds": rounds, "status": run["status"], "s_to_summary": out.stat().st_mtime - run["submitted"],
+    return {"rounds": rounds, "message_rounds": rounds + 1, "status": run["status"],
+            "s_to_summary": out.stat().st_mtime - run["submitted"],
             "s_to_finished": run["finished"] - run["submitted"], "s_per_round": sum(seconds[1:]) / max(1, rounds)}
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    A SuperNode stopped before its SuperExec leaves the SuperExec, and with it the CPU of
+    every ClientApp process it reaped, to init; adopted, they are reaped here and counted."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        print("note: cannot adopt orphaned processes here; cpu_s undercounts the federations", file=sys.stderr)
+
+
+def _reap() -> None:
+    """Wait for every exited descendant this process adopted."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.2)  # adopted processes still running: give them the SIGKILL's moment
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return
+            except ChildProcessError:
+                return
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have been reaped."""
+    _reap()
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main(argv=None) -> dict:
@@ -122,7 +161,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--epsilon", type=float, default=0.01)
     ap.add_argument("--modes", default="deploy,inprocess,noop", help="comma list of deploy, inprocess, flwr-sim, noop")
     ap.add_argument("--deploy", action="store_true", help="deployment only (same as --modes deploy,noop)")
-    ap.add_argument("--poll", default="0.05", help="SuperExec task poll of the SuperNodes ('default': Flower's 1 s)")
+    ap.add_argument("--poll", default="default",
+                    help="SuperExec task poll of the SuperNodes, seconds ('default': Flower's 1 s, the faster on 2 cores)")
     ap.add_argument("--run-config", default="", help="extra run config (Flower's syntax), e.g. \"optimizer='newton'\"")
     ap.add_argument("--keep", type=Path, default=None, help="keep logs and runs here (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -133,6 +173,7 @@ def main(argv=None) -> dict:
     rounds = int(extra.get("num-server-rounds", args.rounds))
     eps = float(extra.get("epsilon", args.epsilon))
     results = []
+    _adopt_orphans()
     with tempfile.TemporaryDirectory(prefix="fairvfl-ttt-") as tmp:
         tmp = args.keep or Path(tmp)
         manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties")
@@ -141,6 +182,7 @@ def main(argv=None) -> dict:
         env = {"FAIRVFL_CACHE_DIR": str(tmp / "cache"), **poll_env(args.poll)}
         for mode in modes:
             load = os.getloadavg()[0]
+            cpu = _cpu_seconds()
             if mode == "deploy":
                 res = run_deploy(tmp, manifest, cfg, env, eps)
             elif mode == "inprocess":
@@ -152,10 +194,17 @@ def main(argv=None) -> dict:
             else:
                 raise SystemExit(f"unknown mode {mode!r}")
             res = {"mode": mode, "load_before": load, "load_after": os.getloadavg()[0], **res}
+            # CPU seconds of every process the mode ran (this one and its reaped children: the
+            # SuperLink, SuperNodes, ServerApp, every ClientApp, the flwr CLI): unlike wall
+            # seconds, other users of the machine barely move it
+            res["cpu_s"] = _cpu_seconds() - cpu
+            if res.get("message_rounds"):
+                res["cpu_s_per_message_round"] = res["cpu_s"] / res["message_rounds"]
             print(json.dumps(res, default=float), flush=True)
             results.append(res)
     cols = ["mode", "rounds", "rounds_to_target", "s_to_target", "s_to_summary", "s_to_round1", "s_per_round",
-            "final_acc", "final_train_deo", "load_before", "load_after"]
+            "s_of_rounds", "message_rounds", "cpu_s", "cpu_s_per_message_round", "final_acc", "final_train_deo",
+            "load_before", "load_after"]
     md = (f"Time to target, {args.dataset} linear, ε = {eps}, {args.parties} parties, {rounds} rounds, evaluation every "
           f"round, SuperExec poll {args.poll}, run config {args.run_config or '(defaults)'}; seconds from `flwr run` "
           "submission (deploy, noop) or from the call (inprocess)\n\n" + table(results, cols))

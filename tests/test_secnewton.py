@@ -149,7 +149,7 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
     for t in range(2, 6):
         alphas = [m.content.array_records[msgs.PAYLOAD]["alpha"].numpy() for m in grid.sent if m.metadata.group_id == str(t)]
         assert len(alphas) == 3 and all(np.array_equal(a, alphas[0]) for a in alphas)
-        assert len(alphas[0]) == min(t - 1, 3)  # the combined direction and up to two combined moves
+        assert len(alphas[0]) == min(t - 1, 1 + newton.MEMORY)  # the combined direction and its last moves
     server = {int(r["round"]): r for r in tr.load(tmp_path / "masked" / "t", tr.SERVER)}
     assert server[3]["dir-1"].dtype == np.uint64 and "a-1" in server[3]
     assert {"dir-1", "u-1", "nu", "z"} <= set(server[5])  # the last round's file keeps its directions and the apply leg

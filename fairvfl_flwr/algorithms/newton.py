@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.core.newton import (
+    MEMORY,
     block_direction,
     curvature,
     newton_server_step,
@@ -50,9 +51,6 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import PartyRuntime, round_of
 from fairvfl_flwr.flower.server import VFLServer
 
-#: Earlier moves of each party searched along with its new direction (docs/newton.md:
-#: without them the primal converges only linearly on correlated blocks).
-MEMORY = 2
 #: What a passive party uses for its curvature: derived from ν, nothing else received.
 PASSIVE_CURVATURE = "nu"
 #: ... and where ν reaches it encrypted (privacy.secure-nu='ckks'): |ν|(1 − n|ν|) is not
