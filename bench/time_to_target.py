@@ -28,6 +28,7 @@ import ctypes
 import json
 import os
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -62,6 +63,7 @@ def run_deploy(tmp: Path, manifest: dict, cfg: dict, env: dict, eps: float) -> d
     t0 = run["submitted"]
     server, _, _ = read_logs(log)
     out["message_rounds"] = len({r["group"] for r in server if r["event"] == "push"})
+    out.update(_clientapp_cpu(log))
     start = next(r for r in server if r["event"] == "start")
     last_reply: dict[int, float] = {}
     for r in server:
@@ -77,6 +79,25 @@ def run_deploy(tmp: Path, manifest: dict, cfg: dict, env: dict, eps: float) -> d
         "s_per_round": (last_reply[max(last_reply)] - last_reply[0]) / max(1, max(last_reply)),
     })
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _clientapp_cpu(log: Path) -> dict:
+    """Median CPU seconds of one ClientApp process of a training round: in all, and before the
+    app's import began (Flower's start-up: interpreter, flwr, task pull, FAB install)."""
+    procs: dict[int, dict] = {}
+    for f in log.glob("clientapp-*.jsonl"):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            procs.setdefault(r["pid"], {}).update(r if r["event"] == "message" else {"exit_cpu": r.get("cpu")})
+    rounds = [p for p in procs.values() if str(p.get("group", "")).isdigit() and p.get("exit_cpu") is not None]
+    return {"clientapp_cpu_s": _median([p["exit_cpu"] for p in rounds]),
+            "clientapp_cpu_before_app_s": _median([p["cpu_import_start"] for p in rounds]),
+            "clientapp_cpu_import_s": _median([p["cpu_import_done"] - p["cpu_import_start"] for p in rounds]),
+            "clientapp_cpu_handler_s": _median([p["cpu_handler_end"] - p["cpu_handler_start"] for p in rounds])}
 
 
 def run_inprocess(tmp: Path, cfg: dict, eps: float) -> dict:
@@ -111,12 +132,16 @@ def run_flwr_sim(tmp: Path, cfg: dict, eps: float, parties: int) -> dict:
 
 def run_noop(tmp: Path, manifest: dict, rounds: int, env: dict) -> dict:
     out = tmp / "noop.json"
-    run = deploy(tmp / "fed-noop", manifest["node_configs"], {"num-server-rounds": rounds, "output": str(out)}, env,
-                 app=NOOP_APP)
+    log = tmp / "timing-noop"
+    run = deploy(tmp / "fed-noop", manifest["node_configs"], {"num-server-rounds": rounds, "output": str(out)},
+                 {**env, TIMING_ENV: str(log)}, app=NOOP_APP)
     seconds = json.loads(out.read_text())["seconds"]
+    exits = [json.loads(line) for f in log.glob("noop-clientapp-*.jsonl") for line in f.read_text().splitlines()]
     return {"rounds": rounds, "message_rounds": rounds + 1, "status": run["status"],
             "s_to_summary": out.stat().st_mtime - run["submitted"],
-            "s_to_finished": run["finished"] - run["submitted"], "s_per_round": sum(seconds[1:]) / max(1, rounds)}
+            "s_to_finished": run["finished"] - run["submitted"], "s_per_round": sum(seconds[1:]) / max(1, rounds),
+            "clientapp_cpu_s": _median([e["cpu"] for e in exits]),
+            "clientapp_cpu_before_app_s": _median([e["cpu_handler_start"] for e in exits])}
 
 
 def _adopt_orphans() -> None:
@@ -203,7 +228,8 @@ def main(argv=None) -> dict:
             print(json.dumps(res, default=float), flush=True)
             results.append(res)
     cols = ["mode", "rounds", "rounds_to_target", "s_to_target", "s_to_summary", "s_to_round1", "s_per_round",
-            "s_of_rounds", "message_rounds", "cpu_s", "cpu_s_per_message_round", "final_acc", "final_train_deo",
+            "s_of_rounds", "message_rounds", "cpu_s", "cpu_s_per_message_round", "clientapp_cpu_s",
+            "clientapp_cpu_before_app_s", "clientapp_cpu_import_s", "clientapp_cpu_handler_s", "final_acc", "final_train_deo",
             "load_before", "load_after"]
     md = (f"Time to target, {args.dataset} linear, ε = {eps}, {args.parties} parties, {rounds} rounds, evaluation every "
           f"round, SuperExec poll {args.poll}, run config {args.run_config or '(defaults)'}; seconds from `flwr run` "

@@ -32,10 +32,11 @@ from typing import Any, Iterable
 # app/client.py imports this module before any other of the app's modules: this is when the
 # app's import began, as close as the app itself can see it.
 IMPORT_STARTED = time.time()
+IMPORT_STARTED_CPU = time.process_time()  # CPU seconds this process spent before: Flower's start-up
 
 ENV = "FAIRVFL_TIMING_LOG"
 
-_state: dict[str, Any] = {"import_done": None, "messages": 0}
+_state: dict[str, Any] = {"import_done": None, "import_done_cpu": None, "messages": 0}
 
 
 def folder() -> Path | None:
@@ -47,6 +48,7 @@ def folder() -> Path | None:
 def imported() -> None:
     """Note that the ClientApp's import has finished (called at the end of app/client.py)."""
     _state["import_done"] = time.time()
+    _state["import_done_cpu"] = time.process_time()
 
 
 def process_started(pid: int | str = "self") -> float | None:
@@ -92,13 +94,14 @@ def timing_mod(message, context, call_next):
     """ClientApp mod: time the mods and handler of this message, and this process's start-up."""
     if folder() is None:
         return call_next(message, context)
-    started = time.time()
+    started, started_cpu = time.time(), time.process_time()
     reply = call_next(message, context)
-    ended = time.time()
+    ended, ended_cpu = time.time(), time.process_time()
     meta = message.metadata
     _state["messages"] += 1
     if _state["messages"] == 1:
-        atexit.register(lambda: _write("clientapp", {"event": "exit", "pid": os.getpid(), "t": time.time()}))
+        atexit.register(lambda: _write("clientapp", {"event": "exit", "pid": os.getpid(), "t": time.time(),
+                                                     "cpu": time.process_time()}))
     _write("clientapp", {
         "event": "message", "pid": os.getpid(), "first": _state["messages"] == 1,
         "message_id": meta.message_id, "node_id": context.node_id, "type": meta.message_type,
@@ -106,6 +109,9 @@ def timing_mod(message, context, call_next):
         "created": meta.created_at, "delivered": _epoch(meta.delivered_at),
         "process_start": process_started(), "import_start": IMPORT_STARTED, "import_done": _state["import_done"],
         "handler_start": started, "handler_end": ended, "error": reply.has_error(),
+        # CPU seconds of this process at each of those moments (user + system)
+        "cpu_import_start": IMPORT_STARTED_CPU, "cpu_import_done": _state["import_done_cpu"],
+        "cpu_handler_start": started_cpu, "cpu_handler_end": ended_cpu,
         "bytes_in": array_bytes(message.content), "bytes_out": 0 if reply.has_error() else array_bytes(reply.content),
         "app": __file__,
     })

@@ -89,7 +89,8 @@ class LocalFederation:
         Extra environment for every process (e.g. ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
     node_env : mapping, optional
         Extra environment for the SuperNodes only (e.g. ``FLWR_LOG_LEVEL``, which would
-        also change what the ``flwr`` CLI prints).
+        also change what the ``flwr`` CLI prints). ``PYTHONDONTWRITEBYTECODE`` is dropped
+        from the SuperNodes' environment unless given here.
     """
 
     def __init__(
@@ -156,7 +157,14 @@ class LocalFederation:
                 cmd += ["--root-certificates", str(sec.ca_cert), "--auth-supernode-private-key", str(sec.node_keys[i][0])]
             else:
                 cmd += ["--insecure"]
-            self._spawn(f"supernode{i}", cmd, env={**self.env, **self.node_env, "FLWR_HOME": str(node_home)})
+            env = {**self.env, **self.node_env, "FLWR_HOME": str(node_home)}
+            if "PYTHONDONTWRITEBYTECODE" not in self.node_env:
+                # Python's default, as on a party's own machine: the first ClientApp process
+                # caches the app's bytecode next to the installed FAB and every later one loads
+                # it. Inherited from a shell or CI that sets it, every process (one per message)
+                # would compile the app again (docs/deploy-time.md).
+                env.pop("PYTHONDONTWRITEBYTECODE", None)
+            self._spawn(f"supernode{i}", cmd, env=env)
         self.wait_nodes(len(self.node_configs), timeout)
         return self
 

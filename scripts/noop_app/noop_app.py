@@ -7,7 +7,9 @@ With run config `payload-floats = n` > 0 every message carries n float32 each wa
 size of FairVFL's z/ν and partial logits), for bench/overhead.py.
 """
 
+import atexit
 import json
+import os
 import time
 
 import numpy as np
@@ -21,7 +23,18 @@ server = ServerApp()
 
 @client.query()
 def noop(message: Message, context: Context) -> Message:
+    if os.environ.get("FAIRVFL_TIMING_LOG"):  # the floor's CPU per ClientApp process, as FairVFL's timing log
+        _log_cpu(os.environ["FAIRVFL_TIMING_LOG"], time.process_time())
     return Message(_payload(int(context.run_config.get("payload-floats", 0))), reply_to=message)
+
+
+def _log_cpu(folder: str, at_handler: float) -> None:
+    def write() -> None:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"noop-clientapp-{os.getpid()}.jsonl"), "a") as fh:
+            fh.write(json.dumps({"event": "exit", "cpu_handler_start": at_handler, "cpu": time.process_time()}) + "\n")
+
+    atexit.register(write)
 
 
 def _payload(n: int) -> RecordDict:
