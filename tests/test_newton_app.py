@@ -289,3 +289,19 @@ def test_newton_tolerance_zero_runs_every_round_and_negative_is_refused(tmp_path
     assert summary["rounds"] == 12
     with pytest.raises(ConfigError, match="newton-tolerance"):
         RunConfig.from_flower({"newton-tolerance": -1.0})
+
+
+@pytest.mark.parametrize("memory", [0, 2])
+def test_newton_memory_is_the_number_of_moves_searched_with_each_new_direction(tmp_path, memory):
+    """newton-memory = m: once a party has moved m times, each search holds its new direction and
+    its last m moves, so the step lengths it gets have 1 + m entries, never more."""
+    rc = {"dataset": "crime", "optimizer": "newton", "num-server-rounds": 6, "eval-every": 6, "num-parties": 3,
+          "newton-tolerance": 0.0, "newton-memory": memory, "output-dir": str(tmp_path)}
+    cfg = RunConfig.from_flower(rc)
+    seen = []
+    run_server(InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append), cfg.to_flower())
+    lengths = {len(m.content.array_records[msgs.PAYLOAD]["alpha"].numpy()) for m in seen
+               if m.metadata.message_type in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE)}
+    assert max(lengths) == 1 + memory
+    with pytest.raises(ConfigError, match="newton-memory"):
+        RunConfig.from_flower({"newton-memory": -1})

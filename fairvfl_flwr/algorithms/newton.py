@@ -34,7 +34,6 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.core.newton import (
-    MEMORY,
     block_direction,
     curvature,
     newton_server_step,
@@ -90,7 +89,7 @@ class NewtonVFL(VFLServer):
             "%d rounds, full batch",
             c.dataset, c.model, c.num_parties, c.num_active, c.epsilon, "on" if c.fairness else "off",
             c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}",
-            MEMORY, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
+            c.newton_memory, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
         )
 
     def configure_train(
@@ -180,7 +179,7 @@ class NewtonVFL(VFLServer):
             al = alpha[sel]
             move = du[:, sel] @ al
             self.u_train[nid] = self.u_train[nid] + move
-            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:MEMORY]
+            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:self.cfg.newton_memory]
             self.sq_norms[nid] = max(got[nid]["sq-norm"] + 2.0 * float(got[nid]["a"] @ al)
                                      + float(al @ got[nid]["gram"] @ al), 0.0)
             self.steps[nid] = 1
@@ -301,7 +300,7 @@ class SharedNewtonVFL(NewtonVFL):
         move = du @ alpha
         z = self.z("train") + move
         first = self.ordered_nodes()[0].node_id
-        self.dz_moves = [move, *self.dz_moves][:MEMORY]
+        self.dz_moves = [move, *self.dz_moves][:self.cfg.newton_memory]
         for nid in self.nodes:
             mine = nid == first
             self.u_train[nid] = z if mine else np.zeros_like(z)
@@ -335,7 +334,7 @@ def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
     if record is None:
         return None, []
     pending = record["pending"].numpy() if "pending" in record else None
-    moves = [record[f"move-{i}"].numpy() for i in range(MEMORY) if f"move-{i}" in record]
+    moves = [record[f"move-{i}"].numpy() for i in range(rt.cfg.newton_memory) if f"move-{i}" in record]
     return pending, moves
 
 
@@ -355,7 +354,7 @@ def _take_step(rt: PartyRuntime, message: Message, pending: np.ndarray | None, a
                                     "holds no directions (was this node's state lost? restart the run)")
         return theta, moves
     move = pending @ alpha
-    return theta + move, [move, *moves][:MEMORY]
+    return theta + move, [move, *moves][:rt.cfg.newton_memory]
 
 
 def _alpha(rt: PartyRuntime, message: Message, pending: np.ndarray | None, **sizes: int) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from fairvfl_flwr.config import presets, sections
 from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.names import DATASET_NAMES as DATASETS  # names only: config imports neither pandas nor torch
 from fairvfl_flwr.core.names import DTYPE_NAMES as DTYPES
 from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
@@ -59,6 +60,8 @@ class RunConfig:
     # newton: training ends once a round decreases F by less than this (relative) twice in a
     # row with the gaps at ε (so num-server-rounds is a cap); 0: run every round
     newton_tolerance: float = 1e-6
+    # newton: earlier moves of each party searched along with its new direction
+    newton_memory: int = NEWTON_MEMORY
     # [batching]
     batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (core/batching.py)
     # [reliability] (features/guards.py, features/checkpoint.py, docs/reliability.md)
@@ -169,6 +172,8 @@ class RunConfig:
             raise bad("optimizer", f"choose one of {', '.join(OPTIMIZERS)}")
         if not self.newton_tolerance >= 0:
             raise bad("newton_tolerance", "must be >= 0 (0 runs every round)")
+        if not 0 <= self.newton_memory <= 16:
+            raise bad("newton_memory", "must be 0..16 (moves kept per party; each adds a direction to every reply)")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
         if self.wire_dtype not in ("float32", "float64"):
