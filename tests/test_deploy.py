@@ -66,10 +66,15 @@ def federation(tmp_path_factory, exported):
         yield fed
 
 
-def test_deployed_run_completes_and_equals_simulation(federation, exported, simulated, tmp_path):
+def test_deployed_run_completes_and_equals_simulation(federation, exported, simulated, tmp_path, monkeypatch):
     _, manifest = exported
+    cli_calls = []
+    cli = federation.flwr
+    monkeypatch.setattr(federation, "flwr", lambda *args, **kw: (cli_calls.append(args[0]), cli(*args, **kw))[1])
     run_id, status = _run(federation, manifest, tmp_path)
     assert status == "finished:completed", federation.logs(run_id)[-3000:]
+    # the harness asked the Control API for the status: no `flwr ls` interpreter per poll
+    assert cli_calls == ["run"], cli_calls
     summary, history = _result(tmp_path)
     assert summary["rounds"] == ROUNDS and len(history) == ROUNDS + 1
     for key in KEYS:
