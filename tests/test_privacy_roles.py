@@ -239,6 +239,23 @@ def test_every_attack_beats_chance_on_newton_transcripts():
     assert r["coalition_gram_error"] < 1e-3
 
 
+def test_the_column_space_attack_is_exact_on_logits_and_at_chance_on_noise():
+    """span_residual: logits X θ_t span col(X) once there are as many independent θ_t as
+    columns (residual 0), fewer span part of it; vectors not made from X leave ≈ all of X."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(500, 8))
+    thetas = rng.normal(size=(8, 12))
+    full, rank = attacks.span_residual(X @ thetas, X)
+    assert full < 1e-10 and rank == 8
+    part, rank = attacks.span_residual(X @ thetas[:, :4], X)
+    assert 0.3 < part < 0.95 and rank == 4
+    noise, rank = attacks.span_residual(rng.normal(size=(500, 12)), X)
+    assert noise > 0.97 and rank == 12  # √(1 − 12/500) ≈ 0.988: the guess
+    # the float32 wire's rounding does not count as directions
+    wired, rank = attacks.span_residual((X @ thetas).astype(np.float32), X)
+    assert wired < 1e-5 and rank == 8
+
+
 def test_newton_gram_attack_needs_the_true_equation():
     """The attack's identity is exact: on a random party it recovers X Xᵀ once the rounds cover
     its columns, and a wrong μ (or fewer rounds than columns) does not."""

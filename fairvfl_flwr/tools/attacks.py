@@ -31,7 +31,8 @@ from fairvfl_flwr.core.newton import party_curvature
 from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.features.secagg import decode, mask
 
-#: Singular values of the Newton equations' R kept, relative to the largest (above float32 rounding).
+#: Singular values kept, relative to the largest: below it is the float32 wire's rounding (6e-8
+#: relative per value), not a direction (the Newton equations' R, the column-space attack).
 NEWTON_RTOL = 1e-5
 #: Rows the Gram matrices are scored on (a seeded sample: the full n × n matrix is 13 GB on Adult).
 SCORE_ROWS = 200
@@ -213,6 +214,25 @@ def trajectory_scores(traj: np.ndarray, X: np.ndarray, rows: np.ndarray, seed: i
 
 
 # -- optimizer = "newton": what the directions give away -----------------------------------------
+def span_residual(traj: np.ndarray, X: np.ndarray, rel_tol: float = NEWTON_RTOL) -> tuple[float, int]:
+    """The column-space attack: a linear party's logits X θ(t) lie in the span of its columns
+    for every θ, so the logit vectors an attacker collects over the rounds (``traj``: rows ×
+    rounds) span part of col(X), whatever the training method. Returns ‖(I − QQᵀ)X‖_F / ‖X‖_F
+    for Q an orthonormal basis of that span (directions above ``rel_tol`` of the largest
+    singular value: below it is the wire's rounding), and the span's dimension. 0: the
+    attacker holds X up to an unknown invertible m × m map (rows with the same features have
+    the same coordinates); a random span of r ≪ n dimensions leaves ≈ √(1 − r/n) ≈ 1.
+    """
+    traj = np.asarray(traj, dtype=np.float64)
+    U, sv, _ = np.linalg.svd(traj, full_matrices=False)
+    if not len(sv) or sv[0] == 0:
+        return 1.0, 0
+    Q = U[:, sv > rel_tol * sv[0]]
+    X = np.asarray(X, dtype=np.float64)
+    outside = X - Q @ (Q.T @ X)
+    return float(np.linalg.norm(outside) / np.linalg.norm(X)), int(Q.shape[1])
+
+
 def newton_track(u0: np.ndarray, dirs: dict[int, np.ndarray], alphas: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """A party's logits X_k θ_k(t) when it computes round t's direction, for t = 1, 2, ...
 

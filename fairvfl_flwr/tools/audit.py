@@ -211,6 +211,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
             ts = sorted(sums)
             medians(out, "active_traj", [attacks.trajectory_scores(np.stack([sums[t] for t in ts], axis=1),
                                                                    x_passive, rows, cfg.seed)])
+            out["active_span_residual"], out["active_span_rank"] = attacks.span_residual(
+                np.stack([sums[t] for t in ts], axis=1), x_passive)
             # the coalition holds every passive party's replies: the server's estimates, summed
             out["coalition_gram_error"] = attacks.gram_error(attacks.SumEstimate(grams), x_passive, rows)
         return out
@@ -236,6 +238,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         medians(out, "active_traj", [attacks.trajectory_scores(np.stack([sums[t] for t in ts], axis=1),
                                                                x_passive, rows, cfg.seed)])
         if cfg.model == "linear":
+            out["active_span_residual"], out["active_span_rank"] = attacks.span_residual(
+                np.stack([sums[t] for t in ts], axis=1), x_passive)
             groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
             # The noise's secret is the fingerprint of the labels, which the active party
             # holds as well (the server's labels are its labels): it can redraw the noise.
@@ -296,14 +300,19 @@ def table(rows: list[dict]) -> str:
         "| server + active: Gram error of the passive sum | server: distance rank corr. from logit trajectories (shuffled) "
         "| active: distance rank corr. of the passive sum's trajectories (shuffled) "
         "| server + active, secure aggregation: a passive party's Gram error after peeling the active party's masks "
+        "| active: passive columns outside the span of S(t), rel. (guess: 1.0; span dim.) "
         "| test ACC % | DFP | DFN | train DEO |",
-        "|" + "---|" * 18,
+        "|" + "---|" * 19,
     ]
 
     def f(v) -> str:  # nan: nothing to attack (ciphertext only) or the attack does not apply (MLP)
         if v is None:
             return "–"
         return "n/a" if v != v else (f"{v:.3f}" if v < 100 else f"{v:.3g}")
+
+    def span(r: dict) -> str:
+        v = r.get("active_span_residual")
+        return "–" if v is None else f"{v:.2g} ({r['active_span_rank']})"
 
     for r in rows:
         ct = r.get("view") == "ciphertext"  # the passive transcript holds no per-row plaintext
@@ -326,6 +335,7 @@ def table(rows: list[dict]) -> str:
             f"{f(r.get('active_gram_error'))} | {f(r.get('coalition_gram_error'))} | "
             f"{f(r.get('server_traj_rho'))} ({f(r.get('server_traj_rho_chance'))}) | "
             f"{f(r.get('active_traj_rho'))} ({f(r.get('active_traj_rho_chance'))}) | {f(r.get('coalition_party_gram_error'))} | "
+            f"{span(r)} | "
             f"{100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
             f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
         )

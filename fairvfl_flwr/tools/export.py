@@ -110,6 +110,9 @@ def instructions(manifest: dict, tls: bool = False) -> str:
     lines += [
         "# 3. From the app folder, with a connection to the SuperLink in $FLWR_HOME/config.toml:",
         f"flwr run . <connection> --run-config {shlex.quote(run_config_arg(manifest['run_config']))} --stream",
+        "#    Add privacy.secure-aggregation=true to --run-config so that the server receives only sums",
+        "#    over parties, never a party's logits or directions (docs/privacy.md); block Newton then shares",
+        "#    its step lengths between parties and needs about twice the rounds (docs/newton.md).",
     ]
     return "\n".join(lines)
 
