@@ -236,6 +236,8 @@ def test_every_attack_beats_chance_on_newton_transcripts():
     assert max(r["server_gram_errors"]) < 1e-3  # guessing 0 scores 1.0
     assert r["server_traj_rho"] > r["server_traj_rho_chance"] + 0.3
     assert r["active_traj_rho"] > r["active_traj_rho_chance"] + 0.2
+    # ... and the span of the passive columns its logit sums reach (a random span leaves ≈ 0.99)
+    assert r["active_span_residual"] < 0.7 and r["active_span_rank"] > 20
     assert r["coalition_gram_error"] < 1e-3
 
 
