@@ -108,6 +108,7 @@ def test_tls_and_node_authentication(tmp_path, exported, simulated):
     with _federation(tmp_path / "fed", manifest, security) as fed:
         run_id, status = _run(fed, manifest, tmp_path / "out")
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
+        assert fed.status(run_id) == (status, True)  # the Control API over TLS, not the CLI
     summary, _ = _result(tmp_path / "out")
     for key in KEYS:
         assert summary[key] == simulated[key], key
