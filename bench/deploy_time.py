@@ -144,7 +144,8 @@ def node_spans(fed_home: Path, first_round: int = 1) -> list[float]:
     return spans
 
 
-def read_logs(folder: Path) -> tuple[list[dict], list[dict], dict[int, float]]:
+def read_logs(folder: Path) -> tuple[list[dict], list[dict], dict[int, dict]]:
+    """(the ServerApp's records, the ClientApps' message records, each ClientApp process's exit record by pid)."""
     server, client, exits = [], [], {}
     for f in sorted(Path(folder).glob("*.jsonl")):
         for line in f.read_text().splitlines():
@@ -152,7 +153,7 @@ def read_logs(folder: Path) -> tuple[list[dict], list[dict], dict[int, float]]:
             if f.name.startswith("serverapp"):
                 server.append(rec)
             elif rec["event"] == "exit":
-                exits[rec["pid"]] = rec["t"]
+                exits[rec["pid"]] = rec
             else:
                 client.append(rec)
     return server, client, exits

@@ -100,13 +100,18 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
         fl = NumpyFloor(blocks, ds.y_train, groups, **kw)
     history = _floor_history(fl, cfg, ds, groups,
                              lambda: np.sum([fl._u(k, x) for k, x in enumerate(test_blocks)], axis=0))
-    last = history[-1]
     reg = sum(float(th @ th) for th in fl.theta) + sum(b * b for b in fl.bias if b is not None)
     objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * cfg.mu_value(n) * reg  # L(θ)
-    return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
+    return _floor_result(history, cfg.epsilon, objective, fl.lam, groups, n, t)
+
+
+def _floor_result(history: list[dict], eps: float, objective: float, lam, groups, n: int, started: float) -> dict:
+    """A floor run's row: rounds to target, the last round's metrics, L(θ), n · min weight."""
+    last = history[-1]
+    return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * last["acc"],
             "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
-            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * n),
-            "seconds": time.perf_counter() - t}
+            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(lam).min() * n),
+            "seconds": time.perf_counter() - started}
 
 
 def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
@@ -132,13 +137,10 @@ def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, starte
     fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,
                     seed=cfg.seed, test_blocks=test_blocks, **kw)
     history = _floor_history(fl, cfg, ds, groups, lambda: fl.z("test"))
-    last = history[-1]
     objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
     curve = [[r["round"], r["acc"], r["deo"]] for r in history if r["acc"] == r["acc"]]  # the JSON's evaluated rounds
-    return {"rounds_to_target": rounds_to_target(history, cfg.epsilon), "final_acc": 100 * last["acc"],
-            "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
-            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(fl.lam).min() * len(ds.y_train)),
-            "seconds": time.perf_counter() - started, "curve": curve}
+    return {**_floor_result(history, cfg.epsilon, objective, fl.lam, groups, len(ds.y_train), started),
+            "curve": curve}
 
 
 def run(overrides: dict, tmp: str) -> dict:

@@ -61,9 +61,9 @@ def run_deploy(tmp: Path, manifest: dict, cfg: dict, env: dict, eps: float) -> d
     rows = history(tmp / "out-deploy")
     out = quality(rows, eps)
     t0 = run["submitted"]
-    server, _, _ = read_logs(log)
+    server, client, exits = read_logs(log)
     out["message_rounds"] = len({r["group"] for r in server if r["event"] == "push"})
-    out.update(_clientapp_cpu(log))
+    out.update(_clientapp_cpu(client, exits))
     start = next(r for r in server if r["event"] == "start")
     last_reply: dict[int, float] = {}
     for r in server:
@@ -85,15 +85,12 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _clientapp_cpu(log: Path) -> dict:
-    """Median CPU seconds of one ClientApp process of a training round: in all, and before the
-    app's import began (Flower's start-up: interpreter, flwr, task pull, FAB install)."""
-    procs: dict[int, dict] = {}
-    for f in log.glob("clientapp-*.jsonl"):
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            procs.setdefault(r["pid"], {}).update(r if r["event"] == "message" else {"exit_cpu": r.get("cpu")})
-    rounds = [p for p in procs.values() if str(p.get("group", "")).isdigit() and p.get("exit_cpu") is not None]
+def _clientapp_cpu(client: list[dict], exits: dict[int, dict]) -> dict:
+    """Median CPU seconds of one ClientApp process of a training round (the timing log's
+    message and exit records): in all, and before the app's import began (Flower's start-up:
+    interpreter, flwr, task pull, FAB install), our import and our handler."""
+    rounds = [{**m, "exit_cpu": exits[m["pid"]]["cpu"]} for m in client
+              if str(m.get("group", "")).isdigit() and exits.get(m["pid"], {}).get("cpu") is not None]
     return {"clientapp_cpu_s": _median([p["exit_cpu"] for p in rounds]),
             "clientapp_cpu_before_app_s": _median([p["cpu_import_start"] for p in rounds]),
             "clientapp_cpu_import_s": _median([p["cpu_import_done"] - p["cpu_import_start"] for p in rounds]),
