@@ -64,6 +64,11 @@ CONVERGED_ROUNDS = 2
 NEWTON_STATE = "newton.state"  # a party's directions awaiting their α, and its last moves
 
 
+def sq_norm_after(reply: dict, alpha: np.ndarray) -> float:
+    """‖θ + Dα‖² from a reply's ‖θ‖², a = θᵀD and DᵀD: the μ-term after the step, no θ needed."""
+    return max(reply["sq-norm"] + 2.0 * float(reply["a"] @ alpha) + float(alpha @ reply["gram"] @ alpha), 0.0)
+
+
 class NewtonVFL(VFLServer):
     """The server of a FairVFL run trained by block Newton steps (linear parties, full batch)."""
 
@@ -180,8 +185,7 @@ class NewtonVFL(VFLServer):
             move = du[:, sel] @ al
             self.u_train[nid] = self.u_train[nid] + move
             self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:self.cfg.newton_memory]
-            self.sq_norms[nid] = max(got[nid]["sq-norm"] + 2.0 * float(got[nid]["a"] @ al)
-                                     + float(al @ got[nid]["gram"] @ al), 0.0)
+            self.sq_norms[nid] = sq_norm_after(got[nid], al)
             self.steps[nid] = 1
             self.alpha[nid] = al
             self.computed_alpha[nid] = al
@@ -279,6 +283,7 @@ class SharedNewtonVFL(NewtonVFL):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.dz_moves: list[np.ndarray] = []  # the last combined moves' change of z, newest first
+        self.totals: dict = {}  # the round's replies summed over parties (set by subspace, used by take)
 
     def summary(self) -> None:
         super().summary()
@@ -304,8 +309,7 @@ class SharedNewtonVFL(NewtonVFL):
         for nid in self.nodes:
             mine = nid == first
             self.u_train[nid] = z if mine else np.zeros_like(z)
-            self.sq_norms[nid] = max(t["sq-norm"] + 2.0 * float(t["a"] @ alpha) + float(alpha @ t["gram"] @ alpha),
-                                     0.0) if mine else 0.0
+            self.sq_norms[nid] = sq_norm_after(t, alpha) if mine else 0.0
             self.steps[nid] = 1
             self.alpha[nid] = alpha
             self.computed_alpha[nid] = alpha

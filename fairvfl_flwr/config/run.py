@@ -229,7 +229,7 @@ class RunConfig:
     def optimizer_in_use(self) -> str:
         """``gd``, ``newton`` or ``adagrad``: ``auto`` is newton unless a setting of the run rules it
         out (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...), then adagrad unless
-        one rules that out (sections.ADAGRAD_REFUSED: a linear model, checkpoints, ...), else gd;
+        one rules that out (sections.ADAGRAD_REFUSED: a linear model, ...), else gd;
         gd too where the constraint set is not the measured one (``deo``: docs/newton.md,
         docs/adagrad.md)."""
         if self.optimizer != "auto":

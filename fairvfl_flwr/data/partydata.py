@@ -384,7 +384,7 @@ def known_digest(path: Path, cache: Path) -> str:
         pass
     digest = file_digest(path)
     try:
-        _write_atomically(entry, lambda fh: fh.write(digest.encode()))
+        write_atomically(entry, lambda fh: fh.write(digest.encode()))
     except OSError:
         pass  # a read-only cache only costs speed
     return digest
@@ -412,10 +412,10 @@ def _save(arrays: PartyArrays, path: Path) -> None:
     data = {"X_train": arrays.X_train, "X_test": arrays.X_test, "meta": np.array(json.dumps(meta))}
     if arrays.y_train is not None:
         data.update(y_train=arrays.y_train, s_train=arrays.s_train)
-    _write_atomically(path, lambda fh: np.savez(fh, **data))
+    write_atomically(path, lambda fh: np.savez(fh, **data))
 
 
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """A cache entry appears whole or not at all: another message's process may read it now."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import CACHE_VERSION, PartySpec, cache_dir, load_party
+from fairvfl_flwr.data.partydata import CACHE_VERSION, PartySpec, cache_dir, known_digest, load_party, write_atomically
 from fairvfl_flwr.data.tables import read_csv
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, packaged_file
@@ -228,12 +228,9 @@ def read_columns(path: str, columns: list[str], where: str) -> Any:
 def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str) -> ScoreRows:
     """Parse a score file once per file content and preprocessing: in deployment every
     message may run in a fresh ClientApp process, and a job asks for its rows chunk by chunk."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    h.update(f"|{pre.digest()}|{id_column}|{CACHE_VERSION}".encode())
-    cached = cache_dir(spec) / f"score-{h.hexdigest()[:32]}.npz"
+    content = known_digest(Path(path), cache_dir(spec))  # hashed once per version of the file
+    key = hashlib.sha256(f"{content}|{pre.digest()}|{id_column}|{CACHE_VERSION}".encode())
+    cached = cache_dir(spec) / f"score-{key.hexdigest()[:32]}.npz"
     where = f"{spec.name}: score file {path}"
     if cached.exists():
         try:
@@ -243,11 +240,7 @@ def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str)
             pass
     rows = rows_from_frame(read_columns(path, [id_column, *pre.raw_columns], where), id_column, pre, where)
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(fh, ids=rows.ids, X=rows.X, digest=np.array(rows.ids_digest))
-        os.replace(tmp, cached)
+        write_atomically(cached, lambda fh: np.savez(fh, ids=rows.ids, X=rows.X, digest=np.array(rows.ids_digest)))
     except OSError:
         pass  # a read-only cache only costs speed
     return rows

@@ -240,8 +240,8 @@ def checkpoint_mod(message: Message, context, call_next) -> Message:
     if mtype == msgs.INIT and server_round > 0:  # resume: θ_r from this party's own disk
         folder = party_dir(context.node_config, rt.cfg.to_flower(), rt.data.partition_id)
         rt.load_model_state(load_party(folder, server_round, rt.who))
-        optimizer = load_party(folder, server_round, rt.who, "optim")
         if rt.cfg.optimizer_in_use == "adagrad":
+            optimizer = load_party(folder, server_round, rt.who, "optim")
             if not optimizer:  # fresh sums would restart with full-length steps: not the run it continues
                 raise CheckpointError(f"{rt.who}: the checkpoint of round {server_round} in {folder} holds no "
                                       "AdaGrad sums; resume it with the optimizer it was trained with")

@@ -178,13 +178,14 @@ def _encoded_block(params: bytes, X: np.ndarray) -> list:
     padded = np.zeros((chunks(n) * SLOTS, 2 * pairs(m)))
     padded[:n, :m] = X
     level = ctx.first_parms_id()
+    cplx = padded[:, 0::2] + 1j * padded[:, 1::2]  # column pair p as one complex column
     plain = []
     for c in range(chunks(n)):
-        rows = padded[c * SLOTS:(c + 1) * SLOTS]
+        rows = cplx[c * SLOTS:(c + 1) * SLOTS]
         row = []
         for p in range(pairs(m)):
             pt = seal.Plaintext()
-            encoder.encode((rows[:, 2 * p] + 1j * rows[:, 2 * p + 1]).tolist(), level, SCALE, pt)
+            encoder.encode(rows[:, p].tolist(), level, SCALE, pt)
             row.append(pt)
         plain.append(row)
     _ENCODED[key] = (weakref.ref(X, lambda _, key=key: _ENCODED.pop(key, None)), params, plain)

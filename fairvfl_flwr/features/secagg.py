@@ -93,11 +93,15 @@ def decode(words: np.ndarray) -> np.ndarray:
     return np.asarray(words, dtype=np.uint64).view(np.int64).astype(np.float64) / SCALE
 
 
-def mask(key: bytes, server_round: int, split: str, rows: int) -> np.ndarray:
-    """The pair's pseudo-random words for one round and split (AES-256-CTR keystream)."""
+def _keystream(key: bytes, server_round: int, split: str, nbytes: int) -> bytes:
+    """The pair's AES-256-CTR keystream for one round and split (label): ``nbytes`` bytes."""
     nonce = struct.pack(">QII", server_round, SPLITS[split], 0)
-    stream = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor().update(bytes(8 * rows))
-    return np.frombuffer(stream, dtype=np.uint64)
+    return Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor().update(bytes(nbytes))
+
+
+def mask(key: bytes, server_round: int, split: str, rows: int) -> np.ndarray:
+    """The pair's pseudo-random words for one round and split."""
+    return np.frombuffer(_keystream(key, server_round, split, 8 * rows), dtype=np.uint64)
 
 
 def masked(u: np.ndarray, own: int, pair_keys: dict[int, bytes], server_round: int, split: str,
@@ -122,8 +126,7 @@ def encode_wide(v: np.ndarray, num_parties: int, who: str, what: str) -> list[in
 
 def mask_wide(key: bytes, server_round: int, split: str, count: int) -> list[int]:
     """The pair's pseudo-random 128-bit words for one round and label."""
-    nonce = struct.pack(">QII", server_round, SPLITS[split], 0)
-    stream = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor().update(bytes(16 * count))
+    stream = _keystream(key, server_round, split, 16 * count)
     return [int.from_bytes(stream[16 * i:16 * i + 16], "big") for i in range(count)]
 
 
@@ -193,6 +196,7 @@ class SecureAggregation(RoundHook):
     def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
         """Each masked record summed over the parties: the first party's reply holds the sum,
         the others zeros (the server's z and the Newton search read only sums)."""
+        first = server.ordered_nodes()[0].node_id
         for name in (msgs.LOGITS, msgs.DIRECTIONS, SQ_NORM):
             carrying = [r for r in replies if name in r.content.array_records]
             if not carrying:
@@ -201,7 +205,6 @@ class SecureAggregation(RoundHook):
                 raise FederationError(f"round {server_round}: secure aggregation needs every party's reply, "
                                       f"got {len(carrying)} of {len(server.nodes)}")
             sums = self._sums(server, server_round, carrying, name)
-            first = server.ordered_nodes()[0].node_id
             for reply in carrying:
                 mine = reply.metadata.src_node_id == first
                 if name == SQ_NORM:
