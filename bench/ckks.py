@@ -21,7 +21,6 @@ the blocks the parties saved.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # bench.common first: it sets one BLAS thread before numpy loads OpenBLAS (imported
 # earlier, OpenBLAS keeps a thread per core, and on a busy machine the plain round's
 # matrix products run several times slower, which flatters the ratio)
-from bench.common import DEFAULT_OUT, alternated, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, alternated, ms_per_round, table, write  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -56,12 +55,6 @@ def _theta_gap(plain: Path, enc: Path) -> float:
         with np.load(a) as x, np.load(b) as y:
             gap = max(gap, *(float(np.max(np.abs(x[k].astype(np.float64) - y[k]))) for k in x.files))
     return gap
-
-
-def _per_round(folder: Path) -> float:
-    (hist,) = Path(folder).glob("*/history.json")
-    secs = [r["seconds"] for r in json.loads(hist.read_text())]  # secs[t]: after round t
-    return 1000 * (secs[-1] - secs[1]) / (len(secs) - 2)
 
 
 class Timers:
@@ -138,7 +131,7 @@ def main(argv=None) -> dict:
                 continue
             # CPU time of this process (server and every party run in it), rounds 2..R-1
             cpu[on].append(1000 * (marks[str(rounds)] - marks["2"]) / (rounds - 2))
-            wall[on].append(_per_round(out))
+            wall[on].append(ms_per_round(out))
             accs[on] = summary["test_acc"]
             if on:
                 gaps.append(_theta_gap(out.with_name(f"0-{rep}"), out))

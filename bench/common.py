@@ -40,6 +40,14 @@ def machine() -> dict:
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def ms_per_round(folder) -> float:
+    """Milliseconds per round of the run in ``folder`` (its history's seconds), rounds 2..R:
+    round 1 is left out (a party's first message does one-time work, e.g. loading data)."""
+    (hist,) = Path(folder).glob("*/history.json")
+    secs = [r["seconds"] for r in json.loads(hist.read_text())]  # secs[t]: after round t (round 0: set-up)
+    return 1000 * (secs[-1] - secs[1]) / (len(secs) - 2)
+
+
 def alternated(reps: int, rounds: int, tmp: str):
     """(rep, on, run folder, rounds) for a feature's cost against plain: off and on runs
     alternated ``reps`` times, so that load drifts hit both alike, after a 2-round warm-up

@@ -27,13 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, NumpyFloor, adult_problem, table, write  # noqa: E402
-
-
-def _ms_per_round_from_history(folder: Path) -> float:
-    (hist,) = Path(folder).glob("*/history.json")
-    secs = [r["seconds"] for r in json.loads(hist.read_text())]  # secs[t]: after round t (round 0 = set-up)
-    return 1000 * (secs[-1] - secs[1]) / (len(secs) - 2)
+from bench.common import DEFAULT_OUT, REPO, NumpyFloor, adult_problem, ms_per_round, table, write  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -76,7 +70,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_inprocess({**cfg.to_flower(), "num-server-rounds": args.rounds, "eval-every": args.rounds,
                        "output-dir": f"{tmp}/inproc"})
-        ms = _ms_per_round_from_history(Path(tmp) / "inproc")
+        ms = ms_per_round(Path(tmp) / "inproc")
         rows.append({"mode": "in-process grid", "ms_per_round": ms, "rounds": args.rounds, "note": "real ServerApp+ClientApp"})
         print(f"in-process grid: {ms:.1f} ms/round", flush=True)
         if not args.no_sim:
@@ -86,7 +80,7 @@ def main(argv=None) -> dict:
                 t0 = time.perf_counter()
                 link.run({"num-server-rounds": args.sim_rounds, "eval-every": args.sim_rounds,
                           "output-dir": f"{tmp}/sim"}, num_supernodes=cfg.num_parties)
-                ms = _ms_per_round_from_history(Path(tmp) / "sim")
+                ms = ms_per_round(Path(tmp) / "sim")
                 rows.append({"mode": "flwr run simulation", "ms_per_round": ms, "rounds": args.sim_rounds,
                              "note": f"6 SuperNodes; whole run {time.perf_counter() - t0:.0f} s"})
                 print(f"flwr run simulation: {ms:.1f} ms/round", flush=True)

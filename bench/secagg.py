@@ -32,16 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # bench.common first: it sets one BLAS thread before numpy loads OpenBLAS
-from bench.common import DEFAULT_OUT, alternated, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, alternated, ms_per_round, table, write  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 
 def _per_round(folder: Path) -> tuple[float, float]:
-    (hist,) = Path(folder).glob("*/history.json")
     (summ,) = Path(folder).glob("*/summary.json")
-    secs = [r["seconds"] for r in json.loads(hist.read_text())]  # secs[t]: after round t
-    return 1000 * (secs[-1] - secs[1]) / (len(secs) - 2), float(json.loads(summ.read_text()).get("setup_seconds", 0.0))
+    return ms_per_round(folder), float(json.loads(summ.read_text()).get("setup_seconds", 0.0))
 
 
 def main(argv=None) -> dict:
