@@ -67,7 +67,7 @@ TRAIN_PASSIVE_UNMASK = msgs.TRAIN_PASSIVE_UNMASK
 MASK_STATE = "fairvfl.ckks-mask"
 CONTEXT_RECORD = "ckks"  # ArrayRecord: {"context": uint8 bytes of the parameters: N and the primes, uint64}
 MASKED_RECORD = "masked"  # ArrayRecord a party replies with: {"pair-<p>": uint8 ciphertext bytes}
-MASKED_SUM = "masked-sum"  # the second leg's payload key: 2 floats per pair of columns
+MASKED_SUM = msgs.MASKED_SUM  # the second leg's payload key: 2 floats per pair of columns
 
 POLY_MODULUS_DEGREE = 8192
 SLOTS = POLY_MODULUS_DEGREE // 2  # 4096 rows per ciphertext
@@ -340,7 +340,7 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
     arrays = message.content.array_records
     if mtype in (msgs.INIT, msgs.NEWTON_INIT) and CONTEXT_RECORD in arrays:
         context.state.array_records[CONTEXT_RECORD] = arrays[CONTEXT_RECORD]
-    elif mtype.startswith("train.") and MASKED_SUM in arrays.get(msgs.PAYLOAD, {}):
+    elif msgs.second_leg(mtype, arrays.get(msgs.PAYLOAD, {})):
         rt = PartyRuntime(context)
         state = context.state.array_records.pop(MASK_STATE, None)
         if state is None:

@@ -69,7 +69,7 @@ def record_mod(message: Message, context, call_next) -> Message:
         return reply
     server_round = round_of(message)[0]
     payload = message.content.array_records[msgs.PAYLOAD]
-    if mtype == msgs.NEWTON_PASSIVE and "nu" not in payload:  # encrypted ν: its first leg was recorded
+    if msgs.second_leg(mtype, payload):  # encrypted ν: its first leg was recorded
         return reply
     if mtype in (msgs.TRAIN_PASSIVE, msgs.NEWTON_PASSIVE):
         record(rt.cfg.record_view, rt.data.partition_id, server_round, rt.cfg.record_every, payload["nu"].numpy(),

@@ -181,7 +181,7 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     if arrays:
         path = role_dir(rt.cfg.transcript_dir, rt.data.partition_id) / f"r{server_round:06d}.npz"
         # CKKS second leg: keep the first leg's ν; the Newton apply message: keep the last round's view
-        second_leg = mtype == msgs.TRAIN_PASSIVE_UNMASK or (mtype == msgs.NEWTON_PASSIVE and "nu" not in payload)
+        second_leg = msgs.second_leg(mtype, payload)
         if (second_leg or mtype == msgs.NEWTON_APPLY) and path.exists():
             with np.load(path) as old:
                 arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}

@@ -68,9 +68,16 @@ ROUND = "round"  # ConfigRecord: round number, whether to return test logits
 LOGITS = "logits"  # ArrayRecord a party replies with
 DIRECTIONS = "directions"  # ArrayRecord of a Newton reply: dir (X_k s_k), a, gram[, test, test-dirs]
 STATS = "stats"  # MetricRecord a party replies with
+MASKED_SUM = "masked-sum"  # payload key of an encrypted-ν second leg: the party's masked slot sums
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
+
+
+def second_leg(message_type: str, payload) -> bool:
+    """Whether a training message is the second leg of an encrypted-ν round: it carries the
+    party's masked slot sums (``MASKED_SUM``) instead of ν; its first leg held the ciphertext."""
+    return message_type.startswith("train.") and payload is not None and MASKED_SUM in payload
 
 
 def array_record(**arrays: np.ndarray) -> ArrayRecord:
