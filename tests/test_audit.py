@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.features import record_view as view
-from fairvfl_flwr.tools.audit import auc, run_audit
+from fairvfl_flwr.tools.audit import auc, chance_auc, run_audit
 
 
 def test_auc_matches_definition():
@@ -14,11 +14,28 @@ def test_auc_matches_definition():
     assert auc(np.array([1.0, 1.0]), np.array([True, False])) == pytest.approx(0.5)
 
 
+def test_chance_auc_is_what_an_uninformative_score_reaches_on_that_many_rows():
+    rng = np.random.default_rng(3)
+    small = [chance_auc(rng.normal(size=400), rng.random(400) < 0.3) for _ in range(3)]
+    large = chance_auc(rng.normal(size=40_000), rng.random(40_000) < 0.3)
+    assert all(0.53 < c < 0.6 for c in small) and 0.5 < large < 0.51  # shrinks like 1/sqrt(rows)
+    # about 5 % of uninformative scores on 400 rows land above it, an informative one far above
+    hits = 0
+    for _ in range(200):
+        s, g = rng.normal(size=400), rng.random(400) < 0.3
+        a = auc(s, g)
+        hits += max(a, 1 - a) > small[0]
+    assert 2 <= hits <= 20
+    g = rng.random(400) < 0.3
+    a = auc(g + rng.normal(scale=2.0, size=400), g)
+    assert a > small[0]
+
+
 def test_plain_nu_leaks_labels_and_groups():
     r = run_audit("crime", rounds=30, noise=0.0)
     assert r["label_attack_acc"] == 1.0  # round 1: ν = −y/(2n)
     assert r["label_attack_acc"] > r["label_baseline_acc"] + 0.15
-    assert r["group_attack_auc"] > 0.9
+    assert r["group_attack_auc"] > 0.9 > 0.6 > r["group_attack_auc_chance"] > 0.5
 
 
 def test_noise_blunts_single_round_attack_but_not_averaging():

@@ -40,8 +40,14 @@ def exported(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    summary, _ = run_inprocess({**BASE, "output-dir": str(tmp_path_factory.mktemp("sim"))})
+def simulated(tmp_path_factory, exported):
+    """The same run config in simulation: the export's, secure aggregation included (on by
+    default in a deployment), without the server's label file (the simulation's server reads
+    the dataset)."""
+    _, manifest = exported
+    assert manifest["run_config"]["privacy.secure-aggregation"] is True
+    deployed = {k: v for k, v in manifest["run_config"].items() if k != "server-labels"}
+    summary, _ = run_inprocess({**BASE, **deployed, "output-dir": str(tmp_path_factory.mktemp("sim"))})
     return summary
 
 

@@ -305,3 +305,24 @@ def test_newton_memory_is_the_number_of_moves_searched_with_each_new_direction(t
     assert max(lengths) == 1 + memory
     with pytest.raises(ConfigError, match="newton-memory"):
         RunConfig.from_flower({"newton-memory": -1})
+
+
+def test_newton_shared_memory_sets_the_combined_moves_under_secure_aggregation(tmp_path):
+    """Under secure aggregation the step lengths are shared: every party gets the same
+    1 + newton-shared-memory of them once enough rounds have passed; newton-memory (the
+    per-party search's) plays no part."""
+    rc = {"dataset": "crime", "optimizer": "newton", "num-server-rounds": 8, "eval-every": 8, "num-parties": 3,
+          "newton-tolerance": 0.0, "newton-memory": 1, "newton-shared-memory": 5,
+          "privacy.secure-aggregation": True, "output-dir": str(tmp_path)}
+    cfg = RunConfig.from_flower(rc)
+    seen = []
+    run_server(InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append), cfg.to_flower())
+    last = {}
+    for m in seen:
+        if m.metadata.message_type in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE):
+            last[m.metadata.dst_node_id] = m.content.array_records[msgs.PAYLOAD]["alpha"].numpy()
+    assert len(last) == 3 and {len(a) for a in last.values()} == {6}
+    first = next(iter(last.values()))
+    assert all(np.array_equal(a, first) for a in last.values())
+    with pytest.raises(ConfigError, match="newton-shared-memory"):
+        RunConfig.from_flower({"newton-shared-memory": 17})

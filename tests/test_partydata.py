@@ -15,6 +15,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.data import partydata
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.tools.export import export, instructions
 from fairvfl_flwr.tools.export import main as export_main
@@ -38,6 +39,12 @@ def _private_cache(tmp_path, monkeypatch):
     partydata.load_party.cache_clear()
 
 
+def _simulated(manifest, tmp_path):
+    """The simulation with the deployment's privacy setting (the export turns secure aggregation on)."""
+    key = "privacy.secure-aggregation"
+    return run_inprocess({**BASE, key: manifest["run_config"][key], "output-dir": str(tmp_path / "sim")})
+
+
 def _deployed(manifest, tmp_path, node_configs=None, tap=None):
     rc = RunConfig.from_flower({**BASE, **manifest["run_config"], "output-dir": str(tmp_path / "dep")}).to_flower()
     grid = InProcessGrid(client_app, rc, len(manifest["node_configs"]),
@@ -47,7 +54,7 @@ def _deployed(manifest, tmp_path, node_configs=None, tap=None):
 
 def test_party_files_give_the_same_run_as_simulation(exported, tmp_path):
     out, manifest = exported
-    sim, _ = run_inprocess({**BASE, "output-dir": str(tmp_path / "sim")})
+    sim, _ = _simulated(manifest, tmp_path)
     dep, folder = _deployed(manifest, tmp_path)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert dep[key] == sim[key], key  # bit-for-bit: the CSVs round-trip float64 exactly
@@ -73,7 +80,7 @@ def test_rows_are_matched_by_id_not_file_order(exported, tmp_path):
     pd.read_csv(out / "party2.csv").sample(frac=1, random_state=1).to_csv(shuffled, index=False)
     nodes = [dict(n) for n in manifest["node_configs"]]
     nodes[2]["data-path"] = str(shuffled)
-    sim, _ = run_inprocess({**BASE, "output-dir": str(tmp_path / "sim")})
+    sim, _ = _simulated(manifest, tmp_path)
     dep, _ = _deployed(manifest, tmp_path, nodes)
     assert dep["train_loss"] == sim["train_loss"]
 
@@ -210,17 +217,31 @@ def test_export_cli_own_csv_prints_supernode_lines(tmp_path, capsys):
     assert "flower-superlink --insecure --port 9092 --disable-runtime-dependency-installation" in printed
     assert f'data-path="{out / "party0.csv"}"' in printed and 'label-column="income"' in printed
     assert "flwr run . <connection>" in printed and "server-labels=" in printed
+    assert "privacy.secure-aggregation=true' --stream" in printed  # on by default in a deployment
     manifest = json.loads((out / "manifest.json").read_text())
     assert "--enable-supernode-auth" in instructions(manifest, tls=True)
     # the exported own table runs over the node configs, equal to the simulation of the CSV
     sim_cfg = {"dataset": "csv", "csv.path": str(tmp_path / "own.csv"), "csv.label": "income", "csv.positive": "high",
                "csv.sensitive": "sex", "csv.group-a": "F", "csv.group-b": "M", "csv.id-column": "id",
-               "num-parties": 3, "num-server-rounds": 3, "eval-every": 3}
+               "num-parties": 3, "num-server-rounds": 3, "eval-every": 3, "privacy.secure-aggregation": True}
     sim, _ = run_inprocess({**sim_cfg, "output-dir": str(tmp_path / "sim")})
     rc = RunConfig.from_flower({"num-server-rounds": 3, "eval-every": 3, **manifest["run_config"],
                                 "output-dir": str(tmp_path / "dep")}).to_flower()
     dep, _ = run_server(InProcessGrid(client_app, rc, 3, node_configs=manifest["node_configs"]), rc)
     assert dep["train_loss"] == sim["train_loss"] and dep["test_acc"] == sim["test_acc"]
+
+
+def test_export_turns_secure_aggregation_off_only_when_asked(tmp_path, capsys):
+    assert export_main(["--dataset", "crime", "--parties", "3", "--out", str(tmp_path / "a"),
+                        "--no-secure-aggregation"]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["run_config"]["privacy.secure-aggregation"] is False
+    assert "privacy.secure-aggregation=false' --stream" in printed and "rebuild" in printed
+    # a scoring job or a resumed run refuses secure aggregation, and says how to turn it off
+    with pytest.raises(ConfigError, match="privacy.secure-aggregation=false"):
+        RunConfig.from_flower({**export(RunConfig(dataset="crime", num_parties=3), tmp_path / "b")["run_config"],
+                               "mode": "score", "score.model-from": str(tmp_path)})
 
 
 def test_export_cli_bad_input_is_one_line(tmp_path, capsys):

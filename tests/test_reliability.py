@@ -236,6 +236,15 @@ def test_lost_reply_is_resent_and_not_applied_twice(tmp_path, uninterrupted):
         assert summary[key] == uninterrupted[0][key], key  # the party answered the re-send from its cache
 
 
+def test_a_masked_run_that_stops_points_to_its_scorable_checkpoint_not_to_a_resume(tmp_path, caplog):
+    rc = _rc(tmp_path, **{"privacy.secure-aggregation": True})
+    grid = _grid(rc, silent=lambda idx, rnd: idx == 3 and rnd.isdigit() and int(rnd) >= 5)
+    with pytest.raises(PartyUnavailable):
+        run_server(grid, rc)
+    assert "run stopped after round 4" in caplog.text and "cannot be resumed" in caplog.text
+    assert "score.round=4" in caplog.text and "reliability.resume-from=" not in caplog.text
+
+
 def test_missing_party_stops_the_run_then_resume_equals_uninterrupted(tmp_path, uninterrupted, caplog):
     rc = _rc(tmp_path)
     down_from = 5  # party 3 goes down in round 5; the last checkpoint is round 4

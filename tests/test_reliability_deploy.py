@@ -57,7 +57,9 @@ def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted
     parties = tmp_path / "parties"
     manifest = export(RunConfig.from_flower(BASE), parties)
     nodes = [{**cfg, "checkpoint-dir": str(tmp_path / f"party{i}-disk")} for i, cfg in enumerate(manifest["node_configs"])]
-    run_config = {**BASE, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
+    # checkpoints need the per-party logits that secure aggregation (the export's default) hides
+    run_config = {**BASE, **manifest["run_config"], "privacy.secure-aggregation": False,
+                  "output-dir": str(tmp_path / "runs")}
     reference, _ = run_inprocess({**run_config, "reliability.checkpoint-every": 0, "output-dir": str(tmp_path / "reference")})
 
     env = {**ENV, "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}

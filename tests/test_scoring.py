@@ -376,8 +376,10 @@ def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path)
         node["score-path"] = str(tmp_path / f"new{k}.csv")
         u = pre.apply(raw, "test") @ arrays["weight"] + (arrays["bias"] if "bias" in arrays else 0.0)
         expected += u.astype(np.float32)
-    score_rc = RunConfig.from_flower({**train_rc, "mode": "score", "score.model-from": str(folder),
-                                      "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}).to_flower()
+    # the export's run config has secure aggregation on; scoring replies are not masked, so the job turns it off
+    score_rc = RunConfig.from_flower({**train_rc, "privacy.secure-aggregation": False, "mode": "score",
+                                      "score.model-from": str(folder), "score.chunk-rows": 300,
+                                      "output-dir": str(tmp_path / "scores")}).to_flower()
     summary, out = run_server(InProcessGrid(client_app, score_rc, 4, node_configs=nodes), score_rc)
     p = pd.read_csv(out / "predictions.csv")
     assert summary["rows"] == 1000 and p["id"].tolist() == raw["row_id"].tolist()
@@ -454,7 +456,9 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
         (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
         assert json.loads((folder / "summary.json").read_text())["rounds"] == 20
-        run_id, status = fed.run({**train_rc, "mode": "score", "score.model-from": str(folder),
+        # scoring replies are not masked: the job says so by turning secure aggregation off
+        run_id, status = fed.run({**train_rc, "privacy.secure-aggregation": False,
+                                  "mode": "score", "score.model-from": str(folder),
                                   "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}, timeout=600)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
     assert not (folder / blocks.PARTIES).exists()

@@ -17,7 +17,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import optimizer_note, run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.newton import MEMORY, CentralisedNewton
+from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
 from fairvfl_flwr.data import partydata
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.features import secagg
@@ -89,7 +89,7 @@ def test_one_party_under_secure_aggregation_is_centralised_newton(tmp_path):
     (cols,) = party_columns(cfg, ds)
     groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
     ref = CentralisedNewton(ds.X_train[:, cols], ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
-                            mu=cfg.mu_value(len(ds.y_train)), memory=MEMORY)
+                            mu=cfg.mu_value(len(ds.y_train)), memory=SHARED_MEMORY)
     for t in range(1, cfg.num_server_rounds + 1):
         ref.round()
         np.testing.assert_allclose(history[t]["lambdas"], ref.lam, rtol=0, atol=1e-9)
@@ -149,7 +149,7 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
     for t in range(2, 6):
         alphas = [m.content.array_records[msgs.PAYLOAD]["alpha"].numpy() for m in grid.sent if m.metadata.group_id == str(t)]
         assert len(alphas) == 3 and all(np.array_equal(a, alphas[0]) for a in alphas)
-        assert len(alphas[0]) == min(t - 1, 1 + MEMORY)  # the combined direction and its last moves
+        assert len(alphas[0]) == min(t - 1, 1 + SHARED_MEMORY)  # the combined direction and its last moves
     server = {int(r["round"]): r for r in tr.load(tmp_path / "masked" / "t", tr.SERVER)}
     assert server[3]["dir-1"].dtype == np.uint64 and "a-1" in server[3]
     assert {"dir-1", "u-1", "nu", "z"} <= set(server[5])  # the last round's file keeps its directions and the apply leg

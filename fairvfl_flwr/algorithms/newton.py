@@ -94,7 +94,7 @@ class NewtonVFL(VFLServer):
             "%d rounds, full batch",
             c.dataset, c.model, c.num_parties, c.num_active, c.epsilon, "on" if c.fairness else "off",
             c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}",
-            c.newton_memory, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
+            c.newton_moves, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
         )
 
     def configure_train(
@@ -267,11 +267,11 @@ class SharedNewtonVFL(NewtonVFL):
     """Block Newton with step lengths shared by all parties: every quantity the server's
     search needs is a sum over parties, so it runs under secure aggregation.
 
-    The subspace is spanned by ≤ 3 *combined* directions: d_0 = (s_1, ..., s_K), every
-    party's new direction, and the last two combined moves. Their change of logits is
+    The subspace is spanned by ≤ 1 + ``newton-shared-memory`` *combined* directions:
+    d_0 = (s_1, ..., s_K), every party's new direction, and the last combined moves. Their change of logits is
     Σ_k X_k s_k (the server's own record for the moves), a_j = Σ_k θ_k·d_j,k and
     B = Σ_k D_kᵀD_k, and the objective's μ-term needs Σ_k ‖θ_k‖²: the parties' replies summed.
-    The search is over ≤ 3 step lengths, Armijo on the true F as for :class:`NewtonVFL` (so
+    The search is over these few step lengths, Armijo on the true F as for :class:`NewtonVFL` (so
     α = 0 is admissible and F at fixed λ never increases), the dual step uses the gap
     Jacobian of that subspace, and every party gets the same α and applies it to its own
     parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
@@ -305,7 +305,7 @@ class SharedNewtonVFL(NewtonVFL):
         move = du @ alpha
         z = self.z("train") + move
         first = self.ordered_nodes()[0].node_id
-        self.dz_moves = [move, *self.dz_moves][:self.cfg.newton_memory]
+        self.dz_moves = [move, *self.dz_moves][:self.cfg.newton_moves]
         for nid in self.nodes:
             mine = nid == first
             self.u_train[nid] = z if mine else np.zeros_like(z)
@@ -338,7 +338,7 @@ def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
     if record is None:
         return None, []
     pending = record["pending"].numpy() if "pending" in record else None
-    moves = [record[f"move-{i}"].numpy() for i in range(rt.cfg.newton_memory) if f"move-{i}" in record]
+    moves = [record[f"move-{i}"].numpy() for i in range(rt.cfg.newton_moves) if f"move-{i}" in record]
     return pending, moves
 
 
@@ -358,7 +358,7 @@ def _take_step(rt: PartyRuntime, message: Message, pending: np.ndarray | None, a
                                     "holds no directions (was this node's state lost? restart the run)")
         return theta, moves
     move = pending @ alpha
-    return theta + move, [move, *moves][:rt.cfg.newton_memory]
+    return theta + move, [move, *moves][:rt.cfg.newton_moves]
 
 
 def _alpha(rt: PartyRuntime, message: Message, pending: np.ndarray | None, **sizes: int) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from fairvfl_flwr.config import presets, sections
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
+from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.names import DATASET_NAMES as DATASETS  # names only: config imports neither pandas nor torch
 from fairvfl_flwr.core.names import DTYPE_NAMES as DTYPES
 from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
@@ -62,6 +63,9 @@ class RunConfig:
     newton_tolerance: float = 1e-6
     # newton: earlier moves of each party searched along with its new direction
     newton_memory: int = NEWTON_MEMORY
+    # newton under secure aggregation: earlier combined moves searched along with the new
+    # combined direction (shared step lengths search 1 + this many, not K(1 + newton-memory))
+    newton_shared_memory: int = NEWTON_SHARED_MEMORY
     # [batching]
     batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (core/batching.py)
     # [reliability] (features/guards.py, features/checkpoint.py, docs/reliability.md)
@@ -174,6 +178,8 @@ class RunConfig:
             raise bad("newton_tolerance", "must be >= 0 (0 runs every round)")
         if not 0 <= self.newton_memory <= 16:
             raise bad("newton_memory", "must be 0..16 (moves kept per party; each adds a direction to every reply)")
+        if not 0 <= self.newton_shared_memory <= 16:
+            raise bad("newton_shared_memory", "must be 0..16 (combined moves kept under secure aggregation)")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
         if self.wire_dtype not in ("float32", "float64"):
@@ -239,6 +245,12 @@ class RunConfig:
         if not sections.newton_refusal(self):
             return "newton"
         return "gd" if sections.adagrad_refusal(self) else "adagrad"
+
+    @property
+    def newton_moves(self) -> int:
+        """Moves a party keeps for Newton's search: its own (per-party step lengths), or its
+        parts of the combined moves where secure aggregation shares the step lengths."""
+        return self.newton_shared_memory if self.secure_aggregation else self.newton_memory
 
     @property
     def lr(self) -> float:

@@ -198,8 +198,11 @@ class Checkpoints(RoundHook):
     def stopped(self, server, exc: BaseException) -> str | None:
         if self.last_checkpoint is None:
             return None
-        return (f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}; "
-                f"continue with reliability.resume-from=\"{self.folder}\"")
+        where = f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}"
+        if self.config.get("privacy.secure-aggregation"):  # config.sections refuses to resume a masked run
+            return (f"{where}; a run under privacy.secure-aggregation cannot be resumed (start it afresh), "
+                    f"but the checkpoint scores: mode='score' score.round={self.last_checkpoint}")
+        return f"{where}; continue with reliability.resume-from=\"{self.folder}\""
 
 
 def load_resume(cfg, labels, folder: str | Path) -> tuple[dict, dict]:

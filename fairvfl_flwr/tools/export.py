@@ -42,10 +42,20 @@ from fairvfl_flwr.tools.localfed import node_config_arg, run_config_arg
 #: Run-config keys that shape the problem and the models: a deployment run must use the
 #: values the files were exported with.
 EXPORT_KEYS = ("dataset", "num-parties", "num-active", "active-columns", "seed", "validation-fraction")
+#: On by default in a deployment, where the server and the parties are different
+#: organisations: the server then receives sums over parties, never one party's logits or
+#: Newton directions (docs/privacy.md). A deployed round costs the same with it; block
+#: Newton shares its step lengths and needs more rounds (docs/newton.md).
+SECURE_AGGREGATION = "privacy.secure-aggregation"
 
 
-def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_port: int = 9100) -> dict:
-    """Write the party files, the server label file and ``manifest.json`` under ``out``."""
+def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_port: int = 9100,
+           secure_aggregation: bool = True) -> dict:
+    """Write the party files, the server label file and ``manifest.json`` under ``out``.
+
+    The manifest's run config is the deployment's: the problem's keys, the server's label
+    file and ``privacy.secure-aggregation`` (``secure_aggregation``, on unless turned off).
+    """
 
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -66,6 +76,7 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     label_table(ds).to_csv(labels_path, index=False)
     run_config = {k: v for k, v in cfg.to_flower().items() if k in EXPORT_KEYS and k in cfg.to_flower()}
     run_config["server-labels"] = str(labels_path)
+    run_config[SECURE_AGGREGATION] = bool(secure_aggregation)
     manifest = {
         "dataset": ds.name,
         "rows": {"train": len(ds.y_train), "test": len(ds.y_test)},
@@ -110,9 +121,12 @@ def instructions(manifest: dict, tls: bool = False) -> str:
     lines += [
         "# 3. From the app folder, with a connection to the SuperLink in $FLWR_HOME/config.toml:",
         f"flwr run . <connection> --run-config {shlex.quote(run_config_arg(manifest['run_config']))} --stream",
-        "#    Add privacy.secure-aggregation=true to --run-config so that the server receives only sums",
-        "#    over parties, never a party's logits or directions (docs/privacy.md); block Newton then shares",
-        "#    its step lengths between parties and needs about twice the rounds (docs/newton.md).",
+        *(["#    privacy.secure-aggregation=true: the server receives only sums over parties, never a party's",
+            "#    logits or Newton directions (docs/privacy.md); block Newton then shares its step lengths and",
+            "#    needs more rounds (docs/newton.md). Scoring jobs and resumed runs need it false."]
+          if manifest["run_config"].get(SECURE_AGGREGATION) else
+          ["#    Without privacy.secure-aggregation the server receives every party's partial logits and",
+           "#    can rebuild a linear passive party's Gram matrix from them (docs/privacy.md)."]),
     ]
     return "\n".join(lines)
 
@@ -128,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--superlink", default="127.0.0.1:9092", help="SuperLink address in the printed lines")
     p.add_argument("--tls", action="store_true", help="print the lines with TLS and SuperNode authentication")
+    p.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
+                   help="let the server receive every party's partial logits (faster under Newton; "
+                        "needed for scoring jobs and resumed runs)")
     own = p.add_argument_group("your own table (sets dataset=csv)")
     own.add_argument("--csv", default="", help="path of your CSV table")
     own.add_argument("--label", default="", help="label column")
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = RunConfig(**values)
         cfg.validate()
-        manifest = export(cfg, args.out, superlink=args.superlink)
+        manifest = export(cfg, args.out, superlink=args.superlink, secure_aggregation=args.secure_aggregation)
     except (ConfigError, DataError, PartitionError, ValueError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2
