@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.features import record_view as view
-from fairvfl_flwr.tools.audit import auc, chance_auc, run_audit
+from fairvfl_flwr.tools.audit import auc, chance_auc, run_audit, spread
 
 
 def test_auc_matches_definition():
@@ -29,6 +29,16 @@ def test_chance_auc_is_what_an_uninformative_score_reaches_on_that_many_rows():
     g = rng.random(400) < 0.3
     a = auc(g + rng.normal(scale=2.0, size=400), g)
     assert a > small[0]
+
+
+def test_spread_summarises_each_defence_over_its_repeats():
+    rows = [{"dataset": d, "nu_noise": 0.0, "label_attack_acc": a, "group_attack_auc": g, "test_acc": 0.8}
+            for d, a, g in (("crime", 0.5, 0.52), ("crime", 0.6, 0.56), ("adult", 0.7, 0.5), ("adult", 0.9, 0.5))]
+    text = spread(rows, 2)
+    crime, adult = (line for line in text.splitlines() if line.startswith(("| crime", "| adult")))
+    assert "0.55 [0.5, 0.6]" in crime and "0.54 [0.52, 0.56]" in crime and "80 [80, 80]" in crime
+    assert "0.8 [0.7, 0.9]" in adult and "nan" in adult  # a key no run reported
+    assert spread(rows, 1) == ""
 
 
 def test_plain_nu_leaks_labels_and_groups():

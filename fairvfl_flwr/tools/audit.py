@@ -56,6 +56,7 @@ Any other run-config key: ``--set key=value``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -365,6 +366,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: What :func:`spread` summarises over repeated runs: (key, label, the attacker's best is high).
+SPREAD = (("label_attack_acc", "labels, round 1"), ("label_attack_acc_avg", "labels, mean of rounds 1-10"),
+          ("label_attack_acc_last", "labels, last round"), ("group_attack_auc", "groups AUC"),
+          ("group_attack_auc_chance", "groups AUC by chance (95th pct.)"), ("test_acc", "test ACC"),
+          ("train_deo", "train DEO"))
+
+
+def spread(rows: list[dict], repeats: int) -> str:
+    """Mean and extremes of each attack over the repeats of one (dataset, defence)."""
+    if repeats < 2:
+        return ""
+    out = [f"\nOver {repeats} runs each: mean [min, max]\n", "| dataset | noise | " + " | ".join(t for _, t in SPREAD) + " |",
+           "|" + "---|" * (2 + len(SPREAD))]
+    for i in range(0, len(rows) - repeats + 1, repeats):
+        group = rows[i:i + repeats]
+        cells = []
+        for key, _ in SPREAD:
+            v = np.array([r.get(key, np.nan) for r in group], dtype=float)
+            scale = 100.0 if key == "test_acc" else 1.0
+            cells.append(f"{scale * v.mean():.4g} [{scale * v.min():.4g}, {scale * v.max():.4g}]")
+        out.append(f"| {group[0]['dataset']} | {group[0]['nu_noise']:g} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Leakage audit of every role's transcript (see module docstring).")
     p.add_argument("--datasets", default="adult,compas,crime")
@@ -378,8 +403,13 @@ def main(argv: list[str] | None = None) -> None:
                         "attacked through its directions")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other run-config key, e.g. --set num-parties=2 (repeatable)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run each audit this many times: label DP draws fresh noise every run (a new server "
+                        "secret), so one run is one draw; the table then ends with each attack's mean and worst")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
     a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
     extra = {}
     for item in a.set:
         key, sep, value = item.partition("=")
@@ -391,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
     for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
-        for noise in [float(x) for x in a.noise.split(",")]:
+        for noise, _ in itertools.product([float(x) for x in a.noise.split(",")], range(a.repeats)):
             r = run_audit(dataset, a.rounds, noise, a.seed, {"privacy.secure-nu": a.secure_nu,
                                                             "privacy.secure-aggregation": a.secure_aggregation,
                                                             **extra})
@@ -409,8 +439,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"test ACC {100 * r['test_acc']:.2f}% "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")
-            (a.out / "audit.md").write_text(table(rows))
-    print(table(rows))
+            (a.out / "audit.md").write_text(table(rows) + spread(rows, a.repeats))
+    print(table(rows) + spread(rows, a.repeats))
     for r in rows:
         if r.get("server_gram_error_by_rounds"):
             print(f"{r['dataset']}: the server's Newton Gram error (median over the passive parties) from the first "
