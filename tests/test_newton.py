@@ -7,7 +7,9 @@ import pytest
 
 from bench.common import NewtonFloor
 from fairvfl_flwr.core.newton import (
+    WIRE_RCOND,
     CentralisedNewton,
+    block_direction,
     clip_multipliers,
     curvature,
     dual_newton_step,
@@ -189,3 +191,35 @@ def test_federated_newton_decreases_the_primal_at_fixed_multipliers(curv):
         reg = sum(t @ t for t in fl.theta) + sum(b * b for b in fl.bias if b is not None)
         values.append(smooth_part(y, fl.z(), fl.lam, groups) + 0.5 * fl.mu * reg)
     assert all(b <= a + 1e-15 for a, b in zip(values, values[1:]))
+
+
+def test_the_search_does_not_turn_float32_rounding_into_step_lengths():
+    """At convergence, nearly collinear directions whose logits came as float32: the server's
+    record of the move (float32 logits times α) must equal the party's exact move."""
+    rng = np.random.default_rng(0)
+    n = 400
+    x = rng.normal(size=(n, 4))
+    s = rng.random(n) < 0.4
+    y = np.where(x @ np.array([1.0, -0.5, 0.3, 0.2]) + rng.normal(size=n) > 0, 1.0, -1.0)
+    groups = Groups.from_labels(y, s, protected_label=1, constraint="deo", measure="loss")
+    lam, mu, theta = np.zeros(2), 2 / n, np.zeros(4)
+    for _ in range(30):  # the block's optimum: the new direction is ~0, as late in a run
+        z = x @ theta
+        theta = theta + block_direction(x, masked_weights(y, z, lam, groups), curvature(y, z, lam, groups), theta, mu)
+    z = x @ theta
+    drift = {}
+    for rcond in (1e-12, WIRE_RCOND["float32"]):
+        worst = 0.0
+        for eps in (1e-4, 1e-5, 1e-6):
+            base = rng.normal(size=4)
+            D = np.column_stack([1e-9 * rng.normal(size=4), base, base + eps * rng.normal(size=4)])
+            du64 = x @ D
+            du32 = du64.astype(np.float32).astype(np.float64)  # what the server received
+            a, B = theta @ D, D.T @ D
+            alpha = subspace_step(y, z, du32, a, B, lam, groups, mu, rcond=rcond)
+            if rcond > 1e-12:  # the true F (exact logits) does not increase; under the old cut-off it may
+                assert _F(y, z, du64, a, B, lam, groups, mu, alpha) <= _F(y, z, du64, a, B, lam, groups, mu, 0 * alpha)
+            worst = max(worst, float(np.abs(du64 @ alpha - du32 @ alpha).max()))
+        drift[rcond] = worst
+    assert drift[WIRE_RCOND["float32"]] <= 1e-9
+    assert drift[1e-12] > 1e-6  # the exact method's cut-off amplifies the rounding (what the test guards)

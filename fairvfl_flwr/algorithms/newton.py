@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.core.newton import (
+    WIRE_RCOND,
     block_direction,
     curvature,
     newton_server_step,
@@ -145,8 +146,9 @@ class NewtonVFL(VFLServer):
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         f_before = self.objective(z, sq_norm)
-        alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu)
-        self.jac = subspace_gap_jacobian(y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu)
+        rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
+        alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond)
+        self.jac = subspace_gap_jacobian(y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu, rcond=rcond)
         self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):
             self.last_round = server_round

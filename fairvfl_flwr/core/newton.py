@@ -115,6 +115,25 @@ def block_direction(x: np.ndarray, nu: np.ndarray | None, h: np.ndarray, theta: 
         return -np.linalg.lstsq(hess, grad, rcond=None)[0]
 
 
+#: The pseudo-inverse's cut-off for the search, by the dtype the directions' logits X_k d_j
+#: travelled in. float32 rounds each to 6e-8 relative, so a combination of nearly collinear
+#: directions whose curvature is below ~1e-7 of the (Jacobi-scaled) largest is not resolved
+#: by them; inverting it anyway turns rounding into step lengths of 1e6 and more, and the
+#: parties' exact moves (float64) then drift from the logits the server tracks. float64
+#: keeps the cut-off of the exact method.
+WIRE_RCOND = {"float32": 1e-6, "float64": 1e-12}
+
+
+def solve_psd(H: np.ndarray, rhs: np.ndarray, rcond: float = 1e-12) -> np.ndarray:
+    """H⁺ rhs for the search's PSD H; above the exact cut-off, on the unit-diagonal scaling
+    of H, so that only near-collinear combinations are cut, not directions of small scale."""
+    if rcond <= 1e-12:
+        return np.linalg.pinv(H, rcond=rcond, hermitian=True) @ rhs
+    d = np.sqrt(np.maximum(np.diag(H), np.finfo(float).tiny))
+    scaled = np.linalg.pinv(H / np.outer(d, d), rcond=rcond, hermitian=True)
+    return (scaled @ (rhs / (d if rhs.ndim == 1 else d[:, None]))) / (d if rhs.ndim == 1 else d[:, None])
+
+
 def subspace_step(
     y: np.ndarray,
     z: np.ndarray,
@@ -127,6 +146,7 @@ def subspace_step(
     *,
     iters: int = 20,
     tol: float = 1e-12,
+    rcond: float = 1e-12,
 ) -> np.ndarray:
     """α ∈ R^J minimising F(α) = φ(z + Δu α) + μ (a·α + αᵀBα/2) (the μ-term's change).
 
@@ -149,7 +169,7 @@ def subspace_step(
         zz = z + du @ alpha
         g = du.T @ masked_weights(y, zz, lam, groups) + mu * (a + B @ alpha)
         H = (du * curvature(y, zz, lam, groups)[:, None]).T @ du + mu * B
-        p = -np.linalg.pinv(H, rcond=1e-12, hermitian=True) @ g
+        p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
             break
@@ -182,7 +202,8 @@ def gap_directions(y: np.ndarray, z: np.ndarray, groups: Groups) -> np.ndarray:
 
 
 def subspace_gap_jacobian(
-    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: Groups, mu: float
+    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: Groups, mu: float,
+    rcond: float = 1e-12,
 ) -> np.ndarray:
     """J = dD/dd (C × C, d_c = λ_c+ − λ_c−) at the subspace optimum z, by implicit differentiation.
 
@@ -196,7 +217,7 @@ def subspace_gap_jacobian(
     B = np.diag(b) if b.ndim == 1 else b
     H = (du * curvature(y, z, lam, groups)[:, None]).T @ du + mu * B
     V = du.T @ gap_directions(y, z, groups)
-    return -V.T @ np.linalg.pinv(H, rcond=1e-12, hermitian=True) @ V
+    return -V.T @ solve_psd(H, V, rcond)
 
 
 def weight_bounds(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
