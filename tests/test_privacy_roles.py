@@ -258,11 +258,14 @@ def test_the_column_space_attack_is_exact_on_logits_and_at_chance_on_noise():
     assert wired < 1e-5 and rank == 8
 
 
-def test_newton_gram_attack_needs_the_true_equation():
+@pytest.mark.parametrize("curvature", ["nu", "const"])
+def test_newton_gram_attack_needs_the_true_equation(curvature):
     """The attack's identity is exact: on a random party it recovers X Xᵀ once the rounds cover
-    its columns, and a wrong μ (or fewer rounds than columns) does not."""
+    its columns, and a wrong μ, a wrong curvature (or fewer rounds than columns) does not.
+    "const" is the passive curvature under encrypted ν: CKKS hides ν from the party, not X from the server."""
     from fairvfl_flwr.core.newton import block_direction, party_curvature
 
+    other = {"nu": "const", "const": "nu"}[curvature]
     rng = np.random.default_rng(3)
     n, m, mu = 300, 6, 2 / 300
     X = rng.normal(size=(n, m))
@@ -271,14 +274,15 @@ def test_newton_gram_attack_needs_the_true_equation():
     for t in range(1, 11):
         nu[t] = rng.normal(size=n) / n
         u[t] = X @ theta
-        s = block_direction(X, nu[t], party_curvature(nu[t], n, "nu"), theta, mu)
+        s = block_direction(X, nu[t], party_curvature(nu[t], n, curvature), theta, mu)
         dirs[t] = X @ s
         theta = theta + 0.5 * s
     rows = np.arange(50)
-    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, mu), X, rows) < 1e-8
-    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, 3 * mu), X, rows) > 0.5
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, mu, curvature=curvature), X, rows) < 1e-8
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, 3 * mu, curvature=curvature), X, rows) > 0.5
+    assert attacks.gram_error(attacks.newton_gram_attack(dirs, u, nu, mu, curvature=other), X, rows) > 0.1
     few = {t: dirs[t] for t in range(1, 4)}
-    assert attacks.gram_error(attacks.newton_gram_attack(few, u, nu, mu), X, rows) > 0.1
+    assert attacks.gram_error(attacks.newton_gram_attack(few, u, nu, mu, curvature=curvature), X, rows) > 0.1
 
 
 def test_coalition_peels_a_lone_passive_party_exactly():

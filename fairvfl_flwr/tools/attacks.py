@@ -251,7 +251,7 @@ def newton_track(u0: np.ndarray, dirs: dict[int, np.ndarray], alphas: dict[int, 
 
 
 def newton_gram_attack(dirs: dict[int, np.ndarray], u: dict[int, np.ndarray], nu: dict[int, np.ndarray],
-                       mu: float, max_rank: int | None = None) -> GramEstimate:
+                       mu: float, max_rank: int | None = None, curvature: str = "nu") -> GramEstimate:
     """Ĝ = X_k X_kᵀ of a linear passive party from its Newton replies.
 
     The party's direction solves (X_kᵀHX_k + μI) s = −(X_kᵀν + μθ_k) with H = diag(h̃),
@@ -264,12 +264,14 @@ def newton_gram_attack(dirs: dict[int, np.ndarray], u: dict[int, np.ndarray], nu
     r span the column space of X_k one round at a time, so a party with m columns is rebuilt
     after about m rounds; before that, :func:`nystrom_gram` gives the part of G the rounds
     have reached (on random parties it beats :func:`fit_gram` there, and is exact a round earlier).
+    ``curvature``: the h̃ the party used, ``"nu"`` or, under encrypted ν, ``"const"``
+    (1/(4n)): the server knows which, and the equation is as exact with either.
     """
     ts = sorted(t for t in dirs if t in u and t in nu)
     if len(ts) < 2:
         raise ValueError(f"the Newton Gram attack needs two recorded rounds; got {len(ts)}")
     n = len(nu[ts[0]])
-    W = np.stack([party_curvature(nu[t], n, "nu") * dirs[t] + nu[t] for t in ts], axis=1)
+    W = np.stack([party_curvature(nu[t], n, curvature) * dirs[t] + nu[t] for t in ts], axis=1)
     R = np.stack([-mu * (dirs[t] + u[t]) for t in ts], axis=1)
     return nystrom_gram(R, W, max_rank)
 
@@ -306,13 +308,14 @@ def newton_server_rounds(server_rounds: list[dict], pid: int) -> tuple[dict, dic
 
 
 def newton_server_gram_attack(server_rounds: list[dict], pid: int, mu: float,
-                              max_rank: int | None = None, last: int | None = None) -> GramEstimate:
+                              max_rank: int | None = None, last: int | None = None,
+                              curvature: str = "nu") -> GramEstimate:
     """The server on one party under Newton: its replies, the α it computed and the ν it sent
     (``last``: the rounds up to that one only, as if training had stopped there)."""
     dirs, u, nu = newton_server_rounds(server_rounds, pid)
     if last is not None:
         dirs = {t: v for t, v in dirs.items() if t <= last}
-    return newton_gram_attack(dirs, u, nu, mu, max_rank)
+    return newton_gram_attack(dirs, u, nu, mu, max_rank, curvature)
 
 
 def newton_trajectory_attack(server_rounds: list[dict], pid: int, X: np.ndarray, rows: np.ndarray,

@@ -76,6 +76,7 @@ from fairvfl_flwr.features.checkpoint import labels_fingerprint
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
+from fairvfl_flwr.algorithms.newton import ENCRYPTED_NU_CURVATURE, PASSIVE_CURVATURE
 from fairvfl_flwr.tools import attacks
 
 
@@ -216,14 +217,16 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         out["optimizer"] = "newton"
         medians(out, "server_traj", [attacks.newton_trajectory_attack(server, k, X[k], rows, cfg.seed)
                                      for k in passive])
-        grams = [attacks.newton_server_gram_attack(server, k, mu, X[k].shape[1]) for k in passive]
+        # the curvature the passive parties used, which the server knows from the run config
+        h = ENCRYPTED_NU_CURVATURE if cfg.secure_nu == "ckks" else PASSIVE_CURVATURE
+        grams = [attacks.newton_server_gram_attack(server, k, mu, X[k].shape[1], curvature=h) for k in passive]
         out["server_gram_errors"] = [attacks.gram_error(g, X[k], rows) for g, k in zip(grams, passive)]
         out["server_gram_error"] = float(np.median(out["server_gram_errors"])) if passive else float("nan")
         ran = max(int(r["round"]) for r in server)
         # how fast it comes: the same attack on the first rounds only
         out["server_gram_error_by_rounds"] = {
             last: float(np.median([attacks.gram_error(attacks.newton_server_gram_attack(server, k, mu, X[k].shape[1],
-                                                                                        last), X[k], rows)
+                                                                                        last, h), X[k], rows)
                                    for k in passive]))
             for last in range(2, ran, 2)} if passive else {}
         if cfg.num_active == 1 and passive:
