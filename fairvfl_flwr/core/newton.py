@@ -131,7 +131,8 @@ def solve_psd(H: np.ndarray, rhs: np.ndarray, rcond: float = 1e-12) -> np.ndarra
         return np.linalg.pinv(H, rcond=rcond, hermitian=True) @ rhs
     d = np.sqrt(np.maximum(np.diag(H), np.finfo(float).tiny))
     scaled = np.linalg.pinv(H / np.outer(d, d), rcond=rcond, hermitian=True)
-    return (scaled @ (rhs / (d if rhs.ndim == 1 else d[:, None]))) / (d if rhs.ndim == 1 else d[:, None])
+    d = d.reshape(-1, *([1] * (rhs.ndim - 1)))  # a vector or the columns of a matrix
+    return scaled @ (rhs / d) / d
 
 
 def subspace_step(
