@@ -93,7 +93,7 @@ def main() -> None:
     p.add_argument("--settings", default="noop,fairvfl", help="comma list of noop,fairvfl,before,variant")
     p.add_argument("--run-config", default="", help="extra run config of fairvfl and variant (Flower's syntax)")
     p.add_argument("--variant", default="", help="run config on top of --run-config for the variant setting, "
-                   "e.g. \"privacy.secure-aggregation=true\"")
+                   "e.g. \"privacy.secure-aggregation=false\"")
     args = p.parse_args()
     base = parse_run_config(args.run_config)
     variant = {**base, **parse_run_config(args.variant)}

@@ -242,7 +242,9 @@ def test_a_masked_run_that_stops_points_to_its_scorable_checkpoint_not_to_a_resu
     with pytest.raises(PartyUnavailable):
         run_server(grid, rc)
     assert "run stopped after round 4" in caplog.text and "cannot be resumed" in caplog.text
-    assert "score.round=4" in caplog.text and "reliability.resume-from=" not in caplog.text
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert (f'privacy.secure-aggregation=false mode=\'score\' score.model-from="{folder}" score.round=4'
+            in caplog.text) and "reliability.resume-from=" not in caplog.text
 
 
 def test_missing_party_stops_the_run_then_resume_equals_uninterrupted(tmp_path, uninterrupted, caplog):

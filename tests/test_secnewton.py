@@ -160,7 +160,9 @@ def test_the_masked_run_is_the_plain_shared_step_run(tmp_path, monkeypatch):
     at the wire dtype for the active party, as the shared-step method summing plain replies."""
     masked, m_folder, m_grid = _secure_run(tmp_path, "masked")
     monkeypatch.setattr(app_server, "NewtonVFL", newton.SharedNewtonVFL)  # the shared steps without the masks
-    plain, p_folder, p_grid = _secure_run(tmp_path, "plain", **{"privacy.secure-aggregation": False})
+    # the same number of combined moves as the masked run keeps (newton-shared-memory)
+    plain, p_folder, p_grid = _secure_run(tmp_path, "plain", **{"privacy.secure-aggregation": False,
+                                                                "newton-memory": SHARED_MEMORY})
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert masked[key] == pytest.approx(plain[key], rel=1e-9, abs=1e-12), key
     for a, b in zip(_history(m_folder), _history(p_folder)):

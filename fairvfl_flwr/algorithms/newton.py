@@ -186,7 +186,7 @@ class NewtonVFL(VFLServer):
             al = alpha[sel]
             move = du[:, sel] @ al
             self.u_train[nid] = self.u_train[nid] + move
-            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:self.cfg.newton_memory]
+            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:self.cfg.newton_moves]
             self.sq_norms[nid] = sq_norm_after(got[nid], al)
             self.steps[nid] = 1
             self.alpha[nid] = al

@@ -177,7 +177,7 @@ class RunConfig:
         if not self.newton_tolerance >= 0:
             raise bad("newton_tolerance", "must be >= 0 (0 runs every round)")
         if not 0 <= self.newton_memory <= 16:
-            raise bad("newton_memory", "must be 0..16 (moves kept per party; each adds a direction to every reply)")
+            raise bad("newton_memory", "must be 0..16 (moves kept per party; each adds an entry to every reply's a and Gram matrix)")
         if not 0 <= self.newton_shared_memory <= 16:
             raise bad("newton_shared_memory", "must be 0..16 (combined moves kept under secure aggregation)")
         if self.dtype not in DTYPES:

@@ -116,11 +116,13 @@ def block_direction(x: np.ndarray, nu: np.ndarray | None, h: np.ndarray, theta: 
 
 
 #: The pseudo-inverse's cut-off for the search, by the dtype the directions' logits X_k d_j
-#: travelled in. float32 rounds each to 6e-8 relative, so a combination of nearly collinear
-#: directions whose curvature is below ~1e-7 of the (Jacobi-scaled) largest is not resolved
-#: by them; inverting it anyway turns rounding into step lengths of 1e6 and more, and the
-#: parties' exact moves (float64) then drift from the logits the server tracks. float64
-#: keeps the cut-off of the exact method.
+#: travelled in. float32 rounds each entry to 6e-8 relative, so a combination of nearly
+#: collinear directions with a tiny curvature is not resolved by them; inverting it anyway
+#: turns rounding into step lengths of 1e4 to 1e7, and the parties' exact moves (float64)
+#: then drift from the logits the server tracks. 1e-6 of the largest curvature of the
+#: unit-diagonal scaling is an empirical cut (docs/newton.md, "Precision of the search": it
+#: removes the drift and leaves 7 of 9 benchmark runs as they were); float64 keeps the exact
+#: method's.
 WIRE_RCOND = {"float32": 1e-6, "float64": 1e-12}
 
 

@@ -48,8 +48,8 @@ uses the Newton equation X_k X_kᵀ(h̃ ⊙ X_k s_k + ν) = −μ(X_k s_k + X_k 
 (tools/attacks.newton_gram_attack) and its trajectory attack the logits it tracks with the
 replies; the coalition sums the server's per-party estimates; the active party's attack is
 the trajectory one on S(t) (its gradient-descent identity does not hold for Newton steps);
-the passive attacks are unchanged (ν is computed as for gradient descent; its α_k are 1–3
-floats per round with nothing per row). Every round is recorded so the server can track
+the passive attacks are unchanged (ν is computed as for gradient descent; its α_k are at most
+1 + newton-memory floats per round with nothing per row). Every round is recorded so the server can track
 each party's logits (``privacy.record-first`` is raised to the number of rounds).
 Any other run-config key: ``--set key=value``.
 """
@@ -369,7 +369,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: What :func:`spread` summarises over repeated runs: (key, label, the attacker's best is high).
+#: What :func:`spread` summarises over repeated runs: (key, column label).
 SPREAD = (("label_attack_acc", "labels, round 1"), ("label_attack_acc_avg", "labels, mean of rounds 1-10"),
           ("label_attack_acc_last", "labels, last round"), ("group_attack_auc", "groups AUC"),
           ("group_attack_auc_chance", "groups AUC by chance (95th pct.)"), ("test_acc", "test ACC"),
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="any other run-config key, e.g. --set num-parties=2 (repeatable)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run each audit this many times: label DP draws fresh noise every run (a new server "
-                        "secret), so one run is one draw; the table then ends with each attack's mean and worst")
+                        "secret), so one run is one draw; the table then ends with each attack's mean [min, max]")
     p.add_argument("--out", type=Path, default=Path("results/audit"))
     a = p.parse_args(argv)
     if a.repeats < 1:

@@ -54,7 +54,8 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     """Write the party files, the server label file and ``manifest.json`` under ``out``.
 
     The manifest's run config is the deployment's: the problem's keys, the server's label
-    file and ``privacy.secure-aggregation`` (``secure_aggregation``, on unless turned off).
+    file and ``privacy.secure-aggregation``, set by ``secure_aggregation`` alone (on unless
+    turned off; ``cfg.secure_aggregation`` is not read).
     """
 
     out = Path(out).expanduser().resolve()
