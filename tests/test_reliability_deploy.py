@@ -31,7 +31,9 @@ VICTIM = 3
 # round-timeout: longer than one deployed round on a busy 2-core machine; a stopped SuperNode
 # is reported unavailable by Flower at once, so the run does not wait this long.
 TIMEOUT = float(os.environ.get("FAIRVFL_TEST_ROUND_TIMEOUT", "90"))
-BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05,
+# gd named: optimizer='auto' resolves to gd with checkpoints but to block Newton without, and the
+# uninterrupted reference runs without them
+BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05, "optimizer": "gd",
         "reliability.checkpoint-every": 1, "reliability.round-timeout": TIMEOUT, "reliability.round-retries": 1}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
 ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
