@@ -75,7 +75,7 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
         node_configs.append(node)
     labels_path = out / "server_labels.csv"
     label_table(ds).to_csv(labels_path, index=False)
-    run_config = {k: v for k, v in cfg.to_flower().items() if k in EXPORT_KEYS and k in cfg.to_flower()}
+    run_config = {k: v for k, v in cfg.to_flower().items() if k in EXPORT_KEYS}
     run_config["server-labels"] = str(labels_path)
     run_config[SECURE_AGGREGATION] = bool(secure_aggregation)
     manifest = {
