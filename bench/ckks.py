@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep, on, out, rounds in alternated(args.reps, args.rounds, tmp):
             cfg = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": args.dataset,
-                                         "optimizer": args.optimizer, "newton-tolerance": 0.0,
+                                         "optimizer": args.optimizer, "stop-tolerance": 0.0,
                                          "num-server-rounds": rounds, "eval-every": rounds,
                                          "output-dir": str(out), "privacy.secure-nu": "ckks" if on else "none"})
             marks: dict[str, float] = {}

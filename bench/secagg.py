@@ -12,7 +12,7 @@ and the CPU time per round of this process, which holds the server and every par
 logits reply (float32 plain, uint64 masked), and the masking cost of one reply alone.
 Quote the ratio, not the absolute numbers, on a loaded machine.
 
-``--optimizer newton``: block Newton (``newton-tolerance = 0``, so both run every round)
+``--optimizer newton``: block Newton (``stop-tolerance = 0``, so both run every round)
 against block Newton under secure aggregation (shared step lengths, algorithms/newton.py):
 the cost of a round of each method, the masking included. Also the masking of one Newton
 reply (X_k s_k in the 64-bit ring, a and the 3 × 3 Gram matrix in the 128-bit ring).
@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
                                          "num-server-rounds": rounds, "eval-every": rounds,
                                          "output-dir": str(out), "privacy.secure-aggregation": on,
                                          # the same method both ways (auto would pick shared steps under masks)
-                                         **({"optimizer": "newton", "newton-tolerance": 0.0} if newton
+                                         **({"optimizer": "newton", "stop-tolerance": 0.0} if newton
                                             else {"optimizer": "gd"})})
             started = time.process_time()
             summary, _ = run_inprocess(cfg.to_flower(), quiet=True)

@@ -15,10 +15,10 @@ end) and prints one JSON line per setting:
 ``--run-config`` adds run config (Flower's syntax) to ``fairvfl`` and ``variant``; ``--variant``
 adds more to ``variant`` only. ``fairvfl`` runs the export's run config, which turns secure
 aggregation on (the deployment default). Per round with and without it, block Newton
-running every round (``newton-tolerance=0``: both runs have the same number of rounds)::
+running every round (``stop-tolerance=0``: both runs have the same number of rounds)::
 
     python scripts/measure_deploy.py --rounds 10 --dataset adult --poll 0.05 \
-        --run-config "optimizer='newton' newton-tolerance=0" \
+        --run-config "optimizer='newton' stop-tolerance=0" \
         --variant "privacy.secure-aggregation=false" --settings noop,fairvfl,variant
 
 The last line printed is the ratio variant / fairvfl of seconds per round at each poll.

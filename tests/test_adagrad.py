@@ -13,9 +13,10 @@ import torch
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.app.server import optimizer_note, run_server
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.sections import ADAGRAD_REFUSED, key
+from fairvfl_flwr.config.sections import ADAGRAD_REFUSED
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
 from fairvfl_flwr.core.reference import lagrangian
@@ -170,7 +171,7 @@ def test_each_adagrad_refusal_names_the_key_and_why_and_auto_falls_back(field):
     base = {} if field == "model" else {"model": "mlp"}
     on = next(row[1] for row in ADAGRAD_REFUSED if row[0] == field)
     assert on(RunConfig(**base, **{field: ON[field]}))
-    with pytest.raises(ConfigError, match=rf"run config optimizer='adagrad': not supported with {key(field)}=.*: \S"):
+    with pytest.raises(ConfigError, match=rf"run config optimizer='adagrad': not supported with {RunConfig.key_of(field)}=.*: \S"):
         RunConfig(optimizer="adagrad", **base, **{field: ON[field]}).validate()
     if field != "mode":  # split mode has no optimizer
         assert RunConfig(optimizer="auto", **base, **{field: ON[field]}).optimizer_in_use in ("gd", "newton")
@@ -179,11 +180,11 @@ def test_each_adagrad_refusal_names_the_key_and_why_and_auto_falls_back(field):
 def test_auto_picks_adagrad_for_an_mlp_and_says_why():
     cfg = RunConfig(optimizer="auto", model="mlp")
     assert cfg.optimizer_in_use == "adagrad"
-    assert "AdaGrad" in optimizer_note(cfg) and "model='mlp'" in optimizer_note(cfg)
+    assert "AdaGrad" in resolve_optimizer(cfg).reason and "model='mlp'" in resolve_optimizer(cfg).reason
     assert RunConfig(optimizer="auto", model="mlp", batch_size=256).optimizer_in_use == "adagrad"
     assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds").optimizer_in_use == "gd"
     assert RunConfig(optimizer="auto", model="mlp", checkpoint_every=5).optimizer_in_use == "adagrad"
     fallback = RunConfig(optimizer="auto", batch_size=256)  # linear: neither Newton nor AdaGrad
     assert fallback.optimizer_in_use == "gd"
-    assert optimizer_note(fallback) == ("gradient descent: block Newton does not run with batching.batch-size=256, "
+    assert resolve_optimizer(fallback).reason == ("gradient descent: block Newton does not run with batching.batch-size=256, "
                                         "and AdaGrad does not run with model='linear'")

@@ -10,7 +10,10 @@ from flwr.common.config import flatten_dict
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.config.sections import KEY_OF, MOVED, REFUSED, SECTIONS
+from fairvfl_flwr.config.__main__ import generated
+from fairvfl_flwr.config.run import BY_FIELD, MOVED
+from fairvfl_flwr.config.sections import REFUSED
+from fairvfl_flwr.config.settings import HELP_MAX, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +23,29 @@ def test_pyproject_config_is_exactly_the_defaults():
     flat = flatten_dict(table)  # what Flower hands the apps
     assert flat == RunConfig().to_flower()
     assert RunConfig.from_flower(flat) == RunConfig()
-    assert {k.split(".")[0] for k in flat if "." in k} == set(SECTIONS)
+    assert {k.split(".")[0] for k in flat if "." in k} == set(SECTIONS) - {""}
+
+
+def test_pyproject_and_the_docs_are_what_the_declarations_generate():
+    """Each setting is declared once; pyproject.toml's run config and docs/configuration.md's key
+    tables are generated from it (python -m fairvfl_flwr.config --write), so a drift fails here."""
+    for path, text in generated(ROOT).items():
+        assert path.read_text() == text, f"{path.name} drifted from the declarations: python -m fairvfl_flwr.config --write"
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    for s in RunConfig.settings():
+        assert f"| `{s.key}` |" in docs
+        assert 0 < len(s.help) <= HELP_MAX and "\n" not in s.help
+
+
+def test_a_declared_rule_refuses_with_the_key_and_its_reason():
+    for s in RunConfig.settings():  # every default passes its own rule
+        assert s.refusal(RunConfig()) is None, s.key
+    with pytest.raises(ConfigError, match=r"run config num-active=7: must be between 1 and num-parties \(6\)"):
+        RunConfig.from_flower({"num-active": 7})
+    with pytest.raises(ConfigError, match=r"run config wire-dtype='float16': choose float32"):
+        RunConfig.from_flower({"wire-dtype": "float16"})
+    with pytest.raises(ConfigError, match=r"run config newton-tolerance: this key is now 'stop-tolerance'$"):
+        RunConfig.from_flower({"newton-tolerance": 0.0})
 
 
 def test_section_keys_set_the_flat_attributes():
@@ -74,7 +99,7 @@ OTHER_VALUES = {"mode": ("split", "score"), "optimizer": ("adagrad",), "model": 
 def test_every_refused_combination_names_both_keys(row):
     pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     field, on, other, other_on, _ = REFUSED[row]
-    key, other_key = KEY_OF.get(field, field.replace("_", "-")), KEY_OF.get(other, other.replace("_", "-"))
+    key, other_key = BY_FIELD[field].key, BY_FIELD[other].key
     # where ON's value is not the one the row refuses (another mode, optimizer or model): the one it does
     values = {name: next(v for v in (ON[name], *OTHER_VALUES.get(name, ())) if is_on(RunConfig(**{name: v})))
               for name, is_on in ((field, on), (other, other_on))}

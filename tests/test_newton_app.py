@@ -16,7 +16,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.sections import NEWTON_REFUSED, key
+from fairvfl_flwr.config.sections import NEWTON_REFUSED
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.newton import CentralisedNewton
 from fairvfl_flwr.data import partydata
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import NewtonFloor  # noqa: E402
 
 EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 4,
-         "newton-tolerance": 0.0}  # the reference runs every round
+         "stop-tolerance": 0.0}  # the reference runs every round
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +122,7 @@ def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
     assert on(RunConfig(**{field: ON[field]}))
     if field == "secure_nu":
         pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
-    with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {key(field)}=.*: \S"):
+    with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {RunConfig.key_of(field)}=.*: \S"):
         RunConfig(optimizer="newton", **{field: ON[field]}).validate()
     # an MLP falls back to AdaGrad (docs/adagrad.md); the others keep the linear model, which AdaGrad refuses
     assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == ("adagrad" if field == "model" else "gd")
@@ -204,7 +204,7 @@ def test_newton_transcripts_hold_exactly_what_each_role_received(tmp_path):
     test directions and the applied logits, with the α it computed for each party."""
     rounds = 4
     rc = {"dataset": "crime", "num-server-rounds": rounds, "eval-every": 2, "num-parties": 3, "optimizer": "newton",
-          "newton-tolerance": 0.0, "privacy.transcript-dir": str(tmp_path / "t"), "output-dir": str(tmp_path / "out")}
+          "stop-tolerance": 0.0, "privacy.transcript-dir": str(tmp_path / "t"), "output-dir": str(tmp_path / "out")}
     cfg = RunConfig.from_flower(rc)
     grid = PairedGrid(client_app, cfg.to_flower(), cfg.num_parties)
     run_server(grid, cfg.to_flower())
@@ -269,7 +269,7 @@ def test_newton_runs_with_noise_on_nu_and_records_the_passive_view(tmp_path):
 
 
 def test_a_converged_newton_run_ends_early_with_the_same_model(tmp_path):
-    """newton-tolerance ends training once the objective stops moving with the gaps at ε; the
+    """stop-tolerance ends training once the objective stops moving with the gaps at ε; the
     model is the one the same run capped at that round gives (nothing skipped, nothing extra)."""
     base = {"dataset": "compas", "optimizer": "newton", "epsilon": 0.01, "num-server-rounds": 40, "eval-every": 40}
     stopped, folder = run_inprocess({**base, "output-dir": str(tmp_path / "a")})
@@ -277,18 +277,18 @@ def test_a_converged_newton_run_ends_early_with_the_same_model(tmp_path):
     history = _history(folder)
     assert history[-1]["round"] == stopped["rounds"] and history[-1].get("acc") is not None  # evaluated there
     assert stopped["train_deo"] <= 0.01 + 1e-3
-    capped, _ = run_inprocess({**base, "num-server-rounds": stopped["rounds"], "newton-tolerance": 0.0,
+    capped, _ = run_inprocess({**base, "num-server-rounds": stopped["rounds"], "stop-tolerance": 0.0,
                                "output-dir": str(tmp_path / "b")})
     for k in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert stopped[k] == capped[k], k
 
 
-def test_newton_tolerance_zero_runs_every_round_and_negative_is_refused(tmp_path):
+def test_stop_tolerance_zero_runs_every_round_and_negative_is_refused(tmp_path):
     summary, _ = run_inprocess({"dataset": "compas", "optimizer": "newton", "num-server-rounds": 12,
-                                "eval-every": 12, "newton-tolerance": 0.0, "output-dir": str(tmp_path)})
+                                "eval-every": 12, "stop-tolerance": 0.0, "output-dir": str(tmp_path)})
     assert summary["rounds"] == 12
-    with pytest.raises(ConfigError, match="newton-tolerance"):
-        RunConfig.from_flower({"newton-tolerance": -1.0})
+    with pytest.raises(ConfigError, match="stop-tolerance"):
+        RunConfig.from_flower({"stop-tolerance": -1.0})
 
 
 @pytest.mark.parametrize("memory", [0, 2])
@@ -296,7 +296,7 @@ def test_newton_memory_is_the_number_of_moves_searched_with_each_new_direction(t
     """newton-memory = m: once a party has moved m times, each search holds its new direction and
     its last m moves, so the step lengths it gets have 1 + m entries, never more."""
     rc = {"dataset": "crime", "optimizer": "newton", "num-server-rounds": 6, "eval-every": 6, "num-parties": 3,
-          "newton-tolerance": 0.0, "newton-memory": memory, "output-dir": str(tmp_path)}
+          "stop-tolerance": 0.0, "newton-memory": memory, "output-dir": str(tmp_path)}
     cfg = RunConfig.from_flower(rc)
     seen = []
     run_server(InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append), cfg.to_flower())
@@ -312,7 +312,7 @@ def test_newton_shared_memory_sets_the_combined_moves_under_secure_aggregation(t
     1 + newton-shared-memory of them once enough rounds have passed; newton-memory (the
     per-party search's) plays no part."""
     rc = {"dataset": "crime", "optimizer": "newton", "num-server-rounds": 8, "eval-every": 8, "num-parties": 3,
-          "newton-tolerance": 0.0, "newton-memory": 1, "newton-shared-memory": 5,
+          "stop-tolerance": 0.0, "newton-memory": 1, "newton-shared-memory": 5,
           "privacy.secure-aggregation": True, "output-dir": str(tmp_path)}
     cfg = RunConfig.from_flower(rc)
     seen = []
@@ -334,7 +334,7 @@ def test_newton_under_encrypted_nu_ends_where_the_server_tracked_it(tmp_path):
     (before the search's float32 cut-off, 3 of 4 such runs ended at train DEO 0.02-0.21)."""
     pytest.importorskip("tenseal")
     summary, folder = run_inprocess({"dataset": "compas", "optimizer": "newton", "num-server-rounds": 30,
-                                     "eval-every": 3, "newton-tolerance": 0.0, "privacy.secure-nu": "ckks",
+                                     "eval-every": 3, "stop-tolerance": 0.0, "privacy.secure-nu": "ckks",
                                      "output-dir": str(tmp_path)}, quiet=True)
     history = json.loads((folder / "history.json").read_text())
     assert abs(history[-1]["deo"] - history[-2]["deo"]) < 1e-4

@@ -134,7 +134,7 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path):
     from bench.common import NewtonFloor
 
     rc = {"dataset": "crime", "optimizer": "auto", "privacy.secure-nu": "ckks", "wire-dtype": "float64",
-          "eval-every": 4, "newton-tolerance": 0.0, "num-parties": 6, "num-server-rounds": 8,
+          "eval-every": 4, "stop-tolerance": 0.0, "num-parties": 6, "num-server-rounds": 8,
           "output-dir": str(tmp_path)}
     cfg = RunConfig.from_flower(rc)
     assert cfg.optimizer_in_use == "newton"  # auto picks Newton under encrypted ν

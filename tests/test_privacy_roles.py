@@ -230,7 +230,7 @@ def test_every_attack_beats_chance_on_newton_transcripts():
     party's Gram matrix from its replies X_k s_k (one exact equation a round), the passive party
     reads labels and groups off ν, the active party ranks distances from the passive sum's
     trajectory, the coalition sums the server's estimates."""
-    r = run_audit("crime", rounds=25, noise=0.0, overrides={"optimizer": "newton", "newton-tolerance": 0.0})
+    r = run_audit("crime", rounds=25, noise=0.0, overrides={"optimizer": "newton", "stop-tolerance": 0.0})
     assert r["optimizer"] == "newton" and r["rounds_run"] == 25
     assert r["label_attack_acc"] == 1.0 and r["group_attack_auc"] > 0.9
     assert max(r["server_gram_errors"]) < 1e-3  # guessing 0 scores 1.0

@@ -15,7 +15,8 @@ from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.app import server as app_server
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.app.server import optimizer_note, run_server
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
 from fairvfl_flwr.data import partydata
@@ -27,7 +28,7 @@ from fairvfl_flwr.flower.errors import PartyUnavailable
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 3,
-         "newton-tolerance": 0.0}
+         "stop-tolerance": 0.0}
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +123,7 @@ class Recording(InProcessGrid):
 
 def _secure_run(tmp_path, name, grid_cls=Recording, **extra):
     rc = RunConfig.from_flower({"dataset": "crime", "optimizer": "newton", "num-parties": 3, "num-server-rounds": 5,
-                                "eval-every": 2, "newton-tolerance": 0.0, "privacy.secure-aggregation": True,
+                                "eval-every": 2, "stop-tolerance": 0.0, "privacy.secure-aggregation": True,
                                 "output-dir": str(tmp_path / name / "runs"),
                                 "privacy.transcript-dir": str(tmp_path / name / "t"), **extra}).to_flower()
     grid = grid_cls(client_app, rc, rc["num-parties"])
@@ -211,8 +212,8 @@ def test_auto_picks_shared_step_newton_under_secure_aggregation():
     cfg = RunConfig(optimizer="auto", secure_aggregation=True)
     cfg.validate()
     assert cfg.optimizer_in_use == "newton"
-    assert "shared step lengths" in optimizer_note(cfg)
-    assert "shared step lengths" not in optimizer_note(RunConfig(optimizer="auto"))
+    assert "shared step lengths" in resolve_optimizer(cfg).reason
+    assert "shared step lengths" not in resolve_optimizer(RunConfig(optimizer="auto")).reason
     RunConfig(optimizer="newton", secure_aggregation=True).validate()  # no longer refused
 
 

@@ -152,9 +152,9 @@ class NewtonVFL(VFLServer):
         self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):
             self.last_round = server_round
-            log(INFO, "[round %d] converged: the objective decreased by less than newton-tolerance=%g (relative) "
+            log(INFO, "[round %d] converged: the objective decreased by less than stop-tolerance=%g (relative) "
                 "for %d rounds with every gap within epsilon + %g; training ends here",
-                server_round, c.newton_tolerance, CONVERGED_ROUNDS, GAP_SLACK)
+                server_round, c.stop_tolerance, CONVERGED_ROUNDS, GAP_SLACK)
         if server_round == self.last_round:
             self.apply_last(server_round)
         row = self.record(server_round)
@@ -201,7 +201,7 @@ class NewtonVFL(VFLServer):
     def converged(self, f_before: float, z_after: np.ndarray) -> bool:
         """The round's step barely moved F, and λ sits where the dual step would keep it:
         every gap within ε (+ slack), and a multiplier in use only where its gap is at ε."""
-        tol = self.cfg.newton_tolerance
+        tol = self.cfg.stop_tolerance
         if tol <= 0:
             return False
         f_after = self.objective(z_after, sum(self.sq_norms[nid] for nid in self.nodes))

@@ -32,7 +32,8 @@ from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.algorithms.newton import NewtonVFL, SharedNewtonVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
 from fairvfl_flwr.app.threads import limit_blas_threads
-from fairvfl_flwr.config import RunConfig, sections
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
@@ -89,37 +90,6 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
 
 
-def _encrypted_nu_note(cfg: RunConfig) -> str:
-    if cfg.secure_nu != "ckks":
-        return ""
-    return ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
-            "curvature 1/(4n) (docs/newton.md)")
-
-
-def optimizer_note(cfg: RunConfig) -> str:
-    """How ``optimizer`` resolved for this run, and why (the run's log says it)."""
-    if cfg.optimizer == "gd":
-        return "gradient descent (the paper's steps)"
-    shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
-              "parties)" if cfg.secure_aggregation else "")
-    if cfg.optimizer == "newton":
-        return f"block Newton{shared} (docs/newton.md)" + _encrypted_nu_note(cfg)
-    if cfg.optimizer == "adagrad":
-        return "AdaGrad steps kept by each party (docs/adagrad.md)"
-    if cfg.constraint != "deo":
-        return (f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
-                f"(constraint={cfg.constraint!r})")
-    if cfg.optimizer_in_use == "newton":
-        return f"block Newton{shared} (linear parties, full batch, constraint='deo'; docs/newton.md)" + _encrypted_nu_note(cfg)
-    newton_no = sections.newton_refusal(cfg)
-    why_not_newton = f"block Newton does not run with {sections.key(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
-    if cfg.optimizer_in_use == "adagrad":
-        return f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)"
-    adagrad_no = sections.adagrad_refusal(cfg)
-    return (f"gradient descent: {why_not_newton}, and AdaGrad does not run with "
-            f"{sections.key(adagrad_no[0])}={getattr(cfg, adagrad_no[0])!r}")
-
-
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
     """Run one training job on ``grid``; return its summary and run folder.
 
@@ -143,7 +113,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
                                                "dataset-summary": ds.summary() if ds else None})
     log(INFO, "FairVFL%s: writing results to %s", f" ({cfg.mode})" if extra else "", folder)
     if cfg.mode != "split":
-        log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, optimizer_note(cfg))
+        log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, resolve_optimizer(cfg).reason)
     described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(ds.group_names) if ds else None}
     server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume, described=described)
     if resume:

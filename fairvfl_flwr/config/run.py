@@ -1,145 +1,237 @@
 """The run configuration: one typed, validated object built from Flower's run config.
 
-Keys are kebab-case as in ``[tool.flwr.app.config]`` (and ``--run-config``); feature
-options sit in sections with dotted keys (``privacy.secure-nu``, see ``sections.py``).
-Every value is checked here, before any data is loaded or any message is sent, and a
-bad value is reported with its key. The attributes stay flat (``cfg.secure_nu``).
+Every setting is declared once, as a field of :class:`RunConfig` (``settings.setting``:
+key, section, type, default, allowed values, help, rule). The pyproject.toml run config,
+the validation and the key tables of docs/configuration.md come from these declarations.
+Keys are kebab-case (``local-steps``); feature options sit in sections with dotted keys
+(``privacy.secure-nu``). Every value is checked here, before any data is loaded or any
+message is sent, and a bad value is reported with its key. The attributes stay flat
+(``cfg.secure_nu``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple
 
 from fairvfl_flwr.config import presets, sections
+from fairvfl_flwr.config.settings import Setting, above, at_least, coerce, declared, setting, within
 from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports neither pandas nor torch
+from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
-from fairvfl_flwr.core.names import DATASET_NAMES as DATASETS  # names only: config imports neither pandas nor torch
-from fairvfl_flwr.core.names import DTYPE_NAMES as DTYPES
-from fairvfl_flwr.core.names import MODEL_NAMES as MODELS
 from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES
 
 MODES = ("fairvfl", "fairvfl-scores", "split", "score")
 OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
 
 
+def _mu_ok(text: str) -> bool:
+    try:
+        return mu_number(text, 1000) >= 0
+    except ValueError:
+        return False
+
+
+def mu_number(text: str, n_train: int) -> float:
+    """μ as a number: ``"k/n"`` is k / (training rows), as in the paper."""
+    text = str(text).strip()
+    return float(text[:-2]) / n_train if text.endswith("/n") else float(text)
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+S = setting  # the declarations below read as a table
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """All settings of one FairVFL run (defaults: the paper's setup on Adult, linear)."""
 
-    preset: str = ""  # "", "paper" (the paper's gradient steps) or "fast" (presets.py): fills keys left at their default
-    dataset: str = "adult"
-    model: str = "linear"
-    epsilon: float = 0.01
-    num_server_rounds: int = 1000
-    eta: float = 100.0
-    beta: float = 0.1
-    c: float = 1e-3
-    mu: str = "2/n"
-    local_steps: int = 5
-    num_parties: int = 6
-    num_active: int = 1
-    active_columns: int = 0
-    seed: int = 0
-    eval_every: int = 50
-    fairness: bool = True  # false: the unconstrained FedBCD baseline (multipliers stay 0)
-    constraint: str = "deo"  # which gaps are constrained when fairness is on (objective.CONSTRAINTS)
-    constraint_measure: str = "loss"  # what each gap compares: "loss" (the paper) or "rate" (soft error rate)
-    validation_fraction: float = 0.0  # > 0: hold out this share of training rows and evaluate on it
-    output_dir: str = "outputs"
-    hidden: int = 16
-    dtype: str = "float64"  # the parties' model and feature dtype
-    wire_dtype: str = "float32"  # z, ν and partial logits on the wire; "float64" for exact-equality checks
-    mode: str = "fairvfl"  # fairvfl | fairvfl-scores (also saves the final scores) | split (baseline) | score
-    # auto: newton where it runs, else adagrad, else gd (optimizer_in_use); gd: the paper's
-    # gradient steps (preset "paper"); newton: block Newton with the server's subspace search
-    # (linear, full batch; docs/newton.md); adagrad: per-coordinate adaptive steps kept by
-    # each party (MLP; docs/adagrad.md)
-    optimizer: str = "auto"
-    # newton: training ends once a round decreases F by less than this (relative) twice in a
-    # row with the gaps at ε (so num-server-rounds is a cap); 0: run every round
-    newton_tolerance: float = 1e-6
-    # newton: earlier moves of each party searched along with its new direction
-    newton_memory: int = NEWTON_MEMORY
-    # newton under secure aggregation: earlier combined moves searched along with the new
-    # combined direction (shared step lengths search 1 + this many, not K(1 + newton-memory))
-    newton_shared_memory: int = NEWTON_SHARED_MEMORY
-    # [batching]
-    batch_size: int = 0  # 0: full batch; b > 0: each round trains on b rows drawn from the seed (core/batching.py)
-    # [reliability] (features/guards.py, features/checkpoint.py, docs/reliability.md)
-    round_timeout: float = 600.0
-    round_retries: int = 1  # re-sends to a party that missed round-timeout before the run stops
-    checkpoint_every: int = 0  # 0: off; k: server and parties checkpoint every k rounds (and round 0)
-    checkpoint_dir: str = ""  # parties' default θ folder (a node-config checkpoint-dir wins)
-    resume_from: str = ""  # a run folder with checkpoint.npz: continue that run
-    # [csv]: a user's own table (dataset = "csv")
-    csv_path: str = ""
-    csv_label: str = ""
-    csv_positive: str = ""
-    csv_sensitive: str = ""
-    csv_group_a: str = ""
-    csv_group_b: str = ""
-    csv_protected_label: int = 1
-    csv_id_column: str = ""
-    csv_train_fraction: float = 0.8
-    # Deployment: the server's label file (python -m fairvfl_flwr.tools.export writes it); the
-    # server then reads labels and groups from it instead of the packaged/CSV table.
-    server_labels: str = ""
-    # [privacy] passive parties keep a transcript of the ν they receive (features/record_view.py)
-    record_view: str = ""
-    record_every: int = 10
-    record_first: int = 10  # rounds 1..record-first are all recorded (then every record-every-th)
-    # Transcripts of what every role receives, written on the receiving side (features/transcripts.py)
-    transcript_dir: str = ""
-    # Pairwise-masked partial logits: the server learns z = Σ u_k and nothing per party (features/secagg.py)
-    secure_aggregation: bool = False
-    # Gaussian noise on ν before it reaches passive parties, in units of 1/n (features/noise.py).
-    nu_noise: float = 0.0
-    # "ckks": ν reaches passive parties only CKKS-encrypted (features/ckks.py; linear models, needs .[privacy]).
-    secure_nu: str = "none"
-    # Label DP on ν (features/labeldp.py): target ε over the run's rounds (0: off), δ, the public
-    # bound Λ on the multipliers and on the group sizes (0: the data's smallest group − 1).
-    label_dp_epsilon: float = 0.0
-    label_dp_delta: float = 1e-5
-    label_dp_lambda_bound: float = 0.5
-    label_dp_min_group: int = 0
-    # [staleness] asynchronous rounds (features/staleness.py, features/straggler.py, docs/async.md)
-    local_time_budget: float = 0.0  # > 0: active parties take as many steps as fit (1..local-steps)
-    max_staleness: int = 0  # τ: 0 = synchronous rounds; > 0: a party's logits may be up to τ rounds old
-    quorum: int = 0  # fresh replies a round needs when max-staleness > 0 (0: num-parties - 1)
-    straggler_delays: str = ""  # simulated slow parties: "2=0.3" or "2=0.3~0.1,4=0.05" (features/straggler.py)
-    # [split] the split-learning baseline (algorithms/split.py)
-    split_embedding: int = 4  # d: each party's embedding size, as in Flower's vertical-FL example
-    split_lr: float = 0.0  # SGD step of parties and head; 0: 1/eta
-    # [score] the scoring job, mode = "score" (features/scoring.py, docs/scoring.md)
-    score_model_from: str = ""  # the training run folder (with model.json) whose saved blocks score
-    score_chunk_rows: int = 100_000  # rows per query.score message (bounds every message's size)
-    score_round: int = -1  # -1: the final model; r >= 0: the checkpoint of round r (reliability.checkpoint-every)
-    score_path: str = ""  # simulation: each party's raw file to score; {partition} becomes its partition id
+    # -- everyday keys -------------------------------------------------------------
+    preset: str = S("", "fills keys left at their default: paper (the paper's gradient steps) or fast "
+                    "(gd with eta 20, beta 0.5); fairvfl_flwr/config/presets.py", choices=("", *presets.PRESETS),
+                    why=f"choose one of {', '.join(presets.PRESETS)} (or leave it empty)")
+    dataset: str = S("adult", "adult, compas, crime (packaged) or csv (your own table: csv.*)",
+                     choices=(*sorted(DATASET_NAMES), "csv"),
+                     why=f"unknown dataset; choose one of {', '.join([*sorted(DATASET_NAMES), 'csv'])}")
+    model: str = S("linear", "linear (theta_k^T x; the active party also has an intercept) or mlp "
+                   "(2 hidden ReLU layers, scalar output)", choices=MODEL_NAMES,
+                   why=f"unknown model; choose one of {', '.join(MODEL_NAMES)}")
+    epsilon: float = S(0.01, "fairness tolerance: every constrained gap <= epsilon",
+                       rule=at_least(0), why="the fairness tolerance must be >= 0")
+    num_server_rounds: int = S(1000, "communication rounds (a cap: the stop rule may end training sooner)",
+                               rule=at_least(1), why="must be at least 1")
+    eta: float = S(100.0, "the parties' step size is 1/eta", rule=above(0),
+                   why="must be > 0 (the step size is 1/eta)")
+    beta: float = S(0.1, "dual step size of the multipliers (gradient steps)", rule=at_least(0),
+                    why="must be >= 0")
+    c: float = S(1e-3, "dual regularisation c_t (constant)", rule=at_least(0), why="must be >= 0")
+    mu: str = S("2/n", "L2 weight mu: a number or 'k/n' (k / training rows)", rule=_mu_ok,
+                why="give a number >= 0 or 'k/n' (e.g. '2/n')")
+    local_steps: int = S(5, "Q: local steps of an active party per round (passive parties take one)",
+                         rule=at_least(1),
+                         why="the active party takes at least one step per round (Q >= 1)")
+    num_parties: int = S(6, "K: parties, one per SuperNode", rule=at_least(1), why="must be at least 1")
+    num_active: int = S(1, "active parties (they hold the labels and the sensitive attribute)",
+                        rule=lambda v, c: 1 <= v <= c.num_parties, why="must be between 1 and num-parties ({num_parties})")
+    active_columns: int = S(0, "columns of the active parties; 0: the paper's (Adult 19, COMPAS 16, Crime 49) "
+                            "or an even share", rule=at_least(0), why="must be >= 0 (0 = the dataset's default)")
+    seed: int = S(0, "fixes the train/test split, the model initialisation and every random draw")
+    eval_every: int = S(50, "test-set evaluation period in rounds (the last round is always evaluated)",
+                        rule=at_least(1), why="must be at least 1")
+    fairness: bool = S(True, "false: the unconstrained FedBCD baseline (the multipliers stay 0)")
+    constraint: str = S("deo", "which gaps are constrained (fairness-constraints.md)", choices=CONSTRAINTS,
+                        why=f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
+    constraint_measure: str = S("loss", "what each gap compares: loss (the paper: mean logistic loss) or rate "
+                                "(mean sigmoid: soft error rates)", choices=MEASURES)
+    validation_fraction: float = S(0.0, "> 0: hold out this seeded share of the training rows and report "
+                                   "metrics on it instead of the test rows", rule=within(0, 0.5),
+                                   why="must be between 0 (no validation split) and 0.5")
+    output_dir: str = S("outputs", "where run folders go; a relative path is taken from the ServerApp's "
+                        "working directory (configuration.md#the-run-folder)")
+    hidden: int = S(16, "MLP hidden width", rule=at_least(1), why="must be at least 1")
+    dtype: str = S("float64", "the parties' model and feature dtype", choices=DTYPE_NAMES)
+    wire_dtype: str = S("float32", "z, nu and partial logits on the wire (n x 4 bytes each); float64 for "
+                        "exact-equality checks", choices=("float32", "float64"),
+                        why="choose float32 (default: n×4 bytes per vector) or float64")
+    mode: str = S("fairvfl", "fairvfl; fairvfl-scores (also saves the final scores); split (the split-learning "
+                  "baseline); score (score rows with a trained model: score.*)", choices=MODES)
+    optimizer: str = S("auto", "gd (the paper's steps), newton (block Newton: linear, full batch), adagrad (MLP) "
+                       "or auto (resolve_optimizer: the log says what it chose and why)", choices=OPTIMIZERS)
+    stop_tolerance: float = S(1e-6, "training ends once F decreased by less than this (relative) stop-window "
+                              "rounds in a row with every gap at epsilon; 0: run every round", rule=at_least(0),
+                              why="must be >= 0 (0 runs every round)")
+    stop_window: int = S(2, "consecutive quiet rounds the stop rule needs", rule=at_least(1),
+                         why="must be at least 1")
+    newton_memory: int = S(NEWTON_MEMORY, "newton: earlier moves of each party searched with its new direction "
+                           "(newton.md#how-many-moves)", rule=within(0, 16),
+                           why="must be 0..16 (moves kept per party; each adds an entry to every reply's a and "
+                               "Gram matrix)")
+    newton_shared_memory: int = S(NEWTON_SHARED_MEMORY, "newton under privacy.secure-aggregation: earlier combined "
+                                  "moves searched with the new combined direction", rule=within(0, 16),
+                                  why="must be 0..16 (combined moves kept under secure aggregation)")
+    server_labels: str = S("", "deployment: the server's label file written by fairvfl-export (deploy.md)")
+    # -- privacy ---------------------------------------------------------------------
+    secure_nu: str = S("none", "ckks: passive parties receive nu only as CKKS ciphertexts (linear models, "
+                       "needs .[privacy])", section="privacy",
+                       rule=lambda v: v in ("none", "ckks") and (v == "none" or _installed("tenseal")),
+                       why="choose 'none' (plain ν) or 'ckks' (encrypted ν, linear models; needs TenSEAL: "
+                           "pip install 'fairvfl-flwr[privacy]')")
+    nu_noise: float = S(0.0, "Gaussian noise of std nu-noise/n on nu before it leaves the server", section="privacy",
+                        rule=at_least(0), why="must be >= 0")
+    record_view: str = S("", "a folder: every passive party keeps the nu it received there, on its own side",
+                         section="privacy")
+    record_every: int = S(10, "rounds between recorded transcripts after the first rounds", section="privacy",
+                          rule=at_least(0), why="must be >= 0 (0 = only the first rounds)")
+    record_first: int = S(10, "rounds 1..record-first are all recorded", section="privacy",
+                          rule=at_least(0), why="must be >= 0 (rounds 1..record-first are all recorded)")
+    transcript_dir: str = S("", "a folder: every role keeps what it received there, on its own side "
+                            "(privacy.md#transcripts)", section="privacy")
+    secure_aggregation: bool = S(False, "true: pairwise-masked partial logits, the server learns only their sum "
+                                 "(privacy.md); on by default in an exported deployment", section="privacy")
+    label_dp_epsilon: float = S(0.0, "> 0: label DP on nu at this epsilon over num-server-rounds (Opacus's RDP "
+                                "accountant, needs .[privacy])", section="privacy",
+                                rule=lambda v: v == 0 or (v > 0 and _installed("opacus")),
+                                why="must be >= 0 (0: no label DP); > 0 needs Opacus's accountant: "
+                                    "pip install 'fairvfl-flwr[privacy]'")
+    label_dp_delta: float = S(1e-5, "delta of the label-DP guarantee", section="privacy",
+                              rule=within(0, 1, open_=True), why="must be between 0 and 1 (exclusive), e.g. 1e-5")
+    label_dp_lambda_bound: float = S(0.5, "the public bound on the multipliers under label DP (they are clipped "
+                                     "to [0, bound])", section="privacy", rule=above(0),
+                                     why="must be > 0 (the multipliers are clipped to [0, bound])")
+    label_dp_min_group: int = S(0, "a public lower bound on every constraint group's size; 0: the data's "
+                                "smallest group - 1", section="privacy", rule=at_least(0),
+                                why="must be >= 0 rows (0: the data's smallest group - 1)")
+    # -- reliability -----------------------------------------------------------------
+    round_timeout: float = S(600.0, "seconds the server waits for a party's reply in one try",
+                             section="reliability", rule=above(0), why="must be > 0 seconds")
+    round_retries: int = S(1, "re-sends to a party that missed round-timeout before the run stops",
+                           section="reliability", rule=at_least(0), why="must be >= 0 (0: no second try)")
+    checkpoint_every: int = S(0, "0: off; k: server and parties checkpoint every k rounds (and after round 0); "
+                              "each checkpoint also scores", section="reliability", rule=at_least(0),
+                              why="must be >= 0 (0: no checkpoints)")
+    checkpoint_dir: str = S("", "the parties' default checkpoint folder (a node-config checkpoint-dir wins)",
+                            section="reliability")
+    resume_from: str = S("", "a run folder with checkpoint.npz: continue that run", section="reliability")
+    # -- staleness -------------------------------------------------------------------
+    max_staleness: int = S(0, "tau: 0 = synchronous rounds; > 0: a party's logits may be up to tau rounds old",
+                           section="staleness", rule=at_least(0), why="must be >= 0 rounds (0: synchronous)")
+    quorum: int = S(0, "fresh replies a round needs when max-staleness > 0 (0: num-parties - 1)",
+                    section="staleness", rule=lambda v, c: 0 <= v <= c.num_parties,
+                    why="must be between 0 (num-parties - 1) and num-parties ({num_parties})")
+    local_time_budget: float = S(0.0, "> 0: seconds an active party may spend on local steps per round "
+                                 "(1..local-steps steps)", section="staleness", rule=at_least(0),
+                                 why="must be >= 0 seconds (0: always local-steps steps)")
+    straggler_delays: str = S("", "simulated slow parties: '2=0.3' or '2=0.3~0.1,4=0.05' (partition=seconds~jitter)",
+                              section="staleness")  # its rule names the item it cannot read: sections.check_conditional
+    # -- batching --------------------------------------------------------------------
+    batch_size: int = S(0, "0: full batch; b > 0: each round trains on b rows drawn from the seed and the round",
+                        section="batching", rule=at_least(0), why="must be >= 0 rows (0: full batch)")
+    # -- csv -------------------------------------------------------------------------
+    csv_path: str = S("", "your own table (dataset = 'csv'): the file; a relative path is taken from the "
+                      "ServerApp's working directory", section="csv")
+    csv_label: str = S("", "the label column", section="csv")
+    csv_positive: str = S("", "the label column's positive value", section="csv")
+    csv_sensitive: str = S("", "the sensitive column", section="csv")
+    csv_group_a: str = S("", "the sensitive column's value of group a", section="csv")
+    csv_group_b: str = S("", "the sensitive column's value of group b", section="csv")
+    csv_protected_label: int = S(1, "1: the positive label is the protected one; -1: the other", section="csv",
+                                 choices=(1, -1), why="must be 1 (positive label) or -1")
+    csv_id_column: str = S("", "optional row-id column", section="csv")
+    csv_train_fraction: float = S(0.8, "training share of the rows", section="csv", rule=within(0, 1, open_=True),
+                                  why="must be between 0 and 1")
+    # -- split -----------------------------------------------------------------------
+    split_embedding: int = S(4, "each party's embedding width, as in Flower's vertical-FL example", section="split",
+                             rule=at_least(1), why="must be at least 1")
+    split_lr: float = S(0.0, "SGD step of the parties and the head; 0: 1/eta", section="split",
+                        rule=at_least(0), why="must be > 0 (or 0: 1/eta)")
+    # -- score -----------------------------------------------------------------------
+    score_model_from: str = S("", "the training run folder (with model.json) whose saved blocks score",
+                              section="score")
+    score_chunk_rows: int = S(100_000, "rows per query.score message (bounds every message's size)", section="score",
+                              rule=at_least(1), why="must be at least 1 row")
+    score_round: int = S(-1, "-1: the final model; r >= 0: the checkpoint of round r", section="score",
+                         rule=at_least(-1), why="must be -1 (the final model) or a checkpoint's round >= 0")
+    score_path: str = S("", "simulation: each party's raw file to score, {partition} replaced by its partition id; "
+                        "empty: the run's test rows", section="score")
 
     # -- construction ------------------------------------------------------------
+    @classmethod
+    def settings(cls) -> list[Setting]:
+        """Every setting, in declaration order."""
+        return SETTINGS
+
+    @classmethod
+    def key_of(cls, field: str) -> str:
+        """The run-config key of a field (``batch_size`` -> ``batching.batch-size``)."""
+        return BY_FIELD[field].key
+
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any]) -> "RunConfig":
         """Build from Flower's ``context.run_config`` (kebab-case keys, dotted for sections).
 
-        An unknown key is refused, as ``flwr run`` refuses it; a key that moved into a
-        section is refused with its new name.
+        An unknown key is refused, as ``flwr run`` refuses it; a key that was renamed or
+        moved into a section is refused with its new name.
         """
-        by_key = {sections.key(f.name): f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, raw in run_config.items():
-            f = by_key.get(key)
-            if f is None:
-                if key in sections.MOVED:
-                    raise ConfigError(f"run config {key}: this key is now {sections.MOVED[key]!r} "
-                                      f"(section [tool.flwr.app.config.{sections.MOVED[key].split('.')[0]}])")
+            s = BY_KEY.get(key)
+            if s is None:
+                if key in MOVED:
+                    new = MOVED[key]
+                    where = f" (section [tool.flwr.app.config.{new.split('.')[0]}])" if "." in new else ""
+                    raise ConfigError(f"run config {key}: this key is now {new!r}{where}")
                 raise ConfigError(f"run config {key}={raw!r}: unknown key; the keys are listed in "
                                   "pyproject.toml [tool.flwr.app.config] and docs/configuration.md")
-            values[f.name] = _coerce(key, raw, f.type)
+            values[s.field] = coerce(key, raw, s.type)
         if values.get("preset"):
-            values = presets.apply(values, {f.name: f.default for f in fields(cls)})
+            values = presets.apply(values, {s.field: s.default for s in SETTINGS})
         cfg = cls(**values)
         cfg.validate()
         return cfg
@@ -148,8 +240,7 @@ class RunConfig:
     def from_run_folder(cls, config: Mapping[str, Any]) -> "RunConfig":
         """From a run folder's ``config.json``: the run config plus what the run added
         (party columns, dataset summary), which is not the user's to set."""
-        keys = {sections.key(f.name) for f in fields(cls)}
-        return cls.from_flower({k: v for k, v in config.items() if k in keys})
+        return cls.from_flower({k: v for k, v in config.items() if k in BY_KEY})
 
     def replace(self, **changes: Any) -> "RunConfig":
         cfg = dataclasses.replace(self, **changes)
@@ -158,93 +249,27 @@ class RunConfig:
 
     def to_flower(self) -> dict[str, Any]:
         """The flat dict Flower would hand the apps (dotted keys for sections)."""
-        return {sections.key(f.name): getattr(self, f.name) for f in fields(self)}
+        return {s.key: getattr(self, s.field) for s in SETTINGS}
 
     # -- checks ------------------------------------------------------------------
     def validate(self) -> None:
-        """The everyday keys, then each section on its own, then the refused combinations."""
-        def bad(field: str, why: str) -> ConfigError:
-            return sections.bad(self, field, why)
-
-        if self.dataset not in (*DATASETS, "csv"):
-            raise bad("dataset", f"unknown dataset; choose one of {', '.join([*sorted(DATASETS), 'csv'])}")
-        if self.model not in MODELS:
-            raise bad("model", f"unknown model; choose one of {', '.join(MODELS)}")
-        if self.mode not in MODES:
-            raise bad("mode", f"choose one of {', '.join(MODES)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"choose one of {', '.join(OPTIMIZERS)}")
-        if not self.newton_tolerance >= 0:
-            raise bad("newton_tolerance", "must be >= 0 (0 runs every round)")
-        if not 0 <= self.newton_memory <= 16:
-            raise bad("newton_memory", "must be 0..16 (moves kept per party; each adds an entry to every reply's a and Gram matrix)")
-        if not 0 <= self.newton_shared_memory <= 16:
-            raise bad("newton_shared_memory", "must be 0..16 (combined moves kept under secure aggregation)")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"choose one of {', '.join(DTYPES)}")
-        if self.wire_dtype not in ("float32", "float64"):
-            raise bad("wire_dtype", "choose float32 (default: n×4 bytes per vector) or float64")
-        if self.epsilon < 0:
-            raise bad("epsilon", "the fairness tolerance must be >= 0")
-        if self.num_server_rounds < 1:
-            raise bad("num_server_rounds", "must be at least 1")
-        if self.eta <= 0:
-            raise bad("eta", "must be > 0 (the step size is 1/eta)")
-        if self.beta < 0:
-            raise bad("beta", "must be >= 0")
-        if self.c < 0:
-            raise bad("c", "must be >= 0")
-        if self.local_steps < 1:
-            raise bad("local_steps", "the active party takes at least one step per round (Q >= 1)")
-        if self.num_parties < 1:
-            raise bad("num_parties", "must be at least 1")
-        if not 1 <= self.num_active <= self.num_parties:
-            raise bad("num_active", f"must be between 1 and num-parties ({self.num_parties})")
-        if self.active_columns < 0:
-            raise bad("active_columns", "must be >= 0 (0 = the dataset's default)")
-        if self.eval_every < 1:
-            raise bad("eval_every", "must be at least 1")
-        if self.hidden < 1:
-            raise bad("hidden", "must be at least 1")
-        if self.constraint not in CONSTRAINTS:
-            raise bad("constraint", f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
-        if self.constraint_measure not in MEASURES:
-            raise bad("constraint_measure", f"choose one of {', '.join(MEASURES)}")
-        if not 0 <= self.validation_fraction <= 0.5:
-            raise bad("validation_fraction", "must be between 0 (no validation split) and 0.5")
-        self.mu_value(1000)  # parse check
-        for check in sections.CHECKS.values():
-            check(self)
+        """Each setting's declared values and rule, then what depends on the mode or dataset,
+        then the refused combinations."""
+        for s in SETTINGS:
+            why = s.refusal(self)
+            if why is not None:
+                raise sections.bad(self, s.field, why)
+        sections.check_conditional(self)
         sections.check_combinations(self)
 
     def mu_value(self, n_train: int) -> float:
         """μ as a number: ``"2/n"`` means 2 / (training rows), as in the paper."""
-        text = str(self.mu).strip()
-        try:
-            if text.endswith("/n"):
-                value = float(text[:-2]) / n_train
-            else:
-                value = float(text)
-        except ValueError:
-            raise ConfigError(f"run config mu={self.mu!r}: give a number or 'k/n' (e.g. '2/n')") from None
-        if value < 0:
-            raise ConfigError(f"run config mu={self.mu!r}: must be >= 0")
-        return value
+        return mu_number(self.mu, n_train)
 
     @property
     def optimizer_in_use(self) -> str:
-        """``gd``, ``newton`` or ``adagrad``: ``auto`` is newton unless a setting of the run rules it
-        out (sections.NEWTON_REFUSED: an MLP, mini-batches, staleness, ...), then adagrad unless
-        one rules that out (sections.ADAGRAD_REFUSED: a linear model, ...), else gd;
-        gd too where the constraint set is not the measured one (``deo``: docs/newton.md,
-        docs/adagrad.md)."""
-        if self.optimizer != "auto":
-            return self.optimizer
-        if self.constraint != "deo":
-            return "gd"
-        if not sections.newton_refusal(self):
-            return "newton"
-        return "gd" if sections.adagrad_refusal(self) else "adagrad"
+        """``gd``, ``newton`` or ``adagrad``: what :func:`resolve_optimizer` chose."""
+        return resolve_optimizer(self).name
 
     @property
     def newton_moves(self) -> int:
@@ -262,23 +287,46 @@ class RunConfig:
         return self.split_lr or self.lr
 
 
-def _coerce(key: str, raw: Any, typ: Any) -> Any:
-    typ = {"int": int, "float": float, "bool": bool, "str": str}.get(typ, typ) if isinstance(typ, str) else typ
-    try:
-        if typ is bool:
-            if isinstance(raw, bool):
-                return raw
-            if str(raw).lower() in ("true", "1", "on", "yes"):
-                return True
-            if str(raw).lower() in ("false", "0", "off", "no"):
-                return False
-            raise ValueError
-        if typ is int:
-            if isinstance(raw, float) and not raw.is_integer():
-                raise ValueError
-            return int(raw)
-        if typ is float:
-            return float(raw)
-        return str(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"run config {key}={raw!r}: expected {typ.__name__}") from None
+SETTINGS: list[Setting] = declared(RunConfig)
+BY_FIELD: dict[str, Setting] = {s.field: s for s in SETTINGS}
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+#: Keys of earlier versions -> their key now: flat keys that moved into a section, and renames.
+MOVED: dict[str, str] = {**{s.flat_key: s.key for s in SETTINGS if s.section},
+                         "newton-tolerance": "stop-tolerance"}
+
+
+class Choice(NamedTuple):
+    """What ``optimizer`` resolved to, and why (the run's log says both)."""
+
+    name: str
+    reason: str
+
+
+def resolve_optimizer(cfg: RunConfig) -> Choice:
+    """The one place ``optimizer = "auto"`` is resolved: newton unless a setting of the run rules
+    it out (sections.NEWTON_REFUSED), then adagrad unless one rules that out
+    (sections.ADAGRAD_REFUSED), else gd; gd too where the constraint set is not the
+    measured one (``deo``)."""
+    shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
+              "parties)" if cfg.secure_aggregation else "")
+    encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
+                 "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
+    if cfg.optimizer == "gd":
+        return Choice("gd", "gradient descent (the paper's steps)")
+    if cfg.optimizer == "newton":
+        return Choice("newton", f"block Newton{shared} (docs/newton.md){encrypted}")
+    if cfg.optimizer == "adagrad":
+        return Choice("adagrad", "AdaGrad steps kept by each party (docs/adagrad.md)")
+    if cfg.constraint != "deo":
+        return Choice("gd", f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
+                            f"(constraint={cfg.constraint!r})")
+    newton_no = sections.newton_refusal(cfg)
+    if newton_no is None:
+        return Choice("newton", f"block Newton{shared} (linear parties, full batch, constraint='deo'; "
+                                f"docs/newton.md){encrypted}")
+    why_not_newton = f"block Newton does not run with {cfg.key_of(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
+    adagrad_no = sections.adagrad_refusal(cfg)
+    if adagrad_no is None:
+        return Choice("adagrad", f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)")
+    return Choice("gd", f"gradient descent: {why_not_newton}, and AdaGrad does not run with "
+                        f"{cfg.key_of(adagrad_no[0])}={getattr(cfg, adagrad_no[0])!r}")

@@ -1,54 +1,19 @@
-"""The run config's sections: which keys each feature owns, their checks, the refusals.
+"""What no single setting's declaration can say: keys one mode or dataset requires, and
+the combinations of settings that cannot run together (:data:`REFUSED`, one table).
 
-Everyday keys (dataset, model, epsilon, num-server-rounds, seed, ...) are flat in
-``[tool.flwr.app.config]``. Feature options live in Flower's nested tables
-``[tool.flwr.app.config.<section>]``, which Flower flattens to dotted keys
-(``privacy.secure-nu``); ``--run-config "privacy.secure-nu='ckks'"`` sets one. Each
-section is validated on its own (:data:`CHECKS`); combinations of sections that cannot
-run together are one table (:data:`REFUSED`).
+Each setting's own key, section, default and allowed values are declared on
+:class:`~fairvfl_flwr.config.run.RunConfig`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 from fairvfl_flwr.core.errors import ConfigError
 
-# section -> {key in the section: RunConfig field}
-SECTIONS: dict[str, dict[str, str]] = {
-    "privacy": {"secure-nu": "secure_nu", "nu-noise": "nu_noise", "record-view": "record_view",
-                "record-every": "record_every", "record-first": "record_first", "transcript-dir": "transcript_dir",
-                "secure-aggregation": "secure_aggregation", "label-dp-epsilon": "label_dp_epsilon",
-                "label-dp-delta": "label_dp_delta", "label-dp-lambda-bound": "label_dp_lambda_bound",
-                "label-dp-min-group": "label_dp_min_group"},
-    "reliability": {"round-timeout": "round_timeout", "round-retries": "round_retries",
-                    "checkpoint-every": "checkpoint_every", "checkpoint-dir": "checkpoint_dir",
-                    "resume-from": "resume_from"},
-    "staleness": {"max-staleness": "max_staleness", "quorum": "quorum", "local-time-budget": "local_time_budget",
-                  "straggler-delays": "straggler_delays"},
-    "batching": {"batch-size": "batch_size"},
-    "csv": {"path": "csv_path", "label": "csv_label", "positive": "csv_positive", "sensitive": "csv_sensitive",
-            "group-a": "csv_group_a", "group-b": "csv_group_b", "protected-label": "csv_protected_label",
-            "id-column": "csv_id_column", "train-fraction": "csv_train_fraction"},
-    "split": {"embedding": "split_embedding", "lr": "split_lr"},
-    "score": {"model-from": "score_model_from", "chunk-rows": "score_chunk_rows", "round": "score_round",
-              "path": "score_path"},
-}
-#: RunConfig field -> its dotted key.
-KEY_OF: dict[str, str] = {field: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, field in keys.items()}
-#: Flat keys of earlier versions -> their dotted key now.
-MOVED: dict[str, str] = {field.replace("_", "-"): dotted for field, dotted in KEY_OF.items()}
-
-
-def key(field: str) -> str:
-    """The run-config key of a RunConfig field (``batch_size`` -> ``batching.batch-size``)."""
-    return KEY_OF.get(field, field.replace("_", "-"))
-
-
 def bad(cfg: Any, field: str, why: str) -> ConfigError:
-    return ConfigError(f"run config {key(field)}={getattr(cfg, field)!r}: {why}")
+    return ConfigError(f"run config {cfg.key_of(field)}={getattr(cfg, field)!r}: {why}")
 
 
 class DelayError(ValueError):
@@ -71,92 +36,35 @@ def parse_delays(text: str) -> dict[int, tuple[float, float]]:
     return out
 
 
-def check_privacy(c: Any) -> None:
-    if c.nu_noise < 0:
-        raise bad(c, "nu_noise", "must be >= 0")
-    if c.secure_nu not in ("none", "ckks"):
-        raise bad(c, "secure_nu", "choose 'none' (plain ν) or 'ckks' (encrypted ν, linear models)")
-    if c.secure_nu == "ckks" and importlib.util.find_spec("tenseal") is None:
-        raise bad(c, "secure_nu", "needs TenSEAL: pip install 'fairvfl-flwr[privacy]'")
-    if c.label_dp_epsilon < 0:
-        raise bad(c, "label_dp_epsilon", "must be >= 0 (0: no label DP)")
-    if not 0 < c.label_dp_delta < 1:
-        raise bad(c, "label_dp_delta", "must be between 0 and 1 (exclusive), e.g. 1e-5")
-    if c.label_dp_lambda_bound <= 0:
-        raise bad(c, "label_dp_lambda_bound", "must be > 0 (the multipliers are clipped to [0, bound])")
-    if c.label_dp_min_group < 0:
-        raise bad(c, "label_dp_min_group", "must be >= 0 rows (0: the data's smallest group - 1)")
-    if c.label_dp_epsilon > 0 and importlib.util.find_spec("opacus") is None:
-        raise bad(c, "label_dp_epsilon", "needs Opacus's accountant: pip install 'fairvfl-flwr[privacy]'")
-    if c.record_every < 0:
-        raise bad(c, "record_every", "must be >= 0 (0 = only the first rounds)")
-    if c.record_first < 0:
-        raise bad(c, "record_first", "must be >= 0 (rounds 1..record-first are all recorded)")
-
-
-def check_reliability(c: Any) -> None:
-    if c.round_timeout <= 0:
-        raise bad(c, "round_timeout", "must be > 0 seconds")
-    if c.round_retries < 0:
-        raise bad(c, "round_retries", "must be >= 0 (0: no second try)")
-    if c.checkpoint_every < 0:
-        raise bad(c, "checkpoint_every", "must be >= 0 (0: no checkpoints)")
-
-
-def check_staleness(c: Any) -> None:
-    if c.local_time_budget < 0:
-        raise bad(c, "local_time_budget", "must be >= 0 seconds (0: always local-steps steps)")
-    if c.max_staleness < 0:
-        raise bad(c, "max_staleness", "must be >= 0 rounds (0: synchronous)")
-    if not 0 <= c.quorum <= c.num_parties:
-        raise bad(c, "quorum", f"must be between 0 (num-parties - 1) and num-parties ({c.num_parties})")
+def delays_refusal(text: str) -> str | None:
     try:
-        parse_delays(c.straggler_delays)
+        parse_delays(text)
     except DelayError as exc:
-        raise ConfigError(f"run config staleness.{exc}") from None
+        return str(exc)
+    return None
 
 
-def check_batching(c: Any) -> None:
-    if c.batch_size < 0:
-        raise bad(c, "batch_size", "must be >= 0 rows (0: full batch)")
+_CSV_REQUIRED = ("csv_path", "csv_label", "csv_positive", "csv_sensitive", "csv_group_a", "csv_group_b")
+_SCORE_ONLY = (("score_model_from", ""), ("score_round", -1), ("score_path", ""))
 
 
-def check_csv(c: Any) -> None:
-    if c.dataset != "csv" or c.server_labels:
-        return
-    for field in ("csv_path", "csv_label", "csv_positive", "csv_sensitive", "csv_group_a", "csv_group_b"):
-        if not getattr(c, field):
-            raise bad(c, field, "required when dataset='csv'")
-    if c.csv_protected_label not in (-1, 1):
-        raise bad(c, "csv_protected_label", "must be 1 (positive label) or -1")
-    if not 0 < c.csv_train_fraction < 1:
-        raise bad(c, "csv_train_fraction", "must be between 0 and 1")
-
-
-def check_split(c: Any) -> None:
-    if c.split_embedding < 1:
-        raise bad(c, "split_embedding", "must be at least 1")
-    if c.split_lr < 0:
-        raise bad(c, "split_lr", "must be > 0 (or 0: 1/eta)")
-
-
-def check_score(c: Any) -> None:
-    if c.score_chunk_rows < 1:
-        raise bad(c, "score_chunk_rows", "must be at least 1 row")
+def check_conditional(c: Any) -> None:
+    """Keys that one mode or dataset requires, or that only one mode reads."""
+    if c.straggler_delays:
+        why = delays_refusal(c.straggler_delays)
+        if why:
+            raise ConfigError(f"run config staleness.{why}")
+    if c.dataset == "csv" and not c.server_labels:
+        for field in _CSV_REQUIRED:
+            if not getattr(c, field):
+                raise bad(c, field, "required when dataset='csv'")
     if c.mode == "score" and not c.score_model_from:
         raise bad(c, "score_model_from", "mode='score' needs the training run folder whose model scores "
                   "(the folder with model.json)")
-    if c.score_round < -1:
-        raise bad(c, "score_round", "must be -1 (the final model) or a checkpoint's round >= 0")
-    for field, unset in (("score_model_from", ""), ("score_round", -1), ("score_path", "")):
+    for field, unset in _SCORE_ONLY:
         if c.mode != "score" and getattr(c, field) != unset:
             raise bad(c, field, f"is read only with mode='score' (mode is {c.mode!r})")
 
-
-CHECKS: dict[str, Callable[[Any], None]] = {
-    "privacy": check_privacy, "reliability": check_reliability, "staleness": check_staleness,
-    "batching": check_batching, "csv": check_csv, "split": check_split, "score": check_score,
-}
 
 _FULL_BATCH = "use batching.batch-size=0 (full batch) with it"
 _SYNC = "(a stale party's θ and the server's round differ); use staleness.max-staleness=0"
@@ -260,4 +168,14 @@ def adagrad_refusal(c: Any) -> tuple[str, str] | None:
 def check_combinations(c: Any) -> None:
     for field, on, other, other_on, why in REFUSED:
         if on(c) and other_on(c):
-            raise bad(c, field, f"not supported with {key(other)}={getattr(c, other)!r}: {why}")
+            raise bad(c, field, f"not supported with {c.key_of(other)}={getattr(c, other)!r}: {why}")
+
+
+def refused_with(key_of: Callable[[str], str]) -> dict[str, list[str]]:
+    """field -> the keys it cannot run with, both ways round (the docs list them under each key)."""
+    out: dict[str, list[str]] = {}
+    for field, _, other, _, _ in REFUSED:
+        for a, b in ((field, other), (other, field)):
+            if key_of(b) not in out.setdefault(a, []):
+                out[a].append(key_of(b))
+    return out

@@ -5,7 +5,7 @@
     python -m fairvfl_flwr.tools.audit --datasets adult,compas,crime --rounds 300 --out results/audit
     python -m fairvfl_flwr.tools.audit --datasets adult --noise 0,1,4,16    # with the nu-noise defence
     python -m fairvfl_flwr.tools.audit --datasets crime --secure-aggregation  # masked partial logits
-    python -m fairvfl_flwr.tools.audit --datasets crime --optimizer newton --set newton-tolerance=0 --rounds 30
+    python -m fairvfl_flwr.tools.audit --datasets crime --optimizer newton --set stop-tolerance=0 --rounds 30
 
 For each dataset the command trains FairVFL (in-process grid, real ClientApp) with
 ``privacy.transcript-dir`` on, so every role keeps what it received on its own side

@@ -1,0 +1,48 @@
+"""Check or rewrite what the setting declarations generate: pyproject.toml's run config and
+the key tables of docs/configuration.md.
+
+    python -m fairvfl_flwr.config           # exit 1, naming the file, if either has drifted
+    python -m fairvfl_flwr.config --write   # rewrite both from the declarations
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fairvfl_flwr.config import sections, settings
+from fairvfl_flwr.config.run import RunConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def generated(root: Path = ROOT) -> dict[Path, str]:
+    """Each generated file's text as the declarations say it should be."""
+    decl = RunConfig.settings()
+    pyproject, docs = root / "pyproject.toml", root / "docs" / "configuration.md"
+    return {
+        pyproject: settings.replace_between(pyproject.read_text(), settings.PYPROJECT_BEGIN, settings.PYPROJECT_END,
+                                            settings.render_pyproject(decl), str(pyproject)),
+        docs: settings.replace_between(docs.read_text(), settings.DOCS_BEGIN, settings.DOCS_END,
+                                       settings.render_docs(decl, sections.refused_with(RunConfig.key_of)), str(docs)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fairvfl_flwr.config", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="rewrite the generated parts instead of checking them")
+    args = ap.parse_args(argv)
+    drift = [path for path, text in generated().items() if path.read_text() != text]
+    for path in drift:
+        if args.write:
+            path.write_text(generated()[path])
+            print(f"rewrote {path}")
+        else:
+            print(f"{path}: differs from the setting declarations; run python -m fairvfl_flwr.config --write",
+                  file=sys.stderr)
+    return 1 if drift and not args.write else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
