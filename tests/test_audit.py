@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fairvfl_flwr.features import record_view as view
+from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.tools.audit import auc, chance_auc, run_audit, spread
 
 
@@ -59,11 +59,16 @@ def test_recording_is_opt_in_and_only_passive(tmp_path):
     from fairvfl_flwr.config import RunConfig
     from fairvfl_flwr.app.run import run_inprocess
 
-    cfg = RunConfig(dataset="crime", num_server_rounds=12, record_view=str(tmp_path / "v"), record_every=12,
+    cfg = RunConfig(dataset="crime", num_server_rounds=13, record_view=str(tmp_path / "v"), record_every=12,
                     output_dir=str(tmp_path / "o"))
     run_inprocess(cfg.to_flower())
     parties = sorted(p.name for p in (tmp_path / "v").iterdir())
-    assert parties == [f"party-{k}" for k in range(1, 6)]  # party 0 is active: no ν, no transcript
-    rounds, nus = view.load(tmp_path / "v", 1)
-    assert list(rounds) == list(range(1, 11)) + [12]
-    assert nus.shape == (11, 1200)
+    assert parties == [f"party-{k}" for k in range(1, 6)]  # party 0 is active: no ν, no transcript; no server
+    rounds, nus = tr.stack(tr.load(tmp_path / "v", 1), "nu")  # the one transcript format and rounds
+    assert list(rounds) == list(range(1, 14))  # 1..10, then 12 with 11 and 13
+    assert nus.shape == (13, 1200)
+    both = cfg.replace(transcript_dir=str(tmp_path / "t"), output_dir=str(tmp_path / "o2"))
+    run_inprocess(both.to_flower())
+    for k in range(1, 6):  # a passive party writes the same file to both folders
+        a, b = tr.load(tmp_path / "v", k), tr.load(tmp_path / "t", k)
+        assert [sorted(r) for r in a] == [sorted(r) for r in b]

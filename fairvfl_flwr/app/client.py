@@ -20,7 +20,6 @@ from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, saving, scoring, secagg
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod
-from fairvfl_flwr.features.record_view import record_mod
 from fairvfl_flwr.features.straggler import delay_mod
 from fairvfl_flwr.features.transcripts import transcript_mod
 from fairvfl_flwr.flower import party
@@ -30,8 +29,8 @@ __all__ = ["MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
 
-app = ClientApp(mods=[timing.timing_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, record_mod,
-                     transcript_mod, delay_mod])
+app = ClientApp(mods=[timing.timing_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
+                     delay_mod])
 party.register(app)
 fairvfl.register(app)
 newton.register(app)

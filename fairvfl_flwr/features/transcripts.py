@@ -29,6 +29,11 @@ holds what it received, ``alpha`` (its step lengths of the round before) with ``
 Every file also holds ``round``. Rounds 0..``privacy.record-first`` are recorded, then
 every ``privacy.record-every``-th round with the rounds just before and after it.
 Nothing is sent anywhere.
+
+``privacy.record-view = "<dir>"`` is the passive parties' part of the same recording: each
+passive party writes its ``party-<pid>/r<round>.npz`` there, in the format above, and no
+other role records (the server hook is not added). With both keys set, a passive party
+writes its file to both folders.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from fairvfl_flwr.flower.party import PartyRuntime, round_of
 SERVER = "server"
 
 
-def should_record(server_round: int, first: int, every: int) -> bool:
+def should_record(server_round: int, *, first: int, every: int) -> bool:
     """Rounds 0..first, then every ``every``-th round with its neighbours: attacks on the
     logits need consecutive rounds (on z, three), and rounds spread over the run see ν move more."""
     return 0 <= server_round <= first or (every > 0 and server_round % every in (every - 1, 0, 1 % every))
@@ -110,7 +115,7 @@ class ServerTranscript(RoundHook):
         self.written.add(server_round)
 
     def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
-        if should_record(server_round, self.first, self.every):
+        if should_record(server_round, first=self.first, every=self.every):
             self.pending[server_round] = {
                 "nu": np.asarray(nu).astype(server.wire_dtype),
                 "z": server.z("train").astype(server.wire_dtype),
@@ -119,7 +124,7 @@ class ServerTranscript(RoundHook):
         return nu
 
     def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
-        if not should_record(server_round, self.first, self.every):
+        if not should_record(server_round, first=self.first, every=self.every):
             return replies
         arrays = self.pending.pop(server_round, {})
         for reply in replies:
@@ -139,7 +144,7 @@ class ServerTranscript(RoundHook):
     def end(self, server, grid, server_round: int, timeout: float) -> None:
         """What the algorithm computed for each party from the round's replies (Newton: the
         step lengths α_k it sends with the next message), once the round is folded."""
-        computed = server.computed() if should_record(server_round, self.first, self.every) else {}
+        computed = server.computed() if should_record(server_round, first=self.first, every=self.every) else {}
         arrays = {f"{key}-{server.nodes[nid].partition_id}": np.asarray(value)
                   for nid, values in computed.items() for key, value in values.items()}
         if arrays:
@@ -154,7 +159,8 @@ def transcript_mod(message: Message, context, call_next) -> Message:
         return reply
     rt = PartyRuntime(context)
     server_round = round_of(message)[0]
-    if not rt.cfg.transcript_dir or not should_record(server_round, rt.cfg.record_first, rt.cfg.record_every):
+    folders = party_folders(rt.cfg, rt.data.role)
+    if not folders or not should_record(server_round, first=rt.cfg.record_first, every=rt.cfg.record_every):
         return reply
     arrays: dict[str, np.ndarray] = {}
     payload = message.content.array_records.get(msgs.PAYLOAD)
@@ -178,12 +184,22 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     directions = reply.content.array_records.get(msgs.DIRECTIONS)
     if directions is not None:
         arrays["own-dir"] = directions["dir"].numpy()
-    if arrays:
-        path = role_dir(rt.cfg.transcript_dir, rt.data.partition_id) / f"r{server_round:06d}.npz"
-        # CKKS second leg: keep the first leg's ν; the Newton apply message: keep the last round's view
-        second_leg = msgs.second_leg(mtype, payload)
-        if (second_leg or mtype == msgs.NEWTON_APPLY) and path.exists():
+    # CKKS second leg: keep the first leg's ν; the Newton apply message: keep the last round's view
+    merge = msgs.second_leg(mtype, payload) or mtype == msgs.NEWTON_APPLY
+    for folder in folders if arrays else ():
+        path = role_dir(folder, rt.data.partition_id) / f"r{server_round:06d}.npz"
+        kept = {}
+        if merge and path.exists():
             with np.load(path) as old:
-                arrays = {**{k: old[k] for k in old.files if k != "round"}, **arrays}
-        write(rt.cfg.transcript_dir, rt.data.partition_id, server_round, arrays)
+                kept = {k: old[k] for k in old.files if k != "round"}
+        write(folder, rt.data.partition_id, server_round, {**kept, **arrays})
     return reply
+
+
+def party_folders(cfg, role: str) -> list[str]:
+    """Where a party of ``role`` writes its transcript: ``privacy.transcript-dir`` (every role)
+    and ``privacy.record-view`` (passive parties only)."""
+    folders = [cfg.transcript_dir] if cfg.transcript_dir else []
+    if cfg.record_view and role == msgs.ROLE_PASSIVE and cfg.record_view not in folders:
+        folders.append(cfg.record_view)
+    return folders

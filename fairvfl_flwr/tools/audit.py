@@ -69,7 +69,6 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partydata import party_spec, server_labels_for
 from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data
-from fairvfl_flwr.features import record_view as view
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features import transcripts
 from fairvfl_flwr.features.checkpoint import labels_fingerprint
@@ -130,8 +129,9 @@ def group_scores(nus: np.ndarray) -> np.ndarray:
 
 
 def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.ndarray, protected_label: int,
-                    early: int = view.EARLY_ROUNDS) -> dict:
-    """The label and group attacks on one passive party's ν (rounds × rows), scored."""
+                    early: int = 10) -> dict:
+    """The label and group attacks on one passive party's ν (rounds × rows), scored; the
+    averaging attack uses rounds 1..``early``."""
     # The first recorded round is the worst case for the defender: z = 0 and λ = 0 in
     # round 1, so ν_i = −y_i / (2n).
     y_first = label_attack(nus[0])
@@ -155,20 +155,6 @@ def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.nd
         "group_attack_auc_chance": chance_auc(score[truth_rows], s[truth_rows]),
         "group_rows_scored": int(truth_rows.sum()),
     }
-
-
-def audit_transcript(folder: str | Path, partition_id: int, y: np.ndarray, s: np.ndarray, protected_label: int) -> dict:
-    """Run both attacks on one party's recorded ν (``privacy.record-view``) and score them."""
-    majority = float(max((y == 1).mean(), (y == -1).mean()))
-    if not view.has_plaintext(folder, partition_id):  # privacy.secure-nu=ckks: the transcript is ciphertext only
-        recorded = len(list((Path(folder) / f"party-{partition_id}").glob("nu-ct-r*.bin")))
-        if recorded:
-            nan = float("nan")  # no per-row plaintext: the attacks have nothing to work on
-            return {"rounds_recorded": recorded, "view": "ciphertext", "label_attack_acc": nan,
-                    "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_baseline_acc": majority,
-                    "group_attack_auc": nan, "group_rows_scored": 0}
-    rounds, nus = view.load(folder, partition_id)
-    return passive_attacks(rounds, nus, y, s, protected_label)
 
 
 def passive_from_transcript(folder: str | Path, pid: int, y: np.ndarray, s: np.ndarray, protected_label: int,
