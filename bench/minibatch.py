@@ -2,7 +2,7 @@
 
     python bench/minibatch.py [--n 1000000] [--batches 0,10000] [--rounds 300] [--engine floor|app]
 
-``--engine floor`` (default): the round math of bench/common.NumpyFloor (linear, K = 6,
+``--engine floor`` (default): the round math of core/reference.NumpyFloor (linear, K = 6,
 Q = 5, one process) with each round restricted to the rows
 ``fairvfl_flwr.core.batching.batch_rows(seed, t, n, b)`` (the shared-seed batch: λ and ν use
 the batch, so each party computes and receives b values); ``b = 0`` is the full batch.
@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from bench.common import DEFAULT_OUT, NumpyFloor, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from fairvfl_flwr.core.reference import NumpyFloor  # noqa: E402
 from fairvfl_flwr.data import synthetic  # noqa: E402
 from fairvfl_flwr.core.batching import batch_rows  # noqa: E402
 from fairvfl_flwr.core.metrics import fairness_metrics  # noqa: E402

@@ -6,7 +6,7 @@ Problem: Adult, 6 parties (1 active), linear, the default run config (Q = 5, flo
 models, float32 wire). Modes, all measured in this one run (quote the ratios, not the
 absolute numbers, on a loaded machine):
 
-* ``numpy floor``: the identical round math in one process, numpy only (bench/common.py);
+* ``numpy floor``: the identical round math in one process, numpy only (core/reference.NumpyFloor);
 * ``torch centralised GDA``: fairvfl_flwr/core/reference.py (Q = 1, autograd on the whole problem);
 * ``in-process grid``: the real ServerApp strategy and ClientApp, no SuperLink (fairvfl_flwr/flower/inprocess.py);
 * ``flwr run simulation``: a private simulation SuperLink (fairvfl_flwr/tools/flwr_engine.py), 6 SuperNodes;
@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, NumpyFloor, adult_problem, ms_per_round, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, ms_per_round, table, write  # noqa: E402
+from fairvfl_flwr.core.reference import NumpyFloor  # noqa: E402
+from tests.oracles import party_problem  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -47,7 +49,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)
     cfg = RunConfig()  # the defaults: Adult, K = 6, Q = 5, η = 100
-    ds, blocks, groups = adult_problem(cfg)
+    ds, blocks, groups = party_problem(cfg)
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr)
     rows = []

@@ -4,7 +4,7 @@ value and train DEO <= ε + 0.005 (and both stay so), for Q ∈ {1, 2, 5, 10} on
     python bench/rounds.py [--rounds 1000] [--qs 1,2,5,10] [--preset ""] [--out bench/results]
 
 ``--engine floor`` (default) runs the identical round math in one process (numpy, linear
-models: bench/common.NumpyFloor; float64 throughout), test metrics every 10 rounds;
+models: core/reference.NumpyFloor; float64 throughout), test metrics every 10 rounds;
 ``--engine inprocess`` runs the real ServerApp strategy and ClientApp on the in-process
 grid (same numbers up to the float32 wire, ~2-3x slower). ``--preset fast`` runs the
 same Q values with the ``fast`` preset (fairvfl_flwr/config/presets.py). A run that never meets
@@ -25,7 +25,7 @@ in-process grid (app/run.run_inprocess, float32 wire as by default); the table t
         --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton-app
 
 ``--optimizer adagrad --set model=mlp`` trains MLP parties with AdaGrad steps (docs/adagrad.md),
-``--optimizer gd --set model=mlp`` with the paper's; MLP rows run on bench/common.PartyFloor,
+``--optimizer gd --set model=mlp`` with the paper's; MLP rows run on core/reference.PartyFloor,
 the parties' own step code. ``--jobs N`` runs N of the (dataset, seed, optimizer, Q) runs
 at a time, one process each; the JSON's MLP rows carry ``curve`` ([round, test acc, train
 DEO] per evaluated round):
@@ -77,17 +77,18 @@ def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
 
 
 def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", memory: int = MEMORY) -> dict:
-    """The same run as the app's, with bench/common.NumpyFloor or NewtonFloor (linear models only)."""
+    """The same run as the app's, with core/reference.NumpyFloor or NewtonFloor (linear models only)."""
     import numpy as np
 
-    from bench.common import NewtonFloor, NumpyFloor, adult_problem
+    from fairvfl_flwr.core.reference import NewtonFloor, NumpyFloor
+    from tests.oracles import party_problem
     from fairvfl_flwr.config import RunConfig
     from fairvfl_flwr.core.objective import train_stats
     from fairvfl_flwr.data.problem import party_columns
 
     t = time.perf_counter()
     cfg = RunConfig.from_flower(overrides)
-    ds, blocks, groups = adult_problem(cfg)
+    ds, blocks, groups = party_problem(cfg)
     test_blocks = [ds.X_test[:, c] for c in party_columns(cfg, ds)]
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps,
@@ -130,8 +131,8 @@ def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
 
 
 def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, started) -> dict:
-    """MLP parties (gd or adagrad) in one process: bench/common.PartyFloor, the parties' own step code."""
-    from bench.common import PartyFloor
+    """MLP parties (gd or adagrad) in one process: core/reference.PartyFloor, the parties' own step code."""
+    from fairvfl_flwr.core.reference import PartyFloor
     from fairvfl_flwr.core.objective import train_stats
 
     fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,

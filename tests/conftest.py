@@ -1,10 +1,56 @@
+import json
 import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # before flwr loads
+
+from fairvfl_flwr.app.client import MODEL_STATE  # noqa: E402
+from fairvfl_flwr.app.client import app as client_app  # noqa: E402
+from fairvfl_flwr.app.server import run_server  # noqa: E402
+from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 
 
 @pytest.fixture
 def out_dir(tmp_path):
     return str(tmp_path / "outputs")
+
+
+class AppRun(NamedTuple):
+    """One run of the real ServerApp and ClientApp over an in-process grid."""
+
+    grid: InProcessGrid
+    summary: dict
+    folder: Path
+
+    @property
+    def history(self) -> list[dict]:
+        return json.loads((self.folder / "history.json").read_text())
+
+    def thetas(self) -> dict[int, dict]:
+        """Each party's model state after the run, by partition id."""
+        return {int(ctx.node_config["partition-id"]): ctx.state.array_records[MODEL_STATE].to_torch_state_dict()
+                for ctx in self.grid.contexts.values()}
+
+
+def _run_app(cfg: RunConfig | Mapping, grid_cls: type[InProcessGrid] = InProcessGrid, **grid_kwargs) -> AppRun:
+    """Run ``cfg`` (a RunConfig or a Flower run config) on ``grid_cls`` (an InProcessGrid by default)."""
+    if isinstance(cfg, Mapping):
+        cfg = RunConfig.from_flower(cfg)
+    grid = grid_cls(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
+    try:
+        summary, folder = run_server(grid, cfg.to_flower())
+    finally:
+        grid.close()
+    return AppRun(grid, summary, folder)
+
+
+@pytest.fixture(scope="session")
+def run_app():
+    """``run_app(cfg, grid_cls=InProcessGrid, **grid_kwargs) -> AppRun``: the app in-process; a grid class
+    (a subclass of InProcessGrid that records or tampers) and its keywords may be given."""
+    return _run_app

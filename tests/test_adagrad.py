@@ -19,7 +19,7 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.sections import ADAGRAD_REFUSED
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
-from fairvfl_flwr.core.reference import lagrangian
+from fairvfl_flwr.core.reference import PartyFloor, lagrangian
 from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.data import partydata
 from fairvfl_flwr.features import checkpoint
@@ -27,6 +27,8 @@ from fairvfl_flwr.data.problem import constraint_groups, load_data, party_column
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import MODEL_STATE, OPTIMIZER_STATE
+
+from .oracles import party_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAGRAD = {"dataset": "crime", "model": "mlp", "optimizer": "adagrad", "wire-dtype": "float64"}
@@ -83,21 +85,14 @@ def test_one_active_party_is_centralised_adagrad_on_the_lagrangian(tmp_path):
 
 
 def test_the_app_equals_the_one_process_floor_that_the_benchmarks_use(tmp_path):
-    """K = 3, Q = 5 on Crime: λ and the train DEO every round as bench/common.PartyFloor's
+    """K = 3, Q = 5 on Crime: λ and the train DEO every round as core/reference.PartyFloor's
     (float64 wire), so the rounds-to-target table measures what the app runs."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from bench.common import PartyFloor
-
     rc = {**ADAGRAD, "num-parties": 3, "num-server-rounds": 5, "eval-every": 5}
     _, folder = run_inprocess({**rc, "output-dir": str(tmp_path)}, quiet=True)
     history = json.loads((folder / "history.json").read_text())
     cfg = RunConfig.from_flower(rc)
-    ds = load_data(cfg)
-    cols = party_columns(cfg, ds)
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
-    floor = PartyFloor([ds.X_train[:, c] for c in cols], ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta,
+    ds, blocks, groups = party_problem(cfg)
+    floor = PartyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta,
                        c=cfg.c, mu=cfg.mu_value(len(ds.y_train)), lr=cfg.lr, Q=cfg.local_steps, model="mlp",
                        hidden=cfg.hidden, optimizer="adagrad", seed=cfg.seed)
     for t in range(1, cfg.num_server_rounds + 1):

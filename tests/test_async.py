@@ -14,15 +14,6 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.features.straggler import delay_for, parse_delays
 
 
-def _run(cfg: RunConfig, **grid_kwargs):
-    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
-    try:
-        summary, folder = run_server(grid, cfg.to_flower())
-    finally:
-        grid.close()
-    return grid, summary, folder
-
-
 def _steps_seen(cfg: RunConfig) -> list[int]:
     grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
     replies = []
@@ -66,12 +57,12 @@ def test_delay_settings():
     assert delay_for({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}, {"staleness.straggler-delays": "2=0.3"}) == (0.1, 0.2)
 
 
-def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir):
+def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir, run_app):
     cfg = RunConfig(dataset="crime", num_server_rounds=4, eval_every=2, output_dir=out_dir, wire_dtype="float64")
-    _, plain, _ = _run(cfg)
+    _, plain, _ = run_app(cfg)
     slow = cfg.replace(straggler_delays="3=0.1")
     t0 = time.perf_counter()
-    _, delayed, folder = _run(slow, async_replies=True)
+    _, delayed, folder = run_app(slow, async_replies=True)
     assert time.perf_counter() - t0 >= 4 * 0.1
     assert delayed["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-12)
     assert delayed["test_acc"] == plain["test_acc"]
@@ -79,7 +70,7 @@ def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir):
     nodes = [{"partition-id": i, "num-partitions": 6, **({"delay-seconds": 0.1, "delay-jitter": 0.05} if i == 2 else {})}
              for i in range(6)]
     t0 = time.perf_counter()
-    _, delayed2, _ = _run(cfg, async_replies=True, node_configs=nodes)
+    _, delayed2, _ = run_app(cfg, async_replies=True, node_configs=nodes)
     assert time.perf_counter() - t0 >= 4 * 0.1
     assert delayed2["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-12)
 
@@ -89,16 +80,16 @@ def _history(folder):
     return json.loads((folder / "history.json").read_text())
 
 
-def test_tau_zero_is_the_synchronous_run(out_dir):
+def test_tau_zero_is_the_synchronous_run(out_dir, run_app):
     cfg = RunConfig(dataset="crime", num_server_rounds=6, eval_every=3, output_dir=out_dir, wire_dtype="float64")
-    _, a, fa = _run(cfg)
-    _, b, fb = _run(cfg.replace(max_staleness=0, quorum=2))
+    _, a, fa = run_app(cfg)
+    _, b, fb = run_app(cfg.replace(max_staleness=0, quorum=2))
     drop = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert drop(_history(fa)) == drop(_history(fb))  # exactly: τ = 0 is the synchronous code path
     assert "stale" not in _history(fb)[-1]
     # with a straggler and late replies: the same rounds (replies arrive in another order, so the
     # sum over parties may differ in the last bit)
-    _, c, fc = _run(cfg.replace(straggler_delays="3=0.02"), async_replies=True)
+    _, c, fc = run_app(cfg.replace(straggler_delays="3=0.02"), async_replies=True)
     for ra, rc in zip(_history(fa), _history(fc)):
         assert [ra[k] for k in ("loss", "deo", "lambda1")] == pytest.approx([rc[k] for k in ("loss", "deo", "lambda1")],
                                                                              rel=1e-12, abs=1e-15)

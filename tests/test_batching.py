@@ -1,7 +1,5 @@
 """The app-level mini-batch key ``batching.batch-size`` (core/batching.py, the server, the ClientApp)."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -9,7 +7,6 @@ from flwr.app import Array
 
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.app.client import MODEL_STATE
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -40,17 +37,6 @@ class RecordingGrid(InProcessGrid):
         return reply
 
 
-def _run(cfg: RunConfig, **grid_kwargs):
-    grid = RecordingGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
-    summary, folder = run_server(grid, cfg.to_flower())
-    return grid, summary, json.loads((folder / "history.json").read_text())
-
-
-def _thetas(grid) -> dict[int, dict]:
-    return {int(ctx.node_config["partition-id"]): ctx.state.array_records[MODEL_STATE].to_torch_state_dict()
-            for ctx in grid.contexts.values()}
-
-
 def _crime(out_dir, **kw) -> RunConfig:
     base = dict(optimizer="gd", dataset="crime", model="linear", num_server_rounds=6, eval_every=3, output_dir=out_dir)
     return RunConfig(**{**base, **kw})
@@ -58,11 +44,12 @@ def _crime(out_dir, **kw) -> RunConfig:
 
 # -- federated = centralised mini-batch descent-ascent ------------------------------------------
 @pytest.mark.parametrize("constraint,num_active,b", [("deo", 1, 100), ("demographic-parity", 2, 150)])
-def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint, num_active, b, out_dir):
+def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint, num_active, b, out_dir, run_app):
     rounds, seed = 8, 3
     cfg = _crime(out_dir, local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=num_active, eta=5.0,
                  beta=1.0, seed=seed, constraint=constraint, batch_size=b, wire_dtype="float64")
-    grid, summary, history = _run(cfg)
+    run = run_app(cfg)
+    summary, history = run.summary, run.history
 
     ds = load_data(cfg)
     cols = split_columns(ds.n_features, 6, num_active, 49)
@@ -74,7 +61,7 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
     for t in range(1, rounds + 1):
         ref.round(batching.batch_rows(seed, t, len(ds.y_train), b))
 
-    fed = _thetas(grid)
+    fed = run.thetas()
     for k, m in enumerate(models):
         for name, p in m.state_dict().items():
             assert torch.allclose(fed[k][name], p, atol=1e-10), (k, name)
@@ -88,10 +75,11 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
 
 
 # -- what travels -----------------------------------------------------------------------------
-def test_batch_rounds_send_b_values_and_passive_parties_still_receive_only_nu(out_dir):
+def test_batch_rounds_send_b_values_and_passive_parties_still_receive_only_nu(out_dir, run_app):
     b = 200
     cfg = _crime(out_dir, batch_size=b)
-    grid, _, history = _run(cfg)
+    run = run_app(cfg, RecordingGrid)
+    grid, history = run.grid, run.history
     active = {nid for nid, ctx in grid.contexts.items() if ctx.node_config["partition-id"] < cfg.num_active}
     trained = 0
     for msg, reply in grid.pairs:
@@ -123,14 +111,15 @@ def test_batch_rounds_send_b_values_and_passive_parties_still_receive_only_nu(ou
     assert evaluated[-1]["acc"] > 0.7  # test metrics on every test row (full-batch run: 0.75)
 
 
-def test_batch_size_at_least_the_training_rows_is_the_full_batch(out_dir):
-    _, full, h_full = _run(_crime(out_dir))
-    grid, same, h_same = _run(_crime(out_dir, batch_size=N_TRAIN))
+def test_batch_size_at_least_the_training_rows_is_the_full_batch(out_dir, run_app):
+    full = run_app(_crime(out_dir))
+    same = run_app(_crime(out_dir, batch_size=N_TRAIN), RecordingGrid)
+    h_full, h_same = full.history, same.history
     drop = ("seconds",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in h_same] == \
         [{k: v for k, v in r.items() if k not in drop} for r in h_full]
-    assert "train_rows" not in h_same[0] and same["batch_size"] == 0 == full["batch_size"]
-    for msg, _ in grid.pairs:
+    assert "train_rows" not in h_same[0] and same.summary["batch_size"] == 0 == full.summary["batch_size"]
+    for msg, _ in same.grid.pairs:
         if msg.metadata.message_type == msgs.TRAIN_PASSIVE:
             assert msg.content.array_records[msgs.PAYLOAD]["nu"].numpy().shape == (N_TRAIN,)
 

@@ -8,10 +8,7 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.app.client import MODEL_STATE
-from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.objective import (
     CONSTRAINTS, MEASURES, Groups, dual_step, loss_derivative, masked_weights, row_weights, train_stats,
@@ -19,7 +16,6 @@ from fairvfl_flwr.core.objective import (
 from fairvfl_flwr.data.partition import split_columns
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.core.reference import CentralisedGDA
-from fairvfl_flwr.app.server import run_server
 
 from .test_objective import assert_gradient_identity
 
@@ -128,21 +124,16 @@ def test_validation_split_is_seeded_disjoint_and_replaces_the_test_rows():
 
 
 # -- federated runs ------------------------------------------------------------------
-def _run(cfg: RunConfig, **grid_kwargs):
-    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
-    summary, folder = run_server(grid, cfg.to_flower())
-    return grid, summary, folder
-
-
 @pytest.mark.parametrize("constraint,measure", [(c, "loss") for c in CONSTRAINTS] + [("equalized-odds", "rate")])
-def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, measure, out_dir):
+def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, measure, out_dir, run_app):
     rounds, seed = 8, 4
     cfg = RunConfig(
         optimizer="gd", dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
         epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=seed, constraint=constraint,
         constraint_measure=measure,
     )
-    grid, summary, folder = _run(cfg)
+    run = run_app(cfg)
+    summary, history = run.summary, run.history
 
     ds = load_data(cfg)
     cols = split_columns(ds.n_features, 6, 2, 49)
@@ -154,12 +145,10 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
     for _ in range(rounds):
         ref.round()
 
-    fed = {int(ctx.node_config["partition-id"]): ctx.state.array_records[MODEL_STATE].to_torch_state_dict()
-           for ctx in grid.contexts.values()}
+    fed = run.thetas()
     for k, m in enumerate(models):
         for name, p in m.state_dict().items():
             assert torch.allclose(fed[k][name], p, atol=1e-10), (k, name)
-    history = json.loads((folder / "history.json").read_text())
     lams = np.array([r["lambdas"] for r in history[1:]])
     assert lams.shape == (rounds, groups.num_multipliers)
     assert np.allclose(lams, np.array(ref.lams), atol=1e-12)
@@ -169,12 +158,12 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
 
 
 @pytest.mark.parametrize("batch_size", [0, 400])  # 400: mini-batch rounds send ν on 400 rows (batching.py)
-def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_dir):
+def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_dir, run_app):
     seen = []
     cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir,
                     constraint="equalized-odds", num_active=2, batch_size=batch_size)
     rows = batch_size or 1200
-    grid, _, _ = _run(cfg, tap=seen.append)
+    grid, _, _ = run_app(cfg, tap=seen.append)
     active_ids = {nid for nid, ctx in grid.contexts.items() if ctx.node_config["partition-id"] < 2}
     for m in seen:
         if m.metadata.dst_node_id in active_ids:
@@ -194,39 +183,39 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_di
                                    else {"round", "evaluate"})
 
 
-def test_fairness_off_keeps_every_multiplier_zero(out_dir):
+def test_fairness_off_keeps_every_multiplier_zero(out_dir, run_app):
     cfg = RunConfig(dataset="crime", fairness=False, constraint="equalized-odds", num_server_rounds=20,
                     eval_every=10, output_dir=out_dir)
-    _, summary, _ = _run(cfg)
+    _, summary, _ = run_app(cfg)
     assert summary["lambda"] == [0.0, 0.0] and summary["lambdas"] == [0.0] * 4
 
 
-def test_two_active_parties_with_local_steps_meet_the_constraint_set(out_dir):
+def test_two_active_parties_with_local_steps_meet_the_constraint_set(out_dir, run_app):
     cfg = RunConfig(dataset="crime", constraint="equalized-odds", num_active=2, local_steps=3, epsilon=0.05,
                     num_server_rounds=200, eval_every=100, output_dir=out_dir)
-    _, summary, _ = _run(cfg)
+    _, summary, _ = run_app(cfg)
     assert summary["train_max_gap"] <= 0.05 + 0.015
     assert summary["test_acc"] > 0.75
 
 
-def test_validation_run_evaluates_on_validation_rows(out_dir):
+def test_validation_run_evaluates_on_validation_rows(out_dir, run_app):
     cfg = RunConfig(dataset="crime", validation_fraction=0.2, num_server_rounds=4, eval_every=2, output_dir=out_dir)
-    _, summary, folder = _run(cfg)
+    _, summary, folder = run_app(cfg)
     assert summary["evaluated_on"] == "validation"
     config = json.loads((folder / "config.json").read_text())
     assert config["dataset-summary"]["train"]["rows"] == 960 and config["dataset-summary"]["test"]["rows"] == 240
 
 
 @pytest.mark.slow
-def test_equalized_odds_mode_lowers_dfp_and_dfn_below_deo_mode_on_adult(out_dir):
+def test_equalized_odds_mode_lowers_dfp_and_dfn_below_deo_mode_on_adult(out_dir, run_app):
     """Same ε, same schedule: constraining both label values beats constraining one on both gaps.
 
     79 s for both runs on the 2-core machine (186 s under heavy load) (seed 0: DEO DFP 0.034 / DFN 0.063, EO 0.020 / 0.054) (300 rounds at step 1/25 instead of 1000 at 1/100).
     """
     base = RunConfig(optimizer="gd", dataset="adult", epsilon=0.01, eta=25.0, num_server_rounds=300, eval_every=300,
                      output_dir=out_dir, seed=0)
-    deo = _run(base)[1]
-    eo = _run(base.replace(constraint="equalized-odds"))[1]
+    deo = run_app(base)[1]
+    eo = run_app(base.replace(constraint="equalized-odds"))[1]
     assert eo["test_dfp"] < deo["test_dfp"] and eo["test_dfn"] < deo["test_dfn"]
     assert eo["train_max_gap"] < 0.03  # measured 0.024 after 300 rounds (0.0105 after 1000 at step 1/50)
     assert eo["test_acc"] > 0.82

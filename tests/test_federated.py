@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.app.client import MODEL_STATE
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.tables import load_dataset
@@ -18,27 +17,14 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.flower.errors import FederationError
 
 
-def _run(cfg: RunConfig, **grid_kwargs):
-    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
-    summary, folder = run_server(grid, cfg.to_flower())
-    return grid, summary, folder
-
-
-def _thetas(grid: InProcessGrid, cfg: RunConfig) -> dict[int, dict]:
-    out = {}
-    for ctx in grid.contexts.values():
-        out[int(ctx.node_config["partition-id"])] = ctx.state.array_records[MODEL_STATE].to_torch_state_dict()
-    return out
-
-
 @pytest.mark.parametrize("model", ["linear", "mlp"])
-def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir):
+def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir, run_app):
     rounds = 8
     cfg = RunConfig(
         optimizer="gd", dataset="crime", model=model, local_steps=1, num_server_rounds=rounds, eval_every=4,
         epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=3, wire_dtype="float64",
     )
-    grid, summary, folder = _run(cfg)
+    run = run_app(cfg)
 
     ds = load_dataset("crime", seed=3)
     cols = split_columns(ds.n_features, 6, 1, 49)
@@ -54,22 +40,19 @@ def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir):
     for _ in range(rounds):
         ref.round()
 
-    fed = _thetas(grid, cfg)
+    fed = run.thetas()
     for k, m in enumerate(models):
         for name, p in m.state_dict().items():
             assert torch.allclose(fed[k][name], p, atol=1e-10), (k, name)
-    import json
-
-    history = json.loads((folder / "history.json").read_text())
-    lams = np.array([[r["lambda1"], r["lambda2"]] for r in history[1:]])
+    lams = np.array([[r["lambda1"], r["lambda2"]] for r in run.history[1:]])
     assert np.allclose(lams, np.array(ref.lams), atol=1e-12)
     assert lams[-1, 0] > 0  # the constraint was active, so the test exercised the λ path
 
 
-def test_passive_parties_receive_only_nu(out_dir):
+def test_passive_parties_receive_only_nu(out_dir, run_app):
     seen = []
     cfg = RunConfig(optimizer="gd", dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir)
-    grid, _, _ = _run(cfg, tap=seen.append)
+    grid, _, _ = run_app(cfg, tap=seen.append)
     roles = {nid: ("active" if ctx.node_config["partition-id"] < cfg.num_active else "passive")
              for nid, ctx in grid.contexts.items()}
     passive = [m for m in seen if roles[m.metadata.dst_node_id] == "passive"]
@@ -115,27 +98,27 @@ def test_replies_carry_logits_not_models(out_dir):
         assert set(r.content.metric_records[msgs.STATS]) == {"sq-norm", "steps"}
 
 
-def test_run_folder_and_fairness_reach_epsilon(out_dir):
+def test_run_folder_and_fairness_reach_epsilon(out_dir, run_app):
     cfg = RunConfig(dataset="crime", epsilon=0.05, num_server_rounds=150, eval_every=50, output_dir=out_dir)
-    _, summary, folder = _run(cfg)
+    _, summary, folder = run_app(cfg)
     for name in ("config.json", "history.csv", "history.json", "summary.json", "convergence.png"):
         assert (folder / name).stat().st_size > 0, name
     assert abs(summary["train_deo"] - 0.05) <= 0.01
     assert summary["test_acc"] > 0.8
 
 
-def test_fairness_off_keeps_lambda_zero(out_dir):
+def test_fairness_off_keeps_lambda_zero(out_dir, run_app):
     cfg = RunConfig(dataset="crime", fairness=False, num_server_rounds=60, eval_every=30, output_dir=out_dir)
-    _, summary, _ = _run(cfg)
+    _, summary, _ = run_app(cfg)
     assert summary["lambda"] == [0.0, 0.0]
     assert summary["train_deo"] > 0.1  # unconstrained: the gap stays well above any ε we use
 
 
-def test_same_seed_same_results_other_seed_differs(out_dir):
+def test_same_seed_same_results_other_seed_differs(out_dir, run_app):
     cfg = RunConfig(dataset="crime", model="mlp", num_server_rounds=20, eval_every=10, output_dir=out_dir)
-    a = _run(cfg)[1]
-    b = _run(cfg)[1]
-    c = _run(cfg.replace(seed=1))[1]
+    a = run_app(cfg)[1]
+    b = run_app(cfg)[1]
+    c = run_app(cfg.replace(seed=1))[1]
     keys = ("train_loss", "train_deo", "test_acc")
     assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-12, abs=1e-12)
     assert abs(a["train_loss"] - c["train_loss"]) > 1e-6

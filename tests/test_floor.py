@@ -1,4 +1,4 @@
-"""One server step for everyone: the bench floor runs the app's algorithm, whatever the measure."""
+"""One server step for everyone: the one-process floor runs the app's algorithm, whatever the measure."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from bench.common import NumpyFloor, adult_problem
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.reference import NumpyFloor
+
+from .oracles import party_problem
 
 
 @pytest.mark.parametrize("measure", ["loss", "rate"])
@@ -19,8 +21,8 @@ def test_numpy_floor_follows_the_app_round_for_round(measure, tmp_path):
                     eval_every=rounds, wire_dtype="float64", output_dir=str(tmp_path))
     _, folder = run_inprocess(cfg.to_flower(), quiet=True)
     history = json.loads((folder / "history.json").read_text())
-    _, blocks, groups = adult_problem(cfg)
-    floor = NumpyFloor(blocks, adult_problem(cfg)[0].y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+    ds, blocks, groups = party_problem(cfg)
+    floor = NumpyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
                        mu=cfg.mu_value(len(groups.in_a)), lr=cfg.lr, Q=cfg.local_steps)
     lams = []
     for _ in range(rounds):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.common import NewtonFloor
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     CentralisedNewton,
@@ -21,6 +20,7 @@ from fairvfl_flwr.core.newton import (
     weight_bounds,
 )
 from fairvfl_flwr.core.objective import Groups, masked_weights, row_weights
+from fairvfl_flwr.core.reference import NewtonFloor
 
 
 def _problem(seed: int, n: int = 300, widths=(5, 3, 4), constraint="deo", measure="loss"):

@@ -19,15 +19,16 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.sections import NEWTON_REFUSED
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.newton import CentralisedNewton
+from fairvfl_flwr.core.reference import NewtonFloor
 from fairvfl_flwr.data import partydata
-from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
+from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.features import transcripts
 
+from .oracles import party_problem
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from bench.common import NewtonFloor  # noqa: E402
 
 EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "eval-every": 4,
          "stop-tolerance": 0.0}  # the reference runs every round
@@ -52,10 +53,7 @@ def _blocks(folder: Path, parties: int) -> list[dict]:
 
 def _problem(rc: dict):
     cfg = RunConfig.from_flower(rc)
-    ds = load_data(cfg)
-    blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
-    return cfg, ds, blocks, groups
+    return cfg, *party_problem(cfg)
 
 
 def test_the_app_equals_the_one_process_reference_round_for_round(tmp_path):

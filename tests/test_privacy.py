@@ -1,30 +1,11 @@
 """Privacy defences: CKKS-encrypted ν and PSI row alignment. Need .[privacy]."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.config import ConfigError, RunConfig
-
-
-def _grid_run(cfg: RunConfig, **grid_kwargs):
-    from fairvfl_flwr.app.client import app as client_app
-    from fairvfl_flwr.flower.inprocess import InProcessGrid
-    from fairvfl_flwr.app.server import run_server
-
-    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
-    summary, _ = run_server(grid, cfg.to_flower())
-    return grid, summary
-
-
-def _thetas(grid):
-    from fairvfl_flwr.app.client import MODEL_STATE
-
-    return {int(c.node_config["partition-id"]): c.state.array_records[MODEL_STATE].to_torch_state_dict()
-            for c in grid.contexts.values()}
 
 
 def test_ckks_refused_for_mlp_and_unknown_values():
@@ -62,19 +43,20 @@ def test_masked_gradient_unmasks_to_xt_nu_and_hides_it_from_the_server():
 
 
 @pytest.fixture(scope="module")
-def ckks_vs_plain(tmp_path_factory):
+def ckks_vs_plain(tmp_path_factory, run_app):
     pytest.importorskip("tenseal")
     out = str(tmp_path_factory.mktemp("runs"))
     seen = []
     base = dict(optimizer="gd", dataset="crime", num_server_rounds=4, eval_every=4, output_dir=out, epsilon=0.01, beta=1.0)
-    plain_grid, plain = _grid_run(RunConfig(**base))
-    ckks_grid, ckks = _grid_run(RunConfig(**base, secure_nu="ckks"), tap=seen.append)
-    return plain_grid, plain, ckks_grid, ckks, seen
+    plain = run_app(RunConfig(**base))
+    ckks = run_app(RunConfig(**base, secure_nu="ckks"), tap=seen.append)
+    return plain, ckks, seen
 
 
 def test_ckks_gives_the_plain_theta_within_ckks_precision(ckks_vs_plain):
-    plain_grid, plain, ckks_grid, ckks, _ = ckks_vs_plain
-    a, b = _thetas(plain_grid), _thetas(ckks_grid)
+    plain_run, ckks_run, _ = ckks_vs_plain
+    plain, ckks = plain_run.summary, ckks_run.summary
+    a, b = plain_run.thetas(), ckks_run.thetas()
     for k in a:
         for name, p in a[k].items():
             assert torch.allclose(b[k][name], p, rtol=1e-5, atol=1e-8), (k, name, (b[k][name] - p).abs().max())
@@ -84,7 +66,8 @@ def test_ckks_gives_the_plain_theta_within_ckks_precision(ckks_vs_plain):
 def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
     from fairvfl_flwr.features import ckks as secure
 
-    _, _, grid, _, seen = ckks_vs_plain
+    _, ckks_run, seen = ckks_vs_plain
+    grid = ckks_run.grid
     n = 1200
     passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= 1}
     passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
@@ -118,20 +101,13 @@ def test_ckks_parameters_are_checked_for_128_bit_security():
         secure._context(weak)
 
 
-def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path):
+def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_app):
     """optimizer='newton' with encrypted ν: the run equals the one-process reference whose passive
     parties use h = 1/(4n), within CKKS precision; passive parties never get ν in the clear."""
     pytest.importorskip("tenseal")
-    import sys
-    from pathlib import Path
+    from fairvfl_flwr.core.reference import NewtonFloor
 
-    from fairvfl_flwr.app.client import app as client_app
-    from fairvfl_flwr.app.server import run_server
-    from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
-    from fairvfl_flwr.flower.inprocess import InProcessGrid
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.common import NewtonFloor
+    from .oracles import party_problem
 
     rc = {"dataset": "crime", "optimizer": "auto", "privacy.secure-nu": "ckks", "wire-dtype": "float64",
           "eval-every": 4, "stop-tolerance": 0.0, "num-parties": 6, "num-server-rounds": 8,
@@ -139,13 +115,10 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path):
     cfg = RunConfig.from_flower(rc)
     assert cfg.optimizer_in_use == "newton"  # auto picks Newton under encrypted ν
     seen = []
-    grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, tap=seen.append)
-    _, folder = run_server(grid, cfg.to_flower())
-    history = json.loads((folder / "history.json").read_text())
+    run = run_app(cfg, tap=seen.append)
+    grid, folder, history = run.grid, run.folder, run.history
 
-    ds = load_data(cfg)
-    blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    ds, blocks, groups = party_problem(cfg)
     n = len(ds.y_train)
     floor = NewtonFloor(blocks, ds.y_train, groups, curvature="const", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
                         mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active)
