@@ -55,7 +55,7 @@ class FairVFL(VFLServer):
             y, z, groups = self.batch_view(rows)
         c = self.cfg
         self.lam, nu = server_step(self.lam, y, z, groups, epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
-        nu = self.hooks.nu(self, server_round, nu)
+        nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
         out = []
         for node in self.nodes.values():
@@ -63,7 +63,7 @@ class FairVFL(VFLServer):
                 content = msgs.active_content(z, self.lam, server_round, evaluate, self.wire_dtype)
                 kind = msgs.TRAIN_ACTIVE
             else:
-                carried = self.hooks.passive_message(self, server_round, nu, evaluate)
+                carried = self.hooks.passive_message(server_round, nu, evaluate)
                 if carried is None:
                     content, kind = msgs.passive_content(nu, server_round, evaluate, self.wire_dtype), msgs.TRAIN_PASSIVE
                 else:

@@ -107,7 +107,7 @@ class NewtonVFL(VFLServer):
         y, z = self.labels.y_train, self.z("train")
         self.lam, nu, self.previous = newton_server_step(self.lam, y, z, self.groups, self.jac, self.previous,
                                                          epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
-        nu = self.hooks.nu(self, server_round, nu)
+        nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
         out = []
         for node in self.nodes.values():
@@ -116,7 +116,7 @@ class NewtonVFL(VFLServer):
                 content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, z=z, lam=self.lam)
                 kind = msgs.NEWTON_ACTIVE
             else:  # a ν channel may carry ν differently (encrypted: α then goes with the second leg)
-                carried = self.hooks.passive_message(self, server_round, nu, evaluate)
+                carried = self.hooks.passive_message(server_round, nu, evaluate)
                 if carried is None:
                     content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, nu=nu)
                     kind = msgs.NEWTON_PASSIVE
@@ -223,7 +223,7 @@ class NewtonVFL(VFLServer):
         ]
         timeout = self.cfg.round_timeout
         # through the hooks like any round's replies: a transcript keeps these logits as received
-        for reply in self.hooks.incoming(self, self.grid, server_round, self.exchange(self.grid, messages, timeout),
+        for reply in self.hooks.incoming(self.grid, server_round, self.exchange(self.grid, messages, timeout),
                                          timeout):
             self.fold(reply)
         self.alpha = {}

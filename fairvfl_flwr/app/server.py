@@ -48,18 +48,36 @@ from fairvfl_flwr.features.secagg import SecureAggregation
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
 from fairvfl_flwr.features.timing import timed
 from fairvfl_flwr.features.transcripts import ServerTranscript
+from fairvfl_flwr.flower.hooks import RoundHook, in_order
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
 
 
+#: The order the server's hooks run in at every point (flower/hooks.py), declared once:
+#: build_server sorts the hooks it picks by it, and a hook class not listed is refused.
+HOOK_ORDER: tuple[type[RoundHook], ...] = (
+    DivergenceGuard,  # first: nothing may checkpoint a diverged state
+    LabelDP,  # the first ν channel: it recomputes ν at the clipped λ, so noise added before it would be lost
+    NuNoise,
+    CkksChannel,  # encrypts ν as the channels before it left it; its second leg's replies are what hooks after it see
+    ServerTranscript,  # after the ν channels (ν as sent), before secure aggregation (replies as received)
+    SecureAggregation,  # before checkpoints: its key set-up runs in begin, before a resume's restart messages
+    Checkpoints,
+    KeepScores,
+    FinalTest,
+    CheckpointBlocks,  # after the guard and FinalTest: a checkpoint's block is of a sound θ, with its test scores
+)
+
+
 def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
                  resume: tuple[dict, dict] | None = None, described: dict | None = None) -> VFLServer:
-    """The run's server: the algorithm of ``mode`` with the hooks its features need.
+    """The run's server: the algorithm of ``mode`` with the hooks its features need, in
+    ``HOOK_ORDER``.
 
     ``described``: what the model cards say about the data (dataset summary, group names).
     """
-    hooks: list = [DivergenceGuard()]  # first: nothing may checkpoint a diverged state
-    if cfg.label_dp_epsilon > 0:  # the first ν channel: it recomputes ν at the clipped λ
+    hooks: list[RoundHook] = [DivergenceGuard()]
+    if cfg.label_dp_epsilon > 0:
         hooks.append(LabelDP(labels.groups_for(cfg.constraint, cfg.constraint_measure), cfg.constraint, epsilon=cfg.label_dp_epsilon,
                              delta=cfg.label_dp_delta, rounds=cfg.num_server_rounds,
                              lambda_bound=cfg.label_dp_lambda_bound, min_group=cfg.label_dp_min_group,
@@ -68,9 +86,9 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         hooks.append(NuNoise(cfg.nu_noise, cfg.seed, labels_fingerprint(labels)))  # parties cannot redraw it
     if cfg.secure_nu == "ckks":
         hooks.append(CkksChannel(len(labels.y_train)))
-    if cfg.transcript_dir:  # after the ν channels (ν as sent), before secure aggregation (replies as received)
+    if cfg.transcript_dir:
         hooks.append(ServerTranscript(cfg.transcript_dir, cfg.record_first, cfg.record_every))
-    if cfg.secure_aggregation:  # before checkpoints: its set-up runs in begin
+    if cfg.secure_aggregation:
         hooks.append(SecureAggregation())
     if cfg.checkpoint_every > 0 or resume is not None:
         hooks.append(Checkpoints(folder, cfg.checkpoint_every, cfg.to_flower(), labels_fingerprint(labels), resume))
@@ -78,7 +96,7 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         hooks.append(KeepScores())
     if cfg.mode != "split":
         hooks.append(FinalTest())
-        if cfg.checkpoint_every > 0:  # after the guard and FinalTest: a checkpoint's block is of a sound θ
+        if cfg.checkpoint_every > 0:
             hooks.append(CheckpointBlocks(folder, cfg.checkpoint_every, described))
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     if cfg.mode == "split":
@@ -87,7 +105,7 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         algorithm = SharedNewtonVFL if cfg.secure_aggregation else NewtonVFL
     else:
         algorithm = FairVFL
-    return algorithm(cfg, labels, on_round=on_round, hooks=hooks, scheduler=scheduler)
+    return algorithm(cfg, labels, on_round=on_round, hooks=in_order(hooks, HOOK_ORDER), scheduler=scheduler)
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
@@ -134,7 +152,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
          "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)
     )
     if cfg.mode != "split":
-        save_blocks(server, grid, folder, {**summary, **described}, cfg.round_timeout)
+        save_blocks(server.view, grid, folder, {**summary, **described}, cfg.round_timeout)
     log(INFO, "%s", format_summary(summary, folder))
     return summary, folder
 
@@ -144,7 +162,7 @@ def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseEx
     done = server.history[-1]["round"] if server.history else None
     if recorder.rows:
         recorder.write_history()
-    notes = server.hooks.stopped(server, exc) or [
+    notes = server.hooks.stopped(exc) or [
         "no checkpoint (set reliability.checkpoint-every > 0 to be able to resume)"]
     log(ERROR, "FairVFL: run stopped after round %s: %s | history so far in %s | %s", done, exc, folder,
         " | ".join(notes))

@@ -27,11 +27,12 @@ from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.data.partydata import CACHE_ENV
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, is_step_type
 
 SERVER_FILE = "checkpoint.npz"
@@ -157,7 +158,7 @@ class Checkpoints(RoundHook):
         self.resume = resume
         self.last_checkpoint: int | None = int(resume[0]["round"]) if resume else None
 
-    def begin(self, server, grid, timeout: float) -> int | None:
+    def begin(self, server: ServerView, grid: Grid, timeout: float) -> int | None:
         if self.resume is None:
             return None
         state, u_train = self.resume
@@ -168,8 +169,7 @@ class Checkpoints(RoundHook):
                     message_type=msgs.INIT, group_id=f"resume-{r}")
             for nid in server.nodes
         ]
-        server.hooks.init_messages(server, messages)
-        for reply in server.exchange(grid, messages, timeout):
+        for reply in server.exchange_init(grid, messages, timeout):
             nid = reply.metadata.src_node_id
             pid = server.nodes[nid].partition_id
             server.fold(reply)
@@ -183,11 +183,11 @@ class Checkpoints(RoundHook):
         self.last_checkpoint = r
         return r + 1
 
-    def end(self, server, grid, server_round: int, timeout: float) -> None:
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
         if self.every > 0 and server_round % self.every == 0:
             self.save(server)
 
-    def save(self, server) -> None:
+    def save(self, server: ServerView) -> None:
         state = server.state_dict()
         u_train = state.pop("u_train")
         state.update({"config": self.config, "fingerprint": self.fingerprint, "run-key": run_key(self.config),
@@ -195,7 +195,7 @@ class Checkpoints(RoundHook):
         save_server(self.folder, state, u_train)
         self.last_checkpoint = int(state["round"])
 
-    def stopped(self, server, exc: BaseException) -> str | None:
+    def stopped(self, server: ServerView, exc: BaseException) -> str | None:
         if self.last_checkpoint is None:
             return None
         where = f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}"

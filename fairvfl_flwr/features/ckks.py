@@ -56,10 +56,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
 
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import GRADIENT_STATE, PartyRuntime, mark_step_type
 
 TRAIN_PASSIVE_ENC = msgs.TRAIN_PASSIVE_ENC
@@ -289,7 +290,8 @@ class CkksServer:
             out += [total.real, total.imag]
         return np.array(out)
 
-    def second_leg(self, server, grid, replies: list[Message], server_round: int, timeout: float) -> list[Message]:
+    def second_leg(self, server: ServerView, grid: Grid, replies: list[Message], server_round: int,
+                   timeout: float) -> list[Message]:
         """Turn passive parties' masked gradients into the training method's second message."""
         done, follow_up = [], []
         for reply in replies:
@@ -314,13 +316,15 @@ class CkksChannel(RoundHook):
     def __init__(self, n_rows: int) -> None:
         self.server = CkksServer(n_rows)
 
-    def init_messages(self, server, messages: list[Message]) -> None:
+    def init_messages(self, server: ServerView, messages: list[Message]) -> None:
         self.server.ship_context(messages, passive_nodes(server.nodes))
 
-    def passive_message(self, server, server_round: int, nu: np.ndarray, evaluate: bool):
+    def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
+                        evaluate: bool) -> tuple[RecordDict, str]:
         return self.server.passive_content(nu, server_round, evaluate), TRAIN_PASSIVE_ENC
 
-    def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
+    def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
+                 timeout: float) -> list[Message]:
         return self.server.second_leg(server, grid, replies, server_round, timeout)
 
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, is_step_type
 
 LAST = "fairvfl.last-reply"  # ConfigRecord: type, round, record names of the last reply
@@ -29,8 +30,8 @@ LAST_PREFIX = "fairvfl.last-reply."
 class DivergenceGuard(RoundHook):
     """Stop the run at the first round whose objective, λ or z is not finite."""
 
-    def end(self, server, grid, server_round: int, timeout: float) -> None:
-        row = server.history[-1]
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+        row = server.last_row
         with np.errstate(over="ignore", invalid="ignore"):
             z = server.z("train")
         checks.check_state(float(row["loss"]), server.lam, server_round, z)

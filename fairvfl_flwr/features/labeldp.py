@@ -41,7 +41,7 @@ from flwr.supercore import log
 
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.objective import Groups, masked_weights
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
 #: How many constraints' groups a label flip changes, by constraint set.
 FLIPPED_GROUPS = {"deo": 1, "equalized-odds": 2, "demographic-parity": 0}
@@ -129,11 +129,11 @@ class LabelDP(RoundHook):
         rng = np.random.default_rng(np.random.SeedSequence([key, server_round, 0x6C64]))
         return rng.normal(scale=self.sigma, size=size)
 
-    def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
+    def nu(self, server: ServerView, server_round: int, nu: np.ndarray) -> np.ndarray:
         if np.any(server.lam > self.lambda_bound):
             # The bound on ν's sensitivity needs |λ_c+ − λ_c−| ≤ Λ; the clipped λ is the server's
             # λ from here on, so the dual ascent is projected onto [0, Λ].
-            server.lam = np.minimum(server.lam, self.lambda_bound)
+            server.set_lambda(np.minimum(server.lam, self.lambda_bound))
             nu = masked_weights(server.labels.y_train, server.z("train"), server.lam, server.groups)
         self.released = max(self.released, server_round)
         return nu + self.noise(server_round, len(nu))
@@ -142,7 +142,7 @@ class LabelDP(RoundHook):
         """ε of the first ``rounds`` releases (default: those released so far)."""
         return epsilon_spent(self.noise_multiplier, self.released if rounds is None else rounds, self.delta)
 
-    def record(self, server, server_round: int, row: dict) -> None:
+    def record(self, server: ServerView, server_round: int, row: dict) -> None:
         if server_round >= 1:
             row["dp_epsilon"] = self.spent(server_round)
             if server_round % server.cfg.eval_every == 0 or server_round == server.cfg.num_server_rounds:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
 
 class NuNoise(RoundHook):
@@ -25,6 +25,6 @@ class NuNoise(RoundHook):
         self.seed = seed
         self.secret = [int(secret, 16)] if secret else []
 
-    def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
+    def nu(self, server: ServerView | None, server_round: int, nu: np.ndarray) -> np.ndarray:
         rng = np.random.default_rng([self.seed, server_round, 0x6E75, *self.secret])
         return nu + rng.normal(scale=self.scale / len(nu), size=nu.shape)

@@ -37,7 +37,7 @@ from fairvfl_flwr.data.preprocess import party_preprocessing
 from fairvfl_flwr.data.tables import DATASETS
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime
 
 SAVE_RECORD = "save"
@@ -52,7 +52,7 @@ class FinalTest(RoundHook):
         self.z_test: np.ndarray | None = None
         self.round: int | None = None  # the round z_test belongs to
 
-    def record(self, server, server_round: int, row: dict) -> None:
+    def record(self, server: ServerView, server_round: int, row: dict) -> None:
         if server.u_test and len(server.u_test) == len(server.nodes):
             self.z_test = server.z("test")
             self.round = server_round
@@ -83,9 +83,9 @@ def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
     return {k: list(v) for k, v in bootstrap(counts, BOOTSTRAP_REPLICATES, seed).items()}
 
 
-def save_blocks(server, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
+def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
     """Every party saves its block; the server writes ``model.json`` and ``model-card.md``."""
-    hook = server.hooks.find(FinalTest)
+    hook = server.hook(FinalTest)
     metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
                                            "test_acc", "test_dfp", "test_dfn")}
     metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed)
@@ -109,22 +109,22 @@ class CheckpointBlocks(RoundHook):
         self.every = every
         self.described = dict(described or {})
 
-    def end(self, server, grid, server_round: int, timeout: float) -> None:
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
         if self.every <= 0 or server_round % self.every:
             return
-        row = server.history[-1]
+        row = server.last_row
         metrics = {"rounds": server_round, "train_loss": _number(row["loss"]), "train_deo": _number(row["deo"]),
                    "train_max_gap": _number(row.get("max_gap", row["deo"])),
                    "evaluated_on": "validation" if server.cfg.validation_fraction > 0 else "test",
                    "test_acc": _number(row.get("acc")), "test_dfp": _number(row.get("dfp")),
                    "test_dfn": _number(row.get("dfn"))}
-        test = server.hooks.find(FinalTest)
+        test = server.hook(FinalTest)
         evaluated = test is not None and test.round == server_round
         metrics["intervals"] = final_intervals(server.labels, test.z_test if evaluated else None, server.cfg.seed)
         _save(server, grid, self.folder, server_round, server_round, metrics, self.described, timeout)
 
 
-def _save(server, grid: Grid, folder: Path, server_round: int, checkpoint: int | None, metrics: dict,
+def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, checkpoint: int | None, metrics: dict,
           summary: dict, timeout: float) -> dict:
     """Ask every party to save its block of θ after ``server_round``; write the manifest and card
     into ``folder`` (the run folder) or, for a checkpoint, its ``checkpoints/round-<r>/``."""

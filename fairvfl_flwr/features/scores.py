@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
 SCORES = "scores.npz"
 
@@ -24,7 +24,7 @@ class KeepScores(RoundHook):
         self.z_train: np.ndarray | None = None
         self.z_test: np.ndarray | None = None
 
-    def record(self, server, server_round: int, row: dict) -> None:
+    def record(self, server: ServerView, server_round: int, row: dict) -> None:
         if server_round == server.last_round:
             self.z_train = server.z("train")
             if server.u_test:

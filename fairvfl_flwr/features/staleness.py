@@ -57,7 +57,7 @@ class StaleRounds:
         self.sent: dict[str, Message] = {}
         for t in range(first, last + 1):
             result.train_metrics_clientapp[t] = self.round(t)
-            server.hooks.end(server, grid, t, timeout)
+            server.hooks.end(grid, t, timeout)
         return result
 
     def round(self, t: int) -> MetricRecord:

@@ -43,9 +43,10 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import Message
+from flwr.serverapp import Grid
 
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, round_of
 
 SERVER = "server"
@@ -114,7 +115,7 @@ class ServerTranscript(RoundHook):
         write(self.folder, SERVER, server_round, arrays)
         self.written.add(server_round)
 
-    def nu(self, server, server_round: int, nu: np.ndarray) -> np.ndarray:
+    def nu(self, server: ServerView, server_round: int, nu: np.ndarray) -> np.ndarray:
         if should_record(server_round, first=self.first, every=self.every):
             self.pending[server_round] = {
                 "nu": np.asarray(nu).astype(server.wire_dtype),
@@ -123,7 +124,8 @@ class ServerTranscript(RoundHook):
             }
         return nu
 
-    def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
+    def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
+                 timeout: float) -> list[Message]:
         if not should_record(server_round, first=self.first, every=self.every):
             return replies
         arrays = self.pending.pop(server_round, {})
@@ -141,7 +143,7 @@ class ServerTranscript(RoundHook):
         self.add(server_round, arrays)
         return replies
 
-    def end(self, server, grid, server_round: int, timeout: float) -> None:
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
         """What the algorithm computed for each party from the round's replies (Newton: the
         step lengths α_k it sends with the next message), once the round is folded."""
         computed = server.computed() if should_record(server_round, first=self.first, every=self.every) else {}

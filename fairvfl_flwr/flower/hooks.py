@@ -4,7 +4,13 @@ In the spirit of Flower's strategy wrappers and client mods: the loop
 (:class:`~fairvfl_flwr.flower.server.VFLServer`) calls the hooks at fixed points, and a
 feature (checkpoints, divergence guard, encrypted or noisy ν, kept scores) is a
 :class:`RoundHook` subclass that overrides the points it needs. The loop never names a
-feature. Hooks run in the order they were added.
+feature.
+
+A hook sees the server through a :class:`ServerView`: what it may read, read-only, and
+the few things it may do to the run, each an explicit method (exchange messages, fold a
+restored reply, restore the state, set λ). The order hooks run in is declared once, by the
+app that picks them (``HOOK_ORDER`` in app/server.py); :func:`in_order` puts a list of
+hooks in that order and refuses a hook the order does not place.
 
 Points, in the order a run meets them:
 
@@ -15,9 +21,10 @@ Points, in the order a run meets them:
   channel may transform them, e.g. add noise);
 * ``passive_message``: the message that carries ν to a passive party (a ν channel may
   carry it differently, e.g. encrypted); None keeps the plain message;
-* ``incoming``: a round's replies (round 0: the first logits), before they are folded into the server's state
-  (a channel with a second leg sends it here);
-* ``record``: a round's history row, before it is stored;
+* ``incoming``: a round's replies (round 0: the first logits), before they are folded into
+  the server's state (a channel with a second leg sends it here);
+* ``record``: a round's history row, before it is stored (the one thing a hook may write
+  to directly: its own columns);
 * ``end``: after a round is folded and recorded (guards, checkpoints); a hook may exchange
   messages of its own here (every party has answered the round);
 * ``stopped``: the run is stopping on an error; a hook may say what it leaves on disk.
@@ -25,99 +32,234 @@ Points, in the order a run meets them:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
 
-VFLServer = Any  # flower.server.VFLServer, which imports this module
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.objective import Groups
+from fairvfl_flwr.data.problem import ServerLabels
+
+
+@dataclass(frozen=True)
+class Node:
+    """What the server knows about one party: its role and row counts, never its data."""
+
+    node_id: int
+    role: str
+    partition_id: int
+    n_train: int
+    n_test: int
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} (partition {self.partition_id}, {self.role})"
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+class ServerView:
+    """The server as a round hook sees it.
+
+    Reads are read-only (mappings are proxies, arrays are not writeable); a change to the
+    run goes through one of the methods under "what a hook may do". ``server`` is the
+    :class:`~fairvfl_flwr.flower.server.VFLServer` (not imported: it imports this module).
+    """
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    # -- what a hook may read ---------------------------------------------------------
+    @property
+    def cfg(self) -> RunConfig:
+        return self._server.cfg
+
+    @property
+    def labels(self) -> ServerLabels:
+        return self._server.labels
+
+    @property
+    def groups(self) -> Groups:
+        return self._server.groups
+
+    @property
+    def nodes(self) -> Mapping[int, Node]:
+        return MappingProxyType(self._server.nodes)
+
+    @property
+    def lam(self) -> np.ndarray:
+        return _read_only(self._server.lam)
+
+    @property
+    def wire_dtype(self) -> np.dtype:
+        return self._server.wire_dtype
+
+    @property
+    def last_round(self) -> int:
+        """The round training ends with (an algorithm that converged lowers it)."""
+        return self._server.last_round
+
+    @property
+    def last_row(self) -> Mapping[str, Any]:
+        """The history row of the last recorded round."""
+        return MappingProxyType(self._server.history[-1])
+
+    @property
+    def u_train(self) -> Mapping[int, np.ndarray]:
+        """Per node, the training logits held."""
+        return MappingProxyType(self._server.u_train)
+
+    @property
+    def u_test(self) -> Mapping[int, np.ndarray]:
+        """Per node, the test logits of the round being recorded (empty outside evaluation rounds)."""
+        return MappingProxyType(self._server.u_test)
+
+    def z(self, split: str) -> np.ndarray:
+        return self._server.z(split)
+
+    def who(self, node_id: int) -> str:
+        return self._server.who(node_id)
+
+    def ordered_nodes(self) -> list[Node]:
+        return self._server.ordered_nodes()
+
+    def computed(self) -> dict[int, dict[str, np.ndarray]]:
+        return self._server.computed()
+
+    def state_dict(self) -> dict:
+        return self._server.state_dict()
+
+    def masked_gradient_message(self, node_id: int, server_round: int,
+                                arrays: dict[str, np.ndarray]) -> tuple[RecordDict, str]:
+        return self._server.masked_gradient_message(node_id, server_round, arrays)
+
+    def hook(self, kind: type[H]) -> H | None:
+        """Another hook of this run, of class ``kind`` (or None)."""
+        return self._server.hooks.find(kind)
+
+    # -- what a hook may do -----------------------------------------------------------
+    def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
+        """Send messages of the hook's own and wait for every reply (retries, envelope checks)."""
+        return self._server.exchange(grid, messages, timeout)
+
+    def exchange_init(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+        """Send (re)start messages, with what every hook adds to them (``init_messages``)."""
+        return self._server.exchange_init(grid, messages, timeout)
+
+    def fold(self, reply: Message) -> None:
+        """Make a reply (every training row) the server's view of its party."""
+        self._server.fold(reply)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved :meth:`state_dict`."""
+        self._server.load_state_dict(state)
+
+    def set_lambda(self, lam: np.ndarray) -> None:
+        """Replace the multipliers λ (a ν channel that bounds them)."""
+        self._server.lam = np.array(lam, dtype=np.float64)
 
 
 class RoundHook:
     """A feature on the server's round loop; override only the points it needs."""
 
-    def begin(self, server: "VFLServer", grid: Any, timeout: float) -> int | None:
+    def begin(self, server: ServerView, grid: Grid, timeout: float) -> int | None:
         return None
 
-    def init_messages(self, server: "VFLServer", messages: list[Message]) -> None:
+    def init_messages(self, server: ServerView, messages: list[Message]) -> None:
         return None
 
-    def nu(self, server: "VFLServer", server_round: int, nu: np.ndarray) -> np.ndarray:
+    def nu(self, server: ServerView, server_round: int, nu: np.ndarray) -> np.ndarray:
         return nu
 
     def passive_message(
-        self, server: "VFLServer", server_round: int, nu: np.ndarray, evaluate: bool
+        self, server: ServerView, server_round: int, nu: np.ndarray, evaluate: bool
     ) -> tuple[RecordDict, str] | None:
         return None
 
     def incoming(
-        self, server: "VFLServer", grid: Any, server_round: int, replies: list[Message], timeout: float
+        self, server: ServerView, grid: Grid, server_round: int, replies: list[Message], timeout: float
     ) -> list[Message]:
         return replies
 
-    def record(self, server: "VFLServer", server_round: int, row: dict) -> None:
+    def record(self, server: ServerView, server_round: int, row: dict) -> None:
         return None
 
-    def end(self, server: "VFLServer", grid: Any, server_round: int, timeout: float) -> None:
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
         return None
 
-    def stopped(self, server: "VFLServer", exc: BaseException) -> str | None:
+    def stopped(self, server: ServerView, exc: BaseException) -> str | None:
         return None
+
+
+H = TypeVar("H", bound=RoundHook)
+
+
+def in_order(hooks: Iterable[RoundHook], order: Sequence[type[RoundHook]]) -> list[RoundHook]:
+    """``hooks`` sorted by their class's place in ``order``; a hook that is an instance of
+    no class in ``order`` is refused."""
+    def place(hook: RoundHook) -> int:
+        for i, kind in enumerate(order):
+            if isinstance(hook, kind):
+                return i
+        raise ValueError(f"{type(hook).__name__} has no place in the hook order "
+                         f"({', '.join(k.__name__ for k in order)}); add it there")
+    return sorted(hooks, key=place)
 
 
 class Hooks:
-    """An ordered list of :class:`RoundHook` objects, called as one."""
+    """An ordered list of :class:`RoundHook` objects, called as one, each with ``view``."""
 
-    def __init__(self, hooks: Iterable[RoundHook] = ()) -> None:
+    def __init__(self, hooks: Iterable[RoundHook], view: ServerView) -> None:
         self.hooks: list[RoundHook] = list(hooks)
+        self.view = view
 
-    def add(self, hook: RoundHook) -> None:
-        self.hooks.append(hook)
-
-    def find(self, kind: type) -> Any:
+    def find(self, kind: type[H]) -> H | None:
         """The first hook of class ``kind`` (or None)."""
         return next((h for h in self.hooks if isinstance(h, kind)), None)
 
-    def begin(self, server: "VFLServer", grid: Any, timeout: float) -> int | None:
+    def begin(self, grid: Grid, timeout: float) -> int | None:
         for h in self.hooks:
-            first = h.begin(server, grid, timeout)
+            first = h.begin(self.view, grid, timeout)
             if first is not None:
                 return first
         return None
 
-    def init_messages(self, server: "VFLServer", messages: list[Message]) -> None:
+    def init_messages(self, messages: list[Message]) -> None:
         for h in self.hooks:
-            h.init_messages(server, messages)
+            h.init_messages(self.view, messages)
 
-    def nu(self, server: "VFLServer", server_round: int, nu: np.ndarray) -> np.ndarray:
+    def nu(self, server_round: int, nu: np.ndarray) -> np.ndarray:
         for h in self.hooks:
-            nu = h.nu(server, server_round, nu)
+            nu = h.nu(self.view, server_round, nu)
         return nu
 
-    def passive_message(
-        self, server: "VFLServer", server_round: int, nu: np.ndarray, evaluate: bool
-    ) -> tuple[RecordDict, str] | None:
+    def passive_message(self, server_round: int, nu: np.ndarray, evaluate: bool) -> tuple[RecordDict, str] | None:
         for h in self.hooks:
-            carried = h.passive_message(server, server_round, nu, evaluate)
+            carried = h.passive_message(self.view, server_round, nu, evaluate)
             if carried is not None:
                 return carried
         return None
 
-    def incoming(
-        self, server: "VFLServer", grid: Any, server_round: int, replies: list[Message], timeout: float
-    ) -> list[Message]:
+    def incoming(self, grid: Grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
         for h in self.hooks:
-            replies = h.incoming(server, grid, server_round, replies, timeout)
+            replies = h.incoming(self.view, grid, server_round, replies, timeout)
         return replies
 
-    def record(self, server: "VFLServer", server_round: int, row: dict) -> None:
+    def record(self, server_round: int, row: dict) -> None:
         for h in self.hooks:
-            h.record(server, server_round, row)
+            h.record(self.view, server_round, row)
 
-    def end(self, server: "VFLServer", grid: Any, server_round: int, timeout: float) -> None:
+    def end(self, grid: Grid, server_round: int, timeout: float) -> None:
         for h in self.hooks:
-            h.end(server, grid, server_round, timeout)
+            h.end(self.view, grid, server_round, timeout)
 
-    def stopped(self, server: "VFLServer", exc: BaseException) -> list[str]:
-        return [s for s in (h.stopped(server, exc) for h in self.hooks) if s]
+    def stopped(self, exc: BaseException) -> list[str]:
+        return [s for s in (h.stopped(self.view, exc) for h in self.hooks) if s]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from logging import INFO
 from typing import Any, Callable
 
@@ -37,21 +36,7 @@ from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.hooks import Hooks, RoundHook
-
-
-@dataclass
-class Node:
-    """What the server knows about one party: its role and row counts, never its data."""
-
-    node_id: int
-    role: str
-    partition_id: int
-    n_train: int
-    n_test: int
-
-    def __str__(self) -> str:
-        return f"node {self.node_id} (partition {self.partition_id}, {self.role})"
+from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
 
 
 class SyncRounds:
@@ -60,9 +45,9 @@ class SyncRounds:
     def run(self, server: "VFLServer", grid: Grid, first: int, last: int, timeout: float, result: Result) -> Result:
         for t in range(first, last + 1):
             replies = server.exchange(grid, server.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
-            replies = server.hooks.incoming(server, grid, t, replies, timeout)
+            replies = server.hooks.incoming(grid, t, replies, timeout)
             _, metrics = server.aggregate_train(t, replies)
-            server.hooks.end(server, grid, t, timeout)
+            server.hooks.end(grid, t, timeout)
             result.train_metrics_clientapp[t] = metrics
             if t >= server.last_round:  # an algorithm that converged ended training early
                 break
@@ -104,7 +89,8 @@ class VFLServer(Strategy):
         self.groups: Groups = labels.groups_for(config.constraint, config.constraint_measure)
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
-        self.hooks = Hooks(hooks)
+        self.view = ServerView(self)  # what the hooks see of this server
+        self.hooks = Hooks(hooks, self.view)
         self.scheduler = scheduler or SyncRounds()
         self.wire_dtype = np.dtype(config.wire_dtype)
         # 0: full batch (also when batch-size >= the training rows); b: rounds train on b rows
@@ -192,10 +178,10 @@ class VFLServer(Strategy):
         self.summary()
         setup_started = time.perf_counter()
         self.discover(grid, timeout)
-        first = self.hooks.begin(self, grid, timeout)
+        first = self.hooks.begin(grid, timeout)
         if first is None:
             self.initialise(grid, timeout)
-            self.hooks.end(self, grid, 0, timeout)
+            self.hooks.end(grid, 0, timeout)
             first = 1
         self.setup_seconds = time.perf_counter() - setup_started
         self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
@@ -253,8 +239,12 @@ class VFLServer(Strategy):
             Message(self.init_content(), dst_node_id=nid, message_type=self.init_type, group_id="0")
             for nid in self.nodes
         ]
-        self.hooks.init_messages(self, messages)
-        self.aggregate_train(0, self.hooks.incoming(self, grid, 0, self.exchange(grid, messages, timeout), timeout))
+        self.aggregate_train(0, self.hooks.incoming(grid, 0, self.exchange_init(grid, messages, timeout), timeout))
+
+    def exchange_init(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+        """Send (re)start messages with what every hook adds to them (``init_messages``)."""
+        self.hooks.init_messages(messages)
+        return self.exchange(grid, messages, timeout)
 
     def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:
         """Push, poll, retry and check envelopes (:func:`fairvfl_flwr.flower.exchange.exchange`)."""
@@ -317,7 +307,7 @@ class VFLServer(Strategy):
         evaluated = bool(self.u_test) and (server_round == 0 or self.evaluates(server_round))
         if evaluated:
             row.update(fairness_metrics(self.labels.y_test, self.labels.s_test, self.z("test")))
-        self.hooks.record(self, server_round, row)
+        self.hooks.record(server_round, row)
         if evaluated:
             self.u_test.clear()
             log(
