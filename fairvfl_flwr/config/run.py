@@ -200,6 +200,21 @@ class RunConfig:
                          rule=at_least(-1), why="must be -1 (the final model) or a checkpoint's round >= 0")
     score_path: str = S("", "simulation: each party's raw file to score, {partition} replaced by its partition id; "
                         "empty: the run's test rows", section="score")
+    # -- tables ----------------------------------------------------------------------
+    tables_own: bool = S(False, "true: every party starts from its own raw table (node config table-path; in "
+                         "simulation tables.path) and the run begins with private alignment (PSI)", section="tables")
+    tables_path: str = S("", "simulation: each party's raw table, {partition} replaced by its partition id",
+                         section="tables")
+    tables_id_column: str = S("row_id", "simulation: the id column of every party's table (deployment: node "
+                              "config id-column)", section="tables")
+    tables_min_common: int = S(100, "alignment refuses the run when fewer ids are common to all parties",
+                               section="tables", rule=at_least(1), why="must be at least 1 row")
+    tables_train_fraction: float = S(0.8, "share of the common rows the label owner puts in training (seeded)",
+                                     section="tables", rule=within(0, 1, open_=True), why="must be between 0 and 1")
+    tables_types: str = S("", "column type overrides, e.g. 'zip=category,score=number' (default: numbers are "
+                          "numbers, anything else a category)", section="tables")
+    tables_missing: str = S("", "missing values per column: 'age=median,job=value:none' (mean, median, mode, "
+                            "value:<v>); a column not named refuses them", section="tables")
 
     # -- construction ------------------------------------------------------------
     @classmethod

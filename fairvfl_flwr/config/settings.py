@@ -36,6 +36,7 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
     "csv": ("Your own table", "configuration.md#your-own-table", "Read with `dataset = \"csv\"`."),
     "split": ("Split learning", "compare.md", "Read with `mode = \"split\"`, the split-learning baseline."),
     "score": ("Scoring", "scoring.md", "Read with `mode = \"score\"`."),
+    "tables": ("Each party's own table", "deploy.md", "Private alignment and local preparation of raw tables."),
 }
 
 #: A help text is one line of the docs table and one comment in pyproject.toml.
