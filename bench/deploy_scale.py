@@ -34,7 +34,7 @@ from bench.deploy_time import TIMING_ENV, breakdown, deploy, history, history_ro
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.data import problem, synthetic  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
-from fairvfl_flwr.tools.localfed import parse_run_config  # noqa: E402
+from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
 
 KINDS = ("flower-superlink", "flwr-serverapp", "flower-supernode", "flower-superexec", "flwr-clientapp")
 
@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="deploy_scale")
     args = ap.parse_args(argv)
-    extra = parse_run_config(args.run_config)
+    extra = parse_run_config(args.run_config, "--run-config")
     with tempfile.TemporaryDirectory(prefix="fairvfl-scale-") as tmp:
         tmp = args.keep or Path(tmp)
         t0 = time.perf_counter()

@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import DEFAULT_OUT, REPO, write  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
-from fairvfl_flwr.tools.localfed import LocalFederation, parse_run_config  # noqa: E402
+from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
+from fairvfl_flwr.tools.localfed import LocalFederation  # noqa: E402
 
 NOOP_APP = REPO / "scripts" / "noop_app"
 TIMING_ENV = "FAIRVFL_TIMING_LOG"
@@ -266,7 +267,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--name", default="deploy_time")
     args = ap.parse_args(argv)
     polls = args.poll or ["default", "0.05"]
-    extra = parse_run_config(args.run_config)
+    extra = parse_run_config(args.run_config, "--run-config")
     with tempfile.TemporaryDirectory(prefix="fairvfl-deploytime-") as tmp:
         tmp = args.keep or Path(tmp)
         manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties")

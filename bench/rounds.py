@@ -24,13 +24,13 @@ in-process grid (app/run.run_inprocess, float32 wire as by default); the table t
     python bench/rounds.py --app --optimizer gd,newton --datasets adult,compas,crime --seeds 0,1,2 \
         --qs 5 --rounds 1000 --newton-rounds 100 --name rounds-newton-app
 
-``--optimizer adagrad --set model=mlp`` trains MLP parties with AdaGrad steps (docs/adagrad.md),
-``--optimizer gd --set model=mlp`` with the paper's; MLP rows run on core/reference.PartyFloor,
+``--optimizer adagrad --set "model='mlp'"`` trains MLP parties with AdaGrad steps (docs/adagrad.md),
+``--optimizer gd --set "model='mlp'"`` with the paper's; MLP rows run on core/reference.PartyFloor,
 the parties' own step code. ``--jobs N`` runs N of the (dataset, seed, optimizer, Q) runs
 at a time, one process each; the JSON's MLP rows carry ``curve`` ([round, test acc, train
 DEO] per evaluated round):
 
-    python bench/rounds.py --dataset adult --seeds 0,1,2 --qs 5 --set model=mlp --jobs 3 \
+    python bench/rounds.py --dataset adult --seeds 0,1,2 --qs 5 --set "model='mlp'" --jobs 3 \
         --optimizer adagrad --rounds 100 --name mlp-adult-adagrad-100
 
 ``--optimizer newton,newton-secagg`` with ``--app``: block Newton against block Newton under
@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 from fairvfl_flwr.core.newton import MEMORY  # noqa: E402
+from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
 
 ACC_POINTS = 0.5
 DEO_SLACK = 0.005
@@ -180,7 +181,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=1000)
     ap.add_argument("--qs", default="1,2,5,10")
     ap.add_argument("--preset", default="", help="run-config preset (fairvfl_flwr/config/presets.py), e.g. fast")
-    ap.add_argument("--set", default="", help="extra run config, e.g. 'eta=50 beta=0.5'")
+    ap.add_argument("--set", default="", help="extra run config in flwr run's --run-config syntax, e.g. "
+                    "\"eta=50 model='mlp'\"")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="")
     ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
@@ -197,10 +199,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if "newton-secagg" in args.optimizer.split(",") and not args.app:
         ap.error("--optimizer newton-secagg runs through the app: add --app")
-    extra = {}
-    for item in args.set.split():
-        k, v = item.split("=", 1)
-        extra[k] = float(v) if v.replace(".", "", 1).replace("e-", "", 1).isdigit() else v
+    try:
+        extra = parse_run_config(args.set)
+    except RunConfigArgError as exc:
+        ap.error(str(exc))
     datasets = args.datasets.split(",") if args.datasets else [args.dataset]
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
     tasks = []

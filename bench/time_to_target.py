@@ -41,7 +41,7 @@ from bench.deploy_time import NOOP_APP, TIMING_ENV, deploy, history, poll_env, r
 from bench.rounds import rounds_to_target  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
-from fairvfl_flwr.tools.localfed import parse_run_config  # noqa: E402
+from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
 
 
 def quality(rows: list[dict], eps: float) -> dict:
@@ -191,7 +191,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--name", default="time_to_target")
     args = ap.parse_args(argv)
     modes = ["deploy", "noop"] if args.deploy else args.modes.split(",")
-    extra = parse_run_config(args.run_config)
+    extra = parse_run_config(args.run_config, "--run-config")
     rounds = int(extra.get("num-server-rounds", args.rounds))
     eps = float(extra.get("epsilon", args.epsilon))
     results = []

@@ -44,7 +44,8 @@ sys.path.insert(0, str(REPO))
 
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
-from fairvfl_flwr.tools.localfed import LocalFederation, parse_run_config  # noqa: E402
+from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
+from fairvfl_flwr.tools.localfed import LocalFederation  # noqa: E402
 
 
 def _fairvfl_rounds(out: Path) -> list[float]:
@@ -95,8 +96,8 @@ def main() -> None:
     p.add_argument("--variant", default="", help="run config on top of --run-config for the variant setting, "
                    "e.g. \"privacy.secure-aggregation=false\"")
     args = p.parse_args()
-    base = parse_run_config(args.run_config)
-    variant = {**base, **parse_run_config(args.variant)}
+    base = parse_run_config(args.run_config, "--run-config")
+    variant = {**base, **parse_run_config(args.variant, "--variant")}
     if "variant" in args.settings.split(",") and not args.variant:
         p.error("the variant setting needs --variant \"key=value ...\"")
     polls = args.poll or [None, "0.05"]

@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.tools import compare
+from fairvfl_flwr.tools.compare_methods import CENTRAL_NAME, SPLIT_NAME
+from fairvfl_flwr.tools.compare_tables import table_markdown
+from fairvfl_flwr.tools.paper import PAPER_EPSILONS, fairvfl_name, paper_tables
 from fairvfl_flwr.data.tables import load_dataset
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.features.scores import load_scores
@@ -112,7 +115,7 @@ def _records():
             recs += [
                 {"method": "FedBCD", "dataset": d, "model": "linear", "seed": seed, "engine": "inprocess",
                  "rounds": 1000, "acc": acc, "dfp": 0.1, "dfn": 0.2},
-                {"method": compare.fairvfl_name(0.01), "dataset": d, "model": "linear", "seed": seed,
+                {"method": fairvfl_name(0.01), "dataset": d, "model": "linear", "seed": seed,
                  "engine": "inprocess", "rounds": 1000, "acc": acc - 0.01, "dfp": 0.01, "dfn": 0.02},
                 {"method": "FedBCD + EO", "dataset": d, "model": "linear", "seed": seed, "engine": "inprocess",
                  "rounds": 1000, "acc": acc - 0.05, "dfp": 0.0, "dfn": 0.01},
@@ -121,7 +124,7 @@ def _records():
 
 
 def test_table_writer_uses_the_papers_layout():
-    text = compare.table_markdown(_records(), "linear", [0.01])
+    text = table_markdown(_records(), "linear", [0.01])
     measured, paper = text.split("the paper's numbers")
     lines = [l for l in measured.splitlines() if l.startswith("|")]
     assert lines[0] == "| Method | Adult ACC | Adult DFP | Adult DFN | Crime ACC | Crime DFP | Crime DFN |"
@@ -130,7 +133,7 @@ def test_table_writer_uses_the_papers_layout():
     assert "Mean ± std over 2 seeds (0, 1)" in measured
     plines = [l for l in paper.splitlines() if l.startswith("|")]
     assert plines[0] == lines[0]
-    assert [l.split("|")[1].strip() for l in plines[2:]] == list(compare.PAPER["linear"])
+    assert [l.split("|")[1].strip() for l in plines[2:]] == list(paper_tables()["linear"])
     assert "| FedBCD | 85.06% | 0.14 | 0.18 | 88.65% | 0.17 | 0.27 |" in paper
 
 
@@ -138,19 +141,27 @@ def test_constraint_set_rows_follow_the_fairvfl_rows_in_the_table():
     recs = [r for r in _records() if r["dataset"] == "adult"]
     for tag, constraint, measure in (("DP", "demographic-parity", "rate"), ("EO-loss", "equalized-odds", "loss"),
                                      ("EO", "equalized-odds", "rate")):
-        recs.append({**recs[0], "method": compare.fairvfl_name(0.01, tag), "epsilon": 0.01,
+        recs.append({**recs[0], "method": fairvfl_name(0.01, tag), "epsilon": 0.01,
                      "config": {"constraint": constraint, "constraint-measure": measure}})
-    lines = [l for l in compare.table_markdown(recs, "linear", [0.01]).split("the paper's")[0].splitlines()
+    lines = [l for l in table_markdown(recs, "linear", [0.01]).split("the paper's")[0].splitlines()
              if l.startswith("|")]
     assert [l.split("|")[1].strip() for l in lines[2:]] == [
         "FedBCD", "FedBCD + EO", "FairVFL(ε=1e-2)", "FairVFL-EO(ε=1e-2)", "FairVFL-EO-loss(ε=1e-2)",
         "FairVFL-DP(ε=1e-2)"]
 
 
+def test_paper_tables_hold_every_cell_under_the_names_the_runs_get():
+    for model in ("linear", "mlp"):
+        table = paper_tables()[model]
+        assert list(table) == ["FedBCD", "FedBCD + EO", "FedBCD + CEO", *[fairvfl_name(e) for e in PAPER_EPSILONS]]
+        assert all(set(per) == {"adult", "compas", "crime"} for per in table.values())
+    assert paper_tables()["mlp"]["FairVFL(ε=1e-3)"]["crime"] == (84.62, 0.01, 0.06)
+
+
 def test_method_names_follow_the_paper():
-    assert [compare.fairvfl_name(e) for e in compare.PAPER_EPSILONS] == [
+    assert [fairvfl_name(e) for e in PAPER_EPSILONS] == [
         "FairVFL(ε=1e-3)", "FairVFL(ε=1e-2)", "FairVFL(ε=5e-2)", "FairVFL(ε=1e-1)", "FairVFL(ε=5e-1)"]
-    assert compare.fairvfl_name(0.025) == "FairVFL(ε=0.025)"
+    assert fairvfl_name(0.025) == "FairVFL(ε=0.025)"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -163,7 +174,8 @@ def test_method_names_follow_the_paper():
     (["--set", "local-steps=0"], "local-steps=0"),
     (["--redo-post"], "add --resume"),
     (["--constraint-epsilons", "x"], "--constraint-epsilons"),
-    (["--set", "constraint=equalized-odds"], "sets constraint itself"),
+    (["--set", "constraint='equalized-odds'"], "sets constraint itself"),
+    (["--set", "preset=fast"], "--set 'preset=fast': the text 'fast' needs quotes"),
 ])
 def test_compare_refuses_bad_input_by_name(args, message, capsys, tmp_path):
     assert compare.main([*args, "--out", str(tmp_path)]) == 2
@@ -182,7 +194,7 @@ def test_compare_command_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     runs = json.loads((out / "results.json").read_text())["runs"]
     methods = [r["method"] for r in runs]
     assert methods == ["FedBCD", "FedBCD + EO", "FedBCD + CEO", "FairVFL(ε=5e-2)", "FairVFL-EO(ε=1e-2)",
-                       "FairVFL-DP(ε=1e-2)", compare.SPLIT_NAME, compare.CENTRAL_NAME]
+                       "FairVFL-DP(ε=1e-2)", SPLIT_NAME, CENTRAL_NAME]
     for r in runs:
         assert 0 < r["acc"] <= 1 and 0 <= r["dfp"] <= 1 and 0 <= r["dfn"] <= 1, r["method"]
         assert r["dataset"] == "crime" and r["seed"] == 0
@@ -231,7 +243,7 @@ def test_compare_engine_flwr_equals_inprocess_for_fedbcd_and_split_learning(tmp_
                   overrides={"num-server-rounds": 40, "eval-every": 20})
     real = compare.run_compare(out=tmp_path / "flwr", engine="flwr", **kwargs)
     same = compare.run_compare(out=tmp_path / "inproc", engine="inprocess", **kwargs)
-    assert [r["method"] for r in real] == [r["method"] for r in same] == ["FedBCD", compare.SPLIT_NAME]
+    assert [r["method"] for r in real] == [r["method"] for r in same] == ["FedBCD", SPLIT_NAME]
     for a, b in zip(real, same):
         assert a["engine"] == "flwr" and b["engine"] == "inprocess"
         for key in ("acc", "dfp", "dfn", "train_loss", "train_deo"):

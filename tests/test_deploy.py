@@ -21,7 +21,8 @@ import pytest
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.tools.export import export
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
+from fairvfl_flwr.tools.cli import config_text
+from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port
 from fairvfl_flwr.tools.tls import make_security
 
 pytestmark = pytest.mark.slow
@@ -134,7 +135,7 @@ def test_unregistered_supernode_is_rejected(tmp_path, exported):
             [str(BIN / "flower-supernode"), "--superlink", f"{HOST}:{fed.port}", "--port", str(free_port()),
              "--root-certificates", str(security.ca_cert), "--auth-supernode-private-key",
              str(tmp_path / "secrets" / "keys" / "party1"),
-             "--node-config", node_config_arg(manifest["node_configs"][1])],
+             "--node-config", config_text(manifest["node_configs"][1])],
             env={**fed.env, "FLWR_HOME": str(tmp_path / "intruder")}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -21,7 +21,8 @@ from fairvfl_flwr.features.checkpoint import SERVER_FILE, load_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.tools.export import export
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port, node_config_arg
+from fairvfl_flwr.tools.cli import config_text
+from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port
 
 # The longest fault test (two federations, a kill and a restart): left out of the default run.
 pytestmark = [pytest.mark.slow, pytest.mark.deploy_long]
@@ -94,7 +95,7 @@ def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted
         fed._spawn(
             f"supernode{VICTIM}-again",
             [str(BIN / "flower-supernode"), "--superlink", f"{HOST}:{fed.port}", "--port", str(free_port()),
-             "--node-config", node_config_arg(nodes[VICTIM]), "--insecure"],
+             "--node-config", config_text(nodes[VICTIM]), "--insecure"],
             env={**fed.env, "FLWR_HOME": str(fed.home / f"node{VICTIM}-again")},
         )
         fed.wait_nodes(len(nodes), timeout=120)

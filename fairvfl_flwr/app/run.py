@@ -32,10 +32,14 @@ def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, grid: I
     if not quiet:
         return run_server(grid, cfg.to_flower())
     flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)
+    # a filter, not setLevel: Flower code run inside the job may reset the logger's level
+    flwr_logger.addFilter(_warnings_only)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             return run_server(grid, cfg.to_flower())
     finally:
-        flwr_logger.setLevel(level)
+        flwr_logger.removeFilter(_warnings_only)
+
+
+def _warnings_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING

@@ -42,7 +42,7 @@ the truth, which no attacker sees:
   attacks on what is left: the party's logits with one passive party, words still masked
   by the passive parties' mutual keys with two or more.
 
-Under ``optimizer = "newton"`` (``--optimizer newton`` or ``--set optimizer=newton``; the
+Under ``optimizer = "newton"`` (``--optimizer newton`` or ``--set "optimizer='newton'"``; the
 transcript holds directions, so the attacks follow it, not the flag) the server's Gram attack
 uses the Newton equation X_k X_kᵀ(h̃ ⊙ X_k s_k + ν) = −μ(X_k s_k + X_k θ_k) on each reply
 (tools/attacks.newton_gram_attack) and its trajectory attack the logits it tracks with the
@@ -51,7 +51,7 @@ the trajectory one on S(t) (its gradient-descent identity does not hold for Newt
 the passive attacks are unchanged (ν is computed as for gradient descent; its α_k are at most
 1 + newton-memory floats per round with nothing per row). Every round is recorded so the server can track
 each party's logits (``privacy.record-first`` is raised to the number of rounds).
-Any other run-config key: ``--set key=value``.
+Any other run-config key: ``--set key=value`` (flwr run's ``--run-config`` syntax).
 """
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
 from fairvfl_flwr.algorithms.newton import ENCRYPTED_NU_CURVATURE, PASSIVE_CURVATURE
 from fairvfl_flwr.tools import attacks
+from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config
 
 
 def _ranks(score: np.ndarray) -> np.ndarray:
@@ -380,31 +381,31 @@ def spread(rows: list[dict], repeats: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Leakage audit of every role's transcript (see module docstring).")
-    p.add_argument("--datasets", default="adult,compas,crime")
-    p.add_argument("--rounds", type=int, default=300)
+    p = argparse.ArgumentParser(prog="fairvfl-audit",
+                                description="Leakage audit of every role's transcript (see module docstring).")
+    p.add_argument("--datasets", default="adult,compas,crime", help="comma list of datasets to audit")
+    p.add_argument("--rounds", type=int, default=300, help="num-server-rounds of each audited run")
     p.add_argument("--noise", default="0", help="comma list of nu-noise levels (units of 1/n)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the runs' seed")
     p.add_argument("--secure-nu", default="none", choices=["none", "ckks"], help="audit under encrypted ν (linear)")
     p.add_argument("--secure-aggregation", action="store_true", help="audit with masked partial logits")
     p.add_argument("--optimizer", choices=["gd", "newton", "auto"], default=None,
                    help="train with this optimizer (the run config's default otherwise); a Newton transcript is "
                         "attacked through its directions")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other run-config key, e.g. --set num-parties=2 (repeatable)")
+                   help="any other run-config key in flwr run's --run-config syntax, e.g. --set num-parties=2 "
+                        "--set \"model='mlp'\" (repeatable)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run each audit this many times: label DP draws fresh noise every run (a new server "
                         "secret), so one run is one draw; the table then ends with each attack's mean [min, max]")
-    p.add_argument("--out", type=Path, default=Path("results/audit"))
+    p.add_argument("--out", type=Path, default=Path("results/audit"), help="folder for audit.json and audit.md")
     a = p.parse_args(argv)
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
-    extra = {}
-    for item in a.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set {item!r}: write KEY=VALUE")
-        extra[key.strip()] = value.strip()
+    try:
+        extra = parse_run_config(a.set)
+    except RunConfigArgError as exc:
+        p.error(str(exc))
     if a.optimizer is not None:
         extra.setdefault("optimizer", a.optimizer)
     a.out.mkdir(parents=True, exist_ok=True)

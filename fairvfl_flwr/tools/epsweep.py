@@ -15,8 +15,9 @@ chosen ε is then retrained on all training rows and evaluated once on the test 
 (``--no-refit`` skips this).
 
 Writes ``epsweep.json``, ``table.md`` and ``tradeoff.png`` into ``--out``. Every run
-goes through the real ServerApp strategy and ClientApp over the in-process grid, like
-``fairvfl_flwr.tools.sweep``; any run-config key can be set with ``--set KEY=VALUE``.
+goes through the real ServerApp strategy and ClientApp, over the in-process grid or with
+``--engine flwr`` through ``flwr run`` (tools/jobs.py), like ``fairvfl-sweep``; any
+run-config key can be set with ``--set``, in flwr run's ``--run-config`` syntax.
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
+from fairvfl_flwr.tools.jobs import ENGINES, Done, Job, run_jobs
+from fairvfl_flwr.tools.tables import markdown
+
+PROG = "fairvfl-epsweep"
+METRICS = ("acc", "dfp", "dfn", "train_max_gap")
 
 
 @dataclass(frozen=True)
@@ -71,12 +77,30 @@ def select_epsilon(points: list[dict], rule: Rule) -> tuple[dict, bool]:
     return min(scored, key=lambda mp: (mp[0], -mp[1]["acc"]))[1], False
 
 
-def _train(changes: dict, quiet: bool) -> dict:
-    cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-    summary, folder = run_inprocess(cfg.to_flower(), quiet=quiet)
+def _record(done: Done) -> dict:
+    summary = done.summary
     return {"acc": summary["test_acc"], "dfp": summary["test_dfp"], "dfn": summary["test_dfn"],
             "train_max_gap": summary.get("train_max_gap", summary["train_deo"]),
-            "train_deo": summary["train_deo"], "run_dir": str(folder)}
+            "train_deo": summary["train_deo"], "run_dir": str(done.folder), **done.job.data,
+            "seconds": done.seconds}
+
+
+def _train(base: dict, epsilons: list[float], seeds: list[int], out: Path, engine: str, quiet: bool, note: str,
+           **changes) -> list[dict]:
+    """One run per (ε, seed); the records in that order. ``note`` names the runs in the progress lines."""
+    jobs = [Job(run_config={**base, **changes, "epsilon": eps, "seed": seed, "output-dir": str(out / "runs")},
+                data={"epsilon": eps, "seed": seed}) for eps in epsilons for seed in seeds]
+    records: list[dict] = []
+
+    def keep(done: Done) -> str:
+        rec = _record(done)
+        records.append(rec)
+        return (f"eps={rec['epsilon']:g} seed {rec['seed']}: {note} ACC {100 * rec['acc']:.2f}% "
+                f"DFP {rec['dfp']:.3f} DFN {rec['dfn']:.3f} | train max gap {rec['train_max_gap']:.4f} "
+                f"({rec['seconds']:.0f} s)")
+
+    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
+    return records
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -91,41 +115,29 @@ def sweep(
     out: Path,
     refit: bool = True,
     quiet: bool = True,
+    engine: str = "inprocess",
 ) -> dict:
     """Run the sweep; return (and write) ``{"points", "runs", "chosen", "qualifies", "test"}``."""
     out.mkdir(parents=True, exist_ok=True)
-    runs, t0 = [], time.perf_counter()
-    total = len(epsilons) * len(seeds)
-    for eps in epsilons:
-        for seed in seeds:
-            started = time.perf_counter()
-            rec = _train({**base, "epsilon": eps, "seed": seed, "output-dir": str(out / "runs")}, quiet)
-            rec.update(epsilon=eps, seed=seed, seconds=time.perf_counter() - started)
-            runs.append(rec)
-            print(f"[{len(runs)}/{total}] eps={eps:g} seed {seed}: validation ACC {100 * rec['acc']:.2f}% "
-                  f"DFP {rec['dfp']:.3f} DFN {rec['dfn']:.3f} | train max gap {rec['train_max_gap']:.4f} "
-                  f"({rec['seconds']:.0f} s)", flush=True)
+    t0 = time.perf_counter()
+    runs = _train(base, epsilons, seeds, out, engine, quiet, "validation")
     points = []
     for eps in epsilons:
         sel = [r for r in runs if r["epsilon"] == eps]
-        points.append({"epsilon": eps, **{k: _mean(sel, k) for k in ("acc", "dfp", "dfn", "train_max_gap")},
-                       "seeds": len(sel)})
+        points.append({"epsilon": eps, **{k: _mean(sel, k) for k in METRICS}, "seeds": len(sel)})
     chosen, qualifies = select_epsilon(points, rule)
     result = {"config": base, "rule": str(rule), "points": points, "runs": runs,
               "chosen": chosen["epsilon"], "qualifies": qualifies, "test": None}
     if refit:
-        tests = []
-        for seed in seeds:
-            rec = _train({**base, "validation-fraction": 0.0, "epsilon": chosen["epsilon"], "seed": seed,
-                          "output-dir": str(out / "runs")}, quiet)
-            tests.append({**rec, "seed": seed})
-        result["test"] = {"epsilon": chosen["epsilon"], "runs": tests,
-                          **{k: _mean(tests, k) for k in ("acc", "dfp", "dfn", "train_max_gap")}}
+        tests = _train(base, [chosen["epsilon"]], seeds, out, engine, quiet, "refit, test",
+                       **{"validation-fraction": 0.0})
+        result["test"] = {"epsilon": chosen["epsilon"], "runs": tests, **{k: _mean(tests, k) for k in METRICS}}
     result["seconds"] = time.perf_counter() - t0
     (out / "epsweep.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(report(result))
     plot_tradeoff(result, out / "tradeoff.png")
     return result
+
 
 def report(result: dict) -> str:
     """The sweep as markdown: one row per ε (validation means), the choice, the test numbers."""
@@ -134,13 +146,11 @@ def report(result: dict) -> str:
         f"ε sweep: {cfg.get('dataset')} / {cfg.get('model')} / constraint {cfg.get('constraint')}, "
         f"validation-fraction {cfg.get('validation-fraction')}, {result['points'][0]['seeds']} seed(s)",
         "",
-        "| ε | val ACC % | val DFP | val DFN | train max gap | |",
-        "|---|---|---|---|---|---|",
+        *markdown(["ε", "val ACC %", "val DFP", "val DFN", "train max gap", ""],
+                  [[f"{p['epsilon']:g}", f"{100 * p['acc']:.2f}", f"{p['dfp']:.4f}", f"{p['dfn']:.4f}",
+                    f"{p['train_max_gap']:.4f}", "← chosen" if p["epsilon"] == result["chosen"] else ""]
+                   for p in result["points"]]),
     ]
-    for p in result["points"]:
-        mark = "← chosen" if p["epsilon"] == result["chosen"] else ""
-        lines.append(f"| {p['epsilon']:g} | {100 * p['acc']:.2f} | {p['dfp']:.4f} | {p['dfn']:.4f} | "
-                     f"{p['train_max_gap']:.4f} | {mark} |")
     lines += ["", f"Rule: {result['rule']}.",
               f"Chosen ε = {result['chosen']:g}" + ("" if result["qualifies"] else
                                                   " (NO ε meets the rule; this one misses it by the least)") + "."]
@@ -191,42 +201,49 @@ def plot_tradeoff(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _float_or_none(v: str | None) -> float | None:
-    return None if v is None else float(v)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", default="adult")
-    p.add_argument("--model", default="linear")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="adult", help="the dataset to train on (adult)")
+    p.add_argument("--model", default="linear", help="the parties' model (linear)")
     p.add_argument("--constraint", default="deo", help="deo | equalized-odds | demographic-parity")
     p.add_argument("--epsilons", default="0.002,0.005,0.01,0.02,0.05,0.1", help="comma list of ε")
     p.add_argument("--seeds", default="0", help="comma list of seeds (metrics are averaged)")
-    p.add_argument("--validation-fraction", type=float, default=0.2)
+    p.add_argument("--validation-fraction", type=float, default=0.2,
+                   help="share of the training rows held out to choose ε on, in (0, 0.5]")
     p.add_argument("--max-dfp", type=float, default=None, help="bound on validation DFP")
     p.add_argument("--max-dfn", type=float, default=None, help="bound on validation DFN")
     p.add_argument("--min-acc", type=float, default=None, help="bound on validation ACC (a fraction, e.g. 0.83)")
     p.add_argument("--no-refit", action="store_true", help="do not retrain the chosen ε for test numbers")
-    p.add_argument("--out", type=Path, default=Path("results/epsweep"))
+    p.add_argument("--out", type=Path, default=Path("results/epsweep"),
+                   help="folder for epsweep.json, table.md, tradeoff.png and the runs")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="run-config override for every run, e.g. --set num-server-rounds=500")
+                   help="run-config override for every run in flwr run's --run-config syntax, e.g. "
+                        "--set num-server-rounds=500 --set \"optimizer='newton'\" (repeatable)")
+    p.add_argument("--engine", default="inprocess", choices=ENGINES,
+                   help="inprocess: the app over an in-process grid; flwr: `flwr run` on a private "
+                        "simulation SuperLink")
     p.add_argument("--verbose", action="store_true", help="show every run's round log")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = parser()
     a = p.parse_args(argv)
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    epsilons = [float(e) for e in split(a.epsilons)]
+    epsilons = [float(e) for e in comma_list(a.epsilons)]
     if not epsilons or any(e < 0 or math.isnan(e) for e in epsilons):
         p.error("--epsilons: give one or more numbers >= 0")
     if not 0 < a.validation_fraction <= 0.5:
         p.error("--validation-fraction must be in (0, 0.5]: ε is chosen on validation rows, never on test rows")
     base = {"preset": "paper", "dataset": a.dataset, "model": a.model, "constraint": a.constraint, "fairness": True,
             "validation-fraction": a.validation_fraction}
-    for item in a.set:
-        key, _, value = item.partition("=")
-        base[key.strip()] = value.strip()
-    RunConfig.from_flower({**RunConfig().to_flower(), **base})  # refuse bad keys before the first run
+    try:
+        base.update(parse_run_config(a.set))
+        RunConfig.from_flower({**RunConfig().to_flower(), **base})  # refuse bad keys before the first run
+    except (RunConfigArgError, ConfigError) as exc:
+        p.error(str(exc))
     rule = Rule(a.max_dfp, a.max_dfn, a.min_acc)
-    result = sweep(base, epsilons, [int(s) for s in split(a.seeds)], rule, a.out,
-                   refit=not a.no_refit, quiet=not a.verbose)
+    result = sweep(base, epsilons, [int(s) for s in comma_list(a.seeds)], rule, a.out,
+                   refit=not a.no_refit, quiet=not a.verbose, engine=a.engine)
     print(report(result))
     print(f"{len(result['runs'])} validation runs in {result['seconds']:.0f} s; results in {a.out.resolve()}")
     return result

@@ -37,7 +37,7 @@ from fairvfl_flwr.data.partydata import (
 from fairvfl_flwr.data.preprocess import for_columns, sidecar_path
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DataError
-from fairvfl_flwr.tools.localfed import node_config_arg, run_config_arg
+from fairvfl_flwr.tools.cli import config_text
 
 #: Run-config keys that shape the problem and the models: a deployment run must use the
 #: values the files were exported with.
@@ -117,11 +117,11 @@ def instructions(manifest: dict, tls: bool = False) -> str:
     for k, node in enumerate(manifest["node_configs"]):
         lines.append(
             f"FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05 flower-supernode {node_sec(k)} --superlink {link} "
-            f"--port {manifest['first_port'] + k} --node-config {shlex.quote(node_config_arg(node))}"
+            f"--port {manifest['first_port'] + k} --node-config {shlex.quote(config_text(node))}"
         )
     lines += [
         "# 3. From the app folder, with a connection to the SuperLink in $FLWR_HOME/config.toml:",
-        f"flwr run . <connection> --run-config {shlex.quote(run_config_arg(manifest['run_config']))} --stream",
+        f"flwr run . <connection> --run-config {shlex.quote(config_text(manifest['run_config']))} --stream",
         *(["#    privacy.secure-aggregation=true: the server receives only sums over parties, never a party's",
             "#    logits or Newton directions (docs/privacy.md); block Newton then shares its step lengths and",
             "#    needs more rounds (docs/newton.md). Scoring jobs and resumed runs need it false."]
@@ -133,7 +133,7 @@ def instructions(manifest: dict, tls: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fairvfl_flwr.tools.export", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="fairvfl-export", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="adult", help="adult, compas, crime (or use --csv)")
     p.add_argument("--parties", type=int, default=6, help="number of parties K (default 6)")

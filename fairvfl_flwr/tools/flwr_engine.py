@@ -1,7 +1,8 @@
 """Drive the real Flower simulation runtime: a private SuperLink and `flwr run`.
 
-Used by the compare command's ``--engine flwr`` and the end-to-end tests. The SuperLink gets its own ``FLWR_HOME``, port and in-memory
-database, and runtime dependency installation is off (offline machines, CI).
+Used by the tools' ``--engine flwr`` (tools/jobs.py) and the end-to-end tests. The SuperLink
+gets its own ``FLWR_HOME``, port and in-memory database, and runtime dependency installation
+is off (offline machines, CI).
 `flwr run` exits 0 even when the ServerApp fails, so a run's status is read back with
 `flwr ls` and must be ``finished:completed``.
 """
@@ -16,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from fairvfl_flwr.tools.cli import config_text
+
 APP_DIR = Path(__file__).resolve().parents[2]  # the folder holding pyproject.toml (the Flower app)
 BIN = Path(sys.executable).parent
 
@@ -28,18 +31,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def run_config_text(run_config: dict) -> str:
-    """``--run-config`` text: strings quoted, booleans lower-case, numbers as is."""
-    def fmt(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        return repr(v)
-
-    return " ".join(f"{k}={fmt(v)}" for k, v in run_config.items())
 
 
 class SimulationSuperLink:
@@ -96,7 +87,7 @@ class SimulationSuperLink:
 
     def run(self, run_config: dict, num_supernodes: int, timeout: float = 3600) -> str:
         """Submit ``flwr run .``, wait until it ends; return the run id (raises unless completed)."""
-        res = json.loads(self.flwr("run", ".", "cmp", "--run-config", run_config_text(run_config),
+        res = json.loads(self.flwr("run", ".", "cmp", "--run-config", config_text(run_config),
                                    "--federation-config", f"num-supernodes={num_supernodes}", "--format", "json"))
         if not res.get("success"):
             raise FlwrRunError(f"flwr run refused the run: {res}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from flwr.common.config import parse_config_args
+from fairvfl_flwr.tools.cli import config_text, parse_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -36,33 +36,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
-
-
-def node_config_arg(config: Mapping[str, object]) -> str:
-    """``--node-config`` text: strings quoted, numbers and booleans bare."""
-    parts = []
-    for key, value in config.items():
-        if isinstance(value, bool):
-            parts.append(f"{key}={'true' if value else 'false'}")
-        elif isinstance(value, (int, float)):
-            parts.append(f"{key}={value}")
-        else:
-            text = str(value)
-            if '"' in text:
-                raise ValueError(f"node config {key}={text!r}: double quotes cannot be passed to --node-config")
-            parts.append(f'{key}="{text}"')
-    return " ".join(parts)
-
-
-def run_config_arg(config: Mapping[str, object]) -> str:
-    """``--run-config`` text (same quoting as the node config)."""
-    return node_config_arg(config)
-
-
-def parse_run_config(text: str) -> dict[str, Any]:
-    """``key=value`` pairs as ``flwr run --run-config`` reads them (Flower's own parser):
-    ``"optimizer='newton' num-server-rounds=20 batching.batch-size=4096"``."""
-    return parse_config_args([text]) if text.strip() else {}
 
 
 @dataclass
@@ -153,7 +126,7 @@ class LocalFederation:
             node_home = self.home / f"node{i}"
             node_home.mkdir(exist_ok=True)
             cmd = [str(BIN / "flower-supernode"), "--superlink", f"{HOST}:{self.port}",
-                   "--port", str(free_port()), "--node-config", node_config_arg(cfg)]
+                   "--port", str(free_port()), "--node-config", config_text(cfg)]
             if sec:
                 cmd += ["--root-certificates", str(sec.ca_cert), "--auth-supernode-private-key", str(sec.node_keys[i][0])]
             else:
@@ -245,7 +218,7 @@ class LocalFederation:
 
     def submit(self, run_config: Mapping[str, object], app: Path = REPO) -> str:
         """``flwr run`` the app; return the run id."""
-        res = json.loads(self.flwr("run", str(app), "local", "--run-config", run_config_arg(run_config),
+        res = json.loads(self.flwr("run", str(app), "local", "--run-config", config_text(run_config),
                                    "--format", "json", app=app))
         if not res.get("success"):
             raise RuntimeError(f"flwr run refused the run: {res}")
@@ -311,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.partition_only:
         nodes = [{"partition-id": i, "num-partitions": len(nodes)} for i in range(len(nodes))]
         run_config.pop("server-labels", None)
-    run_config.update(parse_run_config(args.run_config))
+    run_config.update(parse_run_config(args.run_config, "--run-config"))
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.poll)} if args.poll else None
     with LocalFederation(args.home or args.export_dir / "federation", nodes, env=env) as fed:
         started = time.perf_counter()

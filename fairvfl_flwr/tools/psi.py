@@ -101,9 +101,10 @@ def align(party_ids: list[list[str]], leader: int = 0, fpr: float = 1e-9) -> Ali
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Time PSI row alignment on made-up ids.")
+    p = argparse.ArgumentParser(prog="python -m fairvfl_flwr.tools.psi",
+                                description="Time PSI row alignment on made-up ids.")
     p.add_argument("--ids", type=int, default=45000, help="ids per party")
-    p.add_argument("--parties", type=int, default=6)
+    p.add_argument("--parties", type=int, default=6, help="number of parties")
     p.add_argument("--overlap", type=float, default=0.9, help="share of each party's ids that all parties hold")
     a = p.parse_args(argv)
     import numpy as np

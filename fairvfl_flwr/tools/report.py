@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positive", default="1", help="the outcome value the decision 1 predicts (1)")
     ap.add_argument("--group-column", default="group", help="group column (group)")
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals (0: none)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
     ap.add_argument("--out", help="folder for report.json/report-groups.csv/report.png (default: the predictions')")
     a = ap.parse_args(argv)
     try:

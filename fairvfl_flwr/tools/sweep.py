@@ -6,33 +6,27 @@
         --epsilons 0.01,off --seeds 0 --out results/quality
 
 ``off`` runs the same app with the fairness term off (FedBCD-style VFL). Each run goes
-through the real ServerApp strategy and ClientApp over the in-process grid (the same
-messages as ``flwr run``, without Ray's per-round cost); ``tests/test_simulation.py``
-checks that both transports give the same numbers. Writes ``results.json``,
-``results.csv`` and ``table.md`` (mean ± std over seeds) into ``--out``.
+through the real ServerApp strategy and ClientApp, over the in-process grid (the same
+messages as ``flwr run``, without Ray's per-round cost) or, with ``--engine flwr``, through
+``flwr run`` (tools/jobs.py). Writes ``results.json``, ``results.csv`` and ``table.md``
+(mean ± std over seeds) into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from itertools import product
 from pathlib import Path
 
-from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
+from fairvfl_flwr.tools.jobs import ENGINES, Done, Job, run_jobs
+from fairvfl_flwr.tools.tables import markdown, mean_std
 
+PROG = "fairvfl-sweep"
 METRICS = ("test_acc", "test_dfp", "test_dfn", "train_deo", "train_loss")
-
-
-def _parse_overrides(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def run_grid(
@@ -43,12 +37,12 @@ def run_grid(
     out: Path,
     overrides: dict | None = None,
     quiet: bool = True,
+    engine: str = "inprocess",
 ) -> list[dict]:
     """Run every combination; return one record (config + summary) per run."""
     out.mkdir(parents=True, exist_ok=True)
-    combos = list(product(datasets, models, epsilons, seeds))
-    records, t0 = [], time.perf_counter()
-    for i, (dataset, model, eps, seed) in enumerate(combos, 1):
+    jobs = []
+    for dataset, model, eps, seed in product(datasets, models, epsilons, seeds):
         changes = {"preset": "paper", "dataset": dataset, "model": model, "seed": seed, "output-dir": str(out / "runs")}
         changes.update(overrides or {})
         if eps == "off":
@@ -56,21 +50,21 @@ def run_grid(
         else:
             changes["epsilon"] = float(eps)
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-        started = time.perf_counter()
-        summary, folder = run_inprocess(cfg.to_flower(), quiet=quiet)
-        rec = {"method": _method(eps, cfg.constraint), "dataset": dataset, "model": model, "seed": seed,
-               "rounds": cfg.num_server_rounds, "run_dir": str(folder), **{k: summary[k] for k in METRICS},
-               "seconds": time.perf_counter() - started}
+        jobs.append(Job(run_config=cfg.to_flower(), data={"method": _method(eps, cfg.constraint), "dataset": dataset,
+                                                           "model": model, "seed": seed,
+                                                           "rounds": cfg.num_server_rounds}))
+    records: list[dict] = []
+
+    def keep(done: Done) -> str:
+        rec = {**done.job.data, "run_dir": str(done.folder), **{k: done.summary[k] for k in METRICS},
+               "seconds": done.seconds}
         records.append(rec)
-        elapsed = time.perf_counter() - t0
-        eta = elapsed / i * (len(combos) - i)
-        print(
-            f"[{i}/{len(combos)}] {dataset:7s} {model:6s} {rec['method']:16s} seed {seed}: "
-            f"ACC {100 * rec['test_acc']:.2f}% DFP {rec['test_dfp']:.3f} DFN {rec['test_dfn']:.3f} "
-            f"train DEO {rec['train_deo']:.4f} ({rec['seconds']:.0f} s, ETA {eta:.0f} s)",
-            flush=True,
-        )
         _write(records, out)
+        return (f"{rec['dataset']:7s} {rec['model']:6s} {rec['method']:16s} seed {rec['seed']}: "
+                f"ACC {100 * rec['test_acc']:.2f}% DFP {rec['test_dfp']:.3f} DFN {rec['test_dfn']:.3f} "
+                f"train DEO {rec['train_deo']:.4f} ({rec['seconds']:.0f} s)")
+
+    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
     return records
 
 
@@ -84,38 +78,29 @@ def _method(eps: str, constraint: str = "deo") -> str:
     return f"FairVFL{CONSTRAINT_TAGS.get(constraint, '-' + constraint)}(eps={float(eps):g})"
 
 
-def _fmt(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
-    vals = [v * scale for v in values]
-    if len(vals) == 1:
-        return f"{vals[0]:.{digits}f}"
-    return f"{statistics.mean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
-
-
 def table(records: list[dict]) -> str:
     """Markdown: one block per model, rows = methods, columns = ACC/DFP/DFN/train DEO per dataset."""
     lines = []
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
+    header = ["method", *[f"{d} {c}" for d in datasets for c in ("ACC %", "DFP", "DFN", "train DEO")]]
     for model in dict.fromkeys(r["model"] for r in records):
         rows = [r for r in records if r["model"] == model]
         seeds = len({r["seed"] for r in rows})
         lines.append(f"\n**{model}** ({seeds} seed{'s' if seeds > 1 else ''}; rounds: "
                      f"{', '.join(sorted({str(r['rounds']) for r in rows}))})\n")
-        header = "| method | " + " | ".join(f"{d} ACC % | {d} DFP | {d} DFN | {d} train DEO" for d in datasets) + " |"
-        lines += [header, "|" + "---|" * (1 + 4 * len(datasets))]
+        cells = []
         for method in dict.fromkeys(r["method"] for r in rows):
-            cells = []
+            row = [method]
             for d in datasets:
                 sel = [r for r in rows if r["method"] == method and r["dataset"] == d]
-                if not sel:
-                    cells += ["", "", "", ""]
-                    continue
-                cells += [
-                    _fmt([r["test_acc"] for r in sel], 100, 2),
-                    _fmt([r["test_dfp"] for r in sel]),
-                    _fmt([r["test_dfn"] for r in sel]),
-                    _fmt([r["train_deo"] for r in sel], digits=4),
-                ]
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+                row += [
+                    mean_std([r["test_acc"] for r in sel], scale=100, digits=2),
+                    mean_std([r["test_dfp"] for r in sel]),
+                    mean_std([r["test_dfn"] for r in sel]),
+                    mean_std([r["train_deo"] for r in sel], digits=4),
+                ] if sel else ["", "", "", ""]
+            cells.append(row)
+        lines += markdown(header, cells)
     return "\n".join(lines) + "\n"
 
 
@@ -127,21 +112,34 @@ def _write(records: list[dict], out: Path) -> None:
     (out / "table.md").write_text(table(records))
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--datasets", default="adult,compas,crime")
-    p.add_argument("--models", default="linear,mlp")
-    p.add_argument("--epsilons", default="0.01,off", help="comma list; 'off' = fairness off")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--datasets", default="adult,compas,crime", help="comma list of datasets")
+    p.add_argument("--models", default="linear,mlp", help="comma list of models")
+    p.add_argument("--epsilons", default="0.01,off", help="comma list of ε; 'off' = fairness off")
     p.add_argument("--seeds", default="0", help="comma list of seeds")
-    p.add_argument("--out", type=Path, default=Path("results/sweep"))
+    p.add_argument("--out", type=Path, default=Path("results/sweep"), help="folder for results and table.md")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="run-config override for every run, e.g. --set num-server-rounds=500")
+                   help="run-config override for every run in flwr run's --run-config syntax, e.g. "
+                        "--set num-server-rounds=500 --set \"optimizer='newton'\" (repeatable)")
+    p.add_argument("--engine", default="inprocess", choices=ENGINES,
+                   help="inprocess: the app over an in-process grid; flwr: `flwr run` on a private "
+                        "simulation SuperLink")
     p.add_argument("--verbose", action="store_true", help="show every run's round log")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     a = p.parse_args(argv)
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    t0 = time.perf_counter()
-    records = run_grid(split(a.datasets), split(a.models), split(a.epsilons),
-                       [int(s) for s in split(a.seeds)], a.out, _parse_overrides(a.set), quiet=not a.verbose)
+    try:
+        overrides = parse_run_config(a.set)
+        t0 = time.perf_counter()
+        records = run_grid(comma_list(a.datasets), comma_list(a.models), comma_list(a.epsilons),
+                           [int(s) for s in comma_list(a.seeds)], a.out, overrides, quiet=not a.verbose,
+                           engine=a.engine)
+    except (RunConfigArgError, ConfigError) as exc:
+        p.error(str(exc))
     print(table(records))
     print(f"{len(records)} runs in {time.perf_counter() - t0:.0f} s; results in {a.out.resolve()}")
 

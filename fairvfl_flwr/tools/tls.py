@@ -109,7 +109,7 @@ def make_security(out: Path, parties: int, hosts: list[str] | None = None) -> Se
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fairvfl_flwr.tools.tls", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fairvfl-tls", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--parties", type=int, default=6, help="number of SuperNode key pairs (default 6)")
     p.add_argument("--host", action="append", default=[], help="SuperLink host name or IP (repeatable)")

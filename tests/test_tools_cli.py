@@ -1,0 +1,112 @@
+"""The tools' shared pieces: Flower's run-config syntax for --set / --run-config (bad text
+named), every console script's usage naming itself with help for each option, the job
+runner's progress and the table cells."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fairvfl_flwr.tools.cli import RunConfigArgError, config_text, parse_run_config
+from fairvfl_flwr.tools.jobs import Job, run_jobs
+from fairvfl_flwr.tools.tables import mean_std
+
+SCRIPTS = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def test_run_config_args_read_flowers_syntax_later_ones_winning():
+    got = parse_run_config(["num-server-rounds=500 optimizer='newton'", 'privacy.secure-nu="ckks"', "fairness=false",
+                            "epsilon=1e-3", "num-server-rounds=7", ""])
+    assert got == {"num-server-rounds": 7, "optimizer": "newton", "privacy.secure-nu": "ckks", "fairness": False,
+                   "epsilon": 0.001}
+    assert parse_run_config("eta=50 model='mlp'", "--run-config") == {"eta": 50, "model": "mlp"}
+
+
+def test_run_config_text_reads_back_as_written():
+    config = {"model": "mlp", "num-server-rounds": 20, "epsilon": 0.01, "fairness": True, "csv.path": "/tmp/a b.csv"}
+    assert parse_run_config(config_text(config)) == config
+    with pytest.raises(ValueError, match="double quotes"):
+        config_text({"csv.label": 'say "hi"'})
+
+
+@pytest.mark.parametrize("items, option, message", [
+    (["model=mlp"], "--set", "--set 'model=mlp': the text 'mlp' needs quotes, as flwr run wants it: "
+                             "--set \"model='mlp'\""),
+    (["num-server-rounds"], "--set", "--set 'num-server-rounds': expected key=value pairs"),
+    (["eval-every=5 junk"], "--set", "--set 'eval-every=5 junk': expected key=value pairs"),
+    (["a=[1,2]"], "--run-config", "--run-config 'a=[1,2]': "),
+    (["missing.toml"], "--set", "--set 'missing.toml': cannot read the TOML file"),
+])
+def test_bad_run_config_text_is_refused_with_the_text(items, option, message):
+    with pytest.raises(RunConfigArgError) as err:
+        parse_run_config(items, option)
+    assert str(err.value).startswith(message)
+
+
+def test_a_toml_file_is_read_as_flwr_run_reads_it(tmp_path):
+    path = tmp_path / "extra.toml"
+    path.write_text("num-server-rounds = 5\n[privacy]\nsecure-nu = \"ckks\"\n")
+    assert parse_run_config([str(path)]) == {"num-server-rounds": 5, "privacy.secure-nu": "ckks"}
+
+
+@pytest.mark.parametrize("module", ["sweep", "epsweep", "compare", "audit"])
+def test_each_set_option_names_a_bad_value(module, tmp_path, capsys):
+    main = importlib.import_module(f"fairvfl_flwr.tools.{module}").main
+    try:
+        rc = main(["--set", "model=mlp", "--out", str(tmp_path)])
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc == 2
+    assert "--set 'model=mlp': the text 'mlp' needs quotes" in capsys.readouterr().err
+
+
+def _parser_of(target: str, monkeypatch) -> argparse.ArgumentParser:
+    """The parser a console script's function builds (stopped before it parses anything)."""
+    module, _, func = target.partition(":")
+    seen = []
+
+    def capture(self, *args, **kwargs):
+        seen.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        getattr(importlib.import_module(module), func)()
+    return seen[0]
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_each_console_script_names_itself_and_explains_every_option(script, monkeypatch):
+    parser = _parser_of(SCRIPTS[script], monkeypatch)
+    assert parser.prog == script
+    assert parser.format_usage().startswith(f"usage: {script} ")
+    missing = [a.option_strings or a.dest for a in parser._actions if not a.help]
+    assert not missing, f"{script}: options without help: {missing}"
+
+
+def test_test_harnesses_are_modules_not_console_scripts():
+    targets = {t.partition(":")[0] for t in SCRIPTS.values()}
+    assert not targets & {"fairvfl_flwr.tools.psi", "fairvfl_flwr.tools.localfed"}
+
+
+def test_the_runner_reports_each_job_once_in_order_with_a_cost_weighted_eta():
+    stream, seen = io.StringIO(), []
+    jobs = [Job(work=lambda k=k: k * k, cost=c, data=k) for k, c in ((1, 3.0), (2, 1.0))]
+    run_jobs(jobs, lambda done: seen.append((done.job.data, done.value)) or f"job {done.job.data}", stream=stream)
+    assert seen == [(1, 1), (2, 4)]
+    first, second = stream.getvalue().splitlines()
+    assert first.startswith("[" + "#" * 21 + "-" * 7 + "] 1/2 ") and first.endswith("| job 1")  # 3/4 of the cost
+    assert second.startswith("[" + "#" * 28 + "] 2/2 ") and "ETA 0:00" in second
+    with pytest.raises(ValueError, match="exactly one"):
+        Job(run_config={"dataset": "crime"}, work=lambda: None)
+
+
+def test_a_cell_is_a_value_or_mean_and_std_over_seeds_without_missing_ones():
+    assert mean_std([0.8]) == "0.800"
+    assert mean_std([0.80, 0.82, None, float("nan")], scale=100, digits=2, unit="%") == "81.00 ± 1.41%"
+    assert mean_std([None]) == "n/a"
