@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -66,6 +66,27 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return view
 
 
+T = TypeVar("T")
+
+
+class Reads(Generic[T]):
+    """A read-only attribute of :class:`ServerView`: the server's attribute of the same name,
+    passed through ``wrap`` (a proxy or a non-writeable view where the value is mutable)."""
+
+    def __init__(self, wrap: Callable[[Any], T] | None = None) -> None:
+        self.wrap = wrap
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view: Any, owner: type | None = None) -> T:
+        value = getattr(view._server, self.name)
+        return self.wrap(value) if self.wrap else value
+
+    def __set__(self, view: Any, value: Any) -> None:
+        raise AttributeError(f"a round hook may not set the server's {self.name} (ServerView lists what it may do)")
+
+
 class ServerView:
     """The server as a round hook sees it.
 
@@ -78,49 +99,23 @@ class ServerView:
         self._server = server
 
     # -- what a hook may read ---------------------------------------------------------
-    @property
-    def cfg(self) -> RunConfig:
-        return self._server.cfg
-
-    @property
-    def labels(self) -> ServerLabels:
-        return self._server.labels
-
-    @property
-    def groups(self) -> Groups:
-        return self._server.groups
-
-    @property
-    def nodes(self) -> Mapping[int, Node]:
-        return MappingProxyType(self._server.nodes)
-
-    @property
-    def lam(self) -> np.ndarray:
-        return _read_only(self._server.lam)
-
-    @property
-    def wire_dtype(self) -> np.dtype:
-        return self._server.wire_dtype
-
-    @property
-    def last_round(self) -> int:
-        """The round training ends with (an algorithm that converged lowers it)."""
-        return self._server.last_round
+    cfg: Reads[RunConfig] = Reads()
+    labels: Reads[ServerLabels] = Reads()
+    groups: Reads[Groups] = Reads()
+    wire_dtype: Reads[np.dtype] = Reads()
+    #: The round training ends with (an algorithm that converged lowers it).
+    last_round: Reads[int] = Reads()
+    nodes: Reads[Mapping[int, Node]] = Reads(MappingProxyType)
+    lam: Reads[np.ndarray] = Reads(_read_only)
+    #: Per node, the training logits held.
+    u_train: Reads[Mapping[int, np.ndarray]] = Reads(MappingProxyType)
+    #: Per node, the test logits of the round being recorded (empty outside evaluation rounds).
+    u_test: Reads[Mapping[int, np.ndarray]] = Reads(MappingProxyType)
 
     @property
     def last_row(self) -> Mapping[str, Any]:
         """The history row of the last recorded round."""
         return MappingProxyType(self._server.history[-1])
-
-    @property
-    def u_train(self) -> Mapping[int, np.ndarray]:
-        """Per node, the training logits held."""
-        return MappingProxyType(self._server.u_train)
-
-    @property
-    def u_test(self) -> Mapping[int, np.ndarray]:
-        """Per node, the test logits of the round being recorded (empty outside evaluation rounds)."""
-        return MappingProxyType(self._server.u_test)
 
     def z(self, split: str) -> np.ndarray:
         return self._server.z(split)

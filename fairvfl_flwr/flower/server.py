@@ -1,11 +1,15 @@
-"""The server side of a vertical FL run, as a Flower Strategy: what every algorithm shares.
+"""The server side of a vertical FL run: what every algorithm shares.
 
-Flower's stock ``Strategy.start`` sends one message to every node and runs a separate
-evaluate phase; a VFL round instead sends *different* content to active and passive
-nodes and needs every party's reply before it can go on. :class:`VFLServer` therefore
-keeps the ``configure_train`` / ``aggregate_train`` seams of ``Strategy`` and overrides
-``start`` with the VFL loop. Test-set evaluation rides on the round's replies every
-``eval-every`` rounds, so ``configure_evaluate`` sends nothing.
+:class:`VFLServer` is not a Flower ``Strategy``. Flower's ``Strategy.start`` is the
+horizontal loop: the same arrays to every node, one global model aggregated from the
+replies, a separate evaluate phase; Flower's strategy wrappers (differential privacy,
+...) inherit that loop and act on the aggregated arrays. A VFL round has no global
+arrays: it sends *different* content to active and passive nodes, needs every party's
+reply before it can go on, and starts with discovery and a round 0. A wrapper around a
+VFL "strategy" would run the stock loop instead of this one, so the class does not claim
+the contract (docs/architecture.md, "Flower's Strategy contract"). It keeps the
+``configure_train`` / ``aggregate_train`` seams under Flower's names and shapes; test-set
+evaluation rides on the round's replies every ``eval-every`` rounds.
 
 An algorithm (``algorithms/``) subclasses :class:`VFLServer` and writes
 ``configure_train`` (what each party receives) and ``z`` (the server's scores from the
@@ -25,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
@@ -54,7 +58,7 @@ class SyncRounds:
         return result
 
 
-class VFLServer(Strategy):
+class VFLServer:
     """The server of one vertical FL run: discovery, exchange, state, history, the loop.
 
     Parameters
@@ -137,7 +141,7 @@ class VFLServer(Strategy):
     def init_content(self) -> RecordDict:
         return msgs.init_content(True)
 
-    # -- Strategy interface ------------------------------------------------------------
+    # -- the round's seams (Flower's names) and the loop ---------------------------------
     def summary(self) -> None:
         log(INFO, "%s: %s, %s model, %d parties, %d rounds", type(self).__name__, self.cfg.dataset,
             self.cfg.model, self.cfg.num_parties, self.cfg.num_server_rounds)
@@ -154,24 +158,9 @@ class VFLServer(Strategy):
         row = self.record(server_round)
         return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """No separate evaluate phase: test logits come back with the train replies."""
-        return []
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
-
-    def start(  # type: ignore[override]
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
-        **_: object,
-    ) -> Result:
-        """Discover the parties, initialise (or let a hook restore), then run the rounds."""
+    def start(self, grid: Grid, num_rounds: int | None = None, timeout: float | None = None) -> Result:
+        """Discover the parties, initialise (or let a hook restore), then run the rounds
+        (``num_rounds``, ``timeout``: default num-server-rounds and reliability.round-timeout)."""
         num_rounds = num_rounds or self.cfg.num_server_rounds
         self.last_round = num_rounds
         timeout = timeout or self.cfg.round_timeout

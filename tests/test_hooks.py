@@ -1,0 +1,136 @@
+"""The server's seams: hooks see a read-only ServerView and run in the one declared order;
+the server is not a Flower Strategy (docs/architecture.md)."""
+
+import importlib
+import inspect
+import pkgutil
+import random
+
+import numpy as np
+import pytest
+from flwr.serverapp.strategy import Strategy
+
+from fairvfl_flwr import features
+from fairvfl_flwr.algorithms.fairvfl import FairVFL
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.server import HOOK_ORDER, build_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.data.partydata import server_labels_for
+from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView, in_order
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.flower.server import VFLServer
+
+
+def _feature_hooks() -> set[type]:
+    found = set()
+    for info in pkgutil.iter_modules(features.__path__):
+        module = importlib.import_module(f"{features.__name__}.{info.name}")
+        found |= {c for c in vars(module).values()
+                  if isinstance(c, type) and issubclass(c, RoundHook) and c.__module__ == module.__name__}
+    return found
+
+
+def _labels(cfg: RunConfig):
+    return server_labels_for(cfg, load_data(cfg))
+
+
+def test_every_feature_hook_has_one_place_in_the_declared_order():
+    assert len(set(HOOK_ORDER)) == len(HOOK_ORDER)
+    assert set(HOOK_ORDER) == _feature_hooks(), "a feature's round hook needs a place in app/server.py HOOK_ORDER"
+
+
+def test_build_server_runs_the_hooks_in_the_declared_order_whatever_order_they_are_added(tmp_path):
+    pytest.importorskip("tenseal")
+    cfg = RunConfig.from_flower({
+        "dataset": "crime", "num-parties": 3, "mode": "fairvfl-scores", "privacy.label-dp-epsilon": 2.0,
+        "privacy.nu-noise": 1.0, "privacy.secure-nu": "ckks", "privacy.transcript-dir": str(tmp_path / "t"),
+        "privacy.secure-aggregation": True, "reliability.checkpoint-every": 5})
+    server = build_server(cfg, _labels(cfg), tmp_path)
+    assert [type(h) for h in server.hooks.hooks] == list(HOOK_ORDER)  # every feature on: every hook, in order
+    shuffled = list(server.hooks.hooks)
+    random.Random(0).shuffle(shuffled)
+    assert in_order(shuffled, HOOK_ORDER) == server.hooks.hooks
+
+
+def test_a_hook_the_order_does_not_place_is_refused():
+    class Stray(RoundHook):
+        pass
+
+    with pytest.raises(ValueError, match="Stray has no place in the hook order"):
+        in_order([Stray()], HOOK_ORDER)
+
+
+class Spy(RoundHook):
+    """Notes each point it is called at, and what it was handed as the server."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+        self.views: set[type] = set()
+
+    def _note(self, server, point: str, server_round: int | None = None) -> None:
+        self.views.add(type(server))
+        if not self.calls or self.calls[-1] != (point, server_round):
+            self.calls.append((point, server_round))
+
+    def begin(self, server, grid, timeout):
+        self._note(server, "begin")
+
+    def init_messages(self, server, messages):
+        self._note(server, "init_messages")
+
+    def nu(self, server, server_round, nu):
+        self._note(server, "nu", server_round)
+        return nu
+
+    def passive_message(self, server, server_round, nu, evaluate):
+        self._note(server, "passive_message", server_round)
+
+    def incoming(self, server, grid, server_round, replies, timeout):
+        self._note(server, "incoming", server_round)
+        return replies
+
+    def record(self, server, server_round, row):
+        self._note(server, "record", server_round)
+
+    def end(self, server, grid, server_round, timeout):
+        self._note(server, "end", server_round)
+
+
+def test_hooks_get_the_view_at_each_point_in_the_documented_order():
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3, "num-server-rounds": 2, "eval-every": 2,
+                                 "optimizer": "gd"})
+    spy = Spy()
+    server = FairVFL(cfg, _labels(cfg), hooks=[spy])
+    server.start(InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties))
+    assert spy.views == {ServerView}
+    one_round = lambda t: [("nu", t), ("passive_message", t), ("incoming", t), ("record", t), ("end", t)]  # noqa: E731
+    assert spy.calls == [("begin", None), ("init_messages", None), ("incoming", 0), ("record", 0), ("end", 0),
+                         *one_round(1), *one_round(2)]
+
+
+def test_the_view_is_read_only_and_changes_go_through_its_methods():
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3})
+    server = FairVFL(cfg, _labels(cfg))
+    server.history.append({"round": 0, "loss": 1.0})
+    view = server.view
+    with pytest.raises(ValueError):
+        view.lam[0] = 1.0
+    with pytest.raises(AttributeError):
+        view.lam = np.ones(2)
+    with pytest.raises(TypeError):
+        view.nodes[7] = None
+    with pytest.raises(TypeError):
+        view.last_row["loss"] = 0.0
+    with pytest.raises(AttributeError):
+        view.history  # noqa: B018  (the history is the server's: a hook reads the last row)
+    view.set_lambda(np.full(server.lam.shape, 0.25))
+    assert np.array_equal(server.lam, np.full(server.lam.shape, 0.25)) and np.array_equal(view.lam, server.lam)
+
+
+def test_the_server_does_not_claim_flowers_strategy_contract():
+    """Flower's wrapper strategies run Strategy.start's stock loop; the VFL loop is the
+    server's own start, so the class must not pass for a Strategy (docs/architecture.md)."""
+    assert not issubclass(VFLServer, Strategy)
+    params = inspect.signature(VFLServer.start).parameters
+    assert list(params) == ["self", "grid", "num_rounds", "timeout"]  # no initial_arrays: no global model
