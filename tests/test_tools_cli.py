@@ -24,7 +24,7 @@ def test_run_config_args_read_flowers_syntax_later_ones_winning():
                             "epsilon=1e-3", "num-server-rounds=7", ""])
     assert got == {"num-server-rounds": 7, "optimizer": "newton", "privacy.secure-nu": "ckks", "fairness": False,
                    "epsilon": 0.001}
-    assert parse_run_config("eta=50 model='mlp'", "--run-config") == {"eta": 50, "model": "mlp"}
+    assert parse_run_config("eta=50 model='mlp' preset=''", "--run-config") == {"eta": 50, "model": "mlp", "preset": ""}
 
 
 def test_run_config_text_reads_back_as_written():
@@ -39,6 +39,7 @@ def test_run_config_text_reads_back_as_written():
                              "--set \"model='mlp'\""),
     (["num-server-rounds"], "--set", "--set 'num-server-rounds': expected key=value pairs"),
     (["eval-every=5 junk"], "--set", "--set 'eval-every=5 junk': expected key=value pairs"),
+    (["preset="], "--set", "--set 'preset=': preset has no value; an empty string is written --set \"preset=''\""),
     (["a=[1,2]"], "--run-config", "--run-config 'a=[1,2]': "),
     (["missing.toml"], "--set", "--set 'missing.toml': cannot read the TOML file"),
 ])

@@ -38,6 +38,10 @@ def parse_run_config(items: str | Sequence[str], option: str = "--set") -> dict[
         if not item.strip():
             continue
         if not item.strip().endswith(".toml") and not _ONLY_PAIRS.fullmatch(item):
+            empty = re.search(r"(\S+)=(?:\s|$)", item)
+            if empty:
+                raise RunConfigArgError(f"{option} {item!r}: {empty[1]} has no value; an empty string is written "
+                                        f"{option} \"{empty[1]}=''\"")
             raise RunConfigArgError(f"{option} {item!r}: expected key=value pairs in Flower's --run-config "
                                     f"syntax, e.g. {option} \"{_EXAMPLE}\"")
         try:
