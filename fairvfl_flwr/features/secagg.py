@@ -53,11 +53,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
 
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.hooks import RoundHook
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, round_of
 
 FRACTION_BITS = 48
@@ -176,7 +177,7 @@ class SecureAggregation(RoundHook):
     the others: the server's z is exact, its per-party view is what it received (noise).
     """
 
-    def begin(self, server, grid, timeout: float) -> None:
+    def begin(self, server: ServerView, grid: Grid, timeout: float) -> None:
         order = server.ordered_nodes()
         # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
         session = ConfigRecord({"session": secrets.token_hex(16)})
@@ -193,7 +194,8 @@ class SecureAggregation(RoundHook):
         server.exchange(grid, peers, timeout)
         return None
 
-    def incoming(self, server, grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
+    def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
+                 timeout: float) -> list[Message]:
         """Each masked record summed over the parties: the first party's reply holds the sum,
         the others zeros (the server's z and the Newton search read only sums)."""
         first = server.ordered_nodes()[0].node_id
@@ -218,7 +220,7 @@ class SecureAggregation(RoundHook):
         return replies
 
     @staticmethod
-    def _sums(server, server_round: int, replies: list[Message], name: str) -> dict[str, np.ndarray]:
+    def _sums(server: ServerView, server_round: int, replies: list[Message], name: str) -> dict[str, np.ndarray]:
         """Decoded sums of every key of record ``name``, checked: uint64 words, equal lengths, masks cancelled."""
         words: dict[str, list[np.ndarray]] = {}
         for reply in replies:
