@@ -80,6 +80,8 @@ class Reads(Generic[T]):
         self.name = name
 
     def __get__(self, view: Any, owner: type | None = None) -> T:
+        if view is None:  # looked up on the class (help(), documentation tools)
+            return self  # type: ignore[return-value]
         value = getattr(view._server, self.name)
         return self.wrap(value) if self.wrap else value
 
