@@ -125,7 +125,8 @@ class RunConfig:
                            "pip install 'fairvfl-flwr[privacy]')")
     nu_noise: float = S(0.0, "Gaussian noise of std nu-noise/n on nu before it leaves the server", section="privacy",
                         rule=at_least(0), why="must be >= 0")
-    record_view: str = S("", "a folder: every passive party keeps the nu it received there, on its own side",
+    record_view: str = S("", "a folder: the passive parties' part of privacy.transcript-dir (the nu each received, kept on "
+                         "its own side)",
                          section="privacy")
     record_every: int = S(10, "rounds between recorded transcripts after the first rounds", section="privacy",
                           rule=at_least(0), why="must be >= 0 (0 = only the first rounds)")
