@@ -39,7 +39,6 @@ from fairvfl_flwr.core.newton import (
     curvature,
     newton_server_step,
     party_curvature,
-    smooth_part,
     subspace_gap_jacobian,
     subspace_step,
     with_bias,
@@ -56,12 +55,6 @@ PASSIVE_CURVATURE = "nu"
 #: ... and where ν reaches it encrypted (privacy.secure-nu='ckks'): |ν|(1 − n|ν|) is not
 #: linear in ν, so the party uses the fixed 1/(4n), and the direction is linear in X_kᵀν.
 ENCRYPTED_NU_CURVATURE = "const"
-#: How far above ε a gap may end a converged run: the reproduction target (bench/rounds.py)
-#: allows ε + 0.005 and the final-quality bar ε + 0.002.
-GAP_SLACK = 1e-3
-#: Rounds in a row the convergence test must pass: one small subspace step can be a stall
-#: between two dual steps, not the end.
-CONVERGED_ROUNDS = 2
 NEWTON_STATE = "newton.state"  # a party's directions awaiting their α, and its last moves
 
 
@@ -83,7 +76,6 @@ class NewtonVFL(VFLServer):
         self.computed_alpha: dict[int, np.ndarray] = {}  # the last round's, kept after the apply message went out
         self.du_moves: dict[int, list[np.ndarray]] = {}  # each party's last moves' change of logits, newest first
         self.grid: Grid | None = None
-        self.converged_rounds = 0  # rounds in a row that passed the convergence test
         self.owner = np.zeros(0, dtype=np.int64)  # the party of each direction of the last search
 
     def summary(self) -> None:
@@ -150,11 +142,9 @@ class NewtonVFL(VFLServer):
         alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond)
         self.jac = subspace_gap_jacobian(y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu, rcond=rcond)
         self.take(got, du, alpha)
-        if self.converged(f_before, z + du @ alpha):
+        if self.converged(f_before, z + du @ alpha):  # the apply message evaluates this round
             self.last_round = server_round
-            log(INFO, "[round %d] converged: the objective decreased by less than stop-tolerance=%g (relative) "
-                "for %d rounds with every gap within epsilon + %g; training ends here",
-                server_round, c.stop_tolerance, CONVERGED_ROUNDS, GAP_SLACK)
+            self.log_stop(server_round)
         if server_round == self.last_round:
             self.apply_last(server_round)
         row = self.record(server_round)
@@ -193,26 +183,6 @@ class NewtonVFL(VFLServer):
             self.computed_alpha[nid] = al
             if "test" in got[nid]:
                 self.u_test[nid] = got[nid]["test"] + got[nid]["test-dirs"] @ al
-
-    def objective(self, z: np.ndarray, sq_norm: float) -> float:
-        """F at the current λ: φ(z) + (μ/2) Σ_k ‖θ_k‖² (what the subspace search decreases)."""
-        return smooth_part(self.labels.y_train, z, self.lam, self.groups) + 0.5 * self.mu * sq_norm
-
-    def converged(self, f_before: float, z_after: np.ndarray) -> bool:
-        """The round's step barely moved F, and λ sits where the dual step would keep it:
-        every gap within ε (+ slack), and a multiplier in use only where its gap is at ε."""
-        tol = self.cfg.stop_tolerance
-        if tol <= 0:
-            return False
-        f_after = self.objective(z_after, sum(self.sq_norms[nid] for nid in self.nodes))
-        gaps = np.abs(self.groups.gaps(self.labels.y_train, z_after))
-        d = self.lam[0::2] - self.lam[1::2]
-        eps = self.cfg.epsilon
-        quiet = (f_before - f_after <= tol * (1.0 + abs(f_after))
-                 and bool(np.all(gaps <= eps + GAP_SLACK))
-                 and bool(np.all((d == 0) | (gaps >= eps - GAP_SLACK))))
-        self.converged_rounds = self.converged_rounds + 1 if quiet else 0
-        return self.converged_rounds >= CONVERGED_ROUNDS
 
     def apply_last(self, server_round: int) -> None:
         """The parties take the last round's step; their replies become the server's final logits."""

@@ -126,6 +126,7 @@ class SplitVFL(VFLServer):
     """
 
     init_type = msgs.SPLIT_INIT
+    stops = False  # the baseline runs its rounds, as Flower's example does
 
     def __init__(self, config: RunConfig, labels: ServerLabels, on_round=None, hooks=(), scheduler=None) -> None:
         import torch

@@ -129,7 +129,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
         extra.update({"split.embedding": cfg.split_embedding, "split.lr": cfg.split_step})
     recorder = RunRecorder(folder, cfg, extra={**extra, "party-columns": [len(c) for c in columns],
                                                "dataset-summary": ds.summary() if ds else None})
-    log(INFO, "FairVFL%s: writing results to %s", f" ({cfg.mode})" if extra else "", folder)
+    log(INFO, "FairVFL%s: writing results to %s%s", f" ({cfg.mode})" if extra else "", folder, _where(cfg.output_dir))
     if cfg.mode != "split":
         log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, resolve_optimizer(cfg).reason)
     described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(ds.group_names) if ds else None}
@@ -157,15 +157,23 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     return summary, folder
 
 
+def _where(output_dir: str) -> str:
+    """Why a relative output-dir landed where it did: under flwr run the ServerApp's working
+    directory is the SuperLink's, not the shell's that ran flwr run (configuration.md#the-run-folder)."""
+    if Path(output_dir).expanduser().is_absolute():
+        return ""
+    return f" (output-dir={output_dir!r} is relative: taken from the working directory {Path.cwd()})"
+
+
 def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseException) -> None:
     """The run is stopping on ``exc``: say why and what is on disk, keep the history."""
-    done = server.history[-1]["round"] if server.history else None
+    # the history's round 0 is the initial model: a run stopped in discovery or set-up has none
+    when = f"after round {server.history[-1]['round']}" if server.history else "before round 1"
     if recorder.rows:
         recorder.write_history()
     notes = server.hooks.stopped(exc) or [
         "no checkpoint (set reliability.checkpoint-every > 0 to be able to resume)"]
-    log(ERROR, "FairVFL: run stopped after round %s: %s | history so far in %s | %s", done, exc, folder,
-        " | ".join(notes))
+    log(ERROR, "FairVFL: run stopped %s: %s | history so far in %s | %s", when, exc, folder, " | ".join(notes))
 
 
 limit_blas_threads()  # the server's subspace search and ν: see app/threads.py

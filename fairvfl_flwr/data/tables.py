@@ -238,7 +238,10 @@ def read_csv(path: str | Path, what: str = "") -> pd.DataFrame:
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{what}: file {path} not found" if what else f"{path}: file not found")
+        # under flwr run the working directory is the SuperLink's, rarely the user's shell's: say which
+        tried = ("" if path.is_absolute() else
+                 f" (looked for {path.resolve()}: relative to the working directory {Path.cwd()})")
+        raise DataError((f"{what}: file {path} not found" if what else f"{path}: file not found") + tried)
     try:
         return pd.read_csv(path)
     except Exception as exc:  # pandas raises many types; the user needs the file name

@@ -35,12 +35,18 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.core.newton import smooth_part
 from fairvfl_flwr.core.objective import Groups, TrainStats, train_stats
+from fairvfl_flwr.core.stopping import StopRule
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
+
+
+#: Seconds discovery waits for one more node before it refuses a federation short of num-parties.
+NODE_WAIT = 20.0
 
 
 class SyncRounds:
@@ -79,6 +85,8 @@ class VFLServer:
     width = 1
     #: The message type that starts (or restarts) a party's model.
     init_type = msgs.INIT
+    #: Whether the stop rule (``stop-tolerance``, ``stop-window``) may end training early.
+    stops = True
 
     def __init__(
         self,
@@ -112,6 +120,7 @@ class VFLServer:
         # The round training ends with: num-server-rounds, unless an algorithm finds itself
         # converged sooner and says so by lowering it (it then evaluates that round).
         self.last_round = config.num_server_rounds
+        self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness)
         self.setup_seconds = 0.0
         self._t0 = time.perf_counter()
 
@@ -153,8 +162,14 @@ class VFLServer:
         evaluate = server_round == 0 or self.evaluates(server_round)  # init replies every row
         self.held_rows = batching.reply_rows(self.cfg, server_round, evaluate, len(self.labels.y_train))
         n_train = None if self.held_rows is None else len(self.held_rows)
+        # the stop rule needs F on every training row before and after the round's steps
+        f_before = self.objective() if server_round > 0 and self.stops and not self.batch_size else None
         for reply in replies:
             self.fold(reply, n_train)
+        if f_before is not None and self.converged(f_before, self.z("train")):
+            # the last round is evaluated: when this one's replies hold no test logits, one more round
+            self.last_round = server_round if evaluate else server_round + 1
+            self.log_stop(server_round)
         row = self.record(server_round)
         return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
@@ -178,15 +193,28 @@ class VFLServer:
 
     # -- the parts of a round ------------------------------------------------------------
     def discover(self, grid: Grid, timeout: float) -> None:
-        """Ask every node for its role; check the federation matches the run."""
+        """Ask every node for its role; check the federation matches the run.
+
+        Nodes still joining are waited for, up to ``timeout``, while each arrives within
+        :data:`NODE_WAIT` seconds of the last: a federation that stopped growing short of
+        num-parties (a simulation's whole federation is there at the start) is refused then.
+        """
         deadline = time.monotonic() + timeout
         node_ids = list(grid.get_node_ids())
-        while len(node_ids) < self.cfg.num_parties and time.monotonic() < deadline:
+        changed = time.monotonic()
+        while (len(node_ids) < self.cfg.num_parties and time.monotonic() < deadline
+               and time.monotonic() - changed < NODE_WAIT):
             time.sleep(0.5)
-            node_ids = list(grid.get_node_ids())
+            now = list(grid.get_node_ids())
+            if len(now) != len(node_ids):
+                changed = time.monotonic()
+            node_ids = now
         if len(node_ids) != self.cfg.num_parties:
+            waited = "" if len(node_ids) > self.cfg.num_parties else f" (no other node joined for {NODE_WAIT:g} s)"
             raise FederationError(
-                f"the run needs num-parties={self.cfg.num_parties} nodes, the federation has {len(node_ids)}"
+                f"the run needs num-parties={self.cfg.num_parties} nodes, the federation has {len(node_ids)}{waited}: "
+                f"one node per party (simulation: flwr run . <federation> --federation-config "
+                f"num-supernodes={self.cfg.num_parties}; a deployment: one SuperNode per party). Refused before round 1"
             )
         queries = [
             Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
@@ -260,6 +288,21 @@ class VFLServer:
         self.sq_norms[nid] = float(stats["sq-norm"])
         self.steps[nid] = int(stats["steps"])
 
+    def objective(self, z: np.ndarray | None = None, sq_norm: float | None = None) -> float:
+        """F at the current λ: φ(z) + (μ/2) Σ_k ‖θ_k‖², by default of the held logits and norms."""
+        z = self.z("train") if z is None else z
+        sq_norm = sum(self.sq_norms.values()) if sq_norm is None else sq_norm
+        return smooth_part(self.labels.y_train, z, self.lam, self.groups) + 0.5 * self.mu * sq_norm
+
+    def converged(self, f_before: float, z_after: np.ndarray) -> bool:
+        """Feed the round just folded (F before its steps, the logits after) to the stop rule."""
+        f_after = self.objective(z_after)
+        return self.stop.update(f_before, f_after, self.groups.gaps(self.labels.y_train, z_after), self.lam)
+
+    def log_stop(self, server_round: int) -> None:
+        ends = "here" if self.last_round == server_round else f"with round {self.last_round} (evaluated)"
+        log(INFO, "[round %d] converged: %s; training ends %s", server_round, self.stop.describe(), ends)
+
     def computed(self) -> dict[int, dict[str, np.ndarray]]:
         """Per node, what the algorithm computed for that party from the round just folded,
         beyond ν, z and λ (a transcript keeps it); gradient descent computes nothing more."""
@@ -299,11 +342,14 @@ class VFLServer:
         self.hooks.record(server_round, row)
         if evaluated:
             self.u_test.clear()
+            # without the fairness term ε bounds nothing and λ stays 0: the line leaves both out
+            fair = (f" (eps {self.cfg.epsilon:.3g}) lambda=({row['lambda1']:.4f}, {row['lambda2']:.4f})"
+                    if self.cfg.fairness else "")
             log(
                 INFO,
-                "[round %d/%d] L=%.4f DEO=%.4f (eps %.3g) lambda=(%.4f, %.4f) | test ACC=%.2f%% DFP=%.3f DFN=%.3f | %.1f s",
-                server_round, self.cfg.num_server_rounds, row["loss"], row["deo"], self.cfg.epsilon,
-                row["lambda1"], row["lambda2"], 100 * row["acc"], row["dfp"], row["dfn"], row["seconds"],
+                "[round %d/%d] L=%.4f DEO=%.4f%s | test ACC=%.2f%% DFP=%.3f DFN=%.3f | %.1f s",
+                server_round, self.cfg.num_server_rounds, row["loss"], row["deo"], fair,
+                100 * row["acc"], row["dfp"], row["dfn"], row["seconds"],
             )
         self.history.append(row)
         if self.on_round is not None:
@@ -322,6 +368,7 @@ class VFLServer:
             "sq-norms": {str(pid[n]): v for n, v in self.sq_norms.items()},
             "steps": {str(pid[n]): v for n, v in self.steps.items()},
             "u_train": {pid[n]: u for n, u in self.u_train.items()},
+            "stop": self.stop.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -333,6 +380,7 @@ class VFLServer:
             self.u_train[nid] = np.asarray(state["u_train"][pid], dtype=np.float64)
             self.sq_norms[nid] = float(state["sq-norms"][str(pid)])
             self.steps[nid] = int(state["steps"][str(pid)])
+        self.stop.load_state_dict(state.get("stop", {}))
         self.u_test.clear()
         self.held_rows = None
         self.stats = train_stats(self.labels.y_train, self.z("train"), self.groups)

@@ -1,0 +1,155 @@
+"""What a newcomer meets in their first hour: a federation of the wrong size, a run that
+never stops, results in an unexpected folder, a relative data path, the log's lines."""
+
+import logging
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.stopping import StopRule
+from fairvfl_flwr.data.tables import DataError
+from fairvfl_flwr.flower import server as vfl_server
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+#: The 1,000-round MLP run the stop rule is held to: model='mlp' on Adult, seed 0, every
+#: round (stop-tolerance=0): train DEO 0.00982, test ACC 85.71%.
+MLP_1000 = {"train_deo": 0.009816, "test_acc": 0.857143}
+
+
+@pytest.fixture
+def flwr_log(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
+    return caplog
+
+
+# -- a federation too small ---------------------------------------------------------------
+def test_a_federation_short_of_num_parties_is_refused_once_it_stops_growing(tmp_path, monkeypatch, flwr_log):
+    # the in-process grid never grows: the wait ends NODE_WAIT after the last node joined
+    monkeypatch.setattr(vfl_server, "NODE_WAIT", 0.5)
+    cfg = RunConfig.from_flower({"dataset": "crime", "output-dir": str(tmp_path)})
+    grid = InProcessGrid(client_app, cfg.to_flower(), 4)
+    started = time.monotonic()
+    with pytest.raises(FederationError, match=r"num-parties=6 nodes, the federation has 4 .*num-supernodes=6"):
+        run_server(grid, cfg.to_flower())
+    assert time.monotonic() - started < 10  # not reliability.round-timeout (600 s)
+    assert "run stopped before round 1" in flwr_log.text and "round None" not in flwr_log.text
+
+
+def test_the_wait_for_missing_nodes_is_bounded_well_inside_30_seconds():
+    assert 0 < vfl_server.NODE_WAIT <= 20
+
+
+@pytest.mark.slow
+def test_flwr_run_with_too_few_supernodes_fails_within_30_seconds(tmp_path):
+    from fairvfl_flwr.tools.flwr_engine import FlwrRunError, SimulationSuperLink
+
+    link = SimulationSuperLink(tmp_path / "flwr-home")
+    try:
+        started = time.monotonic()
+        with pytest.raises(FlwrRunError, match=r"num-parties=6 nodes, the federation has 4"):
+            link.run({"dataset": "crime", "output-dir": str(tmp_path / "out")}, num_supernodes=4, timeout=120)
+        # Ray's start-up and the status polls come on top of the ServerApp's own ≤ 20 s wait
+        assert time.monotonic() - started < 60
+    finally:
+        link.stop()
+
+
+# -- one stop rule ------------------------------------------------------------------------
+def test_stop_rule_needs_window_quiet_rounds_in_a_row_and_gaps_only_with_fairness():
+    gaps_off, lam = np.array([0.05]), np.zeros(2)
+    fair = StopRule(tolerance=1e-6, window=2, epsilon=0.01, fairness=True)
+    assert not fair.update(1.0, 1.0, gaps_off, lam)  # F still, but the gap is above ε
+    assert not fair.update(1.0, 1.0, np.array([0.01]), lam)
+    assert not fair.update(1.0, 0.9, np.array([0.01]), lam)  # a real step resets the count
+    assert not fair.update(1.0, 1.0, np.array([0.01]), lam)
+    assert fair.update(1.0, 1.0, np.array([0.01]), lam)
+
+    unfair = StopRule(tolerance=1e-6, window=2, epsilon=0.01, fairness=False)
+    assert not unfair.update(1.0, 1.0, gaps_off, lam)
+    assert unfair.update(1.0, 1.0, gaps_off, lam)  # the gap is not the run's business
+
+    in_use = StopRule(tolerance=1e-6, window=1, epsilon=0.01, fairness=True)
+    assert not in_use.update(1.0, 1.0, np.array([0.002]), np.array([0.3, 0.0]))  # λ > 0 with its gap below ε
+
+    never = StopRule(tolerance=0.0, window=1, epsilon=0.01, fairness=False)
+    assert not never.update(1.0, 1.0, gaps_off, lam)
+
+
+def test_stop_rule_state_round_trips():
+    rule = StopRule(tolerance=1e-6, window=3, epsilon=0.01, fairness=False)
+    rule.update(1.0, 1.0, np.zeros(1), np.zeros(2))
+    rule.update(1.0, 1.0, np.zeros(1), np.zeros(2))
+    again = StopRule(tolerance=1e-6, window=3, epsilon=0.01, fairness=False)
+    again.load_state_dict(rule.state_dict())
+    assert again.update(1.0, 1.0, np.zeros(1), np.zeros(2))
+
+
+def test_quick_start_newton_stops_where_it_did(tmp_path):
+    summary, _ = run_inprocess({"output-dir": str(tmp_path)}, quiet=True)
+    assert summary["rounds"] == 10
+    assert round(summary["train_deo"], 4) == 0.0102 and round(100 * summary["test_acc"], 2) == 85.25
+
+
+def test_fairness_false_stops_early_and_logs_no_epsilon(tmp_path, flwr_log):
+    summary, folder = run_inprocess({"fairness": False, "eval-every": 5, "output-dir": str(tmp_path)})
+    assert summary["rounds"] <= 20  # the cap is 1,000
+    assert "converged: F decreased by less than stop-tolerance" in flwr_log.text
+    rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ")]
+    assert rounds and not any("eps" in line or "lambda" in line for line in rounds), rounds
+
+
+def test_fairness_on_logs_epsilon_and_lambda(tmp_path, flwr_log):
+    run_inprocess({"dataset": "crime", "num-server-rounds": 2, "output-dir": str(tmp_path)})
+    rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ")]
+    assert rounds and all("(eps 0.01) lambda=(" in line for line in rounds), rounds
+
+
+def test_gradient_steps_stop_too_and_evaluate_their_last_round(tmp_path, flwr_log):
+    """A stop between evaluation rounds takes one more round, whose test metrics end the run
+    (a loose tolerance, so that gradient steps on Crime stop within a few hundred rounds)."""
+    summary, folder = run_inprocess({"dataset": "crime", "optimizer": "gd", "fairness": False, "eta": 20.0,
+                                     "stop-tolerance": 1e-4, "eval-every": 1000, "output-dir": str(tmp_path)})
+    assert summary["rounds"] < 1000
+    assert np.isfinite(summary["test_acc"])
+    assert re.search(rf"training ends (here|with round {summary['rounds']} \(evaluated\))", flwr_log.text)
+
+
+@pytest.mark.slow
+def test_an_mlp_run_stops_once_converged_no_worse_than_1000_rounds(tmp_path):
+    summary, _ = run_inprocess({"model": "mlp", "output-dir": str(tmp_path)}, quiet=True)
+    assert summary["rounds"] < 1000
+    assert summary["test_acc"] >= MLP_1000["test_acc"] - 0.002
+    assert summary["train_deo"] <= 0.01 + 0.002
+
+
+# -- where results and data are looked for ------------------------------------------------
+def test_results_go_where_the_docs_say_the_working_directory_and_the_log_says_it(tmp_path, monkeypatch,
+                                                                                  flwr_log):
+    monkeypatch.chdir(tmp_path)
+    _, folder = run_inprocess({"dataset": "crime", "num-server-rounds": 1})  # output-dir="outputs"
+    assert folder.parent == tmp_path / "outputs" and (folder / "summary.json").is_file()
+    starts = [r.getMessage() for r in flwr_log.records if "writing results to" in r.getMessage()]
+    assert starts and str(folder) in starts[0] and str(tmp_path) in starts[0]
+    assert f"results           {folder}" in flwr_log.text  # the final table names it again
+    docs = " ".join((DOCS / "configuration.md").read_text().split())
+    assert "taken from the ServerApp's working directory, which is the SuperLink's working directory" in docs
+
+
+def test_a_relative_csv_path_that_is_not_there_names_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as err:
+        run_inprocess({"dataset": "csv", "csv.path": "mine/german.csv", "csv.label": "y", "csv.positive": "1",
+                       "csv.sensitive": "s", "csv.group-a": "a", "csv.group-b": "b",
+                       "output-dir": str(tmp_path / "out")}, quiet=True)
+    assert str(tmp_path / "mine" / "german.csv") in str(err.value)
+    assert f"working directory {tmp_path}" in str(err.value)
