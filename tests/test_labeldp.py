@@ -46,7 +46,7 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
     s = rng.random(n) < 0.3
     groups = _groups(y, s, constraint, measure)
     m = labeldp.min_group_size(groups) - 1
-    bound = labeldp.sensitivity(n, lam_bound, m, labeldp.FLIPPED_GROUPS[constraint], measure)
+    bound = groups.label_sensitivity(lam_bound, m)
     worst = 0.0
     for trial in range(40):
         z = rng.normal(scale=3.0, size=n)
@@ -68,7 +68,7 @@ def test_the_noise_is_keyed_on_a_fresh_server_secret_not_on_anything_a_party_hol
     rng = np.random.default_rng(0)
     y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
     groups = Groups.from_labels(y, rng.random(400) < 0.5, 1)
-    make = lambda secret=None: labeldp.LabelDP(groups, "deo", epsilon=4.0, delta=1e-5, rounds=50,  # noqa: E731
+    make = lambda secret=None: labeldp.LabelDP(groups, epsilon=4.0, delta=1e-5, rounds=50,  # noqa: E731
                                                lambda_bound=0.5, secret=secret)
     a, b = make(), make()  # same config, same labels: the run seed and the labels do not fix the noise
     assert not np.allclose(a.noise(1, 400), b.noise(1, 400))
@@ -91,7 +91,7 @@ def test_bad_settings_are_refused_naming_the_key():
         RunConfig().replace(label_dp_epsilon=1.0, batch_size=64)
     groups = Groups.from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
     with pytest.raises(ConfigError, match="privacy.label-dp-min-group=5"):
-        labeldp.LabelDP(groups, "deo", epsilon=1.0, delta=1e-5, rounds=5, lambda_bound=0.5, min_group=5)
+        labeldp.LabelDP(groups, epsilon=1.0, delta=1e-5, rounds=5, lambda_bound=0.5, min_group=5)
 
 
 def test_a_run_with_label_dp_reports_its_epsilon_and_passive_parties_get_noisy_nu(tmp_path):

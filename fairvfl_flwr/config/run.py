@@ -23,7 +23,7 @@ from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports 
 from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
-from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES
+from fairvfl_flwr.core.constraints import CONSTRAINTS, MEASURES, ConstraintSet
 
 MODES = ("fairvfl", "fairvfl-scores", "split", "score")
 OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
@@ -333,7 +333,7 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
         return Choice("newton", f"block Newton{shared} (docs/newton.md){encrypted}")
     if cfg.optimizer == "adagrad":
         return Choice("adagrad", "AdaGrad steps kept by each party (docs/adagrad.md)")
-    if cfg.constraint != "deo":
+    if not ConstraintSet.kind_named(cfg.constraint).newton_by_default:
         return Choice("gd", f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
                             f"(constraint={cfg.constraint!r})")
     newton_no = sections.newton_refusal(cfg)

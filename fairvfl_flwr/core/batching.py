@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from fairvfl_flwr.core.errors import ConfigError
-from fairvfl_flwr.core.objective import Constraint, Groups
+from fairvfl_flwr.core.objective import Groups
 
 # Above this chance that some round's batch misses a constraint group, every round's
 # batch is drawn and checked before round 1.
@@ -74,10 +74,7 @@ def reply_rows(cfg, server_round: int, evaluate: bool, n: int) -> np.ndarray | N
 
 def batch_groups(groups: Groups, rows: np.ndarray | None) -> Groups:
     """The constraint groups restricted to ``rows`` (sizes and the 1/n weight become the batch's)."""
-    if rows is None:
-        return groups
-    cons = tuple(Constraint(c.name, c.in_a[rows], c.in_b[rows]) for c in groups.constraints)
-    return Groups(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(rows), constraints=cons, measure=groups.measure)
+    return groups.restrict(rows)
 
 
 def check_batches(groups: Groups, seed: int, batch_size: int, rounds: int) -> None:

@@ -47,15 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.core.objective import (
-    Groups,
-    dual_step,
-    logistic_loss,
-    loss_derivative,
-    masked_weights,
-    row_weights,
-    sigmoid,
-)
+from fairvfl_flwr.core.objective import Groups, dual_step, masked_weights
 
 CURVATURES = ("exact", "nu", "const")
 ARMIJO = 1e-4
@@ -63,8 +55,7 @@ ARMIJO = 1e-4
 
 def smooth_part(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> float:
     """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
-    m = row_weights(lam, groups) - 1.0 / groups.n
-    return float(logistic_loss(y, z).mean() + m @ groups.values(y, z))
+    return groups.smooth_part(y, z, lam)
 
 
 def curvature(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> np.ndarray:
@@ -75,12 +66,7 @@ def curvature(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> 
     on the loss measure: the row's group weight, hence its group among the constrained
     rows once λ ≠ 0, and σ(z_i)(1 − σ(z_i)), hence |z_i|.
     """
-    p = sigmoid(z)
-    dp = p * (1.0 - p)
-    w = row_weights(lam, groups)
-    if groups.measure == "loss":
-        return np.maximum(w, 0.0) * dp
-    return np.maximum(dp / groups.n + (w - 1.0 / groups.n) * dp * (1.0 - 2.0 * p), 0.0)
+    return groups.curvature(y, z, lam)
 
 
 def party_curvature(nu: np.ndarray | None, n: int, kind: str) -> np.ndarray:
@@ -190,18 +176,7 @@ def subspace_step(
 
 def gap_directions(y: np.ndarray, z: np.ndarray, groups: Groups) -> np.ndarray:
     """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
-    if groups.measure == "loss":
-        g = loss_derivative(y, z)
-    else:
-        p = sigmoid(z)
-        g = p * (1.0 - p)
-    cols = []
-    for con in groups.constraints:
-        col = np.zeros(len(z))
-        col[con.in_a] = 1.0 / con.size_a
-        col[con.in_b] = -1.0 / con.size_b
-        cols.append(g * col)
-    return np.column_stack(cols)
+    return groups.gap_directions(y, z)
 
 
 def subspace_gap_jacobian(
@@ -228,12 +203,11 @@ def weight_bounds(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
 
     For the loss measure, w_i < 0 makes f̃ concave in those rows' logits and unbounded below
     in θ (up to the tiny μ-term): the primal has no minimiser and a descent method diverges.
-    Rows of several constraints are disjoint for every constraint set here, so the bounds
-    are per constraint: −|A_c|/n <= d_c <= |B_c|/n.
+    With two groups the rows of different gaps are disjoint and the bounds are exact,
+    −|A_c|/n <= d_c <= |B_c|/n; with more, a row sits on several gaps' sides and the
+    constraint object shares the bound among them (ConstraintSet.weight_bounds).
     """
-    lo = np.array([-c.size_a / groups.n for c in groups.constraints])
-    hi = np.array([c.size_b / groups.n for c in groups.constraints])
-    return lo, hi
+    return groups.weight_bounds()
 
 
 def dual_newton_step(
@@ -282,16 +256,7 @@ def dual_newton_step(
 
 def clip_multipliers(lam: np.ndarray, groups: Groups) -> np.ndarray:
     """λ >= 0 with each d_c within :func:`weight_bounds` (loss measure), λ_c± scaled down together."""
-    lam = np.maximum(np.asarray(lam, dtype=np.float64), 0.0)
-    if groups.measure != "loss":
-        return lam
-    lo, hi = weight_bounds(groups)
-    d = lam[0::2] - lam[1::2]
-    scale = np.ones(len(d))
-    pos, neg = d > hi, d < lo
-    scale[pos] = hi[pos] / d[pos]
-    scale[neg] = lo[neg] / d[neg]
-    return lam * np.repeat(scale, 2)
+    return groups.project(lam)
 
 
 def newton_dual_step(
@@ -332,13 +297,7 @@ def at_weight_bound(lam: np.ndarray, groups: Groups) -> np.ndarray:
     bound f̃ is not convex in those rows' logits and the Newton step's sensitivity J, taken
     at weights >= 0, says nothing about how far the primal then moves.
     """
-    if groups.measure != "loss":
-        return np.zeros(len(groups.constraints), dtype=bool)
-    lo, hi = weight_bounds(groups)
-    d = np.asarray(lam, dtype=np.float64)[0::2] - np.asarray(lam, dtype=np.float64)[1::2]
-    rel = 1e-9  # clip_multipliers puts d on the bound up to rounding
-    return (d >= hi * (1 - rel)) | (d <= lo * (1 - rel))
-
+    return groups.at_weight_bound(lam)
 
 
 def newton_server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fairness=True):

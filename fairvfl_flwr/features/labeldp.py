@@ -11,18 +11,20 @@ w_i o_i; rate measure, ν_i = o_i/n + m_i σ'(z_i)), with λ clipped to [0, Λ] 
 |λ_c+ − λ_c−| ≤ Λ, and m a public lower bound on every constraint group's size (of the
 data and of any neighbour):
 
-* row j itself: |w_i| ≤ W = 1/n + Λ/m for every row (a row sits in one constraint's
-  groups at most), and o_j(+1), o_j(−1) have opposite signs with |o_j(+1)| + |o_j(−1)| = 1,
-  so |Δν_j| ≤ W; rate measure: |Δo_j|/n + |Δm_j| σ' ≤ 1/n + (2Λ/m)/4;
-* the other rows of a group the flip enters or leaves (its size a becomes a ± 1): their
-  weight moves by |d|·|1/a − 1/(a±1)| ≤ Λ/(a(a+1)) at the smaller size a ≥ m, on at most
-  a rows, times |o_i| ≤ 1 (rate: σ' ≤ 1/4), so by at most g Λ/(√m (m + 1)) in L2 (g = 1,
-  rate 1/4); the flip changes the groups of k constraints (deo 1, equalized-odds 2,
-  demographic-parity 0: its groups do not use y), on disjoint rows;
+* row j itself: |w_i| ≤ W = 1/n + PΛ/m for every row, P the gap sides a row sits on
+  (1 with two groups; G − 1 for G groups pairwise, G + 1 against the overall rate), and
+  o_j(+1), o_j(−1) have opposite signs with |o_j(+1)| + |o_j(−1)| = 1, so |Δν_j| ≤ W;
+  rate measure: |Δo_j|/n + |Δm_j| σ' ≤ 1/n + (2PΛ/m)/4;
+* the other rows of a row set the flip enters or leaves (its size a becomes a ± 1): their
+  weight moves by at most P_M Λ·|1/a − 1/(a±1)| ≤ P_M Λ/(a(a+1)) at the smaller size a ≥ m
+  (P_M the gaps using that set), on at most a rows, times |o_i| ≤ 1 (rate: σ' ≤ 1/4), so by
+  at most g P_M Λ/(√m (m + 1)) in L2 (g = 1, rate 1/4). Within one label subset the sets
+  a flip changes add up to P (triangle inequality); the subsets a label decides (deo 1,
+  equalized-odds 2, demographic-parity 0) hold disjoint rows, so k = subsets × P²;
 * other rows' o_i do not depend on y_j (z is fixed).
 
-So Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)), r the row term. tests/test_labeldp.py checks it
-by flipping labels.
+So Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)), r the row term: the constraint object computes
+it (ConstraintSet.label_sensitivity). tests/test_labeldp.py checks it by flipping labels.
 
 Noise keyed on a fresh random secret the server draws at start, not on the labels'
 fingerprint (as ``privacy.nu-noise`` is): a DP adversary knows every label but one, so
@@ -40,11 +42,11 @@ import numpy as np
 from flwr.supercore import log
 
 from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.core.constraints import sensitivity
 from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
-#: How many constraints' groups a label flip changes, by constraint set.
-FLIPPED_GROUPS = {"deo": 1, "equalized-odds": 2, "demographic-parity": 0}
+__all__ = ["HIGH_ORDERS", "LabelDP", "epsilon_spent", "min_group_size", "noise_multiplier_for", "sensitivity"]
 
 
 def _accountants():
@@ -82,17 +84,7 @@ def noise_multiplier_for(epsilon: float, delta: float, steps: int, sample_rate: 
 
 def min_group_size(groups: Groups) -> int:
     """The smallest constraint group of the data."""
-    return min(min(c.size_a, c.size_b) for c in groups.constraints)
-
-
-def sensitivity(n: int, lambda_bound: float, min_group: int, flipped_groups: int, measure: str = "loss") -> float:
-    """Δ: the L2 bound on one round's change of ν when one label flips (module docstring)."""
-    if min_group < 1:
-        raise ValueError(f"the public lower bound on the group sizes must be >= 1, got {min_group}")
-    m = float(min_group)
-    g = 1.0 if measure == "loss" else 0.25  # max |∂q_i/∂z_i|: |o_i| ≤ 1, σ' ≤ 1/4
-    row = 1.0 / n + (lambda_bound / m if measure == "loss" else lambda_bound / (2.0 * m))
-    return math.sqrt(row * row + flipped_groups * (g * lambda_bound) ** 2 / (m * (m + 1.0) ** 2))
+    return groups.smallest_group()
 
 
 class LabelDP(RoundHook):
@@ -103,7 +95,7 @@ class LabelDP(RoundHook):
     ``secret``: the noise key (tests); None draws 32 fresh bytes from the OS.
     """
 
-    def __init__(self, groups: Groups, constraint: str, *, epsilon: float, delta: float, rounds: int,
+    def __init__(self, groups: Groups, *, epsilon: float, delta: float, rounds: int,
                  lambda_bound: float, min_group: int = 0, fairness: bool = True, secret: bytes | None = None) -> None:
         self.n = groups.n
         self.epsilon, self.delta, self.rounds = float(epsilon), float(delta), int(rounds)
@@ -113,8 +105,7 @@ class LabelDP(RoundHook):
             raise ConfigError(f"run config privacy.label-dp-min-group={min_group}: the data's smallest constraint group has "
                              f"{actual} rows; set a bound <= {actual} (0: the data's smallest group - 1)")
         self.min_group = int(min_group) if min_group > 0 else actual - 1
-        self.sensitivity = sensitivity(self.n, self.lambda_bound, self.min_group, FLIPPED_GROUPS[constraint],
-                                       groups.measure)
+        self.sensitivity = groups.label_sensitivity(self.lambda_bound, self.min_group)
         self.noise_multiplier = noise_multiplier_for(self.epsilon, self.delta, self.rounds)
         self.sigma = self.noise_multiplier * self.sensitivity
         self.secret = secrets.token_bytes(32) if secret is None else bytes(secret)

@@ -131,7 +131,7 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     ax1.set_ylabel(r"$L(\theta)$")
     ax1.set_title("training objective")
     ax2.plot(rounds, [r["deo"] for r in rows], color="C1", label=r"DEO($\theta$)")
-    if cfg.constraint != "deo" and all("max_gap" in r for r in rows):
+    if all("max_gap" in r for r in rows) and any(len(r.get("gaps", ())) > 1 for r in rows):
         ax2.plot(rounds, [r["max_gap"] for r in rows], color="C2", label=rf"max$_c|D_c|$ ({cfg.constraint})")
     if cfg.fairness:
         ax2.axhline(cfg.epsilon, color="k", ls="--", lw=1, label=rf"$\epsilon$ = {cfg.epsilon:g}")

@@ -1,0 +1,398 @@
+"""The constraint object: everything the rest of the code asks of a fairness constraint.
+
+A constraint kind (``deo``, ``equalized-odds``, ``demographic-parity``; the registry in
+``core/constraints/__init__.py``) says only which row subsets it compares the groups on
+(:meth:`ConstraintSet.subsets`) and how many of them a label decides. Everything else
+is shared and lives here, in the shape of fairlearn's reductions ``Moment``
+(``fairlearn/reductions/_moments/utility_parity.py``):
+
+=================================  ===========================================
+fairlearn ``Moment``               here
+=================================  ===========================================
+``load_data(X, y, sensitive)``     :meth:`ConstraintSet.build` (rows, groups, masks)
+``gamma(predictor)``               :meth:`ConstraintSet.gaps` (every D_c)
+``bound()``                        ε, one run setting for every gap
+``project_lambda(λ)``              :meth:`ConstraintSet.project`
+``signed_weights(λ)``              :meth:`ConstraintSet.signed_weights` (w_i = 1/n + m_i)
+=================================  ===========================================
+
+plus the dual step (:meth:`ConstraintSet.dual_step`), Newton's derivatives
+(:meth:`ConstraintSet.gap_directions`, :meth:`ConstraintSet.curvature`,
+:meth:`ConstraintSet.smooth_part`) and the label-DP sensitivity
+(:meth:`ConstraintSet.label_sensitivity`).
+
+Each gap c compares two row sets, ``D_c = mean q over A_c − mean q over B_c``, held
+within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c−)``; the multiplier vector is
+``[λ_1+, λ_1−, λ_2+, λ_2−, ...]``. With G groups on a subset S (``constraint-form``):
+
+* ``pairwise``: every pair of groups g < h, A = S ∩ g, B = S ∩ h: G(G−1)/2 gaps per
+  subset. With two groups this is the paper's DEO (one gap, group a against group b).
+* ``overall``: each group against all rows of S, A = S ∩ g, B = S (fairlearn's
+  ``difference_bound``): G gaps per subset. With two groups, group a's gap is the
+  pairwise gap times |S ∩ b|/|S|, so it is a looser constraint than DEO at the same ε.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from fairvfl_flwr.core.constraints.measures import Measure, logistic_loss
+from fairvfl_flwr.core.constraints.measures import measure as measure_named
+
+FORMS = ("pairwise", "overall")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One gap: rows of ``in_a`` against rows of ``in_b`` (the masks may overlap)."""
+
+    name: str
+    in_a: np.ndarray
+    in_b: np.ndarray
+
+    @property
+    def size_a(self) -> int:
+        return int(self.in_a.sum())
+
+    @property
+    def size_b(self) -> int:
+        return int(self.in_b.sum())
+
+
+@dataclass(frozen=True)
+class SensitiveGroups:
+    """Which group each row is in: ``codes[i]`` indexes ``names``.
+
+    A boolean column is the two-group case of the paper: True is group a (index 0),
+    False group b (index 1).
+    """
+
+    codes: np.ndarray
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, s: np.ndarray, names: tuple[str, ...] | None = None) -> "SensitiveGroups":
+        s = np.asarray(s)
+        if s.dtype == bool:
+            return cls(np.where(s, 0, 1), tuple(names or ("a", "b")))
+        codes = s.astype(np.int64)
+        count = int(codes.max()) + 1 if len(codes) else 0
+        return cls(codes, tuple(names or (str(k) for k in range(count))))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def mask(self, k: int) -> np.ndarray:
+        return self.codes == k
+
+    def pooled(self, small: list[int]) -> "SensitiveGroups":
+        """The groups with those in ``small`` merged into one, named after its members (placed last)."""
+        keep = [k for k in range(len(self.names)) if k not in small]
+        new = np.empty(len(self.names), dtype=np.int64)
+        new[keep] = np.arange(len(keep))
+        new[small] = len(keep)
+        names = (*(self.names[k] for k in keep), "pooled(" + "+".join(self.names[k] for k in small) + ")")
+        return SensitiveGroups(new[self.codes], names)
+
+
+class GroupSizeError(ValueError):
+    """A group is too small to be constrained; the message names it and its count."""
+
+
+@dataclass(frozen=True)
+class ConstraintSet:
+    """The run's constraint: its gaps, measure and rows. Subclasses are the kinds.
+
+    ``in_a`` / ``in_b`` are the first gap's masks (N^a, N^b of the paper's DEO).
+    """
+
+    in_a: np.ndarray
+    in_b: np.ndarray
+    n: int
+    constraints: tuple[Gap, ...] = ()
+    measure: str = "loss"
+    groups: SensitiveGroups | None = None
+    form: str = "pairwise"
+    q: Measure = field(init=False, repr=False, compare=False)
+
+    #: registry name (run-config ``constraint``)
+    kind = ""
+    #: how many of :meth:`subsets` a row's label decides (a label flip moves the row
+    #: between them, or into or out of one): label DP's count of changed groups
+    label_subsets = 0
+    #: does ``optimizer = "auto"`` pick block Newton for it? (Newton's first dual steps
+    #: flip coupled gaps, docs/newton.md; measured for DEO only)
+    newton_by_default = False
+
+    #: the registered kinds by name (:func:`register`; the package registers the built-in ones)
+    kinds: ClassVar[dict[str, type["ConstraintSet"]]] = {}
+
+    def __post_init__(self) -> None:
+        if not self.constraints:
+            object.__setattr__(self, "constraints", (Gap(self.kind or "deo", self.in_a, self.in_b),))
+        object.__setattr__(self, "q", measure_named(self.measure))
+
+    # -- building (fairlearn's load_data) ----------------------------------------------
+    @classmethod
+    def kind_named(cls, name: str) -> type["ConstraintSet"]:
+        """The registered class of the kind ``name`` (run-config ``constraint``)."""
+        if name not in cls.kinds:
+            raise ValueError(f"unknown constraint {name!r}: choose one of {', '.join(cls.kinds)}")
+        return cls.kinds[name]
+
+    @classmethod
+    def from_labels(cls, y: np.ndarray, s: np.ndarray, protected_label: int, constraint: str = "deo",
+                    measure: str = "loss", **options) -> "ConstraintSet":
+        """The constraint of kind ``constraint`` on rows (y, s) (``options``: :meth:`build`'s)."""
+        return cls.kind_named(constraint).build(y, s, protected_label, measure, **options)
+
+    @classmethod
+    def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:
+        """The named row subsets the groups are compared on (a kind's one decision)."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, y: np.ndarray, s: np.ndarray, protected_label: int, measure: str = "loss", *,
+              form: str = "pairwise", names: tuple[str, ...] | None = None, min_group_size: int = 1,
+              pool_small_groups: bool = False) -> "ConstraintSet":
+        """The constraint on rows with labels ``y`` and groups ``s`` (bool: a/b, or int codes
+        into ``names``). A group with fewer than ``min_group_size`` rows in a subset is refused
+        (:class:`GroupSizeError`), or with ``pool_small_groups`` merged with the other small ones."""
+        y = np.asarray(y)
+        groups = SensitiveGroups.of(s, names)
+        if form not in FORMS:
+            raise ValueError(f"unknown constraint form {form!r}: choose one of {', '.join(FORMS)}")
+        measure_named(measure)  # refuse an unknown measure before any gap is built
+        subsets = cls.subsets(y, protected_label)
+        groups = cls._sized(groups, subsets, min_group_size, pool_small_groups)
+        cons = tuple(cls._gaps(groups, subsets, form))
+        for c in cons:
+            if c.size_a == 0 or c.size_b == 0:
+                what = c.name if cls.label_subsets == 0 or c.name != subsets[0][0] else "the protected label"
+                raise ValueError(f"both groups need rows with {what} ({cls.kind}): |A|={c.size_a}, |B|={c.size_b}")
+        return cls(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(y), constraints=cons, measure=measure,
+                   groups=groups, form=form)
+
+    @staticmethod
+    def _gaps(groups: SensitiveGroups, subsets, form: str):
+        G = len(groups)
+        for label, rows in subsets:
+            if G == 2 and form == "pairwise":  # the paper's gap, named as it always was
+                yield Gap(label, rows & groups.mask(0), rows & groups.mask(1))
+            elif form == "pairwise":
+                for g in range(G):
+                    for h in range(g + 1, G):
+                        yield Gap(f"{label}: {groups.names[g]} vs {groups.names[h]}",
+                                  rows & groups.mask(g), rows & groups.mask(h))
+            else:
+                for g in range(G):
+                    yield Gap(f"{label}: {groups.names[g]} vs all", rows & groups.mask(g), rows.copy())
+
+    @classmethod
+    def _sized(cls, groups: SensitiveGroups, subsets, min_size: int, pool: bool) -> SensitiveGroups:
+        def small_ones(gr):
+            out = {}
+            for k in range(len(gr)):
+                counts = [(label, int((rows & gr.mask(k)).sum())) for label, rows in subsets]
+                label, count = min(counts, key=lambda t: t[1])
+                if count < min_size and min_size > 1:  # an empty gap side is refused by build
+                    out[k] = (label, count)
+            return out
+
+        small = small_ones(groups)
+        if small and pool:
+            # merge the small groups, and the next smallest while the merged one is still small
+            members = sorted(small)
+            while True:
+                merged = groups.pooled(members)
+                if not small_ones(merged) or len(members) >= len(groups) - 1:
+                    break
+                rest = [k for k in range(len(groups)) if k not in members]
+                members.append(min(rest, key=lambda k: int(groups.mask(k).sum())))
+            if len(members) > 1:
+                groups = merged
+            small = small_ones(groups)
+        if small:
+            k, (label, count) = next(iter(small.items()))
+            advice = ("" if pool else "; set pool-small-groups = true to merge the small groups into one, or ")
+            raise GroupSizeError(
+                f"group {groups.names[k]!r} has {count} training rows in {label!r} ({cls.kind}), fewer than "
+                f"min-group-size = {min_size}: its gap cannot be measured reliably"
+                f"{advice or '; '}lower min-group-size")
+        if len(groups) < 2:
+            raise GroupSizeError(f"the sensitive column has {len(groups)} group(s) ({cls.kind} needs two or more)")
+        return groups
+
+    def restrict(self, rows: np.ndarray | None) -> "ConstraintSet":
+        """The same constraint on the rows ``rows`` (a batch: sizes and the 1/n weight become the batch's)."""
+        if rows is None:
+            return self
+        cons = tuple(Gap(c.name, c.in_a[rows], c.in_b[rows]) for c in self.constraints)
+        groups = None if self.groups is None else SensitiveGroups(self.groups.codes[rows], self.groups.names)
+        return type(self)(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(rows), constraints=cons,
+                          measure=self.measure, groups=groups, form=self.form)
+
+    # -- sizes ---------------------------------------------------------------------------
+    @property
+    def size_a(self) -> int:
+        return self.constraints[0].size_a
+
+    @property
+    def size_b(self) -> int:
+        return self.constraints[0].size_b
+
+    @property
+    def num_multipliers(self) -> int:
+        return 2 * len(self.constraints)
+
+    def smallest_group(self) -> int:
+        """The smallest row set any gap compares."""
+        return min(min(c.size_a, c.size_b) for c in self.constraints)
+
+    def gaps_per_row(self) -> int:
+        """The most gap sides one row sits on (1 for two groups; G−1 pairwise, G+1 overall)."""
+        count = np.zeros(self.n, dtype=np.int64)
+        for c in self.constraints:
+            count += c.in_a
+            count += c.in_b
+        return int(count.max()) if self.n else 0
+
+    # -- gaps (fairlearn's gamma) --------------------------------------------------------
+    def values(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """Per-row q_i the gaps compare, in this constraint's measure."""
+        return self.q.values(y, z)
+
+    def gaps_of(self, q: np.ndarray) -> np.ndarray:
+        """D_c of every gap, in multiplier order, from the per-row values q."""
+        return np.array([q[c.in_a].mean() - q[c.in_b].mean() for c in self.constraints])
+
+    def gaps(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """D_c at scores ``z`` for every gap, in multiplier order."""
+        return self.gaps_of(self.values(y, z))
+
+    # -- multipliers: dual step and projection ------------------------------------------
+    def _check(self, lam: np.ndarray) -> np.ndarray:
+        lam = np.asarray(lam, dtype=np.float64)
+        if lam.shape != (self.num_multipliers,):
+            raise ValueError(
+                f"{len(self.constraints)} constraint(s) need {self.num_multipliers} multipliers, got {lam.shape}")
+        return lam
+
+    def signed_weights(self, lam: np.ndarray) -> np.ndarray:
+        """Per-row w_i = 1/n + m_i, m_i = Σ_c (λ_c+ − λ_c−)([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|)."""
+        lam = self._check(lam)
+        w = np.full(self.n, 1.0 / self.n)
+        for k, con in enumerate(self.constraints):
+            d = float(lam[2 * k] - lam[2 * k + 1])
+            w[con.in_a] += d / con.size_a
+            w[con.in_b] -= d / con.size_b
+        return w
+
+    def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """ν = ∂f̃/∂z: the only thing a passive party receives."""
+        return self.q.nu(y, z, self.signed_weights(lam), self.n)
+
+    @staticmethod
+    def dual_step(lam: np.ndarray, gap, epsilon: float, beta: float, c: float) -> np.ndarray:
+        """Projected ascent on f̃: ``λ_c± ← max(0, λ_c± + β (-c λ_c± ± D_c - ε))`` for every gap."""
+        lam = np.asarray(lam, dtype=np.float64)
+        gaps = np.atleast_1d(np.asarray(gap, dtype=np.float64))
+        if lam.shape != (2 * len(gaps),):
+            raise ValueError(f"{len(gaps)} constraint(s) need {2 * len(gaps)} multipliers, got {lam.shape}")
+        grad = np.empty_like(lam)
+        grad[0::2] = -c * lam[0::2] + gaps - epsilon
+        grad[1::2] = -c * lam[1::2] - gaps - epsilon
+        return np.maximum(0.0, lam + beta * grad)
+
+    def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per gap, the interval of d_c = λ_c+ − λ_c− that keeps every row weight w_i >= 0.
+
+        A row on P gap sides gets P terms ±d_c/|side|; keeping each above −1/(nP) keeps
+        the sum above −1/n: −|A_c|/(nP) <= d_c <= |B_c|/(nP). With two groups P = 1 and
+        these are the exact bounds.
+        """
+        per_row = max(self.gaps_per_row(), 1)
+        lo = np.array([-c.size_a / self.n for c in self.constraints])
+        hi = np.array([c.size_b / self.n for c in self.constraints])
+        return (lo, hi) if per_row == 1 else (lo / per_row, hi / per_row)
+
+    def project(self, lam: np.ndarray) -> np.ndarray:
+        """λ >= 0 with each d_c within :meth:`weight_bounds` where the measure needs
+        w >= 0 (λ_c± scaled down together)."""
+        lam = np.maximum(np.asarray(lam, dtype=np.float64), 0.0)
+        if not self.q.needs_nonnegative_weights:
+            return lam
+        lo, hi = self.weight_bounds()
+        d = lam[0::2] - lam[1::2]
+        scale = np.ones(len(d))
+        pos, neg = d > hi, d < lo
+        scale[pos] = hi[pos] / d[pos]
+        scale[neg] = lo[neg] / d[neg]
+        return lam * np.repeat(scale, 2)
+
+    def at_weight_bound(self, lam: np.ndarray) -> np.ndarray:
+        """Per gap: does d_c sit at (or past) :meth:`weight_bounds`? (None where the measure allows w < 0.)"""
+        if not self.q.needs_nonnegative_weights:
+            return np.zeros(len(self.constraints), dtype=bool)
+        lo, hi = self.weight_bounds()
+        d = np.asarray(lam, dtype=np.float64)[0::2] - np.asarray(lam, dtype=np.float64)[1::2]
+        rel = 1e-9  # project puts d on the bound up to rounding
+        return (d >= hi * (1 - rel)) | (d <= lo * (1 - rel))
+
+    # -- Newton's derivatives ------------------------------------------------------------
+    def smooth_part(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> float:
+        """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
+        m = self.signed_weights(lam) - 1.0 / self.n
+        return float(logistic_loss(y, z).mean() + m @ self.values(y, z))
+
+    def curvature(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """φ''(z_i) clipped at 0: the PSD per-row curvature of f̃ in z."""
+        return self.q.curvature(y, z, self.signed_weights(lam), self.n)
+
+    def gap_directions(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
+        g = self.q.slope(y, z)
+        cols = []
+        for con in self.constraints:
+            col = np.zeros(len(z))
+            col[con.in_a] += 1.0 / con.size_a
+            col[con.in_b] -= 1.0 / con.size_b
+            cols.append(g * col)
+        return np.column_stack(cols)
+
+    # -- label DP --------------------------------------------------------------------------
+    def flipped_masks(self) -> int:
+        """Label DP: Σ over the subsets a label flip changes of (gap sides the row's group mask
+        feeds)²: 1 for DEO with two groups, 2 for equalized odds, 0 for demographic parity."""
+        return self.label_subsets * self.gaps_per_row() ** 2
+
+    def label_sensitivity(self, lambda_bound: float, min_group: int) -> float:
+        """Δ: the L2 bound on one round's change of ν when one training label flips
+        (features/labeldp.py), with |λ_c+ − λ_c−| <= ``lambda_bound`` and every gap side of
+        at least ``min_group`` rows."""
+        return sensitivity(self.n, lambda_bound, min_group, self.flipped_masks(), self.measure,
+                           self.gaps_per_row())
+
+
+def register(*classes: type[ConstraintSet]) -> None:
+    """Make constraint kinds available by their ``kind`` name (run-config ``constraint``)."""
+    for cls in classes:
+        if not cls.kind or cls.kind in ConstraintSet.kinds:
+            raise ValueError(f"constraint kind {cls.__name__}: its name {cls.kind!r} is empty or taken")
+        ConstraintSet.kinds[cls.kind] = cls
+
+
+def sensitivity(n: int, lambda_bound: float, min_group: int, flipped_groups: int, measure_name: str = "loss",
+                row_gaps: int = 1) -> float:
+    """Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)): r the flipped row's own bound (its weight sits on
+    ``row_gaps`` gap sides of >= m rows), k = ``flipped_groups``, g the measure's max slope."""
+    if min_group < 1:
+        raise ValueError(f"the public lower bound on the group sizes must be >= 1, got {min_group}")
+    m = float(min_group)
+    q = measure_named(measure_name)
+    row = q.row_bound(n, row_gaps * lambda_bound / m)
+    return math.sqrt(row * row + flipped_groups * (q.slope_bound * lambda_bound) ** 2 / (m * (m + 1.0) ** 2))

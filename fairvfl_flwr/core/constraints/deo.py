@@ -1,0 +1,17 @@
+"""DEO (the paper): the groups' gap on the rows with the protected label (equal opportunity)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fairvfl_flwr.core.constraints.base import ConstraintSet
+
+
+class DEO(ConstraintSet):
+    kind = "deo"
+    label_subsets = 1
+    newton_by_default = True
+
+    @classmethod
+    def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:
+        return [(f"y={protected_label:+d}", y == protected_label)]

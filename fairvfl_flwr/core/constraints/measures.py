@@ -1,0 +1,119 @@
+"""What a gap compares (run-config key ``constraint-measure``): per-row values q_i whose
+group means the constraints hold within ε.
+
+* ``loss`` (the paper): q_i = l_i, the logistic loss; then ν_i = w_i o_i with the signed row
+  weight w_i = 1/n + m_i (core/objective.py);
+* ``rate``: q_i = σ(z_i), the soft positive prediction, so a gap over label-y rows is a smooth
+  true/false-positive-rate gap (the quantity DFN/DFP measure with a hard threshold); then
+  ν_i = o_i/n + m_i σ'(z_i).
+
+Each measure answers what the dual step, Newton and label DP ask of it, so no caller
+branches on the measure's name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def logistic_loss(y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Per-row ``log(1 + exp(-y z))``, computed without overflow."""
+    return np.logaddexp(0.0, -y * z)
+
+
+def loss_derivative(y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Per-row ``o_i = dl/dz_i = -y_i * sigmoid(-y_i z_i)``."""
+    # sigmoid(m) = (1 + tanh(m/2)) / 2 stays finite for any m
+    return -y * 0.5 * (1.0 + np.tanh(-0.5 * y * z))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+class Measure:
+    """The per-row value q_i a gap compares, and what follows from it."""
+
+    name = ""
+    #: max |dq_i/dz_i| (label DP: how far one row's weight change moves ν)
+    slope_bound = 1.0
+    #: Does the primal need every row weight w_i >= 0? (For the loss, w_i < 0 makes f̃
+    #: concave and unbounded below in those rows' logits; core/newton.weight_bounds.)
+    needs_nonnegative_weights = False
+
+    def values(self, y: np.ndarray, z: np.ndarray, losses: np.ndarray | None = None) -> np.ndarray:
+        """q_i at scores z (``losses``: the rows' logistic losses, when the caller has them)."""
+        raise NotImplementedError
+
+    def slope(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """dq_i/dz_i."""
+        raise NotImplementedError
+
+    def nu(self, y: np.ndarray, z: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
+        """ν = ∂f̃/∂z from the signed row weights w = 1/n + m."""
+        raise NotImplementedError
+
+    def curvature(self, y: np.ndarray, z: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
+        """φ''(z_i) clipped at 0 (core/newton.curvature)."""
+        raise NotImplementedError
+
+    def row_bound(self, n: int, weight_bound: float) -> float:
+        """Label DP: the bound on |Δν_j| of the flipped row j when |m_j| <= ``weight_bound``."""
+        raise NotImplementedError
+
+
+class Loss(Measure):
+    name = "loss"
+    needs_nonnegative_weights = True
+
+    def values(self, y, z, losses=None):
+        return logistic_loss(y, z) if losses is None else losses
+
+    def slope(self, y, z):
+        return loss_derivative(y, z)
+
+    def nu(self, y, z, w, n):
+        return w * loss_derivative(y, z)
+
+    def curvature(self, y, z, w, n):
+        p = sigmoid(z)
+        return np.maximum(w, 0.0) * (p * (1.0 - p))
+
+    def row_bound(self, n, weight_bound):
+        # o_j(+1) and o_j(−1) have opposite signs and |o_j(+1)| + |o_j(−1)| = 1
+        return 1.0 / n + weight_bound
+
+
+class Rate(Measure):
+    name = "rate"
+    slope_bound = 0.25  # σ' <= 1/4
+
+    def values(self, y, z, losses=None):
+        return sigmoid(z)
+
+    def slope(self, y, z):
+        p = sigmoid(z)
+        return p * (1.0 - p)
+
+    def nu(self, y, z, w, n):
+        p = sigmoid(z)
+        return loss_derivative(y, z) / n + (w - 1.0 / n) * p * (1.0 - p)
+
+    def curvature(self, y, z, w, n):
+        p = sigmoid(z)
+        dp = p * (1.0 - p)
+        return np.maximum(dp / n + (w - 1.0 / n) * dp * (1.0 - 2.0 * p), 0.0)
+
+    def row_bound(self, n, weight_bound):
+        # |Δo_j|/n + |Δm_j| σ', with m_j moving between ±weight_bound and σ' <= 1/4
+        return 1.0 / n + weight_bound / 2.0
+
+
+MEASURE_TYPES: dict[str, type[Measure]] = {m.name: m for m in (Loss, Rate)}
+MEASURES = tuple(MEASURE_TYPES)
+
+
+def measure(name: str) -> Measure:
+    if name not in MEASURE_TYPES:
+        raise ValueError(f"unknown constraint measure {name!r}: choose one of {', '.join(MEASURES)}")
+    return MEASURE_TYPES[name]()
