@@ -23,7 +23,7 @@ from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports 
 from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
-from fairvfl_flwr.core.constraints import CONSTRAINTS, MEASURES, ConstraintSet
+from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
 
 MODES = ("fairvfl", "fairvfl-scores", "split", "score")
 OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
@@ -90,6 +90,14 @@ class RunConfig:
                         why=f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
     constraint_measure: str = S("loss", "what each gap compares: loss (the paper: mean logistic loss) or rate "
                                 "(mean sigmoid: soft error rates)", choices=MEASURES)
+    constraint_form: str = S("pairwise", "with several groups: pairwise (every pair of groups; two groups: the "
+                             "paper's gap) or overall (each group against all rows, fairlearn's difference_bound)",
+                             choices=FORMS, why=f"choose one of {', '.join(FORMS)}")
+    min_group_size: int = S(30, "a group with fewer training rows in a constrained row set is refused (its gap "
+                            "cannot be measured reliably), or pooled with pool-small-groups", rule=at_least(1),
+                            why="must be at least 1")
+    pool_small_groups: bool = S(False, "true: merge the groups below min-group-size into one group (with the next "
+                                "smallest while the merged group is still small) instead of refusing them")
     validation_fraction: float = S(0.0, "> 0: hold out this seeded share of the training rows and report "
                                    "metrics on it instead of the test rows", rule=within(0, 0.5),
                                    why="must be between 0 (no validation split) and 0.5")
@@ -179,8 +187,10 @@ class RunConfig:
                       "ServerApp's working directory", section="csv")
     csv_label: str = S("", "the label column", section="csv")
     csv_positive: str = S("", "the label column's positive value", section="csv")
-    csv_sensitive: str = S("", "the sensitive column", section="csv")
-    csv_group_a: str = S("", "the sensitive column's value of group a", section="csv")
+    csv_sensitive: str = S("", "the sensitive column, or several separated by commas (each combination of their "
+                           "values is a group)", section="csv")
+    csv_group_a: str = S("", "the sensitive column's value of group a; leave group-a and group-b empty: every "
+                         "value is a group", section="csv")
     csv_group_b: str = S("", "the sensitive column's value of group b", section="csv")
     csv_protected_label: int = S(1, "1: the positive label is the protected one; -1: the other", section="csv",
                                  choices=(1, -1), why="must be 1 (positive label) or -1")

@@ -44,7 +44,7 @@ def delays_refusal(text: str) -> str | None:
     return None
 
 
-_CSV_REQUIRED = ("csv_path", "csv_label", "csv_positive", "csv_sensitive", "csv_group_a", "csv_group_b")
+_CSV_REQUIRED = ("csv_path", "csv_label", "csv_positive", "csv_sensitive")
 _SCORE_ONLY = (("score_model_from", ""), ("score_round", -1), ("score_path", ""))
 
 
@@ -58,6 +58,9 @@ def check_conditional(c: Any) -> None:
         for field in _CSV_REQUIRED:
             if not getattr(c, field):
                 raise bad(c, field, "required when dataset='csv'")
+        if bool(c.csv_group_a) != bool(c.csv_group_b):
+            raise bad(c, "csv_group_b" if c.csv_group_a else "csv_group_a",
+                      "give both group values (two groups) or neither (every value of csv.sensitive is a group)")
     if c.mode == "score" and not c.score_model_from:
         raise bad(c, "score_model_from", "mode='score' needs the training run folder whose model scores "
                   "(the folder with model.json)")
