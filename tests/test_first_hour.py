@@ -153,3 +153,29 @@ def test_a_relative_csv_path_that_is_not_there_names_where_it_looked(tmp_path, m
                        "output-dir": str(tmp_path / "out")}, quiet=True)
     assert str(tmp_path / "mine" / "german.csv") in str(err.value)
     assert f"working directory {tmp_path}" in str(err.value)
+
+
+def test_a_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path, monkeypatch):
+    """The stop rule's count of quiet rounds is part of the checkpoint."""
+    from fairvfl_flwr.data import partydata
+    from fairvfl_flwr.features.checkpoint import load_server
+    from fairvfl_flwr.flower.errors import PartyUnavailable
+    from tests.test_reliability import FaultyGrid
+
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+    base = {"optimizer": "gd", "dataset": "crime", "epsilon": 0.05, "eval-every": 3, "stop-tolerance": 1e-3,
+            "stop-window": 3, "num-server-rounds": 200, "reliability.round-timeout": 0.3,
+            "reliability.checkpoint-dir": str(tmp_path / "party-ckpt")}
+    full, _ = run_inprocess({**base, "output-dir": str(tmp_path / "full")}, quiet=True)
+    assert full["rounds"] < 200
+    rc = RunConfig.from_flower({**base, "output-dir": str(tmp_path / "runs"),
+                                "reliability.checkpoint-every": 1}).to_flower()
+    down = full["rounds"] - 1  # party 3 is down from then on: the last checkpoint is in the quiet stretch
+    grid = FaultyGrid(client_app, rc, 6, silent=lambda idx, rnd: idx == 3 and rnd.isdigit() and int(rnd) >= down)
+    with pytest.raises(PartyUnavailable):
+        run_server(grid, rc)
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert load_server(folder)[0]["stop"]["quiet-rounds"] >= 1
+    resumed, _ = run_server(FaultyGrid(client_app, rc, 6), {**rc, "reliability.resume-from": str(folder)})
+    assert resumed["rounds"] == full["rounds"]
+    assert resumed["train_deo"] == pytest.approx(full["train_deo"], abs=1e-12)
