@@ -182,6 +182,7 @@ def test_compare_refuses_bad_input_by_name(args, message, capsys, tmp_path):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # every output, plots included; the fast loop runs compare through its resume and redo tests
 def test_compare_command_end_to_end_on_a_tiny_setting(tmp_path, capsys):
     _extras()
     out = tmp_path / "cmp"

@@ -190,6 +190,7 @@ def test_fairness_off_keeps_every_multiplier_zero(out_dir, run_app):
     assert summary["lambda"] == [0.0, 0.0] and summary["lambdas"] == [0.0] * 4
 
 
+@pytest.mark.slow  # 200 rounds to meet the constraints; the fast loop runs two active parties above
 def test_two_active_parties_with_local_steps_meet_the_constraint_set(out_dir, run_app):
     cfg = RunConfig(dataset="crime", constraint="equalized-odds", num_active=2, local_steps=3, epsilon=0.05,
                     num_server_rounds=200, eval_every=100, output_dir=out_dir)

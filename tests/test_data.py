@@ -1,10 +1,14 @@
 """Datasets as in the paper (docs/algorithm.md, Datasets), the CSV loader and its refusals."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.data.datasets import build
 from fairvfl_flwr.data.tables import DataError, load_csv, load_dataset
 from fairvfl_flwr.data.partition import PartitionError, split_columns
 
@@ -160,3 +164,29 @@ def test_partition_is_paper_split():
 def test_partition_refuses_impossible_splits(args, message):
     with pytest.raises(PartitionError, match=message):
         split_columns(*args)
+
+
+# -- the packaged tables, rebuilt from the raw ones (where the raw tables are at hand) ---------
+RAW = Path(__file__).resolve().parents[2] / "shared" / "data"  # build.py's default, ../shared/data
+needs_raw = pytest.mark.skipif(not (RAW / "crime.csv.gz").exists(), reason=f"no raw tables in {RAW}")
+
+
+@needs_raw
+@pytest.mark.parametrize("name", ["compas", "crime"])
+def test_the_packaged_table_is_what_build_makes_of_the_raw_one(name):
+    built = build.BUILDERS[name](RAW)
+    shipped = pd.read_csv(build.HERE / f"{name}.csv.gz").drop(columns="row_id")
+    assert list(built.columns) == list(shipped.columns) and len(built) == len(shipped)
+    numeric = built.select_dtypes("number").columns
+    np.testing.assert_allclose(built[numeric].to_numpy(float), shipped[numeric].to_numpy(float), rtol=1e-5, atol=1e-12)
+    other = built.columns.difference(numeric)
+    assert len(other) and (built[other].astype(str).to_numpy() == shipped[other].astype(str).to_numpy()).all()
+
+
+@needs_raw
+@pytest.mark.slow  # writes all three tables, Adult's 45,222 rows included
+def test_build_rewrites_the_packaged_files_byte_for_byte(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["build", "--raw", str(RAW), "--out", str(tmp_path)])
+    build.main()
+    for name in build.BUILDERS:
+        assert (tmp_path / f"{name}.csv.gz").read_bytes() == (build.HERE / f"{name}.csv.gz").read_bytes(), name

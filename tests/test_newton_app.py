@@ -326,6 +326,7 @@ def test_newton_shared_memory_sets_the_combined_moves_under_secure_aggregation(t
         RunConfig.from_flower({"newton-shared-memory": 17})
 
 
+@pytest.mark.slow  # 30 CKKS rounds on COMPAS; the fast loop runs Newton under CKKS in test_privacy.py
 def test_newton_under_encrypted_nu_ends_where_the_server_tracked_it(tmp_path):
     """Under CKKS the late directions are mostly encryption noise; the last round's apply
     message returns the parties' true logits, which must be the model the server tracked

@@ -31,6 +31,7 @@ def test_config_imports_neither_torch_nor_pandas_and_client_app_not_pandas():
     assert out.strip() == "[False, False] False"
 
 
+@pytest.mark.slow  # two fresh interpreters, each importing flwr
 def test_a_linear_run_never_imports_torch(tmp_path):
     """The ClientApp's linear path (and the whole in-process linear run) is numpy only: a
     deployed party pays no torch import on any message."""
