@@ -46,7 +46,7 @@ def test_a_federation_short_of_num_parties_is_refused_once_it_stops_growing(tmp_
 
 
 def test_the_wait_for_missing_nodes_is_bounded_well_inside_30_seconds():
-    assert 0 < vfl_server.NODE_WAIT <= 20
+    assert 0 < vfl_server.NODE_WAIT <= 10  # Ray's start-up comes on top in a flwr run simulation
 
 
 @pytest.mark.slow
@@ -58,8 +58,9 @@ def test_flwr_run_with_too_few_supernodes_fails_within_30_seconds(tmp_path):
         started = time.monotonic()
         with pytest.raises(FlwrRunError, match=r"num-parties=6 nodes, the federation has 4"):
             link.run({"dataset": "crime", "output-dir": str(tmp_path / "out")}, num_supernodes=4, timeout=120)
-        # Ray's start-up and the status polls come on top of the ServerApp's own ≤ 20 s wait
-        assert time.monotonic() - started < 60
+        # the ServerApp's own wait is NODE_WAIT; Ray's start-up and the status polls come on top
+        # (a loose bound on a loaded machine: the point is not the 600 s round timeout)
+        assert time.monotonic() - started < 45
     finally:
         link.stop()
 

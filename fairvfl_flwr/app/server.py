@@ -167,13 +167,16 @@ def _where(output_dir: str) -> str:
 
 def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseException) -> None:
     """The run is stopping on ``exc``: say why and what is on disk, keep the history."""
-    # the history's round 0 is the initial model: a run stopped in discovery or set-up has none
-    when = f"after round {server.history[-1]['round']}" if server.history else "before round 1"
+    notes = server.hooks.stopped(exc)
+    if not server.history:  # round 0 is the initial model: none yet, nothing this run trained to keep
+        log(ERROR, "FairVFL: run stopped before round 1: %s | nothing trained in this run (run folder %s)%s", exc,
+            folder, "".join(f" | {n}" for n in notes))
+        return
     if recorder.rows:
         recorder.write_history()
-    notes = server.hooks.stopped(exc) or [
-        "no checkpoint (set reliability.checkpoint-every > 0 to be able to resume)"]
-    log(ERROR, "FairVFL: run stopped %s: %s | history so far in %s | %s", when, exc, folder, " | ".join(notes))
+    notes = notes or ["no checkpoint (set reliability.checkpoint-every > 0 to be able to resume)"]
+    log(ERROR, "FairVFL: run stopped after round %s: %s | history so far in %s | %s", server.history[-1]["round"],
+        exc, folder, " | ".join(notes))
 
 
 limit_blas_threads()  # the server's subspace search and ν: see app/threads.py

@@ -45,8 +45,10 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
 
 
-#: Seconds discovery waits for one more node before it refuses a federation short of num-parties.
-NODE_WAIT = 20.0
+#: Seconds discovery waits for one more node before it refuses a federation short of
+#: num-parties (a simulation registers all its nodes at once; SuperNodes started one after
+#: another join seconds apart).
+NODE_WAIT = 5.0
 
 
 class SyncRounds:
@@ -195,15 +197,15 @@ class VFLServer:
     def discover(self, grid: Grid, timeout: float) -> None:
         """Ask every node for its role; check the federation matches the run.
 
-        Nodes still joining are waited for, up to ``timeout``, while each arrives within
-        :data:`NODE_WAIT` seconds of the last: a federation that stopped growing short of
-        num-parties (a simulation's whole federation is there at the start) is refused then.
+        Nodes still joining are waited for, up to ``timeout``: while none has joined, and
+        then while each arrives within :data:`NODE_WAIT` seconds of the last. A federation
+        that stopped growing short of num-parties is refused then.
         """
         deadline = time.monotonic() + timeout
         node_ids = list(grid.get_node_ids())
         changed = time.monotonic()
         while (len(node_ids) < self.cfg.num_parties and time.monotonic() < deadline
-               and time.monotonic() - changed < NODE_WAIT):
+               and (not node_ids or time.monotonic() - changed < NODE_WAIT)):
             time.sleep(0.5)
             now = list(grid.get_node_ids())
             if len(now) != len(node_ids):
@@ -214,7 +216,7 @@ class VFLServer:
             raise FederationError(
                 f"the run needs num-parties={self.cfg.num_parties} nodes, the federation has {len(node_ids)}{waited}: "
                 f"one node per party (simulation: flwr run . <federation> --federation-config "
-                f"num-supernodes={self.cfg.num_parties}; a deployment: one SuperNode per party). Refused before round 1"
+                f"num-supernodes={self.cfg.num_parties}; a deployment: one SuperNode per party)"
             )
         queries = [
             Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
