@@ -12,12 +12,19 @@ from fairvfl_flwr.app.client import MODEL_STATE  # noqa: E402
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.app.server import run_server  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.data import partydata  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 
 
 @pytest.fixture
 def out_dir(tmp_path):
     return str(tmp_path / "outputs")
+
+
+@pytest.fixture
+def private_party_cache(tmp_path, monkeypatch):
+    """The parties' prepared-data cache in this test's folder, so that no test reads another's."""
+    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
 
 
 class AppRun(NamedTuple):

@@ -21,7 +21,6 @@ from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
 from fairvfl_flwr.core.reference import PartyFloor, lagrangian
 from fairvfl_flwr.core.step import server_step
-from fairvfl_flwr.data import partydata
 from fairvfl_flwr.features import checkpoint
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.flower import protocol as msgs
@@ -34,9 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ADAGRAD = {"dataset": "crime", "model": "mlp", "optimizer": "adagrad", "wire-dtype": "float64"}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_party_cache")
 
 
 def test_no_adagrad_step_moves_a_coordinate_by_more_than_lr_whatever_the_scale_of_nu():

@@ -34,9 +34,7 @@ EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "ev
          "stop-tolerance": 0.0}  # the reference runs every round
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_party_cache")
 
 
 def _history(folder: Path) -> list[dict]:

@@ -14,7 +14,6 @@ import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.data import partydata
 from fairvfl_flwr.flower import checks as validate
 from fairvfl_flwr.features.checkpoint import SERVER_FILE, CheckpointError, load_server
 from fairvfl_flwr.app.client import app as client_app
@@ -30,9 +29,7 @@ BASE = {"optimizer": "gd", "dataset": "crime", "num-server-rounds": ROUNDS, "eva
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_party_cache")
 
 
 def _rc(tmp_path, **extra):

@@ -69,9 +69,7 @@ def _raw_files(rc: dict, model_from: Path, out: Path, edit=None) -> list[dict]:
     return configs
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_party_cache")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
-from fairvfl_flwr.data import partydata
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features import transcripts as tr
@@ -31,9 +30,7 @@ EXACT = {"dataset": "crime", "optimizer": "newton", "wire-dtype": "float64", "ev
          "stop-tolerance": 0.0}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(partydata.CACHE_ENV, str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_party_cache")
 
 
 def _pair_keys(k: int, seed: int = 0) -> list[dict[int, bytes]]:
