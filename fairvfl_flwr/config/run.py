@@ -20,7 +20,7 @@ from fairvfl_flwr.config import presets, sections
 from fairvfl_flwr.config.settings import Setting, above, at_least, coerce, declared, setting, within
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports neither pandas nor torch
-from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
+from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES, SEVERAL_GROUPS
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
@@ -346,6 +346,11 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
     if not ConstraintSet.kind_named(cfg.constraint).newton_by_default:
         return Choice("gd", f"gradient descent: block Newton and AdaGrad are measured with constraint='deo' only "
                             f"(constraint={cfg.constraint!r})")
+    # (a deployment's groups are in its label file: a run there with several says so when it starts)
+    several = cfg.dataset in SEVERAL_GROUPS or (cfg.dataset == "csv" and not cfg.csv_group_a and not cfg.server_labels)
+    if several or cfg.constraint_form != "pairwise":
+        return Choice("gd", "gradient descent: block Newton runs on two groups with constraint-form='pairwise' only "
+                            f"(dataset={cfg.dataset!r}, constraint-form={cfg.constraint_form!r})")
     newton_no = sections.newton_refusal(cfg)
     if newton_no is None:
         return Choice("newton", f"block Newton{shared} (linear parties, full batch, constraint='deo'; "

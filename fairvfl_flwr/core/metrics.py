@@ -1,4 +1,11 @@
-"""Test metrics the paper reports: accuracy, DFP = |FPR_a − FPR_b|, DFN = |FNR_a − FNR_b|."""
+"""Test metrics the paper reports: accuracy, DFP = |FPR_a − FPR_b|, DFN = |FNR_a − FNR_b|.
+
+With G groups (``s`` holds group codes instead of a boolean), DFP and DFN are the largest
+pairwise gap (max − min over the groups), and ``dfp_overall`` / ``dfn_overall`` the largest
+gap of a group to the rate over all rows; :func:`group_rates` has every group's rates.
+A group without rows of a label value on the evaluated rows has no rate for it and is left
+out of that gap (a small group often has none on a test split).
+"""
 
 from __future__ import annotations
 
@@ -26,12 +33,40 @@ def error_rates(y: np.ndarray, s: np.ndarray, pred: np.ndarray) -> dict[str, flo
     }
 
 
+def group_rates(y: np.ndarray, codes: np.ndarray, pred: np.ndarray,
+                names: tuple[str, ...] | None = None) -> dict[str, dict[str, float]]:
+    """Every group's rows, error rate, FPR and FNR (``codes``: each row's group index)."""
+    y, codes, wrong = np.asarray(y), np.asarray(codes), np.asarray(pred) != np.asarray(y)
+    count = int(codes.max()) + 1 if len(codes) else 0
+    names = names or tuple(str(k) for k in range(count))
+    out = {}
+    for k, name in enumerate(names):
+        g = codes == k
+        out[name] = {"rows": int(g.sum()), "error": _rate(wrong, g), "fpr": _rate(wrong, g & (y == -1)),
+                     "fnr": _rate(wrong, g & (y == 1))}
+    return out
+
+
+def _spread(values: list[float]) -> float:
+    v = [x for x in values if not np.isnan(x)]
+    return float(max(v) - min(v)) if len(v) >= 2 else float("nan")
+
+
+def _to_overall(values: list[float], overall: float) -> float:
+    v = [abs(x - overall) for x in values if not np.isnan(x)]
+    return float(max(v)) if v else float("nan")
+
+
 def fairness_metrics(y: np.ndarray, s: np.ndarray, z: np.ndarray) -> dict[str, float]:
     """ACC, DFP and DFN of the classifier sign(z) on rows (y, s)."""
     pred = predict(z)
-    r = error_rates(y, s, pred)
-    return {
-        "acc": float((pred == np.asarray(y)).mean()),
-        "dfp": abs(r["fpr_a"] - r["fpr_b"]),
-        "dfn": abs(r["fnr_a"] - r["fnr_b"]),
-    }
+    s = np.asarray(s)
+    acc = float((pred == np.asarray(y)).mean())
+    if s.dtype == bool:
+        r = error_rates(y, s, pred)
+        return {"acc": acc, "dfp": abs(r["fpr_a"] - r["fpr_b"]), "dfn": abs(r["fnr_a"] - r["fnr_b"])}
+    rates = group_rates(y, s, pred).values()
+    everyone = group_rates(np.asarray(y), np.zeros(len(s), dtype=np.int64), pred)["0"]
+    fpr, fnr = [r["fpr"] for r in rates], [r["fnr"] for r in rates]
+    return {"acc": acc, "dfp": _spread(fpr), "dfn": _spread(fnr),
+            "dfp_overall": _to_overall(fpr, everyone["fpr"]), "dfn_overall": _to_overall(fnr, everyone["fnr"])}

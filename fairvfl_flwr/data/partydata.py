@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
 
-from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
+from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
 from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, read_csv
 
 ROLE_ACTIVE = "active"
@@ -212,13 +212,16 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         y = np.where(labels == pos, 1.0, -1.0)
         groups = _text(df[spec.sensitive_column])
         a, b = norm_value(spec.group_a), norm_value(spec.group_b)
-        other = sorted(set(groups) - {a, b})
-        if other:
-            raise DataError(
-                f"{where}: sensitive column {spec.sensitive_column!r} holds values other than group-a={a!r} "
-                f"and group-b={b!r}: {other[:5]}"
-            )
-        s = groups == a
+        if not (spec.group_a or spec.group_b):  # every value is a group, in the server label file's order
+            s = np.searchsorted(np.asarray(sorted(set(groups))), groups).astype(np.int64)
+        else:
+            other = sorted(set(groups) - {a, b})
+            if other:
+                raise DataError(
+                    f"{where}: sensitive column {spec.sensitive_column!r} holds values other than group-a={a!r} "
+                    f"and group-b={b!r}: {other[:5]}"
+                )
+            s = groups == a
         reserved += [spec.label_column, spec.sensitive_column]
     features = df[[c for c in df.columns if c not in reserved]]
     if features.shape[1] == 0:
@@ -264,8 +267,7 @@ def party_table(cfg, ds, partition_id: int):
     if partition_id < cfg.num_active:
         label, sensitive = active_columns(cfg, ds)
         frame[label] = np.concatenate([ds.y_train, ds.y_test]).astype(int)
-        a, b = ds.group_names
-        frame[sensitive] = np.where(np.concatenate([ds.s_train, ds.s_test]), a, b)
+        frame[sensitive] = group_column(ds)
     clash = sorted(set(names) & set(frame))
     if clash:
         raise DataError(f"{ds.source}: feature columns {clash} clash with the row id/split/label/sensitive column names")
@@ -287,23 +289,32 @@ def active_columns(cfg, ds) -> tuple[str, str]:
 def active_node_config(cfg, ds) -> dict:
     """The label/sensitive part of the active party's node config (export prints it)."""
     label, sensitive = active_columns(cfg, ds)
-    a, b = ds.group_names
+    s = ds.s_train
+    a, b = ds.group_names if s.dtype == bool else ("", "")  # several groups: every value is one
     return {
         "label-column": label, "label-positive": "1", "sensitive-column": sensitive,
         "group-a": str(a), "group-b": str(b), "protected-label": int(ds.protected_label),
     }
 
 
+def group_column(ds) -> np.ndarray:
+    """Each row's group as the active party's table holds it (train rows, then test rows)."""
+    s = np.concatenate([ds.s_train, ds.s_test])
+    return np.where(s, *ds.group_names) if s.dtype == bool else np.asarray(ds.group_names)[s]
+
+
 def label_table(ds):
-    """The server's label file: row id, split, y (±1), group (a/b), protected (1 if y is the protected label)."""
+    """The server's label file: row id, split, y (±1), group (a/b; with several groups each row's group
+    name), protected (1 if y is the protected label)."""
     import pandas as pd
 
     y = np.concatenate([ds.y_train, ds.y_test]).astype(int)
+    s = np.concatenate([ds.s_train, ds.s_test])
     return pd.DataFrame({
         ID_COLUMN: np.concatenate([ds.ids_train, ds.ids_test]),
         SPLIT_COLUMN: [TRAIN] * len(ds.ids_train) + [TEST] * len(ds.ids_test),
         LABEL_Y: y,
-        LABEL_GROUP: np.where(np.concatenate([ds.s_train, ds.s_test]), "a", "b"),
+        LABEL_GROUP: np.where(s, "a", "b") if s.dtype == bool else np.asarray(ds.group_names)[s],
         LABEL_PROTECTED: (y == ds.protected_label).astype(int),
     })
 
@@ -323,8 +334,10 @@ def parse_label_table(df, source: str):
     if not np.isin(y, (-1, 1)).all():
         raise DataError(f"server label file {source}: column {LABEL_Y!r} must hold 1 or -1")
     groups = df[LABEL_GROUP].astype(str).to_numpy()
-    if not np.isin(groups, ("a", "b")).all():
-        raise DataError(f"server label file {source}: column {LABEL_GROUP!r} must hold 'a' or 'b'")
+    names = tuple(sorted(set(groups.tolist())))
+    if len(names) < 2:
+        raise DataError(f"server label file {source}: column {LABEL_GROUP!r} must hold two groups or more "
+                        f"('a' and 'b', or group names), found {list(names)}")
     prot = df[LABEL_PROTECTED].to_numpy().astype(bool)
     protected = sorted(set(y[prot].tolist()))
     if len(protected) != 1 or set(y[~prot].tolist()) & set(protected):
@@ -336,10 +349,12 @@ def parse_label_table(df, source: str):
     is_train = split == TRAIN
     tr = np.flatnonzero(is_train)[_sorted_ids(ids[is_train])]
     te = np.flatnonzero(~is_train)[_sorted_ids(ids[~is_train])]
-    s = groups == "a"
+    two = names == ("a", "b")  # the paper's case: group a and group b
+    s = groups == "a" if two else np.searchsorted(np.asarray(names), groups).astype(np.int64)
     return ServerLabels(
         y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
         protected_label=int(protected[0]), ids_digest=rows_digest(ids[tr], ids[te]),
+        group_names=None if two else names,
     )
 
 
@@ -347,11 +362,13 @@ def server_labels_for(cfg, ds=None):
     """The server's labels: from the run config's ``server-labels`` file, else from the packaged data."""
     path = getattr(cfg, "server_labels", "")
     if path:
-        return parse_label_table(read_csv(path, "server-labels"), str(path))
-    if ds is None:
-
-        ds = load_data(cfg)
-    return parse_label_table(label_table(ds), ds.source or ds.name)
+        labels = parse_label_table(read_csv(path, "server-labels"), str(path))
+    else:
+        ds = ds if ds is not None else load_data(cfg)
+        labels = parse_label_table(label_table(ds), ds.source or ds.name)
+        if labels.group_names is not None:
+            labels = dataclasses.replace(labels, group_names=tuple(ds.group_names))
+    return dataclasses.replace(labels, options=group_options(cfg))
 
 
 # -- loading with the on-disk cache -------------------------------------------------------

@@ -50,9 +50,17 @@ def hold_out_validation(ds: FairDataset, fraction: float, seed: int) -> FairData
     )
 
 
-def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int) -> Groups:
-    """The row subsets of the run's constraint set (``constraint`` key; DEO by default)."""
-    return Groups.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure)
+def group_options(cfg: RunConfig) -> dict:
+    """How the run's constraint treats several groups (constraint-form, min-group-size, pool-small-groups)."""
+    return {"form": cfg.constraint_form, "min_group_size": cfg.min_group_size,
+            "pool_small_groups": cfg.pool_small_groups}
+
+
+def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int,
+                      names: tuple[str, ...] | None = None) -> Groups:
+    """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s)."""
+    return Groups.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure, names=names,
+                              **group_options(cfg))
 
 
 def _load_table(cfg: RunConfig) -> FairDataset:
@@ -62,7 +70,7 @@ def _load_table(cfg: RunConfig) -> FairDataset:
             label_column=cfg.csv_label,
             positive_value=cfg.csv_positive,
             sensitive_column=cfg.csv_sensitive,
-            group_a=cfg.csv_group_a,
+            group_a=cfg.csv_group_a,  # both empty: every value of the sensitive column(s) is a group
             group_b=cfg.csv_group_b,
             protected_label=cfg.csv_protected_label,
             id_column=cfg.csv_id_column or None,
@@ -91,14 +99,18 @@ class ServerLabels:
     s_test: np.ndarray
     protected_label: int
     ids_digest: str
+    group_names: tuple[str, ...] | None = None
+    #: constraint-form, min-group-size, pool-small-groups (:func:`group_options`); none: two groups as given
+    options: dict | None = None
 
     @property
     def groups(self) -> Groups:
         """DEO's groups; use :meth:`groups_for` for the run's constraint set."""
-        return Groups.from_labels(self.y_train, self.s_train, self.protected_label)
+        return self.groups_for("deo")
 
     def groups_for(self, constraint: str, measure: str = "loss") -> Groups:
-        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure)
+        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
+                                  names=self.group_names, **(self.options or {}))
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:
@@ -106,4 +118,5 @@ def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels
     return ServerLabels(
         y_train=ds.y_train, s_train=ds.s_train, y_test=ds.y_test, s_test=ds.s_test,
         protected_label=ds.protected_label, ids_digest=ids_digest(ds.ids_train),
+        group_names=tuple(ds.group_names), options=group_options(cfg),
     )

@@ -5,11 +5,13 @@ Two entry points:
 * :func:`load_dataset` for the three paper datasets that ship with the package
   (``adult``, ``compas``, ``crime``), set up as in the paper (docs/algorithm.md, Datasets);
 * :func:`load_csv` for a user's own table: name the label column and its positive
-  value, the sensitive column and its two group values.
+  value, the sensitive column and its two group values, or one or several sensitive
+  columns whose every value (combination) is a group.
 
 Both return a :class:`FairDataset`: features standardised with statistics of the
 training rows only, labels in {-1, +1}, group membership as a boolean (``True`` =
-group *a*), and the protected label (the label value whose rows form N^a and N^b).
+group *a*) for two named groups, else as group codes into ``group_names``, and the
+protected label (the label value whose rows form N^a and N^b).
 Every problem with the input is reported as a :class:`DataError` naming the file,
 column or count at fault, before any training starts.
 """
@@ -96,6 +98,8 @@ class DatasetSpec:
     active_columns: int | None = None
     id_column: str | None = None
     feature_columns: tuple[str, ...] | None = None
+    #: columns that are neither features nor used (another spec's sensitive column in the same file)
+    unused_columns: tuple[str, ...] = ()
 
 
 def _packaged(name: str, file: str, **kwargs) -> DatasetSpec:
@@ -116,6 +120,25 @@ DATASETS: dict[str, DatasetSpec] = {
         sensitive_column="race", group_a="African-American", group_b="Caucasian",
         protected_label=-1, n_train=4_800, active_columns=16,
     ),
+    # several groups (docs/fairness-constraints.md, "Several groups"): every value is a group
+    "adult-race": _packaged(
+        "adult-race", "adult.csv.gz",
+        label_column="income", positive_value=">50K",
+        sensitive_column="race", group_a="", group_b="",
+        protected_label=1, n_train=40_000, active_columns=19, unused_columns=("sex",),
+    ),
+    "adult-sex-race": _packaged(
+        "adult-sex-race", "adult.csv.gz",
+        label_column="income", positive_value=">50K",
+        sensitive_column="sex,race", group_a="", group_b="",
+        protected_label=1, n_train=40_000, active_columns=19,
+    ),
+    "compas-race": _packaged(
+        "compas-race", "compas-race.csv.gz",
+        label_column="recidivist", positive_value="yes",
+        sensitive_column="race", group_a="", group_b="",
+        protected_label=-1, n_train=5_600, active_columns=20,
+    ),
     "crime": _packaged(
         "crime", "crime.csv.gz",
         label_column="crime", positive_value="high",
@@ -129,8 +152,9 @@ DATASETS: dict[str, DatasetSpec] = {
 class FairDataset:
     """A train/test split ready for training (all arrays row-aligned).
 
-    ``s_*`` is ``True`` for group *a*; ``y_*`` is in {-1, +1}; ``X_*`` is float64,
-    standardised with the training rows' mean and standard deviation.
+    ``s_*`` is ``True`` for group *a* (two named groups), else each row's index into
+    ``group_names``; ``y_*`` is in {-1, +1}; ``X_*`` is float64, standardised with the
+    training rows' mean and standard deviation.
     """
 
     name: str
@@ -144,7 +168,7 @@ class FairDataset:
     s_test: np.ndarray
     ids_test: np.ndarray
     protected_label: int
-    group_names: tuple[str, str]
+    group_names: tuple[str, ...]
     default_active_columns: int | None = None
     source: str = ""
     extra: dict = field(default_factory=dict)
@@ -157,6 +181,10 @@ class FairDataset:
         """Row, group and label counts (what the tests and the README quote)."""
         def counts(y, s):
             prot = y == self.protected_label
+            if s.dtype != bool:
+                return {"rows": int(len(y)), "positive": int((y == 1).sum()),
+                        "groups": {name: int((s == k).sum()) for k, name in enumerate(self.group_names)},
+                        "protected": {name: int((prot & (s == k)).sum()) for k, name in enumerate(self.group_names)}}
             return {
                 "rows": int(len(y)),
                 "group_a": int(s.sum()),
@@ -290,6 +318,36 @@ def _label(df: pd.DataFrame, spec: DatasetSpec) -> np.ndarray:
     return np.where(col.to_numpy() == pos, 1, -1).astype(np.int8)
 
 
+def sensitive_columns(spec: DatasetSpec) -> list[str]:
+    return [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
+
+
+def _sensitive(df: pd.DataFrame, column: str, path: Path) -> pd.Series:
+    """A sensitive column as text; one stored one-hot (``race_White``, ``race_Black``, ...) is decoded."""
+    import pandas as pd
+
+    dummies = [c for c in df.columns if str(c).startswith(column + "_")]
+    if column not in df.columns and dummies:
+        block = df[dummies].to_numpy()
+        if not np.all(block.sum(axis=1) == 1):
+            raise DataError(f"{path}: sensitive column {column!r} is stored one-hot ({', '.join(dummies[:4])}, ...) "
+                            f"but {int((block.sum(axis=1) != 1).sum())} rows have not exactly one of them set")
+        return pd.Series(np.asarray([d[len(column) + 1:] for d in dummies])[block.argmax(axis=1)], index=df.index)
+    return _column(df, column, path, "sensitive")
+
+
+def _all_groups(df: pd.DataFrame, spec: DatasetSpec) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Every value (combination, over several sensitive columns) is a group: codes and names."""
+    cols = sensitive_columns(spec)
+    parts = [_sensitive(df, c, spec.path) for c in cols]
+    key = parts[0] if len(parts) == 1 else parts[0].str.cat(parts[1:], sep=" & ")
+    names = tuple(sorted(key.unique()))
+    if len(names) < 2:
+        raise DataError(f"{spec.path}: sensitive column(s) {', '.join(map(repr, cols))} hold only {list(names)}; "
+                        f"a fairness constraint needs two groups or more")
+    return np.searchsorted(np.asarray(names), key.to_numpy()).astype(np.int64), names
+
+
 def _groups(df: pd.DataFrame, spec: DatasetSpec) -> np.ndarray:
     col = _column(df, spec.sensitive_column, spec.path, "sensitive")
     a, b = norm_value(spec.group_a), norm_value(spec.group_b)
@@ -309,13 +367,17 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
 
     path = spec.path
     df = read_csv(path)
-    if spec.label_column == spec.sensitive_column:
+    if spec.label_column in sensitive_columns(spec):
         raise DataError(f"{path}: label and sensitive column are both {spec.label_column!r}")
     if spec.protected_label not in (-1, 1):
         raise DataError(f"protected label must be +1 or -1, got {spec.protected_label!r}")
 
     y = _label(df, spec)
-    s = _groups(df, spec)
+    named = bool(spec.group_a or spec.group_b)
+    if named and len(sensitive_columns(spec)) > 1:
+        raise DataError(f"{path}: group a and b name values of one sensitive column, not of "
+                        f"{spec.sensitive_column!r}; leave them empty to take every combination as a group")
+    s, group_names = (_groups(df, spec), (spec.group_a, spec.group_b)) if named else _all_groups(df, spec)
 
     if spec.id_column is not None:
         if spec.id_column not in df.columns:
@@ -326,7 +388,7 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
     else:
         ids = np.arange(len(df))
 
-    reserved = {spec.label_column, spec.sensitive_column, spec.id_column}
+    reserved = {spec.label_column, *sensitive_columns(spec), spec.id_column, *spec.unused_columns}
     if spec.feature_columns is not None:
         missing = [c for c in spec.feature_columns if c not in df.columns]
         if missing:
@@ -369,13 +431,14 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
         X_train=Xs[tr], y_train=y[tr], s_train=s[tr], ids_train=ids[tr],
         X_test=Xs[te], y_test=y[te], s_test=s[te], ids_test=ids[te],
         protected_label=spec.protected_label,
-        group_names=(spec.group_a, spec.group_b),
+        group_names=group_names,
         default_active_columns=spec.active_columns,
         source=str(path),
         extra={"encoding": encoding_of([str(c) for c in features.columns], categories),
                "mean": mean.tolist(), "std": std.tolist(), "categories": categories, "id_column": spec.id_column},
     )
-    _check_groups(ds, spec)
+    if named:  # several groups: the constraint refuses small or empty ones (min-group-size)
+        _check_groups(ds, spec)
     return ds
 
 

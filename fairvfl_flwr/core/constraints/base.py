@@ -41,6 +41,7 @@ from typing import ClassVar
 import numpy as np
 
 from fairvfl_flwr.core.constraints.measures import Measure, logistic_loss
+from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.constraints.measures import measure as measure_named
 
 FORMS = ("pairwise", "overall")
@@ -99,7 +100,7 @@ class SensitiveGroups:
         return SensitiveGroups(new[self.codes], names)
 
 
-class GroupSizeError(ValueError):
+class GroupSizeError(ConfigError):
     """A group is too small to be constrained; the message names it and its count."""
 
 
@@ -260,6 +261,20 @@ class ConstraintSet:
             count += c.in_a
             count += c.in_b
         return int(count.max()) if self.n else 0
+
+    def newton_refusal(self) -> str | None:
+        """Why block Newton's dual step cannot run on this constraint, or None.
+
+        Its Newton step on λ solves with the gaps' sensitivity J, and its weight bounds are
+        exact, only when every row sits on one gap side at most (two groups, pairwise).
+        With more groups the pairwise gaps are linearly dependent (D_ab + D_bc = D_ac), so J
+        is singular, and the shared weight bounds leave rows at weight 0 whose loss then
+        grows without limit; gradient steps (the paper's) reach the target there.
+        """
+        if self.gaps_per_row() <= 1:
+            return None
+        return (f"block Newton runs on two groups with constraint-form='pairwise' only; this constraint has "
+                f"{len(self.groups or ())} groups ({self.form}), whose gaps share rows: use optimizer='gd'")
 
     # -- gaps (fairlearn's gamma) --------------------------------------------------------
     def values(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:

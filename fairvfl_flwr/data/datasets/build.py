@@ -30,15 +30,19 @@ def build_adult(raw: Path) -> pd.DataFrame:
     return out
 
 
-def build_compas(raw: Path) -> pd.DataFrame:
-    """ProPublica filters, African-American vs Caucasian, 26 features."""
+PAPER_RACES = ["African-American", "Caucasian"]
+
+
+def build_compas(raw: Path, races: list[str] | None = PAPER_RACES) -> pd.DataFrame:
+    """ProPublica filters, African-American vs Caucasian (the paper), 26 features; ``races=None``
+    keeps every race (6 values, 6,172 rows) with a one-hot column for each (30 features)."""
     df = pd.read_csv(raw / "compas-scores-two-years.csv.gz")
     df = df[
         (df["days_b_screening_arrest"].abs() <= 30)
         & (df["is_recid"] != -1)
         & (df["c_charge_degree"] != "O")
         & (df["score_text"] != "N/A")
-        & df["race"].isin(["African-American", "Caucasian"])
+        & (df["race"].isin(races) if races else True)
     ].reset_index(drop=True)
     jail_days = (
         pd.to_datetime(df["c_jail_out"]) - pd.to_datetime(df["c_jail_in"])
@@ -64,7 +68,7 @@ def build_compas(raw: Path) -> pd.DataFrame:
     onehots = {
         "sex": ["Female", "Male"],
         "age_cat": ["Less than 25", "25 - 45", "Greater than 45"],
-        "race": ["African-American", "Caucasian"],
+        "race": races or sorted(df["race"].unique()),
         "c_charge_degree": ["F", "M"],
         "score_text": ["Low", "Medium", "High"],
         "v_score_text": ["Low", "Medium", "High"],
@@ -72,7 +76,7 @@ def build_compas(raw: Path) -> pd.DataFrame:
     for col, values in onehots.items():
         for v in values:
             out[f"{col}_{v}"] = (df[col] == v).astype(int)
-    assert out.shape[1] == 26, out.shape
+    assert out.shape[1] == 24 + len(onehots["race"]), out.shape
     out["race"] = df["race"]
     out["recidivist"] = np.where(df["two_year_recid"] == 1, "yes", "no")
     return out
@@ -90,7 +94,8 @@ def build_crime(raw: Path) -> pd.DataFrame:
     return out
 
 
-BUILDERS = {"adult": build_adult, "compas": build_compas, "crime": build_crime}
+BUILDERS = {"adult": build_adult, "compas": build_compas, "compas-race": lambda raw: build_compas(raw, None),
+            "crime": build_crime}
 
 
 def main() -> None:

@@ -1,0 +1,156 @@
+"""Several groups: the constraint object's gaps, weights and refusals with G >= 3, checked
+against a central computation, and runs that reach every gap on the data's groups."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.core.constraints import CONSTRAINTS, KINDS, GroupSizeError
+from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.core.objective import Groups, logistic_loss, loss_derivative, masked_weights, sigmoid
+from fairvfl_flwr.data.tables import load_csv
+
+
+def _rows(seed=0, n=600, G=4):
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(n) < 0.45, 1.0, -1.0)
+    s = rng.integers(0, G, size=n)
+    z = rng.normal(scale=2.0, size=n)
+    return y, s, z, rng
+
+
+def _central_nu(y, s, z, lam, protected, kind, measure, form):
+    """ν from the definition: ∂/∂z of (1/n)Σ l_i + Σ_c d_c D_c, the gaps written out by group."""
+    n, G = len(y), int(s.max()) + 1
+    subsets = {"deo": [y == protected], "equalized-odds": [y == protected, y == -protected],
+               "demographic-parity": [np.ones(n, dtype=bool)]}[kind]
+    slope = loss_derivative(y, z) if measure == "loss" else sigmoid(z) * (1 - sigmoid(z))
+    nu = loss_derivative(y, z) / n
+    k = 0
+    for rows in subsets:
+        pairs = (itertools.combinations(range(G), 2) if form == "pairwise" else ((g, None) for g in range(G)))
+        for g, h in pairs:
+            d = lam[2 * k] - lam[2 * k + 1]
+            a = rows & (s == g)
+            b = rows & (s == h) if h is not None else rows
+            nu = nu + d * slope * (a / a.sum() - b / b.sum())
+            k += 1
+    return nu, k
+
+
+@pytest.mark.parametrize("form", ["pairwise", "overall"])
+@pytest.mark.parametrize("measure", ["loss", "rate"])
+@pytest.mark.parametrize("kind", CONSTRAINTS)
+def test_nu_with_four_groups_matches_a_central_computation(kind, measure, form):
+    y, s, z, rng = _rows()
+    groups = Groups.from_labels(y, s, -1, kind, measure, form=form)
+    lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
+    want, gaps = _central_nu(y, s, z, lam, -1, kind, measure, form)
+    assert len(groups.constraints) == gaps  # pairwise: 6 per subset, overall: 4
+    np.testing.assert_allclose(masked_weights(y, z, lam, groups), want, rtol=1e-12, atol=1e-15)
+    # and ν is the gradient of the smooth part in z (what the parties' steps rely on)
+    e = 1e-6 * rng.normal(size=len(z))
+    fd = groups.smooth_part(y, z + e, lam) - groups.smooth_part(y, z - e, lam)
+    assert fd == pytest.approx(2 * e @ want, rel=1e-6)
+
+
+def test_pairwise_gaps_of_g_groups_and_the_overall_form():
+    y, s, z, _ = _rows(G=3)
+    q = logistic_loss(y, z)
+    pw = Groups.from_labels(y, s, 1, "deo", form="pairwise", names=("x", "y", "z"))
+    ov = Groups.from_labels(y, s, 1, "deo", form="overall", names=("x", "y", "z"))
+    rows = y == 1
+    mean = [q[rows & (s == g)].mean() for g in range(3)]
+    np.testing.assert_allclose(pw.gaps(y, z), [mean[0] - mean[1], mean[0] - mean[2], mean[1] - mean[2]])
+    np.testing.assert_allclose(ov.gaps(y, z), [m - q[rows].mean() for m in mean])
+    assert [c.name for c in pw.constraints] == ["y=+1: x vs y", "y=+1: x vs z", "y=+1: y vs z"]
+    assert (pw.gaps_per_row(), ov.gaps_per_row()) == (2, 4)
+
+
+def test_two_groups_pairwise_is_the_papers_gap_and_overall_is_scaled():
+    y, s, z, _ = _rows(G=2)
+    boolean = Groups.from_labels(y, s == 0, 1, "deo")
+    coded = Groups.from_labels(y, s, 1, "deo")
+    assert np.array_equal(boolean.gaps(y, z), coded.gaps(y, z)) and coded.constraints[0].name == "y=+1"
+    # group a against all rows = the pairwise gap times b's share of the subset
+    ov = Groups.from_labels(y, s, 1, "deo", form="overall")
+    rows = y == 1
+    share_b = (rows & (s == 1)).sum() / rows.sum()
+    assert ov.gaps(y, z)[0] == pytest.approx(coded.gaps(y, z)[0] * share_b)
+
+
+def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
+    y, s, z, _ = _rows(n=900, G=3)
+    s = s.copy()
+    s[np.flatnonzero(s == 2)[20:]] = 0  # group 'c' keeps 20 rows, some with each label
+    names = ("a", "b", "c")
+    count = int(((y == 1) & (s == 2)).sum())
+    with pytest.raises(GroupSizeError, match=rf"group 'c' has {count} training rows in 'y=\+1'.*min-group-size = 30"):
+        Groups.from_labels(y, s, 1, "deo", names=names, min_group_size=30)
+    assert issubclass(GroupSizeError, ConfigError)
+    pooled = Groups.from_labels(y, s, 1, "deo", names=names, min_group_size=30, pool_small_groups=True)
+    # one small group: merged with the next smallest until the merged group is big enough
+    assert pooled.groups.names == ("a", "pooled(c+b)") and len(pooled.constraints) == 1
+    assert pooled.smallest_group() >= 30
+
+
+def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():
+    y, s, z, rng = _rows(n=400, G=3)
+    for form in ("pairwise", "overall"):
+        groups = Groups.from_labels(y, s, 1, "equalized-odds", form=form)
+        m, bound_lam = groups.smallest_group() - 1, 0.6
+        bound = groups.label_sensitivity(bound_lam, m)
+        worst = 0.0
+        for _ in range(10):
+            lam = np.zeros(groups.num_multipliers)
+            lam[rng.integers(0, 2, size=len(groups.constraints)) + 2 * np.arange(len(groups.constraints))] = bound_lam
+            nu = masked_weights(y, z, lam, groups)
+            for j in rng.choice(len(y), size=10, replace=False):
+                y2 = y.copy()
+                y2[j] = -y2[j]
+                g2 = Groups.from_labels(y2, s, 1, "equalized-odds", form=form)
+                worst = max(worst, float(np.linalg.norm(masked_weights(y2, z, lam, g2) - nu)))
+        assert 0 < worst <= bound
+
+
+def test_metrics_with_several_groups_give_pairwise_and_overall_gaps():
+    y = np.array([1, 1, -1, -1, 1, -1, 1, -1, 1, -1])
+    s = np.array([0, 0, 0, 0, 1, 1, 2, 2, 2, 2])
+    z = np.array([1, -1, 1, -1, 1, -1, -1, -1, -1, 1.0])
+    m = fairness_metrics(y, s, z)
+    # FNR: group 0 1/2, group 1 0, group 2 1; FPR: 1/2, 0, 1/2; overall FNR 3/5, FPR 2/5
+    assert (m["dfn"], m["dfp"]) == pytest.approx((1.0, 0.5))
+    assert (m["dfn_overall"], m["dfp_overall"]) == pytest.approx((0.6, 0.4))
+    assert fairness_metrics(y, s == 0, z).keys() == {"acc", "dfp", "dfn"}  # two groups: as before
+
+
+def test_every_kind_is_registered_by_its_name():
+    assert tuple(KINDS) == CONSTRAINTS and all(KINDS[k].kind == k for k in KINDS)
+    with pytest.raises(ValueError, match="unknown constraint 'parity'"):
+        Groups.from_labels(np.ones(4), np.array([0, 1, 0, 1]), 1, "parity")
+
+
+def test_a_csv_with_several_sensitive_columns_makes_every_combination_a_group(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 400
+    path = tmp_path / "t.csv"
+    sex, race = rng.choice(["F", "M"], n), rng.choice(["p", "q", "r"], n)
+    rows = ["x1,x2,sex,race,label"] + [f"{rng.normal():.3f},{rng.normal():.3f},{a},{b},{rng.choice(['yes', 'no'])}"
+                                       for a, b in zip(sex, race)]
+    path.write_text("\n".join(rows) + "\n")
+    ds = load_csv(path, label_column="label", positive_value="yes", sensitive_column="sex,race", group_a="",
+                  group_b="")
+    assert ds.group_names == ("F & p", "F & q", "F & r", "M & p", "M & q", "M & r")
+    assert ds.feature_names == ["x1", "x2"]  # no sensitive column becomes a feature
+    codes = np.concatenate([ds.s_train, ds.s_test])
+    assert sorted(np.bincount(codes)) == sorted(np.unique([f"{a} & {b}" for a, b in zip(sex, race)],
+                                                          return_counts=True)[1])
+    cfg = RunConfig.from_flower({"dataset": "csv", "csv.path": str(path), "csv.label": "label",
+                                 "csv.positive": "yes", "csv.sensitive": "sex,race"})
+    assert cfg.optimizer_in_use == "gd"
+    with pytest.raises(ConfigError, match="csv.group-b"):
+        RunConfig.from_flower({"dataset": "csv", "csv.path": str(path), "csv.label": "label",
+                               "csv.positive": "yes", "csv.sensitive": "sex", "csv.group-a": "F"})
