@@ -154,3 +154,30 @@ def test_a_csv_with_several_sensitive_columns_makes_every_combination_a_group(tm
     with pytest.raises(ConfigError, match="csv.group-b"):
         RunConfig.from_flower({"dataset": "csv", "csv.path": str(path), "csv.label": "label",
                                "csv.positive": "yes", "csv.sensitive": "sex", "csv.group-a": "F"})
+
+
+def test_a_new_kind_is_one_subclass_and_its_registration():
+    from fairvfl_flwr.core.constraints import ConstraintSet, register
+
+    class OtherLabel(ConstraintSet):
+        kind = "other-label"
+        label_subsets = 1
+
+        @classmethod
+        def subsets(cls, y, protected_label):
+            return [(f"y={-protected_label:+d}", y == -protected_label)]
+
+    register(OtherLabel)
+    try:
+        y, s, z, rng = _rows(G=3)
+        groups = Groups.from_labels(y, s, 1, "other-label", "rate")
+        eo = Groups.from_labels(y, s, 1, "equalized-odds", "rate")
+        np.testing.assert_array_equal(groups.gaps(y, z), eo.gaps(y, z)[3:])  # EO's second subset, 3 pairs
+        lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
+        want, _ = _central_nu(y, s, z, np.concatenate([np.zeros(6), lam]), 1, "equalized-odds", "rate", "pairwise")
+        np.testing.assert_allclose(masked_weights(y, z, lam, groups), want, rtol=1e-12, atol=1e-15)
+        assert groups.label_sensitivity(0.5, 10) > 0 and groups.newton_refusal() is not None
+        with pytest.raises(ValueError, match="taken"):
+            register(OtherLabel)
+    finally:
+        del KINDS["other-label"]
