@@ -181,3 +181,38 @@ def test_a_new_kind_is_one_subclass_and_its_registration():
             register(OtherLabel)
     finally:
         del KINDS["other-label"]
+
+
+def _ends_within_epsilon(run_app, tmp_path, **cfg):
+    run = run_app({"num-parties": 3, "eval-every": 500, "pool-small-groups": True, "output-dir": str(tmp_path), **cfg})
+    last = run.history[-1]
+    assert len(last["gaps"]) > 1  # several groups: one gap per pair
+    assert max(abs(g) for g in last["gaps"]) <= 0.01 + 0.002, last["gaps"]
+    return run, last
+
+
+def test_compas_with_every_race_pooled_meets_every_gap_with_the_defaults(run_app, tmp_path):
+    run, last = _ends_within_epsilon(run_app, tmp_path, dataset="compas-race")
+    assert len(last["gaps"]) == 6  # African-American, Caucasian, Hispanic and the pooled small races
+    assert last["round"] < 1000  # the stop rule ended it at the target
+
+
+@pytest.mark.slow
+def test_adult_sex_by_race_meets_every_gap_with_the_defaults(run_app, tmp_path):
+    _ends_within_epsilon(run_app, tmp_path, dataset="adult-sex-race")
+
+
+def test_the_report_and_the_core_metrics_agree_with_three_groups():
+    pytest.importorskip("fairlearn")
+    from fairvfl_flwr.tools.report import report
+
+    rng = np.random.default_rng(5)
+    n = 900
+    y = rng.random(n) < 0.4
+    codes = rng.integers(0, 3, size=n)
+    decision = rng.random(n) < np.array([0.3, 0.45, 0.6])[codes]
+    rep = report(y, decision, np.array(["p", "q", "r"])[codes], replicates=0)
+    core = fairness_metrics(np.where(y, 1, -1), codes, np.where(decision, 1.0, -1.0))
+    assert len(rep["groups"]) == 3
+    for k in ("dfp", "dfn", "dfp_overall", "dfn_overall"):
+        assert rep["gaps"][k] == pytest.approx(core[k])

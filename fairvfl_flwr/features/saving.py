@@ -31,6 +31,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.core.bootstrap import bootstrap, cell_counts
+from fairvfl_flwr.core.metrics import group_rates, predict
 from fairvfl_flwr.data import blocks
 from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.preprocess import party_preprocessing
@@ -68,19 +69,30 @@ def positive_label(cfg) -> str:
 
 
 def group_labels(cfg, names: list | None) -> dict:
-    """Groups a and b as the data names them (deployment: the server knows only a and b)."""
+    """The groups as the data names them (deployment with two groups: the server knows only a and b)."""
     if not names:
         return {"a": "group a", "b": "group b"}
     column = DATASETS[cfg.dataset].sensitive_column if cfg.dataset in DATASETS else cfg.csv_sensitive
-    return {"a": f"{column} = {names[0]}", "b": f"{column} = {names[1]}"}
+    keys = ("a", "b") if len(names) == 2 else [str(k) for k in range(len(names))]
+    return {k: f"{column} = {name}" for k, name in zip(keys, names)}
 
 
 def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
     """Bootstrap intervals of the final test ACC/DFP/DFN/DEO (empty without test scores)."""
     if z_test is None or len(z_test) == 0:
         return {}
-    counts = cell_counts(labels.y_test == 1, np.where(labels.s_test, "a", "b"), z_test >= 0, ["a", "b"])
+    s = np.asarray(labels.s_test)
+    group, names = (np.where(s, "a", "b"), ["a", "b"]) if s.dtype == bool else (s, sorted(set(s.tolist())))
+    counts = cell_counts(labels.y_test == 1, group, z_test >= 0, names)
     return {k: list(v) for k, v in bootstrap(counts, BOOTSTRAP_REPLICATES, seed).items()}
+
+
+def per_group(labels, z_test: np.ndarray | None, names: list | None) -> dict:
+    """Each group's test rows and error rates, with several groups (empty with two: DFP and DFN say it)."""
+    s = np.asarray(labels.s_test)
+    if z_test is None or len(z_test) == 0 or s.dtype == bool:
+        return {}
+    return group_rates(labels.y_test, s, predict(z_test), tuple(names) if names else None)
 
 
 def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
@@ -89,6 +101,7 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, tim
     metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
                                            "test_acc", "test_dfp", "test_dfn")}
     metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed)
+    metrics["groups"] = per_group(server.labels, hook.z_test if hook else None, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
 
 
@@ -197,7 +210,7 @@ def run_card(m: dict, summary: dict) -> str:
         "",
         (f"- constraint `{m['constraint']}` on `{m['constraint-measure']}`, ε = {m['epsilon']:g}" if m["fairness"]
          else "- none (fairness = false: the FedBCD baseline)"),
-        f"- groups: a = {m['groups']['a']}, b = {m['groups']['b']}",
+        "- groups: " + ", ".join(f"{k} = {v}" for k, v in m["groups"].items()),
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
         "z = Σ_k u_k the sum of the parties' partial logits; no group attribute is used to predict",
         "",
@@ -212,6 +225,12 @@ def run_card(m: dict, summary: dict) -> str:
         f"| train DEO (the constrained gap) | {_fmt(met.get('train_deo'))} |",
         "",
     ]
+    if met.get("groups"):
+        lines += ["Per group (several groups: DFP and DFN above are the largest pairwise gaps):", "",
+                  "| group | test rows | error | FPR | FNR |", "|---|---|---|---|---|"]
+        lines += [f"| {g} | {r['rows']} | {_fmt(r['error'])} | {_fmt(r['fpr'])} | {_fmt(r['fnr'])} |"
+                  for g, r in met["groups"].items()]
+        lines.append("")
     if data:
         lines += [f"Data: {data.get('train', {}).get('rows')} training rows, {data.get('test', {}).get('rows')} "
                   f"test rows, {data.get('features')} features.", ""]

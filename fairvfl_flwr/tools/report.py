@@ -7,7 +7,8 @@ The scoring job (docs/scoring.md) writes ``predictions.csv`` (id, probability, d
 without labels or groups. Whoever later learns the outcomes (and may hold the group
 attribute) joins them by id and gets, per group, accuracy, TPR, FPR, selection rate and
 counts (fairlearn's ``MetricFrame``), the gaps DFP = |FPR_a − FPR_b|, DFN = |FNR_a − FNR_b|
-and DEO = max(DFP, DFN) (the equalized-odds difference) with bootstrap intervals
+and DEO = max(DFP, DFN) (the equalized-odds difference; with more groups, the largest
+pairwise gap, and ``dfp_overall`` / ``dfn_overall`` the largest gap to the overall rate) with bootstrap intervals
 (core/bootstrap.py), and one PNG. Defaults read the server label file that
 ``fairvfl-export`` writes (``row_id``, ``y`` = 1 / -1, ``group``), so
 ``--outcomes server_labels.csv --groups server_labels.csv`` works as is.
@@ -99,6 +100,7 @@ def report(y: np.ndarray, decision: np.ndarray, group: np.ndarray, replicates: i
         raise DataError(f"the scored rows hold one group only ({names}); a fairness report needs two or more")
     diff = mf.difference(method="between_groups")
     dfp, dfn = float(diff["fpr"]), float(diff["tpr"])  # |FNR_a − FNR_b| = |TPR_a − TPR_b|
+    to_overall = mf.difference(method="to_overall")
     counts = cell_counts(y, group, decision, sorted(names))
     check = from_counts(counts)  # the bootstrap's metrics must be MetricFrame's on the observed rows
     if not (np.isclose(check["dfp"], dfp) and np.isclose(check["dfn"], dfn)):
@@ -110,7 +112,8 @@ def report(y: np.ndarray, decision: np.ndarray, group: np.ndarray, replicates: i
                     "fpr": float(mf.overall["fpr"]), "selection_rate": float(mf.overall["selection_rate"])},
         "groups": {g: {k: (int(v) if k == "count" else float(v)) for k, v in row.items()}
                    for g, row in zip(names, mf.by_group.to_dict("records"))},
-        "gaps": {"dfp": dfp, "dfn": dfn, "deo": max(dfp, dfn)},
+        "gaps": {"dfp": dfp, "dfn": dfn, "deo": max(dfp, dfn), "dfp_overall": float(to_overall["fpr"]),
+                 "dfn_overall": float(to_overall["tpr"])},
         "intervals": bootstrap(counts, replicates, seed, level) if replicates > 0 else {},
         "bootstrap": {"replicates": replicates, "seed": seed, "level": level},
     }
@@ -163,6 +166,9 @@ def format_report(rep: dict, notes: list[str]) -> str:
     for k in ("dfp", "dfn", "deo"):
         iv = rep["intervals"].get(k)
         lines.append(f"  {k.upper()} {rep['gaps'][k]:.4f}" + (f"  [{iv[0]:.4f}, {iv[1]:.4f}]" if iv else ""))
+    if len(rep["groups"]) > 2:
+        lines.append(f"  largest gap to the overall rate: DFP {rep['gaps']['dfp_overall']:.4f}, "
+                     f"DFN {rep['gaps']['dfn_overall']:.4f}")
     return "\n".join(lines)
 
 
