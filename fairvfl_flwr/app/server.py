@@ -36,6 +36,7 @@ from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
+from fairvfl_flwr.features.alignment import align_tables
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
@@ -119,7 +120,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     cfg = RunConfig.from_flower(run_config)
     if cfg.mode == "score":
         return run_scoring(grid, cfg, run_id)
-    if cfg.server_labels:  # deployment: the server holds only its label file, never a feature table
+    if cfg.tables_own:  # every party brings its own table: private alignment first, the label owner's labels
+        ds, columns, labels = None, [], align_tables(grid, cfg)
+    elif cfg.server_labels:  # deployment: the server holds only its label file, never a feature table
         ds, columns, labels = None, [], server_labels_for(cfg)
     else:
         ds = load_data(cfg)

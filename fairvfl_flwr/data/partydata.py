@@ -71,10 +71,14 @@ class PartySpec:
     group_b: str = ""
     protected_label: int = 0  # 0: not given (passive party)
     cache_dir: str = ""
+    table_path: str = ""  # the party's own raw table (run config tables.own)
+    columns: tuple[str, ...] = ()  # the raw table's columns it contributes; empty: all but id/label/sensitive
+    aligned: str = ""  # key of its prepared block after private alignment (data/align.py)
 
     @property
     def name(self) -> str:
-        where = f", {self.data_path}" if self.data_path else ""
+        path = self.data_path or self.table_path
+        where = f", {path}" if path else ""
         return f"party {self.partition_id} ({self.role}{where})"
 
 
@@ -120,9 +124,14 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
     if not 0 <= pid < num_parties:
         raise NodeConfigError(f"partition-id={pid} is outside 0..{num_parties - 1} (num-parties={num_parties})")
     data_path = str(node.get("data-path", "") or "")
-    if not data_path:  # simulation: role from the partition
+    table_path = str(node.get("table-path", "") or "")
+    if data_path and table_path:
+        raise NodeConfigError(f"party {pid}: node config names both data-path (an exported party file) and "
+                              "table-path (the party's own raw table); give one")
+    if not data_path and not table_path:  # simulation: role from the partition
         role = ROLE_ACTIVE if pid < num_active else ROLE_PASSIVE
         return PartySpec(partition_id=pid, role=role)
+    data_path = data_path or table_path
     role = str(node.get("role", "")).strip().lower()
     if role not in (ROLE_ACTIVE, ROLE_PASSIVE):
         raise NodeConfigError(
@@ -147,11 +156,46 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
             sensitive_column=str(node["sensitive-column"]), group_a=str(node["group-a"]),
             group_b=str(node["group-b"]), protected_label=protected,
         )
+    path = str(Path(data_path).expanduser())
+    columns = tuple(c.strip() for c in str(node.get("columns", "")).split(",") if c.strip())
     return PartySpec(
-        partition_id=pid, role=role, data_path=str(Path(data_path).expanduser()),
+        partition_id=pid, role=role, data_path="" if table_path else path, table_path=path if table_path else "",
         id_column=str(node.get("id-column", ID_COLUMN)), split_column=str(node.get("split-column", SPLIT_COLUMN)),
-        cache_dir=str(node.get("cache-dir", "")), **kwargs,
+        cache_dir=str(node.get("cache-dir", "")), columns=columns, **kwargs,
     )
+
+
+def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
+    """The spec of a party that brings its own raw table (run config ``tables.own``).
+
+    Deployment: the node config's ``table-path``. Simulation: ``tables.path`` with
+    ``{partition}`` replaced, ``tables.id-column``, and for the label owner the label and
+    groups of the run's dataset (``csv.*`` with ``dataset = "csv"``)."""
+    if spec.data_path:
+        raise NodeConfigError(f"{spec.name}: run config tables.own=true reads the party's own raw table: give "
+                              "node config table-path instead of data-path (an exported party file)")
+    if spec.table_path:
+        return spec
+    if not cfg.tables_path:
+        raise NodeConfigError(f"party {spec.partition_id}: tables.own=true in simulation needs tables.path, e.g. "
+                              "'tables/party{partition}.csv'")
+    try:
+        path = cfg.tables_path.format(partition=spec.partition_id)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise NodeConfigError(f"tables.path={cfg.tables_path!r}: only {{partition}} may be replaced ({exc})") from None
+    kwargs: dict[str, Any] = {}
+    if spec.role == ROLE_ACTIVE:
+        if cfg.dataset == "csv":
+            kwargs = dict(label_column=cfg.csv_label, label_positive=cfg.csv_positive,
+                          sensitive_column=cfg.csv_sensitive, group_a=cfg.csv_group_a, group_b=cfg.csv_group_b,
+                          protected_label=cfg.csv_protected_label)
+        else:
+            d = DATASETS[cfg.dataset]
+            kwargs = dict(label_column=d.label_column, label_positive=d.positive_value,
+                          sensitive_column=d.sensitive_column, group_a=d.group_a, group_b=d.group_b,
+                          protected_label=d.protected_label)
+    return dataclasses.replace(spec, table_path=str(Path(path).expanduser()), id_column=cfg.tables_id_column,
+                               **kwargs)
 
 
 # -- tables -----------------------------------------------------------------------------
@@ -173,6 +217,35 @@ def rows_digest(ids_train: np.ndarray, ids_test: np.ndarray) -> str:
 
 def _text(values) -> np.ndarray:
     return as_text(values).to_numpy().astype(str)
+
+
+def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The label owner's y (±1) and group of every row of ``df``: True = group a, or with
+    neither group named, each value's index among the sorted values."""
+    for role, col in (("label", spec.label_column), ("sensitive", spec.sensitive_column)):
+        if col not in df.columns:
+            raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
+        if df[col].isna().any():
+            raise DataError(f"{where}: {role} column {col!r} has {int(df[col].isna().sum())} missing values")
+    labels = _text(df[spec.label_column])
+    pos = norm_value(spec.label_positive)
+    if not (labels == pos).any():
+        raise DataError(
+            f"{where}: label column {spec.label_column!r} never equals label-positive={pos!r} "
+            f"(values: {sorted(set(labels))[:5]})"
+        )
+    y = np.where(labels == pos, 1.0, -1.0)
+    groups = _text(df[spec.sensitive_column])
+    a, b = norm_value(spec.group_a), norm_value(spec.group_b)
+    if not (spec.group_a or spec.group_b):  # every value is a group, in the server label file's order
+        return y, np.searchsorted(np.asarray(sorted(set(groups))), groups).astype(np.int64)
+    other = sorted(set(groups) - {a, b})
+    if other:
+        raise DataError(
+            f"{where}: sensitive column {spec.sensitive_column!r} holds values other than group-a={a!r} "
+            f"and group-b={b!r}: {other[:5]}"
+        )
+    return y, groups == a
 
 
 def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
@@ -197,31 +270,7 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
     reserved = [spec.id_column, spec.split_column]
     y = s = None
     if spec.role == ROLE_ACTIVE:
-        for role, col in (("label", spec.label_column), ("sensitive", spec.sensitive_column)):
-            if col not in df.columns:
-                raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
-            if df[col].isna().any():
-                raise DataError(f"{where}: {role} column {col!r} has {int(df[col].isna().sum())} missing values")
-        labels = _text(df[spec.label_column])
-        pos = norm_value(spec.label_positive)
-        if not (labels == pos).any():
-            raise DataError(
-                f"{where}: label column {spec.label_column!r} never equals label-positive={pos!r} "
-                f"(values: {sorted(set(labels))[:5]})"
-            )
-        y = np.where(labels == pos, 1.0, -1.0)
-        groups = _text(df[spec.sensitive_column])
-        a, b = norm_value(spec.group_a), norm_value(spec.group_b)
-        if not (spec.group_a or spec.group_b):  # every value is a group, in the server label file's order
-            s = np.searchsorted(np.asarray(sorted(set(groups))), groups).astype(np.int64)
-        else:
-            other = sorted(set(groups) - {a, b})
-            if other:
-                raise DataError(
-                    f"{where}: sensitive column {spec.sensitive_column!r} holds values other than group-a={a!r} "
-                    f"and group-b={b!r}: {other[:5]}"
-                )
-            s = groups == a
+        y, s = label_arrays(df, spec, where)
         reserved += [spec.label_column, spec.sensitive_column]
     features = df[[c for c in df.columns if c not in reserved]]
     if features.shape[1] == 0:
@@ -469,12 +518,33 @@ def load_party_file(spec: PartySpec) -> PartyArrays:
     return arrays
 
 
+def aligned_files(spec: PartySpec, key: str) -> tuple[Path, Path]:
+    """Where a party keeps its block prepared after alignment ``key``, and its preprocessing."""
+    base = cache_dir(spec) / "aligned" / key
+    return base.with_name(key + ".npz"), base.with_name(key + ".preprocessing.json")
+
+
+def save_aligned(spec: PartySpec, key: str, arrays: PartyArrays, preprocessing: dict) -> None:
+    """Keep the prepared block on the party's disk: every later message of the run (a fresh
+    process in deployment) loads it instead of reading and preparing the raw table again."""
+    npz, side = aligned_files(spec, key)
+    write_atomically(side, lambda fh: fh.write(json.dumps(preprocessing, sort_keys=True).encode()))
+    _save(arrays, npz)
+
+
 @functools.lru_cache(maxsize=16)
 def load_party(spec: PartySpec, cfg=None) -> PartyArrays:
     """This node's data: its file (deployment) or its slice of the packaged data (simulation).
 
     ``cfg`` (the RunConfig) is needed only for simulation; cached per process.
     """
+    if spec.aligned:
+        npz = aligned_files(spec, spec.aligned)[0]
+        if not npz.is_file():
+            raise DataError(f"{spec.name}: the block prepared at alignment ({npz}) is gone; restart the run")
+        return _load(npz)
+    if spec.table_path:
+        raise DataError(f"{spec.name}: its own table is read only after private alignment, the run's first step")
     if spec.data_path:
         return load_party_file(spec)
 

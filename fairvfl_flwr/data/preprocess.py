@@ -26,13 +26,14 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import CACHE_VERSION, PartySpec, cache_dir, known_digest, load_party, write_atomically
+from fairvfl_flwr.data.partydata import (CACHE_VERSION, PartySpec, aligned_files, cache_dir, known_digest, load_party,
+                                        write_atomically)
 from fairvfl_flwr.data.tables import read_csv
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, packaged_file
@@ -50,6 +51,7 @@ class Preprocessing:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     categories: dict[str, tuple[str, ...]]  # every category training saw, per text column
+    fill: dict[str, Any] = field(default_factory=dict)  # raw column -> what its missing values become
 
     @property
     def raw_columns(self) -> list[str]:
@@ -59,7 +61,9 @@ class Preprocessing:
     def to_dict(self) -> dict:
         return {"features": list(self.features), "raw": list(self.raw), "category": list(self.category),
                 "mean": list(self.mean), "std": list(self.std),
-                "categories": {k: list(v) for k, v in self.categories.items()}}
+                "categories": {k: list(v) for k, v in self.categories.items()},
+                # only when set: a block saved without fill rules keeps its digest
+                **({"fill": dict(self.fill)} if self.fill else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Preprocessing":
@@ -69,7 +73,8 @@ class Preprocessing:
         return cls(features=tuple(d["features"]), raw=tuple(d["raw"]),
                    category=tuple(None if c is None else str(c) for c in d["category"]),
                    mean=tuple(float(v) for v in d["mean"]), std=tuple(float(v) for v in d["std"]),
-                   categories={k: tuple(map(str, v)) for k, v in d.get("categories", {}).items()})
+                   categories={k: tuple(map(str, v)) for k, v in d.get("categories", {}).items()},
+                   fill=dict(d.get("fill", {})))
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
@@ -85,6 +90,8 @@ class Preprocessing:
         if missing:
             raise DataError(f"{where}: column(s) {missing[:5]} not found; this party's block needs the raw columns "
                             f"{self.raw_columns[:12]}{'...' if len(self.raw_columns) > 12 else ''}")
+        if self.fill:
+            df = df.fillna({c: v for c, v in self.fill.items() if c in df.columns})
         for c in self.raw_columns:
             if df[c].isna().any():
                 raise DataError(f"{where}: column {c!r} has {int(df[c].isna().sum())} missing values")
@@ -141,6 +148,12 @@ def sidecar_path(data_path: str | Path) -> Path:
 
 def party_preprocessing(spec: PartySpec, cfg: Any) -> Preprocessing:
     """This party's preprocessing (see the module doc)."""
+    if spec.aligned:  # prepared from the party's own table after alignment (data/prepare.py)
+        side = aligned_files(spec, spec.aligned)[1]
+        try:
+            return Preprocessing.from_dict(json.loads(side.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{spec.name}: {side} cannot be read as preprocessing ({exc})") from None
     if not spec.data_path:
         ds = load_data(cfg)
         return for_columns(ds, party_columns(cfg, ds)[spec.partition_id])

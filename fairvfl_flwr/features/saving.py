@@ -33,7 +33,6 @@ from flwr.supercore import log
 from fairvfl_flwr.core.bootstrap import bootstrap, cell_counts
 from fairvfl_flwr.core.metrics import group_rates, predict
 from fairvfl_flwr.data import blocks
-from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.preprocess import party_preprocessing
 from fairvfl_flwr.data.tables import DATASETS
 from fairvfl_flwr.flower import protocol as msgs
@@ -269,7 +268,7 @@ def save(message: Message, context: Context) -> Message:
     if state is None:
         raise blocks.BlockError(f"{rt.who}: no trained model on this node to save")
     cfg = rt.cfg
-    spec = party_spec(context.node_config, cfg.num_parties, cfg.num_active)
+    spec = rt.spec  # with tables.own, the block prepared at alignment
     pre = party_preprocessing(spec, cfg)
     arrays = {k: np.asarray(v) for k, v in state.items()}
     n_features = int(rt.data.X_train.shape[1])
@@ -279,12 +278,12 @@ def save(message: Message, context: Context) -> Message:
     run_id = str(rc["run-id"])
     server_round, checkpoint = int(rc["round"]), bool(rc.get("checkpoint", False))
     folder = blocks.block_folder(context.node_config, str(rc["run-folder"]), run_id, spec.partition_id,
-                                 deployed=bool(spec.data_path), checkpoint=server_round if checkpoint else None)
+                                 deployed=bool(spec.data_path or context.node_config.get("table-path")), checkpoint=server_round if checkpoint else None)
     meta = {
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
         "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": server_round,
         "checkpoint": checkpoint,
-        "data-digest": rt.data.ids_digest, "source": spec.data_path or f"{cfg.dataset} (packaged)",
+        "data-digest": rt.data.ids_digest, "source": spec.data_path or spec.table_path or f"{cfg.dataset} (packaged)",
         "preprocessing": pre.to_dict(),
     }
     digest = blocks.save_block(folder, arrays, meta, blocks.party_card({**meta, "block-digest": blocks.block_digest(arrays)}, arrays))

@@ -9,6 +9,7 @@ mods (``features/``) use it instead of each other's helpers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.core.objective import Groups
 from fairvfl_flwr.core.parties import ActiveParty, Party
-from fairvfl_flwr.data.partydata import PartySpec, load_party, party_spec
+from fairvfl_flwr.data.partydata import PartySpec, load_party, own_table_spec, party_spec
 from fairvfl_flwr.data.problem import constraint_groups
 from fairvfl_flwr.flower import protocol as msgs
 
@@ -31,6 +32,8 @@ MODEL_STATE = "fairvfl.model"
 #: takes it with :meth:`PartyRuntime.take_gradient`.
 GRADIENT_STATE = "fairvfl.gradient"
 OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
+#: tables.own: the key of the block this node prepared at alignment (features/alignment.py writes it).
+ALIGNED_STATE = "fairvfl.aligned"
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,11 @@ class PartyRuntime:
     def __init__(self, context: Context) -> None:
         self.context = context
         self.cfg = run_config(tuple(sorted(context.run_config.items())))
-        self.data = party_data(self.cfg, party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active))
+        self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
+        if self.cfg.tables_own:
+            kept = context.state.config_records.get(ALIGNED_STATE)
+            self.spec = dataclasses.replace(own_table_spec(self.spec, self.cfg), aligned=str(kept["key"]) if kept else "")
+        self.data = party_data(self.cfg, self.spec)
 
     @property
     def who(self) -> str:

@@ -1,0 +1,233 @@
+"""Each party brings its own raw table: private alignment (PSI over the run's messages) and
+local preparation, against the joint-table path on the same common rows and split."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.data.align import TRAIN_CODE, split_common
+from fairvfl_flwr.data.partydata import label_table
+from fairvfl_flwr.data.prepare import normalise_ids, prepare_block
+from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+pytest.importorskip("private_set_intersection")
+
+ID = "customer"
+NUMBERS = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
+CATEGORIES = ["workclass", "education", "marital-status", "occupation", "relationship", "race", "native-country"]
+#: Each party's raw columns (the label owner also holds income and sex), in the joint table's order.
+PARTY_COLUMNS = [
+    ["age", "workclass", "education", "sex", "income"],
+    ["fnlwgt", "education-num", "marital-status", "occupation"],
+    ["capital-gain", "capital-loss", "relationship", "race"],
+    ["hours-per-week", "native-country"],
+]
+ROWS = 3000
+BASE = {"num-parties": 4, "num-active": 1, "num-server-rounds": 12, "eval-every": 6, "seed": 3, "dataset": "adult",
+        "optimizer": "gd"}
+
+
+def adult_raw(rows: int = ROWS, seed: int = 0) -> pd.DataFrame:
+    """Adult as raw columns (categories as strings), ids as text, ``rows`` rows drawn at random."""
+    df = pd.read_csv(packaged_file("adult.csv.gz"))
+    df = df.iloc[np.sort(np.random.default_rng(seed).choice(len(df), rows, replace=False))]
+    out = pd.DataFrame({ID: [f"C{i:06d}" for i in df["row_id"]]})
+    for c in NUMBERS:
+        out[c] = df[c].to_numpy()
+    for c in CATEGORIES:
+        dummies = [k for k in df.columns if k.startswith(c + "_")]
+        out[c] = np.asarray([k[len(c) + 1:] for k in dummies])[df[dummies].to_numpy().argmax(axis=1)]
+    out["sex"] = df["sex"].to_numpy()
+    out["income"] = df["income"].to_numpy()
+    return out
+
+
+def write_own_tables(raw: pd.DataFrame, folder, seed: int = 1) -> list[set]:
+    """Party k's file: a different 85-95 % subset of the ids, shuffled, only its own columns."""
+    rng = np.random.default_rng(seed)
+    held = []
+    for k, cols in enumerate(PARTY_COLUMNS):
+        share = rng.uniform(0.85, 0.95)
+        rows = rng.permutation(len(raw))[: int(share * len(raw))]
+        raw.iloc[rows][[ID, *cols]].to_csv(folder / f"party{k}.csv", index=False)
+        held.append(set(raw[ID].iloc[rows]))
+    return held
+
+
+@pytest.fixture(scope="module")
+def own_tables(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("own")
+    raw = adult_raw()
+    held = write_own_tables(raw, folder)
+    return folder, raw, held
+
+
+def own_config(folder, **extra) -> dict:
+    return {**BASE, "tables.own": True, "tables.path": str(folder / "party{partition}.csv"), "tables.id-column": ID,
+            "output-dir": str(folder / "runs"), **extra}
+
+
+def joint_reference(raw: pd.DataFrame, common: list[str], folder, **extra):
+    """The joint-table path on the common rows: one table, prepared by data/tables.py, cut
+    into party files by raw column (the exported format) and run as a deployment."""
+    joint = raw.set_index(ID).loc[common].reset_index()
+    joint_path = folder / "joint.csv"
+    joint.to_csv(joint_path, index=False)
+    ds = load_csv(joint_path, label_column="income", positive_value=">50K", sensitive_column="sex",
+                  group_a="Female", group_b="Male", protected_label=1, id_column=ID, train_fraction=0.8,
+                  seed=BASE["seed"])
+    raw_of = [enc[0] for enc in ds.extra["encoding"]]
+    ids = np.concatenate([ds.ids_train, ds.ids_test])
+    split = ["train"] * len(ds.ids_train) + ["test"] * len(ds.ids_test)
+    nodes = []
+    for k, cols in enumerate(PARTY_COLUMNS):
+        mine = [j for j, r in enumerate(raw_of) if r in cols]
+        frame = pd.DataFrame(np.concatenate([ds.X_train[:, mine], ds.X_test[:, mine]]),
+                             columns=[ds.feature_names[j] for j in mine])
+        frame.insert(0, "split", split)
+        frame.insert(0, "row_id", ids)
+        node = {"partition-id": k, "num-partitions": 4, "data-path": str(folder / f"ref{k}.csv"),
+                "role": "active" if k == 0 else "passive"}
+        if k == 0:
+            frame["income"] = np.where(np.concatenate([ds.y_train, ds.y_test]) == 1, ">50K", "<=50K")
+            frame["sex"] = np.where(np.concatenate([ds.s_train, ds.s_test]), "Female", "Male")
+            node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
+                         "group-a": "Female", "group-b": "Male", "protected-label": 1})
+        frame.to_csv(node["data-path"], index=False, float_format="%.17g")
+        nodes.append(node)
+    label_table(ds).to_csv(folder / "labels.csv", index=False)
+    rc = RunConfig.from_flower({**BASE, "server-labels": str(folder / "labels.csv"),
+                                "output-dir": str(folder / "ref-runs"), **extra}).to_flower()
+    return ds, run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)
+
+
+def test_split_common_is_the_joint_tables_split():
+    codes = split_common(1000, 0.8, 7)
+    perm = np.random.default_rng(7).permutation(1000)
+    assert np.array_equal(np.flatnonzero(codes == TRAIN_CODE), np.sort(perm[:800]))
+
+
+def test_own_tables_run_equals_the_joint_table_run_on_the_common_rows(own_tables, tmp_path):
+    folder, raw, held = own_tables
+    summary, run_folder = run_inprocess(own_config(folder), quiet=True)
+    common = sorted(set.intersection(*held))
+    ds, (ref, ref_folder) = joint_reference(raw, common, tmp_path)
+    for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
+        assert summary[key] == pytest.approx(ref[key], abs=1e-9, rel=0), key
+    hist = json.loads((run_folder / "history.json").read_text())
+    ref_hist = json.loads((ref_folder / "history.json").read_text())
+    assert len(hist) == len(ref_hist) == BASE["num-server-rounds"] + 1
+    for row, ref_row in zip(hist, ref_hist):
+        assert row["loss"] == pytest.approx(ref_row["loss"], abs=1e-9, rel=0)
+
+
+def _aligned_messages(folder, **extra):
+    seen = []
+    rc = RunConfig.from_flower(own_config(folder, **extra)).to_flower()
+    grid = InProcessGrid(client_app, rc, 4, tap=seen.append)
+    return grid, rc, seen
+
+
+def test_the_servers_alignment_messages_hold_no_id_in_the_clear(own_tables):
+    folder, raw, held = own_tables
+    grid, rc, sent = _aligned_messages(folder, **{"num-server-rounds": 1})
+    replies, pull = [], grid.pull_messages
+    grid.pull_messages = lambda ids: replies.extend(got := pull(ids)) or got  # what reaches the server
+    run_server(grid, rc)
+    align_msgs = [m for m in sent if m.metadata.message_type == "query.align"]
+    align_replies = [r for r in replies if r.metadata.message_type == "query.align"]
+    assert len(align_msgs) == 4 + 4 + 3 + 1 + 3
+    blob = b"".join(_bytes_of(m) for m in align_msgs + align_replies)
+    ids = sorted(set.union(*held))
+    assert len(blob) > 10_000
+    for i in ids[::37]:
+        assert i.encode() not in blob and i.encode("utf-32-le") not in blob
+
+
+def _bytes_of(message) -> bytes:
+    out = []
+    for record in message.content.config_records.values():
+        for v in record.values():
+            out.append(v if isinstance(v, bytes) else str(v).encode())
+    for record in message.content.array_records.values():
+        for v in record.values():
+            out.append(v.numpy().tobytes())
+    return b"".join(out)
+
+
+# -- refusals: a clear error naming the party, nothing written ----------------------------------
+def _refused(folder, tmp_path, match, **extra):
+    out = tmp_path / "runs"
+    with pytest.raises(FederationError, match=match):
+        run_inprocess({**own_config(folder, **extra), "output-dir": str(out)}, quiet=True)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_duplicate_ids_are_refused_naming_the_party(own_tables, tmp_path):
+    folder, raw, _ = own_tables
+    for k in range(4):
+        pd.read_csv(folder / f"party{k}.csv").to_csv(tmp_path / f"party{k}.csv", index=False)
+    df = pd.read_csv(tmp_path / "party2.csv")
+    df.loc[5, ID] = " " + df.loc[4, ID]  # the same id once spaces are stripped
+    df.to_csv(tmp_path / "party2.csv", index=False)
+    _refused(tmp_path, tmp_path, r"party 2 .*duplicate ids.*" + df.loc[4, ID])
+
+
+def test_a_missing_id_column_is_refused_naming_the_party(own_tables, tmp_path):
+    folder, _, _ = own_tables
+    for k in range(4):
+        df = pd.read_csv(folder / f"party{k}.csv")
+        (df.rename(columns={ID: "client"}) if k == 3 else df).to_csv(tmp_path / f"party{k}.csv", index=False)
+    _refused(tmp_path, tmp_path, r"party 3 .*id column 'customer' not found")
+
+
+def test_an_empty_intersection_is_refused_naming_the_party(own_tables, tmp_path):
+    folder, _, _ = own_tables
+    for k in range(4):
+        df = pd.read_csv(folder / f"party{k}.csv")
+        if k == 1:
+            df[ID] = df[ID].str[1:]  # its own id scheme: no C prefix
+        df.to_csv(tmp_path / f"party{k}.csv", index=False)
+    _refused(tmp_path, tmp_path, r"party 1 and the label owner .*no id in common.*'a999999'.*'999999'")
+
+
+def test_an_intersection_below_the_minimum_is_refused(own_tables, tmp_path):
+    folder, _, _ = own_tables
+    _refused(folder, tmp_path, r"common to all parties, fewer than tables.min-common=100000",
+             **{"tables.min-common": 100_000})
+
+
+# -- local preparation ------------------------------------------------------------------------
+def test_missing_values_are_refused_by_default_and_imputed_by_a_named_rule():
+    df = pd.DataFrame({"id": list("abcdef"), "age": [1.0, np.nan, 3.0, 5.0, np.nan, 7.0],
+                       "job": ["x", "y", None, "x", "x", "y"]})
+    train, test = np.arange(4), np.arange(4, 6)
+    with pytest.raises(DataError, match=r"party 9: t.csv: column 'age' has 2 missing values"):
+        prepare_block(df, ["age", "job"], train, test, where="party 9: t.csv")
+    out = prepare_block(df, ["age", "job"], train, test, missing="age=median,job=value:none", where="p")
+    assert out.pre.fill == {"age": 3.0, "job": "none"}  # median of the training rows 1, 3, 5
+    assert [r.get("rule") for r in out.record] == ["median", "value:none"]
+    assert [r["missing"] for r in out.record] == [2, 1]
+    assert out.pre.features == ("age", "job_none", "job_x", "job_y")
+    X = np.vstack([out.X_train, out.X_test])
+    assert np.allclose(X[:4].mean(axis=0), 0) and np.allclose(out.pre.apply(df, "p"), X)
+
+
+def test_type_overrides_make_a_number_a_category():
+    df = pd.DataFrame({"zip": [10, 20, 10, 30], "v": ["1", "2", "3", "4"]})
+    out = prepare_block(df, ["zip", "v"], np.arange(3), np.arange(3, 4), types="zip=category,v=number")
+    assert out.pre.features == ("v", "zip_10", "zip_20", "zip_30")
+
+
+def test_ids_are_text_with_surrounding_spaces_stripped():
+    assert normalise_ids([" 007", "7 ", 7]).tolist() == ["007", "7", "7"]
