@@ -231,3 +231,25 @@ def test_type_overrides_make_a_number_a_category():
 
 def test_ids_are_text_with_surrounding_spaces_stripped():
     assert normalise_ids([" 007", "7 ", 7]).tolist() == ["007", "7", "7"]
+
+
+def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_path):
+    """Deployment: each node config names its table, its id column (any name) and, for the
+    label owner, the label and groups; the run config only says tables.own."""
+    folder, _, _ = own_tables
+    nodes = []
+    for k in range(4):
+        df = pd.read_csv(folder / f"party{k}.csv")
+        id_name = ["customer", "client_no", "kundennummer", "policy holder"][k]
+        df.rename(columns={ID: id_name}).to_csv(tmp_path / f"own{k}.csv", index=False)
+        node = {"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / f"own{k}.csv"),
+                "id-column": id_name, "role": "active" if k == 0 else "passive"}
+        if k == 0:
+            node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
+                         "group-a": "Female", "group-b": "Male", "protected-label": 1})
+        nodes.append(node)
+    rc = RunConfig.from_flower({**BASE, "tables.own": True, "output-dir": str(tmp_path / "dep")}).to_flower()
+    deployed, _ = run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)
+    simulated, _ = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
+    for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
+        assert deployed[key] == simulated[key], key
