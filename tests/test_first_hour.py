@@ -107,12 +107,14 @@ def test_fairness_false_stops_early_and_logs_no_epsilon(tmp_path, flwr_log):
     assert "converged: F decreased by less than stop-tolerance" in flwr_log.text
     rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ")]
     assert rounds and not any("eps" in line or "lambda" in line for line in rounds), rounds
+    assert "fairness off" in flwr_log.text and "  lambda  " not in flwr_log.text  # nor in the final table
 
 
 def test_fairness_on_logs_epsilon_and_lambda(tmp_path, flwr_log):
     run_inprocess({"dataset": "crime", "num-server-rounds": 2, "output-dir": str(tmp_path)})
     rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ")]
     assert rounds and all("(eps 0.01) lambda=(" in line for line in rounds), rounds
+    assert "fairness on, eps=0.01" in flwr_log.text and "  lambda  " in flwr_log.text
 
 
 def test_gradient_steps_stop_too_and_evaluate_their_last_round(tmp_path, flwr_log):

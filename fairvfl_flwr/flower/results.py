@@ -159,7 +159,8 @@ def format_summary(summary: dict, folder: Path) -> str:
         f"  rounds            {summary['rounds']}",
         f"  train L(theta)    {summary['train_loss']:.4f}",
         f"  train DEO         {summary['train_deo']:.4f}",
-        f"  lambda            ({summary['lambda'][0]:.4f}, {summary['lambda'][1]:.4f})",
+        *([f"  lambda            ({summary['lambda'][0]:.4f}, {summary['lambda'][1]:.4f})"]
+          if summary["fairness"] else []),  # without the fairness term λ stays 0
         f"  test ACC          {f(None if summary['test_acc'] is None else 100 * summary['test_acc'], '.2f')}%",
         f"  test DFP          {f(summary['test_dfp'], '.4f')}",
         f"  test DFN          {f(summary['test_dfn'], '.4f')}",
