@@ -1,6 +1,6 @@
 """Bytes on the wire per round per party, against the floor of n × 4 bytes each way.
 
-    python bench/bytes.py [--dataset adult] [--out bench/results]
+    python bench/bytes.py [--dataset adult] [--out docs/results]
 
 Runs 3 rounds of the real ServerApp strategy and ClientApp on the in-process grid and
 serialises every message the way Flower puts it on the wire (``message_to_proto``):

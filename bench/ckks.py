@@ -1,6 +1,6 @@
 """Encrypted ν (``privacy.secure-nu = "ckks"``): cost per round against plain, both in this one run.
 
-    python bench/ckks.py [--dataset adult] [--rounds 10] [--reps 3] [--optimizer gd] [--out bench/results]
+    python bench/ckks.py [--dataset adult] [--rounds 10] [--reps 3] [--optimizer gd] [--out docs/results]
 
 The real ServerApp strategy and ClientApp over the in-process grid, the default run
 config (6 parties, 5 of them passive, linear, float32 wire) with ``--optimizer``, plain

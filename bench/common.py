@@ -1,6 +1,7 @@
 """Shared helpers of the bench scripts: the output folder, a markdown table, machine facts.
 
-The one-process floors they time are fairvfl_flwr/core/reference.py's."""
+Every script's figures go through ``write`` into docs/results/ (bench/results.py), with the
+command that made them. The one-process floors they time are fairvfl_flwr/core/reference.py's."""
 
 from __future__ import annotations
 
@@ -9,22 +10,17 @@ import os
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one thread, as the ClientApp's torch
     os.environ.setdefault(_var, "1")
-import platform
 import resource
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-DEFAULT_OUT = REPO / "bench" / "results"
+from bench.results import RESULTS, machine, publish, this_command  # noqa: E402
 
-
-def machine() -> dict:
-    return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2), "python": platform.python_version(),
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+DEFAULT_OUT = RESULTS  # docs/results/: a rerun of the command refreshes the page it wrote
 
 
 def ms_per_round(folder) -> float:
@@ -55,14 +51,12 @@ def table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write(out: Path, name: str, payload: dict, markdown: str) -> None:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"bench": name, "machine": machine(), **payload}
-    (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=float))
-    (out / f"{name}.md").write_text(markdown + "\n")
+def write(out: Path, name: str, payload: dict, markdown: str, *, title: str = "", notes: str = "") -> None:
+    """Print the figures and publish them as ``<out>/<name>.md`` + ``.json`` with this
+    process's command line (bench/results.py)."""
     print(markdown)
-    print(f"\n[{name}] written to {out}/{name}.json and .md")
+    page = publish(name, this_command(), payload, markdown, title=title, notes=notes, out=out)
+    print(f"\n[{name}] written to {page} and {page.with_suffix('.json').name}")
 
 
 def peak_rss_mib() -> float:

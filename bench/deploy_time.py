@@ -2,7 +2,7 @@
 process start, our import and our compute, next to the no-op floor in the same run.
 
     python bench/deploy_time.py [--dataset crime] [--rounds 3] [--poll default --poll 0.05] \\
-        [--run-config "optimizer='newton'"] [--out bench/results]
+        [--run-config "optimizer='newton'"] [--out docs/results]
 
 Per poll setting (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` of the SuperNodes; ``default`` is
 Flower's 1 s) it starts a fresh SuperLink and one SuperNode per party on 127.0.0.1 and runs

@@ -1,7 +1,7 @@
 """What a deployed party's process pays to import the app, per message: linear vs MLP,
 against Flower's own ClientApp import (the floor every Flower app pays).
 
-    python bench/import_cost.py [--repeats 7] [--out bench/results]
+    python bench/import_cost.py [--repeats 7] [--out docs/results]
 
 Each measurement is a fresh Python process (as ``flwr-clientapp`` starts one per message
 in deployment), interleaved so that machine load hits every variant alike; the table

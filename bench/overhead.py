@@ -1,6 +1,6 @@
 """Overhead: ms per round of the same FairVFL problem, from the single-process floor to `flwr run`.
 
-    python bench/overhead.py [--rounds 20] [--sim-rounds 10] [--out bench/results] [--no-sim]
+    python bench/overhead.py [--rounds 20] [--sim-rounds 10] [--out docs/results] [--no-sim]
 
 Problem: Adult, 6 parties (1 active), linear, the default run config (Q = 5, float64
 models, float32 wire). Modes, all measured in this one run (quote the ratios, not the

@@ -1,7 +1,7 @@
 """Rounds to target: how many rounds until test accuracy is within 0.5 points of its final
 value and train DEO <= ε + 0.005 (and both stay so), for Q ∈ {1, 2, 5, 10} on Adult.
 
-    python bench/rounds.py [--rounds 1000] [--qs 1,2,5,10] [--preset ""] [--out bench/results]
+    python bench/rounds.py [--rounds 1000] [--qs 1,2,5,10] [--preset ""] [--out docs/results]
 
 ``--engine floor`` (default) runs the identical round math in one process (numpy, linear
 models: core/reference.NumpyFloor; float64 throughout), test metrics every 10 rounds;

@@ -1,6 +1,6 @@
 """Every benchmark, trimmed to fit ~20 minutes on an idle 2-core machine; results in one folder.
 
-    python bench/run_all.py [--out bench/results] [--quick]
+    python bench/run_all.py [--out docs/results] [--quick]
 
 ``--quick`` trims further (fewer rounds, n up to 100k) for a smoke run.
 """

@@ -1,7 +1,7 @@
 """Scaling: seconds per round and peak memory per role, n ∈ {10k, 100k, 1M} rows, K ∈ {2, 6, 16}.
 
     python bench/scaling.py [--ns 10000,100000,1000000] [--ks 2,6,16] [--rounds 5] [--batch 0]
-                            [--out bench/results]
+                            [--out docs/results]
 
 Synthetic table (fairvfl_flwr/synthetic.py: seeded, planted group bias, 32 columns, the
 active party holds 8 of them). Each role runs **in its own process** — the server, the

@@ -2,7 +2,7 @@
 in-process grid and through ``flwr run``'s simulation engine.
 
     python bench/scoring.py [--table synthetic|adult] [--rows 1000000] [--chunk-rows 100000]
-                            [--engines inprocess,flwr] [--out bench/results]
+                            [--engines inprocess,flwr] [--out docs/results]
 
 1. Trains FairVFL (6 parties, linear, ``--train-rounds`` rounds, in-process grid); every party
    saves its block. ``--table synthetic``: a 20,000-row table of data/synthetic.py (32 numeric

@@ -1,6 +1,6 @@
 """Secure aggregation of partial logits: cost per round against plain, both in this one run.
 
-    python bench/secagg.py [--dataset adult] [--rounds 20] [--reps 3] [--out bench/results]
+    python bench/secagg.py [--dataset adult] [--rounds 20] [--reps 3] [--out docs/results]
 
 The real ServerApp strategy and ClientApp over the in-process grid, the default run
 config (6 parties, linear, float32 wire), plain and ``privacy.secure-aggregation = true``

@@ -1,0 +1,73 @@
+"""The one writer of docs/results/: a page of figures with the command that made them.
+
+``publish(name, command, payload, markdown)`` writes ``docs/results/<name>.md`` (a title,
+the command, the commit and machine it ran on, the table, notes) and ``<name>.json``
+beside it (the payload the page was rendered from), so rerunning the command refreshes
+both. Standard library only: bench scripts and tools alike can call it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+
+
+def this_command() -> str:
+    """The command line of this process, as one would retype it from the repository root."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # python -m package.module
+        return "python -m " + shlex.join([spec.name.removesuffix(".__main__"), *sys.argv[1:]])
+    argv0 = Path(sys.argv[0]).resolve()
+    if argv0.suffix != ".py":  # a console script
+        return shlex.join([argv0.name, *sys.argv[1:]])
+    script = argv0.relative_to(REPO) if argv0.is_relative_to(REPO) else argv0
+    return "python " + shlex.join([str(script), *sys.argv[1:]])
+
+
+def commit() -> str:
+    """HEAD's short hash, with ``+changes`` when tracked files differ from it; '' outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+changes" if dirty else "")
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2), "python": platform.python_version(),
+            "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def publish(name: str, command: str, payload: dict, markdown: str, *, title: str = "", notes: str = "",
+            out: Path | str = RESULTS) -> Path:
+    """Write ``<out>/<name>.md`` and ``<out>/<name>.json``; returns the page's path.
+
+    ``markdown`` is the figures (tables, image links relative to ``out``); ``notes`` what a
+    reader needs to read them (settings, the target's definition), never a comparison with an
+    earlier run: the page is replaced whole on every rerun."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    mach = machine()
+    sha = commit()
+    payload = {"bench": name, "command": command, "commit": sha, "machine": mach, **payload}
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    head = [f"# {title or name}", "",
+            f"Written by `{command}`" + (f" at commit {sha}" if sha else "")
+            + f", {mach['time']}, {mach['cpus']} CPUs (load {mach['load_1min']}), Python {mach['python']}.",
+            f"Rerun the command to refresh this page and [{name}.json]({name}.json).", ""]
+    page = "\n".join(head) + "\n" + markdown.rstrip() + "\n" + (f"\n{notes.rstrip()}\n" if notes else "")
+    path = out / f"{name}.md"
+    path.write_text(page)
+    return path
