@@ -216,3 +216,21 @@ def test_the_report_and_the_core_metrics_agree_with_three_groups():
     assert len(rep["groups"]) == 3
     for k in ("dfp", "dfn", "dfp_overall", "dfn_overall"):
         assert rep["gaps"][k] == pytest.approx(core[k])
+
+
+@pytest.mark.parametrize("extra", [
+    {"privacy.label-dp-epsilon": 8.0, "privacy.label-dp-lambda-bound": 0.5},
+    {"privacy.secure-aggregation": True},
+    {"batching.batch-size": 2000},
+    {"constraint": "equalized-odds", "constraint-measure": "rate", "constraint-form": "overall"},
+], ids=["label-dp", "secure-aggregation", "batching", "eo-rate-overall"])
+def test_features_run_with_several_groups(run_app, tmp_path, extra):
+    """Label DP, secure aggregation and batches need nothing of a constraint but its object."""
+    run = run_app({"dataset": "compas-race", "pool-small-groups": True, "num-parties": 3, "num-server-rounds": 4,
+                   "eval-every": 4, "output-dir": str(tmp_path), **extra})
+    last = run.history[-1]
+    groups = 4  # the pooled COMPAS races
+    per_subset = groups * (groups - 1) // 2 if extra.get("constraint-form", "pairwise") == "pairwise" else groups
+    subsets = 2 if extra.get("constraint") == "equalized-odds" else 1
+    assert len(last["gaps"]) == subsets * per_subset and len(last["lambdas"]) == 2 * len(last["gaps"])
+    assert np.isfinite(last["loss"]) and last["round"] == 4

@@ -15,15 +15,15 @@ aif360, scikit-learn).
   with ``TruePositiveRateParity`` on a logistic regression over all columns at once.
 
 Every function returns the paper's test metrics (ACC, DFP, DFN), computed by
-``metrics.error_rates`` like FairVFL's own numbers. Labels are in {-1, +1}; ``s`` is
-``True`` for group a.
+``metrics.fairness_metrics`` like FairVFL's own numbers. Labels are in {-1, +1}; ``s`` is
+``True`` for group a, or each row's group code with several groups.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.core.metrics import error_rates
+from fairvfl_flwr.core.metrics import fairness_metrics
 
 EXTRAS_HINT = 'the baselines need the optional extras: pip install -e ".[baselines]"'
 
@@ -72,10 +72,7 @@ def extras_available() -> bool:
 
 def metrics_of(y: np.ndarray, s: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     """ACC, DFP, DFN of predictions ``pred`` in {-1, +1} (or {0, 1})."""
-    pred = np.where(np.asarray(pred) > 0, 1, -1)
-    r = error_rates(y, s, pred)
-    return {"acc": float((pred == np.asarray(y)).mean()), "dfp": abs(r["fpr_a"] - r["fpr_b"]),
-            "dfn": abs(r["fnr_a"] - r["fnr_b"])}
+    return fairness_metrics(y, s, np.where(np.asarray(pred) > 0, 1.0, -1.0))  # s: a/b, or group codes
 
 
 def eo_gap(y: np.ndarray, s: np.ndarray, pred: np.ndarray) -> float:
