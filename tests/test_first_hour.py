@@ -158,6 +158,7 @@ def test_a_relative_csv_path_that_is_not_there_names_where_it_looked(tmp_path, m
     assert f"working directory {tmp_path}" in str(err.value)
 
 
+@pytest.mark.slow  # three runs; the stop rule's state round-trips in the fast loop above
 def test_a_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path, monkeypatch):
     """The stop rule's count of quiet rounds is part of the checkpoint."""
     from fairvfl_flwr.data import partydata

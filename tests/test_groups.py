@@ -191,6 +191,7 @@ def _ends_within_epsilon(run_app, tmp_path, **cfg):
     return run, last
 
 
+@pytest.mark.slow  # a run to the stop rule; the fast loop checks several groups' gaps, weights and metrics above
 def test_compas_with_every_race_pooled_meets_every_gap_with_the_defaults(run_app, tmp_path):
     run, last = _ends_within_epsilon(run_app, tmp_path, dataset="compas-race")
     assert len(last["gaps"]) == 6  # African-American, Caucasian, Hispanic and the pooled small races
