@@ -253,3 +253,18 @@ def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_pa
     simulated, _ = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert deployed[key] == simulated[key], key
+
+
+def test_psi_spread_over_processes_finds_the_same_rows(monkeypatch):
+    from fairvfl_flwr.data import align
+
+    a = np.array([f"id{i}" for i in range(0, 700)])
+    b = np.array([f"id{i}" for i in range(350, 1200)])[::-1]
+    expected = np.arange(350, 700)
+    for workers in ("1", "3"):
+        monkeypatch.setenv(align.WORKERS_ENV, workers)
+        monkeypatch.setattr(align, "CHUNK", 100)
+        setup, server_key = align.psi_setup(b, len(a))
+        request, client_key = align.psi_request(a)
+        found = align.psi_intersection(setup, align.psi_response(request, server_key), client_key)
+        assert np.array_equal(found, expected), workers

@@ -57,35 +57,103 @@ def _psi():
 
 
 # -- the PSI primitives: bytes in, bytes out (the wire) ---------------------------------
-def psi_setup(ids: np.ndarray, n_client: int, key: bytes | None = None) -> tuple[bytes, bytes]:
-    """A PSI server's setup over ``ids`` for a client with ``n_client`` ids: (setup, key)."""
+#: Ids a table may have before its PSI work is spread over processes: each id costs a P-256
+#: scalar multiplication (~0.1 ms of one core) per step, and openmined-psi runs on one core.
+CHUNK = 50_000
+WORKERS_ENV = "FAIRVFL_PSI_WORKERS"
+
+
+def _workers(n: int) -> int:
+    cores = int(os.environ.get(WORKERS_ENV, 0)) or len(os.sched_getaffinity(0))
+    return max(1, min(cores, -(-n // CHUNK)))
+
+
+def _chunks(items: list, parts: int) -> list[list]:
+    step = -(-len(items) // parts)
+    return [items[i:i + step] for i in range(0, len(items), step)]
+
+
+def _spread(fn, *args_per_chunk: list) -> list:
+    """``fn`` over the chunks, one process each (the chunks are independent: one key, any order)."""
+    if len(args_per_chunk[0]) == 1:
+        return [fn(*(a[0] for a in args_per_chunk))]
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(len(args_per_chunk[0]), mp_context=get_context("fork")) as pool:
+        return list(pool.map(fn, *args_per_chunk))
+
+
+def _setup_part(key: bytes, n_client: int, ids: list[str], raw: bool) -> bytes:
     psi = _psi()
-    server = psi.server.CreateFromKey(key, True) if key else psi.server.CreateWithNewKey(True)
-    setup = server.CreateSetupMessage(FPR, max(int(n_client), 1), ids.tolist())
-    return setup.SerializeToString(), server.GetPrivateKeyBytes()
+    ds = psi.DataStructure.RAW if raw else psi.DataStructure.GCS
+    return psi.server.CreateFromKey(key, True).CreateSetupMessage(FPR, max(int(n_client), 1), ids, ds).SerializeToString()
+
+
+def _request_part(key: bytes, ids: list[str]) -> bytes:
+    return _psi().client.CreateFromKey(key, True).CreateRequest(ids).SerializeToString()
+
+
+def _response_part(key: bytes, elements: list[bytes]) -> bytes:
+    psi = _psi()
+    request = psi.Request()
+    request.reveal_intersection = True
+    request.encrypted_elements.extend(elements)
+    return psi.server.CreateFromKey(key, True).ProcessRequest(request).SerializeToString()
+
+
+def _intersection_part(key: bytes, setup: bytes, elements: list[bytes], offset: int) -> list[int]:
+    psi = _psi()
+    s, r = psi.ServerSetup(), psi.Response()
+    s.ParseFromString(setup)
+    r.encrypted_elements.extend(elements)
+    return [offset + i for i in psi.client.CreateFromKey(key, True).GetIntersection(s, r)]
+
+
+def psi_setup(ids: np.ndarray, n_client: int) -> tuple[bytes, bytes]:
+    """A PSI server's setup over ``ids`` for a client with ``n_client`` ids: (setup, key).
+
+    One process: a Golomb-compressed set (false-positive rate ``FPR``). Spread over
+    processes: the blinded ids themselves, sorted (openmined-psi's raw set; exact, 33 bytes
+    an id), since a compressed set cannot be merged from parts."""
+    key = _psi().server.CreateWithNewKey(True).GetPrivateKeyBytes()
+    parts = _chunks(ids.tolist(), _workers(len(ids)))
+    if len(parts) == 1:
+        return _setup_part(key, n_client, parts[0], False), key
+    merged = _psi().ServerSetup()
+    merged.ParseFromString(b"".join(_spread(_setup_part, [key] * len(parts), [n_client] * len(parts), parts,
+                                            [True] * len(parts))))  # protobuf: concatenated parts merge
+    elements = sorted(merged.raw.encrypted_elements)  # the client looks them up by binary search
+    del merged.raw.encrypted_elements[:]
+    merged.raw.encrypted_elements.extend(elements)
+    return merged.SerializeToString(), key
 
 
 def psi_request(ids: np.ndarray) -> tuple[bytes, bytes]:
     """A PSI client's request over ``ids``: (request, key)."""
-    client = _psi().client.CreateWithNewKey(True)
-    return client.CreateRequest(ids.tolist()).SerializeToString(), client.GetPrivateKeyBytes()
+    key = _psi().client.CreateWithNewKey(True).GetPrivateKeyBytes()
+    parts = _chunks(ids.tolist(), _workers(len(ids)))
+    return b"".join(_spread(_request_part, [key] * len(parts), parts)), key
 
 
 def psi_response(request: bytes, key: bytes) -> bytes:
-    """A PSI server's response to ``request``, with its key."""
-    psi = _psi()
-    parsed = psi.Request()
+    """A PSI server's response to ``request``, with its key (in the request's order)."""
+    parsed = _psi().Request()
     parsed.ParseFromString(request)
-    return psi.server.CreateFromKey(key, True).ProcessRequest(parsed).SerializeToString()
+    elements = list(parsed.encrypted_elements)
+    parts = _chunks(elements, _workers(len(elements)))
+    return b"".join(_spread(_response_part, [key] * len(parts), parts))
 
 
 def psi_intersection(setup: bytes, response: bytes, key: bytes) -> np.ndarray:
     """A PSI client's result: positions, in the ids it requested, of those the server holds."""
-    psi = _psi()
-    s, r = psi.ServerSetup(), psi.Response()
-    s.ParseFromString(setup)
-    r.ParseFromString(response)
-    return np.sort(np.asarray(psi.client.CreateFromKey(key, True).GetIntersection(s, r), dtype=np.int64))
+    parsed = _psi().Response()
+    parsed.ParseFromString(response)
+    elements = list(parsed.encrypted_elements)
+    parts = _chunks(elements, _workers(len(elements)))
+    offsets = np.cumsum([0] + [len(p) for p in parts[:-1]]).tolist()
+    found = _spread(_intersection_part, [key] * len(parts), [setup] * len(parts), parts, offsets)
+    return np.sort(np.asarray([i for part in found for i in part], dtype=np.int64))
 
 
 # -- the split of the common rows ---------------------------------------------------------
