@@ -3,7 +3,7 @@
 ::
 
     python bench/labeldp_curve.py --datasets adult,compas,crime --eps 0.5,1,2,4,8,inf --rounds 100 \\
-        --out results/labeldp --png docs/privacy/labeldp-curve.png
+        --out results/labeldp --png docs/results/labeldp-curve.png
 
 Every point is one audit (``fairvfl_flwr.tools.audit.run_audit``): a real in-process run
 with transcripts, then the passive party's label and group attacks on what it received.

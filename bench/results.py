@@ -70,4 +70,25 @@ def publish(name: str, command: str, payload: dict, markdown: str, *, title: str
     page = "\n".join(head) + "\n" + markdown.rstrip() + "\n" + (f"\n{notes.rstrip()}\n" if notes else "")
     path = out / f"{name}.md"
     path.write_text(page)
+    if out.resolve() == RESULTS.resolve():
+        index()
+    return path
+
+
+def index(folder: Path = RESULTS) -> Path:
+    """Rewrite ``folder/README.md``: one line per results page, its title and its command."""
+    lines = ["# Results", "",
+             "Figures measured by the bench scripts and tools, one page each with the command that",
+             "made it; rerunning that command rewrites the page (bench/results.py). The reference",
+             "pages in docs/ link here. This index is rewritten with every page.", "",
+             "| page | command |", "|---|---|"]
+    for page in sorted(folder.glob("*.md")):
+        if page.name == "README.md":
+            continue
+        text = page.read_text().splitlines()
+        title = text[0].lstrip("# ").strip() if text else page.stem
+        cmd = next((line.split("`")[1] for line in text[1:6] if line.startswith(("Written by `", "Recorded by `"))), "")
+        lines.append(f"| [{title}]({page.name}) | `{cmd}` |" if cmd else f"| [{title}]({page.name}) | |")
+    path = folder / "README.md"
+    path.write_text("\n".join(lines) + "\n")
     return path
