@@ -1,0 +1,60 @@
+"""The README and docs/: every relative link reaches a file (and its heading, where it names
+one), and the README stays short enough to read in one sitting."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 120
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The page's heading anchors and its explicit ``<a id="...">`` ones."""
+    text = FENCE.sub("", page.read_text())
+    seen: dict[str, int] = {}
+    out = set(re.findall(r'<a (?:id|name)="([^"]+)"', text))
+    for line in text.splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if not m:
+            continue
+        s = slug(m.group(1))
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.add(s if n == 0 else f"{s}-{n}")
+    return out
+
+
+def links(page: Path):
+    for m in LINK.finditer(FENCE.sub("", page.read_text())):
+        target = m.group(1) or m.group(2)
+        if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            yield target
+
+
+def test_readme_is_short():
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; at most {README_MAX_LINES}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no file {dest.relative_to(REPO) if dest.is_relative_to(REPO) else dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(REPO)}")
+    assert not broken, f"{page.relative_to(REPO)}:\n  " + "\n  ".join(broken)
