@@ -48,7 +48,8 @@ FPR = 1e-9
 TRAIN_CODE, TEST_CODE, UNUSED_CODE = 0, 1, 2
 
 
-def _psi():
+def psi_library():
+    """openmined-psi's Python module, or an ImportError saying how to install it."""
     try:
         import private_set_intersection.python as psi
     except ImportError as exc:
@@ -85,17 +86,17 @@ def _spread(fn, *args_per_chunk: list) -> list:
 
 
 def _setup_part(key: bytes, n_client: int, ids: list[str], raw: bool) -> bytes:
-    psi = _psi()
+    psi = psi_library()
     ds = psi.DataStructure.RAW if raw else psi.DataStructure.GCS
     return psi.server.CreateFromKey(key, True).CreateSetupMessage(FPR, max(int(n_client), 1), ids, ds).SerializeToString()
 
 
 def _request_part(key: bytes, ids: list[str]) -> bytes:
-    return _psi().client.CreateFromKey(key, True).CreateRequest(ids).SerializeToString()
+    return psi_library().client.CreateFromKey(key, True).CreateRequest(ids).SerializeToString()
 
 
 def _response_part(key: bytes, elements: list[bytes]) -> bytes:
-    psi = _psi()
+    psi = psi_library()
     request = psi.Request()
     request.reveal_intersection = True
     request.encrypted_elements.extend(elements)
@@ -103,7 +104,7 @@ def _response_part(key: bytes, elements: list[bytes]) -> bytes:
 
 
 def _intersection_part(key: bytes, setup: bytes, elements: list[bytes], offset: int) -> list[int]:
-    psi = _psi()
+    psi = psi_library()
     s, r = psi.ServerSetup(), psi.Response()
     s.ParseFromString(setup)
     r.encrypted_elements.extend(elements)
@@ -116,11 +117,11 @@ def psi_setup(ids: np.ndarray, n_client: int) -> tuple[bytes, bytes]:
     One process: a Golomb-compressed set (false-positive rate ``FPR``). Spread over
     processes: the blinded ids themselves, sorted (openmined-psi's raw set; exact, 33 bytes
     an id), since a compressed set cannot be merged from parts."""
-    key = _psi().server.CreateWithNewKey(True).GetPrivateKeyBytes()
+    key = psi_library().server.CreateWithNewKey(True).GetPrivateKeyBytes()
     parts = _chunks(ids.tolist(), _workers(len(ids)))
     if len(parts) == 1:
         return _setup_part(key, n_client, parts[0], False), key
-    merged = _psi().ServerSetup()
+    merged = psi_library().ServerSetup()
     merged.ParseFromString(b"".join(_spread(_setup_part, [key] * len(parts), [n_client] * len(parts), parts,
                                             [True] * len(parts))))  # protobuf: concatenated parts merge
     elements = sorted(merged.raw.encrypted_elements)  # the client looks them up by binary search
@@ -131,14 +132,14 @@ def psi_setup(ids: np.ndarray, n_client: int) -> tuple[bytes, bytes]:
 
 def psi_request(ids: np.ndarray) -> tuple[bytes, bytes]:
     """A PSI client's request over ``ids``: (request, key)."""
-    key = _psi().client.CreateWithNewKey(True).GetPrivateKeyBytes()
+    key = psi_library().client.CreateWithNewKey(True).GetPrivateKeyBytes()
     parts = _chunks(ids.tolist(), _workers(len(ids)))
     return b"".join(_spread(_request_part, [key] * len(parts), parts)), key
 
 
 def psi_response(request: bytes, key: bytes) -> bytes:
     """A PSI server's response to ``request``, with its key (in the request's order)."""
-    parsed = _psi().Request()
+    parsed = psi_library().Request()
     parsed.ParseFromString(request)
     elements = list(parsed.encrypted_elements)
     parts = _chunks(elements, _workers(len(elements)))
@@ -147,7 +148,7 @@ def psi_response(request: bytes, key: bytes) -> bytes:
 
 def psi_intersection(setup: bytes, response: bytes, key: bytes) -> np.ndarray:
     """A PSI client's result: positions, in the ids it requested, of those the server holds."""
-    parsed = _psi().Response()
+    parsed = psi_library().Response()
     parsed.ParseFromString(response)
     elements = list(parsed.encrypted_elements)
     parts = _chunks(elements, _workers(len(elements)))

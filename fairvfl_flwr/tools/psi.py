@@ -19,9 +19,11 @@ not, :func:`align` finds the common ids without any party handing over its list:
   pairwise intersections A ∩ B_k (more than the final intersection: that is the price
   of star-shaped two-party PSI; a multi-party PSI would avoid it).
 
-``python -m fairvfl_flwr.tools.psi --ids 45000 --parties 6`` times it on made-up ids.
-Not wired into the Flower message flow: run it before ``export`` and keep the common
-rows in every party file (see docs/privacy-defences.md).
+``python -m fairvfl_flwr.tools.psi --ids 45000 --parties 6`` times it on made-up ids, all
+parties in this one process. A run whose parties bring their own tables (``tables.own``)
+aligns inside the federation instead, over the run's messages, with a second PSI pass in
+place of the leader's plain list of common ids (data/align.py, features/alignment.py;
+``python bench/align.py`` times that).
 """
 
 from __future__ import annotations
@@ -30,13 +32,7 @@ import argparse
 import time
 from dataclasses import dataclass, field
 
-
-def _psi():
-    try:
-        import private_set_intersection.python as psi
-    except ImportError as exc:
-        raise ImportError("private row alignment needs openmined-psi: pip install 'fairvfl-flwr[privacy]'") from exc
-    return psi
+from fairvfl_flwr.data.align import psi_library
 
 
 @dataclass
@@ -66,7 +62,7 @@ class Alignment:
 
 def psi_pair(client_ids: list[str], server_ids: list[str], fpr: float = 1e-9, reveal: bool = True):
     """One two-party PSI. Returns (client-side indices of common ids or the size, transcript)."""
-    psi = _psi()
+    psi = psi_library()
     t0 = time.perf_counter()
     client = psi.client.CreateWithNewKey(reveal)
     server = psi.server.CreateWithNewKey(reveal)
