@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
         r["up_x_floor"] = r["up"] / floor
     md = (f"Bytes per training round per party, {args.dataset} n = {n} (floor n×4 = {floor:,} bytes each way)\n\n"
           + table(rows, ["wire_dtype", "party", "type", "down", "down_x_floor", "up", "up_x_floor"]))
-    write(args.out, "bytes", {"dataset": args.dataset, "n": n, "floor_bytes": floor, "rows": rows}, md)
+    write(args.out, "bytes", {"dataset": args.dataset, "n": n, "floor_bytes": floor, "rows": rows}, md, title="Bytes on the wire per training round per party")
     return {"rows": rows}
 
 

@@ -182,7 +182,7 @@ def main(argv=None) -> dict:
                "breakdown_ms_per_round": breakdown, "encode_columns_ms": once,
                "bytes_to_passive_per_round": bytes_out, "bytes_back_per_round": bytes_back,
                "test_acc": {"plain": accs[False], "ckks": accs[True]}, "max_theta_gap": max(gaps)}
-    write(args.out, f"ckks-{args.dataset}-{args.optimizer}", payload, md)
+    write(args.out, f"ckks-{args.dataset}-{args.optimizer}", payload, md, title="Encrypted ν (CKKS): cost per round")
     return payload
 
 

@@ -176,7 +176,7 @@ def main(argv=None) -> dict:
           f"from submission, load average {result['load_before']:.1f} before / {result['load_after']:.1f} after; "
           f"bytes per message to a party {result.get('bytes_to_party')}, from a party {result.get('bytes_from_party')}\n\n"
           + table(mem, ["process", "processes", "max_MiB", "median_MiB"]))
-    write(args.out, args.name, {"args": {**vars(args), "out": str(args.out), "keep": str(args.keep)}, "result": result}, md)
+    write(args.out, args.name, {"args": {**vars(args), "out": str(args.out), "keep": str(args.keep)}, "result": result}, md, title="A deployment at scale")
     return result
 
 

@@ -322,7 +322,7 @@ def main(argv=None) -> dict:
                      else f"| {r['poll']} | – | {r['fairvfl_s_per_round']:.2f} | – | {spans_md} |")
     lines += ["", breakdown_table(results)]
     write(args.out, args.name, {"args": vars(args) | {"out": str(args.out), "keep": str(args.keep)},
-                                "results": results}, "\n".join(lines))
+                                "results": results}, "\n".join(lines), title="A deployed round, part by part")
     return {"results": results}
 
 

@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
     rows = [{"process imports": name, "median s": statistics.median(v), "x floor": statistics.median(v) / floor,
              "torch": loaded[name][0], "pandas": loaded[name][1]} for name, v in seconds.items()]
     md = table(rows, ["process imports", "median s", "x floor", "torch", "pandas"])
-    write(args.out, "import_cost", {"rows": rows, "seconds": seconds}, md)
+    write(args.out, "import_cost", {"rows": rows, "seconds": seconds}, md, title="Import cost on the ClientApp path")
     return {"rows": rows}
 
 

@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
           + table(rows, ["batch", "ms_per_round", "final_acc", "train_deo", "test_dfp", "test_dfn",
                          "rounds_to_target", "seconds_to_target"]))
     name = args.name or ("minibatch" if args.engine == "floor" else "minibatch-app")
-    write(args.out, name, {"n": args.n, "engine": args.engine, "rows": rows, "curves": {str(k): v for k, v in runs.items()}}, md)
+    write(args.out, name, {"n": args.n, "engine": args.engine, "rows": rows, "curves": {str(k): v for k, v in runs.items()}}, md, title="Mini-batch rounds")
     return {"rows": rows}
 
 

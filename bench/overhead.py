@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
           + table(rows, ["mode", "ms_per_round", "x_floor", "rounds", "note"])
           + ("\n\n" + ", ".join(f"{k} = {v:.2f}" if isinstance(v, float) else f"{k}: {v}" for k, v in ratios.items())
              if ratios else ""))
-    write(args.out, "overhead", {"n": n, "parties": 6, "rows": rows, "ratios": ratios}, md)
+    write(args.out, "overhead", {"n": n, "parties": 6, "rows": rows, "ratios": ratios}, md, title="Overhead per round")
     return {"rows": rows, "ratios": ratios}
 
 

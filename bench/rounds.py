@@ -240,7 +240,7 @@ def main(argv=None) -> dict:
              f"{args.newton_rounds or args.rounds} rounds" if "newton" in args.optimizer else "") + "\n\n"
           + table(rows, ["dataset", "seed", "optimizer", "rounds", "preset", "Q", "rounds_run", "rounds_to_target", "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
                          "min_weight_n", "round_seconds", "seconds"]))
-    write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md)
+    write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md, title="Rounds to target")
     return {"rows": rows}
 
 

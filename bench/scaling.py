@@ -144,7 +144,7 @@ def main(argv=None) -> dict:
     md = (f"Scaling (synthetic, {FEATURES} columns, Q = {Q}, {'full batch' if not args.batch else f'batch {args.batch}'}, "
           f"{args.rounds} rounds, one process per role, no transport): seconds per round and peak RSS (MiB)\n\n"
           + table(rows, ["n", "K", "round_s", "server_s", "active_s", "passive_s", "server_MiB", "active_MiB", "passive_MiB"]))
-    write(args.out, name, {"features": FEATURES, "Q": Q, "rounds": args.rounds, "batch": args.batch, "rows": rows}, md)
+    write(args.out, name, {"features": FEATURES, "Q": Q, "rounds": args.rounds, "batch": args.batch, "rows": rows}, md, title="Scaling: seconds and memory per role")
     return {"rows": rows}
 
 

@@ -232,7 +232,7 @@ def main(argv=None) -> dict:
           f"round, SuperExec poll {args.poll}, run config {args.run_config or '(defaults)'}; seconds from `flwr run` "
           "submission (deploy, noop) or from the call (inprocess)\n\n" + table(results, cols))
     write(args.out, args.name, {"args": {**vars(args), "out": str(args.out), "keep": str(args.keep)},
-                                "results": results}, md)
+                                "results": results}, md, title="Time to target, end to end")
     return {"results": results}
 
 
