@@ -233,6 +233,7 @@ def test_ids_are_text_with_surrounding_spaces_stripped():
     assert normalise_ids([" 007", "7 ", 7]).tolist() == ["007", "7", "7"]
 
 
+@pytest.mark.slow  # a simulated and a node-config run on 3,000 Adult rows; alignment runs in the fast loop above
 def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_path):
     """Deployment: each node config names its table, its id column (any name) and, for the
     label owner, the label and groups; the run config only says tables.own."""

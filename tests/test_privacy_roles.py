@@ -164,7 +164,9 @@ def test_the_server_reads_distances_off_an_mlp_partys_logit_trajectories():
     assert r["server_traj_rho"] > r["server_traj_rho_chance"] + 0.2
 
 
-@pytest.mark.parametrize("extra", [{"batching.batch-size": 256}, {"model": "mlp"}, {"privacy.nu-noise": 1.0},
+@pytest.mark.parametrize("extra", [{"batching.batch-size": 256},
+                                   pytest.param({"model": "mlp"}, marks=pytest.mark.slow),
+                                   pytest.param({"privacy.nu-noise": 1.0}, marks=pytest.mark.slow),
                                    {"reliability.checkpoint-every": 2}])
 def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, extra):
     def run(on):
@@ -298,6 +300,7 @@ def test_coalition_peels_a_lone_passive_party_exactly():
     assert r["coalition_traj_rho"] == pytest.approx(plain["server_traj_rho"], abs=1e-9)
 
 
+@pytest.mark.slow  # the coalition's peeling runs in the fast loop on a lone passive party
 def test_coalition_cannot_peel_two_passive_parties():
     """With two passive parties their mutual mask remains: the peeled words are still noise."""
     r = run_audit("crime", rounds=40, noise=0.0, overrides={"privacy.secure-aggregation": True, "num-parties": 3})

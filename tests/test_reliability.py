@@ -319,6 +319,7 @@ def test_party_checkpoints_keep_the_latest_rounds_up_to_now(tmp_path):
         load_party(folder, 5, "party 0")
 
 
+@pytest.mark.slow  # CKKS key set-up; lost replies are re-sent in the fast loop without CKKS
 def test_lost_replies_under_ckks_are_resent_without_new_masks_or_steps(tmp_path):
     """privacy.secure-nu=ckks: the re-sent encrypted leg gets the same masked ciphertexts (its masks stay)."""
     pytest.importorskip("tenseal")
