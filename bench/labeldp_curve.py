@@ -18,8 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import matplotlib
 
@@ -27,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fairvfl_flwr.features.labeldp import epsilon_spent, noise_multiplier_for  # noqa: E402
+from bench.results import RESULTS, publish, this_command  # noqa: E402
 from fairvfl_flwr.tools.audit import run_audit  # noqa: E402
 
 #: Λ per dataset: about the largest λ a plain 300-round run reaches (Adult 0.12, COMPAS 0.31, Crime 0.62).
@@ -55,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nu-noise", type=float, default=0.0, help="privacy.nu-noise on top (units of 1/n)")
     p.add_argument("--out", type=Path, default=Path("results/labeldp"))
     p.add_argument("--png", type=Path, default=None)
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help="where the results page <out folder's name>.md and its .json go")
     p.add_argument("--from-json", type=Path, nargs="*", default=[],
                    help="print and plot the points of earlier runs (their curve.json) instead of running")
     a = p.parse_args(argv)
@@ -72,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     eps_list = [float(e) for e in a.eps.split(",")]
     print(accountant_table([e for e in eps_list if math.isfinite(e)], a.delta), flush=True)
     rows, t0 = [], time.perf_counter()
-    for ds in [d.strip() for d in a.datasets.split(",") if d.strip()]:
+    datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    for ds in datasets:
         for eps in eps_list:
             over = {"privacy.label-dp-delta": a.delta}
             if math.isfinite(eps):
@@ -85,10 +93,17 @@ def main(argv: list[str] | None = None) -> None:
                   f"last {r['label_attack_acc_last']:.3f} (majority {r['label_baseline_acc']:.3f}) "
                   f"groups AUC {r['group_attack_auc']:.3f} [{time.perf_counter() - t0:.0f} s]", flush=True)
             (a.out / "curve.json").write_text(json.dumps(rows, indent=1, default=float) + "\n")
-    print(table(rows))
+    md = table(rows)
+    print(md)
     if a.png is not None:
         plot(rows, a.png, a.rounds)
         print(f"figure: {a.png}")
+        md = f"![test accuracy, DFP and DFN against the label-DP ε]({os.path.relpath(a.png.resolve(), a.results.resolve())})\n\n" + md
+    notes = (f"Each point is one audit: a real in-process run of {a.rounds} rounds with transcripts, then the attacks on "
+             f"what the passive party received; δ = {a.delta:g}, Λ per dataset {[bounds[d] for d in datasets]}.")
+    page = publish(a.out.name, this_command(), {"rows": rows}, md, title=f"Label DP against ε: {', '.join(datasets)}",
+                   notes=notes, out=a.results)
+    print(f"results page: {page}")
 
 
 def table(rows: list[dict]) -> str:
