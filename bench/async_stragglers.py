@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
@@ -68,7 +69,8 @@ def main() -> None:
     ap.add_argument("--slow-party", type=int, default=3)
     ap.add_argument("--taus", default="0,1,2,4", help="max-staleness values; 0 = synchronous")
     ap.add_argument("--quorum", type=int, default=0, help="0: num-parties - 1")
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default="", help="also write the raw results here")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the results page async_stragglers.md")
     args = ap.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
@@ -97,7 +99,16 @@ def main() -> None:
               f"{r['test_dfp']:>7.3f}{r['test_dfn']:>7.3f}{r['stale_rounds']:>11}"
               f"{r['max_behind']:>9}/{r['mean_behind']:.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1) + "\n")
+    rows = [{"mode": "synchronous" if r["tau"] == 0 else f"tau={r['tau']}", "quorum": r["staleness.quorum"],
+             "wall s": round(r["rounds_seconds"], 1), "ms/round": round(1000 * r["rounds_seconds"] / args.rounds, 1),
+             "speed-up": f"{sync / r['rounds_seconds']:.2f}x" if sync else "-", "train DEO": round(r["train_deo"], 4),
+             "test ACC %": round(100 * r["test_acc"], 2), "DFP": round(r["test_dfp"], 3), "DFN": round(r["test_dfn"], 3),
+             "stale rounds": r["stale_rounds"], "max/mean behind": f"{r['max_behind']}/{r['mean_behind']:.2f}"} for r in results]
+    notes = (f"{args.dataset} / {args.model}, ε = {args.epsilon}, {args.rounds} rounds, 6 parties; reply delay {args.fast:g} s, "
+             f"party {args.slow_party} {args.slow:g} s; in-process grid with async replies.")
+    write(args.out, "async_stragglers", {"args": vars(args) | {"out": str(args.out)}, "results": results},
+          table(rows, list(rows[0])), title="Stragglers: synchronous rounds against bounded staleness", notes=notes)
 
 
 if __name__ == "__main__":
