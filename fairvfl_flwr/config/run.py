@@ -112,10 +112,11 @@ class RunConfig:
                   "baseline); score (score rows with a trained model: score.*)", choices=MODES)
     optimizer: str = S("auto", "gd (the paper's steps), newton (block Newton: linear, full batch), adagrad (MLP) "
                        "or auto (resolve_optimizer: the log says what it chose and why)", choices=OPTIMIZERS)
-    stop_tolerance: float = S(1e-6, "training ends once F decreased by less than this (relative) stop-window "
-                              "rounds in a row with every gap at epsilon; 0: run every round", rule=at_least(0),
+    stop_tolerance: float = S(5e-6, "training ends after stop-window rounds in a row in which F decreased by less "
+                              "than this (relative to 1 + abs(F)), every gap within epsilon + 0.001 when fairness is on; "
+                              "0: run every round", rule=at_least(0),
                               why="must be >= 0 (0 runs every round)")
-    stop_window: int = S(2, "consecutive quiet rounds the stop rule needs", rule=at_least(1),
+    stop_window: int = S(3, "consecutive quiet rounds the stop rule needs (configuration.md#when-training-stops)", rule=at_least(1),
                          why="must be at least 1")
     newton_memory: int = S(NEWTON_MEMORY, "newton: earlier moves of each party searched with its new direction "
                            "(newton.md#how-many-moves)", rule=within(0, 16),
