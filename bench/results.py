@@ -79,8 +79,10 @@ def index(folder: Path = RESULTS) -> Path:
     """Rewrite ``folder/README.md``: one line per results page, its title and its command."""
     lines = ["# Results", "",
              "Figures measured by the bench scripts and tools, one page each with the command that",
-             "made it; rerunning that command rewrites the page (bench/results.py). The reference",
-             "pages in docs/ link here. This index is rewritten with every page.", "",
+             "made it. A page a script wrote (\"Written by\") is rewritten by rerunning its command",
+             "(bench/results.py); a page recorded from an earlier run (\"Recorded by\") names its",
+             "command and commit and says where a rerun publishes. The reference pages in docs/ link",
+             "here. This index is rewritten with every page.", "",
              "| page | command |", "|---|---|"]
     for page in sorted(folder.glob("*.md")):
         if page.name == "README.md":
