@@ -1,6 +1,7 @@
 """The README and docs/: every relative link reaches a file (and its heading, where it names
 one), and the README stays short enough to read in one sitting."""
 
+import json
 import re
 from pathlib import Path
 
@@ -58,3 +59,16 @@ def test_relative_links_resolve(page):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(REPO)}")
     assert not broken, f"{page.relative_to(REPO)}:\n  " + "\n  ".join(broken)
+
+
+def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
+    from bench.results import publish
+
+    page = publish("demo", "python bench/demo.py --rounds 3", {"rows": [{"a": 1}]}, "| a |\n|---|\n| 1 |",
+                   title="Demo", notes="one row", out=tmp_path)
+    text = page.read_text()
+    assert text.startswith("# Demo\n")
+    assert "Written by `python bench/demo.py --rounds 3`" in text and "| 1 |" in text and text.rstrip().endswith("one row")
+    payload = json.loads((tmp_path / "demo.json").read_text())
+    assert payload["command"] == "python bench/demo.py --rounds 3" and payload["rows"] == [{"a": 1}]
+    assert not (tmp_path / "README.md").exists()  # the index belongs to docs/results only
