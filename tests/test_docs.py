@@ -72,3 +72,14 @@ def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
     payload = json.loads((tmp_path / "demo.json").read_text())
     assert payload["command"] == "python bench/demo.py --rounds 3" and payload["rows"] == [{"a": 1}]
     assert not (tmp_path / "README.md").exists()  # the index belongs to docs/results only
+
+
+CODE_PATH = re.compile(r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|features|algorithms|data|tools|config)/[\w/]+\.py)")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "results" not in p.parts], ids=lambda p: str(p.relative_to(REPO)))
+def test_code_files_named_in_reference_pages_exist(page):
+    """A reference page that names `core/x.py` or `fairvfl_flwr/core/x.py` points at a file that is there."""
+    missing = [f for f in CODE_PATH.findall(page.read_text())
+               if not (REPO / f).exists() and not (REPO / "fairvfl_flwr" / f).exists()]
+    assert not missing, f"{page.relative_to(REPO)} names files that do not exist: {missing}"
