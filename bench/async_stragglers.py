@@ -98,16 +98,19 @@ def main() -> None:
               f"{speed:>9}{r['train_deo']:>11.4f}{r['train_loss']:>8.4f}{100 * r['test_acc']:>9.2f}%"
               f"{r['test_dfp']:>7.3f}{r['test_dfn']:>7.3f}{r['stale_rounds']:>11}"
               f"{r['max_behind']:>9}/{r['mean_behind']:.2f}")
+    payload = {"args": vars(args) | {"out": str(args.out)}, "results": results}
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
     rows = [{"mode": "synchronous" if r["tau"] == 0 else f"tau={r['tau']}", "quorum": r["staleness.quorum"],
-             "wall s": round(r["rounds_seconds"], 1), "ms/round": round(1000 * r["rounds_seconds"] / args.rounds, 1),
-             "speed-up": f"{sync / r['rounds_seconds']:.2f}x" if sync else "-", "train DEO": round(r["train_deo"], 4),
-             "test ACC %": round(100 * r["test_acc"], 2), "DFP": round(r["test_dfp"], 3), "DFN": round(r["test_dfn"], 3),
-             "stale rounds": r["stale_rounds"], "max/mean behind": f"{r['max_behind']}/{r['mean_behind']:.2f}"} for r in results]
-    notes = (f"{args.dataset} / {args.model}, ε = {args.epsilon}, {args.rounds} rounds, 6 parties; reply delay {args.fast:g} s, "
-             f"party {args.slow_party} {args.slow:g} s; in-process grid with async replies.")
-    write(args.out, "async_stragglers", {"args": vars(args) | {"out": str(args.out)}, "results": results},
+             "wall s": round(r["rounds_seconds"], 1),
+             "ms/round": round(1000 * r["rounds_seconds"] / args.rounds, 1),
+             "speed-up": f"{sync / r['rounds_seconds']:.2f}x" if sync else "-",
+             "train DEO": round(r["train_deo"], 4), "test ACC %": round(100 * r["test_acc"], 2),
+             "DFP": round(r["test_dfp"], 3), "DFN": round(r["test_dfn"], 3), "stale rounds": r["stale_rounds"],
+             "max/mean behind": f"{r['max_behind']}/{r['mean_behind']:.2f}"} for r in results]
+    notes = (f"{args.dataset} / {args.model}, ε = {args.epsilon}, {args.rounds} rounds, 6 parties; reply delay "
+             f"{args.fast:g} s, party {args.slow_party} {args.slow:g} s; in-process grid with async replies.")
+    write(args.out, "async_stragglers", payload,
           table(rows, list(rows[0])), title="Stragglers: synchronous rounds against bounded staleness", notes=notes)
 
 

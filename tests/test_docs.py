@@ -68,13 +68,15 @@ def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
                    title="Demo", notes="one row", out=tmp_path)
     text = page.read_text()
     assert text.startswith("# Demo\n")
-    assert "Written by `python bench/demo.py --rounds 3`" in text and "| 1 |" in text and text.rstrip().endswith("one row")
+    assert "Written by `python bench/demo.py --rounds 3`" in text and "| 1 |" in text
+    assert text.rstrip().endswith("one row")
     payload = json.loads((tmp_path / "demo.json").read_text())
     assert payload["command"] == "python bench/demo.py --rounds 3" and payload["rows"] == [{"a": 1}]
     assert not (tmp_path / "README.md").exists()  # the index belongs to docs/results only
 
 
-CODE_PATH = re.compile(r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|features|algorithms|data|tools|config)/[\w/]+\.py)")
+CODE_PATH = re.compile(
+    r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|features|algorithms|data|tools|config)/[\w/]+\.py)")
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if "results" not in p.parts], ids=lambda p: str(p.relative_to(REPO)))
