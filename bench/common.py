@@ -1,6 +1,6 @@
 """Shared helpers of the bench scripts: the output folder, a markdown table, machine facts.
 
-Every script's figures go through ``write`` into docs/results/ (bench/results.py), with the
+Every script's figures go through ``write`` into docs/results/ (fairvfl_flwr/tools/results.py), with the
 command that made them. The one-process floors they time are fairvfl_flwr/core/reference.py's."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.results import RESULTS, machine, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, machine, publish, this_command  # noqa: E402
 
 DEFAULT_OUT = RESULTS  # docs/results/: a rerun of the command refreshes the page it wrote
 
@@ -53,7 +53,7 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 def write(out: Path, name: str, payload: dict, markdown: str, *, title: str = "", notes: str = "") -> None:
     """Print the figures and publish them as ``<out>/<name>.md`` + ``.json`` with this
-    process's command line (bench/results.py)."""
+    process's command line (fairvfl_flwr/tools/results.py)."""
     print(markdown)
     page = publish(name, this_command(), payload, markdown, title=title, notes=notes, out=out)
     print(f"\n[{name}] written to {page} and {page.with_suffix('.json').name}")

@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fairvfl_flwr.features.labeldp import epsilon_spent, noise_multiplier_for  # noqa: E402
-from bench.results import RESULTS, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, publish, this_command  # noqa: E402
 from fairvfl_flwr.tools.audit import run_audit  # noqa: E402
 
 #: Λ per dataset: about the largest λ a plain 300-round run reaches (Adult 0.12, COMPAS 0.31, Crime 0.62).

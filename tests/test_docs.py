@@ -62,7 +62,7 @@ def test_relative_links_resolve(page):
 
 
 def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
-    from bench.results import publish
+    from fairvfl_flwr.tools.results import publish
 
     page = publish("demo", "python bench/demo.py --rounds 3", {"rows": [{"a": 1}]}, "| a |\n|---|\n| 1 |",
                    title="Demo", notes="one row", out=tmp_path)

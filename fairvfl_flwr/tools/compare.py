@@ -59,6 +59,7 @@ from fairvfl_flwr.tools.compare_methods import (CENTRAL_NAME, CONSTRAINT_METHODS
                                                 POST_NAMES, SPLIT_NAME, constraint_tag)
 from fairvfl_flwr.tools.compare_plots import plot_convergence, plot_tradeoff
 from fairvfl_flwr.tools.compare_tables import table_markdown
+from fairvfl_flwr.tools.results import publish, this_command
 from fairvfl_flwr.tools.jobs import ENGINES, SECONDS_PER_1000_ROUNDS, Done, Job, run_jobs
 from fairvfl_flwr.tools.paper import PAPER_EPSILONS, fairvfl_name
 from fairvfl_flwr.tools.tables import hms
@@ -291,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
                         "--set eval-every=100 --set \"optimizer='newton'\" (repeatable)")
     p.add_argument("--central-iters", type=int, default=50, help="ExponentiatedGradient max_iter")
     p.add_argument("--out", type=Path, default=Path("results/compare"), help="folder for results, tables, plots")
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="also publish the table as DIR/<--out's folder name>.md with this command "
+                        "(docs/results refreshes the docs' results page)")
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in --out and run only the missing jobs")
     p.add_argument("--redo-post", action="store_true",
@@ -372,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         path = a.out / f"table_{model}.md"
         if path.exists():
             print(path.read_text())
+            if a.results is not None:
+                runs = [r for r in records if r["model"] in (model, "-")]
+                publish(f"{a.out.name}-{model}", this_command(), {"wall_seconds": wall, "runs": runs},
+                        path.read_text(), title=f"FairVFL against its baselines ({model})", out=a.results)
     print(f"{len(records)} results in {hms(wall)} ({wall:.0f} s); written to {a.out.resolve()}")
     return 0
 

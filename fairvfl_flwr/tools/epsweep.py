@@ -33,6 +33,7 @@ from pathlib import Path
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
 from fairvfl_flwr.tools.jobs import ENGINES, Done, Job, run_jobs
+from fairvfl_flwr.tools.results import publish, this_command
 from fairvfl_flwr.tools.tables import markdown
 
 PROG = "fairvfl-epsweep"
@@ -216,6 +217,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-refit", action="store_true", help="do not retrain the chosen ε for test numbers")
     p.add_argument("--out", type=Path, default=Path("results/epsweep"),
                    help="folder for epsweep.json, table.md, tradeoff.png and the runs")
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="also publish the table as DIR/<--out's folder name>.md with this command "
+                        "(docs/results refreshes the docs' results page)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override for every run in flwr run's --run-config syntax, e.g. "
                         "--set num-server-rounds=500 --set \"optimizer='newton'\" (repeatable)")
@@ -245,6 +249,9 @@ def main(argv: list[str] | None = None) -> dict:
     result = sweep(base, epsilons, [int(s) for s in comma_list(a.seeds)], rule, a.out,
                    refit=not a.no_refit, quiet=not a.verbose, engine=a.engine)
     print(report(result))
+    if a.results is not None:
+        publish(a.out.name, this_command(), result, report(result), title=f"ε chosen on validation rows: {a.dataset}",
+                out=a.results)
     print(f"{len(result['runs'])} validation runs in {result['seconds']:.0f} s; results in {a.out.resolve()}")
     return result
 

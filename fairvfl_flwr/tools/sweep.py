@@ -23,6 +23,7 @@ from pathlib import Path
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
 from fairvfl_flwr.tools.jobs import ENGINES, Done, Job, run_jobs
+from fairvfl_flwr.tools.results import publish, this_command
 from fairvfl_flwr.tools.tables import markdown, mean_std
 
 PROG = "fairvfl-sweep"
@@ -119,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilons", default="0.01,off", help="comma list of ε; 'off' = fairness off")
     p.add_argument("--seeds", default="0", help="comma list of seeds")
     p.add_argument("--out", type=Path, default=Path("results/sweep"), help="folder for results and table.md")
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="also publish the table as DIR/<--out's folder name>.md with this command "
+                        "(docs/results refreshes the docs' results page)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override for every run in flwr run's --run-config syntax, e.g. "
                         "--set num-server-rounds=500 --set \"optimizer='newton'\" (repeatable)")
@@ -141,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     except (RunConfigArgError, ConfigError) as exc:
         p.error(str(exc))
     print(table(records))
+    if a.results is not None:
+        publish(a.out.name, this_command(), {"records": records}, table(records), title="Train DEO sweep",
+                out=a.results)
     print(f"{len(records)} runs in {time.perf_counter() - t0:.0f} s; results in {a.out.resolve()}")
 
 

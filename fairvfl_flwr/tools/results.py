@@ -3,7 +3,7 @@
 ``publish(name, command, payload, markdown)`` writes ``docs/results/<name>.md`` (a title,
 the command, the commit and machine it ran on, the table, notes) and ``<name>.json``
 beside it (the payload the page was rendered from), so rerunning the command refreshes
-both. Standard library only: bench scripts and tools alike can call it.
+both. Standard library only: bench scripts and the tools (compare, sweep, epsweep, audit) call it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the repository of an editable install (commands are run from its root)
 RESULTS = REPO / "docs" / "results"
 
 
@@ -80,7 +80,7 @@ def index(folder: Path = RESULTS) -> Path:
     lines = ["# Results", "",
              "Figures measured by the bench scripts and tools, one page each with the command that",
              "made it. A page a script wrote (\"Written by\") is rewritten by rerunning its command",
-             "(bench/results.py); a page recorded from an earlier run (\"Recorded by\") names its",
+             "(fairvfl_flwr/tools/results.py); a page recorded from an earlier run (\"Recorded by\") names its",
              "command and commit and says where a rerun publishes. The reference pages in docs/ link",
              "here. This index is rewritten with every page.", "",
              "| page | command |", "|---|---|"]
