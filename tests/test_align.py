@@ -269,3 +269,22 @@ def test_psi_spread_over_processes_finds_the_same_rows(monkeypatch):
         request, client_key = align.psi_request(a)
         found = align.psi_intersection(setup, align.psi_response(request, server_key), client_key)
         assert np.array_equal(found, expected), workers
+
+
+def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path):
+    """Scoring reads every party's raw score file with its own id column and applies the
+    preparation the party fitted at alignment (its categories, means, deviations)."""
+    folder, raw, held = own_tables
+    _, trained = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "train")}), quiet=True)
+    # rows of the common ids (a category seen only outside them would be refused, naming it)
+    fresh = raw[raw[ID].isin(set.intersection(*held))].sample(400, random_state=5)
+    for k, cols in enumerate(PARTY_COLUMNS):
+        keep = [c for c in cols if c not in ("income", "sex")]
+        fresh.sample(frac=1, random_state=k)[[ID, *keep]].to_csv(tmp_path / f"score{k}.csv", index=False)
+    summary, out = run_inprocess(own_config(folder, **{
+        "mode": "score", "score.model-from": str(trained), "score.path": str(tmp_path / "score{partition}.csv"),
+        "output-dir": str(tmp_path / "scored")}), quiet=True)
+    predictions = pd.read_csv(out / "predictions.csv")
+    assert len(predictions) == 400
+    truth = fresh.set_index(ID).loc[predictions.iloc[:, 0].astype(str), "income"].to_numpy() == ">50K"
+    assert (predictions["decision"].to_numpy() == truth).mean() > 0.75

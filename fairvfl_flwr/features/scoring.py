@@ -40,7 +40,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import blocks
-from fairvfl_flwr.data.partydata import party_spec
+from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preprocess import Preprocessing, score_rows
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
@@ -213,12 +213,15 @@ class PartyScorer:
     def __init__(self, message: Message, context: Context) -> None:
         self.cfg = run_config(tuple(sorted(context.run_config.items())))
         self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
+        if self.cfg.tables_own:  # a model trained on own tables: the id column is the party's (tables.id-column)
+            self.spec = own_table_spec(self.spec, self.cfg)
+        deployed = bool(self.spec.data_path or context.node_config.get("table-path"))
         job = message.content.config_records[JOB]
         self.run_id = str(job["run-id"])
         self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
         checkpoint = int(job.get("checkpoint", -1))
         folder = blocks.block_folder(context.node_config, str(job["run-folder"]), self.run_id,
-                                     self.spec.partition_id, deployed=bool(self.spec.data_path),
+                                     self.spec.partition_id, deployed=deployed,
                                      checkpoint=None if checkpoint < 0 else checkpoint)
         meta_file = folder / blocks.BLOCK_META
         if not meta_file.is_file():
@@ -230,7 +233,7 @@ class PartyScorer:
             raise blocks.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
         node_path = str(context.node_config.get("score-path", "") or "")
-        if node_path or self.spec.data_path:  # deployed: a party scores only the file its own node config names
+        if node_path or deployed:  # deployed: a party scores only the file its own node config names
             path, source = node_path, "node config score-path"
         else:
             path = self.cfg.score_path.replace("{partition}", str(self.spec.partition_id))

@@ -90,11 +90,16 @@ class PartyRuntime:
         if self.cfg.tables_own:
             kept = context.state.config_records.get(ALIGNED_STATE)
             self.spec = dataclasses.replace(own_table_spec(self.spec, self.cfg), aligned=str(kept["key"]) if kept else "")
-        self.data = party_data(self.cfg, self.spec)
+
+    @functools.cached_property
+    def data(self) -> PartyData:
+        """Loaded when first asked for: a mod that only reads the config needs no table (and
+        a scoring job's node holds no aligned training block)."""
+        return party_data(self.cfg, self.spec)
 
     @property
     def who(self) -> str:
-        return f"party {self.data.partition_id} ({self.data.role}, node {self.context.node_id})"
+        return f"party {self.spec.partition_id} ({self.spec.role}, node {self.context.node_id})"
 
     @property
     def n_train(self) -> int:
