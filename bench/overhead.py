@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import DEFAULT_OUT, REPO, ms_per_round, table, write  # noqa: E402
 from fairvfl_flwr.core.reference import NumpyFloor  # noqa: E402
-from tests.oracles import party_problem  # noqa: E402
+from fairvfl_flwr.data.problem import party_problem  # noqa: E402
 
 
 def main(argv=None) -> dict:

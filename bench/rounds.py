@@ -82,7 +82,7 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
     import numpy as np
 
     from fairvfl_flwr.core.reference import NewtonFloor, NumpyFloor
-    from tests.oracles import party_problem
+    from fairvfl_flwr.data.problem import party_problem
     from fairvfl_flwr.config import RunConfig
     from fairvfl_flwr.core.objective import train_stats
     from fairvfl_flwr.data.problem import party_columns

@@ -27,7 +27,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import MODEL_STATE, OPTIMIZER_STATE
 
-from .oracles import party_problem
+from fairvfl_flwr.data.problem import party_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAGRAD = {"dataset": "crime", "model": "mlp", "optimizer": "adagrad", "wire-dtype": "float64"}

@@ -11,7 +11,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.reference import NumpyFloor
 
-from .oracles import party_problem
+from fairvfl_flwr.data.problem import party_problem
 
 
 @pytest.mark.parametrize("measure", ["loss", "rate"])

@@ -26,7 +26,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.features import transcripts
 
-from .oracles import party_problem
+from fairvfl_flwr.data.problem import party_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 

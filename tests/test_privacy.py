@@ -107,7 +107,7 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_a
     pytest.importorskip("tenseal")
     from fairvfl_flwr.core.reference import NewtonFloor
 
-    from .oracles import party_problem
+    from fairvfl_flwr.data.problem import party_problem
 
     rc = {"dataset": "crime", "optimizer": "auto", "privacy.secure-nu": "ckks", "wire-dtype": "float64",
           "eval-every": 4, "stop-tolerance": 0.0, "num-parties": 6, "num-server-rounds": 8,

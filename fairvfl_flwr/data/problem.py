@@ -120,3 +120,12 @@ def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels
         protected_label=ds.protected_label, ids_digest=ids_digest(ds.ids_train),
         group_names=tuple(ds.group_names), options=group_options(cfg),
     )
+
+
+def party_problem(cfg: RunConfig) -> tuple[FairDataset, list[np.ndarray], Groups]:
+    """The dataset, each party's training block (its columns, contiguous) and the constraint groups:
+    the problem a run config describes, as the one-process references (core/reference.py) take it."""
+    ds = load_data(cfg)
+    blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
+    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    return ds, blocks, groups

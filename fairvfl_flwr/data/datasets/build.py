@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m fairvfl_flwr.datasets.build --raw ../shared/data
+    python -m fairvfl_flwr.data.datasets.build --raw ../shared/data
 
 Each output keeps only the columns FairVFL uses, plus a ``row_id`` column, so the
 package stays small and ``flwr run .`` works offline. ``PROVENANCE.md`` next to this
