@@ -288,3 +288,9 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
     assert len(predictions) == 400
     truth = fresh.set_index(ID).loc[predictions.iloc[:, 0].astype(str), "income"].to_numpy() == ">50K"
     assert (predictions["decision"].to_numpy() == truth).mean() > 0.75
+
+
+def test_own_tables_with_several_groups_are_refused_clearly(own_tables, tmp_path):
+    folder, _, _ = own_tables
+    with pytest.raises(FederationError, match=r"dataset='adult-race': own tables take two groups"):
+        run_inprocess(own_config(folder, dataset="adult-race", **{"output-dir": str(tmp_path)}), quiet=True)

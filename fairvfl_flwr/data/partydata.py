@@ -194,6 +194,9 @@ def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
             kwargs = dict(label_column=d.label_column, label_positive=d.positive_value,
                           sensitive_column=d.sensitive_column, group_a=d.group_a, group_b=d.group_b,
                           protected_label=d.protected_label)
+    if kwargs and not (kwargs["group_a"] and kwargs["group_b"]):
+        raise NodeConfigError(f"tables.own=true with dataset={cfg.dataset!r}: own tables take two groups (group-a "
+                              "and group-b of one sensitive column) for now; choose a two-group dataset or csv.*")
     return dataclasses.replace(spec, table_path=str(Path(path).expanduser()), id_column=cfg.tables_id_column,
                                **kwargs)
 
