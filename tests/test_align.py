@@ -272,20 +272,27 @@ def test_psi_spread_over_processes_finds_the_same_rows(monkeypatch):
 
 
 def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path):
-    """Scoring reads every party's raw score file with its own id column and applies the
+    """Scoring aligns the parties' raw score files (each its own ids, shuffled) by PSI, scores the
+    rows all hold, reading each file with its own id column and applying the
     preparation the party fitted at alignment (its categories, means, deviations)."""
     folder, raw, held = own_tables
     _, trained = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "train")}), quiet=True)
     # rows of the common ids (a category seen only outside them would be refused, naming it)
-    fresh = raw[raw[ID].isin(set.intersection(*held))].sample(400, random_state=5)
+    # rows of the common ids (a category seen only outside them would be refused, naming it);
+    # each party's score file holds 400 of 480 of them, shuffled: 4 x 80 dropped at random
+    fresh = raw[raw[ID].isin(set.intersection(*held))].sample(480, random_state=5)
+    rng = np.random.default_rng(7)
+    scored = set(fresh[ID])
     for k, cols in enumerate(PARTY_COLUMNS):
         keep = [c for c in cols if c not in ("income", "sex")]
-        fresh.sample(frac=1, random_state=k)[[ID, *keep]].to_csv(tmp_path / f"score{k}.csv", index=False)
+        mine = fresh.iloc[np.sort(rng.permutation(480)[:400])].sample(frac=1, random_state=k)
+        mine[[ID, *keep]].to_csv(tmp_path / f"score{k}.csv", index=False)
+        scored &= set(mine[ID])
     summary, out = run_inprocess(own_config(folder, **{
         "mode": "score", "score.model-from": str(trained), "score.path": str(tmp_path / "score{partition}.csv"),
         "output-dir": str(tmp_path / "scored")}), quiet=True)
     predictions = pd.read_csv(out / "predictions.csv")
-    assert len(predictions) == 400
+    assert sorted(predictions.iloc[:, 0].astype(str)) == sorted(scored)  # the rows every party holds
     truth = fresh.set_index(ID).loc[predictions.iloc[:, 0].astype(str), "income"].to_numpy() == ">50K"
     assert (predictions["decision"].to_numpy() == truth).mean() > 0.75
 

@@ -243,9 +243,10 @@ class Common:
     pairwise: dict[int, int]  # |leader ∩ party k|
 
 
-def leader_step(spec: PartySpec, cfg: Any, peers: list[Peer], client_key: bytes) -> Common:
-    """Intersect, check, decide the split, prepare the leader's block, answer pass 2."""
-    ids, df = own_table(spec)
+def common_rows(spec: PartySpec, ids: np.ndarray, peers: list[Peer], client_key: bytes,
+                min_common: int) -> tuple[np.ndarray, dict[int, int]]:
+    """The leader's rows every party holds, in the agreed order (the ids as text), and its
+    intersection size with each party; refused when empty or below ``min_common``."""
     keep = np.ones(len(ids), dtype=bool)
     pairwise: dict[int, int] = {}
     mine = id_pattern(str(ids[0]))
@@ -262,19 +263,41 @@ def leader_step(spec: PartySpec, cfg: Any, peers: list[Peer], client_key: bytes)
         hit[found] = True
         keep &= hit
     rows = np.flatnonzero(keep)
-    rows = rows[np.argsort(ids[rows], kind="stable")]  # the agreed order: the common ids as text
-    if len(rows) < cfg.tables_min_common:
+    rows = rows[np.argsort(ids[rows], kind="stable")]
+    if len(rows) < min_common:
         smallest = min(pairwise, key=pairwise.get) if pairwise else spec.partition_id
         raise DataError(
-            f"{len(rows)} ids are common to all parties, fewer than tables.min-common={cfg.tables_min_common}; "
+            f"{len(rows)} ids are common to all parties, fewer than tables.min-common={min_common}; "
             f"the label owner's ids in common with each party: {pairwise} (party {smallest} shares fewest)")
+    return rows, pairwise
+
+
+def tell_common(ids: np.ndarray, rows: np.ndarray, peers: list[Peer]) -> tuple[bytes, dict[int, bytes]]:
+    """Pass 2, the leader's part: its setup over the common ids and its response to each party."""
+    setup, server_key = psi_setup(ids[rows], max((p.n for p in peers), default=1))
+    return setup, {p.partition_id: psi_response(p.request, server_key) for p in peers}
+
+
+def my_common_rows(spec: PartySpec, ids: np.ndarray, setup: bytes, response: bytes, n_common: int,
+                   client_key: bytes) -> np.ndarray:
+    """Pass 2, another party's part: its rows of the common ids, in the agreed order."""
+    found = psi_intersection(setup, response, client_key)
+    if len(found) != n_common:
+        raise DataError(f"{spec.name}: {len(found)} of its ids are common, the label owner found {n_common}; "
+                        "did the table change during alignment?")
+    return found[np.argsort(ids[found], kind="stable")]
+
+
+def leader_step(spec: PartySpec, cfg: Any, peers: list[Peer], client_key: bytes) -> Common:
+    """Intersect, check, decide the split, prepare the leader's block, answer pass 2."""
+    ids, df = own_table(spec)
+    rows, pairwise = common_rows(spec, ids, peers, client_key, cfg.tables_min_common)
     split = split_common(len(rows), cfg.tables_train_fraction, cfg.seed, cfg.validation_fraction)
     arrays, key, pre = prepare_party(spec, cfg, ids, df, rows, split)
     where = f"{spec.name}: {spec.table_path}"
     used = split != UNUSED_CODE
     y, s = label_arrays(df.iloc[rows[used]], spec, where)
-    setup, server_key = psi_setup(ids[rows], max((p.n for p in peers), default=1))
-    responses = {p.partition_id: psi_response(p.request, server_key) for p in peers}
+    setup, responses = tell_common(ids, rows, peers)
     save_aligned(spec, key, arrays, pre)
     return Common(setup=setup, responses=responses, split=split, y=y, s=s,
                   protected_label=int(spec.protected_label), digest=arrays.ids_digest, key=key, pairwise=pairwise)
@@ -284,11 +307,7 @@ def member_step(spec: PartySpec, cfg: Any, setup: bytes, response: bytes, split:
                 client_key: bytes) -> tuple[PartyArrays, str]:
     """A non-leader party: its common rows from pass 2, then its prepared block and its key."""
     ids, df = own_table(spec)
-    found = psi_intersection(setup, response, client_key)
-    rows = found[np.argsort(ids[found], kind="stable")]
-    if len(rows) != len(split):
-        raise DataError(f"{spec.name}: {len(rows)} of its ids are common, the label owner found {len(split)}; "
-                        "did the table change during alignment?")
+    rows = my_common_rows(spec, ids, setup, response, len(split), client_key)
     arrays, key, pre = prepare_party(spec, cfg, ids, df, rows, split)
     save_aligned(spec, key, arrays, pre)
     return arrays, key

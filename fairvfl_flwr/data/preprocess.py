@@ -172,6 +172,22 @@ def party_preprocessing(spec: PartySpec, cfg: Any) -> Preprocessing:
 
 
 # -- the rows a party scores ----------------------------------------------------------------
+def score_file(spec: PartySpec, node_config: Any, cfg: Any) -> tuple[str, str]:
+    """(path, where it was named) of the file this party scores: a deployed party only the
+    file its node config's ``score-path`` names; a simulated one run config ``score.path``."""
+    node_path = str(node_config.get("score-path", "") or "")
+    if node_path or spec.data_path or node_config.get("table-path"):
+        return node_path, "node config score-path"
+    return cfg.score_path.replace("{partition}", str(spec.partition_id)), f"run config score.path={cfg.score_path!r}"
+
+
+def common_score_rows(rows: "ScoreRows", common: np.ndarray) -> "ScoreRows":
+    """The rows whose ids are among ``common`` (found by private alignment), in id order."""
+    keep = np.isin(np.char.strip(rows.ids.astype(str)), common)
+    ids = rows.ids[keep]
+    return ScoreRows(ids=ids, X=rows.X[keep], ids_digest=ids_digest(ids), source=rows.source)
+
+
 @dataclass(frozen=True)
 class ScoreRows:
     """A party's rows to score, sorted by id, as its feature block."""

@@ -24,8 +24,10 @@ round loop's discovery checks that all hold the same rows.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from logging import INFO
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -36,11 +38,13 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import align
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
+from fairvfl_flwr.data.preprocess import score_file
 from fairvfl_flwr.data.problem import ServerLabels
+from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import ALIGNED_STATE, run_config
+from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, run_config
 
 STEP = "align"  # ConfigRecord of a request: the step and its fields
 REPLY = "aligned"  # ConfigRecord of a reply
@@ -49,61 +53,104 @@ LABELS = "labels"  # ArrayRecord of the leader's last reply: split, y, s
 
 
 # -- the server ---------------------------------------------------------------------------
+TRAIN, SCORE = "train", "score"  # what is aligned: the training tables, or the files a scoring job scores
+
+
 def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
-    """Run the alignment over ``grid``; return the labels of the aligned rows."""
-    timeout, t0 = cfg.round_timeout, time.perf_counter()
-    deadline = time.monotonic() + timeout
-    while len(list(grid.get_node_ids())) < cfg.num_parties and time.monotonic() < deadline:
-        time.sleep(0.5)
-    nodes = list(grid.get_node_ids())
-    if len(nodes) != cfg.num_parties:
-        raise FederationError(f"alignment needs num-parties={cfg.num_parties} nodes, the federation has {len(nodes)}")
-    if cfg.num_active != 1:
-        raise FederationError(f"tables.own=true needs one label owner (num-active=1), got num-active={cfg.num_active}")
-
-    def send(contents: dict[int, RecordDict]) -> dict[int, Message]:
-        out = [Message(c, dst_node_id=nid, message_type=msgs.ALIGN, group_id="align") for nid, c in contents.items()]
-        replies = exchange.exchange(grid, out, timeout, cfg.round_retries, lambda nid: f"node {nid}")
-        return {r.metadata.src_node_id: r for r in replies}
-
-    sizes = {nid: _reply(r) for nid, r in send({nid: _step("size") for nid in nodes}).items()}
-    pid = {nid: int(r["partition-id"]) for nid, r in sizes.items()}
-    leader = [nid for nid, r in sizes.items() if r["role"] == msgs.ROLE_ACTIVE]
-    if len(leader) != 1:
-        raise FederationError(f"alignment needs exactly one active party (the label owner), found {len(leader)}")
-    lead = leader[0]
-    others = [nid for nid in nodes if nid != lead]
-    n_lead = int(sizes[lead]["n"])
-    first = send({**{nid: _step("setup", **{"n-client": n_lead}) for nid in others}, lead: _step("request")})
-    request = _reply(first[lead])["request"]
-    second = send({nid: _step("respond", request=request) for nid in others})
-    fields: dict = {}
-    for nid in others:
-        k = pid[nid]
-        fields.update({f"n-{k}": int(sizes[nid]["n"]), f"pattern-{k}": str(sizes[nid]["pattern"]),
-                       f"setup-{k}": _reply(first[nid])["setup"], f"response-{k}": _reply(second[nid])["response"],
-                       f"request-{k}": _reply(second[nid])["request"]})
-    result = send({lead: _step("intersect", parties=[pid[n] for n in others], **fields)})[lead]
-    common = _reply(result)
+    """Run the alignment of the training tables over ``grid``; return the labels of the aligned rows."""
+    t0 = time.perf_counter()
+    passes = _Passes(grid, cfg, TRAIN)
+    common, result = passes.intersect()
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
-    done = send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "setup": common["setup"],
-                                                      "response": common[f"response-{pid[nid]}"]}),
-                                  LABELS: msgs.array_record(split=split)}) for nid in others})
-    for nid, reply in done.items():
-        if _reply(reply)["digest"] != common["digest"]:
-            raise FederationError(f"party {pid[nid]} aligned other rows than the label owner (digest "
-                                  f"{_reply(reply)['digest']} != {common['digest']}); refused before round 1")
+    done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN,
+                                                            "setup": common["setup"],
+                                                            "response": common[f"response-{passes.pid[nid]}"]}),
+                                        LABELS: msgs.array_record(split=split)}) for nid in passes.others})
+    passes.check(done, common)
     used = split[split != align.UNUSED_CODE]
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
     tr, te = used == align.TRAIN_CODE, used == align.TEST_CODE
     labels = ServerLabels(y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
                           protected_label=int(common["protected-label"]), ids_digest=str(common["digest"]))
     log(INFO, "FairVFL: private alignment: %s ids per party, %d common (%d train, %d %s) in %.1f s",
-        {pid[n]: int(r["n"]) for n, r in sorted(sizes.items(), key=lambda kv: pid[kv[0]])}, len(split),
-        int(tr.sum()), int(te.sum()), "validation" if cfg.validation_fraction > 0 else "test",
-        time.perf_counter() - t0)
+        passes.sizes_by_partition(), len(split), int(tr.sum()), int(te.sum()),
+        "validation" if cfg.validation_fraction > 0 else "test", time.perf_counter() - t0)
     return labels
+
+
+def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
+    """Align the files a scoring job scores (each party's own ids): every party then scores
+    only the rows all of them hold. Returns their number."""
+    t0 = time.perf_counter()
+    passes = _Passes(grid, cfg, SCORE)
+    common, _ = passes.intersect()
+    done = passes.send({nid: _step("finish", purpose=SCORE, setup=common["setup"], **{
+        "response": common[f"response-{passes.pid[nid]}"], "n-common": int(common["n-common"])})
+        for nid in passes.others})
+    passes.check(done, common)
+    log(INFO, "FairVFL: private alignment of the rows to score: %s ids per party, %d common in %.1f s",
+        passes.sizes_by_partition(), int(common["n-common"]), time.perf_counter() - t0)
+    return int(common["n-common"])
+
+
+class _Passes:
+    """Both PSI passes up to the leader's answer: sizes, setups and requests, responses, intersect."""
+
+    def __init__(self, grid: Grid, cfg: RunConfig, purpose: str) -> None:
+        self.grid, self.cfg, self.purpose = grid, cfg, purpose
+        deadline = time.monotonic() + cfg.round_timeout
+        while len(list(grid.get_node_ids())) < cfg.num_parties and time.monotonic() < deadline:
+            time.sleep(0.5)
+        nodes = list(grid.get_node_ids())
+        if len(nodes) != cfg.num_parties:
+            raise FederationError(f"alignment needs num-parties={cfg.num_parties} nodes, the federation has "
+                                  f"{len(nodes)}")
+        if cfg.num_active != 1:
+            raise FederationError(f"tables.own=true needs one label owner (num-active=1), got "
+                                  f"num-active={cfg.num_active}")
+        self.sizes = {nid: _reply(r) for nid, r in self.send({nid: self.step("size") for nid in nodes}).items()}
+        self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
+        leader = [nid for nid, r in self.sizes.items() if r["role"] == msgs.ROLE_ACTIVE]
+        if len(leader) != 1:
+            raise FederationError(f"alignment needs exactly one active party (the label owner), found {len(leader)}")
+        self.lead = leader[0]
+        self.others = [nid for nid in nodes if nid != self.lead]
+
+    def step(self, step: str, **fields) -> RecordDict:
+        return _step(step, purpose=self.purpose, **fields)
+
+    def send(self, contents: dict[int, RecordDict]) -> dict[int, Message]:
+        out = [Message(c, dst_node_id=nid, message_type=msgs.ALIGN, group_id="align") for nid, c in contents.items()]
+        replies = exchange.exchange(self.grid, out, self.cfg.round_timeout, self.cfg.round_retries,
+                                    lambda nid: f"node {nid}")
+        return {r.metadata.src_node_id: r for r in replies}
+
+    def intersect(self) -> tuple[ConfigRecord, Message]:
+        """Pass 1 and the leader's intersection; its reply (pass-2 setup and responses)."""
+        n_lead = int(self.sizes[self.lead]["n"])
+        first = self.send({**{nid: self.step("setup", **{"n-client": n_lead}) for nid in self.others},
+                           self.lead: self.step("request")})
+        request = _reply(first[self.lead])["request"]
+        second = self.send({nid: self.step("respond", request=request) for nid in self.others})
+        fields: dict = {}
+        for nid in self.others:
+            k = self.pid[nid]
+            fields.update({f"n-{k}": int(self.sizes[nid]["n"]), f"pattern-{k}": str(self.sizes[nid]["pattern"]),
+                           f"setup-{k}": _reply(first[nid])["setup"], f"response-{k}": _reply(second[nid])["response"],
+                           f"request-{k}": _reply(second[nid])["request"]})
+        result = self.send({self.lead: self.step("intersect", parties=[self.pid[n] for n in self.others],
+                                                 **fields)})[self.lead]
+        return _reply(result), result
+
+    def check(self, done: dict[int, Message], common: ConfigRecord) -> None:
+        for nid, reply in done.items():
+            if _reply(reply)["digest"] != common["digest"]:
+                raise FederationError(f"party {self.pid[nid]} aligned other rows than the label owner (digest "
+                                      f"{_reply(reply)['digest']} != {common['digest']}); refused")
+
+    def sizes_by_partition(self) -> dict[int, int]:
+        return {self.pid[n]: int(r["n"]) for n, r in sorted(self.sizes.items(), key=lambda kv: self.pid[kv[0]])}
 
 
 def _step(step: str, **fields) -> RecordDict:
@@ -120,13 +167,18 @@ def handle(message: Message, context: Context) -> Message:
     cfg = run_config(tuple(sorted(context.run_config.items())))
     spec = own_table_spec(party_spec(context.node_config, cfg.num_parties, cfg.num_active), cfg)
     rc = message.content.config_records[STEP]
-    step = str(rc["step"])
+    step, purpose = str(rc["step"]), str(rc.get("purpose", TRAIN))
+    if purpose == SCORE:  # the same passes over the file this party scores
+        spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, context.node_config, cfg)[0])))
     keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
     out: dict = {}
     arrays = None
     if step == "size":
         out = {**align.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
-        context.state.config_records.pop(ALIGNED_STATE, None)  # a new alignment: the old block no longer counts
+        # a new alignment: what an earlier one left no longer counts
+        if purpose == TRAIN:
+            context.state.config_records.pop(ALIGNED_STATE, None)
+        context.state.array_records.pop(SCORE_COMMON_STATE, None)
     elif step == "setup":
         ids, _ = align.own_table(spec)
         out["setup"], keys["server"] = align.psi_setup(ids, int(rc["n-client"]))
@@ -140,11 +192,22 @@ def handle(message: Message, context: Context) -> Message:
     elif step == "intersect":
         peers = [align.Peer(k, int(rc[f"n-{k}"]), str(rc[f"pattern-{k}"]), rc[f"setup-{k}"], rc[f"response-{k}"],
                             rc[f"request-{k}"]) for k in rc["parties"]]
-        common = align.leader_step(spec, cfg, peers, keys["client"])
-        out = {"setup": common.setup, "digest": common.digest, "protected-label": common.protected_label,
-               **{f"response-{k}": r for k, r in common.responses.items()}}
-        arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
-        context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
+        if purpose == SCORE:
+            ids, _ = align.own_table(spec)
+            rows, _ = align.common_rows(spec, ids, peers, keys["client"], 1)
+            setup, responses = align.tell_common(ids, rows, peers)
+            out = {"setup": setup, "n-common": len(rows), "digest": _keep_score_ids(context, ids[rows])}
+        else:
+            common = align.leader_step(spec, cfg, peers, keys["client"])
+            setup, responses = common.setup, common.responses
+            out = {"setup": setup, "digest": common.digest, "protected-label": common.protected_label}
+            arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
+            context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
+        out.update({f"response-{k}": r for k, r in responses.items()})
+    elif step == "finish" and purpose == SCORE:
+        ids, _ = align.own_table(spec)
+        rows = align.my_common_rows(spec, ids, rc["setup"], rc["response"], int(rc["n-common"]), keys["client"])
+        out = {"digest": _keep_score_ids(context, ids[rows])}
     elif step == "finish":
         split = message.content.array_records[LABELS]["split"].numpy()
         member, key = align.member_step(spec, cfg, rc["setup"], rc["response"], split, keys["client"])
@@ -160,6 +223,12 @@ def handle(message: Message, context: Context) -> Message:
     if arrays is not None:
         content[LABELS] = arrays
     return Message(content, reply_to=message)
+
+
+def _keep_score_ids(context: Context, common: np.ndarray) -> str:
+    """Keep the common ids of this party's score file in its own state; their digest."""
+    context.state.array_records[SCORE_COMMON_STATE] = msgs.array_record(ids=np.sort(common))
+    return ids_digest(np.sort(common))
 
 
 def register(app: ClientApp) -> None:

@@ -41,11 +41,11 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import blocks
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
-from fairvfl_flwr.data.preprocess import Preprocessing, score_rows
+from fairvfl_flwr.data.preprocess import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import run_config
+from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, run_config
 from fairvfl_flwr.flower.results import run_folder
 
 #: Run-config keys the scoring job must share with the training run of its model.
@@ -232,13 +232,11 @@ class PartyScorer:
         if int(self.meta["partition-id"]) != self.spec.partition_id:
             raise blocks.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
-        node_path = str(context.node_config.get("score-path", "") or "")
-        if node_path or deployed:  # deployed: a party scores only the file its own node config names
-            path, source = node_path, "node config score-path"
-        else:
-            path = self.cfg.score_path.replace("{partition}", str(self.spec.partition_id))
-            source = f"run config score.path={self.cfg.score_path!r}"
+        path, source = score_file(self.spec, context.node_config, self.cfg)
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
+        common = context.state.array_records.get(SCORE_COMMON_STATE)
+        if common is not None:  # tables.own: the rows every party holds, found by private alignment
+            self.rows = common_score_rows(self.rows, common["ids"].numpy())
 
     def logits(self, start: int, stop: int) -> np.ndarray:
         return self.model.forward(as_dtype(self.rows.X[start:stop], self.meta["dtype"])).astype(self.cfg.wire_dtype)
