@@ -20,6 +20,10 @@ No message holds an id in the clear: only blinded ids (P-256 points or their com
 hashes), counts, the split and labels by row position, and digests. The result is the
 run's :class:`ServerLabels`; every party keeps its prepared block on its disk and the
 round loop's discovery checks that all hold the same rows.
+
+A scoring job (``mode = "score"``) with ``tables.own`` runs the same passes over the
+parties' score files (:func:`align_score_rows`): no split, no labels; each party keeps the
+common ids of its own file in its node state and scores only those rows.
 """
 
 from __future__ import annotations
