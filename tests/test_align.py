@@ -301,3 +301,26 @@ def test_own_tables_with_several_groups_are_refused_clearly(own_tables, tmp_path
     folder, _, _ = own_tables
     with pytest.raises(FederationError, match=r"dataset='adult-race': own tables take two groups"):
         run_inprocess(own_config(folder, dataset="adult-race", **{"output-dir": str(tmp_path)}), quiet=True)
+
+
+def test_missing_values_in_a_partys_table_are_refused_or_filled_by_the_named_rule(own_tables, tmp_path):
+    folder, _, _ = own_tables
+    for k in range(4):
+        df = pd.read_csv(folder / f"party{k}.csv")
+        if k == 1:
+            df.loc[df.index[::50], "occupation"] = None
+        df.to_csv(tmp_path / f"party{k}.csv", index=False)
+    _refused(tmp_path, tmp_path, r"party 1 .*party1.csv: column 'occupation' has \d+ missing values in the aligned rows")
+    summary, _ = run_inprocess(own_config(tmp_path, **{"tables.missing": "occupation=value:unknown",
+                                                       "output-dir": str(tmp_path / "filled")}), quiet=True)
+    assert summary["test_acc"] > 0.75
+
+
+def test_a_label_owner_cannot_contribute_its_label_as_a_feature():
+    from fairvfl_flwr.data.align import feature_columns
+    from fairvfl_flwr.data.partydata import PartySpec
+
+    spec = PartySpec(partition_id=0, role="active", table_path="t.csv", label_column="income",
+                     sensitive_column="sex", columns=("age", "income"))
+    with pytest.raises(DataError, match=r"party 0 .*columns names \['income'\]"):
+        feature_columns(spec, pd.DataFrame(columns=["row_id", "age", "income", "sex"]))

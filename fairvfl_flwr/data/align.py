@@ -199,11 +199,15 @@ def own_table(spec: PartySpec) -> tuple[np.ndarray, Any]:
 def feature_columns(spec: PartySpec, df: Any) -> list[str]:
     """The raw columns the party contributes: node config ``columns``, else all but its id,
     label and sensitive columns."""
-    if spec.columns:
-        return list(spec.columns)
     reserved = {spec.id_column}
     if spec.role == ROLE_ACTIVE:
         reserved |= {spec.label_column, spec.sensitive_column}
+    if spec.columns:
+        clash = sorted(reserved & set(spec.columns))
+        if clash:
+            raise DataError(f"{spec.name}: node config columns names {clash}, its id, label or sensitive column; "
+                            "those never become features")
+        return list(spec.columns)
     return [str(c) for c in df.columns if c not in reserved]
 
 
