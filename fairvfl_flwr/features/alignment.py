@@ -1,7 +1,7 @@
 """Private alignment, the first step of a run whose parties bring their own tables (``tables.own``).
 
 The server relays the PSI messages of data/align.py and learns set sizes only; the
-parties keep their keys in their own node state between messages. Four exchanges:
+parties keep their keys in their own node state between messages. Five exchanges:
 
 ======== ======================================== ======================================
 step      to                                       reply
