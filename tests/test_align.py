@@ -146,7 +146,7 @@ def test_the_servers_alignment_messages_hold_no_id_in_the_clear(own_tables):
     run_server(grid, rc)
     align_msgs = [m for m in sent if m.metadata.message_type == "query.align"]
     align_replies = [r for r in replies if r.metadata.message_type == "query.align"]
-    assert len(align_msgs) == 4 + 4 + 3 + 1 + 3
+    assert len(align_msgs) == 4 + 4 + 3 + 3 + 1 + 3 + 3  # size, setup, respond, intersect, common, answer, finish
     blob = b"".join(_bytes_of(m) for m in align_msgs + align_replies)
     ids = sorted(set.union(*held))
     assert len(blob) > 10_000

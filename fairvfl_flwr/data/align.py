@@ -221,65 +221,44 @@ def size_step(spec: PartySpec) -> dict:
 
 
 @dataclass(frozen=True)
-class Peer:
-    """What the leader receives of one other party in pass 1 (and its request of pass 2)."""
-
-    partition_id: int
-    n: int
-    pattern: str
-    setup: bytes
-    response: bytes
-    request: bytes
-
-
-@dataclass(frozen=True)
 class Common:
-    """The leader's result: what goes back to the parties and to the server."""
+    """The leader's result for the training tables: what goes to the parties and to the server."""
 
-    setup: bytes  # pass 2: the common ids, blinded with the leader's key
-    responses: dict[int, bytes]  # pass 2: each party's request, re-blinded
     split: np.ndarray  # codes, in the agreed order
     y: np.ndarray  # ±1 of the common rows (agreed order)
     s: np.ndarray  # group of the common rows
     protected_label: int
     digest: str  # rows_digest of the training and evaluation rows
     key: str  # the leader's prepared block
-    pairwise: dict[int, int]  # |leader ∩ party k|
 
 
-def common_rows(spec: PartySpec, ids: np.ndarray, peers: list[Peer], client_key: bytes,
-                min_common: int) -> tuple[np.ndarray, dict[int, int]]:
-    """The leader's rows every party holds, in the agreed order (the ids as text), and its
-    intersection size with each party; refused when empty or below ``min_common``."""
-    keep = np.ones(len(ids), dtype=bool)
-    pairwise: dict[int, int] = {}
-    mine = id_pattern(str(ids[0]))
-    for peer in peers:
-        found = psi_intersection(peer.setup, peer.response, client_key)
-        pairwise[peer.partition_id] = len(found)
-        if len(found) == 0:
-            raise DataError(
-                f"party {peer.partition_id} and the label owner (party {spec.partition_id}) have no id in common "
-                f"(empty intersection of {peer.n} and {len(ids)} ids): the label owner's ids look like {mine!r}, "
-                f"party {peer.partition_id}'s like {peer.pattern!r} (9: a digit, a: a letter); ids are compared as "
-                "text with surrounding spaces stripped")
-        hit = np.zeros(len(ids), dtype=bool)
-        hit[found] = True
-        keep &= hit
-    rows = np.flatnonzero(keep)
+def peer_hits(spec: PartySpec, ids: np.ndarray, peer: int, n_peer: int, pattern: str, setup: bytes,
+              response: bytes, client_key: bytes) -> np.ndarray:
+    """Pass 1, the leader's result with party ``peer``: a mask over its own ids; an empty
+    intersection is refused, showing both sides' id shapes (never an id)."""
+    found = psi_intersection(setup, response, client_key)
+    if len(found) == 0:
+        raise DataError(
+            f"party {peer} and the label owner (party {spec.partition_id}) have no id in common "
+            f"(empty intersection of {n_peer} and {len(ids)} ids): the label owner's ids look like "
+            f"{id_pattern(str(ids[0]))!r}, party {peer}'s like {pattern!r} (9: a digit, a: a letter); ids are "
+            "compared as text with surrounding spaces stripped")
+    hits = np.zeros(len(ids), dtype=bool)
+    hits[found] = True
+    return hits
+
+
+def agreed_rows(ids: np.ndarray, hits: np.ndarray, pairwise: dict[int, int], min_common: int) -> np.ndarray:
+    """The leader's rows every party holds, in the agreed order (the ids as text); refused
+    below ``min_common``, naming the party that shares fewest."""
+    rows = np.flatnonzero(hits)
     rows = rows[np.argsort(ids[rows], kind="stable")]
     if len(rows) < min_common:
-        smallest = min(pairwise, key=pairwise.get) if pairwise else spec.partition_id
+        smallest = min(pairwise, key=pairwise.get) if pairwise else None
         raise DataError(
             f"{len(rows)} ids are common to all parties, fewer than tables.min-common={min_common}; "
             f"the label owner's ids in common with each party: {pairwise} (party {smallest} shares fewest)")
-    return rows, pairwise
-
-
-def tell_common(ids: np.ndarray, rows: np.ndarray, peers: list[Peer]) -> tuple[bytes, dict[int, bytes]]:
-    """Pass 2, the leader's part: its setup over the common ids and its response to each party."""
-    setup, server_key = psi_setup(ids[rows], max((p.n for p in peers), default=1))
-    return setup, {p.partition_id: psi_response(p.request, server_key) for p in peers}
+    return rows
 
 
 def my_common_rows(spec: PartySpec, ids: np.ndarray, setup: bytes, response: bytes, n_common: int,
@@ -292,19 +271,15 @@ def my_common_rows(spec: PartySpec, ids: np.ndarray, setup: bytes, response: byt
     return found[np.argsort(ids[found], kind="stable")]
 
 
-def leader_step(spec: PartySpec, cfg: Any, peers: list[Peer], client_key: bytes) -> Common:
-    """Intersect, check, decide the split, prepare the leader's block, answer pass 2."""
+def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
+    """The leader on its common ``rows``: decide the split, prepare its block, the labels."""
     ids, df = own_table(spec)
-    rows, pairwise = common_rows(spec, ids, peers, client_key, cfg.tables_min_common)
     split = split_common(len(rows), cfg.tables_train_fraction, cfg.seed, cfg.validation_fraction)
     arrays, key, pre = prepare_party(spec, cfg, ids, df, rows, split)
-    where = f"{spec.name}: {spec.table_path}"
-    used = split != UNUSED_CODE
-    y, s = label_arrays(df.iloc[rows[used]], spec, where)
-    setup, responses = tell_common(ids, rows, peers)
+    y, s = label_arrays(df.iloc[rows[split != UNUSED_CODE]], spec, f"{spec.name}: {spec.table_path}")
     save_aligned(spec, key, arrays, pre)
-    return Common(setup=setup, responses=responses, split=split, y=y, s=s,
-                  protected_label=int(spec.protected_label), digest=arrays.ids_digest, key=key, pairwise=pairwise)
+    return Common(split=split, y=y, s=s, protected_label=int(spec.protected_label), digest=arrays.ids_digest,
+                  key=key)
 
 
 def member_step(spec: PartySpec, cfg: Any, setup: bytes, response: bytes, split: np.ndarray,

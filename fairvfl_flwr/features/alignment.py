@@ -1,20 +1,27 @@
 """Private alignment, the first step of a run whose parties bring their own tables (``tables.own``).
 
 The server relays the PSI messages of data/align.py and learns set sizes only; the
-parties keep their keys in their own node state between messages. Five exchanges:
+parties keep their keys in their own node state between messages. The steps:
 
-======== ======================================== ======================================
-step      to                                       reply
-======== ======================================== ======================================
-size      every party                              its number of ids, the ids' shape
-setup     other parties (leader's set size);       setup (ids blinded with its key);
-          the leader                               request (its ids blinded)
-respond   other parties (the leader's request)     response; its pass-2 request
-intersect the leader (every party's three)         pass-2 setup and responses, the split,
-                                                   the labels of the common rows
-finish    other parties (pass-2 setup, response,   the digest of its aligned rows
-          the split)
-======== ======================================== ======================================
+========= ======================================== ======================================
+step       to                                       reply
+========= ======================================== ======================================
+size       every party                              its number of ids, the ids' shape
+setup      other parties (leader's set size);       setup (ids blinded with its key);
+           the leader                               request (its ids blinded)
+respond    other parties (the leader's request)     response; its pass-2 request
+intersect  the leader, once per party (its setup    (nothing: the leader keeps which of
+           and response)                            its ids every party so far holds)
+common     the leader                               pass-2 setup, the split, the labels of
+                                                    the common rows
+answer     the leader, once per party (its pass-2   the pass-2 response
+           request)
+finish     other parties (pass-2 setup, response,   the digest of its aligned rows
+           the split)
+========= ======================================== ======================================
+
+One message to the leader per party keeps every message to one party's blinded ids
+(33 bytes an id: 1M ids make 33 MB, under gRPC's limit whatever the number of parties).
 
 No message holds an id in the clear: only blinded ids (P-256 points or their compressed
 hashes), counts, the split and labels by row position, and digests. The result is the
@@ -53,6 +60,7 @@ from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, run_con
 STEP = "align"  # ConfigRecord of a request: the step and its fields
 REPLY = "aligned"  # ConfigRecord of a reply
 KEYS_STATE = "fairvfl.align-keys"  # a party's PSI keys between two steps, in its own node state
+HITS_STATE = "fairvfl.align-hits"  # the leader's ids held by every party answered so far
 LABELS = "labels"  # ArrayRecord of the leader's last reply: split, y, s
 
 
@@ -64,12 +72,11 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     """Run the alignment of the training tables over ``grid``; return the labels of the aligned rows."""
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, TRAIN)
-    common, result = passes.intersect()
+    common, result, responses = passes.intersect()
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
     done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN,
-                                                            "setup": common["setup"],
-                                                            "response": common[f"response-{passes.pid[nid]}"]}),
+                                                            "setup": common["setup"], "response": responses[nid]}),
                                         LABELS: msgs.array_record(split=split)}) for nid in passes.others})
     passes.check(done, common)
     used = split[split != align.UNUSED_CODE]
@@ -88,9 +95,9 @@ def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
     only the rows all of them hold. Returns their number."""
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, SCORE)
-    common, _ = passes.intersect()
+    common, _, responses = passes.intersect()
     done = passes.send({nid: _step("finish", purpose=SCORE, setup=common["setup"], **{
-        "response": common[f"response-{passes.pid[nid]}"], "n-common": int(common["n-common"])})
+        "response": responses[nid], "n-common": int(common["n-common"])})
         for nid in passes.others})
     passes.check(done, common)
     log(INFO, "FairVFL: private alignment of the rows to score: %s ids per party, %d common in %.1f s",
@@ -130,22 +137,27 @@ class _Passes:
                                     lambda nid: f"node {nid}")
         return {r.metadata.src_node_id: r for r in replies}
 
-    def intersect(self) -> tuple[ConfigRecord, Message]:
-        """Pass 1 and the leader's intersection; its reply (pass-2 setup and responses)."""
+    def intersect(self) -> tuple[ConfigRecord, Message, dict[int, bytes]]:
+        """Pass 1, the leader's common rows, and its pass-2 answers: (its reply to ``common``
+        with the pass-2 setup, that message, each party's pass-2 response). The leader gets
+        one message per party, so no message carries more than one party's blinded ids."""
         n_lead = int(self.sizes[self.lead]["n"])
         first = self.send({**{nid: self.step("setup", **{"n-client": n_lead}) for nid in self.others},
                            self.lead: self.step("request")})
         request = _reply(first[self.lead])["request"]
         second = self.send({nid: self.step("respond", request=request) for nid in self.others})
-        fields: dict = {}
         for nid in self.others:
-            k = self.pid[nid]
-            fields.update({f"n-{k}": int(self.sizes[nid]["n"]), f"pattern-{k}": str(self.sizes[nid]["pattern"]),
-                           f"setup-{k}": _reply(first[nid])["setup"], f"response-{k}": _reply(second[nid])["response"],
-                           f"request-{k}": _reply(second[nid])["request"]})
-        result = self.send({self.lead: self.step("intersect", parties=[self.pid[n] for n in self.others],
-                                                 **fields)})[self.lead]
-        return _reply(result), result
+            self.send({self.lead: self.step("intersect", peer=self.pid[nid], n=int(self.sizes[nid]["n"]),
+                                            pattern=str(self.sizes[nid]["pattern"]), setup=_reply(first[nid])["setup"],
+                                            response=_reply(second[nid])["response"])})
+        n_max = max((int(self.sizes[nid]["n"]) for nid in self.others), default=1)
+        result = self.send({self.lead: self.step("common", **{"n-max": n_max})})[self.lead]
+        responses = {}
+        for i, nid in enumerate(self.others):
+            answer = self.send({self.lead: self.step("answer", request=_reply(second[nid])["request"],
+                                                     last=i == len(self.others) - 1)})[self.lead]
+            responses[nid] = _reply(answer)["response"]
+        return _reply(result), result, responses
 
     def check(self, done: dict[int, Message], common: ConfigRecord) -> None:
         for nid, reply in done.items():
@@ -183,6 +195,8 @@ def handle(message: Message, context: Context) -> Message:
         if purpose == TRAIN:
             context.state.config_records.pop(ALIGNED_STATE, None)
         context.state.array_records.pop(SCORE_COMMON_STATE, None)
+        context.state.array_records.pop(HITS_STATE, None)
+        keys = ConfigRecord()
     elif step == "setup":
         ids, _ = align.own_table(spec)
         out["setup"], keys["server"] = align.psi_setup(ids, int(rc["n-client"]))
@@ -193,21 +207,31 @@ def handle(message: Message, context: Context) -> Message:
         ids, _ = align.own_table(spec)
         out["response"] = align.psi_response(rc["request"], keys["server"])
         out["request"], keys["client"] = align.psi_request(ids)
-    elif step == "intersect":
-        peers = [align.Peer(k, int(rc[f"n-{k}"]), str(rc[f"pattern-{k}"]), rc[f"setup-{k}"], rc[f"response-{k}"],
-                            rc[f"request-{k}"]) for k in rc["parties"]]
+    elif step == "intersect":  # the leader, pass 1 with one party: keep the ids it holds too
+        ids, _ = align.own_table(spec)
+        hits = align.peer_hits(spec, ids, int(rc["peer"]), int(rc["n"]), str(rc["pattern"]), rc["setup"],
+                               rc["response"], keys["client"])
+        keys[f"pairwise-{int(rc['peer'])}"] = int(hits.sum())  # |leader ∩ party|, for a refusal's message
+        kept = context.state.array_records.get(HITS_STATE)
+        if kept is not None:
+            hits &= kept["hits"].numpy()
+        context.state.array_records[HITS_STATE] = msgs.array_record(hits=hits)
+    elif step == "common":  # the leader: the rows every party holds, then pass 2's setup
+        ids, _ = align.own_table(spec)
+        record = context.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
+        hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
+        pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in keys.items() if k.startswith("pairwise-")}
+        rows = align.agreed_rows(ids, hits, pairwise, cfg.tables_min_common if purpose == TRAIN else 1)
         if purpose == SCORE:
-            ids, _ = align.own_table(spec)
-            rows, _ = align.common_rows(spec, ids, peers, keys["client"], 1)
-            setup, responses = align.tell_common(ids, rows, peers)
-            out = {"setup": setup, "n-common": len(rows), "digest": _keep_score_ids(context, ids[rows])}
+            out = {"n-common": len(rows), "digest": _keep_score_ids(context, ids[rows])}
         else:
-            common = align.leader_step(spec, cfg, peers, keys["client"])
-            setup, responses = common.setup, common.responses
-            out = {"setup": setup, "digest": common.digest, "protected-label": common.protected_label}
+            common = align.leader_step(spec, cfg, rows)
+            out = {"digest": common.digest, "protected-label": common.protected_label}
             arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
-        out.update({f"response-{k}": r for k, r in responses.items()})
+        out["setup"], keys["server"] = align.psi_setup(ids[rows], int(rc["n-max"]))
+    elif step == "answer":  # the leader, pass 2: one party's request, re-blinded
+        out = {"response": align.psi_response(rc["request"], keys["server"])}
     elif step == "finish" and purpose == SCORE:
         ids, _ = align.own_table(spec)
         rows = align.my_common_rows(spec, ids, rc["setup"], rc["response"], int(rc["n-common"]), keys["client"])
@@ -219,7 +243,7 @@ def handle(message: Message, context: Context) -> Message:
         context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
     else:
         raise ValueError(f"{spec.name}: unknown alignment step {step!r}")
-    if step in ("intersect", "finish"):  # the keys are done with: forget them
+    if step == "finish" or (step == "answer" and bool(rc["last"])):  # the keys are done with: forget them
         context.state.config_records.pop(KEYS_STATE, None)
     else:
         context.state.config_records[KEYS_STATE] = keys
