@@ -277,7 +277,6 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
     preparation the party fitted at alignment (its categories, means, deviations)."""
     folder, raw, held = own_tables
     _, trained = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "train")}), quiet=True)
-    # rows of the common ids (a category seen only outside them would be refused, naming it)
     # rows of the common ids (a category seen only outside them would be refused, naming it);
     # each party's score file holds 400 of 480 of them, shuffled: 4 x 80 dropped at random
     fresh = raw[raw[ID].isin(set.intersection(*held))].sample(480, random_state=5)
@@ -288,9 +287,13 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
         mine = fresh.iloc[np.sort(rng.permutation(480)[:400])].sample(frac=1, random_state=k)
         mine[[ID, *keep]].to_csv(tmp_path / f"score{k}.csv", index=False)
         scored &= set(mine[ID])
-    summary, out = run_inprocess(own_config(folder, **{
+    rc = RunConfig.from_flower(own_config(folder, **{
         "mode": "score", "score.model-from": str(trained), "score.path": str(tmp_path / "score{partition}.csv"),
-        "output-dir": str(tmp_path / "scored")}), quiet=True)
+        "output-dir": str(tmp_path / "scored")})).to_flower()
+    sent = []
+    summary, out = run_inprocess(rc, quiet=True, grid=InProcessGrid(client_app, rc, 4, tap=sent.append))
+    blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type == "query.align")
+    assert len(blob) > 10_000 and not any(i.encode() in blob for i in fresh[ID])  # alignment: blinded ids only
     predictions = pd.read_csv(out / "predictions.csv")
     assert sorted(predictions.iloc[:, 0].astype(str)) == sorted(scored)  # the rows every party holds
     truth = fresh.set_index(ID).loc[predictions.iloc[:, 0].astype(str), "income"].to_numpy() == ">50K"
