@@ -182,7 +182,7 @@ def test_secure_aggregation_gives_the_plain_run_with_other_features(tmp_path, ex
 
 
 def test_a_resent_key_request_gets_the_same_key_and_a_new_setup_a_new_one():
-    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
 
     def ask(session):
         m = Message(RecordDict({"secagg": ConfigRecord({"session": session})}), dst_node_id=5,

@@ -43,11 +43,16 @@ The server gets the sums over parties, which is all the shared-step search needs
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 import struct
+from pathlib import Path
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -66,6 +71,9 @@ SCALE = float(2**FRACTION_BITS)
 LIMIT = 2.0 ** (63 - FRACTION_BITS)  # |z| must stay below this for the sum not to wrap
 KEYS_STATE = "fairvfl.secagg-keys"  # ArrayRecord on the party: its private key, then the pair keys
 SESSION_STATE = "fairvfl.secagg-session"  # ConfigRecord on the party: the set-up its key pair belongs to
+NONCE_STATE = "fairvfl.secagg-nonces"  # ConfigRecord on the party: the last round it masked, what it masked in it
+IDENTITY_KEY = "identity-key"  # node config: this party's Ed25519 private key (PEM file)
+PEERS = "peers"  # node config: JSON file, partition id -> every party's Ed25519 public key (hex)
 WIDE_FRACTION_BITS = 64
 WIDE_LIMIT = 2.0 ** (127 - WIDE_FRACTION_BITS)  # the 128-bit ring's signed range, in value units
 _WIDE_MOD = 1 << 128
@@ -77,6 +85,8 @@ SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "d
 WIDE_KEYS = ("a", "gram")
 SQ_NORM = "secagg-sq-norm"  # ArrayRecord of a masked reply: ‖θ_k‖², 128-bit words (its metric is then 0)
 INFO = b"fairvfl-flwr secure aggregation v1"
+SIGNED = b"fairvfl-flwr secure aggregation key v1"  # prefix of what a party signs
+DEMO_IDENTITY = b"fairvfl-flwr demo identity key"  # simulation without identity files: public, proves nothing
 
 
 # -- encoding and masks (both sides) ----------------------------------------------------
@@ -155,10 +165,35 @@ def decode_wide(total: list[int]) -> np.ndarray:
     return np.array([(q - _WIDE_MOD if q >> 127 else q) / 2**WIDE_FRACTION_BITS for q in total], dtype=np.float64)
 
 
-def pair_key(private: X25519PrivateKey, peer_public: bytes, a: int, b: int) -> bytes:
+def pair_key(private: X25519PrivateKey, peer_public: bytes, a: int, b: int, session: str = "") -> bytes:
+    """k_ab = HKDF-SHA256(X25519 secret, salt = the signed session id): a new set-up, new masks."""
     shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     pair = struct.pack(">II", min(a, b), max(a, b))
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=INFO + pair).derive(shared)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=session.encode() or None, info=INFO + pair).derive(shared)
+
+
+def signed_text(session: str, partition_id: int, public: bytes) -> bytes:
+    """What a party signs with its identity key: its ephemeral X25519 key for this set-up and party."""
+    return SIGNED + struct.pack(">I", partition_id) + session.encode() + b"\0" + public
+
+
+def generate_identities(folder: Path, num_parties: int) -> list[dict[str, str]]:
+    """One Ed25519 identity per party written under ``folder`` (``party-<k>.key``, and
+    ``peers.json`` with every public key), and each party's node-config entries naming them.
+    For demos and tests: in a deployment each party runs this part on its own machine and
+    the operator distributes only the public keys."""
+    folder.mkdir(parents=True, exist_ok=True)
+    peers, configs = {}, []
+    for k in range(num_parties):
+        key = Ed25519PrivateKey.generate()
+        path = folder / f"party-{k}.key"
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+        peers[str(k)] = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        configs.append({IDENTITY_KEY: str(path), PEERS: str(folder / "peers.json")})
+    (folder / "peers.json").write_text(json.dumps(peers, indent=1) + "\n")
+    return configs
 
 
 def _bytes(array: Array) -> bytes:
@@ -186,9 +221,11 @@ class SecureAggregation(RoundHook):
         public = {}
         for node, reply in zip(order, server.exchange(grid, asks, timeout)):
             record = reply.content.array_records.get("secagg")
-            if record is None or "public" not in record or record["public"].numpy().size != 32:
-                raise FederationError(f"{node} sent no X25519 public key for secure aggregation")
+            if record is None or "public" not in record or record["public"].numpy().size != 32 \
+                    or "signature" not in record:
+                raise FederationError(f"{node} sent no signed X25519 public key for secure aggregation")
             public[f"pk-{node.partition_id}"] = record["public"]
+            public[f"sig-{node.partition_id}"] = record["signature"]
         peers = [Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=n.node_id,
                          message_type=msgs.SECAGG_PEERS, group_id="secagg") for n in order]
         server.exchange(grid, peers, timeout)
@@ -262,9 +299,59 @@ def _private(context: Context) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(_bytes(record["private"]))
 
 
+def _partition(context: Context) -> int:
+    if "partition-id" not in context.node_config:
+        raise NodeConfigError("privacy.secure-aggregation: node config has no partition-id to sign its key with")
+    return int(context.node_config["partition-id"])
+
+
+def _demo_key(partition_id: int) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(DEMO_IDENTITY + struct.pack(">I", partition_id)).digest())
+
+
+def _identity(context: Context) -> Ed25519PrivateKey:
+    """This party's identity key: node config ``identity-key``; without one (simulation,
+    packaged data) a key derived from the partition id, which anyone can derive."""
+    path = context.node_config.get(IDENTITY_KEY)
+    if not path:
+        if any(k in context.node_config for k in ("data-path", PEERS)):
+            raise NodeConfigError(f"privacy.secure-aggregation: node config names no '{IDENTITY_KEY}' (this party's "
+                                  f"Ed25519 private key file) next to '{PEERS}'/'data-path'; a deployment needs both")
+        return _demo_key(_partition(context))
+    try:
+        key = serialization.load_pem_private_key(Path(str(path)).read_bytes(), password=None)
+    except (OSError, ValueError) as err:
+        raise NodeConfigError(f"node config {IDENTITY_KEY}={path}: cannot read an Ed25519 private key ({err})") from err
+    if not isinstance(key, Ed25519PrivateKey):
+        raise NodeConfigError(f"node config {IDENTITY_KEY}={path}: not an Ed25519 private key")
+    return key
+
+
+def _peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey]:
+    """Every party's pinned identity key: node config ``peers`` (or the simulation's derived keys)."""
+    path = context.node_config.get(PEERS)
+    if not path:
+        if context.node_config.get(IDENTITY_KEY):
+            raise NodeConfigError(f"privacy.secure-aggregation: node config names '{IDENTITY_KEY}' but no '{PEERS}' "
+                                  "file with every party's public identity key")
+        return {j: _demo_key(j).public_key() for j in range(num_parties)}
+    try:
+        table = json.loads(Path(str(path)).read_text())
+        keys = {int(j): Ed25519PublicKey.from_public_bytes(bytes.fromhex(v)) for j, v in table.items()}
+    except (OSError, ValueError, AttributeError) as err:
+        raise NodeConfigError(f"node config {PEERS}={path}: not a JSON object of partition id -> Ed25519 public key "
+                              f"hex ({err})") from err
+    missing = sorted(set(range(num_parties)) - set(keys))
+    if missing:
+        raise NodeConfigError(f"node config {PEERS}={path}: no identity key for parties {missing}")
+    return keys
+
+
 def sakeys(message: Message, context: Context) -> Message:
-    """A fresh key pair per set-up (the same one for a re-sent request); the private key stays here."""
+    """A fresh key pair per set-up (the same one for a re-sent request), its public half
+    signed with this party's identity key; the private key stays here."""
     session = str(message.content.config_records["secagg"]["session"])
+    own = _partition(context)
     held = context.state.config_records.get(SESSION_STATE)
     if held is not None and held["session"] == session:
         private = _private(context)
@@ -274,21 +361,42 @@ def sakeys(message: Message, context: Context) -> Message:
                                     serialization.NoEncryption())
         context.state.array_records[KEYS_STATE] = ArrayRecord({"private": _array(raw)})
         context.state.config_records[SESSION_STATE] = ConfigRecord({"session": session})
+        context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return Message(RecordDict({"secagg": ArrayRecord({"public": _array(public)})}), reply_to=message)
+    signature = _identity(context).sign(signed_text(session, own, public))
+    return Message(RecordDict({"secagg": ArrayRecord({"public": _array(public), "signature": _array(signature)})}),
+                   reply_to=message)
 
 
 def sapeers(message: Message, context: Context) -> Message:
-    """Derive a shared key with every other party from the relayed public keys."""
+    """Check every peer's signed key against its pinned identity key, then derive a shared
+    key with each; a key that fails refuses the run naming the peer."""
     rt = PartyRuntime(context)
     own = rt.data.partition_id
     record = message.content.array_records["secagg"]
-    peers = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items()}
+    peers = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items() if k.startswith("pk-")}
+    signatures = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items() if k.startswith("sig-")}
     if sorted(peers) != list(range(rt.cfg.num_parties)):
         raise NodeConfigError(f"{rt.who}: secure-aggregation set-up lists parties {sorted(peers)}, "
                               f"expected 0..{rt.cfg.num_parties - 1}")
-    private = _private(context)
-    keys = {f"k-{j}": _array(pair_key(private, pk, own, j)) for j, pk in peers.items() if j != own}
+    held = context.state.config_records.get(SESSION_STATE)
+    if held is None:
+        raise NodeConfigError(f"{rt.who}: secure-aggregation peers arrived before this node's key set-up; "
+                              "start the run again")
+    session, private = str(held["session"]), _private(context)
+    mine = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    if peers[own] != mine:
+        raise FederationError(f"{rt.who}: the server relayed a key for this party that is not its own; "
+                              "refusing the run (key substitution)")
+    identities = _peer_keys(context, rt.cfg.num_parties)
+    for j, pk in peers.items():
+        try:
+            identities[j].verify(signatures.get(j, b""), signed_text(session, j, pk))
+        except InvalidSignature:
+            raise FederationError(f"{rt.who}: party {j}'s key for this secure-aggregation set-up is not signed by "
+                                  f"party {j}'s pinned identity key; refusing the run (key substitution or a "
+                                  "different session)") from None
+    keys = {f"k-{j}": _array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
     context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
@@ -333,22 +441,55 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
         raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(keys)} of "
                               f"{k - 1} pair keys (no set-up, or the node restarted); start the run again")
     server_round, own = round_of(message)[0], rt.data.partition_id
+    nonces = _Nonces(context, rt.who, message.metadata.message_type, server_round)
     masked_record = {}
     for key, array in reply.content.array_records[name].items():
         label, values = _label(name, key), array.numpy()
+        nonces.claim(label, values)
         if name == msgs.DIRECTIONS and key in WIDE_KEYS:
             masked_record[key] = masked_wide(values, own, keys, server_round, label, k, rt.who, f"Newton '{key}'")
         else:
             what = "partial logit" if name == msgs.LOGITS else f"Newton '{key}' value"
             masked_record[key] = masked(values.reshape(-1), own, keys, server_round, label, k, rt.who, what)
-    reply.content.array_records[name] = msgs.array_record(**masked_record)
     stats = reply.content.metric_records.get(msgs.STATS)
     if stats is not None:
         label = "dir-sq-norm" if name == msgs.DIRECTIONS else "sq-norm"
+        nonces.claim(label, np.array([stats["sq-norm"]]))
         reply.content.array_records[SQ_NORM] = msgs.array_record(**{"sq-norm": masked_wide(
             np.array([stats["sq-norm"]]), own, keys, server_round, label, k, rt.who, "‖θ_k‖²")})
         reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
+    nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
+    reply.content.array_records[name] = msgs.array_record(**masked_record)
     return reply
+
+
+class _Nonces:
+    """The party's own nonce discipline: a mask's nonce is (round, label) under pair keys
+    bound to the signed session, so the party accepts only rounds that advance, and in its
+    latest round masks each label once, or again for the very same vector (a re-sent
+    request, answered with the identical words). A server relabelling a later round as an
+    earlier one is refused: no two vectors are ever masked under one nonce."""
+
+    def __init__(self, context: Context, who: str, mtype: str, server_round: int) -> None:
+        self.context, self.who, self.mtype, self.round = context, who, mtype, server_round
+        held = context.state.config_records.get(NONCE_STATE)
+        last = -1 if held is None else int(held["round"])
+        if server_round < last:
+            raise FederationError(f"{who}: {mtype} asks to mask round {server_round} after round {last}; rounds must "
+                                  "advance under secure aggregation (a relabelled round would reuse a mask): refused")
+        self.used = dict(u.split("=", 1) for u in held["used"]) if held is not None and server_round == last else {}
+
+    def claim(self, label: str, values: np.ndarray) -> None:
+        digest = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
+        if self.used.get(label, digest) != digest:
+            raise FederationError(f"{self.who}: {self.mtype} asks to mask a different '{label}' vector in round "
+                                  f"{self.round}, whose nonce this party already used; refused (a relabelled or "
+                                  "altered request)")
+        self.used[label] = digest
+
+    def save(self) -> None:
+        self.context.state.config_records[NONCE_STATE] = ConfigRecord(
+            {"round": self.round, "used": [f"{k}={v}" for k, v in self.used.items()]})
 
 
 def register(app: ClientApp) -> None:
