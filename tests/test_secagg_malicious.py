@@ -1,0 +1,151 @@
+"""Secure aggregation against a malicious server: the grid below is the server's wire,
+and each test's subclass rewrites what the real ServerApp sends."""
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.app import Array, ConfigRecord
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.features import secagg
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+
+class Wire(InProcessGrid):
+    """Keeps what every reply held when the server pulled it (its transcript; the server's
+    hooks later replace masked words by sums in the same objects)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.received = []  # (reply, {record: {key: array as it arrived}})
+
+    def pull_messages(self, message_ids):
+        got = list(super().pull_messages(message_ids))
+        for r in got:
+            arrays = {} if r.has_error() else {name: {k: a.numpy().copy() for k, a in rec.items()}
+                                               for name, rec in r.content.array_records.items()}
+            self.received.append((r, arrays))
+        return got
+
+    def replies(self, mtype=None):
+        return [r for r, _ in self.received if mtype is None or r.metadata.message_type == mtype]
+
+    def values(self, *names):
+        """Every array the server received in records ``names``."""
+        return [a for _, arrays in self.received for name in names for a in arrays.get(name, {}).values()]
+
+    def plain_values(self):
+        return [a for a in self.values(msgs.LOGITS, msgs.DIRECTIONS) if a.dtype != np.uint64]
+
+
+def _config(tmp_path, **extra):
+    return RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime",
+                                  "num-server-rounds": 6, "output-dir": str(tmp_path / "runs"),
+                                  "reliability.round-timeout": 0.5, "reliability.round-retries": 1,
+                                  "privacy.secure-aggregation": True, **extra}).to_flower()
+
+
+def _grid(cls, tmp_path, rc):
+    k = rc["num-parties"]
+    ids = secagg.generate_identities(tmp_path / "identities", k)  # each party's own key file, every public key pinned
+    return cls(client_app, rc, k, node_configs=[{"partition-id": i, "num-partitions": k, **ids[i]} for i in range(k)])
+
+
+class KeySwap(Wire):
+    """Hands each party, for its next peer, an X25519 key of the server's own."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            if msg.metadata.message_type == msgs.SECAGG_PEERS:
+                own = self.node_ids.index(msg.metadata.dst_node_id)
+                peer = (own + 1) % len(self.node_ids)
+                fake = X25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
+                                                                             serialization.PublicFormat.Raw)
+                msg.content.array_records["secagg"][f"pk-{peer}"] = Array(np.frombuffer(fake, dtype=np.uint8).copy())
+        return super().push_messages(messages)
+
+
+def test_swapped_keys_every_party_refuses_naming_the_peer_and_no_value_reaches_the_server(tmp_path):
+    rc = _config(tmp_path)
+    grid = _grid(KeySwap, tmp_path, rc)
+    with pytest.raises(FederationError):
+        run_server(grid, rc)
+    peers = grid.replies(msgs.SECAGG_PEERS)
+    assert len(peers) >= rc["num-parties"] and all(r.has_error() for r in peers)
+    for i, nid in enumerate(grid.node_ids):
+        reasons = [r.error.reason for r in peers if r.metadata.src_node_id == nid]
+        peer = (i + 1) % rc["num-parties"]
+        assert reasons and all(f"party {peer}'s key" in why and "refusing the run" in why for why in reasons)
+    assert grid.values(msgs.LOGITS, msgs.DIRECTIONS) == []  # no logits at all, masked or not
+
+
+def test_without_identity_files_simulation_still_signs_and_checks(tmp_path):
+    rc = _config(tmp_path)
+    grid = KeySwap(client_app, rc, rc["num-parties"])  # the simulation's derived keys
+    with pytest.raises(FederationError):
+        run_server(grid, rc)
+    assert all(r.has_error() for r in grid.replies(msgs.SECAGG_PEERS))
+
+
+class Relabel(Wire):
+    """From round 3 on, labels every training request "round 0", where θ = 0 made each
+    party's reply its bare mask."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            rc = msg.content.config_records.get(msgs.ROUND)
+            if msg.metadata.message_type.startswith("train.") and rc is not None and int(rc["round"]) >= 3:
+                msg.content.config_records[msgs.ROUND] = ConfigRecord({**rc, "round": 0})
+        return super().push_messages(messages)
+
+
+def test_relabelled_rounds_are_refused(tmp_path):
+    rc = _config(tmp_path)
+    grid = _grid(Relabel, tmp_path, rc)
+    with pytest.raises(FederationError):
+        run_server(grid, rc)
+    refused = [r for r in grid.replies() if r.has_error()]
+    assert refused and all("rounds must advance" in r.error.reason for r in refused)
+    assert len({r.metadata.src_node_id for r in refused}) == rc["num-parties"]
+    assert grid.plain_values() == []
+
+
+def _words(reply):
+    assert not reply.has_error(), reply.error.reason
+    records = reply.content.array_records
+    return {"train": records[msgs.LOGITS]["train"].numpy().copy(),
+            "sq-norm": records[secagg.SQ_NORM]["sq-norm"].numpy().copy()}
+
+
+class Replay(Wire):
+    """Sends every party's round-3 request twice; keeps both replies."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.pairs = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages):
+            if msg.metadata.group_id == "3":
+                self.pairs.append(tuple(_words(r) for r in (self._replies[mid], self._answer(msg))))
+        return ids
+
+
+def test_a_replayed_request_gets_the_identical_masked_reply(tmp_path):
+    rc = _config(tmp_path)
+    grid = _grid(Replay, tmp_path, rc)
+    run_server(grid, rc)
+    assert len(grid.pairs) == rc["num-parties"]
+    for first, again in grid.pairs:
+        assert first["train"].dtype == np.uint64 and set(first) == {"train", "sq-norm"}
+        assert all(np.array_equal(first[key], again[key]) for key in first)
+    assert grid.plain_values() == []
