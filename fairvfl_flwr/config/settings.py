@@ -231,4 +231,6 @@ def replace_between(text: str, begin: str, end: str, block: str, where: str) -> 
     i, j = text.find(begin), text.find(end)
     if i < 0 or j < 0:
         raise ValueError(f"{where}: the generated block's markers {begin!r} / {end!r} are missing")
+    if text.count(begin) != 1 or text.count(end) != 1:  # a merge left a second, stale copy
+        raise ValueError(f"{where}: the generated block's markers must each appear once")
     return text[:i] + block + text[j + len(end):]
