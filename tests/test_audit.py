@@ -72,3 +72,12 @@ def test_recording_is_opt_in_and_only_passive(tmp_path):
     for k in range(1, 6):  # a passive party writes the same file to both folders
         a, b = tr.load(tmp_path / "v", k), tr.load(tmp_path / "t", k)
         assert [sorted(r) for r in a] == [sorted(r) for r in b]
+
+
+def test_evaluation_replies_give_the_server_the_test_rows_gram_matrix_unless_masked():
+    r = run_audit("crime", rounds=30, noise=0.0, overrides={"eval-every": 1})
+    assert r["label_attack_best"] == 1.0 and r["label_attack_best_round"] >= 1
+    assert r["server_gram_error_col"] < 0.1
+    assert r["server_test_gram_pairs"] == 31 and r["server_test_gram_error_col"] < 0.3  # guessing 0 scores 1.0
+    s = run_audit("crime", rounds=30, noise=0.0, overrides={"eval-every": 1, "privacy.secure-aggregation": True})
+    assert min(s["server_test_gram_errors_col"]) >= 0.9 and min(s["server_gram_errors_col"]) >= 0.9

@@ -91,6 +91,32 @@ def gram_error(estimate: GramEstimate, X: np.ndarray, rows: np.ndarray) -> float
     return err if np.isfinite(err) else float("inf")
 
 
+def column_basis(X: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the column space of X (rank from float64 rounding)."""
+    U, sv, _ = np.linalg.svd(np.asarray(X, np.float64), full_matrices=False)
+    return U[:, sv > max(X.shape) * np.finfo(np.float64).eps * (sv[0] if len(sv) else 0.0)]
+
+
+def gram_error_col(estimate, X: np.ndarray, rows: np.ndarray) -> float:
+    """‖P(Ĝ − G)P‖_F / ‖G‖_F on ``rows`` × ``rows``, P the projection onto the column space of X
+    (G = X Xᵀ = PGP): the error of the inner products Ĝ gives along the directions the party's
+    features have. See the module docstring ("Scoring on the column space")."""
+    Q = column_basis(X)
+    PG = project_rows(estimate, Q, rows)
+    truth = X[rows] @ X[rows].T
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = float(np.linalg.norm(PG - truth) / np.linalg.norm(truth))
+    return err if np.isfinite(err) else float("inf")
+
+
+def project_rows(estimate, Q: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(QQᵀ Ĝ QQᵀ) on ``rows`` × ``rows``, for Ĝ = basis · core · basisᵀ (or a sum of such)."""
+    if isinstance(estimate, SumEstimate):
+        return sum(project_rows(p, Q, rows) for p in estimate.parts)
+    inner = Q.T @ estimate.basis  # r_X × r
+    return Q[rows] @ (inner @ estimate.core @ inner.T) @ Q[rows].T
+
+
 def server_gram_attack(server_rounds: list[dict], pid: int, eta: float, mu: float,
                        max_rank: int | None = None) -> GramEstimate:
     """The server on one party: the logits it received and the ν it sent."""
@@ -376,3 +402,166 @@ def coalition_peeled(server_rounds: list[dict], pid: int, holder: int, keys: dic
             r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, int(r["round"])))
         out.append(r)
     return out
+
+
+# -- the passive party on labels: the strongest of several attackers -----------------------------
+#: The label attackers of :func:`label_attacks`, in the order they are reported.
+LABEL_ATTACKERS = ("round", "mean-1-10", "sign-sum", "scaled-sum", "logistic")
+
+
+def split_halves(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two seeded halves of the rows (an attacker's labelled rows and the rows it is scored on)."""
+    order = np.random.default_rng([seed, 0x6C61]).permutation(n)
+    return np.sort(order[: n // 2]), np.sort(order[n // 2:])
+
+
+def best_threshold(score: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(threshold, accuracy) of the rule ŷ = +1 where score > threshold that is most accurate
+    on (score, y); ±inf thresholds (always guess one class) are among the candidates."""
+    order = np.argsort(score, kind="mergesort")
+    s, pos = score[order], (y[order] == 1).astype(np.float64)
+    # cutting after the first i rows: those guessed −1, the rest +1
+    right = np.concatenate([[0.0], np.cumsum(1 - pos)]) + (pos.sum() - np.concatenate([[0.0], np.cumsum(pos)]))
+    distinct = np.concatenate([[True], s[1:] != s[:-1], [True]])  # cut only between different scores
+    right[~distinct] = -1
+    i = int(np.argmax(right))
+    cut = -np.inf if i == 0 else (np.inf if i == len(s) else (s[i - 1] + s[i]) / 2)
+    return float(cut), float(right[i] / len(s))
+
+
+def logistic_fit(F: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 25) -> np.ndarray:
+    """L2-regularised logistic regression by Newton's method (IRLS): weights of [F, 1] for P(y = 1)."""
+    A = np.column_stack([F, np.ones(len(F))])
+    t = (y == 1).astype(np.float64)
+    w = np.zeros(A.shape[1])
+    reg = l2 * np.eye(A.shape[1])
+    reg[-1, -1] = 0.0  # the intercept is the prior: not shrunk
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-np.clip(A @ w, -30, 30)))
+        grad = A.T @ (p - t) + reg @ w
+        step = np.linalg.solve(A.T @ (A * (p * (1 - p))[:, None]) + reg + 1e-9 * np.eye(len(w)), grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w
+
+
+def label_scores(rounds: np.ndarray, nus: np.ndarray, early: int = 10) -> dict[str, list[tuple[int, np.ndarray]]]:
+    """Each unsupervised attacker's scores (high: y = +1), one vector per round it may stop at.
+
+    ``round``: −ν of that round alone; ``mean-1-10``: −mean of rounds 1..``early`` (zero-mean
+    noise averages out while the weights are still positive); ``sign-sum``: −Σ sign ν up to
+    that round (each round one vote, whatever its scale); ``scaled-sum``: −Σ ν/std(ν) up to that
+    round (each round's ν in units of its spread over rows, so late rounds with small ν count).
+    """
+    nus = np.asarray(nus, np.float64)
+    spread = nus.std(axis=1, keepdims=True)
+    scaled = nus / np.where(spread > 0, spread, 1.0)
+    early_rows = (rounds >= 1) & (rounds <= early)
+    return {
+        "round": [(int(t), -v) for t, v in zip(rounds, nus)],
+        "mean-1-10": [(int(rounds[early_rows].max()), -nus[early_rows].mean(axis=0))] if early_rows.any() else [],
+        "sign-sum": [(int(t), -v) for t, v in zip(rounds, np.cumsum(np.sign(nus), axis=0))],
+        "scaled-sum": [(int(t), -v) for t, v in zip(rounds, np.cumsum(scaled, axis=0))],
+    }
+
+
+def label_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, seed: int = 0, early: int = 10) -> dict:
+    """The passive party's label attackers on its ν (recorded rounds × rows), each scored honestly.
+
+    The attacker is granted the labels of half the rows (a seeded split) to choose its
+    decision rule: for every scorer of :func:`label_scores`, the round to stop at and a
+    threshold (so it can fall back on the majority class, and beats the bare sign wherever
+    the prior helps); ``logistic``: a logistic regression on every recorded round's ν/std(ν).
+    It is scored on the other half, then the halves swap roles, so every row is predicted by
+    a rule fitted without it: the accuracy is over all rows, next to the majority class.
+    Returns ``{"attackers": {name: {"acc", "round"}}, "best", "best_by", "best_round",
+    "baseline"}``; ``round``: the last round the attacker used (when the two halves chose
+    different ones, the later).
+    """
+    y = np.asarray(y)
+    nus = np.asarray(nus, np.float64)
+    halves = split_halves(len(y), seed)
+    scorers = label_scores(rounds, nus, early)
+    spread = nus.std(axis=1, keepdims=True)
+    features = (nus / np.where(spread > 0, spread, 1.0)).T
+    out: dict = {}
+    for name in LABEL_ATTACKERS:
+        guess, used = np.zeros(len(y)), 0
+        for fit, held in (halves, halves[::-1]):
+            if name == "logistic":
+                w = logistic_fit(features[fit], y[fit])
+                guess[held] = np.where(features[held] @ w[:-1] + w[-1] > 0, 1, -1)
+                used = int(rounds.max())
+                continue
+            if not scorers[name]:
+                break
+            fits = [(best_threshold(score[fit], y[fit]), t, score) for t, score in scorers[name]]
+            (cut, _), t, score = max(fits, key=lambda f: f[0][1])
+            guess[held] = np.where(score[held] > cut, 1, -1)
+            used = max(used, t)
+        else:
+            out[name] = {"acc": float((guess == y).mean()), "round": used}
+    best = max(out, key=lambda k: out[k]["acc"])
+    return {"attackers": out, "best": out[best]["acc"], "best_by": best, "best_round": out[best]["round"],
+            "baseline": float(max((y == 1).mean(), (y == -1).mean()))}
+
+
+# -- the server on evaluation replies: the test rows' Gram matrix --------------------------------
+def eval_pairs(server_rounds: list[dict], pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """(X_k W, X_test,k W): the images of the same parameter vectors on the training rows and on
+    the test rows, as the server holds them from party ``pid``'s evaluation replies.
+
+    Gradient descent: a reply with test logits carries u = X_k θ and u_test = X_test,k θ of one θ.
+    Newton: X_k s (``dir``) with X_test,k s (the first column of ``test-dirs``), and the logits the
+    server tracks, X_k θ, with ``test`` = X_test,k θ.
+    """
+    by_round = {int(r["round"]): r for r in server_rounds}
+    train, test = [], []
+    if any(f"dir-{pid}" in r for r in server_rounds):
+        _, tracked, _ = newton_server_rounds(server_rounds, pid)
+        for t, r in sorted(by_round.items()):
+            if f"test-dirs-{pid}" in r and f"dir-{pid}" in r:
+                train.append(as_logits(r[f"dir-{pid}"]))
+                dirs = as_logits(r[f"test-dirs-{pid}"])
+                test.append(dirs[:, 0] if dirs.ndim > 1 else dirs)
+                if t in tracked and f"test-{pid}" in r:
+                    train.append(tracked[t])
+                    test.append(as_logits(r[f"test-{pid}"]))
+    else:
+        for _, r in sorted(by_round.items()):
+            if f"u-test-{pid}" in r and f"u-{pid}" in r:
+                train.append(as_logits(r[f"u-{pid}"]))
+                test.append(as_logits(r[f"u-test-{pid}"]))
+    if not train:
+        raise ValueError(f"no evaluation reply of party {pid} in the server's transcript")
+    return np.stack(train, axis=1), np.stack(test, axis=1)
+
+
+def eval_gram_attack(train: np.ndarray, test: np.ndarray, estimate: GramEstimate,
+                     rel_tol: float = NEWTON_RTOL) -> GramEstimate:
+    """Ĝ_test = X_test X_testᵀ from the pairs A = X W, B = X_test W (:func:`eval_pairs`) and the
+    server's estimate Ĝ of the training Gram matrix G = X Xᵀ.
+
+    AᵀG⁺A = Wᵀ Xᵀ(XXᵀ)⁺X W = WᵀW wherever X has full column rank on the span of W, so
+    B (AᵀĜ⁺A)⁺ Bᵀ = X_test W (WᵀW)⁺ Wᵀ X_testᵀ, which is X_test X_testᵀ once W spans the
+    features (as many independent evaluation replies as columns). W is ill-conditioned (θ
+    moves little late in training): directions of A below ``rel_tol`` of its largest singular
+    value are the wire's rounding and are dropped.
+    """
+    U, sv, Vt = np.linalg.svd(train, full_matrices=False)
+    keep = sv > rel_tol * sv[0] if len(sv) and sv[0] > 0 else np.zeros(len(sv), bool)
+    # recombine the parameter vectors into orthonormal images on the training rows: A T = U_keep
+    T = Vt[keep].T / sv[keep]
+    C = estimate.basis.T @ U[:, keep]  # the images in Ĝ's basis
+    vals, vecs = np.linalg.eigh((estimate.core + estimate.core.T) / 2)
+    big = vals > rel_tol * max(float(np.abs(vals).max(initial=0.0)), 1e-300)
+    core_pinv = (vecs[:, big] / vals[big]) @ vecs[:, big].T
+    K = C.T @ core_pinv @ C  # (AT)ᵀ Ĝ⁺ (AT) = TᵀWᵀW T
+    kv, kvec = np.linalg.eigh((K + K.T) / 2)
+    ok = kv > rel_tol ** 2 * max(float(kv.max(initial=0.0)), 1e-300)
+    M = (kvec[:, ok] / kv[ok]) @ kvec[:, ok].T
+    BT = test @ T
+    basis, s, vt = np.linalg.svd(BT, full_matrices=False)
+    core = (s[:, None] * vt) @ M @ (s[:, None] * vt).T
+    return GramEstimate(basis, (core + core.T) / 2, int(train.shape[1]))

@@ -78,6 +78,7 @@ from fairvfl_flwr.flower.party import party_data
 from fairvfl_flwr.algorithms.newton import ENCRYPTED_NU_CURVATURE, PASSIVE_CURVATURE
 from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config
+from fairvfl_flwr.tools.results import publish, this_command
 
 
 def _ranks(score: np.ndarray) -> np.ndarray:
@@ -130,9 +131,10 @@ def group_scores(nus: np.ndarray) -> np.ndarray:
 
 
 def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.ndarray, protected_label: int,
-                    early: int = 10) -> dict:
+                    early: int = 10, seed: int = 0) -> dict:
     """The label and group attacks on one passive party's ν (rounds × rows), scored; the
-    averaging attack uses rounds 1..``early``."""
+    averaging attack uses rounds 1..``early``; ``label_attack_best``: the strongest of the
+    attackers of tools/attacks.label_attacks (``seed``: its split of the rows)."""
     # The first recorded round is the worst case for the defender: z = 0 and λ = 0 in
     # round 1, so ν_i = −y_i / (2n).
     y_first = label_attack(nus[0])
@@ -145,12 +147,17 @@ def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.nd
     score = group_scores(nus)
     truth_rows = chosen & (y == protected_label)
     a = auc(score[truth_rows], s[truth_rows])
+    strongest = attacks.label_attacks(rounds, nus, y, seed, early)
     return {
         "rounds_recorded": int(len(rounds)),
         "view": "plaintext",
         "label_attack_acc": float((y_first == y).mean()),
         "label_attack_acc_last": float((y_last == y).mean()),
         "label_attack_acc_avg": float((y_avg == y).mean()),
+        "label_attack_acc_signsum": float((label_attack(np.sign(nus).sum(axis=0)) == y).mean()),
+        "label_attack_best": strongest["best"], "label_attack_best_by": strongest["best_by"],
+        "label_attack_best_round": strongest["best_round"], "label_attackers": strongest["attackers"],
+        "label_attack_gap": strongest["best"] - strongest["baseline"],
         "label_baseline_acc": float(max((y == 1).mean(), (y == -1).mean())),
         "group_attack_auc": float(max(a, 1 - a)),
         "group_attack_auc_chance": chance_auc(score[truth_rows], s[truth_rows]),
@@ -159,18 +166,18 @@ def passive_attacks(rounds: np.ndarray, nus: np.ndarray, y: np.ndarray, s: np.nd
 
 
 def passive_from_transcript(folder: str | Path, pid: int, y: np.ndarray, s: np.ndarray, protected_label: int,
-                            noise: NuNoise | None = None) -> dict:
+                            noise: NuNoise | None = None, seed: int = 0) -> dict:
     """The passive attacks on party ``pid``'s transcript; with ``noise``, also the attacker
     that regenerates the seeded ν noise (its seed is the run's, which every party holds)."""
     party = [r for r in transcripts.load(folder, pid) if int(r["round"]) >= 1]
     if not any("nu" in r for r in party):  # encrypted ν: ciphertext only, nothing per row to attack
         nan = float("nan")
         return {"rounds_recorded": len(party), "view": "ciphertext", "label_attack_acc": nan,
-                "label_attack_acc_last": nan, "label_attack_acc_avg": nan,
+                "label_attack_acc_last": nan, "label_attack_acc_avg": nan, "label_attack_best": nan,
                 "label_baseline_acc": float(max((y == 1).mean(), (y == -1).mean())),
                 "group_attack_auc": nan, "group_rows_scored": 0}
     rounds, nus = transcripts.stack(party, "nu")
-    out = passive_attacks(rounds, nus.astype(np.float64), y, s, protected_label)
+    out = passive_attacks(rounds, nus.astype(np.float64), y, s, protected_label, seed=seed)
     if noise is not None:
         clean = nus[0].astype(np.float64) - noise.nu(None, int(rounds[0]), np.zeros(nus.shape[1]))
         out["label_attack_acc_seeded"] = float((label_attack(clean) == y).mean())
@@ -183,6 +190,38 @@ def medians(out: dict, prefix: str, scores: list[dict]) -> None:
         out[prefix] = scores
         for key in ("rho", "nn10", "rho_chance", "nn10_chance"):
             out[f"{prefix}_{key}"] = float(np.median([t[key] for t in scores]))
+
+
+def gram_scores(out: dict, prefix: str, grams: list, X: dict, parties: list[int], rows: np.ndarray) -> None:
+    """``<prefix>_gram_error(s)``: each party's estimate scored on all of G, and ``..._col`` on the
+    column space of its features (tools/attacks.gram_error_col); the median over the parties."""
+    for suffix, score in (("", attacks.gram_error), ("_col", attacks.gram_error_col)):
+        errors = [score(g, X[k], rows) for g, k in zip(grams, parties)]
+        out[f"{prefix}_gram_errors{suffix}"] = errors
+        out[f"{prefix}_gram_error{suffix}"] = float(np.median(errors)) if errors else float("nan")
+
+
+def eval_attack(out: dict, server: list[dict], grams: list, parties: list[int], cfg: RunConfig) -> None:
+    """``server_test_gram_error_col``: the test rows' Gram matrix of each passive party from its
+    evaluation replies and the server's training-Gram estimate (tools/attacks.eval_gram_attack),
+    scored on the column space of its test features; the median over the parties, with the
+    number of evaluation replies it had (``server_test_gram_pairs``). Absent when no reply
+    carried test logits in the clear."""
+    errors, pairs = [], 0
+    for g, k in zip(grams, parties):
+        try:
+            train, test = attacks.eval_pairs(server, k)
+        except ValueError:
+            return
+        x_test = party_data(cfg, party_spec({"partition-id": k}, cfg.num_parties, cfg.num_active)).X_test
+        est = attacks.eval_gram_attack(train, test, g)
+        errors.append(attacks.gram_error_col(est, np.asarray(x_test, np.float64),
+                                             attacks.score_rows(len(x_test), cfg.seed)))
+        pairs = train.shape[1]
+    if errors:
+        out["server_test_gram_errors_col"] = errors
+        out["server_test_gram_error_col"] = float(np.median(errors))
+        out["server_test_gram_pairs"] = int(pairs)
 
 
 def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[int, bytes] | None = None) -> dict:
@@ -207,8 +246,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         # the curvature the passive parties used, which the server knows from the run config
         h = ENCRYPTED_NU_CURVATURE if cfg.secure_nu == "ckks" else PASSIVE_CURVATURE
         grams = [attacks.newton_server_gram_attack(server, k, mu, X[k].shape[1], curvature=h) for k in passive]
-        out["server_gram_errors"] = [attacks.gram_error(g, X[k], rows) for g, k in zip(grams, passive)]
-        out["server_gram_error"] = float(np.median(out["server_gram_errors"])) if passive else float("nan")
+        gram_scores(out, "server", grams, X, passive, rows)
+        eval_attack(out, server, grams, passive, cfg)
         ran = max(int(r["round"]) for r in server)
         # how fast it comes: the same attack on the first rounds only
         out["server_gram_error_by_rounds"] = {
@@ -225,13 +264,13 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
                 np.stack([sums[t] for t in ts], axis=1), x_passive)
             # the coalition holds every passive party's replies: the server's estimates, summed
             out["coalition_gram_error"] = attacks.gram_error(attacks.SumEstimate(grams), x_passive, rows)
+            out["coalition_gram_error_col"] = attacks.gram_error_col(attacks.SumEstimate(grams), x_passive, rows)
         return out
     medians(out, "server_traj", [attacks.trajectory_attack(server, k, X[k], rows, cfg.seed) for k in passive])
     if cfg.model == "linear":
-        errors = [attacks.gram_error(attacks.server_gram_attack(server, k, cfg.eta, mu, X[k].shape[1]), X[k], rows)
-                  for k in passive]
-        out["server_gram_errors"] = errors
-        out["server_gram_error"] = float(np.median(errors)) if errors else float("nan")
+        grams = [attacks.server_gram_attack(server, k, cfg.eta, mu, X[k].shape[1]) for k in passive]
+        gram_scores(out, "server", grams, X, passive, rows)
+        eval_attack(out, server, grams, passive, cfg)
     if coalition_keys is not None:
         peeled = {k: attacks.coalition_peeled(server, k, 0, coalition_keys) for k in passive}
         medians(out, "coalition_traj", [attacks.trajectory_attack(peeled[k], k, X[k], rows, cfg.seed)
@@ -259,8 +298,10 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
             est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
                                              cfg.wire_dtype, x_passive.shape[1])
             out["active_gram_error"] = attacks.gram_error(est, x_passive, rows)
+            out["active_gram_error_col"] = attacks.gram_error_col(est, x_passive, rows)
             both = attacks.coalition_gram_attack(server, active, cfg.eta, mu, x_passive.shape[1])
             out["coalition_gram_error"] = attacks.gram_error(both, x_passive, rows)
+            out["coalition_gram_error_col"] = attacks.gram_error_col(both, x_passive, rows)
     return out
 
 
@@ -277,19 +318,18 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
     with tempfile.TemporaryDirectory() as tmp:
         changes = {  # the attacks model the paper's gradient steps
             "preset": "paper", "dataset": dataset, "num-server-rounds": rounds, "eval-every": rounds, "seed": seed,
+            # every round: the accumulating attackers and the server's tracking need them all
             "privacy.transcript-dir": str(Path(tmp) / "transcripts"), "privacy.record-every": 10,
-            "privacy.record-first": 30, "privacy.nu-noise": noise,
+            "privacy.record-first": rounds, "privacy.nu-noise": noise,
             "output-dir": str(Path(tmp) / "runs"), **(overrides or {}),
         }
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-        if cfg.optimizer_in_use == "newton":  # the server tracks each party's logits from every round's α
-            cfg = RunConfig.from_flower({**cfg.to_flower(), "privacy.record-first": max(cfg.record_first, rounds)})
         grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
         summary, _ = run_inprocess(cfg.to_flower(), quiet=True, grid=grid)
         ds = load_data(cfg)
         regen = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
         result = passive_from_transcript(cfg.transcript_dir, cfg.num_active, ds.y_train, ds.s_train,
-                                         ds.protected_label, regen)
+                                         ds.protected_label, regen, cfg.seed)
         keys = active_pair_keys(grid) if cfg.secure_aggregation and cfg.num_active == 1 else None
         result.update(role_attacks(cfg.transcript_dir, cfg, ds, keys))
     dp = summary.get("label_dp") or {}
@@ -306,13 +346,16 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
 def table(rows: list[dict]) -> str:
     lines = [
         "| dataset | defence | label attack acc (round 1) | (last round) | (mean of rounds 1-10) | (noise redrawn from the seed) "
-        "| majority baseline | group attack AUC (guess: 0.5; chance's 95th percentile on these rows) | server: Gram error (guess: 1.0) | active: Gram error of the passive sum "
+        "| strongest label attacker, held-out rows (which, last round used) "
+        "| majority baseline | group attack AUC (guess: 0.5; chance's 95th percentile on these rows) | server: Gram error (guess: 1.0) "
+        "| server: Gram error on the column space (guess: 1.0) | server: test rows' Gram error from evaluation replies, column space (replies) "
+        "| active: Gram error of the passive sum "
         "| server + active: Gram error of the passive sum | server: distance rank corr. from logit trajectories (shuffled) "
         "| active: distance rank corr. of the passive sum's trajectories (shuffled) "
         "| server + active, secure aggregation: a passive party's Gram error after peeling the active party's masks "
         "| active: passive columns outside the span of S(t), rel. (guess: 1.0; span dim.) "
         "| test ACC % | DFP | DFN | train DEO |",
-        "|" + "---|" * 19,
+        "|" + "---|" * 22,
     ]
 
     def f(v) -> str:  # nan: nothing to attack (ciphertext only) or the attack does not apply (MLP)
@@ -327,6 +370,16 @@ def table(rows: list[dict]) -> str:
     def chance(r: dict, ct: bool) -> str:
         v = r.get("group_attack_auc_chance")
         return "" if ct or v is None or v != v else f" ({v:.3f})"
+
+    def best(r: dict) -> str:
+        v = r.get("label_attack_best")
+        if v is None or v != v:
+            return f(v)
+        return f"**{v:.3f}** ({r['label_attack_best_by']}, {r['label_attack_best_round']})"
+
+    def test_gram(r: dict) -> str:
+        v = r.get("server_test_gram_error_col")
+        return "–" if v is None else f"{f(v)} ({r['server_test_gram_pairs']})"
 
     for r in rows:
         ct = r.get("view") == "ciphertext"  # the passive transcript holds no per-row plaintext
@@ -345,7 +398,9 @@ def table(rows: list[dict]) -> str:
             f"| {r['dataset']}{'' if r.get('num_parties', 6) == 6 else ', num-parties=' + str(r['num_parties'])} | "
             f"{', '.join(defence) or 'none'} | {p(r['label_attack_acc'])} | "
             f"{p(r['label_attack_acc_last'])} | {p(r['label_attack_acc_avg'])} | {f(r.get('label_attack_acc_seeded'))} | "
+            f"{best(r)} | "
             f"{r['label_baseline_acc']:.3f} | {p(r['group_attack_auc'])}{chance(r, ct)} | {f(r.get('server_gram_error'))} | "
+            f"{f(r.get('server_gram_error_col'))} | {test_gram(r)} | "
             f"{f(r.get('active_gram_error'))} | {f(r.get('coalition_gram_error'))} | "
             f"{f(r.get('server_traj_rho'))} ({f(r.get('server_traj_rho_chance'))}) | "
             f"{f(r.get('active_traj_rho'))} ({f(r.get('active_traj_rho_chance'))}) | {f(r.get('coalition_party_gram_error'))} | "
@@ -357,7 +412,8 @@ def table(rows: list[dict]) -> str:
 
 
 #: What :func:`spread` summarises over repeated runs: (key, column label).
-SPREAD = (("label_attack_acc", "labels, round 1"), ("label_attack_acc_avg", "labels, mean of rounds 1-10"),
+SPREAD = (("label_attack_best", "labels, strongest attacker"), ("label_attack_gap", "strongest − majority"),
+          ("label_attack_acc", "labels, round 1"), ("label_attack_acc_avg", "labels, mean of rounds 1-10"),
           ("label_attack_acc_last", "labels, last round"), ("group_attack_auc", "groups AUC"),
           ("group_attack_auc_chance", "groups AUC by chance (95th pct.)"), ("test_acc", "test ACC"),
           ("train_deo", "train DEO"))
@@ -380,6 +436,16 @@ def spread(rows: list[dict], repeats: int) -> str:
     return "\n".join(out) + "\n"
 
 
+NOTES = """Every role's attacks on its own transcript of a real in-process run (the module docstring of
+`fairvfl_flwr/tools/audit.py` defines each). The strongest label attacker is the best of
+`tools/attacks.label_attacks` (one round, the mean of rounds 1-10, sign sums and scaled sums up to a
+chosen round, a logistic regression on every round's ν), each fitted on half the rows with their labels
+and scored on the other half, then the halves swapped: a score over all rows that no rule saw while
+fitted, next to the majority class. Gram errors: relative Frobenius error on 200 seeded rows (guessing 0
+scores 1.0); "column space": after projecting the estimate onto the column space of the party's features.
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="fairvfl-audit",
                                 description="Leakage audit of every role's transcript (see module docstring).")
@@ -399,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="run each audit this many times: label DP draws fresh noise every run (a new server "
                         "secret), so one run is one draw; the table then ends with each attack's mean [min, max]")
     p.add_argument("--out", type=Path, default=Path("results/audit"), help="folder for audit.json and audit.md")
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="also publish the table as DIR/audit-<out folder's name>.md and .json with this command "
+                        "(docs/results refreshes the docs' page)")
     a = p.parse_args(argv)
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -417,7 +486,9 @@ def main(argv: list[str] | None = None) -> None:
                                                             **extra})
             rows.append(r)
             print(f"{dataset} privacy.nu-noise={noise:g} privacy.secure-nu={a.secure_nu} "
-                  f"privacy.secure-aggregation={a.secure_aggregation}: labels {r['label_attack_acc']:.3f} "
+                  f"privacy.secure-aggregation={a.secure_aggregation}: labels {r['label_attack_acc']:.3f}, strongest "
+                  f"{r.get('label_attack_best', float('nan')):.3f} ({r.get('label_attack_best_by')}, round "
+                  f"{r.get('label_attack_best_round')}) "
                   f"(baseline {r['label_baseline_acc']:.3f}), groups AUC {r['group_attack_auc']:.3f} "
                   f"(chance ≤ {r.get('group_attack_auc_chance', float('nan')):.3f}), "
                   f"server Gram error {r.get('server_gram_error', float('nan')):.3g}, "
@@ -435,7 +506,13 @@ def main(argv: list[str] | None = None) -> None:
         if r.get("server_gram_error_by_rounds"):
             print(f"{r['dataset']}: the server's Newton Gram error (median over the passive parties) from the first "
                   "rounds only: " + ", ".join(f"{t}: {e:.3g}" for t, e in r["server_gram_error_by_rounds"].items()))
-    print(f"{len(rows)} audits in {time.perf_counter() - t0:.0f} s; results in {a.out.resolve()}")
+    wall = time.perf_counter() - t0
+    if a.results is not None:
+        page = publish(f"audit-{a.out.name}", this_command(), {"wall_seconds": wall, "runs": rows},
+                       table(rows) + spread(rows, a.repeats), title=f"Leakage audit: {a.out.name}",
+                       notes=NOTES, out=a.results)
+        print(f"published {page}")
+    print(f"{len(rows)} audits in {wall:.0f} s; results in {a.out.resolve()}")
 
 
 if __name__ == "__main__":
