@@ -2,12 +2,14 @@
 and each test's subclass rewrites what the real ServerApp sends."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Array, ConfigRecord
 
 from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.features import secagg
@@ -149,3 +151,26 @@ def test_a_replayed_request_gets_the_identical_masked_reply(tmp_path):
         assert first["train"].dtype == np.uint64 and set(first) == {"train", "sq-norm"}
         assert all(np.array_equal(first[key], again[key]) for key in first)
     assert grid.plain_values() == []
+
+
+def test_a_scoring_job_under_secure_aggregation_gives_the_server_masked_words_and_the_same_predictions(tmp_path):
+    base = {"dataset": "crime", "num-server-rounds": 6, "num-parties": 4}
+    _, model = run_inprocess({**base, "output-dir": str(tmp_path / "train")}, quiet=True)
+    scored = {}
+    for masked in (False, True):
+        rc = RunConfig.from_flower({**base, "mode": "score", "score.model-from": str(model), "score.chunk-rows": 150,
+                                    "output-dir": str(tmp_path / f"score-{masked}"),
+                                    "privacy.secure-aggregation": masked}).to_flower()
+        grid = _grid(Wire, tmp_path, rc)
+        summary, out = run_server(grid, rc)
+        scored[masked] = (grid.values(msgs.LOGITS), pd.read_csv(out / "predictions.csv"), summary)
+    (plain, p_plain, s_plain), (words, p_masked, s_masked) = scored[False], scored[True]
+    assert s_masked["chunks"] > 1 and len(words) == len(plain) == 2 * 4 * s_masked["chunks"]  # logits and ids
+    assert p_masked["id"].tolist() == p_plain["id"].tolist()
+    assert (p_masked["decision"] == p_plain["decision"]).all()
+    np.testing.assert_allclose(p_masked["probability"], p_plain["probability"], rtol=0, atol=1e-12)
+    logits = [w for w in words if w.dtype.kind in "uif"]  # not the chunk's ids
+    assert logits and all(w.dtype == np.uint64 for w in logits)  # only masked words, no float partial logit
+    clear = [u for u in plain if u.dtype.kind == "f"]
+    for w, u in zip(logits, clear):  # same party, same chunk: the words are nothing like its partial logits
+        assert np.median(np.abs(secagg.decode(w) - u)) > 100.0

@@ -107,9 +107,6 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
     ("secure_aggregation", lambda c: c.secure_aggregation, "resume_from", lambda c: bool(c.resume_from),
      "a resumed run restores per-party logits, which a masked run never had; start the run afresh"),
     ("secure_aggregation", lambda c: c.secure_aggregation, "mode", lambda c: c.mode == "split", _SPLIT),
-    ("secure_aggregation", lambda c: c.secure_aggregation, "mode", lambda c: c.mode == "score",
-     "scoring replies are not masked (no pair keys are agreed in a scoring job); score with "
-     "privacy.secure-aggregation=false"),
 ]
 
 

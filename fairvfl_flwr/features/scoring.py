@@ -42,6 +42,7 @@ from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import blocks
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preprocess import Preprocessing, common_score_rows, score_file, score_rows
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
@@ -130,6 +131,9 @@ def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> 
                 f"{party} holds {r['n-rows']} rows to score (ids digest {r['ids-digest']}), party {min(info)} holds "
                 f"{first['n-rows']} (ids digest {first['ids-digest']}): every party must hold the same row ids; refused")
     n = int(first["n-rows"])
+    if cfg.secure_aggregation:  # each chunk's replies masked: the server learns the per-row totals only
+        secagg.agree_keys([(info[pid]["node"], pid, who[info[pid]["node"]]) for pid in sorted(info)],
+                          lambda ms: exchange.exchange(grid, ms, timeout, retries, name))
     chunk = cfg.score_chunk_rows
     ordered = [info[pid]["node"] for pid in sorted(info)]
     wire = np.dtype(cfg.wire_dtype)
@@ -145,13 +149,17 @@ def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> 
             content = got[nid].content
             if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
                 raise ScoreError(f"{name(nid)}: a {msgs.SCORE} reply holds exactly the chunk's logits and ids; refused")
-            try:
-                u = checks.check_vector(content.array_records[LOGITS]["logits"].numpy(), "partial logits",
-                                        stop - start, name(nid))
-            except checks.ReplyError as exc:
-                raise ScoreError(f"rejected a reply: {exc}") from None
-            if u.dtype != wire:
-                raise ScoreError(f"{name(nid)}: partial logits in {u.dtype}, the run's wire dtype is {wire}")
+            u = content.array_records[LOGITS]["logits"].numpy()
+            expected = np.dtype(np.uint64) if cfg.secure_aggregation else wire
+            if u.dtype != expected or u.shape != (stop - start,):
+                raise ScoreError(f"{name(nid)}: partial logits of rows {start}..{stop - 1} as {u.dtype} {u.shape}, "
+                                 f"expected {expected} ({stop - start},)"
+                                 f"{' (masked words: privacy.secure-aggregation)' if cfg.secure_aggregation else ''}")
+            if not cfg.secure_aggregation:
+                try:
+                    u = checks.check_vector(u, "partial logits", stop - start, name(nid))
+                except checks.ReplyError as exc:
+                    raise ScoreError(f"rejected a reply: {exc}") from None
             ids = content.array_records[LOGITS]["ids"].numpy().astype(str)
             if ids.shape != (stop - start,):
                 raise ScoreError(f"{name(nid)}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
@@ -160,8 +168,9 @@ def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> 
             elif not np.array_equal(ids, chunk_ids):
                 raise ScoreError(f"{name(nid)}: rows {start}..{stop - 1} are not the same ids as party {min(info)}'s; "
                                  "refused")
-            parts.append(u.astype(np.float64))
-        z[start:stop] = np.sum(parts, axis=0)
+            parts.append(u if cfg.secure_aggregation else u.astype(np.float64))
+        z[start:stop] = (secagg.unmask_sum(parts, f"rows {start}..{stop - 1}") if cfg.secure_aggregation
+                         else np.sum(parts, axis=0))
         ids_out.append(chunk_ids)
     ids_all = np.concatenate(ids_out) if ids_out else np.array([], dtype=str)
     folder = run_folder(cfg, run_id)

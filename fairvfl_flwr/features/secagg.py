@@ -80,7 +80,7 @@ _WIDE_MOD = 1 << 128
 #: Nonce label of every vector a party masks; one round's reply never uses a label twice,
 #: and the Newton directions reply and the apply reply after it (same round) use distinct ones.
 SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "dir-a": 5, "dir-gram": 6,
-          "dir-sq-norm": 7, "sq-norm": 8}
+          "dir-sq-norm": 7, "sq-norm": 8, "score": 9}
 #: Keys of a Newton directions reply summed in the 128-bit ring (float64, unbounded scale).
 WIDE_KEYS = ("a", "gram")
 SQ_NORM = "secagg-sq-norm"  # ArrayRecord of a masked reply: ‖θ_k‖², 128-bit words (its metric is then 0)
@@ -205,6 +205,35 @@ def _array(blob: bytes) -> Array:
 
 
 # -- the server's side -----------------------------------------------------------------
+def agree_keys(parties: list[tuple[int, int, str]], send) -> None:
+    """Relay a key set-up: each party's signed X25519 key to every party.
+
+    ``parties``: (node id, partition id, name) of each; ``send(messages)`` returns the
+    replies in the order of ``messages``. A new session id per set-up: new pair keys."""
+    # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
+    session = ConfigRecord({"session": secrets.token_hex(16)})
+    asks = [Message(RecordDict({"secagg": session}), dst_node_id=nid, message_type=msgs.SECAGG_KEYS,
+                    group_id="secagg") for nid, _, _ in parties]
+    public = {}
+    for (_, pid, name), reply in zip(parties, send(asks)):
+        record = reply.content.array_records.get("secagg")
+        if record is None or "public" not in record or record["public"].numpy().size != 32 or "signature" not in record:
+            raise FederationError(f"{name} sent no signed X25519 public key for secure aggregation")
+        public[f"pk-{pid}"] = record["public"]
+        public[f"sig-{pid}"] = record["signature"]
+    send([Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
+                  group_id="secagg") for nid, _, _ in parties])
+
+
+def unmask_sum(words: list[np.ndarray], what: str) -> np.ndarray:
+    """The decoded sum of several parties' masked 64-bit words; masks that did not cancel stop the run."""
+    total = decode(np.sum(words, axis=0, dtype=np.uint64))  # wraps mod 2^64
+    if np.any(np.abs(total) >= LIMIT / 2):
+        raise FederationError(f"{what}: the masks did not cancel (the parties' pair keys differ: a node restarted "
+                              "or a reply was altered); no party's values were revealed; start the run again")
+    return total
+
+
 class SecureAggregation(RoundHook):
     """Key set-up before the first logits; every round, the masked replies summed to z.
 
@@ -214,21 +243,8 @@ class SecureAggregation(RoundHook):
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> None:
         order = server.ordered_nodes()
-        # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
-        session = ConfigRecord({"session": secrets.token_hex(16)})
-        asks = [Message(RecordDict({"secagg": session}), dst_node_id=n.node_id, message_type=msgs.SECAGG_KEYS,
-                        group_id="secagg") for n in order]
-        public = {}
-        for node, reply in zip(order, server.exchange(grid, asks, timeout)):
-            record = reply.content.array_records.get("secagg")
-            if record is None or "public" not in record or record["public"].numpy().size != 32 \
-                    or "signature" not in record:
-                raise FederationError(f"{node} sent no signed X25519 public key for secure aggregation")
-            public[f"pk-{node.partition_id}"] = record["public"]
-            public[f"sig-{node.partition_id}"] = record["signature"]
-        peers = [Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=n.node_id,
-                         message_type=msgs.SECAGG_PEERS, group_id="secagg") for n in order]
-        server.exchange(grid, peers, timeout)
+        agree_keys([(n.node_id, n.partition_id, str(n)) for n in order],
+                   lambda messages: server.exchange(grid, messages, timeout))
         return None
 
     def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
@@ -372,7 +388,7 @@ def sapeers(message: Message, context: Context) -> Message:
     """Check every peer's signed key against its pinned identity key, then derive a shared
     key with each; a key that fails refuses the run naming the peer."""
     rt = PartyRuntime(context)
-    own = rt.data.partition_id
+    own = rt.spec.partition_id
     record = message.content.array_records["secagg"]
     peers = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items() if k.startswith("pk-")}
     signatures = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items() if k.startswith("sig-")}
@@ -440,11 +456,19 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     if len(keys) != k - 1:
         raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(keys)} of "
                               f"{k - 1} pair keys (no set-up, or the node restarted); start the run again")
-    server_round, own = round_of(message)[0], rt.data.partition_id
-    nonces = _Nonces(context, rt.who, message.metadata.message_type, server_round)
+    own, mtype = rt.spec.partition_id, message.metadata.message_type
+    # A scoring chunk's nonce is its first row: chunks advance, each masked once.
+    server_round = int(message.content.config_records["score"]["start"]) if mtype == msgs.SCORE \
+        else round_of(message)[0]
+    nonces = _Nonces(context, rt.who, mtype, server_round)
     masked_record = {}
     for key, array in reply.content.array_records[name].items():
         label, values = _label(name, key), array.numpy()
+        if mtype == msgs.SCORE:
+            if key != "logits":  # the chunk's ids: the rows the server asked for
+                masked_record[key] = values
+                continue
+            label = "score"
         nonces.claim(label, values)
         if name == msgs.DIRECTIONS and key in WIDE_KEYS:
             masked_record[key] = masked_wide(values, own, keys, server_round, label, k, rt.who, f"Newton '{key}'")

@@ -37,6 +37,7 @@ from fairvfl_flwr.data.partydata import (
 from fairvfl_flwr.data.preprocess import for_columns, sidecar_path
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DataError
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.tools.cli import config_text
 
 #: Run-config keys that shape the problem and the models: a deployment run must use the
@@ -63,6 +64,9 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     ds = load_data(cfg)
     columns = party_columns(cfg, ds)
     node_configs = []
+    # Demo identity keys for secure aggregation, all written here: in a real deployment each
+    # party generates its own and the operator hands out only identities/peers.json.
+    identities = secagg.generate_identities(out / "identities", cfg.num_parties)
     for k in range(cfg.num_parties):
         path = out / f"party{k}.csv"
         party_table(cfg, ds, k).to_csv(path, index=False)
@@ -72,6 +76,7 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
                 "data-path": str(path), "id-column": ID_COLUMN}
         if k < cfg.num_active:
             node.update(active_node_config(cfg, ds))
+        node.update(identities[k])
         node_configs.append(node)
     labels_path = out / "server_labels.csv"
     label_table(ds).to_csv(labels_path, index=False)
