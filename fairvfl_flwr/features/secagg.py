@@ -6,26 +6,42 @@ itself: a few dozen rounds give it X_k X_kᵀ (the audit's server attack). With 
 party adds pairwise masks that cancel in the sum, so the server learns z = Σ_k u_k and,
 per party, words indistinguishable from uniform noise.
 
-Set-up (the server's :class:`SecureAggregation` hook, before the first logits):
+Set-up (:func:`agree_keys`: the :class:`SecureAggregation` hook before the first logits,
+and a scoring job before its first chunk):
 
 ============== ================================ =====================================
 message type    from server                      reply
 ============== ================================ =====================================
-query.sakeys    (nothing)                        a fresh X25519 public key
-query.sapeers   every party's public key         (nothing): each pair now shares a key
+query.sakeys    a fresh session id               a fresh X25519 public key, signed
+query.sapeers   every party's key and signature  (nothing): each pair now shares a key
 ============== ================================ =====================================
 
-Party i and j derive k_ij = HKDF-SHA256(X25519(sk_i, pk_j)); the server relays the
-public keys and never sees a shared secret (honest-but-curious server; an active server
-could substitute keys, as in any relay without authenticated keys).
+Every party has a long-term Ed25519 identity key made on its own machine (node config
+``identity-key``, a PEM file) and every party's public identity key, pinned out of band
+(node config ``peers``, a JSON file partition id -> hex, that the operator distributes with
+the party files; :func:`generate_identities` writes both, the export tool uses it). A party
+signs ``SIGNED ‖ partition id ‖ session id ‖ X25519 key``; on ``query.sapeers`` it checks
+every peer's signature against that peer's pinned key and its own session id and refuses
+the run naming the peer if one fails, so a server that substitutes keys (to strip the
+masks) stops the run before any logits leave a party. Without identity files (simulation
+with the packaged data) keys derived from the partition id stand in: anyone can derive
+them, so they show the protocol working and authenticate nothing; a party with a
+``data-path`` and no ``identity-key`` is refused. Party i and j derive
+k_ij = HKDF-SHA256(X25519(sk_i, pk_j), salt = session id).
+
+Nonces: a mask's nonce is (round, label) under k_ij, and the party itself keeps which it
+used (:class:`_Nonces`): it masks only rounds that advance, and in its latest round each
+label once, or again for the bit-identical vector. A server relabelling a later round as an
+earlier one (where θ = 0 made a reply its bare mask) is refused; a re-sent request gets its
+identical masked reply. A scoring chunk's round is its first row.
 
 Every reply's logits (training and test, round 0 included) are encoded in fixed point,
 q = round(u · 2^48) as 64-bit words, and party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji
 mod 2^64, with m_ij = AES-256-CTR(k_ij, nonce = (round, split)) a pseudo-random word per
 row. The masks cancel in Σ_i, which the server decodes to z exactly (the integer sum is
 exact; every float32 with |u| ≥ 2^-25 is a whole number of 2^-48 steps). Masks depend on
-the round and split only, so a re-sent message (the guard answers it from the same θ)
-gets the identical masked reply: nothing new is revealed. A party that stays silent
+the round and split (and the session's keys), so a re-sent message (the guard answers it
+from the same θ) gets the identical masked reply: nothing new is revealed. A party that stays silent
 makes the exchange re-send and then stop the run; no round is ever unmasked for a subset
 of parties (there is no unmasking step at all).
 
