@@ -374,8 +374,8 @@ def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path)
         node["score-path"] = str(tmp_path / f"new{k}.csv")
         u = pre.apply(raw, "test") @ arrays["weight"] + (arrays["bias"] if "bias" in arrays else 0.0)
         expected += u.astype(np.float32)
-    # the export's run config has secure aggregation on; scoring replies are not masked, so the job turns it off
-    score_rc = RunConfig.from_flower({**train_rc, "privacy.secure-aggregation": False, "mode": "score",
+    # the export's run config has secure aggregation on: the job's replies are masked too
+    score_rc = RunConfig.from_flower({**train_rc, "mode": "score",
                                       "score.model-from": str(folder), "score.chunk-rows": 300,
                                       "output-dir": str(tmp_path / "scores")}).to_flower()
     summary, out = run_server(InProcessGrid(client_app, score_rc, 4, node_configs=nodes), score_rc)
