@@ -19,6 +19,30 @@ features and this attack does not apply (the server still sees u_k per round).
 The active party runs the same algebra on the passive parties' sum, z − u_active, with
 ν(t) computed from its own y, s, the λ it receives and z: it recovers Σ_passive X_k X_kᵀ
 (with one passive party, that party's Gram matrix).
+
+**Scoring on the column space** (:func:`gram_error_col`). A block whose columns are linearly
+dependent (centred one-hot columns sum to zero) has G = X_k X_kᵀ of rank below its number of
+columns, and an estimate fitted with that many directions can carry a spurious one outside
+col(X_k), with any eigenvalue: the plain score then calls an estimate useless that gives every
+inner product of the features exactly. The column-space score is ‖P(Ĝ − G)P‖_F / ‖G‖_F with
+P the orthogonal projection onto col(X_k) (G = PGP): the error of the inner products
+⟨x_i, x_j⟩ the estimate gives along the directions the features have. It is what the
+attacker can read, since it holds P too: the logits it collects span col(X_k) (the
+column-space attack, :func:`span_residual`). 0: exact; guessing 0 scores 1.0, and an
+estimate unrelated to X_k scores ≥ about 1.
+
+**The test rows' Gram matrix from evaluation replies** (:func:`eval_gram_attack`). An
+evaluation reply carries the same parameters applied to the training and the test rows
+(gradient descent: u = X_k θ and u_test = X_test,k θ; Newton: X_k s and X_test,k s). With A =
+X_k W and B = X_test,k W over the evaluation rounds and the server's estimate Ĝ of X_k X_kᵀ,
+AᵀĜ⁺A = WᵀW, so B (AᵀĜ⁺A)⁺ Bᵀ = X_test,k X_test,kᵀ once W spans the features.
+
+**Labels from ν** (:func:`label_attacks`, the passive party). The best of several attackers:
+one round's sign, the mean of rounds 1–10, the sum of the signs or of the scaled ν up to a
+round it chooses, and a logistic regression on every round's ν. Those that need labels to
+choose a round, a threshold or weights get half the rows' labels (an attacker with some
+labelled people) and are scored on the other half, then the halves swap; the score is
+over all rows, next to the majority class, which an attacker can always reach.
 """
 
 from __future__ import annotations

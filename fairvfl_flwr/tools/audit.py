@@ -19,6 +19,12 @@ the truth, which no attacker sees:
   weight negative), next to the majority-class baseline; on the mean of the first 10
   rounds' ν, which strips zero-mean noise (the ``privacy.nu-noise`` defence) off; and,
   under that noise, after redrawing it from the run's seed (every party holds the run config).
+  ``label_attack_best``: the strongest of the attackers of tools/attacks.label_attacks (the
+  ones above, sign sums and scaled sums of ν up to a chosen round, a logistic regression on
+  every round's ν), scored on rows its rule was not fitted on, with which attacker
+  (``label_attack_best_by``) and the last round it used (``label_attack_best_round``);
+  ``label_attack_gap`` = it − the majority. Every round is recorded for it
+  (``privacy.record-first`` = the number of rounds).
 * **passive party 1, groups** of the protected-label rows: ν_i(t) = w_g(t) o_i(t) with
   one weight per group g ∈ {N^a, N^b, rest} that moves with λ1 − λ2. The attacker takes
   the per-round log-ratios log|ν_i(t)/ν_i(t−1)|, centres them per round, and projects
@@ -27,7 +33,12 @@ the truth, which no attacker sees:
   the partition, not which side is called "a"), next to 0.5 for guessing.
 * **the server, features**: each linear passive party's Gram matrix X_k X_kᵀ from the
   u_k it received and the ν it sent (tools/attacks.py); relative Frobenius error on 200
-  seeded rows, next to 1.0 for guessing 0. The median over the passive parties.
+  seeded rows, next to 1.0 for guessing 0. The median over the passive parties; ``_col``:
+  scored on the column space of the party's features (rank-deficient blocks count).
+* **the server, test rows** (``server_test_gram_error_col``): each linear passive party's
+  test-row Gram matrix from its evaluation replies (test logits, Newton's test directions)
+  and the server's training-Gram estimate; needs as many evaluation rounds as the party has
+  columns (``--set eval-every=1``).
 * **the active party, features**: Σ_passive X_k X_kᵀ from z minus its own logits, with
   ν recomputed from its own y, s and the λ it receives; the same score.
 * **server + active party, features**: the same sum with the ν the server sent (noise
@@ -49,8 +60,7 @@ uses the Newton equation X_k X_kᵀ(h̃ ⊙ X_k s_k + ν) = −μ(X_k s_k + X_k 
 replies; the coalition sums the server's per-party estimates; the active party's attack is
 the trajectory one on S(t) (its gradient-descent identity does not hold for Newton steps);
 the passive attacks are unchanged (ν is computed as for gradient descent; its α_k are at most
-1 + newton-memory floats per round with nothing per row). Every round is recorded so the server can track
-each party's logits (``privacy.record-first`` is raised to the number of rounds).
+1 + newton-memory floats per round with nothing per row).
 Any other run-config key: ``--set key=value`` (flwr run's ``--run-config`` syntax).
 """
 from __future__ import annotations
@@ -466,7 +476,8 @@ def main(argv: list[str] | None = None) -> None:
                         "secret), so one run is one draw; the table then ends with each attack's mean [min, max]")
     p.add_argument("--out", type=Path, default=Path("results/audit"), help="folder for audit.json and audit.md")
     p.add_argument("--results", type=Path, default=None, metavar="DIR",
-                   help="also publish the table as DIR/audit-<out folder's name>.md and .json with this command "
+                   help="also publish the table as DIR/<out folder's name>.md and .json (audit- put in front when the name "
+                        "lacks it) with this command "
                         "(docs/results refreshes the docs' page)")
     a = p.parse_args(argv)
     if a.repeats < 1:
@@ -508,7 +519,8 @@ def main(argv: list[str] | None = None) -> None:
                   "rounds only: " + ", ".join(f"{t}: {e:.3g}" for t, e in r["server_gram_error_by_rounds"].items()))
     wall = time.perf_counter() - t0
     if a.results is not None:
-        page = publish(f"audit-{a.out.name}", this_command(), {"wall_seconds": wall, "runs": rows},
+        name = a.out.name if a.out.name.startswith("audit") else f"audit-{a.out.name}"
+        page = publish(name, this_command(), {"wall_seconds": wall, "runs": rows},
                        table(rows) + spread(rows, a.repeats), title=f"Leakage audit: {a.out.name}",
                        notes=NOTES, out=a.results)
         print(f"published {page}")
