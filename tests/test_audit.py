@@ -81,3 +81,15 @@ def test_evaluation_replies_give_the_server_the_test_rows_gram_matrix_unless_mas
     assert r["server_test_gram_pairs"] == 31 and r["server_test_gram_error_col"] < 0.3  # guessing 0 scores 1.0
     s = run_audit("crime", rounds=30, noise=0.0, overrides={"eval-every": 1, "privacy.secure-aggregation": True})
     assert min(s["server_test_gram_errors_col"]) >= 0.9 and min(s["server_gram_errors_col"]) >= 0.9
+
+
+@pytest.mark.slow
+def test_the_strongest_label_attacker_finds_what_the_sign_attacks_miss_under_label_dp():
+    """COMPAS under label DP at ε = 8 (Newton, 40 rounds): one round's sign is at chance, but
+    accumulating ν over every round infers labels well above the majority class."""
+    r = run_audit("compas", rounds=40, noise=0.0, overrides={"optimizer": "newton", "stop-tolerance": 0.0,
+                                                             "privacy.label-dp-epsilon": 8.0})
+    assert r["rounds_recorded"] == 40
+    assert r["label_attack_acc"] < r["label_baseline_acc"] + 0.02
+    assert r["label_attack_best"] > r["label_baseline_acc"] + 0.03
+    assert r["label_attack_best_by"] in ("sign-sum", "scaled-sum", "logistic") and r["label_attack_best_round"] > 20

@@ -6,6 +6,10 @@
     python -m fairvfl_flwr.tools.audit --datasets adult --noise 0,1,4,16    # with the nu-noise defence
     python -m fairvfl_flwr.tools.audit --datasets crime --secure-aggregation  # masked partial logits
     python -m fairvfl_flwr.tools.audit --datasets crime --optimizer newton --set stop-tolerance=0 --rounds 30
+    python -m fairvfl_flwr.tools.audit --datasets compas --optimizer newton --set stop-tolerance=0 --rounds 40 \
+        --set privacy.label-dp-epsilon=2 --repeats 6 --out results/audit-labeldp-eps2-compas --results docs/results
+    python -m fairvfl_flwr.tools.audit --datasets crime,compas,adult --optimizer newton --set stop-tolerance=0 \
+        --rounds 40 --set eval-every=1 --out results/audit-eval-newton   # the evaluation replies, every round
 
 For each dataset the command trains FairVFL (in-process grid, real ClientApp) with
 ``privacy.transcript-dir`` on, so every role keeps what it received on its own side
