@@ -547,8 +547,9 @@ def eval_pairs(server_rounds: list[dict], pid: int) -> tuple[np.ndarray, np.ndar
         for t, r in sorted(by_round.items()):
             if f"test-dirs-{pid}" in r and f"dir-{pid}" in r:
                 train.append(as_logits(r[f"dir-{pid}"]))
-                dirs = as_logits(r[f"test-dirs-{pid}"])
-                test.append(dirs[:, 0] if dirs.ndim > 1 else dirs)
+                dirs = as_logits(r[f"test-dirs-{pid}"])  # masked words arrive flat: rows × directions
+                n_test = len(r[f"test-{pid}"]) if f"test-{pid}" in r else dirs.shape[0]
+                test.append(dirs.reshape(n_test, -1)[:, 0])
                 if t in tracked and f"test-{pid}" in r:
                     train.append(tracked[t])
                     test.append(as_logits(r[f"test-{pid}"]))

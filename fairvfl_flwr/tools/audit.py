@@ -220,13 +220,12 @@ def eval_attack(out: dict, server: list[dict], grams: list, parties: list[int], 
     evaluation replies and the server's training-Gram estimate (tools/attacks.eval_gram_attack),
     scored on the column space of its test features; the median over the parties, with the
     number of evaluation replies it had (``server_test_gram_pairs``). Absent when no reply
-    carried test logits in the clear."""
+    carried test logits."""
+    if not any(f"u-test-{k}" in r or f"test-dirs-{k}" in r for r in server for k in parties):
+        return
     errors, pairs = [], 0
     for g, k in zip(grams, parties):
-        try:
-            train, test = attacks.eval_pairs(server, k)
-        except ValueError:
-            return
+        train, test = attacks.eval_pairs(server, k)
         x_test = party_data(cfg, party_spec({"partition-id": k}, cfg.num_parties, cfg.num_active)).X_test
         est = attacks.eval_gram_attack(train, test, g)
         errors.append(attacks.gram_error_col(est, np.asarray(x_test, np.float64),
