@@ -88,5 +88,7 @@ def test_the_wheel_installs_the_package_only(tmp_path):
     assert top == {"fairvfl_flwr"}, top
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
-    for tool in ("compare", "sweep", "epsweep", "audit", "export", "localfed", "tls", "psi"):
+    for tool in ("compare", "sweep", "epsweep", "audit", "export", "tls", "report"):
         assert f"fairvfl-{tool} = fairvfl_flwr.tools.{tool}:" in scripts
+    for harness in ("localfed", "psi"):  # a test harness and a micro-benchmark: python -m, not published
+        assert f"fairvfl-{harness}" not in scripts

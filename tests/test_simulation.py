@@ -41,10 +41,18 @@ def test_flwr_run_crime_reaches_epsilon_and_matches_inprocess(superlink, tmp_pat
     assert json.loads((run / "config.json").read_text())["epsilon"] == 0.05
 
     # The in-process grid (used by sweeps) gives the same numbers as the real runtime.
+    # Newton's late, nearly collinear rounds amplify the last-bit differences of BLAS sums in
+    # another process (seen: 1e-16 at round 7, 4e-9 by round 24), so the early rounds are held
+    # to 1e-9 and the end of the run to 1e-6.
     cfg = RunConfig.from_flower({**overrides, "output-dir": str(tmp_path / "inproc")})
-    same, _ = run_inprocess(cfg.to_flower())
+    same, folder = run_inprocess(cfg.to_flower())
+    same_history = json.loads((Path(folder) / "history.json").read_text())
+    assert same["rounds"] == summary["rounds"]
+    for ours, theirs in zip(same_history[:11], history[:11]):
+        for key in ("loss", "deo", "lambda1", "lambda2"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (ours["round"], key)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
-        assert same[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-12), key
+        assert same[key] == pytest.approx(summary[key], rel=1e-6, abs=1e-9), key
 
 
 def test_flwr_run_with_bad_config_fails_and_says_why(superlink, tmp_path):
