@@ -26,6 +26,15 @@ class Wire(InProcessGrid):
         super().__init__(*a, **kw)
         self.received = []  # (reply, {record: {key: array as it arrived}})
 
+    def tamper(self, msg) -> None:
+        """What a malicious server changes in a message before it goes out (nothing here)."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            self.tamper(msg)
+        return super().push_messages(messages)
+
     def pull_messages(self, message_ids):
         got = list(super().pull_messages(message_ids))
         for r in got:
@@ -61,16 +70,13 @@ def _grid(cls, tmp_path, rc):
 class KeySwap(Wire):
     """Hands each party, for its next peer, an X25519 key of the server's own."""
 
-    def push_messages(self, messages):
-        messages = list(messages)
-        for msg in messages:
-            if msg.metadata.message_type == msgs.SECAGG_PEERS:
-                own = self.node_ids.index(msg.metadata.dst_node_id)
-                peer = (own + 1) % len(self.node_ids)
-                fake = X25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
-                                                                             serialization.PublicFormat.Raw)
-                msg.content.array_records["secagg"][f"pk-{peer}"] = Array(np.frombuffer(fake, dtype=np.uint8).copy())
-        return super().push_messages(messages)
+    def tamper(self, msg):
+        if msg.metadata.message_type == msgs.SECAGG_PEERS:
+            own = self.node_ids.index(msg.metadata.dst_node_id)
+            peer = (own + 1) % len(self.node_ids)
+            fake = X25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
+                                                                         serialization.PublicFormat.Raw)
+            msg.content.array_records["secagg"][f"pk-{peer}"] = Array(np.frombuffer(fake, dtype=np.uint8).copy())
 
 
 def test_swapped_keys_every_party_refuses_naming_the_peer_and_no_value_reaches_the_server(tmp_path):
@@ -99,13 +105,10 @@ class Relabel(Wire):
     """From round 3 on, labels every training request "round 0", where θ = 0 made each
     party's reply its bare mask."""
 
-    def push_messages(self, messages):
-        messages = list(messages)
-        for msg in messages:
-            rc = msg.content.config_records.get(msgs.ROUND)
-            if msg.metadata.message_type.startswith("train.") and rc is not None and int(rc["round"]) >= 3:
-                msg.content.config_records[msgs.ROUND] = ConfigRecord({**rc, "round": 0})
-        return super().push_messages(messages)
+    def tamper(self, msg):
+        rc = msg.content.config_records.get(msgs.ROUND)
+        if msg.metadata.message_type.startswith("train.") and rc is not None and int(rc["round"]) >= 3:
+            msg.content.config_records[msgs.ROUND] = ConfigRecord({**rc, "round": 0})
 
 
 def test_relabelled_rounds_are_refused(tmp_path):
