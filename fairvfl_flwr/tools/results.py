@@ -80,8 +80,8 @@ def index(folder: Path = RESULTS) -> Path:
     lines = ["# Results", "",
              "Figures measured by the bench scripts and tools, one page each with the command that",
              "made it. A page a script wrote (\"Written by\") is rewritten by rerunning its command",
-             "(fairvfl_flwr/tools/results.py); a page recorded from an earlier run (\"Recorded by\") names its",
-             "command and commit and says where a rerun publishes. The reference pages in docs/ link",
+             "(fairvfl_flwr/tools/results.py); a page headed \"Recorded by\" names the command and commit",
+             "that measured it and where a rerun publishes. The reference pages in docs/ link",
              "here. This index is rewritten with every page.", "",
              "| page | command |", "|---|---|"]
     for page in sorted(folder.glob("*.md")):
