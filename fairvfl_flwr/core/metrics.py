@@ -3,6 +3,7 @@
 With G groups (``s`` holds group codes instead of a boolean), DFP and DFN are the largest
 pairwise gap (max − min over the groups), and ``dfp_overall`` / ``dfn_overall`` the largest
 gap of a group to the rate over all rows; :func:`group_rates` has every group's rates.
+:func:`positive_rate_gaps` is the demographic-parity difference (share predicted +1).
 A group without rows of a label value on the evaluated rows has no rate for it and is left
 out of that gap (a small group often has none on a test split).
 """
@@ -55,6 +56,16 @@ def _spread(values: list[float]) -> float:
 def _to_overall(values: list[float], overall: float) -> float:
     v = [abs(x - overall) for x in values if not np.isnan(x)]
     return float(max(v)) if v else float("nan")
+
+
+def positive_rate_gaps(codes: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """Demographic-parity difference of predictions ``pred`` in {-1, +1} over group codes:
+    ``dpd`` the largest pairwise gap in the share predicted +1, ``dpd_overall`` the largest
+    gap of a group's share to the share over all rows (fairlearn's
+    ``demographic_parity_difference`` is the pairwise one)."""
+    codes, positive = np.asarray(codes), np.asarray(pred) == 1
+    rates = [_rate(positive, codes == k) for k in np.unique(codes)]
+    return {"dpd": _spread(rates), "dpd_overall": _to_overall(rates, float(positive.mean()))}
 
 
 def fairness_metrics(y: np.ndarray, s: np.ndarray, z: np.ndarray) -> dict[str, float]:

@@ -12,7 +12,9 @@ aif360, scikit-learn).
   2017) with aif360's ``CalibratedEqOddsPostprocessing`` on σ(z), also at the server,
   equalising the error rate on the protected label's rows.
 * :func:`centralised_reference`: not federated. fairlearn's ``ExponentiatedGradient``
-  with ``TruePositiveRateParity`` on a logistic regression over all columns at once.
+  with ``TruePositiveRateParity`` on a logistic regression over all columns at once;
+  :func:`eg_predict` is the same with the moment matching a run's ``constraint``
+  (:data:`EG_MOMENTS`), and :func:`group_metrics` measures any predictions on group codes.
 
 Every function returns the paper's test metrics (ACC, DFP, DFN), computed by
 ``metrics.fairness_metrics`` like FairVFL's own numbers. Labels are in {-1, +1}; ``s`` is
@@ -23,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.core.constraints import SensitiveGroups
+from fairvfl_flwr.core.metrics import fairness_metrics, positive_rate_gaps
 
 EXTRAS_HINT = 'the baselines need the optional extras: pip install -e ".[baselines]"'
 
@@ -73,6 +76,31 @@ def extras_available() -> bool:
 def metrics_of(y: np.ndarray, s: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     """ACC, DFP, DFN of predictions ``pred`` in {-1, +1} (or {0, 1})."""
     return fairness_metrics(y, s, np.where(np.asarray(pred) > 0, 1.0, -1.0))  # s: a/b, or group codes
+
+
+def group_metrics(y: np.ndarray, codes: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """ACC; DFP, DFN and the demographic-parity difference as the largest pairwise gap over the
+    groups in ``codes`` (``dfp``, ``dfn``, ``dpd``) and as the largest gap to the rate over all
+    rows (``*_overall``). ``codes``: each row's group index, or a boolean column (two groups)."""
+    codes = SensitiveGroups.of(codes).codes
+    pred = np.where(np.asarray(pred) > 0, 1, -1)
+    return {**fairness_metrics(y, codes, pred), **positive_rate_gaps(codes, pred)}
+
+
+def regroup(raw_train: np.ndarray, grouped_train: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """Rows ``raw`` (data groups: codes or a boolean column) in the grouping a run's constraint
+    made of the training rows (``grouped_train``: its codes, small groups pooled or not), so
+    that test metrics use the groups the run constrained."""
+    raw_train, raw = SensitiveGroups.of(raw_train).codes, SensitiveGroups.of(raw).codes
+    grouped_train = np.asarray(grouped_train)
+    out = np.empty(len(raw), dtype=np.int64)
+    for k in np.unique(raw):
+        into = np.unique(grouped_train[raw_train == k])
+        if len(into) != 1:
+            where = f"in constraint groups {into.tolist()}" if len(into) else "none"
+            raise ValueError(f"data group {k}: its training rows must be in one constraint group, found {where}")
+        out[raw == k] = into[0]
+    return out
 
 
 def eo_gap(y: np.ndarray, s: np.ndarray, pred: np.ndarray) -> float:
@@ -182,28 +210,48 @@ def ceo_postprocess(z_train, y_train, s_train, z_test, y_test, s_test, seed: int
             "cost_constraint": cost_constraint}
 
 
+#: run-config ``constraint`` -> the fairlearn moment ExponentiatedGradient takes for it (fairlearn's
+#: moments compare each group with the overall rate; FairVFL's default form compares pairs)
+EG_MOMENTS = {"deo": "TruePositiveRateParity", "equalized-odds": "EqualizedOdds",
+              "demographic-parity": "DemographicParity"}
+
+
+def eg_moment(constraint: str):
+    """A new fairlearn moment object for the run-config ``constraint`` (:data:`EG_MOMENTS`)."""
+    if constraint not in EG_MOMENTS:
+        raise ValueError(f"constraint {constraint!r} has no fairlearn moment here; choose one of "
+                         f"{', '.join(EG_MOMENTS)}")
+    reductions = _require("fairlearn.reductions")
+    return getattr(reductions, EG_MOMENTS[constraint])()
+
+
 @_single_threaded
-def centralised_reference(X_train, y_train, s_train, X_test, y_test, s_test, protected_label: int = 1,
-                          seed: int = 0, max_iter: int = 50) -> dict:
-    """ExponentiatedGradient(LogisticRegression, TruePositiveRateParity) on all columns.
+def eg_predict(X_train, y_train, s_train, X_test, protected_label: int = 1, constraint: str = "deo",
+               seed: int = 0, max_iter: int = 50) -> np.ndarray:
+    """Test predictions in {-1, +1} of ExponentiatedGradient(LogisticRegression, the moment of
+    ``constraint``) trained on all columns, groups ``s_train`` (codes or a boolean column).
 
-    TPR parity is taken on the *protected* label (the class whose rows define N^a, N^b
-    and DEO): labels are recoded so that the protected label is fairlearn's positive
-    class, which makes the constraint equal opportunity on the same rows FairVFL
-    constrains. Predictions are mapped back before ACC/DFP/DFN are measured.
+    Labels are recoded so that the *protected* label (the class whose rows define N^a, N^b
+    and DEO) is fairlearn's positive class: TPR parity is then equal opportunity on the rows
+    FairVFL constrains. Equalized odds and demographic parity do not depend on which class
+    is positive. Predictions are mapped back to {-1, +1}.
     """
-    _require("fairlearn")
-    _require("sklearn")
-    from fairlearn.reductions import ExponentiatedGradient, TruePositiveRateParity
-    from sklearn.linear_model import LogisticRegression
-
-    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
     if protected_label not in (-1, 1):
         raise ValueError(f"protected_label must be -1 or +1, got {protected_label}")
-    target = (y_train == protected_label).astype(int)
-    eg = ExponentiatedGradient(LogisticRegression(max_iter=1000), constraints=TruePositiveRateParity(),
-                               max_iter=max_iter)
+    moment = eg_moment(constraint)
+    from fairlearn.reductions import ExponentiatedGradient
+    from sklearn.linear_model import LogisticRegression
+
+    target = (np.asarray(y_train) == protected_label).astype(int)
+    eg = ExponentiatedGradient(LogisticRegression(max_iter=1000), constraints=moment, max_iter=max_iter)
     eg.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
     hit = eg.predict(np.asarray(X_test), random_state=seed)
-    pred = np.where(hit == 1, protected_label, -protected_label)
-    return metrics_of(y_test, s_test, pred)
+    return np.where(hit == 1, protected_label, -protected_label)
+
+
+def centralised_reference(X_train, y_train, s_train, X_test, y_test, s_test, protected_label: int = 1,
+                          seed: int = 0, max_iter: int = 50) -> dict:
+    """ExponentiatedGradient(LogisticRegression, TruePositiveRateParity) on all columns
+    (:func:`eg_predict` with ``constraint="deo"``): test ACC, DFP, DFN."""
+    pred = eg_predict(X_train, y_train, s_train, X_test, protected_label, "deo", seed=seed, max_iter=max_iter)
+    return metrics_of(np.asarray(y_test), s_test, pred)
