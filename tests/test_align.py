@@ -287,11 +287,13 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
         mine = fresh.iloc[np.sort(rng.permutation(480)[:400])].sample(frac=1, random_state=k)
         mine[[ID, *keep]].to_csv(tmp_path / f"score{k}.csv", index=False)
         scored &= set(mine[ID])
-    rc = RunConfig.from_flower(own_config(folder, **{
-        "mode": "score", "score.model-from": str(trained), "score.path": str(tmp_path / "score{partition}.csv"),
-        "output-dir": str(tmp_path / "scored")})).to_flower()
+    # the job names the mode, the model and the files; tables.*, the dataset, the parties come from the model
+    rc = {"mode": "score", "score.model-from": str(trained), "score.path": str(tmp_path / "score{partition}.csv"),
+          "output-dir": str(tmp_path / "scored")}
     sent = []
     summary, out = run_inprocess(rc, quiet=True, grid=InProcessGrid(client_app, rc, 4, tap=sent.append))
+    _, full = run_inprocess(own_config(folder, **{**rc, "output-dir": str(tmp_path / "full")}), quiet=True)
+    assert (full / "predictions.csv").read_text() == (out / "predictions.csv").read_text()
     blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type == "query.align")
     assert len(blob) > 10_000 and not any(i.encode() in blob for i in fresh[ID])  # alignment: blinded ids only
     predictions = pd.read_csv(out / "predictions.csv")

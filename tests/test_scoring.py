@@ -143,9 +143,14 @@ def test_a_csv_table_with_text_columns_is_one_hot_encoded_as_in_training(tmp_pat
         cfg = RunConfig.from_flower({**score_rc, "output-dir": str(out)})
         return run_server(InProcessGrid(client_app, cfg.to_flower(), 3, node_configs=configs), cfg.to_flower())
 
-    _, out = score(_raw_files(rc, folder, tmp_path / "raw"), tmp_path / "score")
+    raw = _raw_files(rc, folder, tmp_path / "raw")
+    _, out = score(raw, tmp_path / "score")
     got = _metrics(rc, out / "predictions.csv")
     assert (got["acc"], got["dfp"], got["dfn"]) == (summary["test_acc"], summary["test_dfp"], summary["test_dfn"])
+    # the user names the mode, the model and the files: dataset, csv.*, the parties, from the model's manifest
+    _, short = run_inprocess({"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "short")},
+                             quiet=True, node_configs=raw)
+    assert (short / "predictions.csv").read_text() == (out / "predictions.csv").read_text()
 
     def purple(k, t):
         if k == 2:
@@ -324,10 +329,38 @@ def test_ids_not_held_by_every_party_are_refused(trained, tmp_path):
     assert _no_predictions(tmp_path / "out")
 
 
-def test_a_model_config_mismatch_is_refused(trained, tmp_path):
+def test_a_job_with_only_the_mode_and_the_model_scores_as_the_full_config(trained, tmp_path):
     _, folder = trained
-    with pytest.raises(FederationError, match=r"run config model='mlp' differs from the model's model='linear'"):
+    _, full = _score(folder, tmp_path / "full")
+    _, short = run_inprocess({"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "short")},
+                             quiet=True)
+    assert (short / "predictions.csv").read_text() == (full / "predictions.csv").read_text()
+
+
+def test_a_key_contradicting_the_model_is_refused_naming_both_values(trained, tmp_path):
+    _, folder = trained
+    with pytest.raises(FederationError, match=r"score.model-from=.*: run config model='mlp' contradicts the model's "
+                                              r"model='linear'; leave model out"):
         _score(folder, tmp_path / "out", model="mlp")
+    with pytest.raises(FederationError, match=r"run config num-parties=3 contradicts the model's num-parties=4"):
+        run_inprocess({"mode": "score", "score.model-from": str(folder), "num-parties": 3,
+                       "output-dir": str(tmp_path / "out")}, quiet=True)
+    assert _no_predictions(tmp_path / "out")
+
+
+def test_a_party_refuses_training_settings_its_own_run_config_contradicts(trained, tmp_path):
+    """The parties check what the job's messages carry: a key its own run config sets
+    otherwise is refused, naming the key; one the job may set (secure aggregation) is kept."""
+    _, folder = trained
+    job = {"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "out")}
+    grid = InProcessGrid(client_app, {**job, "tables.id-column": "customer"}, 4)
+    with pytest.raises(FederationError, match=r"partition \d \(node \d+\): run config tables.id-column='customer' "
+                                              r"contradicts the model's tables.id-column='row_id'"):
+        run_server(grid, job)
+    grid = InProcessGrid(client_app, {**job, "privacy.secure-aggregation": True}, 4)
+    # the server (plain, as trained) set up no pair keys: the parties refuse to reply unmasked
+    with pytest.raises(FederationError, match=r"party \d .*privacy.secure-aggregation is on but this node holds 0 of 3"):
+        run_server(grid, job)
     assert _no_predictions(tmp_path / "out")
 
 

@@ -2,7 +2,8 @@
 and the features' mods.
 
 Mods run outermost first: the timing log (off unless ``FAIRVFL_TIMING_LOG`` is set)
-counts every other mod's time as the message's; secure aggregation masks every reply's
+counts every other mod's time as the message's; a scoring job's party adopts the training
+settings its messages carry before any other mod reads the run config; secure aggregation masks every reply's
 logits, the guard's re-sent answers included; the guard answers re-sent messages before
 anything else runs; checkpoints save θ after a step; the transcript mods record what a party
 received; the straggler mod delays replies last, so a delay never changes state. Each
@@ -29,7 +30,7 @@ __all__ = ["MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
 
-app = ClientApp(mods=[timing.timing_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
+app = ClientApp(mods=[timing.timing_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
                      delay_mod])
 party.register(app)
 fairvfl.register(app)

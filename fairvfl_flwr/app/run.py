@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.features.scoring import job_config
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 
@@ -27,16 +28,20 @@ def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, grid: I
     their own progress line per run). ``grid``: run on this grid (built for the same run
     config) instead of a new one, e.g. to read a node's state afterwards.
     """
-    cfg = RunConfig.from_flower(run_config)
-    grid = grid or InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties, **grid_kwargs)
+    if str(run_config.get("mode", "")) == "score":  # the job names the model; its parties are the model's
+        rc, parties = dict(run_config), job_config(run_config)[0].num_parties
+    else:
+        cfg = RunConfig.from_flower(run_config)
+        rc, parties = cfg.to_flower(), cfg.num_parties
+    grid = grid or InProcessGrid(client_app, rc, parties, **grid_kwargs)
     if not quiet:
-        return run_server(grid, cfg.to_flower())
+        return run_server(grid, rc)
     flwr_logger = logging.getLogger("flwr")
     # a filter, not setLevel: Flower code run inside the job may reset the logger's level
     flwr_logger.addFilter(_warnings_only)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            return run_server(grid, cfg.to_flower())
+            return run_server(grid, rc)
     finally:
         flwr_logger.removeFilter(_warnings_only)
 

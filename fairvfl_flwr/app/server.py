@@ -36,7 +36,7 @@ from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
-from fairvfl_flwr.features.alignment import align_score_rows, align_tables
+from fairvfl_flwr.features.alignment import align_tables
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
@@ -117,11 +117,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
 
     Every input is validated (config, data, partition) before the first message.
     """
+    if str(run_config.get("mode", "")) == "score":  # the training settings come from the model's manifest
+        return run_scoring(grid, run_config, run_id)
     cfg = RunConfig.from_flower(run_config)
-    if cfg.mode == "score":
-        if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
-            align_score_rows(grid, cfg)
-        return run_scoring(grid, cfg, run_id)
     if cfg.tables_own:  # every party brings its own table: private alignment first, the label owner's labels
         ds, columns, labels = None, [], align_tables(grid, cfg)
     elif cfg.server_labels:  # deployment: the server holds only its label file, never a feature table

@@ -3,7 +3,12 @@
 Server (:func:`run_scoring`), given ``score.model-from`` (a training run folder with its
 ``model.json``) and ``score.round`` (-1: its final model; r: its checkpoint of round r):
 
-1. checks the run config against the model's (the keys in :data:`MODEL_KEYS`);
+1. takes the training run's settings (the keys in :data:`TRAINED_KEYS`: dataset, tables,
+   model shape, the scoring messages' privacy) from the model's manifest
+   (:func:`job_config`): the user names the mode, the model and the files; a key set to
+   another value than the model's is refused, naming the key and both values. Every
+   message of the job carries those settings (:class:`JobGrid`), and each party adopts
+   them (:func:`settings_mod`) after checking them against its own run config;
 2. sends ``query.scoreinfo``: each party loads its block, checks it is its own, reads
    its rows to score and replies its block's run id and digest, its row count and the
    digest of its sorted ids (never an id list, a feature or a weight);
@@ -30,6 +35,7 @@ import os
 import time
 from logging import INFO
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -38,21 +44,37 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.run import BY_KEY
+from fairvfl_flwr.config.settings import coerce
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import blocks
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preprocess import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.features import secagg
+from fairvfl_flwr.features.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, run_config
 from fairvfl_flwr.flower.results import run_folder
 
-#: Run-config keys the scoring job must share with the training run of its model.
-MODEL_KEYS = ("dataset", "model", "hidden", "dtype", "num-parties", "num-active", "active-columns", "seed",
-              "validation-fraction", "csv.path", "csv.id-column")
+#: The training run's settings a scoring job adopts from the model's manifest: what shapes
+#: the model, the rows each party reads and how (dataset, csv.*, tables.*, the split), and
+#: the scoring messages (wire dtype, secure aggregation). The job's own keys (mode,
+#: score.*, output-dir, reliability.*) stay the user's; training-only keys are not read.
+TRAINED_KEYS = (
+    "dataset", "model", "hidden", "dtype", "wire-dtype", "num-parties", "num-active", "active-columns", "seed",
+    "validation-fraction", "server-labels", "privacy.secure-aggregation",
+    "csv.path", "csv.label", "csv.positive", "csv.sensitive", "csv.group-a", "csv.group-b", "csv.protected-label",
+    "csv.id-column", "csv.train-fraction",
+    "tables.own", "tables.path", "tables.id-column", "tables.min-common", "tables.train-fraction", "tables.types",
+    "tables.missing",
+)
+#: Of those, the ones a scoring job may set otherwise: how its messages travel, not what the
+#: model is (a plain-trained model may be scored under secure aggregation).
+JOB_MAY_SET = ("wire-dtype", "privacy.secure-aggregation")
 JOB = "score"  # the ConfigRecord every scoring message carries
+TRAINING = "trained-settings"  # the ConfigRecord of the training settings every message of a scoring job carries
 LOGITS = "logits"
 PREDICTIONS = "predictions.csv"
 SUMMARY = "score.json"
@@ -62,16 +84,68 @@ class ScoreError(FederationError):
     """The scoring job is refused; the message names the party and what is wrong."""
 
 
-def check_config(cfg: RunConfig, manifest: dict) -> None:
-    """Refuse a run config whose model-shaping keys differ from the training run's."""
-    trained = manifest["config"]
-    now = cfg.to_flower()
-    for key in MODEL_KEYS:
-        if key in trained and trained[key] != now.get(key):
-            raise ScoreError(
-                f"run config {key}={now.get(key)!r} differs from the model's {key}={trained[key]!r} "
-                f"(score.model-from={cfg.score_model_from!r}); score with --run-config \"{key}={trained[key]!r}\""
-            )
+def adopt(given: Mapping[str, Any], trained: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``given`` (a run config) with the training settings ``trained``: a key ``given`` leaves
+    at its default takes the training value; one set to another value is refused, except
+    the keys of :data:`JOB_MAY_SET`, where ``given``'s value stands."""
+    out = dict(given)
+    for key, value in trained.items():
+        setting = BY_KEY.get(key)
+        if key not in TRAINED_KEYS or setting is None:
+            raise ScoreError(f"{where}: {key!r} is not a training setting a scoring job adopts; refused")
+        want = coerce(key, value, setting.type)
+        have = coerce(key, given[key], setting.type) if key in given else setting.default
+        if have != setting.default and have != want:
+            if key in JOB_MAY_SET:
+                continue
+            raise ScoreError(f"{where}: run config {key}={have!r} contradicts the model's {key}={want!r}; leave "
+                             f"{key} out (a scoring job takes it from the model) or score a model trained with it")
+        out[key] = want
+    return out
+
+
+def job_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
+    """The scoring job's config: ``run_config`` with the training settings of its model
+    (``score.model-from``, ``score.round``) adopted; and those settings, for the parties."""
+    cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k not in TRAINED_KEYS})
+    manifest, _, _ = blocks.read_model(cfg.score_model_from, cfg.score_round)
+    trained = {k: manifest["config"][k] for k in TRAINED_KEYS if k in manifest["config"]}
+    merged = adopt(run_config, trained, f"score.model-from={cfg.score_model_from!r}")
+    return RunConfig.from_flower(merged), trained
+
+
+class JobGrid:
+    """``grid`` whose every message carries the training settings of the job's model (the
+    alignment, key agreement and scoring messages alike): the parties' run config is the
+    scoring job's, which names only the mode, the model and the files."""
+
+    def __init__(self, grid: Grid, trained: Mapping[str, Any]) -> None:
+        self._grid, self._record = grid, ConfigRecord(dict(trained))
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            m.content[TRAINING] = self._record
+        return self._grid.push_messages(messages)
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
+
+
+def settings_mod(message: Message, context: Context, call_next) -> Message:
+    """ClientApp mod: in a scoring job, the party reads the training settings its message
+    carries, as far as its own run config leaves them open (a key it sets otherwise is
+    refused), and only keys of :data:`TRAINED_KEYS`. The block it loads must fit them."""
+    record = message.content.config_records.get(TRAINING)
+    own = context.run_config
+    if record is None or str(own.get("mode", "")) != "score":
+        return call_next(message, context)
+    where = f"partition {context.node_config.get('partition-id', '?')} (node {context.node_id})"
+    context.run_config = adopt(own, dict(record), where)
+    try:
+        return call_next(message, context)
+    finally:  # for this message only: the next one brings its own
+        context.run_config = own
 
 
 def _message(nid: int, kind: str, job: dict, group: str) -> Message:
@@ -90,11 +164,16 @@ def _discover(grid: Grid, cfg: RunConfig, timeout: float) -> list[int]:
     return node_ids
 
 
-def run_scoring(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> tuple[dict, Path]:
-    """Score every party's rows with the model of ``score.model-from``; return (summary, folder)."""
+def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
+    """Score every party's rows with the model of ``score.model-from``; return (summary, folder).
+
+    With ``tables.own``, the parties' score files are aligned first (their common ids)."""
     started = time.perf_counter()
+    cfg, trained = job_config(run_config)
+    grid = JobGrid(grid, trained)
+    if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
+        align_score_rows(grid, cfg)
     manifest, model_from, checkpoint = blocks.read_model(cfg.score_model_from, cfg.score_round)
-    check_config(cfg, manifest)
     expected = {int(p["partition-id"]): p for p in manifest["parties"]}
     timeout, retries = cfg.round_timeout, cfg.round_retries
     node_ids = _discover(grid, cfg, timeout)
@@ -240,6 +319,10 @@ class PartyScorer:
         self.model, self.meta = _model(str(folder), os.stat(meta_file).st_mtime_ns, self.who)
         if int(self.meta["partition-id"]) != self.spec.partition_id:
             raise blocks.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
+        for key in ("model", "hidden", "dtype"):  # the settings it was sent must be its own block's
+            if self.meta[key] != getattr(self.cfg, key) and (key != "hidden" or self.meta["model"] == "mlp"):
+                raise blocks.BlockError(f"{self.who}: the scoring job's {key}={getattr(self.cfg, key)!r}, its block "
+                                        f"in {folder} has {key}={self.meta[key]!r}; refused")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
         path, source = score_file(self.spec, context.node_config, self.cfg)
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
