@@ -146,7 +146,7 @@ def test_the_servers_alignment_messages_hold_no_id_in_the_clear(own_tables):
     run_server(grid, rc)
     align_msgs = [m for m in sent if m.metadata.message_type == "query.align"]
     align_replies = [r for r in replies if r.metadata.message_type == "query.align"]
-    assert len(align_msgs) == 4 + 4 + 3 + 3 + 1 + 3 + 3  # size, setup, respond, intersect, common, answer, finish
+    assert len(align_msgs) == 4 + 4 + 3 + 3 + 1 + 3  # size, blind, raise, intersect, common, finish
     blob = b"".join(_bytes_of(m) for m in align_msgs + align_replies)
     ids = sorted(set.union(*held))
     assert len(blob) > 10_000
@@ -261,14 +261,32 @@ def test_psi_spread_over_processes_finds_the_same_rows(monkeypatch):
 
     a = np.array([f"id{i}" for i in range(0, 700)])
     b = np.array([f"id{i}" for i in range(350, 1200)])[::-1]
-    expected = np.arange(350, 700)
     for workers in ("1", "3"):
         monkeypatch.setenv(align.WORKERS_ENV, workers)
         monkeypatch.setattr(align, "CHUNK", 100)
-        setup, server_key = align.psi_setup(b, len(a))
-        request, client_key = align.psi_request(a)
-        found = align.psi_intersection(setup, align.psi_response(request, server_key), client_key)
-        assert np.array_equal(found, expected), workers
+        ka, kb = align.psi_key(), align.psi_key()
+        mine, theirs = align.psi_blind(a, ka), align.psi_blind(b, kb)
+        found = align.positions_in(align.psi_raise(mine, kb), align.psi_raise(theirs, ka))
+        assert np.array_equal(np.flatnonzero(found >= 0), np.arange(350, 700)), workers
+        assert np.array_equal(b[found[350:700]], a[350:700]), workers  # where in the other's list
+
+
+def test_a_party_learns_its_common_rows_in_the_agreed_order_from_positions_in_its_shuffled_list():
+    from fairvfl_flwr.data import align
+    from fairvfl_flwr.data.partydata import PartySpec
+
+    leader = np.array([f"c{i}" for i in range(40)] + [f"l{i}" for i in range(30)])
+    mine = np.random.default_rng(0).permutation(np.array([f"c{i}" for i in range(40)] + [f"m{i}" for i in range(25)]))
+    ka = align.psi_key()
+    theirs, kb, order = align.blind_step(mine, shuffle=True)
+    assert not np.array_equal(order, np.arange(len(mine)))
+    found = align.positions_in(align.psi_raise(align.psi_blind(leader, ka), kb), align.psi_raise(theirs, ka))
+    rows = align.agreed_rows(leader, found >= 0, {1: 40}, 1)
+    spec = PartySpec(partition_id=1, role="passive")
+    got = align.my_common_rows(spec, mine, np.sort(found[rows]), order, len(rows))
+    assert list(mine[got]) == list(leader[rows]) == sorted(f"c{i}" for i in range(40))
+    with pytest.raises(DataError, match="party 1"):
+        align.my_common_rows(spec, mine, np.sort(found[rows])[:-1], order, len(rows))
 
 
 def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path):

@@ -1,17 +1,20 @@
 """Private alignment of the parties' own tables by ECDH PSI (``openmined-psi``): each party's side.
 
-The label owner (the active party) is the *leader*. Two PSI passes, each party's key
-never leaving it (the server relays every message, features/alignment.py):
+The label owner (the active party) is the *leader*. One Diffie-Hellman PSI between the
+leader and each other party k, each party's key never leaving it (the server relays every
+message, features/alignment.py). With ``H`` the hash onto P-256 and ``a``, ``b_k`` the keys:
 
-1. **who is common.** Each other party k is a PSI server over its ids, the leader the
-   PSI client over its own: k sends its setup (its ids blinded with its key, in a
-   Golomb-compressed set), the leader one request (its ids blinded with its key), k the
-   response (the request re-blinded). The leader learns which of its ids party k holds,
-   intersects over all k and checks the result (empty, below ``tables.min-common``).
-2. **telling the others.** The leader is a PSI server over the common ids only; each
-   party k a PSI client over its own ids, and learns which of its ids are common. The
-   agreed order is the common ids sorted as text, which every party can compute from its
-   own ids.
+1. **blind.** The leader sends ``H(x)^a`` for its ids x, in its row order; party k sends
+   ``H(y)^b_k`` for its ids y, in a secret random order it keeps.
+2. **raise.** Party k raises the leader's list to its key, ``H(x)^(a·b_k)``, in the
+   leader's order; the leader raises party k's list to its own, ``H(y)^(b_k·a)``, in k's
+   order. Equal points are equal ids, so the leader learns, for each of its ids, whether k
+   holds it and where in k's shuffled list. Two exponentiations an id for each pair, and
+   every party's list is blinded once, whatever the number of parties.
+3. **common.** The leader intersects over all k and checks the result (empty, below
+   ``tables.min-common``), then tells each party k the positions in its shuffled list that
+   are common (sorted: the positions say which of k's ids are common, nothing else). The
+   agreed order is the common ids sorted as text, which every party computes from its own ids.
 
 The leader then decides the split of the common rows from the run seed
 (:func:`split_common`) and sends it, with nothing but row positions, to the parties, and
@@ -22,8 +25,9 @@ What each role learns: the server, every party's set size and the number of comm
 (and the split and labels by row position, as with a server label file); the leader, its
 intersection with each party (star-shaped two-party PSI reveals the pairwise
 intersections, a multi-party PSI would not); every other party, which of its own ids are
-common and the leader's set size. Blinded ids cannot be inverted without the party's key
-(the decisional Diffie-Hellman assumption on P-256).
+common and the leader's set size (it sees the leader's blinded list, never the leader's
+raising of its own). Blinded ids cannot be inverted or compared across keys without the
+keys (the decisional Diffie-Hellman assumption on P-256).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import functools
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +48,6 @@ from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays
 from fairvfl_flwr.data.prepare import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
-#: False-positive rate of the Golomb-compressed sets: a spurious common id once in 10⁹ lookups.
-FPR = 1e-9
 TRAIN_CODE, TEST_CODE, UNUSED_CODE = 0, 1, 2
 
 
@@ -58,6 +61,8 @@ def psi_library():
 
 
 # -- the PSI primitives: bytes in, bytes out (the wire) ---------------------------------
+#: Bytes of one blinded id: a compressed P-256 point.
+POINT = 33
 #: Ids a table may have before its PSI work is spread over processes: each id costs a P-256
 #: scalar multiplication (~0.1 ms of one core) per step, and openmined-psi runs on one core.
 CHUNK = 50_000
@@ -85,76 +90,55 @@ def _spread(fn, *args_per_chunk: list) -> list:
         return list(pool.map(fn, *args_per_chunk))
 
 
-def _setup_part(key: bytes, n_client: int, ids: list[str], raw: bool) -> bytes:
-    psi = psi_library()
-    ds = psi.DataStructure.RAW if raw else psi.DataStructure.GCS
-    return psi.server.CreateFromKey(key, True).CreateSetupMessage(FPR, max(int(n_client), 1), ids, ds).SerializeToString()
+def _blind_part(key: bytes, ids: list[str]) -> bytes:
+    return b"".join(psi_library().client.CreateFromKey(key, True).CreateRequest(ids).encrypted_elements)
 
 
-def _request_part(key: bytes, ids: list[str]) -> bytes:
-    return psi_library().client.CreateFromKey(key, True).CreateRequest(ids).SerializeToString()
-
-
-def _response_part(key: bytes, elements: list[bytes]) -> bytes:
+def _raise_part(key: bytes, blinded: bytes) -> bytes:
     psi = psi_library()
     request = psi.Request()
-    request.reveal_intersection = True
-    request.encrypted_elements.extend(elements)
-    return psi.server.CreateFromKey(key, True).ProcessRequest(request).SerializeToString()
+    request.reveal_intersection = True  # the server keeps the request's order
+    request.encrypted_elements.extend(blinded[i:i + POINT] for i in range(0, len(blinded), POINT))
+    return b"".join(psi.server.CreateFromKey(key, True).ProcessRequest(request).encrypted_elements)
 
 
-def _intersection_part(key: bytes, setup: bytes, elements: list[bytes], offset: int) -> list[int]:
-    psi = psi_library()
-    s, r = psi.ServerSetup(), psi.Response()
-    s.ParseFromString(setup)
-    r.encrypted_elements.extend(elements)
-    return [offset + i for i in psi.client.CreateFromKey(key, True).GetIntersection(s, r)]
+def psi_key() -> bytes:
+    """A fresh secret P-256 key (a party's for one alignment; it never leaves the party)."""
+    return psi_library().client.CreateWithNewKey(True).GetPrivateKeyBytes()
 
 
-def psi_setup(ids: np.ndarray, n_client: int) -> tuple[bytes, bytes]:
-    """A PSI server's setup over ``ids`` for a client with ``n_client`` ids: (setup, key).
-
-    One process: a Golomb-compressed set (false-positive rate ``FPR``). Spread over
-    processes: the blinded ids themselves, sorted (openmined-psi's raw set; exact, 33 bytes
-    an id), since a compressed set cannot be merged from parts."""
-    key = psi_library().server.CreateWithNewKey(True).GetPrivateKeyBytes()
+def psi_blind(ids: np.ndarray, key: bytes) -> bytes:
+    """``H(id)^key`` for every id, in their order, ``POINT`` bytes each."""
     parts = _chunks(ids.tolist(), _workers(len(ids)))
-    if len(parts) == 1:
-        return _setup_part(key, n_client, parts[0], False), key
-    merged = psi_library().ServerSetup()
-    merged.ParseFromString(b"".join(_spread(_setup_part, [key] * len(parts), [n_client] * len(parts), parts,
-                                            [True] * len(parts))))  # protobuf: concatenated parts merge
-    elements = sorted(merged.raw.encrypted_elements)  # the client looks them up by binary search
-    del merged.raw.encrypted_elements[:]
-    merged.raw.encrypted_elements.extend(elements)
-    return merged.SerializeToString(), key
+    return b"".join(_spread(_blind_part, [key] * len(parts), parts))
 
 
-def psi_request(ids: np.ndarray) -> tuple[bytes, bytes]:
-    """A PSI client's request over ``ids``: (request, key)."""
-    key = psi_library().client.CreateWithNewKey(True).GetPrivateKeyBytes()
-    parts = _chunks(ids.tolist(), _workers(len(ids)))
-    return b"".join(_spread(_request_part, [key] * len(parts), parts)), key
+def points(blinded: bytes, who: str) -> np.ndarray:
+    """Blinded ids as an array of ``POINT``-byte strings; refused when ``blinded`` is not whole points."""
+    if len(blinded) % POINT:
+        raise DataError(f"{who}: {len(blinded)} bytes of blinded ids are not whole {POINT}-byte points")
+    return np.frombuffer(blinded, dtype=f"S{POINT}")
 
 
-def psi_response(request: bytes, key: bytes) -> bytes:
-    """A PSI server's response to ``request``, with its key (in the request's order)."""
-    parsed = psi_library().Request()
-    parsed.ParseFromString(request)
-    elements = list(parsed.encrypted_elements)
-    parts = _chunks(elements, _workers(len(elements)))
-    return b"".join(_spread(_response_part, [key] * len(parts), parts))
+def psi_raise(blinded: bytes, key: bytes) -> bytes:
+    """Another party's blinded ids raised to ``key`` too, in their order (the cipher commutes:
+    ``(H(x)^a)^b == (H(x)^b)^a``)."""
+    n = len(points(blinded, "psi_raise"))
+    per = -(-n // _workers(n)) * POINT
+    parts = [blinded[i:i + per] for i in range(0, len(blinded), per)] or [b""]
+    return b"".join(_spread(_raise_part, [key] * len(parts), parts))
 
 
-def psi_intersection(setup: bytes, response: bytes, key: bytes) -> np.ndarray:
-    """A PSI client's result: positions, in the ids it requested, of those the server holds."""
-    parsed = psi_library().Response()
-    parsed.ParseFromString(response)
-    elements = list(parsed.encrypted_elements)
-    parts = _chunks(elements, _workers(len(elements)))
-    offsets = np.cumsum([0] + [len(p) for p in parts[:-1]]).tolist()
-    found = _spread(_intersection_part, [key] * len(parts), [setup] * len(parts), parts, offsets)
-    return np.sort(np.asarray([i for part in found for i in part], dtype=np.int64))
+def positions_in(mine: bytes, theirs: bytes) -> np.ndarray:
+    """For each of ``mine`` (ids blinded by both keys), its position in ``theirs`` (the same
+    keys, the other party's ids), or -1."""
+    a, b = points(mine, "the label owner's ids"), points(theirs, "the party's ids")
+    if len(b) == 0:
+        return np.full(len(a), -1, dtype=np.int64)
+    order = np.argsort(b, kind="stable")
+    ranked = b[order]
+    at = np.minimum(np.searchsorted(ranked, a), len(b) - 1)
+    return np.where(ranked[at] == a, order[at], -1)
 
 
 # -- the split of the common rows ---------------------------------------------------------
@@ -232,20 +216,33 @@ class Common:
     key: str  # the leader's prepared block
 
 
-def peer_hits(spec: PartySpec, ids: np.ndarray, peer: int, n_peer: int, pattern: str, setup: bytes,
-              response: bytes, client_key: bytes) -> np.ndarray:
-    """Pass 1, the leader's result with party ``peer``: a mask over its own ids; an empty
-    intersection is refused, showing both sides' id shapes (never an id)."""
-    found = psi_intersection(setup, response, client_key)
-    if len(found) == 0:
+def blind_step(ids: np.ndarray, shuffle: bool) -> tuple[bytes, bytes, np.ndarray | None]:
+    """The party's ids blinded with a fresh key: (blinded, key, order). With ``shuffle``, in a
+    secret random order (``order[j]``: the row of blinded id j), so that the positions the
+    leader learns say nothing about the party's row order."""
+    key = psi_key()
+    order = np.random.default_rng(secrets.randbits(128)).permutation(len(ids)) if shuffle else None
+    return psi_blind(ids if order is None else ids[order], key), key, order
+
+
+def peer_positions(spec: PartySpec, ids: np.ndarray, peer: int, n_peer: int, pattern: str, blinded: bytes,
+                   raised: bytes, key: bytes) -> np.ndarray:
+    """The leader with party ``peer``: for each of its ids, the position in the party's
+    ``blinded`` list of the same id (-1: the party lacks it). ``raised`` is the leader's own
+    blinded ids raised to the party's key; the leader raises the party's to its own key and
+    compares. An empty intersection is refused, showing both sides' id shapes (never an id)."""
+    theirs = psi_raise(blinded, key)
+    if len(points(theirs, f"party {peer}")) != n_peer or len(points(raised, f"party {peer}")) != len(ids):
+        raise DataError(f"party {peer} sent {len(theirs) // POINT} blinded ids for {n_peer} and raised "
+                        f"{len(raised) // POINT} of the label owner's {len(ids)}; refused")
+    found = positions_in(raised, theirs)
+    if not (found >= 0).any():
         raise DataError(
             f"party {peer} and the label owner (party {spec.partition_id}) have no id in common "
             f"(empty intersection of {n_peer} and {len(ids)} ids): the label owner's ids look like "
             f"{id_pattern(str(ids[0]))!r}, party {peer}'s like {pattern!r} (9: a digit, a: a letter); ids are "
             "compared as text with surrounding spaces stripped")
-    hits = np.zeros(len(ids), dtype=bool)
-    hits[found] = True
-    return hits
+    return found
 
 
 def agreed_rows(ids: np.ndarray, hits: np.ndarray, pairwise: dict[int, int], min_common: int) -> np.ndarray:
@@ -261,14 +258,17 @@ def agreed_rows(ids: np.ndarray, hits: np.ndarray, pairwise: dict[int, int], min
     return rows
 
 
-def my_common_rows(spec: PartySpec, ids: np.ndarray, setup: bytes, response: bytes, n_common: int,
-                   client_key: bytes) -> np.ndarray:
-    """Pass 2, another party's part: its rows of the common ids, in the agreed order."""
-    found = psi_intersection(setup, response, client_key)
-    if len(found) != n_common:
-        raise DataError(f"{spec.name}: {len(found)} of its ids are common, the label owner found {n_common}; "
-                        "did the table change during alignment?")
-    return found[np.argsort(ids[found], kind="stable")]
+def my_common_rows(spec: PartySpec, ids: np.ndarray, positions: np.ndarray, order: np.ndarray,
+                   n_common: int) -> np.ndarray:
+    """Another party's part: its rows of the common ids, in the agreed order, from the
+    ``positions`` in its shuffled blinded list that the leader found common."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if len(positions) != n_common or len(np.unique(positions)) != n_common or (
+            n_common and not 0 <= positions.min() <= positions.max() < len(order)):
+        raise DataError(f"{spec.name}: the label owner named {len(positions)} positions of its {len(order)} "
+                        f"blinded ids for {n_common} common rows; did the table change during alignment?")
+    rows = order[positions]
+    return rows[np.argsort(ids[rows], kind="stable")]
 
 
 def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
@@ -282,11 +282,11 @@ def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
                   key=key)
 
 
-def member_step(spec: PartySpec, cfg: Any, setup: bytes, response: bytes, split: np.ndarray,
-                client_key: bytes) -> tuple[PartyArrays, str]:
-    """A non-leader party: its common rows from pass 2, then its prepared block and its key."""
+def member_step(spec: PartySpec, cfg: Any, positions: np.ndarray, order: np.ndarray,
+                split: np.ndarray) -> tuple[PartyArrays, str]:
+    """A non-leader party: its common rows, then its prepared block and its key."""
     ids, df = own_table(spec)
-    rows = my_common_rows(spec, ids, setup, response, len(split), client_key)
+    rows = my_common_rows(spec, ids, positions, order, len(split))
     arrays, key, pre = prepare_party(spec, cfg, ids, df, rows, split)
     save_aligned(spec, key, arrays, pre)
     return arrays, key

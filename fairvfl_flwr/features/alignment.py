@@ -7,28 +7,27 @@ parties keep their keys in their own node state between messages. The steps:
 step       to                                       reply
 ========= ======================================== ======================================
 size       every party                              its number of ids, the ids' shape
-setup      other parties (leader's set size);       setup (ids blinded with its key);
-           the leader                               request (its ids blinded)
-respond    other parties (the leader's request)     response; its pass-2 request
-intersect  the leader, once per party (its setup    (nothing: the leader keeps which of
-           and response)                            its ids every party so far holds)
-common     the leader                               pass-2 setup, the split, the labels of
-                                                    the common rows
-answer     the leader, once per party (its pass-2   the pass-2 response
-           request)
-finish     other parties (pass-2 setup, response,   the digest of its aligned rows
+blind      every party                              its ids blinded with its key (the
+                                                    others' in a secret order)
+raise      other parties (the leader's blinded ids) the leader's ids raised to its key
+intersect  the leader, once per party (the party's  (nothing: the leader keeps which of
+           blinded ids and its raising of the       its ids every party so far holds, and
+           leader's)                                where in each party's list)
+common     the leader                               the split, the labels of the common
+                                                    rows, each party's common positions
+finish     other parties (their common positions,   the digest of its aligned rows
            the split)
 ========= ======================================== ======================================
 
 One message to the leader per party keeps every message to one party's blinded ids
-(33 bytes an id: 1M ids make 33 MB, under gRPC's limit whatever the number of parties).
+(33 bytes an id, twice: 1M ids make 66 MB, under gRPC's limit whatever the number of parties).
 
-No message holds an id in the clear: only blinded ids (P-256 points or their compressed
-hashes), counts, the split and labels by row position, and digests. The result is the
-run's :class:`ServerLabels`; every party keeps its prepared block on its disk and the
-round loop's discovery checks that all hold the same rows.
+No message holds an id in the clear: only blinded ids (P-256 points), counts, positions
+in a party's secretly shuffled list, the split and labels by row position, and digests.
+The result is the run's :class:`ServerLabels`; every party keeps its prepared block on its
+disk and the round loop's discovery checks that all hold the same rows.
 
-A scoring job (``mode = "score"``) with ``tables.own`` runs the same passes over the
+A scoring job (``mode = "score"``) with ``tables.own`` runs the same steps over the
 parties' score files (:func:`align_score_rows`): no split, no labels; each party keeps the
 common ids of its own file in its node state and scores only those rows.
 """
@@ -41,7 +40,7 @@ from logging import INFO
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
@@ -59,9 +58,11 @@ from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, run_con
 
 STEP = "align"  # ConfigRecord of a request: the step and its fields
 REPLY = "aligned"  # ConfigRecord of a reply
-KEYS_STATE = "fairvfl.align-keys"  # a party's PSI keys between two steps, in its own node state
-HITS_STATE = "fairvfl.align-hits"  # the leader's ids held by every party answered so far
+KEYS_STATE = "fairvfl.align-keys"  # a party's PSI key between two steps, in its own node state
+HITS_STATE = "fairvfl.align-hits"  # the leader's: its ids every party so far holds, where in each party's list
+ORDER_STATE = "fairvfl.align-order"  # another party's: the secret order of its blinded ids
 LABELS = "labels"  # ArrayRecord of the leader's last reply: split, y, s
+POSITIONS = "positions"  # ArrayRecord: each party's common positions (leader's reply: by partition id)
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -72,12 +73,12 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     """Run the alignment of the training tables over ``grid``; return the labels of the aligned rows."""
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, TRAIN)
-    common, result, responses = passes.intersect()
+    common, result, positions = passes.intersect()
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
-    done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN,
-                                                            "setup": common["setup"], "response": responses[nid]}),
-                                        LABELS: msgs.array_record(split=split)}) for nid in passes.others})
+    done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN}),
+                                        LABELS: msgs.array_record(split=split), POSITIONS: positions[nid]})
+                        for nid in passes.others})
     passes.check(done, common)
     used = split[split != align.UNUSED_CODE]
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
@@ -95,10 +96,10 @@ def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
     only the rows all of them hold. Returns their number."""
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, SCORE)
-    common, _, responses = passes.intersect()
-    done = passes.send({nid: _step("finish", purpose=SCORE, setup=common["setup"], **{
-        "response": responses[nid], "n-common": int(common["n-common"])})
-        for nid in passes.others})
+    common, _, positions = passes.intersect()
+    done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": SCORE,
+                                                            "n-common": int(common["n-common"])}),
+                                        POSITIONS: positions[nid]}) for nid in passes.others})
     passes.check(done, common)
     log(INFO, "FairVFL: private alignment of the rows to score: %s ids per party, %d common in %.1f s",
         passes.sizes_by_partition(), int(common["n-common"]), time.perf_counter() - t0)
@@ -106,7 +107,7 @@ def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
 
 
 class _Passes:
-    """Both PSI passes up to the leader's answer: sizes, setups and requests, responses, intersect."""
+    """The PSI up to the leader's answer: sizes, blinded lists, raised lists, intersect, common."""
 
     def __init__(self, grid: Grid, cfg: RunConfig, purpose: str) -> None:
         self.grid, self.cfg, self.purpose = grid, cfg, purpose
@@ -137,27 +138,21 @@ class _Passes:
                                     lambda nid: f"node {nid}")
         return {r.metadata.src_node_id: r for r in replies}
 
-    def intersect(self) -> tuple[ConfigRecord, Message, dict[int, bytes]]:
-        """Pass 1, the leader's common rows, and its pass-2 answers: (its reply to ``common``
-        with the pass-2 setup, that message, each party's pass-2 response). The leader gets
-        one message per party, so no message carries more than one party's blinded ids."""
-        n_lead = int(self.sizes[self.lead]["n"])
-        first = self.send({**{nid: self.step("setup", **{"n-client": n_lead}) for nid in self.others},
-                           self.lead: self.step("request")})
-        request = _reply(first[self.lead])["request"]
-        second = self.send({nid: self.step("respond", request=request) for nid in self.others})
+    def intersect(self) -> tuple[ConfigRecord, Message, dict[int, ArrayRecord]]:
+        """The leader's common rows: (its reply to ``common``, that message, each other party's
+        common positions). The leader gets one message per party, so no message carries more
+        than one party's blinded ids."""
+        blinded = {nid: _reply(r)["blinded"] for nid, r in self.send({nid: self.step("blind")
+                                                                       for nid in self.sizes}).items()}
+        raised = self.send({nid: self.step("raise", blinded=blinded[self.lead]) for nid in self.others})
         for nid in self.others:
             self.send({self.lead: self.step("intersect", peer=self.pid[nid], n=int(self.sizes[nid]["n"]),
-                                            pattern=str(self.sizes[nid]["pattern"]), setup=_reply(first[nid])["setup"],
-                                            response=_reply(second[nid])["response"])})
-        n_max = max((int(self.sizes[nid]["n"]) for nid in self.others), default=1)
-        result = self.send({self.lead: self.step("common", **{"n-max": n_max})})[self.lead]
-        responses = {}
-        for i, nid in enumerate(self.others):
-            answer = self.send({self.lead: self.step("answer", request=_reply(second[nid])["request"],
-                                                     last=i == len(self.others) - 1)})[self.lead]
-            responses[nid] = _reply(answer)["response"]
-        return _reply(result), result, responses
+                                            pattern=str(self.sizes[nid]["pattern"]), blinded=blinded[nid],
+                                            raised=_reply(raised[nid])["raised"])})
+        result = self.send({self.lead: self.step("common")})[self.lead]
+        found = result.content.array_records[POSITIONS]
+        positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
+        return _reply(result), result, positions
 
     def check(self, done: dict[int, Message], common: ConfigRecord) -> None:
         for nid, reply in done.items():
@@ -189,6 +184,7 @@ def handle(message: Message, context: Context) -> Message:
     keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
     out: dict = {}
     arrays = None
+    extra: dict = {}
     if step == "size":
         out = {**align.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
         # a new alignment: what an earlier one left no longer counts
@@ -196,32 +192,34 @@ def handle(message: Message, context: Context) -> Message:
             context.state.config_records.pop(ALIGNED_STATE, None)
         context.state.array_records.pop(SCORE_COMMON_STATE, None)
         context.state.array_records.pop(HITS_STATE, None)
+        context.state.array_records.pop(ORDER_STATE, None)
         keys = ConfigRecord()
-    elif step == "setup":
+    elif step == "blind":  # the leader's list in its row order, the others' shuffled
         ids, _ = align.own_table(spec)
-        out["setup"], keys["server"] = align.psi_setup(ids, int(rc["n-client"]))
-    elif step == "request":
+        out["blinded"], keys["key"], order = align.blind_step(ids, shuffle=spec.role != msgs.ROLE_ACTIVE)
+        if order is not None:
+            context.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
+    elif step == "raise":
+        out["raised"] = align.psi_raise(rc["blinded"], keys["key"])
+    elif step == "intersect":  # the leader with one party: keep the ids it holds too, and where
         ids, _ = align.own_table(spec)
-        out["request"], keys["client"] = align.psi_request(ids)
-    elif step == "respond":
-        ids, _ = align.own_table(spec)
-        out["response"] = align.psi_response(rc["request"], keys["server"])
-        out["request"], keys["client"] = align.psi_request(ids)
-    elif step == "intersect":  # the leader, pass 1 with one party: keep the ids it holds too
-        ids, _ = align.own_table(spec)
-        hits = align.peer_hits(spec, ids, int(rc["peer"]), int(rc["n"]), str(rc["pattern"]), rc["setup"],
-                               rc["response"], keys["client"])
-        keys[f"pairwise-{int(rc['peer'])}"] = int(hits.sum())  # |leader ∩ party|, for a refusal's message
+        peer = int(rc["peer"])
+        found = align.peer_positions(spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
+                                     keys["key"])
+        keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
         kept = context.state.array_records.get(HITS_STATE)
-        if kept is not None:
-            hits &= kept["hits"].numpy()
-        context.state.array_records[HITS_STATE] = msgs.array_record(hits=hits)
-    elif step == "common":  # the leader: the rows every party holds, then pass 2's setup
+        held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
+        held["hits"] = held["hits"] & (found >= 0)
+        held[f"at-{peer}"] = found
+        context.state.array_records[HITS_STATE] = msgs.array_record(**held)
+    elif step == "common":  # the leader: the rows every party holds, and where each party has them
         ids, _ = align.own_table(spec)
         record = context.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
         hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
         pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in keys.items() if k.startswith("pairwise-")}
         rows = align.agreed_rows(ids, hits, pairwise, cfg.tables_min_common if purpose == TRAIN else 1)
+        found = {k.split("-", 1)[1]: np.sort(v.numpy()[rows]) for k, v in (record.items() if record else [])
+                 if k.startswith("at-")}
         if purpose == SCORE:
             out = {"n-common": len(rows), "digest": _keep_score_ids(context, ids[rows])}
         else:
@@ -229,25 +227,26 @@ def handle(message: Message, context: Context) -> Message:
             out = {"digest": common.digest, "protected-label": common.protected_label}
             arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
-        out["setup"], keys["server"] = align.psi_setup(ids[rows], int(rc["n-max"]))
-    elif step == "answer":  # the leader, pass 2: one party's request, re-blinded
-        out = {"response": align.psi_response(rc["request"], keys["server"])}
-    elif step == "finish" and purpose == SCORE:
-        ids, _ = align.own_table(spec)
-        rows = align.my_common_rows(spec, ids, rc["setup"], rc["response"], int(rc["n-common"]), keys["client"])
-        out = {"digest": _keep_score_ids(context, ids[rows])}
+        extra = {POSITIONS: msgs.array_record(**found)}
     elif step == "finish":
-        split = message.content.array_records[LABELS]["split"].numpy()
-        member, key = align.member_step(spec, cfg, rc["setup"], rc["response"], split, keys["client"])
-        out = {"digest": member.ids_digest}
-        context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
+        ids, _ = align.own_table(spec)
+        order = context.state.array_records.pop(ORDER_STATE)["order"].numpy()
+        positions = message.content.array_records[POSITIONS]["rows"].numpy()
+        if purpose == SCORE:
+            rows = align.my_common_rows(spec, ids, positions, order, int(rc["n-common"]))
+            out = {"digest": _keep_score_ids(context, ids[rows])}
+        else:
+            split = message.content.array_records[LABELS]["split"].numpy()
+            member, key = align.member_step(spec, cfg, positions, order, split)
+            out = {"digest": member.ids_digest}
+            context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
     else:
         raise ValueError(f"{spec.name}: unknown alignment step {step!r}")
-    if step == "finish" or (step == "answer" and bool(rc["last"])):  # the keys are done with: forget them
+    if step in ("common", "finish"):  # the key is done with: forget it
         context.state.config_records.pop(KEYS_STATE, None)
     else:
         context.state.config_records[KEYS_STATE] = keys
-    content = RecordDict({REPLY: ConfigRecord(out)})
+    content = RecordDict({REPLY: ConfigRecord(out), **extra})
     if arrays is not None:
         content[LABELS] = arrays
     return Message(content, reply_to=message)
