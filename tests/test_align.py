@@ -320,6 +320,26 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
     assert (predictions["decision"].to_numpy() == truth).mean() > 0.75
 
 
+def test_ids_with_leading_zeros_match_between_the_training_tables_and_the_score_files(own_tables, tmp_path):
+    """Ids that look like numbers ("0001234") are text in every reader: the tables a party
+    trains on and the files it scores align on them, and the predictions keep the zeros."""
+    folder, raw, held = own_tables
+    ids = {c: f"{int(c[1:]):07d}" for c in raw[ID]}  # C000123 -> 0000123
+    for k in range(4):
+        df = pd.read_csv(folder / f"party{k}.csv")
+        df[ID] = df[ID].map(ids)
+        df.to_csv(tmp_path / f"party{k}.csv", index=False)
+        df.sample(200, random_state=k).drop(columns=["income", "sex"], errors="ignore").to_csv(
+            tmp_path / f"score{k}.csv", index=False)
+    _, trained = run_inprocess(own_config(tmp_path, **{"num-server-rounds": 2, "eval-every": 1,
+                                                       "output-dir": str(tmp_path / "train")}), quiet=True)
+    common = set.intersection(*(set(pd.read_csv(tmp_path / f"score{k}.csv", dtype=str)[ID]) for k in range(4)))
+    assert common and all(c.startswith("0") for c in common)
+    _, out = run_inprocess({"mode": "score", "score.model-from": str(trained), "output-dir": str(tmp_path / "scored"),
+                            "score.path": str(tmp_path / "score{partition}.csv")}, quiet=True)
+    assert set(pd.read_csv(out / "predictions.csv", dtype={"id": str})["id"]) == common
+
+
 def test_own_tables_with_several_groups_are_refused_clearly(own_tables, tmp_path):
     folder, _, _ = own_tables
     with pytest.raises(FederationError, match=r"dataset='adult-race': own tables take two groups"):

@@ -23,7 +23,7 @@ from fairvfl_flwr.data.preprocess import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.data.tables import DATASETS, packaged_file
+from fairvfl_flwr.data.tables import DATASETS, DataError, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools import report
 from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
@@ -60,7 +60,7 @@ def _raw_files(rc: dict, model_from: Path, out: Path, edit=None) -> list[dict]:
     for k in range(cfg.num_parties):
         meta = json.loads((model_from / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK_META).read_text())
         raw = list(dict.fromkeys(meta["preprocessing"]["raw"]))
-        table = df[[id_column, *raw]].rename(columns={id_column: "row_id"}).sample(frac=1.0, random_state=k)
+        table = df[[id_column, *raw]].sample(frac=1.0, random_state=k)  # the id column under the table's name
         if edit is not None:
             table = edit(k, table)
         path = out / f"score{k}.csv"
@@ -318,6 +318,21 @@ def test_a_score_file_missing_a_column_is_refused(trained, tmp_path):
                                               r"not found"):
         _score(folder, tmp_path / "out", node_configs=configs)
     assert _no_predictions(tmp_path / "out")
+
+
+def test_score_file_ids_are_text_by_the_one_id_rule(tmp_path):
+    """Leading zeros stay ("007" and "7" are two ids), spaces around an id are stripped (and
+    then a duplicate is refused); ids made of digits sort by length then text."""
+    from fairvfl_flwr.data.preprocess import read_columns, rows_from_frame
+
+    pre = Preprocessing.from_dict({"features": ["x"], "raw": ["x"], "category": [None], "mean": [0.0], "std": [1.0]})
+    path = tmp_path / "s.csv"
+    path.write_text("client no,x\n007,1\n7,2\n010, 3\n")
+    rows = rows_from_frame(read_columns(str(path), ["client no", "x"], "f", "client no"), "client no", pre, "f")
+    assert rows.ids.tolist() == ["7", "007", "010"] and rows.X[:, 0].tolist() == [2.0, 1.0, 3.0]
+    path.write_text("client no,x\n007,1\n 007 ,2\n")
+    with pytest.raises(DataError, match=r"f: id column 'client no' has duplicate ids, e.g. \['007'\]"):
+        rows_from_frame(read_columns(str(path), ["client no", "x"], "f", "client no"), "client no", pre, "f")
 
 
 def test_ids_not_held_by_every_party_are_refused(trained, tmp_path):

@@ -4,7 +4,8 @@ A party that brings its own table (run config ``tables.own``) reads it here, and
 private alignment (data/align.py) turns the common rows into its block:
 
 * **ids**: the id column is read as text and stripped of surrounding spaces (one rule,
-  :func:`normalise_ids`): ``" 007 "`` and ``"007"`` are one id, ``"7"`` another. Missing
+  data/tables.py's :func:`normalise_ids`, which the score files follow too): ``" 007 "``
+  and ``"007"`` are one id, ``"7"`` another. Missing
   and duplicate ids are refused, naming the party, file and an example;
 * **types**: a column pandas reads as numbers is a number, anything else a category;
   ``tables.types`` overrides (``zip=category,score=number``);
@@ -30,15 +31,10 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.preprocess import Preprocessing
-from fairvfl_flwr.data.tables import DataError
+from fairvfl_flwr.data.tables import DataError, normalise_ids
 
 NUMBER, CATEGORY = "number", "category"
 FILL_RULES = ("mean", "median", "mode")
-
-
-def normalise_ids(values: Any) -> np.ndarray:
-    """The one id rule: text, surrounding spaces stripped."""
-    return np.char.strip(np.asarray(values, dtype=str))
 
 
 def id_pattern(value: str) -> str:

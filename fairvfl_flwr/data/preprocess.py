@@ -36,7 +36,7 @@ from fairvfl_flwr.data.partydata import (CACHE_VERSION, PartySpec, aligned_files
                                         write_atomically)
 from fairvfl_flwr.data.tables import read_csv
 from fairvfl_flwr.data.problem import load_data, party_columns
-from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, packaged_file
+from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, normalise_ids, packaged_file
 
 SIDECAR_SUFFIX = ".preprocessing.json"
 
@@ -199,8 +199,15 @@ class ScoreRows:
 
 
 def _order(ids: np.ndarray) -> np.ndarray:
-    key = ids if np.issubdtype(ids.dtype, np.number) else ids.astype(str)
-    return np.argsort(key, kind="stable")
+    """Rows by id: numbers numerically; text ids made of digits by length then text (numeric
+    order where there are no leading zeros), other text ids as text. Every party holding the
+    same ids gets the same order."""
+    if np.issubdtype(ids.dtype, np.number):
+        return np.argsort(ids, kind="stable")
+    text = ids.astype(str)
+    if len(text) and np.char.isdigit(text).all():
+        return np.lexsort((text, np.char.str_len(text)))
+    return np.argsort(text, kind="stable")
 
 
 def rows_from_frame(df: Any, id_column: str | None, pre: Preprocessing, where: str) -> ScoreRows:
@@ -213,9 +220,12 @@ def rows_from_frame(df: Any, id_column: str | None, pre: Preprocessing, where: s
         col = df[id_column]
         if col.isna().any():
             raise DataError(f"{where}: id column {id_column!r} has {int(col.isna().sum())} missing values")
-        if col.duplicated().any():
-            raise DataError(f"{where}: id column {id_column!r} has duplicate ids, e.g. {col[col.duplicated()].iloc[:3].tolist()}")
         ids = col.to_numpy()
+        if not np.issubdtype(ids.dtype, np.number):  # a file's ids: text, by the one id rule
+            ids = normalise_ids(ids)
+        uniq, counts = np.unique(ids, return_counts=True)
+        if len(uniq) != len(ids):
+            raise DataError(f"{where}: id column {id_column!r} has duplicate ids, e.g. {uniq[counts > 1][:3].tolist()}")
     if len(df) == 0:
         raise DataError(f"{where}: no rows to score")
     order = _order(ids)
@@ -243,13 +253,15 @@ def packaged_test_frame(cfg: Any) -> tuple[Any, str | None, str]:
     return df, id_column, f"{cfg.dataset} ({split} rows of {path.name})"
 
 
-def read_columns(path: str, columns: list[str], where: str) -> Any:
-    """The file's columns among ``columns`` only (a score file may carry others, e.g. a label)."""
+def read_columns(path: str, columns: list[str], where: str, id_column: str | None = None) -> Any:
+    """The file's columns among ``columns`` only (a score file may carry others, e.g. a label);
+    ``id_column`` as text (tables.normalise_ids: "007" stays "007")."""
     import pandas as pd
 
     try:
         header = pd.read_csv(path, nrows=0).columns
-        return pd.read_csv(path, usecols=[c for c in dict.fromkeys(columns) if c in header])
+        return pd.read_csv(path, usecols=[c for c in dict.fromkeys(columns) if c in header],
+                           dtype=None if id_column is None else {id_column: str})
     except Exception as exc:  # pandas raises many types; the user needs the file name
         raise DataError(f"{where}: cannot be read as CSV ({exc})") from exc
 
@@ -258,7 +270,7 @@ def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str)
     """Parse a score file once per file content and preprocessing: in deployment every
     message may run in a fresh ClientApp process, and a job asks for its rows chunk by chunk."""
     content = known_digest(Path(path), cache_dir(spec))  # hashed once per version of the file
-    key = hashlib.sha256(f"{content}|{pre.digest()}|{id_column}|{CACHE_VERSION}".encode())
+    key = hashlib.sha256(f"{content}|{pre.digest()}|{id_column}|ids-as-text|{CACHE_VERSION}".encode())
     cached = cache_dir(spec) / f"score-{key.hexdigest()[:32]}.npz"
     where = f"{spec.name}: score file {path}"
     if cached.exists():
@@ -267,7 +279,7 @@ def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str)
                 return ScoreRows(ids=z["ids"], X=z["X"], ids_digest=str(z["digest"]), source=where)
         except Exception:  # noqa: BLE001  (a damaged cache entry is rebuilt, never trusted)
             pass
-    rows = rows_from_frame(read_columns(path, [id_column, *pre.raw_columns], where), id_column, pre, where)
+    rows = rows_from_frame(read_columns(path, [id_column, *pre.raw_columns], where, id_column), id_column, pre, where)
     try:
         write_atomically(cached, lambda fh: np.savez(fh, ids=rows.ids, X=rows.X, digest=np.array(rows.ids_digest)))
     except OSError:

@@ -452,6 +452,13 @@ def _check_groups(ds: FairDataset, spec: DatasetSpec) -> None:
             )
 
 
+def normalise_ids(values) -> np.ndarray:
+    """The one id rule, for every table a party reads (its own table, its score file): an id
+    is text, surrounding spaces stripped. ``" 007 "`` and ``"007"`` are one id, ``"7"``
+    another: an id column is read as text, never as numbers, so leading zeros stay."""
+    return np.char.strip(np.asarray(values, dtype=str))
+
+
 def ids_digest(ids: np.ndarray) -> str:
     """A digest of an ordered id list: equal digests mean the same rows in the same order."""
     return hashlib.sha256(np.asarray(ids).astype(str).astype("U").tobytes()).hexdigest()[:16]

@@ -30,6 +30,7 @@ else, in simulation, the packaged test rows. No labels or groups are read or sen
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -301,9 +302,11 @@ class PartyScorer:
     def __init__(self, message: Message, context: Context) -> None:
         self.cfg = run_config(tuple(sorted(context.run_config.items())))
         self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
+        deployed = bool(self.spec.data_path or context.node_config.get("table-path"))
         if self.cfg.tables_own:  # a model trained on own tables: the id column is the party's (tables.id-column)
             self.spec = own_table_spec(self.spec, self.cfg)
-        deployed = bool(self.spec.data_path or context.node_config.get("table-path"))
+        elif not deployed and self.cfg.dataset == "csv" and self.cfg.csv_id_column:  # the user's table's id column
+            self.spec = dataclasses.replace(self.spec, id_column=self.cfg.csv_id_column)
         job = message.content.config_records[JOB]
         self.run_id = str(job["run-id"])
         self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
