@@ -520,3 +520,20 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
     z = np.log(p["probability"] / (1 - p["probability"])).to_numpy()
     order = np.argsort(raw["row_id"].to_numpy())
     np.testing.assert_allclose(z, expected[order], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ids", [np.arange(70_000) * 7 - 5, np.array([f"c-{i}" for i in range(70_000)])])
+def test_predictions_are_each_rows_id_the_probability_read_back_exactly_and_the_decision(tmp_path, ids):
+    from fairvfl_flwr.features.scoring import write_predictions
+
+    z = np.random.default_rng(0).normal(scale=30.0, size=len(ids))
+    z[:3] = [0.0, -800.0, 800.0]
+    write_predictions(tmp_path / "p.csv", ids, z)
+    lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert lines[0] == "id,probability,decision" and len(lines) == len(ids) + 1  # more rows than one write block
+    got = [line.split(",") for line in lines[1:]]
+    assert [g[0] for g in got] == [str(i) for i in ids.tolist()]
+    prob = np.array([float(g[1]) for g in got])
+    assert np.array_equal(prob, np.exp(-np.logaddexp(0.0, -z)))  # σ(z), its text reads back as the same float
+    assert [g[2] for g in got] == ["1" if v >= 0 else "0" for v in z]
+    assert lines[1:4] == [f"{ids[0]},0.5,1", f"{ids[1]},0.0,0", f"{ids[2]},1.0,1"]

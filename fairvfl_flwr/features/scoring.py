@@ -274,9 +274,11 @@ def write_predictions(path: Path, ids: np.ndarray, z: np.ndarray) -> None:
     with open(tmp, "w") as fh:
         fh.write("id,probability,decision\n")
         step = 1 << 16
-        for i in range(0, len(z), step):
-            rows = zip(ids[i:i + step], prob[i:i + step], (z[i:i + step] >= 0).astype(int))
-            fh.writelines(f"{a},{float(p)!r},{d}\n" for a, p, d in rows)
+        for i in range(0, len(z), step):  # C-level loops: str/repr over Python scalars, one join per block
+            a = map(str, ids[i:i + step].tolist())
+            p = map(repr, prob[i:i + step].tolist())  # the shortest text that reads back as the same float
+            d = np.where(z[i:i + step] >= 0, "1", "0").tolist()
+            fh.write("\n".join(map(",".join, zip(a, p, d))) + "\n")
     os.replace(tmp, path)
 
 
