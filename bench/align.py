@@ -1,21 +1,28 @@
-"""Private alignment of own tables: seconds for N ids per party × K parties.
+"""Private alignment of own tables: seconds for N ids per party × K parties, against the PSI library's floor.
 
     python bench/align.py [--ids 1000000] [--parties 6] [--overlap 0.9] [--workers 0] [--out docs/results]
+                          [--page align]
 
 Writes K raw tables of made-up customers (each holds ``overlap`` · N common ids and its own
 others, shuffled; one number and one category column each, the label owner also the label
-and the group) and runs the alignment step of a run (features/alignment.align_tables: both
-PSI passes, the split and every party's local preparation) over the in-process grid, with
-each party answering on its own thread as over a SuperLink. ``--workers`` caps the processes
-a party's PSI work is spread over (0: every core; data/align.py). Prints the alignment's
-wall time, the bytes the server relayed, and checks the common rows against the truth;
-publishes them as ``<out>/align.md`` and ``.json``.
+and the group) and runs the alignment step of a run (features/alignment.align_tables: the
+PSI, the split and every party's local preparation) over the in-process grid, with each
+party answering on its own thread as over a SuperLink. ``--workers`` caps the processes a
+party's PSI work is spread over (0: every core; data/align.py). Prints the alignment's wall
+time and CPU time (this process and the PSI worker processes), the bytes the server
+relayed, and checks the common rows against the truth.
+
+The floor, measured in the same run on one core: the protocol's exponentiations (every
+party blinds its N ids once, hash onto P-256 and one multiplication; each of the K-1 pairs
+raises both lists, one multiplication an id) times openmined-psi's cost of each, timed on
+``--floor-ids`` ids. Publishes ``<out>/align.md`` and ``.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -45,14 +52,40 @@ def write_tables(folder: Path, ids: int, parties: int, overlap: float, seed: int
     return common
 
 
+def cpu_seconds() -> float:
+    """User + system time of this process and its waited-for children (the PSI workers)."""
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def library_costs(n: int) -> dict:
+    """Seconds of one core per id: blinding (hash onto the curve and one multiplication) and
+    raising (one multiplication), through data/align.py's wrappers, in one process."""
+    from fairvfl_flwr.data import align
+
+    os.environ[align.WORKERS_ENV] = "1"
+    ids = np.char.add("cust-", np.arange(n).astype(str))
+    key, other = align.psi_key(), align.psi_key()
+    t0 = time.process_time()
+    blinded = align.psi_blind(ids, key)
+    blind = (time.process_time() - t0) / n
+    t0 = time.process_time()
+    align.psi_raise(blinded, other)
+    return {"blind": blind, "raise": (time.process_time() - t0) / n}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ids", type=int, default=1_000_000, help="ids per party")
     p.add_argument("--parties", type=int, default=6)
     p.add_argument("--overlap", type=float, default=0.9, help="share of each party's ids that every party holds")
     p.add_argument("--workers", type=int, default=0, help="processes per party's PSI step (0: every core)")
+    p.add_argument("--floor-ids", type=int, default=20_000, help="ids timed for the library's cost per id")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--page", default="align", help="name of the results page written in --out")
     a = p.parse_args(argv)
+    cost = library_costs(a.floor_ids)
+    os.environ.pop("FAIRVFL_PSI_WORKERS", None)
     if a.workers:
         os.environ["FAIRVFL_PSI_WORKERS"] = str(a.workers)
     from fairvfl_flwr.app.client import app as client_app
@@ -75,24 +108,49 @@ def main(argv: list[str] | None = None) -> None:
         def tap(message) -> None:
             for record in message.content.config_records.values():
                 relayed.extend(len(v) for v in record.values() if isinstance(v, bytes))
+            for record in message.content.array_records.values():
+                relayed.extend(len(v.data) for v in record.values())
 
         grid = InProcessGrid(client_app, cfg.to_flower(), a.parties, tap=tap, async_replies=True)
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             labels = align_tables(grid, cfg)
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
         finally:
             grid.close()
     n = len(labels.y_train) + len(labels.y_test)
     assert n == common, f"aligned {n} rows, {common} are common"
+    cores = len(os.sched_getaffinity(0))
+    blinds, raises = a.parties * a.ids, 2 * (a.parties - 1) * a.ids
+    floor = blinds * cost["blind"] + raises * cost["raise"]
     row = {"parties": a.parties, "ids per party": a.ids, "common": common, "seconds": round(seconds, 1),
-           "cores": len(os.sched_getaffinity(0)), "workers": a.workers or "all",
-           "MB relayed to the parties": round(sum(relayed) / 1e6, 1)}
-    write(a.out, "align", {"rows": [row]}, table([row], list(row)),
-          title="Private alignment of own tables (PSI, both passes, split, local preparation)",
-          notes=f"Made-up ids, {a.overlap:.0%} common to all parties; the tables' writing ({written:.1f} s) is not "
-                "counted; the common rows found equal the truth. In-process grid, each party on its own thread.")
+           "CPU seconds": round(cpu, 1), "floor CPU seconds": round(floor, 1), "CPU / floor": round(cpu / floor, 2),
+           "µs CPU per id": round(1e6 * cpu / (a.parties * a.ids), 1), "cores": cores, "workers": a.workers or "all",
+           "MB relayed": round(sum(relayed) / 1e6, 1)}
+    per_million = (a.parties * cost["blind"] + 2 * (a.parties - 1) * cost["raise"]) * 1e6
+    floor_line = (f"library floor: {blinds:,} blindings × {1e6 * cost['blind']:.0f} µs + {raises:,} raisings × "
+                  f"{1e6 * cost['raise']:.0f} µs = {floor:.0f} CPU-s (openmined-psi {_psi_version()}, P-256, one core, "
+                  f"{a.floor_ids:,} ids timed in this run)")
+    print(floor_line)
+    notes = (f"{floor_line}. At 1M ids × {a.parties} parties the same floor is {per_million:,.0f} CPU-s: at least "
+             f"{per_million / cores:,.0f} s on these {cores} cores with perfect overlap, and {per_million / 60:.0f} "
+             f"cores for 60 s. Made-up ids, {a.overlap:.0%} common to all parties; the tables' writing "
+             f"({written:.1f} s) is not counted; the common rows found equal the truth. In-process grid, each party "
+             f"on its own thread; CPU seconds: this process and its PSI worker processes; load average "
+             f"{os.getloadavg()[0]:.1f} at the end.")
+    write(a.out, a.page, {"rows": [row], "cost_per_id_s": cost, "floor_per_million_cpu_s": per_million},
+          table([row], list(row)),
+          title="Private alignment of own tables (PSI, split, local preparation) against the PSI library's floor",
+          notes=notes)
 
+
+def _psi_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openmined_psi")
+    except PackageNotFoundError:
+        return "?"
 
 if __name__ == "__main__":
     main()
