@@ -340,6 +340,54 @@ def test_ids_with_leading_zeros_match_between_the_training_tables_and_the_score_
     assert set(pd.read_csv(out / "predictions.csv", dtype={"id": str})["id"]) == common
 
 
+def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tmp_path):
+    """Party 2 brings Parquet (its table and its score file, by suffix), the others CSV."""
+    pytest.importorskip("pyarrow")
+    folder, raw, held = own_tables
+    fresh = sorted(set.intersection(*held))[:200]
+    for fmt in ("csv", "parquet"):
+        d = tmp_path / fmt
+        d.mkdir()
+        for k in range(4):
+            df = pd.read_csv(folder / f"party{k}.csv", dtype={ID: str})
+            score = df.set_index(ID).loc[fresh].drop(columns=["income", "sex"], errors="ignore").reset_index()
+            if k == 2 and fmt == "parquet":
+                df.to_parquet(d / "party2.parquet", index=False)
+                score.to_parquet(d / "score2.parquet", index=False)
+            else:
+                df.to_csv(d / f"party{k}.csv", index=False)
+                score.to_csv(d / f"score{k}.csv", index=False)
+    rc = {"num-server-rounds": 3, "eval-every": 3}
+    nodes = [[{"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / fmt / (
+        f"party{k}.parquet" if k == 2 and fmt == "parquet" else f"party{k}.csv")), "id-column": ID,
+        "score-path": str(tmp_path / fmt / (f"score{k}.parquet" if k == 2 and fmt == "parquet" else f"score{k}.csv")),
+        "role": "active" if k == 0 else "passive", **({"label-column": "income", "label-positive": ">50K",
+                                                      "sensitive-column": "sex", "group-a": "Female", "group-b": "Male",
+                                                      "protected-label": 1} if k == 0 else {})}
+        for k in range(4)] for fmt in ("csv", "parquet")]
+    out = {}
+    for fmt, node_configs in zip(("csv", "parquet"), nodes):
+        train = RunConfig.from_flower({**BASE, **rc, "tables.own": True, "output-dir": str(tmp_path / f"run-{fmt}")})
+        summary, trained = run_server(InProcessGrid(client_app, train.to_flower(), 4, node_configs=node_configs),
+                                      train.to_flower())
+        job = {"mode": "score", "score.model-from": str(trained), "output-dir": str(tmp_path / f"score-{fmt}")}
+        _, scored = run_server(InProcessGrid(client_app, job, 4, node_configs=node_configs), job)
+        out[fmt] = summary, (scored / "predictions.csv").read_text()
+    for key in ("train_loss", "test_acc", "test_dfp", "test_dfn"):
+        assert out["parquet"][0][key] == out["csv"][0][key], key
+    assert out["parquet"][1] == out["csv"][1] and out["csv"][1].count("\n") == 201
+
+
+def test_a_parquet_table_without_an_engine_is_refused_naming_the_file_and_the_package(tmp_path, monkeypatch):
+    from fairvfl_flwr.data.prepare import read_table
+
+    (tmp_path / "t.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
+    with pytest.raises(DataError, match=r"party 1: .*t.parquet: a Parquet file needs the pyarrow package.*pip install "
+                                         r"pyarrow"):
+        read_table(tmp_path / "t.parquet", ID, "party 1")
+
+
 def test_own_tables_with_several_groups_are_refused_clearly(own_tables, tmp_path):
     folder, _, _ = own_tables
     with pytest.raises(FederationError, match=r"dataset='adult-race': own tables take two groups"):

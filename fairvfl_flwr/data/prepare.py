@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.preprocess import Preprocessing
-from fairvfl_flwr.data.tables import DataError, normalise_ids
+from fairvfl_flwr.data.tables import DataError, normalise_ids, read_party_file
 
 NUMBER, CATEGORY = "number", "category"
 FILL_RULES = ("mean", "median", "mode")
@@ -47,21 +47,11 @@ def read_table(path: str | Path, id_column: str, who: str) -> tuple[np.ndarray, 
 
     Refuses, naming ``who`` and the file: a missing file or id column, missing ids,
     duplicate ids (with an example)."""
-    import pandas as pd
-
     p = Path(path).expanduser()
     where = f"{who}: {p}"
     if not p.is_file():
         raise DataError(f"{where}: file not found")
-    try:
-        if p.suffix == ".parquet":
-            df = pd.read_parquet(p)
-            if id_column in df.columns:
-                df[id_column] = df[id_column].astype(str)
-        else:
-            df = pd.read_csv(p, dtype={id_column: str})
-    except Exception as exc:  # pandas raises many types; the user needs the file name
-        raise DataError(f"{where}: cannot be read ({exc})") from exc
+    df = read_party_file(p, where, id_column)
     if id_column not in df.columns:
         shown = ", ".join(map(str, df.columns[:10]))
         raise DataError(f"{where}: id column {id_column!r} not found (columns: {shown}"

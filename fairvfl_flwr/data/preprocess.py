@@ -36,7 +36,8 @@ from fairvfl_flwr.data.partydata import (CACHE_VERSION, PartySpec, aligned_files
                                         write_atomically)
 from fairvfl_flwr.data.tables import read_csv
 from fairvfl_flwr.data.problem import load_data, party_columns
-from fairvfl_flwr.data.tables import DATASETS, DataError, FairDataset, ids_digest, normalise_ids, packaged_file
+from fairvfl_flwr.data.tables import (DATASETS, DataError, FairDataset, ids_digest, normalise_ids, packaged_file,
+                                     read_party_file)
 
 SIDECAR_SUFFIX = ".preprocessing.json"
 
@@ -255,15 +256,8 @@ def packaged_test_frame(cfg: Any) -> tuple[Any, str | None, str]:
 
 def read_columns(path: str, columns: list[str], where: str, id_column: str | None = None) -> Any:
     """The file's columns among ``columns`` only (a score file may carry others, e.g. a label);
-    ``id_column`` as text (tables.normalise_ids: "007" stays "007")."""
-    import pandas as pd
-
-    try:
-        header = pd.read_csv(path, nrows=0).columns
-        return pd.read_csv(path, usecols=[c for c in dict.fromkeys(columns) if c in header],
-                           dtype=None if id_column is None else {id_column: str})
-    except Exception as exc:  # pandas raises many types; the user needs the file name
-        raise DataError(f"{where}: cannot be read as CSV ({exc})") from exc
+    ``id_column`` as text (tables.normalise_ids: "007" stays "007"). CSV, or Parquet by suffix."""
+    return read_party_file(path, where, id_column, columns)
 
 
 def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str) -> ScoreRows:

@@ -269,6 +269,45 @@ def read_csv(path: str | Path, what: str = "") -> pd.DataFrame:
         raise DataError(f"{where} cannot be read as CSV ({exc})") from exc
 
 
+PARQUET = ".parquet"
+
+
+def read_party_file(path: str | Path, where: str, id_column: str | None, columns: list[str] | None = None
+                    ) -> pd.DataFrame:
+    """A party's raw table or score file: Parquet by its suffix (needs a pandas Parquet engine,
+    pyarrow), else CSV; ``id_column`` as text (see :func:`normalise_ids`); only ``columns``
+    when given (a file may carry others). A DataError names ``where`` (party and file)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.suffix.lower() == PARQUET:
+        try:
+            from pandas.compat._optional import import_optional_dependency  # the engine pandas would use
+
+            import_optional_dependency("pyarrow")
+        except ImportError:
+            raise DataError(f"{where}: a Parquet file needs the pyarrow package, which is not installed here: "
+                            "pip install pyarrow (or give the table as CSV)") from None
+        try:
+            if columns is not None:
+                import pyarrow.parquet as pq
+
+                names = set(pq.read_schema(path).names)
+                columns = [c for c in dict.fromkeys(columns) if c in names]
+            df = pd.read_parquet(path, engine="pyarrow", columns=columns)
+        except Exception as exc:  # pyarrow raises many types; the user needs the file name
+            raise DataError(f"{where}: cannot be read as Parquet ({exc})") from exc
+        if id_column is not None and id_column in df.columns:
+            df[id_column] = df[id_column].astype(str)
+        return df
+    try:
+        names = None if columns is None else set(pd.read_csv(path, nrows=0).columns)
+        return pd.read_csv(path, usecols=None if names is None else [c for c in dict.fromkeys(columns) if c in names],
+                           dtype=None if id_column is None else {id_column: str})
+    except Exception as exc:  # pandas raises many types; the user needs the file name
+        raise DataError(f"{where}: cannot be read as CSV ({exc})") from exc
+
+
 def as_text(col: pd.Series) -> pd.Series:
     """Values as strings, with integral floats written as integers (1.0 -> "1")."""
     import pandas as pd
