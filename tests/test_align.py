@@ -388,10 +388,46 @@ def test_a_parquet_table_without_an_engine_is_refused_naming_the_file_and_the_pa
         read_table(tmp_path / "t.parquet", ID, "party 1")
 
 
-def test_own_tables_with_several_groups_are_refused_clearly(own_tables, tmp_path):
-    folder, _, _ = own_tables
-    with pytest.raises(FederationError, match=r"dataset='adult-race': own tables take two groups"):
-        run_inprocess(own_config(folder, dataset="adult-race", **{"output-dir": str(tmp_path)}), quiet=True)
+def test_own_tables_with_several_sensitive_columns_give_the_server_every_combination_as_a_group(own_tables, tmp_path):
+    """adult-sex-race: the label owner's table holds sex and race; each combination over the
+    common rows is a group (sorted names, as data/tables.py names them), coded the same for
+    the server and the label owner; the run trains under the G-group constraint."""
+    from fairvfl_flwr.features.alignment import align_tables
+    from fairvfl_flwr.data.align import TEST_CODE
+
+    folder, raw, held = own_tables
+    columns = [["age", "workclass", "education", "sex", "race", "income"], PARTY_COLUMNS[1],
+               ["capital-gain", "capital-loss", "relationship"], PARTY_COLUMNS[3]]
+    for k, cols in enumerate(columns):
+        mine = raw[raw[ID].isin(held[k])].sample(frac=1, random_state=k)
+        mine[[ID, *cols]].to_csv(tmp_path / f"party{k}.csv", index=False)
+    rc = RunConfig.from_flower(own_config(tmp_path, dataset="adult-sex-race", **{
+        "pool-small-groups": True, "output-dir": str(tmp_path / "runs")})).to_flower()
+    grid = InProcessGrid(client_app, rc, 4)
+    labels = align_tables(grid, RunConfig.from_flower(rc))
+    common = raw.set_index(ID).loc[sorted(set.intersection(*held))]
+    codes = split_common(len(common), 0.8, BASE["seed"])
+    key = (common["sex"] + " & " + common["race"]).to_numpy()
+    names = tuple(sorted(set(key)))
+    assert len(names) == 10 and labels.group_names == names
+    assert labels.s_train.tolist() == np.searchsorted(names, key[codes == TRAIN_CODE]).tolist()
+    assert labels.s_test.tolist() == np.searchsorted(names, key[codes == TEST_CODE]).tolist()
+    assert labels.y_train.tolist() == np.where(common["income"].to_numpy()[codes == TRAIN_CODE] == ">50K", 1, -1).tolist()
+    summary, _ = run_server(grid, rc)
+    assert summary["test_acc"] > 0.75 and len(summary["train_gaps"]) > 2  # pooled groups, pairwise gaps
+
+
+def test_a_deployed_label_owner_with_its_own_table_may_name_no_groups_or_both():
+    from fairvfl_flwr.data.partydata import NodeConfigError, party_spec
+
+    node = {"partition-id": 0, "role": "active", "table-path": "t.csv", "label-column": "income",
+            "label-positive": ">50K", "sensitive-column": "sex,race", "protected-label": 1}
+    spec = party_spec(node, 4, 1)
+    assert (spec.sensitive_column, spec.group_a, spec.group_b) == ("sex,race", "", "")
+    with pytest.raises(NodeConfigError, match=r"party 0 \(t.csv\): give both group-a and group-b"):
+        party_spec({**node, "group-a": "Female"}, 4, 1)
+    with pytest.raises(NodeConfigError, match=r"needs group-a, group-b"):  # an exported file names its two groups
+        party_spec({**{k: v for k, v in node.items() if k != "table-path"}, "data-path": "p.csv"}, 4, 1)
 
 
 def test_missing_values_in_a_partys_table_are_refused_or_filled_by_the_named_rule(own_tables, tmp_path):

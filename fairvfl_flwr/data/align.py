@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir, known_digest,
-                                         label_arrays, rows_digest, save_aligned)
+                                         group_values, label_arrays, rows_digest, save_aligned)
 from fairvfl_flwr.data.prepare import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
@@ -214,6 +214,7 @@ class Common:
     protected_label: int
     digest: str  # rows_digest of the training and evaluation rows
     key: str  # the leader's prepared block
+    group_names: tuple[str, ...] | None = None  # several groups: the names s indexes; two groups: none
 
 
 def blind_step(ids: np.ndarray, shuffle: bool) -> tuple[bytes, bytes, np.ndarray | None]:
@@ -276,10 +277,12 @@ def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
     ids, df = own_table(spec)
     split = split_common(len(rows), cfg.tables_train_fraction, cfg.seed, cfg.validation_fraction)
     arrays, key, pre = prepare_party(spec, cfg, ids, df, rows, split)
-    y, s = label_arrays(df.iloc[rows[split != UNUSED_CODE]], spec, f"{spec.name}: {spec.table_path}")
+    used = df.iloc[rows[split != UNUSED_CODE]]
+    y, s = label_arrays(used, spec, f"{spec.name}: {spec.table_path}")
     save_aligned(spec, key, arrays, pre)
+    several = not (spec.group_a or spec.group_b)  # every value (combination) a group, coded as label_arrays does
     return Common(split=split, y=y, s=s, protected_label=int(spec.protected_label), digest=arrays.ids_digest,
-                  key=key)
+                  key=key, group_names=tuple(sorted(set(group_values(used, spec)))) if several else None)
 
 
 def member_step(spec: PartySpec, cfg: Any, positions: np.ndarray, order: np.ndarray,
@@ -300,8 +303,10 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
     prepared = prepare_block(df, feature_columns(spec, df), train, test, cfg.tables_types, cfg.tables_missing, where)
     digest = rows_digest(ids[train], ids[test])
     y = s = None
-    if spec.role == ROLE_ACTIVE:
-        y, s = label_arrays(df.iloc[train], spec, where)
+    if spec.role == ROLE_ACTIVE:  # groups coded over all the aligned rows, as the leader sends them to the server
+        used = split != UNUSED_CODE
+        y, s = label_arrays(df.iloc[rows[used]], spec, where)
+        y, s = y[split[used] == TRAIN_CODE], s[split[used] == TRAIN_CODE]
     arrays = PartyArrays(
         partition_id=spec.partition_id, role=spec.role, feature_names=prepared.pre.features,
         X_train=prepared.X_train, X_test=prepared.X_test, ids_digest=digest, n_train=len(train), n_test=len(test),

@@ -139,7 +139,12 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
         )
     kwargs: dict[str, Any] = {}
     if role == ROLE_ACTIVE:
-        missing = [k for k in _ACTIVE_KEYS if str(node.get(k, "")) == ""]
+        # an own table may name no groups: every value (combination) of its sensitive column(s) is one
+        optional = ("group-a", "group-b") if table_path else ()
+        missing = [k for k in _ACTIVE_KEYS if str(node.get(k, "")) == "" and k not in optional]
+        if optional and bool(str(node.get("group-a", ""))) != bool(str(node.get("group-b", ""))):
+            raise NodeConfigError(f"party {pid} ({data_path}): give both group-a and group-b (two groups) or "
+                                  "neither (every value of sensitive-column is a group)")
         if missing:
             raise NodeConfigError(f"party {pid} ({data_path}): the active party's node config needs {', '.join(missing)}")
         try:
@@ -153,8 +158,8 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
             )
         kwargs = dict(
             label_column=str(node["label-column"]), label_positive=str(node["label-positive"]),
-            sensitive_column=str(node["sensitive-column"]), group_a=str(node["group-a"]),
-            group_b=str(node["group-b"]), protected_label=protected,
+            sensitive_column=str(node["sensitive-column"]), group_a=str(node.get("group-a", "")),
+            group_b=str(node.get("group-b", "")), protected_label=protected,
         )
     path = str(Path(data_path).expanduser())
     columns = tuple(c.strip() for c in str(node.get("columns", "")).split(",") if c.strip())
@@ -194,9 +199,6 @@ def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
             kwargs = dict(label_column=d.label_column, label_positive=d.positive_value,
                           sensitive_column=d.sensitive_column, group_a=d.group_a, group_b=d.group_b,
                           protected_label=d.protected_label)
-    if kwargs and not (kwargs["group_a"] and kwargs["group_b"]):
-        raise NodeConfigError(f"tables.own=true with dataset={cfg.dataset!r}: own tables take two groups (group-a "
-                              "and group-b of one sensitive column) for now; choose a two-group dataset or csv.*")
     return dataclasses.replace(spec, table_path=str(Path(path).expanduser()), id_column=cfg.tables_id_column,
                                **kwargs)
 
@@ -222,10 +224,19 @@ def _text(values) -> np.ndarray:
     return as_text(values).to_numpy().astype(str)
 
 
+def group_values(df, spec: PartySpec) -> np.ndarray:
+    """Each row's group as text: its sensitive column's value, or with several sensitive
+    columns (``"sex,race"``) their values joined by ``" & "`` (data/tables.py's names)."""
+    cols = [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
+    parts = [_text(df[c]) for c in cols]
+    return parts[0] if len(parts) == 1 else np.asarray([" & ".join(v) for v in zip(*parts)])
+
+
 def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
     """The label owner's y (±1) and group of every row of ``df``: True = group a, or with
-    neither group named, each value's index among the sorted values."""
-    for role, col in (("label", spec.label_column), ("sensitive", spec.sensitive_column)):
+    neither group named, each value's (or combination's) index among the sorted values."""
+    sensitive = [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
+    for role, col in (("label", spec.label_column), *(("sensitive", c) for c in sensitive)):
         if col not in df.columns:
             raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
         if df[col].isna().any():
@@ -238,7 +249,7 @@ def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarra
             f"(values: {sorted(set(labels))[:5]})"
         )
     y = np.where(labels == pos, 1.0, -1.0)
-    groups = _text(df[spec.sensitive_column])
+    groups = group_values(df, spec)
     a, b = norm_value(spec.group_a), norm_value(spec.group_b)
     if not (spec.group_a or spec.group_b):  # every value is a group, in the server label file's order
         return y, np.searchsorted(np.asarray(sorted(set(groups))), groups).astype(np.int64)

@@ -49,7 +49,7 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import align
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preprocess import score_file
-from fairvfl_flwr.data.problem import ServerLabels
+from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
@@ -84,7 +84,9 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
     tr, te = used == align.TRAIN_CODE, used == align.TEST_CODE
     labels = ServerLabels(y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
-                          protected_label=int(common["protected-label"]), ids_digest=str(common["digest"]))
+                          protected_label=int(common["protected-label"]), ids_digest=str(common["digest"]),
+                          group_names=tuple(common["group-names"]) if "group-names" in common else None,
+                          options=group_options(cfg))
     log(INFO, "FairVFL: private alignment: %s ids per party, %d common (%d train, %d %s) in %.1f s",
         passes.sizes_by_partition(), len(split), int(tr.sum()), int(te.sum()),
         "validation" if cfg.validation_fraction > 0 else "test", time.perf_counter() - t0)
@@ -225,6 +227,8 @@ def handle(message: Message, context: Context) -> Message:
         else:
             common = align.leader_step(spec, cfg, rows)
             out = {"digest": common.digest, "protected-label": common.protected_label}
+            if common.group_names:  # several groups: the server names them, as a label file does
+                out["group-names"] = list(common.group_names)
             arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
         extra = {POSITIONS: msgs.array_record(**found)}
