@@ -21,9 +21,10 @@ not, :func:`align` finds the common ids without any party handing over its list:
 
 ``python -m fairvfl_flwr.tools.psi --ids 45000 --parties 6`` times it on made-up ids, all
 parties in this one process. A run whose parties bring their own tables (``tables.own``)
-aligns inside the federation instead, over the run's messages, with a second PSI pass in
-place of the leader's plain list of common ids (data/align.py, features/alignment.py;
-``python bench/align.py`` times that).
+aligns inside the federation instead, over the run's messages, by a Diffie-Hellman PSI
+per pair (each party blinds its ids once, each pair raises the other's list), and the
+leader tells each party its common positions instead of listing the common ids
+(data/align.py, features/alignment.py; ``python bench/align.py`` times that).
 """
 
 from __future__ import annotations
