@@ -234,13 +234,7 @@ def dual_newton_step(
     gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
     d = lam[0::2] - lam[1::2]
     jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
-    slope = np.diag(jac)
-    steeper = np.zeros(len(d))
-    if previous is not None:
-        d_prev, gaps_prev = (np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in previous)
-        moved = np.abs(d - d_prev) > 0
-        secant = np.where(moved, (gaps - gaps_prev) / np.where(moved, d - d_prev, 1.0), 0.0)
-        steeper = np.minimum(secant - slope, 0.0)
+    steeper = secant_correction(d, gaps, jac, previous)
     side = np.where(d != 0, np.sign(d), np.where(np.abs(gaps) > epsilon, np.sign(gaps), 0.0))
     r = gaps - epsilon * side - c * d
     free = ~((d == 0) & (side == 0))
@@ -252,6 +246,20 @@ def dual_newton_step(
     out = np.empty_like(lam)
     out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
     return clip_multipliers(out, groups)
+
+
+def secant_correction(d: np.ndarray, gaps: np.ndarray, jac: np.ndarray,
+                      previous: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """What to add to J's diagonal so that it is as steep as the secant slope of each gap
+    observed since ``previous = (d, gaps)`` (0 where the subspace's J is steeper already)."""
+    slope = np.diag(jac)
+    steeper = np.zeros(len(d))
+    if previous is not None:
+        d_prev, gaps_prev = (np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in previous)
+        moved = np.abs(d - d_prev) > 0
+        secant = np.where(moved, (gaps - gaps_prev) / np.where(moved, d - d_prev, 1.0), 0.0)
+        steeper = np.minimum(secant - slope, 0.0)
+    return steeper
 
 
 def clip_multipliers(lam: np.ndarray, groups: Groups) -> np.ndarray:
@@ -277,6 +285,8 @@ def newton_dual_step(
     the unclipped gradient step instead (:func:`at_weight_bound`). ``previous``: (d, gaps)
     at the last dual step."""
     gaps = groups.gaps(y, z)
+    if not past_bound_rule(groups):  # gaps share rows, or the kind keeps every weight > 0
+        return groups.newton_dual(lam, gaps, jac, epsilon, beta, c)
     if jac is None:
         return clip_multipliers(dual_step(lam, gaps, epsilon, beta, c), groups)
     new = dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
@@ -286,6 +296,13 @@ def newton_dual_step(
         for k in np.flatnonzero(past):
             new[2 * k:2 * k + 2] = step[2 * k:2 * k + 2]
     return new
+
+
+def past_bound_rule(groups: Groups) -> bool:
+    """Does the dual step clip d to :func:`weight_bounds` and step past them by gradient
+    (the rule measured with ``deo`` on two groups), rather than the constraint's own
+    fraction-to-the-boundary step (``ConstraintSet.newton_dual``)?"""
+    return groups.newton_past_bound and groups.gaps_per_row() <= 1
 
 
 def at_weight_bound(lam: np.ndarray, groups: Groups) -> np.ndarray:

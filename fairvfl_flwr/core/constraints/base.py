@@ -125,9 +125,14 @@ class ConstraintSet:
     #: how many of :meth:`subsets` a row's label decides (a label flip moves the row
     #: between them, or into or out of one): label DP's count of changed groups
     label_subsets = 0
-    #: does ``optimizer = "auto"`` pick block Newton for it? (Newton's first dual steps
-    #: flip coupled gaps, docs/newton.md; measured for DEO only)
+    #: does ``optimizer = "auto"`` pick block Newton for it? (measured: docs/newton.md)
     newton_by_default = False
+    #: block Newton's dual step at the weight bound: True takes the paper's gradient step
+    #: past it (rows may get negative weights; measured with ``deo`` only), False keeps every
+    #: weight above 0 by the fraction-to-the-boundary rule (:meth:`newton_dual`)
+    newton_past_bound = False
+    #: the share of each row weight's distance to 0 one dual Newton step may cover
+    WEIGHT_FRACTION = 0.5
 
     #: the registered kinds by name (:func:`register`; the package registers the built-in ones)
     kinds: ClassVar[dict[str, type["ConstraintSet"]]] = {}
@@ -358,6 +363,80 @@ class ConstraintSet:
         rel = 1e-9  # project puts d on the bound up to rounding
         return (d >= hi * (1 - rel)) | (d <= lo * (1 - rel))
 
+    # -- block Newton's dual step -------------------------------------------------------
+    def gap_weights(self) -> np.ndarray:
+        """n × C: column c is ∂w/∂d_c = 1_A/|A| − 1_B/|B| (the row weights are affine in d)."""
+        cols = np.zeros((self.n, len(self.constraints)))
+        for k, con in enumerate(self.constraints):
+            cols[con.in_a, k] += 1.0 / con.size_a
+            cols[con.in_b, k] -= 1.0 / con.size_b
+        return cols
+
+    def newton_dual(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, epsilon: float, beta: float,
+                    c: float) -> np.ndarray:
+        """Block Newton's dual step in d_c = λ_c+ − λ_c− where gaps share rows or no gap may
+        pass the weight bound (``newton_past_bound`` False), from the gaps' sensitivity ``jac``
+        in the last subspace (core/newton.subspace_gap_jacobian).
+
+        * Newton on the dual, d ← d − (J − cI)⁻¹ r (r_c = D_c − ε sign(d_c) − c d_c), solved
+          only on the combinations of d that change the row weights: where gaps are linearly
+          dependent (pairwise, G >= 3: D_ab + D_bc = D_ac, and so are the columns of
+          :meth:`gap_weights`) a move along the null space changes neither ν nor any gap, and
+          J is singular there. Of the multipliers that give the new weights, the step keeps
+          those with the least Σ|d_c| (:func:`sparsest`: the dual's −ε Σ|d_c| term).
+        * A step does not cross d_c = 0 (the dual's kink), as on two groups.
+        * Fraction to the boundary on the exact row weights: no w_i may fall below
+          1 − ``WEIGHT_FRACTION`` of its current value (w is affine in d), so every weight
+          stays > 0 and the primal stays convex in z, whatever rows the gaps share. The step
+          is damped (Levenberg–Marquardt, J − cI − ρI with ρ raised until it holds) rather
+          than shortened, because the subspace's J can be nearly flat in one combination and
+          ask for a huge step there; what is left is then shortened along the line.
+        * ``jac`` None (round 1): the paper's gradient step with β, under the same rule.
+        """
+        lam = self._check(lam)
+        gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
+        d = lam[0::2] - lam[1::2]
+        if jac is None:
+            step = self.dual_step(lam, gaps, epsilon, beta, c)
+            new = step[0::2] - step[1::2]
+        else:
+            side = np.where(d != 0, np.sign(d), np.where(np.abs(gaps) > epsilon, np.sign(gaps), 0.0))
+            r = gaps - epsilon * side - c * d
+            free = ~((d == 0) & (side == 0))
+            new = d.copy()
+            if free.any():
+                jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
+                M = (jac - c * np.eye(len(d)))[np.ix_(free, free)]
+                A = self.gap_weights()
+                gram = A[:, free].T @ A[:, free]
+                damping = 0.0
+                while True:  # Levenberg–Marquardt: damp until the step keeps the weights' share
+                    new = d.copy()
+                    new[free] = d[free] + range_solve(M - damping * np.eye(len(M)), -r[free], gram)
+                    new = np.where((d != 0) & (np.sign(new) != np.sign(d)), 0.0, new)
+                    new = sparsest(new, A)
+                    if (not self.q.needs_nonnegative_weights or damping > 1e12
+                            or self.boundary_fraction(d, new - d) >= 1.0):
+                        break
+                    damping = max(4.0 * damping, 1e-3 * max(float(np.abs(M).max()), c))
+        if self.q.needs_nonnegative_weights:
+            new = d + self.boundary_fraction(d, new - d) * (new - d)
+        out = np.empty_like(lam)
+        out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
+        return out
+
+    def boundary_fraction(self, d: np.ndarray, step: np.ndarray) -> float:
+        """The largest t in (0, 1] with w(d + t·step) >= (1 − WEIGHT_FRACTION) w(d) on every row."""
+        A = self.gap_weights()
+        w = 1.0 / self.n + A @ d
+        dw = A @ step
+        floor = (1.0 - self.WEIGHT_FRACTION) * np.maximum(w, 0.0)
+        falling = dw < 0
+        if not falling.any():
+            return 1.0
+        room = (floor[falling] - w[falling]) / dw[falling]  # t where w_i reaches its floor
+        return float(np.clip(room.min(), 0.0, 1.0))
+
     # -- Newton's derivatives ------------------------------------------------------------
     def smooth_part(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> float:
         """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
@@ -391,6 +470,38 @@ class ConstraintSet:
         at least ``min_group`` rows."""
         return sensitivity(self.n, lambda_bound, min_group, self.flipped_masks(), self.measure,
                            self.gaps_per_row())
+
+
+def range_solve(M: np.ndarray, rhs: np.ndarray, gram: np.ndarray, rcond: float = 1e-10) -> np.ndarray:
+    """The x in range(gram) with P M x = P rhs (P: the projector onto that range): M's solve
+    on the combinations of multipliers that ``gram`` (the weight columns' Gram matrix) does
+    not map to 0, the minimum-norm solution where the gaps are dependent."""
+    vals, vecs = np.linalg.eigh(gram)
+    keep = vals > rcond * max(float(vals.max()), np.finfo(float).tiny)
+    U = vecs[:, keep]
+    return U @ np.linalg.lstsq(U.T @ M @ U, U.T @ rhs, rcond=None)[0]
+
+
+def sparsest(d: np.ndarray, A: np.ndarray, iters: int = 20) -> np.ndarray:
+    """The d' with the same row weights (A d' = A d) and the least Σ|d'_c|: where gaps are
+    dependent, the multipliers that give a weight vector are not unique, and the dual's
+    −ε Σ|d_c| term prefers the fewest. Iteratively reweighted least norms; d itself where
+    the columns of A are independent."""
+    gram = A.T @ A
+    vals, vecs = np.linalg.eigh(gram)
+    null = vecs[:, vals <= 1e-10 * max(float(vals.max()), np.finfo(float).tiny)]
+    if null.shape[1] == 0:
+        return d
+    P = np.eye(len(d)) - null @ null.T  # onto the combinations that change the weights
+    target, out = P @ d, d.copy()
+    tiny = 1e-12 * max(float(np.abs(d).max()), 1e-300)
+    for _ in range(iters):
+        # min Σ d_c²/ω_c subject to P d = target, ω = |d| from the last iterate
+        omega = np.abs(out) + tiny
+        N = null
+        t = np.linalg.lstsq((N.T / omega) @ N, -(N.T / omega) @ target, rcond=None)[0]
+        out = target + N @ t
+    return out
 
 
 def register(*classes: type[ConstraintSet]) -> None:

@@ -11,6 +11,7 @@ class DEO(ConstraintSet):
     kind = "deo"
     label_subsets = 1
     newton_by_default = True
+    newton_past_bound = True
 
     @classmethod
     def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:

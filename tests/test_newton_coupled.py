@@ -1,0 +1,106 @@
+"""Block Newton's dual step where gaps share rows or must keep every weight > 0
+(``ConstraintSet.newton_dual``): equalized odds, demographic parity, several groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr.core.newton import (
+    dual_newton_step,
+    clip_multipliers,
+    newton_dual_step,
+    past_bound_rule,
+    subspace_gap_jacobian,
+)
+from fairvfl_flwr.core.objective import Groups, row_weights
+
+
+def _rows(seed=0, n=600, G=3):
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(n) < 0.45, 1.0, -1.0)
+    s = rng.integers(0, G, size=n)
+    z = rng.normal(scale=2.0, size=n)
+    return y, s, z, rng
+
+
+def _jacobian(y, z, groups, rng, lam, directions=6):
+    du = rng.normal(size=(len(y), directions))
+    return subspace_gap_jacobian(y, z, du, np.eye(directions), lam, groups, mu=2 / len(y))
+
+
+def test_dependent_gaps_give_a_finite_step_with_the_fewest_multipliers():
+    """Three groups, pairwise: D_ab + D_bc = D_ac, so J is singular; the step is solved on
+    the combinations of multipliers that change the row weights."""
+    y, s, z, rng = _rows()
+    groups = Groups.from_labels(y, s, 1, "deo")
+    assert len(groups.constraints) == 3 and not past_bound_rule(groups)
+    lam = np.zeros(6)
+    jac = _jacobian(y, z, groups, rng, lam)
+    assert np.linalg.matrix_rank(jac, tol=1e-10 * np.abs(jac).max()) == 2
+    gaps = groups.gaps(y, z)
+    out = groups.newton_dual(lam, gaps, jac, 0.01, 0.1, 1e-3)
+    assert np.isfinite(out).all() and (out >= 0).all() and np.abs(out).max() > 0
+    d = out[0::2] - out[1::2]
+    null = np.array([1.0, -1.0, 1.0]) / np.sqrt(3)  # d_ab − d_ac + d_bc: no row weight changes
+    assert np.allclose(groups.gap_weights() @ null, 0.0, atol=1e-15)
+    # of the multipliers that give these weights, the step keeps those with the least Σ|d_c|
+    # (the dual's −ε Σ|d_c| term): moving along the null direction only adds to it
+    for t in np.linspace(-0.1, 0.1, 41):
+        assert np.abs(d + t * null).sum() >= np.abs(d).sum() - 1e-9
+
+
+def test_each_step_keeps_every_weight_above_a_share_of_its_value():
+    """Sensitivities that ask for huge steps: the step is damped until no row keeps less than
+    1 − WEIGHT_FRACTION of its weight, on rows that sit on several gaps' sides."""
+    y, s, z, rng = _rows(1, G=4)
+    groups = Groups.from_labels(y, s, 1, "equalized-odds")
+    assert groups.gaps_per_row() == 3
+    lam = np.zeros(groups.num_multipliers)
+    gaps = np.where(np.arange(len(groups.constraints)) % 2 == 0, 0.5, -0.5)
+    tiny = -1e-6 * np.eye(len(gaps))
+    for _ in range(5):
+        w_before = row_weights(lam, groups)
+        lam = groups.newton_dual(lam, gaps, tiny, 0.01, 0.1, 1e-3)
+        w = row_weights(lam, groups)
+        assert (w >= (1 - groups.WEIGHT_FRACTION) * w_before * (1 - 1e-9)).all()
+        assert np.abs(w - w_before).max() > 0.01 * w_before.max()  # damped, not stopped
+    assert (row_weights(lam, groups) > 0).all()
+
+
+def test_round_one_gradient_step_keeps_the_weights_positive_too():
+    y, s, z, _ = _rows(2)
+    groups = Groups.from_labels(y, s, 1, "deo")
+    out = newton_dual_step(np.zeros(6), y, z, groups, None, epsilon=0.01, beta=1e4, c=1e-3)
+    assert (row_weights(out, groups) > 0).all() and np.abs(out).max() > 0
+
+
+@pytest.mark.parametrize("constraint", ["equalized-odds", "demographic-parity"])
+def test_two_groups_equalized_odds_and_parity_take_the_fraction_to_the_boundary_step(constraint):
+    y, s, z, rng = _rows(3, G=2)
+    groups = Groups.from_labels(y, s == 0, 1, constraint)
+    assert groups.gaps_per_row() == 1 and not past_bound_rule(groups)
+    lam = np.zeros(groups.num_multipliers)
+    jac = _jacobian(y, z, groups, rng, lam)
+    gaps = groups.gaps(y, z)
+    out = newton_dual_step(lam, y, z, groups, jac, epsilon=0.01, beta=0.1, c=1e-3)
+    # where the plain Newton step leaves every weight well above 0, it is that step
+    plain = dual_newton_step(lam, gaps, jac, 0.01, 1e-3, groups)
+    if groups.boundary_fraction(np.zeros(len(gaps)), plain[0::2] - plain[1::2]) == 1.0:
+        np.testing.assert_allclose(out, plain, rtol=1e-10, atol=1e-14)
+    assert (row_weights(out, groups) > 0).all()
+
+
+def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
+    """The paper's case: the step clipped to the weight bounds, past them by gradient."""
+    y, s, z, rng = _rows(4, G=2)
+    groups = Groups.from_labels(y, s == 0, 1, "deo")
+    assert past_bound_rule(groups)
+    lam = np.array([0.0, 0.05])
+    jac = _jacobian(y, z, groups, rng, lam)
+    gaps = groups.gaps(y, z)
+    out = newton_dual_step(lam, y, z, groups, jac, epsilon=0.01, beta=0.1, c=1e-3)
+    np.testing.assert_array_equal(out, dual_newton_step(lam, gaps, jac, 0.01, 1e-3, groups))
+    assert np.array_equal(newton_dual_step(np.zeros(2), y, z, groups, None, epsilon=0.01, beta=0.1, c=1e-3),
+                          clip_multipliers(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01])),
+                                           groups))
