@@ -119,16 +119,27 @@ def score_job(work: Path, table: str, model: str, chunk: int) -> dict:
     from fairvfl_flwr.data import preprocess
     from fairvfl_flwr.flower.inprocess import InProcessGrid
 
+    from fairvfl_flwr.features import scoring
+
     os.environ["FAIRVFL_CACHE_DIR"] = str(work / "cache-inprocess")
     base = peak_rss_mib()
     out = {}
+    writing, write = [], scoring.write_predictions
+
+    def timed_write(*args) -> None:  # the job's share spent writing predictions.csv
+        t = time.perf_counter()
+        write(*args)
+        writing.append(time.perf_counter() - t)
+
+    scoring.write_predictions = timed_write
     for run in ("cold", "warm"):
         preprocess.clear_cache()  # as a fresh process per run would
         cfg = RunConfig.from_flower(score_config(table, work, model, chunk, work / f"score-{run}"))
         grid = InProcessGrid(client_app, cfg.to_flower(), K)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         summary, folder = run_server(grid, cfg.to_flower())
-        out[run] = {"seconds": time.perf_counter() - t0, "rows": summary["rows"], "chunks": summary["chunks"],
+        out[run] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                    "write_seconds": writing[-1], "rows": summary["rows"], "chunks": summary["chunks"],
                     "peak_rss_mib": peak_rss_mib(), "predictions_mib": (folder / "predictions.csv").stat().st_size / 2**20}
     out["base_rss_mib"] = base
     return out
@@ -288,6 +299,7 @@ def main(argv=None) -> dict:
         print(json.dumps(one_party(a.files, a.model, a.k, a.chunk_rows)))
         return {}
     engines = [e for e in a.engines.split(",") if e]
+    load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fairvfl-bench-scoring-") as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
@@ -305,8 +317,9 @@ def main(argv=None) -> dict:
         big = max(range(K), key=lambda k: prep["files"][k]["columns"])
         party = _child("--child", "party", "--model", prep["model"], "--files", paths[big], "--k", str(big),
                        "--chunk-rows", str(a.chunk_rows))
-    rows = [{"what": f"scoring job, in-process grid ({run})", "rows": job[run]["rows"], "chunks": job[run]["chunks"],
-             "seconds": job[run]["seconds"], "peak_rss_mib": job[run]["peak_rss_mib"]}
+    rows = [{"what": f"scoring job, in-process grid ({run}; writing predictions.csv {job[run]['write_seconds']:.1f} s)",
+             "rows": job[run]["rows"], "chunks": job[run]["chunks"], "seconds": job[run]["seconds"],
+             "cpu_seconds": job[run]["cpu_seconds"], "peak_rss_mib": job[run]["peak_rss_mib"]}
             for run in ("cold", "warm") if job]
     rows += [{"what": f"scoring job, flwr run simulation ({run}; job {sim[run]['job_seconds']:.1f} s)",
               "rows": sim[run]["rows"], "chunks": sim[run]["chunks"], "seconds": sim[run]["seconds"],
@@ -318,7 +331,10 @@ def main(argv=None) -> dict:
                  "chunks": -(-a.rows // a.chunk_rows), "seconds": party["logits_seconds"]})
     notes = [f"score files: {sum(f['mib'] for f in prep['files']):.0f} MiB in all",
              f"process base RSS {party['base_rss_mib']:.0f} MiB (party)",
-             f"preparing (training + files) took {prep_s:.0f} s", f"load average {os.getloadavg()[0]:.1f} at the end"]
+             f"preparing (training + files) took {prep_s:.0f} s",
+             f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+             f"({len(os.sched_getaffinity(0))} cores: seconds beyond the CPU seconds are mostly waiting for a core)",
+             "cpu_seconds: the job process's CPU time (the server and all parties share the process)"]
     if job:
         notes += [f"in-process job base RSS {job['base_rss_mib']:.0f} MiB",
                   f"predictions.csv {job['cold']['predictions_mib']:.0f} MiB"]
@@ -327,7 +343,7 @@ def main(argv=None) -> dict:
                   f"{sim['idle']['pss_mib']:.0f} MiB PSS ({sim['idle']['processes']} processes); at the peak "
                   f"{sim['cold']['processes']} processes, the largest {sim['cold']['peak_one_process_mib']:.0f} MiB"]
     md = (f"Scoring {a.rows:,} rows, {K} parties ({a.table} columns, linear blocks), chunks of {a.chunk_rows:,} rows\n\n"
-          + table(rows, ["what", "rows", "chunks", "seconds", "peak_rss_mib", "peak_pss_mib"])
+          + table(rows, ["what", "rows", "chunks", "seconds", "cpu_seconds", "peak_rss_mib", "peak_pss_mib"])
           + "\n\n" + "; ".join(notes))
     payload = {"table": a.table, "rows": a.rows, "parties": K, "chunk_rows": a.chunk_rows, "job": job, "flwr": sim,
                "party": party, "files": prep["files"]}
