@@ -268,18 +268,15 @@ class ConstraintSet:
         return int(count.max()) if self.n else 0
 
     def newton_refusal(self) -> str | None:
-        """Why block Newton's dual step cannot run on this constraint, or None.
+        """Why block Newton's dual step cannot run on this constraint, or None (a kind may refuse).
 
-        Its Newton step on λ solves with the gaps' sensitivity J, and its weight bounds are
-        exact, only when every row sits on one gap side at most (two groups, pairwise).
-        With more groups the pairwise gaps are linearly dependent (D_ab + D_bc = D_ac), so J
-        is singular, and the shared weight bounds leave rows at weight 0 whose loss then
-        grows without limit; gradient steps (the paper's) reach the target there.
+        Every built-in kind runs: where gaps share rows (several groups, equalized odds on
+        several groups, ``constraint-form = "overall"``) or are linearly dependent,
+        :meth:`newton_dual` solves on the combinations of multipliers that change the row
+        weights and keeps every weight > 0. Whether ``optimizer = "auto"`` picks Newton is
+        :attr:`newton_by_default` and config/run.resolve_optimizer (measured: docs/newton.md).
         """
-        if self.gaps_per_row() <= 1:
-            return None
-        return (f"block Newton runs on two groups with constraint-form='pairwise' only; this constraint has "
-                f"{len(self.groups or ())} groups ({self.form}), whose gaps share rows: use optimizer='gd'")
+        return None
 
     # -- gaps (fairlearn's gamma) --------------------------------------------------------
     def values(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
