@@ -1,7 +1,9 @@
 """Own tables on a loopback deployment: a real flower-superlink and 4 flower-supernode
 processes, each SuperNode naming its raw table and its own id column. The run aligns
 (every message in a fresh ClientApp process: the PSI keys live in each node's state),
-trains and saves; its numbers equal the in-process run on the same tables."""
+trains and saves; its numbers equal the in-process run on the same tables. A scoring job
+that names only the mode and the model then aligns each party's fresh raw file (node config
+score-path) and scores the rows all hold, as the in-process grid does."""
 
 import json
 
@@ -23,13 +25,19 @@ ID_NAMES = ["customer", "client_no", "kundennummer", "policy holder"]
 def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
     tables = tmp_path / "tables"
     tables.mkdir()
-    write_own_tables(adult_raw(), tables)
+    held = write_own_tables(adult_raw(), tables)
+    fresh = sorted(set.intersection(*held))[:300]  # rows whose categories training saw
     nodes = []
     for k, id_name in enumerate(ID_NAMES):
         path = tmp_path / f"own{k}.csv"
-        pd.read_csv(tables / f"party{k}.csv").rename(columns={ID: id_name}).to_csv(path, index=False)
+        df = pd.read_csv(tables / f"party{k}.csv")
+        df.rename(columns={ID: id_name}).to_csv(path, index=False)
+        score = df.set_index(ID).loc[fresh[10 * k:]].drop(columns=["income", "sex"], errors="ignore")
+        score.sample(frac=1, random_state=k).reset_index().to_csv(tables / f"score{k}.csv", index=False)
+        score.sample(frac=1, random_state=k).reset_index().rename(columns={ID: id_name}).to_csv(
+            tmp_path / f"score{k}.csv", index=False)
         node = {"partition-id": k, "table-path": str(path), "id-column": id_name,
-                "role": "active" if k == 0 else "passive"}
+                "score-path": str(tmp_path / f"score{k}.csv"), "role": "active" if k == 0 else "passive"}
         if k == 0:
             node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
                          "group-a": "Female", "group-b": "Male", "protected-label": 1})
@@ -39,9 +47,18 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
         run_id, status = fed.run({**BASE, "tables.own": True, "output-dir": str(out)}, timeout=480)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
+        (run,) = [p for p in out.iterdir() if p.is_dir()]
+        run_id, status = fed.run({"mode": "score", "score.model-from": str(run),
+                                  "output-dir": str(tmp_path / "dep-score")}, timeout=300)
+        assert status == "finished:completed", fed.logs(run_id)[-3000:]
     deployed = json.loads((run / "summary.json").read_text())
-    simulated, _ = run_inprocess(own_config(tables, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
+    simulated, sim_run = run_inprocess(own_config(tables, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
     for key in KEYS:
         assert deployed[key] == simulated[key], key
     assert (run / "model.json").is_file()
+    _, sim_scored = run_inprocess({"mode": "score", "score.model-from": str(sim_run), "output-dir": str(tmp_path / "ss"),
+                                   "score.path": str(tables / "score{partition}.csv")}, quiet=True)
+    (scored,) = [p for p in (tmp_path / "dep-score").iterdir() if p.is_dir()]
+    got, want = (pd.read_csv(f / "predictions.csv", dtype={"id": str}) for f in (scored, sim_scored))
+    assert got["id"].tolist() == want["id"].tolist() and sorted(got["id"]) == sorted(fresh[30:])
+    assert got["probability"].to_numpy() == pytest.approx(want["probability"].to_numpy(), rel=1e-6, abs=1e-9)
