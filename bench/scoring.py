@@ -347,7 +347,7 @@ def main(argv=None) -> dict:
           + "\n\n" + "; ".join(notes))
     payload = {"table": a.table, "rows": a.rows, "parties": K, "chunk_rows": a.chunk_rows, "job": job, "flwr": sim,
                "party": party, "files": prep["files"]}
-    write(Path(a.out), "scoring" if a.table == "adult" else "scoring-synthetic", payload, md, title="Scoring: time and memory per role")
+    write(Path(a.out), "scoring" if a.table == "adult" else "scoring-synthetic", payload, md, title=f"Scoring: time and memory per role ({a.table} columns)")
     return payload
 
 
