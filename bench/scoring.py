@@ -140,7 +140,8 @@ def score_job(work: Path, table: str, model: str, chunk: int) -> dict:
         summary, folder = run_server(grid, cfg.to_flower())
         out[run] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
                     "write_seconds": writing[-1], "rows": summary["rows"], "chunks": summary["chunks"],
-                    "peak_rss_mib": peak_rss_mib(), "predictions_mib": (folder / "predictions.csv").stat().st_size / 2**20}
+                    "peak_rss_mib": peak_rss_mib(),
+                    "predictions_mib": (folder / "predictions.csv").stat().st_size / 2**20}
     out["base_rss_mib"] = base
     return out
 
@@ -347,7 +348,8 @@ def main(argv=None) -> dict:
           + "\n\n" + "; ".join(notes))
     payload = {"table": a.table, "rows": a.rows, "parties": K, "chunk_rows": a.chunk_rows, "job": job, "flwr": sim,
                "party": party, "files": prep["files"]}
-    write(Path(a.out), "scoring" if a.table == "adult" else "scoring-synthetic", payload, md, title=f"Scoring: time and memory per role ({a.table} columns)")
+    write(Path(a.out), "scoring" if a.table == "adult" else "scoring-synthetic", payload, md,
+          title=f"Scoring: time and memory per role ({a.table} columns)")
     return payload
 
 
