@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     per_million = (a.parties * cost["blind"] + 2 * (a.parties - 1) * cost["raise"]) * 1e6
     floor_line = (f"library floor: {blinds:,} blindings × {1e6 * cost['blind']:.0f} µs + {raises:,} raisings × "
                   f"{1e6 * cost['raise']:.0f} µs = {floor:.0f} CPU-s (openmined-psi {_psi_version()}, P-256, "
-                  "one core, "
-                  f"{a.floor_ids:,} ids timed in this run)")
+                  f"one core, {a.floor_ids:,} ids timed in this run)")
     print(floor_line)
     notes = (f"{floor_line}. At 1M ids × {a.parties} parties the same floor is {per_million:,.0f} CPU-s: at least "
              f"{per_million / cores:,.0f} s on these {cores} cores with perfect overlap, and {per_million / 60:.0f} "
