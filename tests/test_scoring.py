@@ -177,6 +177,26 @@ class RecordingGrid(InProcessGrid):
         return reply
 
 
+def test_a_masked_model_is_scored_masked_by_a_job_naming_only_the_model(tmp_path):
+    """A model trained under secure aggregation: the job's run config leaves it out, the
+    job takes it from the model, and the parties mask their partial logits."""
+    from fairvfl_flwr.features import secagg
+
+    nodes = [{"partition-id": i, "num-partitions": 4, **keys}
+             for i, keys in enumerate(secagg.generate_identities(tmp_path / "identities", 4))]
+    train = RunConfig.from_flower({**BASE, "num-server-rounds": 4, "privacy.secure-aggregation": True,
+                                   "output-dir": str(tmp_path / "train")}).to_flower()
+    _, folder = run_server(InProcessGrid(client_app, train, 4, node_configs=nodes), train)
+    outs = {}
+    for name, job in (("short", {}), ("full", {**BASE, "privacy.secure-aggregation": True})):
+        job = {**job, "mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / name)}
+        grid = RecordingGrid(client_app, job, 4, node_configs=nodes)
+        _, outs[name] = run_server(grid, job)
+        logits = [r.content.array_records["logits"]["logits"].numpy() for t, r in grid.replies if t == msgs.SCORE]
+        assert logits and all(u.dtype == np.uint64 for u in logits), name  # masked words only
+    assert (outs["short"] / "predictions.csv").read_text() == (outs["full"] / "predictions.csv").read_text()
+
+
 def test_blocks_never_reach_the_server(tmp_path):
     """Neither at the end nor at a checkpoint (rounds 0, 5 and 10 here)."""
     cfg = RunConfig.from_flower({**BASE, "output-dir": str(tmp_path / "train"), "reliability.checkpoint-every": 5,
