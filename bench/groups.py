@@ -133,7 +133,10 @@ difference: share of rows predicted +1. "max pairwise": largest gap between two 
 (with two groups, the gap); "to overall": largest gap of a group to the rate over all test
 rows. FairVFL's train max gap is its own constraint's largest training gap (mean logistic
 loss by default, `constraint-measure`), which it bounds by ε; the test columns are hard
-rates, which it does not constrain directly. fairlearn EG: ExponentiatedGradient
+rates, which it does not constrain directly: demographic parity on the loss equalises the
+groups' mean logistic loss over all rows, not their share predicted +1, and where the
+unconstrained loss gap is already within ε the FairVFL row is the unconstrained one
+(`constraint-measure = "rate"` constrains mean σ(z) instead). fairlearn EG: ExponentiatedGradient
 (LogisticRegression(max_iter=1000), max_iter=50) with the moment named in the heading,
 each group against the overall rate, labels recoded so that the protected label is its
 positive class; randomised predictions with the seed."""
