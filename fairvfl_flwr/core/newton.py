@@ -8,7 +8,9 @@ of f̃ is, up to terms constant in θ,
 with ∂φ/∂z = ν (core/objective.masked_weights) and a diagonal Hessian in z,
 φ''_i (:func:`curvature`). One round:
 
-1. Server: the dual step (:func:`newton_dual_step`), then ν as for gradient descent.
+1. Server: the dual step (:func:`newton_dual_step`; where gaps share rows or a kind keeps
+   every weight > 0, the constraint's own, ``ConstraintSet.newton_dual``), then ν as for
+   gradient descent.
 2. Party k (θ_k with the bias as its last entry for an active party, X_k with a column of
    ones appended): a block Newton direction on a PSD model,
    ``s_k = −(X_kᵀ diag(h) X_k + μI)⁻¹ (X_kᵀν + μθ_k)`` (:func:`block_direction`). Its
