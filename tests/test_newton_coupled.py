@@ -131,3 +131,23 @@ def test_newton_runs_with_several_groups_and_keeps_every_weight_positive(run_app
                                                         "num-parties": 3}))
     for row in run.history[1:]:
         assert (row_weights(np.asarray(row["lambdas"]), groups) > 0).all(), row["round"]
+
+
+@pytest.mark.parametrize("extra", [
+    {"privacy.label-dp-epsilon": 8.0, "privacy.label-dp-lambda-bound": 0.5},
+    {"privacy.secure-aggregation": True},
+], ids=["label-dp", "secure-aggregation"])
+def test_newton_with_several_groups_runs_under_label_dp_and_secure_aggregation(run_app, tmp_path, extra):
+    """Label DP bounds λ and secure aggregation shares the step lengths: both need nothing of
+    the dual step but λ, so Newton runs with dependent gaps, every row weight > 0."""
+    run = run_app({"dataset": "compas-race", "pool-small-groups": True, "optimizer": "newton", "num-parties": 3,
+                   "num-server-rounds": 4, "eval-every": 4, "stop-tolerance": 0.0, "output-dir": str(tmp_path),
+                   **extra})
+    last = run.history[-1]
+    assert last["round"] == 4 and len(last["gaps"]) == 6 and np.isfinite(last["loss"])
+    _, _, groups = party_problem(RunConfig.from_flower({"dataset": "compas-race", "pool-small-groups": True,
+                                                        "num-parties": 3}))
+    for row in run.history[1:]:
+        assert (row_weights(np.asarray(row["lambdas"]), groups) > 0).all(), row["round"]
+    if "privacy.label-dp-lambda-bound" in extra:
+        assert max(last["lambdas"]) <= 0.5
