@@ -224,19 +224,26 @@ def _text(values) -> np.ndarray:
     return as_text(values).to_numpy().astype(str)
 
 
+def sensitive_columns(df, spec: PartySpec) -> list[str]:
+    """The columns of ``df`` that hold the groups: ``"sex,race"`` names two in an own table,
+    but one column of that name where the table was written from a joint dataset (export,
+    the packaged partitions), which holds the combinations' names already."""
+    if spec.sensitive_column in df.columns:
+        return [spec.sensitive_column]
+    return [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
+
+
 def group_values(df, spec: PartySpec) -> np.ndarray:
     """Each row's group as text: its sensitive column's value, or with several sensitive
     columns (``"sex,race"``) their values joined by ``" & "`` (data/tables.py's names)."""
-    cols = [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
-    parts = [_text(df[c]) for c in cols]
+    parts = [_text(df[c]) for c in sensitive_columns(df, spec)]
     return parts[0] if len(parts) == 1 else np.asarray([" & ".join(v) for v in zip(*parts)])
 
 
 def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
     """The label owner's y (±1) and group of every row of ``df``: True = group a, or with
     neither group named, each value's (or combination's) index among the sorted values."""
-    sensitive = [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
-    for role, col in (("label", spec.label_column), *(("sensitive", c) for c in sensitive)):
+    for role, col in (("label", spec.label_column), *(("sensitive", c) for c in sensitive_columns(df, spec))):
         if col not in df.columns:
             raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
         if df[col].isna().any():
