@@ -13,6 +13,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.align import TRAIN_CODE, split_common
 from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.prepare import normalise_ids, prepare_block
@@ -129,6 +130,18 @@ def test_own_tables_run_equals_the_joint_table_run_on_the_common_rows(own_tables
     assert len(hist) == len(ref_hist) == BASE["num-server-rounds"] + 1
     for row, ref_row in zip(hist, ref_hist):
         assert row["loss"] == pytest.approx(ref_row["loss"], abs=1e-9, rel=0)
+
+
+def test_the_default_optimizer_meets_the_constraint_on_a_small_own_table(own_tables, tmp_path):
+    """A few hundred rows per group: block Newton's first dual step reaches the weight bound,
+    where a group's loss grows fast; the step from the bound must not throw λ across."""
+    folder, _, _ = own_tables
+    config = own_config(folder, optimizer="auto", **{"num-server-rounds": 40, "eval-every": 40,
+                                                   "output-dir": str(tmp_path)})
+    assert resolve_optimizer(RunConfig.from_flower(config)).name == "newton"
+    summary, _ = run_inprocess(config, quiet=True)
+    assert summary["train_deo"] <= 0.01 + 0.002
+    assert summary["rounds"] < 40
 
 
 def _aligned_messages(folder, **extra):

@@ -12,8 +12,10 @@ from fairvfl_flwr.core.newton import (
     clip_multipliers,
     curvature,
     dual_newton_step,
+    PAST_BOUND_SHARE,
     gap_directions,
     party_curvature,
+    past_bound_step,
     smooth_part,
     subspace_gap_jacobian,
     subspace_step,
@@ -178,6 +180,21 @@ def test_dual_newton_step_keeps_weights_nonnegative_and_does_not_cross_the_kink(
     out = dual_newton_step(np.zeros(4), np.array([0.11, 0.0]), np.diag([-2.0, -2.0]), 0.01, 0.0, groups)
     assert np.isclose(out[0], 0.05) and np.allclose(out[1:], 0.0)
     assert np.allclose(clip_multipliers(np.array([-1.0, 0.0, 0.0, 0.0]), groups), 0.0)
+
+
+def test_a_step_from_the_weight_bound_moves_d_by_a_share_of_the_bounds_width_at_most():
+    _, y, groups = _problem(5)
+    lo, hi = weight_bounds(groups)
+    width = (hi - lo)[0]
+    at_bound = np.array([hi[0], 0.0])
+    # a huge gap on the other side (a group's loss grown past 40) would throw d across both bounds
+    thrown = np.array([0.0, hi[0] + 10 * width])
+    out = past_bound_step(at_bound, thrown, groups)
+    assert np.isclose(out[0] - out[1], hi[0] - PAST_BOUND_SHARE * width)
+    assert (out >= 0).all()
+    # a moderate step (the measured datasets' past-bound steps) is left exactly as it was
+    small = np.array([hi[0] + 0.01 * width, 0.0])
+    assert past_bound_step(at_bound, small, groups) is small
 
 
 @pytest.mark.parametrize("curv", ["nu", "const", "exact"])
