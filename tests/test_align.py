@@ -430,6 +430,34 @@ def test_own_tables_with_several_sensitive_columns_give_the_server_every_combina
     assert summary["test_acc"] > 0.75 and len(summary["train_gaps"]) > 2  # pooled groups, pairwise gaps
 
 
+def test_common_score_rows_come_in_one_order_whatever_other_ids_a_party_holds():
+    from fairvfl_flwr.data.preprocess import ScoreRows, common_score_rows, ids_digest
+
+    def rows(ids):
+        ids = np.asarray(ids)
+        return ScoreRows(ids=ids, X=np.arange(len(ids), dtype=float)[:, None], ids_digest=ids_digest(ids), source="f")
+
+    common = np.asarray(["9", "10", "11"])
+    digits_only = common_score_rows(rows(["9", "10", "11", "12"]), common)
+    with_text_id = common_score_rows(rows(["10", "11", "9", "A1"]), common)  # sorted as text: 'A1' is not digits
+    assert digits_only.ids.tolist() == with_text_id.ids.tolist() == ["9", "10", "11"]
+    assert digits_only.ids_digest == with_text_id.ids_digest
+    assert with_text_id.X[:, 0].tolist() == [2.0, 0.0, 1.0]
+
+
+def test_a_label_owners_sensitive_columns_never_become_features():
+    from fairvfl_flwr.data.align import feature_columns
+    from fairvfl_flwr.data.partydata import party_spec
+
+    node = {"partition-id": 0, "role": "active", "table-path": "t.csv", "id-column": "id", "label-column": "y",
+            "label-positive": "1", "sensitive-column": "sex,race", "protected-label": 1}
+    frame = pd.DataFrame({"id": ["a"], "y": [1], "sex": ["F"], "race": ["W"], "age": [30]})
+    assert feature_columns(party_spec(node, 4, 1), frame) == ["age"]
+    # a table written from a joint dataset holds the combination in one column of that name
+    frame = pd.DataFrame({"id": ["a"], "y": [1], "sex,race": ["F & W"], "age": [30]})
+    assert feature_columns(party_spec(node, 4, 1), frame) == ["age"]
+
+
 def test_a_deployed_label_owner_with_its_own_table_may_name_no_groups_or_both():
     from fairvfl_flwr.data.partydata import NodeConfigError, party_spec
 

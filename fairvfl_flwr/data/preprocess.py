@@ -184,7 +184,9 @@ def score_file(spec: PartySpec, node_config: Any, cfg: Any) -> tuple[str, str]:
 
 def common_score_rows(rows: "ScoreRows", common: np.ndarray) -> "ScoreRows":
     """The rows whose ids are among ``common`` (found by private alignment), in id order."""
-    keep = np.isin(np.char.strip(rows.ids.astype(str)), common)
+    keep = np.flatnonzero(np.isin(np.char.strip(rows.ids.astype(str)), common))
+    # a party's file order depends on its other ids (all digits or not): order the common ones alone
+    keep = keep[_order(rows.ids[keep])]
     ids = rows.ids[keep]
     return ScoreRows(ids=ids, X=rows.X[keep], ids_digest=ids_digest(ids), source=rows.source)
 
