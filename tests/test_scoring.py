@@ -195,6 +195,14 @@ def test_a_masked_model_is_scored_masked_by_a_job_naming_only_the_model(tmp_path
         logits = [r.content.array_records["logits"]["logits"].numpy() for t, r in grid.replies if t == msgs.SCORE]
         assert logits and all(u.dtype == np.uint64 for u in logits), name  # masked words only
     assert (outs["short"] / "predictions.csv").read_text() == (outs["full"] / "predictions.csv").read_text()
+    # a server that leaves secure aggregation out of the model's settings: every party refuses
+    manifest = json.loads((folder / blocks.MANIFEST).read_text())
+    manifest["config"]["privacy.secure-aggregation"] = False
+    (folder / blocks.MANIFEST).write_text(json.dumps(manifest))
+    job = {"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "lied")}
+    with pytest.raises(FederationError, match=r"trained under secure aggregation and this scoring job is not masked"):
+        run_server(InProcessGrid(client_app, job, 4, node_configs=nodes), job)
+    assert _no_predictions(tmp_path / "lied")
 
 
 def test_blocks_never_reach_the_server(tmp_path):

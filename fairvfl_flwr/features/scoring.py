@@ -328,6 +328,11 @@ class PartyScorer:
             if self.meta[key] != getattr(self.cfg, key) and (key != "hidden" or self.meta["model"] == "mlp"):
                 raise blocks.BlockError(f"{self.who}: the scoring job's {key}={getattr(self.cfg, key)!r}, its block "
                                         f"in {folder} has {key}={self.meta[key]!r}; refused")
+        if self.meta.get("secure-aggregation") and not self.cfg.secure_aggregation:
+            # the job's settings come from the server: the party's own record of training decides
+            raise blocks.BlockError(f"{self.who}: its block in {folder} was trained under secure aggregation and "
+                                    "this scoring job is not masked (privacy.secure-aggregation off): its partial "
+                                    "logits would reach the server in the clear; refused")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
         path, source = score_file(self.spec, context.node_config, self.cfg)
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
