@@ -240,7 +240,7 @@ def test_a_masked_run_that_stops_points_to_its_scorable_checkpoint_not_to_a_resu
         run_server(grid, rc)
     assert "run stopped after round 4" in caplog.text and "cannot be resumed" in caplog.text
     (folder,) = (tmp_path / "runs").iterdir()
-    assert (f'privacy.secure-aggregation=false mode=\'score\' score.model-from="{folder}" score.round=4'
+    assert (f'checkpoint scores (masked, as trained): mode=\'score\' score.model-from="{folder}" score.round=4'
             in caplog.text) and "reliability.resume-from=" not in caplog.text
 
 

@@ -307,9 +307,8 @@ PAST_BOUND_SHARE = 0.1
 def past_bound_step(lam: np.ndarray, step: np.ndarray, groups: Groups) -> np.ndarray:
     """The gradient step from a weight bound, moving each d_c by at most PAST_BOUND_SHARE of
     its bounds' width. Past the bound some rows' weights are <= 0, so their loss is held only
-    by μ: on small groups the gap then grows without limit (a mean loss of 40), and β times
-    that gap threw d from one bound to the other and on, tenfold a round. Where the gap is
-    moderate (Crime, which needs weights below 0) the limit does not bind."""
+    by μ: on a small group the gap can then grow far beyond ε, and β times that gap would
+    carry d across both bounds, further each round. A moderate gap's step is unchanged."""
     lo, hi = groups.weight_bounds()
     d, d_new = lam[0::2] - lam[1::2], step[0::2] - step[1::2]
     limit = PAST_BOUND_SHARE * (hi - lo)

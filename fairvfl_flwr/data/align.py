@@ -71,7 +71,8 @@ WORKERS_ENV = "FAIRVFL_PSI_WORKERS"
 
 
 def _workers(n: int) -> int:
-    cores = int(os.environ.get(WORKERS_ENV, 0)) or len(os.sched_getaffinity(0))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS
+    cores = int(os.environ.get(WORKERS_ENV, 0)) or usable
     return max(1, min(cores, -(-n // CHUNK)))
 
 

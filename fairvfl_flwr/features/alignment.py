@@ -1,7 +1,8 @@
 """Private alignment, the first step of a run whose parties bring their own tables (``tables.own``).
 
-The server relays the PSI messages of data/align.py and learns set sizes only; the
-parties keep their keys in their own node state between messages. The steps:
+The server relays the PSI messages of data/align.py and learns no id: set sizes, the
+ids' shape (digits, letters), the number of common rows and their labels and split by
+position (data/align.py says what each role learns); the parties keep their keys in their own node state between messages. The steps:
 
 ========= ======================================== ======================================
 step       to                                       reply

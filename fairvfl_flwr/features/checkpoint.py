@@ -201,7 +201,7 @@ class Checkpoints(RoundHook):
         where = f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}"
         if self.config.get("privacy.secure-aggregation"):  # config.sections refuses to resume a masked run
             return (f"{where}; a run under privacy.secure-aggregation cannot be resumed (start it afresh), "
-                    f"but the checkpoint scores: privacy.secure-aggregation=false mode='score' "
+                    f"but the checkpoint scores (masked, as trained): mode='score' "
                     f"score.model-from=\"{self.folder}\" score.round={self.last_checkpoint}")
         return f"{where}; continue with reliability.resume-from=\"{self.folder}\""
 
