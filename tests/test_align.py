@@ -391,6 +391,18 @@ def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tm
     assert out["parquet"][1] == out["csv"][1] and out["csv"][1].count("\n") == 201
 
 
+def test_parquet_ids_stored_as_numbers_read_as_the_csv_reads_them(tmp_path):
+    pytest.importorskip("pyarrow")
+    from fairvfl_flwr.data.tables import read_party_file
+
+    pd.DataFrame({"id": [7.0, 12.0], "x": [1, 2]}).to_parquet(tmp_path / "f.parquet")
+    pd.DataFrame({"id": [7, 12], "x": [1, 2]}).to_parquet(tmp_path / "i.parquet")
+    pd.DataFrame({"id": ["007", "12"], "x": [1, 2]}).to_parquet(tmp_path / "t.parquet")
+    assert read_party_file(tmp_path / "f.parquet", "p", "id")["id"].tolist() == ["7", "12"]
+    assert read_party_file(tmp_path / "i.parquet", "p", "id")["id"].tolist() == ["7", "12"]
+    assert read_party_file(tmp_path / "t.parquet", "p", "id")["id"].tolist() == ["007", "12"]
+
+
 def test_a_parquet_table_without_an_engine_is_refused_naming_the_file_and_the_package(tmp_path, monkeypatch):
     from fairvfl_flwr.data.prepare import read_table
 

@@ -297,8 +297,10 @@ def read_party_file(path: str | Path, where: str, id_column: str | None, columns
             df = pd.read_parquet(path, engine="pyarrow", columns=columns)
         except Exception as exc:  # pyarrow raises many types; the user needs the file name
             raise DataError(f"{where}: cannot be read as Parquet ({exc})") from exc
-        if id_column is not None and id_column in df.columns:
-            df[id_column] = df[id_column].astype(str)
+        if id_column is not None and id_column in df.columns:  # Parquet keeps types: 7 or 7.0 is the CSV's "7"
+            col = df[id_column]
+            numbers = pd.api.types.is_numeric_dtype(col) and bool(col.notna().all())
+            df[id_column] = as_text(col) if numbers else col.astype(str)
         return df
     try:
         names = None if columns is None else set(pd.read_csv(path, nrows=0).columns)
