@@ -45,7 +45,7 @@ import numpy as np
 
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir, known_digest,
                                          group_values, label_arrays, rows_digest, save_aligned,
-                                         sensitive_columns)
+                                         group_columns)
 from fairvfl_flwr.data.prepare import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
@@ -187,7 +187,7 @@ def feature_columns(spec: PartySpec, df: Any) -> list[str]:
     label and sensitive columns."""
     reserved = {spec.id_column}
     if spec.role == ROLE_ACTIVE:
-        reserved |= {spec.label_column, spec.sensitive_column, *sensitive_columns(df, spec)}
+        reserved |= {spec.label_column, spec.sensitive_column, *group_columns(df, spec)}
     if spec.columns:
         clash = sorted(reserved & set(spec.columns))
         if clash:

@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 import numpy as np
 
 from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
-from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, read_csv
+from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, read_csv, sensitive_columns
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
@@ -224,26 +224,26 @@ def _text(values) -> np.ndarray:
     return as_text(values).to_numpy().astype(str)
 
 
-def sensitive_columns(df, spec: PartySpec) -> list[str]:
+def group_columns(df, spec: PartySpec) -> list[str]:
     """The columns of ``df`` that hold the groups: ``"sex,race"`` names two in an own table,
     but one column of that name where the table was written from a joint dataset (export,
     the packaged partitions), which holds the combinations' names already."""
     if spec.sensitive_column in df.columns:
         return [spec.sensitive_column]
-    return [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
+    return sensitive_columns(spec)
 
 
 def group_values(df, spec: PartySpec) -> np.ndarray:
     """Each row's group as text: its sensitive column's value, or with several sensitive
     columns (``"sex,race"``) their values joined by ``" & "`` (data/tables.py's names)."""
-    parts = [_text(df[c]) for c in sensitive_columns(df, spec)]
+    parts = [_text(df[c]) for c in group_columns(df, spec)]
     return parts[0] if len(parts) == 1 else np.asarray([" & ".join(v) for v in zip(*parts)])
 
 
 def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
     """The label owner's y (±1) and group of every row of ``df``: True = group a, or with
     neither group named, each value's (or combination's) index among the sorted values."""
-    for role, col in (("label", spec.label_column), *(("sensitive", c) for c in sensitive_columns(df, spec))):
+    for role, col in (("label", spec.label_column), *(("sensitive", c) for c in group_columns(df, spec))):
         if col not in df.columns:
             raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
         if df[col].isna().any():

@@ -18,7 +18,7 @@ column or count at fault, before any training starts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dataclasses
 import functools
@@ -351,7 +351,8 @@ def _label(df: pd.DataFrame, spec: DatasetSpec) -> np.ndarray:
     return np.where(col.to_numpy() == pos, 1, -1).astype(np.int8)
 
 
-def sensitive_columns(spec: DatasetSpec) -> list[str]:
+def sensitive_columns(spec: Any) -> list[str]:
+    """The sensitive column names of a dataset or party spec (``"sex,race"``: two)."""
     return [c.strip() for c in spec.sensitive_column.split(",") if c.strip()]
 
 
