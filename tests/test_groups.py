@@ -14,7 +14,8 @@ from fairvfl_flwr.core.objective import Groups, logistic_loss, loss_derivative, 
 from fairvfl_flwr.data.tables import load_csv
 
 
-def _rows(seed=0, n=600, G=4):
+def group_rows(seed=0, n=600, G=4):
+    """Labels, G groups and scores drawn at random (the ν and gap checks of several groups)."""
     rng = np.random.default_rng(seed)
     y = np.where(rng.random(n) < 0.45, 1.0, -1.0)
     s = rng.integers(0, G, size=n)
@@ -45,7 +46,7 @@ def _central_nu(y, s, z, lam, protected, kind, measure, form):
 @pytest.mark.parametrize("measure", ["loss", "rate"])
 @pytest.mark.parametrize("kind", CONSTRAINTS)
 def test_nu_with_four_groups_matches_a_central_computation(kind, measure, form):
-    y, s, z, rng = _rows()
+    y, s, z, rng = group_rows()
     groups = Groups.from_labels(y, s, -1, kind, measure, form=form)
     lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
     want, gaps = _central_nu(y, s, z, lam, -1, kind, measure, form)
@@ -58,7 +59,7 @@ def test_nu_with_four_groups_matches_a_central_computation(kind, measure, form):
 
 
 def test_pairwise_gaps_of_g_groups_and_the_overall_form():
-    y, s, z, _ = _rows(G=3)
+    y, s, z, _ = group_rows(G=3)
     q = logistic_loss(y, z)
     pw = Groups.from_labels(y, s, 1, "deo", form="pairwise", names=("x", "y", "z"))
     ov = Groups.from_labels(y, s, 1, "deo", form="overall", names=("x", "y", "z"))
@@ -71,7 +72,7 @@ def test_pairwise_gaps_of_g_groups_and_the_overall_form():
 
 
 def test_two_groups_pairwise_is_the_papers_gap_and_overall_is_scaled():
-    y, s, z, _ = _rows(G=2)
+    y, s, z, _ = group_rows(G=2)
     boolean = Groups.from_labels(y, s == 0, 1, "deo")
     coded = Groups.from_labels(y, s, 1, "deo")
     assert np.array_equal(boolean.gaps(y, z), coded.gaps(y, z)) and coded.constraints[0].name == "y=+1"
@@ -83,7 +84,7 @@ def test_two_groups_pairwise_is_the_papers_gap_and_overall_is_scaled():
 
 
 def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
-    y, s, z, _ = _rows(n=900, G=3)
+    y, s, z, _ = group_rows(n=900, G=3)
     s = s.copy()
     s[np.flatnonzero(s == 2)[20:]] = 0  # group 'c' keeps 20 rows, some with each label
     names = ("a", "b", "c")
@@ -98,7 +99,7 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
 
 
 def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():
-    y, s, z, rng = _rows(n=400, G=3)
+    y, s, z, rng = group_rows(n=400, G=3)
     for form in ("pairwise", "overall"):
         groups = Groups.from_labels(y, s, 1, "equalized-odds", form=form)
         m, bound_lam = groups.smallest_group() - 1, 0.6
@@ -169,7 +170,7 @@ def test_a_new_kind_is_one_subclass_and_its_registration():
 
     register(OtherLabel)
     try:
-        y, s, z, rng = _rows(G=3)
+        y, s, z, rng = group_rows(G=3)
         groups = Groups.from_labels(y, s, 1, "other-label", "rate")
         eo = Groups.from_labels(y, s, 1, "equalized-odds", "rate")
         np.testing.assert_array_equal(groups.gaps(y, z), eo.gaps(y, z)[3:])  # EO's second subset, 3 pairs

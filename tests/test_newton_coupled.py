@@ -17,13 +17,8 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.objective import Groups, row_weights
 from fairvfl_flwr.data.problem import party_problem
 
+from .test_groups import group_rows
 
-def _rows(seed=0, n=600, G=3):
-    rng = np.random.default_rng(seed)
-    y = np.where(rng.random(n) < 0.45, 1.0, -1.0)
-    s = rng.integers(0, G, size=n)
-    z = rng.normal(scale=2.0, size=n)
-    return y, s, z, rng
 
 
 def _jacobian(y, z, groups, rng, lam, directions=6):
@@ -34,7 +29,7 @@ def _jacobian(y, z, groups, rng, lam, directions=6):
 def test_dependent_gaps_give_a_finite_step_with_the_fewest_multipliers():
     """Three groups, pairwise: D_ab + D_bc = D_ac, so J is singular; the step is solved on
     the combinations of multipliers that change the row weights."""
-    y, s, z, rng = _rows()
+    y, s, z, rng = group_rows(G=3)
     groups = Groups.from_labels(y, s, 1, "deo")
     assert len(groups.constraints) == 3 and not past_bound_rule(groups)
     lam = np.zeros(6)
@@ -55,7 +50,7 @@ def test_dependent_gaps_give_a_finite_step_with_the_fewest_multipliers():
 def test_each_step_keeps_every_weight_above_a_share_of_its_value():
     """Sensitivities that ask for huge steps: the step is damped until no row keeps less than
     1 − WEIGHT_FRACTION of its weight, on rows that sit on several gaps' sides."""
-    y, s, z, rng = _rows(1, G=4)
+    y, s, z, rng = group_rows(1, G=4)
     groups = Groups.from_labels(y, s, 1, "equalized-odds")
     assert groups.gaps_per_row() == 3
     lam = np.zeros(groups.num_multipliers)
@@ -71,7 +66,7 @@ def test_each_step_keeps_every_weight_above_a_share_of_its_value():
 
 
 def test_round_one_gradient_step_keeps_the_weights_positive_too():
-    y, s, z, _ = _rows(2)
+    y, s, z, _ = group_rows(2, G=3)
     groups = Groups.from_labels(y, s, 1, "deo")
     out = newton_dual_step(np.zeros(6), y, z, groups, None, epsilon=0.01, beta=1e4, c=1e-3)
     assert (row_weights(out, groups) > 0).all() and np.abs(out).max() > 0
@@ -79,7 +74,7 @@ def test_round_one_gradient_step_keeps_the_weights_positive_too():
 
 @pytest.mark.parametrize("constraint", ["equalized-odds", "demographic-parity"])
 def test_two_groups_equalized_odds_and_parity_take_the_fraction_to_the_boundary_step(constraint):
-    y, s, z, rng = _rows(3, G=2)
+    y, s, z, rng = group_rows(3, G=2)
     groups = Groups.from_labels(y, s == 0, 1, constraint)
     assert groups.gaps_per_row() == 1 and not past_bound_rule(groups)
     lam = np.zeros(groups.num_multipliers)
@@ -95,7 +90,7 @@ def test_two_groups_equalized_odds_and_parity_take_the_fraction_to_the_boundary_
 
 def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     """The paper's case: the step clipped to the weight bounds, past them by gradient."""
-    y, s, z, rng = _rows(4, G=2)
+    y, s, z, rng = group_rows(4, G=2)
     groups = Groups.from_labels(y, s == 0, 1, "deo")
     assert past_bound_rule(groups)
     lam = np.array([0.0, 0.05])
