@@ -105,14 +105,15 @@ def adopt(given: Mapping[str, Any], trained: Mapping[str, Any], where: str) -> d
     return out
 
 
-def job_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
+def job_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, dict[str, Any], tuple]:
     """The scoring job's config: ``run_config`` with the training settings of its model
-    (``score.model-from``, ``score.round``) adopted; and those settings, for the parties."""
+    (``score.model-from``, ``score.round``) adopted; those settings, for the parties; and
+    the model as ``blocks.read_model`` gives it."""
     cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k not in TRAINED_KEYS})
-    manifest, _, _ = blocks.read_model(cfg.score_model_from, cfg.score_round)
-    trained = {k: manifest["config"][k] for k in TRAINED_KEYS if k in manifest["config"]}
+    model = blocks.read_model(cfg.score_model_from, cfg.score_round)
+    trained = {k: model[0]["config"][k] for k in TRAINED_KEYS if k in model[0]["config"]}
     merged = adopt(run_config, trained, f"score.model-from={cfg.score_model_from!r}")
-    return RunConfig.from_flower(merged), trained
+    return RunConfig.from_flower(merged), trained, model
 
 
 class JobGrid:
@@ -170,11 +171,10 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
 
     With ``tables.own``, the parties' score files are aligned first (their common ids)."""
     started = time.perf_counter()
-    cfg, trained = job_config(run_config)
+    cfg, trained, (manifest, model_from, checkpoint) = job_config(run_config)
     grid = JobGrid(grid, trained)
     if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
         align_score_rows(grid, cfg)
-    manifest, model_from, checkpoint = blocks.read_model(cfg.score_model_from, cfg.score_round)
     expected = {int(p["partition-id"]): p for p in manifest["parties"]}
     timeout, retries = cfg.round_timeout, cfg.round_retries
     node_ids = _discover(grid, cfg, timeout)
