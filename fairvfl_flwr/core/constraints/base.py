@@ -362,11 +362,16 @@ class ConstraintSet:
 
     # -- block Newton's dual step -------------------------------------------------------
     def gap_weights(self) -> np.ndarray:
-        """n × C: column c is ∂w/∂d_c = 1_A/|A| − 1_B/|B| (the row weights are affine in d)."""
-        cols = np.zeros((self.n, len(self.constraints)))
-        for k, con in enumerate(self.constraints):
-            cols[con.in_a, k] += 1.0 / con.size_a
-            cols[con.in_b, k] -= 1.0 / con.size_b
+        """n × C: column c is ∂w/∂d_c = 1_A/|A| − 1_B/|B| (the row weights are affine in d).
+        Built once: the dual step and :meth:`gap_directions` read it every round (read-only)."""
+        cols = self.__dict__.get("_gap_weights")
+        if cols is None:
+            cols = np.zeros((self.n, len(self.constraints)))
+            for k, con in enumerate(self.constraints):
+                cols[con.in_a, k] += 1.0 / con.size_a
+                cols[con.in_b, k] -= 1.0 / con.size_b
+            cols.setflags(write=False)
+            self.__dict__["_gap_weights"] = cols
         return cols
 
     def newton_dual(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, epsilon: float, beta: float,
@@ -446,14 +451,7 @@ class ConstraintSet:
 
     def gap_directions(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
         """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
-        g = self.q.slope(y, z)
-        cols = []
-        for con in self.constraints:
-            col = np.zeros(len(z))
-            col[con.in_a] += 1.0 / con.size_a
-            col[con.in_b] -= 1.0 / con.size_b
-            cols.append(g * col)
-        return np.column_stack(cols)
+        return self.q.slope(y, z)[:, None] * self.gap_weights()
 
     # -- label DP --------------------------------------------------------------------------
     def flipped_masks(self) -> int:
