@@ -51,6 +51,7 @@ from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import blocks
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preprocess import Preprocessing, common_score_rows, score_file, score_rows
+from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange
@@ -283,6 +284,21 @@ def write_predictions(path: Path, ids: np.ndarray, z: np.ndarray) -> None:
 
 
 # -- the parties' handlers ---------------------------------------------------------------
+_COMMON: dict[tuple, Any] = {}  # recent common rows per party in this process (in-process grids hold several)
+
+
+def _common_rows(rows, common: np.ndarray):
+    """:func:`common_score_rows`, once per (score file, common ids) in a process rather than
+    once per chunk message (it matches and sorts every row)."""
+    key = (rows.source, rows.ids_digest, ids_digest(common))
+    found = _COMMON.get(key)
+    if found is None:
+        found = _COMMON[key] = common_score_rows(rows, common)
+        while len(_COMMON) > 16:
+            _COMMON.pop(next(iter(_COMMON)), None)
+    return found
+
+
 @functools.lru_cache(maxsize=8)
 def _model(folder: str, mtime_ns: int, who: str) -> tuple:
     """The saved block as a model block (numpy for linear: scoring needs no torch there)."""
@@ -338,7 +354,7 @@ class PartyScorer:
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
         common = context.state.array_records.get(SCORE_COMMON_STATE)
         if common is not None:  # tables.own: the rows every party holds, found by private alignment
-            self.rows = common_score_rows(self.rows, common["ids"].numpy())
+            self.rows = _common_rows(self.rows, common["ids"].numpy())
 
     def logits(self, start: int, stop: int) -> np.ndarray:
         return self.model.forward(as_dtype(self.rows.X[start:stop], self.meta["dtype"])).astype(self.cfg.wire_dtype)
