@@ -243,10 +243,15 @@ def agree_keys(parties: list[tuple[int, int, str]], send) -> None:
 
 def unmask_sum(words: list[np.ndarray], what: str) -> np.ndarray:
     """The decoded sum of several parties' masked 64-bit words; masks that did not cancel stop the run."""
-    total = decode(np.sum(words, axis=0, dtype=np.uint64))  # wraps mod 2^64
-    if np.any(np.abs(total) >= LIMIT / 2):
-        raise FederationError(f"{what}: the masks did not cancel (the parties' pair keys differ: a node restarted "
-                              "or a reply was altered); no party's values were revealed; start the run again")
+    return cancelled(decode(np.sum(words, axis=0, dtype=np.uint64)), LIMIT / 2, f"{what}: the masks")  # mod 2^64
+
+
+def cancelled(total: np.ndarray, limit: float, masks: str) -> np.ndarray:
+    """``total`` when every value lies within ``limit``; else the masks named by ``masks`` did
+    not cancel (a decoded sum of uncancelled masks is uniform over the whole range)."""
+    if np.any(np.abs(total) >= limit):
+        raise FederationError(f"{masks} did not cancel (the parties' pair keys differ: a node restarted or a reply "
+                              "was altered); no party's values were revealed; start the run again")
     return total
 
 
@@ -313,12 +318,8 @@ class SecureAggregation(RoundHook):
                 total, limit = decode_wide(sum_wide(ws)), WIDE_LIMIT / 2
             else:
                 total, limit = decode(np.sum(ws, axis=0, dtype=np.uint64)), LIMIT / 2  # wraps mod 2^64
-            if np.any(np.abs(total) >= limit):
-                what = f"{key} logits" if name == msgs.LOGITS else f"{name} '{key}'"
-                raise FederationError(f"round {server_round}: the masks of the {what} did not cancel (the "
-                                      "parties' pair keys differ: a node restarted or a reply was altered); no party's "
-                                      "values were revealed; start the run again")
-            sums[key] = total
+            what = f"{key} logits" if name == msgs.LOGITS else f"{name} '{key}'"
+            sums[key] = cancelled(total, limit, f"round {server_round}: the masks of the {what}")
         return sums
 
 
