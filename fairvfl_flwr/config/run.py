@@ -227,6 +227,8 @@ class RunConfig:
                           "numbers, anything else a category)", section="tables")
     tables_missing: str = S("", "missing values per column: 'age=median,job=value:none' (mean, median, mode, "
                             "value:<v>); a column not named refuses them", section="tables")
+    tables_missing_values: str = S("", "markers that mean a missing value in every party's table and score file, "
+                                   "e.g. '?,NA' (a party's node config missing-values wins)", section="tables")
 
     # -- construction ------------------------------------------------------------
     @classmethod

@@ -170,8 +170,8 @@ def split_common(n: int, train_fraction: float, seed: int, validation_fraction: 
 
 # -- a party's table, read once per process and file version --------------------------------
 @functools.lru_cache(maxsize=4)
-def _table(path: str, id_column: str, who: str, stamp: tuple) -> tuple[np.ndarray, Any]:
-    return read_table(path, id_column, who)
+def _table(path: str, id_column: str, who: str, stamp: tuple, markers: tuple[str, ...]) -> tuple[np.ndarray, Any]:
+    return read_table(path, id_column, who, markers)
 
 
 def own_table(spec: PartySpec) -> tuple[np.ndarray, Any]:
@@ -179,7 +179,7 @@ def own_table(spec: PartySpec) -> tuple[np.ndarray, Any]:
     p = Path(spec.table_path)
     st = os.stat(p) if p.is_file() else None
     stamp = (st.st_size, st.st_mtime_ns) if st else ()
-    return _table(spec.table_path, spec.id_column, spec.name, stamp)
+    return _table(spec.table_path, spec.id_column, spec.name, stamp, spec.missing_values)
 
 
 def feature_columns(spec: PartySpec, df: Any) -> list[str]:
@@ -317,6 +317,6 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "file": content, "digest": digest, "spec": [spec.partition_id, spec.role, spec.id_column,
                                                                       list(spec.columns), spec.label_column],
-        "prep": [cfg.tables_types, cfg.tables_missing], "pre": prepared.pre.digest(),
+        "prep": [cfg.tables_types, cfg.tables_missing, *spec.missing_values], "pre": prepared.pre.digest(),
     }, sort_keys=True).encode()).hexdigest()[:32]
     return arrays, key, {**prepared.pre.to_dict(), "prepared": list(prepared.record)}

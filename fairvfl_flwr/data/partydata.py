@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 import numpy as np
 
 from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
-from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, read_csv, sensitive_columns
+from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, parse_markers, read_csv, sensitive_columns
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
@@ -74,6 +74,8 @@ class PartySpec:
     table_path: str = ""  # the party's own raw table (run config tables.own)
     columns: tuple[str, ...] = ()  # the raw table's columns it contributes; empty: all but id/label/sensitive
     aligned: str = ""  # key of its prepared block after private alignment (data/align.py)
+    missing_values: tuple[str, ...] = ()  # cells equal to one of these are missing (node config missing-values)
+    label_negative: str = ""  # the label's other value; empty: whichever one other value the column holds
 
     @property
     def name(self) -> str:
@@ -158,6 +160,7 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
             )
         kwargs = dict(
             label_column=str(node["label-column"]), label_positive=str(node["label-positive"]),
+            label_negative=str(node.get("label-negative", "") or ""),
             sensitive_column=str(node["sensitive-column"]), group_a=str(node.get("group-a", "")),
             group_b=str(node.get("group-b", "")), protected_label=protected,
         )
@@ -166,7 +169,8 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
     return PartySpec(
         partition_id=pid, role=role, data_path="" if table_path else path, table_path=path if table_path else "",
         id_column=str(node.get("id-column", ID_COLUMN)), split_column=str(node.get("split-column", SPLIT_COLUMN)),
-        cache_dir=str(node.get("cache-dir", "")), columns=columns, **kwargs,
+        cache_dir=str(node.get("cache-dir", "")), columns=columns,
+        missing_values=parse_markers(node.get("missing-values", "")), **kwargs,
     )
 
 
@@ -179,8 +183,9 @@ def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
     if spec.data_path:
         raise NodeConfigError(f"{spec.name}: run config tables.own=true reads the party's own raw table: give "
                               "node config table-path instead of data-path (an exported party file)")
+    markers = spec.missing_values or parse_markers(getattr(cfg, "tables_missing_values", ""))
     if spec.table_path:
-        return spec
+        return dataclasses.replace(spec, missing_values=markers)
     if not cfg.tables_path:
         raise NodeConfigError(f"party {spec.partition_id}: tables.own=true in simulation needs tables.path, e.g. "
                               "'tables/party{partition}.csv'")
@@ -200,7 +205,7 @@ def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
                           sensitive_column=d.sensitive_column, group_a=d.group_a, group_b=d.group_b,
                           protected_label=d.protected_label)
     return dataclasses.replace(spec, table_path=str(Path(path).expanduser()), id_column=cfg.tables_id_column,
-                               **kwargs)
+                               missing_values=markers, **kwargs)
 
 
 # -- tables -----------------------------------------------------------------------------
@@ -240,6 +245,32 @@ def group_values(df, spec: PartySpec) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.asarray([" & ".join(v) for v in zip(*parts)])
 
 
+def unexpected_labels(labels: np.ndarray, spec: PartySpec) -> dict[str, np.ndarray]:
+    """The label values beyond the two a label owner declares, and the rows (positions) of each:
+    label-positive and label-negative; without label-negative, the one other value is the
+    negative label, and with several others every one of them is unexpected."""
+    pos = norm_value(spec.label_positive)
+    values, inverse = np.unique(labels, return_inverse=True)
+    allowed = {pos, norm_value(spec.label_negative)} if spec.label_negative else None
+    others = [v for v in values if v != pos]
+    if allowed is None and len(others) <= 1:
+        return {}
+    return {str(v): np.flatnonzero(inverse == i) for i, v in enumerate(values)
+            if (v not in allowed if allowed is not None else v != pos)}
+
+
+def describe_labels(extra: dict[str, np.ndarray], spec: PartySpec) -> str:
+    """The refusal's text for :func:`unexpected_labels`: each value, its count and example rows."""
+    shown = "; ".join(f"{v!r} in {len(rows)} rows (e.g. rows {', '.join(str(r + 1) for r in rows[:3])})"
+                      for v, rows in sorted(extra.items(), key=lambda kv: -len(kv[1]))[:6])
+    pos = norm_value(spec.label_positive)
+    if spec.label_negative:
+        return (f"holds values other than label-positive={pos!r} and label-negative="
+                f"{norm_value(spec.label_negative)!r}: {shown}; fix or drop those rows")
+    return (f"holds {len(extra) + 1} values, a label has two: label-positive={pos!r} and {shown}; name the "
+            "negative one (node config label-negative) and fix or drop the rows of the others")
+
+
 def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
     """The label owner's y (±1) and group of every row of ``df``: True = group a, or with
     neither group named, each value's (or combination's) index among the sorted values."""
@@ -255,6 +286,9 @@ def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarra
             f"{where}: label column {spec.label_column!r} never equals label-positive={pos!r} "
             f"(values: {sorted(set(labels))[:5]})"
         )
+    extra = unexpected_labels(labels, spec)
+    if extra:  # a third value would silently count as negative
+        raise DataError(f"{where}: label column {spec.label_column!r} {describe_labels(extra, spec)}")
     y = np.where(labels == pos, 1.0, -1.0)
     groups = group_values(df, spec)
     a, b = norm_value(spec.group_a), norm_value(spec.group_b)

@@ -42,8 +42,10 @@ def id_pattern(value: str) -> str:
     return re.sub(r"[A-Za-z]", "a", re.sub(r"[0-9]", "9", value))[:40]
 
 
-def read_table(path: str | Path, id_column: str, who: str) -> tuple[np.ndarray, Any]:
-    """A party's raw table (CSV, or Parquet by suffix): its normalised ids and the frame.
+def read_table(path: str | Path, id_column: str, who: str, missing_values: tuple[str, ...] = ()
+               ) -> tuple[np.ndarray, Any]:
+    """A party's raw table (CSV, or Parquet by suffix): its normalised ids and the frame, every
+    cell equal to one of ``missing_values`` made missing (tables.blank_markers).
 
     Refuses, naming ``who`` and the file: a missing file or id column, missing ids,
     duplicate ids (with an example)."""
@@ -51,7 +53,7 @@ def read_table(path: str | Path, id_column: str, who: str) -> tuple[np.ndarray, 
     where = f"{who}: {p}"
     if not p.is_file():
         raise DataError(f"{where}: file not found")
-    df = read_party_file(p, where, id_column)
+    df = read_party_file(p, where, id_column, missing_values=missing_values)
     if id_column not in df.columns:
         shown = ", ".join(map(str, df.columns[:10]))
         raise DataError(f"{where}: id column {id_column!r} not found (columns: {shown}"

@@ -256,17 +256,20 @@ def packaged_test_frame(cfg: Any) -> tuple[Any, str | None, str]:
     return df, id_column, f"{cfg.dataset} ({split} rows of {path.name})"
 
 
-def read_columns(path: str, columns: list[str], where: str, id_column: str | None = None) -> Any:
+def read_columns(path: str, columns: list[str], where: str, id_column: str | None = None,
+                 missing_values: tuple[str, ...] = ()) -> Any:
     """The file's columns among ``columns`` only (a score file may carry others, e.g. a label);
-    ``id_column`` as text (tables.normalise_ids: "007" stays "007"). CSV, or Parquet by suffix."""
-    return read_party_file(path, where, id_column, columns)
+    ``id_column`` as text (tables.normalise_ids: "007" stays "007"); cells equal to one of
+    ``missing_values`` missing, as in training. CSV, or Parquet by suffix."""
+    return read_party_file(path, where, id_column, columns, missing_values)
 
 
 def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str) -> ScoreRows:
     """Parse a score file once per file content and preprocessing: in deployment every
     message may run in a fresh ClientApp process, and a job asks for its rows chunk by chunk."""
     content = known_digest(Path(path), cache_dir(spec))  # hashed once per version of the file
-    key = hashlib.sha256(f"{content}|{pre.digest()}|{id_column}|ids-as-text|{CACHE_VERSION}".encode())
+    markers = f"|{','.join(spec.missing_values)}" if spec.missing_values else ""
+    key = hashlib.sha256(f"{content}|{pre.digest()}|{id_column}|ids-as-text|{CACHE_VERSION}{markers}".encode())
     cached = cache_dir(spec) / f"score-{key.hexdigest()[:32]}.npz"
     where = f"{spec.name}: score file {path}"
     if cached.exists():
@@ -275,7 +278,8 @@ def _disk_cached(spec: PartySpec, path: str, pre: Preprocessing, id_column: str)
                 return ScoreRows(ids=z["ids"], X=z["X"], ids_digest=str(z["digest"]), source=where)
         except Exception:  # noqa: BLE001  (a damaged cache entry is rebuilt, never trusted)
             pass
-    rows = rows_from_frame(read_columns(path, [id_column, *pre.raw_columns], where, id_column), id_column, pre, where)
+    frame = read_columns(path, [id_column, *pre.raw_columns], where, id_column, spec.missing_values)
+    rows = rows_from_frame(frame, id_column, pre, where)
     try:
         write_atomically(cached, lambda fh: np.savez(fh, ids=rows.ids, X=rows.X, digest=np.array(rows.ids_digest)))
     except OSError:

@@ -272,11 +272,63 @@ def read_csv(path: str | Path, what: str = "") -> pd.DataFrame:
 PARQUET = ".parquet"
 
 
-def read_party_file(path: str | Path, where: str, id_column: str | None, columns: list[str] | None = None
-                    ) -> pd.DataFrame:
+def parse_markers(text: Any) -> tuple[str, ...]:
+    """The declared missing-value markers: ``"?,NA"`` -> ``("?", "NA")`` (surrounding spaces dropped)."""
+    if isinstance(text, (tuple, list)):
+        return tuple(str(m).strip() for m in text if str(m).strip())
+    return tuple(m.strip() for m in str(text or "").split(",") if m.strip())
+
+
+def blank_markers(df: pd.DataFrame, markers: tuple[str, ...], keep_text: tuple[str, ...] = ()) -> dict[str, int]:
+    """Make every cell equal to a declared marker missing, in place; cells per column blanked.
+
+    A marker is compared with the cell's text, surrounding spaces stripped (``" ?"`` is
+    ``"?"``); a marker that is a number also matches that number in a column of numbers
+    (``-999``). A text column that holds only numbers once its markers are gone becomes a
+    column of numbers, as if the markers had never been written, except ``keep_text`` (ids:
+    ``"007"`` stays text)."""
+    import pandas as pd
+
+    counts: dict[str, int] = {}
+    if not markers:
+        return counts
+    numbers = []
+    for m in markers:
+        try:
+            numbers.append(float(m))
+        except ValueError:
+            pass
+    for c in df.columns:
+        col = df[c]
+        if pd.api.types.is_numeric_dtype(col):
+            hit = col.isin(numbers) if numbers else None
+        else:
+            hit = col.notna() & col.astype(str).str.strip().isin(markers)
+        if hit is None or not hit.any():
+            continue
+        counts[str(c)] = int(hit.sum())
+        col = col.mask(hit)
+        if not pd.api.types.is_numeric_dtype(col) and c not in keep_text:
+            as_num = pd.to_numeric(col, errors="coerce")
+            if int(as_num.notna().sum()) == int(col.notna().sum()) and col.notna().any():
+                col = as_num
+        df[c] = col
+    return counts
+
+
+def read_party_file(path: str | Path, where: str, id_column: str | None, columns: list[str] | None = None,
+                    missing_values: tuple[str, ...] = ()) -> pd.DataFrame:
     """A party's raw table or score file: Parquet by its suffix (needs a pandas Parquet engine,
     pyarrow), else CSV; ``id_column`` as text (see :func:`normalise_ids`); only ``columns``
-    when given (a file may carry others). A DataError names ``where`` (party and file)."""
+    when given (a file may carry others); every cell equal to one of ``missing_values`` is
+    missing (:func:`blank_markers`). A DataError names ``where`` (party and file)."""
+    df = _read_party_file(path, where, id_column, columns)
+    blank_markers(df, missing_values, keep_text=() if id_column is None else (id_column,))
+    return df
+
+
+def _read_party_file(path: str | Path, where: str, id_column: str | None, columns: list[str] | None
+                     ) -> pd.DataFrame:
     import pandas as pd
 
     path = Path(path)
