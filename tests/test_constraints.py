@@ -9,10 +9,9 @@ import torch
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.models import build_model
-from fairvfl_flwr.core.objective import (
-    CONSTRAINTS, MEASURES, Groups, dual_step, loss_derivative, masked_weights, row_weights, train_stats,
-)
+from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES, loss_derivative, train_stats
 from fairvfl_flwr.data.partition import split_columns
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.core.reference import CentralisedGDA
@@ -34,61 +33,61 @@ def test_rate_measure_gaps_are_soft_positive_rate_gaps():
     y = np.array([1, 1, 1, -1, -1, -1, 1, -1])
     s = np.array([1, 1, 0, 1, 0, 0, 0, 1], dtype=bool)
     z = np.array([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5, 0.2])
-    g = Groups.from_labels(y, s, 1, "equalized-odds", "rate")
+    g = ConstraintSet.from_labels(y, s, 1, "equalized-odds", "rate")
     p = 1 / (1 + np.exp(-z))
     tpr_gap = p[(y == 1) & s].mean() - p[(y == 1) & ~s].mean()
     fpr_gap = p[(y == -1) & s].mean() - p[(y == -1) & ~s].mean()
     assert train_stats(y, z, g).gaps == pytest.approx((tpr_gap, fpr_gap))
-    assert train_stats(y, z, g).loss == pytest.approx(train_stats(y, z, Groups.from_labels(y, s, 1)).loss)
+    assert train_stats(y, z, g).loss == pytest.approx(train_stats(y, z, ConstraintSet.from_labels(y, s, 1)).loss)
     with pytest.raises(ValueError, match="constraint measure 'error'"):
-        Groups.from_labels(y, s, 1, "deo", "error")
+        ConstraintSet.from_labels(y, s, 1, "deo", "error")
 
 
 def test_constraint_sets_have_the_documented_subsets_and_multipliers():
     y = np.array([1, 1, 1, -1, -1, -1, 1, -1])
     s = np.array([1, 0, 1, 1, 0, 0, 0, 1], dtype=bool)
-    deo = Groups.from_labels(y, s, 1, "deo")
-    eo = Groups.from_labels(y, s, 1, "equalized-odds")
-    dp = Groups.from_labels(y, s, 1, "demographic-parity")
+    deo = ConstraintSet.from_labels(y, s, 1, "deo")
+    eo = ConstraintSet.from_labels(y, s, 1, "equalized-odds")
+    dp = ConstraintSet.from_labels(y, s, 1, "demographic-parity")
     assert [deo.num_multipliers, eo.num_multipliers, dp.num_multipliers] == [2, 4, 2]
     assert np.array_equal(eo.constraints[0].in_a, deo.in_a) and np.array_equal(eo.in_b, deo.in_b)
     assert np.array_equal(eo.constraints[1].in_a, (y == -1) & s)
     assert np.array_equal(dp.in_a, s) and np.array_equal(dp.in_b, ~s)
     # protected label -1: the first equalized-odds constraint is still the protected one
-    eo_neg = Groups.from_labels(y, s, -1, "equalized-odds")
+    eo_neg = ConstraintSet.from_labels(y, s, -1, "equalized-odds")
     assert np.array_equal(eo_neg.in_a, (y == -1) & s)
 
 
 def test_general_nu_formula_by_hand():
     y = np.array([1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 1.0, -1.0])
     s = np.array([1, 0, 1, 1, 0, 0, 0, 1], dtype=bool)
-    g = Groups.from_labels(y, s, 1, "equalized-odds")
+    g = ConstraintSet.from_labels(y, s, 1, "equalized-odds")
     lam = np.array([0.5, 0.1, 0.0, 0.3])
-    w = row_weights(lam, g)
+    w = g.signed_weights(lam)
     # rows 0,2: y=+1 & a (2 rows); rows 1,6: y=+1 & b; rows 3,7: y=-1 & a; rows 4,5: y=-1 & b
     d1, d2 = 0.4, -0.3
     want = np.array([1 / 8 + d1 / 2, 1 / 8 - d1 / 2, 1 / 8 + d1 / 2, 1 / 8 + d2 / 2,
                      1 / 8 - d2 / 2, 1 / 8 - d2 / 2, 1 / 8 - d1 / 2, 1 / 8 + d2 / 2])
     assert w == pytest.approx(want)
     z = np.linspace(-1, 1, 8)
-    assert masked_weights(y, z, lam, g) == pytest.approx(want * loss_derivative(y, z))
+    assert g.masked_weights(y, z, lam) == pytest.approx(want * loss_derivative(y, z))
     with pytest.raises(ValueError, match="4 multipliers"):
-        row_weights(np.zeros(2), g)
+        g.signed_weights(np.zeros(2))
 
 
 def test_dual_step_over_all_multipliers():
-    lam = dual_step(np.zeros(4), np.array([0.2, -0.3]), epsilon=0.05, beta=0.1, c=0.0)
+    lam = ConstraintSet.dual_step(np.zeros(4), np.array([0.2, -0.3]), epsilon=0.05, beta=0.1, c=0.0)
     assert lam == pytest.approx([0.015, 0.0, 0.0, 0.025])
     # one constraint, scalar gap: the paper's step, unchanged
-    assert dual_step(np.zeros(2), 0.2, 0.05, 0.1, 0.0) == pytest.approx([0.015, 0.0])
+    assert ConstraintSet.dual_step(np.zeros(2), 0.2, 0.05, 0.1, 0.0) == pytest.approx([0.015, 0.0])
 
 
 def test_equalized_odds_needs_both_label_values_in_both_groups():
     y = np.array([1, 1, -1, -1])
     s = np.array([1, 0, 1, 1], dtype=bool)  # no group-b row with y = -1
-    Groups.from_labels(y, s, 1, "deo")
+    ConstraintSet.from_labels(y, s, 1, "deo")
     with pytest.raises(ValueError, match="equalized-odds"):
-        Groups.from_labels(y, s, 1, "equalized-odds")
+        ConstraintSet.from_labels(y, s, 1, "equalized-odds")
 
 
 # -- configuration -------------------------------------------------------------------
@@ -139,7 +138,7 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
     cols = split_columns(ds.n_features, 6, 2, 49)
     models = [build_model("linear", len(c), bias=k < 2, seed=seed * 1000 + k) for k, c in enumerate(cols)]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = Groups.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, measure)
+    groups = ConstraintSet.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, measure)
     ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
                          epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
     for _ in range(rounds):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.core.constraints import CONSTRAINTS, KINDS, GroupSizeError
+from fairvfl_flwr.core.constraints import CONSTRAINTS, KINDS, ConstraintSet, GroupSizeError
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.core.objective import Groups, logistic_loss, loss_derivative, masked_weights, sigmoid
+from fairvfl_flwr.core.objective import logistic_loss, loss_derivative, sigmoid
 from fairvfl_flwr.data.tables import load_csv
 
 
@@ -47,11 +47,11 @@ def _central_nu(y, s, z, lam, protected, kind, measure, form):
 @pytest.mark.parametrize("kind", CONSTRAINTS)
 def test_nu_with_four_groups_matches_a_central_computation(kind, measure, form):
     y, s, z, rng = group_rows()
-    groups = Groups.from_labels(y, s, -1, kind, measure, form=form)
+    groups = ConstraintSet.from_labels(y, s, -1, kind, measure, form=form)
     lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
     want, gaps = _central_nu(y, s, z, lam, -1, kind, measure, form)
     assert len(groups.constraints) == gaps  # pairwise: 6 per subset, overall: 4
-    np.testing.assert_allclose(masked_weights(y, z, lam, groups), want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(groups.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
     # and ν is the gradient of the smooth part in z (what the parties' steps rely on)
     e = 1e-6 * rng.normal(size=len(z))
     fd = groups.smooth_part(y, z + e, lam) - groups.smooth_part(y, z - e, lam)
@@ -61,8 +61,8 @@ def test_nu_with_four_groups_matches_a_central_computation(kind, measure, form):
 def test_pairwise_gaps_of_g_groups_and_the_overall_form():
     y, s, z, _ = group_rows(G=3)
     q = logistic_loss(y, z)
-    pw = Groups.from_labels(y, s, 1, "deo", form="pairwise", names=("x", "y", "z"))
-    ov = Groups.from_labels(y, s, 1, "deo", form="overall", names=("x", "y", "z"))
+    pw = ConstraintSet.from_labels(y, s, 1, "deo", form="pairwise", names=("x", "y", "z"))
+    ov = ConstraintSet.from_labels(y, s, 1, "deo", form="overall", names=("x", "y", "z"))
     rows = y == 1
     mean = [q[rows & (s == g)].mean() for g in range(3)]
     np.testing.assert_allclose(pw.gaps(y, z), [mean[0] - mean[1], mean[0] - mean[2], mean[1] - mean[2]])
@@ -73,11 +73,11 @@ def test_pairwise_gaps_of_g_groups_and_the_overall_form():
 
 def test_two_groups_pairwise_is_the_papers_gap_and_overall_is_scaled():
     y, s, z, _ = group_rows(G=2)
-    boolean = Groups.from_labels(y, s == 0, 1, "deo")
-    coded = Groups.from_labels(y, s, 1, "deo")
+    boolean = ConstraintSet.from_labels(y, s == 0, 1, "deo")
+    coded = ConstraintSet.from_labels(y, s, 1, "deo")
     assert np.array_equal(boolean.gaps(y, z), coded.gaps(y, z)) and coded.constraints[0].name == "y=+1"
     # group a against all rows = the pairwise gap times b's share of the subset
-    ov = Groups.from_labels(y, s, 1, "deo", form="overall")
+    ov = ConstraintSet.from_labels(y, s, 1, "deo", form="overall")
     rows = y == 1
     share_b = (rows & (s == 1)).sum() / rows.sum()
     assert ov.gaps(y, z)[0] == pytest.approx(coded.gaps(y, z)[0] * share_b)
@@ -90,9 +90,9 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
     names = ("a", "b", "c")
     count = int(((y == 1) & (s == 2)).sum())
     with pytest.raises(GroupSizeError, match=rf"group 'c' has {count} training rows in 'y=\+1'.*min-group-size = 30"):
-        Groups.from_labels(y, s, 1, "deo", names=names, min_group_size=30)
+        ConstraintSet.from_labels(y, s, 1, "deo", names=names, min_group_size=30)
     assert issubclass(GroupSizeError, ConfigError)
-    pooled = Groups.from_labels(y, s, 1, "deo", names=names, min_group_size=30, pool_small_groups=True)
+    pooled = ConstraintSet.from_labels(y, s, 1, "deo", names=names, min_group_size=30, pool_small_groups=True)
     # one small group: merged with the next smallest until the merged group is big enough
     assert pooled.groups.names == ("a", "pooled(c+b)") and len(pooled.constraints) == 1
     assert pooled.smallest_group() >= 30
@@ -101,19 +101,19 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
 def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():
     y, s, z, rng = group_rows(n=400, G=3)
     for form in ("pairwise", "overall"):
-        groups = Groups.from_labels(y, s, 1, "equalized-odds", form=form)
+        groups = ConstraintSet.from_labels(y, s, 1, "equalized-odds", form=form)
         m, bound_lam = groups.smallest_group() - 1, 0.6
         bound = groups.label_sensitivity(bound_lam, m)
         worst = 0.0
         for _ in range(10):
             lam = np.zeros(groups.num_multipliers)
             lam[rng.integers(0, 2, size=len(groups.constraints)) + 2 * np.arange(len(groups.constraints))] = bound_lam
-            nu = masked_weights(y, z, lam, groups)
+            nu = groups.masked_weights(y, z, lam)
             for j in rng.choice(len(y), size=10, replace=False):
                 y2 = y.copy()
                 y2[j] = -y2[j]
-                g2 = Groups.from_labels(y2, s, 1, "equalized-odds", form=form)
-                worst = max(worst, float(np.linalg.norm(masked_weights(y2, z, lam, g2) - nu)))
+                g2 = ConstraintSet.from_labels(y2, s, 1, "equalized-odds", form=form)
+                worst = max(worst, float(np.linalg.norm(g2.masked_weights(y2, z, lam) - nu)))
         assert 0 < worst <= bound
 
 
@@ -131,7 +131,7 @@ def test_metrics_with_several_groups_give_pairwise_and_overall_gaps():
 def test_every_kind_is_registered_by_its_name():
     assert tuple(KINDS) == CONSTRAINTS and all(KINDS[k].kind == k for k in KINDS)
     with pytest.raises(ValueError, match="unknown constraint 'parity'"):
-        Groups.from_labels(np.ones(4), np.array([0, 1, 0, 1]), 1, "parity")
+        ConstraintSet.from_labels(np.ones(4), np.array([0, 1, 0, 1]), 1, "parity")
 
 
 def test_a_csv_with_several_sensitive_columns_makes_every_combination_a_group(tmp_path):
@@ -171,12 +171,12 @@ def test_a_new_kind_is_one_subclass_and_its_registration():
     register(OtherLabel)
     try:
         y, s, z, rng = group_rows(G=3)
-        groups = Groups.from_labels(y, s, 1, "other-label", "rate")
-        eo = Groups.from_labels(y, s, 1, "equalized-odds", "rate")
+        groups = ConstraintSet.from_labels(y, s, 1, "other-label", "rate")
+        eo = ConstraintSet.from_labels(y, s, 1, "equalized-odds", "rate")
         np.testing.assert_array_equal(groups.gaps(y, z), eo.gaps(y, z)[3:])  # EO's second subset, 3 pairs
         lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
         want, _ = _central_nu(y, s, z, np.concatenate([np.zeros(6), lam]), 1, "equalized-odds", "rate", "pairwise")
-        np.testing.assert_allclose(masked_weights(y, z, lam, groups), want, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(groups.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
         assert groups.label_sensitivity(0.5, 10) > 0 and groups.newton_refusal() is None
         with pytest.raises(ValueError, match="taken"):
             register(OtherLabel)

@@ -7,7 +7,7 @@ import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.core.objective import Groups, masked_weights
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.features import labeldp
 from fairvfl_flwr.features import transcripts as tr
@@ -34,7 +34,7 @@ def test_full_batch_rounds_compose_as_the_gaussian_mechanism():
 
 
 def _groups(y, s, constraint, measure):
-    return Groups.from_labels(y, s, 1, constraint, measure)
+    return ConstraintSet.from_labels(y, s, 1, constraint, measure)
 
 
 @pytest.mark.parametrize("constraint", ["deo", "equalized-odds", "demographic-parity"])
@@ -53,12 +53,12 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
         lam = rng.uniform(0, lam_bound, size=groups.num_multipliers)
         lam[trial % 2::2] = 0.0  # one of each pair at 0: |λ+ − λ−| reaches the bound
         lam[(trial + 1) % 2::2] = lam_bound * (trial % 3 != 0)
-        nu = masked_weights(y, z, lam, groups)
+        nu = groups.masked_weights(y, z, lam)
         # flip rows of the smallest groups first: their flips move the group weights most
         for j in rng.choice(n, size=15, replace=False):
             y2 = y.copy()
             y2[j] = -y2[j]
-            nu2 = masked_weights(y2, z, lam, _groups(y2, s, constraint, measure))
+            nu2 = _groups(y2, s, constraint, measure).masked_weights(y2, z, lam)
             worst = max(worst, float(np.linalg.norm(nu2 - nu)) / bound)
     assert worst <= 1.0
     assert worst > 0.3  # and the bound is not vacuous
@@ -67,7 +67,7 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
 def test_the_noise_is_keyed_on_a_fresh_server_secret_not_on_anything_a_party_holds():
     rng = np.random.default_rng(0)
     y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
-    groups = Groups.from_labels(y, rng.random(400) < 0.5, 1)
+    groups = ConstraintSet.from_labels(y, rng.random(400) < 0.5, 1)
     make = lambda secret=None: labeldp.LabelDP(groups, epsilon=4.0, delta=1e-5, rounds=50,  # noqa: E731
                                                lambda_bound=0.5, secret=secret)
     a, b = make(), make()  # same config, same labels: the run seed and the labels do not fix the noise
@@ -89,7 +89,7 @@ def test_bad_settings_are_refused_naming_the_key():
         RunConfig().replace(label_dp_lambda_bound=0.0)
     with pytest.raises(ConfigError, match="privacy.label-dp-epsilon=1.0: not supported with batching.batch-size"):
         RunConfig().replace(label_dp_epsilon=1.0, batch_size=64)
-    groups = Groups.from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
+    groups = ConstraintSet.from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
     with pytest.raises(ConfigError, match="privacy.label-dp-min-group=5"):
         labeldp.LabelDP(groups, epsilon=1.0, delta=1e-5, rounds=5, lambda_bound=0.5, min_group=5)
 

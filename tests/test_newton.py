@@ -5,23 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     CentralisedNewton,
     block_direction,
-    clip_multipliers,
-    curvature,
     dual_newton_step,
     PAST_BOUND_SHARE,
-    gap_directions,
     party_curvature,
     past_bound_step,
-    smooth_part,
     subspace_gap_jacobian,
     subspace_step,
-    weight_bounds,
 )
-from fairvfl_flwr.core.objective import Groups, masked_weights, row_weights
 from fairvfl_flwr.core.reference import NewtonFloor
 
 
@@ -31,12 +26,12 @@ def _problem(seed: int, n: int = 300, widths=(5, 3, 4), constraint="deo", measur
     true = sum(x @ rng.normal(size=x.shape[1]) for x in blocks)
     s = rng.random(n) < 0.4
     y = np.where(true - 0.8 * s + rng.normal(size=n) > 0, 1.0, -1.0)
-    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
+    groups = ConstraintSet.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
     return blocks, y, groups
 
 
 def _F(y, z, du, a, B, lam, groups, mu, alpha):
-    return smooth_part(y, z + du @ alpha, lam, groups) + mu * (a @ alpha + 0.5 * alpha @ B @ alpha)
+    return groups.smooth_part(y, z + du @ alpha, lam) + mu * (a @ alpha + 0.5 * alpha @ B @ alpha)
 
 
 @pytest.mark.parametrize("measure", ["loss", "rate"])
@@ -46,16 +41,16 @@ def test_nu_is_the_gradient_and_h_the_curvature_of_phi_in_z(measure, constraint)
     rng = np.random.default_rng(1)
     z = rng.normal(size=len(y))
     lam = rng.uniform(0, 0.05, size=groups.num_multipliers)  # small: every row weight > 0, no clipping
-    assert (row_weights(lam, groups) > 0).all()
-    nu, h, step = masked_weights(y, z, lam, groups), curvature(y, z, lam, groups), 1e-5
+    assert (groups.signed_weights(lam) > 0).all()
+    nu, h, step = groups.masked_weights(y, z, lam), groups.curvature(y, z, lam), 1e-5
     e = np.zeros(len(z))
     for i in rng.choice(len(z), 12, replace=False):
         e[:] = 0
         e[i] = step
-        fd = (smooth_part(y, z + e, lam, groups) - smooth_part(y, z - e, lam, groups)) / (2 * step)
+        fd = (groups.smooth_part(y, z + e, lam) - groups.smooth_part(y, z - e, lam)) / (2 * step)
         assert abs(fd - nu[i]) < 1e-8, i
     # ν_i depends on z_i only, so φ'' is diagonal: a central difference of ν is h, row by row
-    fd2 = (masked_weights(y, z + step, lam, groups) - masked_weights(y, z - step, lam, groups)) / (2 * step)
+    fd2 = (groups.masked_weights(y, z + step, lam) - groups.masked_weights(y, z - step, lam)) / (2 * step)
     if measure == "loss":
         assert np.allclose(fd2, h, atol=1e-9)
     else:
@@ -65,9 +60,9 @@ def test_nu_is_the_gradient_and_h_the_curvature_of_phi_in_z(measure, constraint)
 def test_curvature_is_clipped_where_the_weight_is_negative():
     _, y, groups = _problem(0)
     lam = np.array([0.0, 5.0])  # d = -5 makes group a's weights negative
-    w = row_weights(lam, groups)
+    w = groups.signed_weights(lam)
     assert (w < 0).any()
-    h = curvature(y, np.zeros(len(y)), lam, groups)
+    h = groups.curvature(y, np.zeros(len(y)), lam)
     assert (h >= 0).all() and (h[w < 0] == 0).all()
 
 
@@ -75,8 +70,8 @@ def test_party_curvature_from_nu_is_exact_on_rows_of_weight_one_over_n():
     _, y, groups = _problem(2)
     z = np.random.default_rng(0).normal(size=len(y))
     lam = np.array([0.03, 0.0])
-    nu, h = masked_weights(y, z, lam, groups), curvature(y, z, lam, groups)
-    plain = np.isclose(row_weights(lam, groups), 1 / groups.n)
+    nu, h = groups.masked_weights(y, z, lam), groups.curvature(y, z, lam)
+    plain = np.isclose(groups.signed_weights(lam), 1 / groups.n)
     assert plain.sum() > 50
     assert np.allclose(party_curvature(nu, groups.n, "nu")[plain], h[plain], rtol=1e-10, atol=0)
 
@@ -110,7 +105,7 @@ def test_first_round_without_constraint_is_the_newton_direction_with_exact_line_
     cos = ref.theta @ step / np.linalg.norm(ref.theta) / np.linalg.norm(step)
     assert cos > 1 - 1e-12  # along the Newton direction, its length chosen by the search
     lam = np.zeros(2)
-    slope = (xb.T @ masked_weights(y, xb @ ref.theta, lam, groups) + mu * ref.theta) @ step
+    slope = (xb.T @ groups.masked_weights(y, xb @ ref.theta, lam) + mu * ref.theta) @ step
     assert abs(slope) < 1e-10  # the length is the exact minimiser along the direction
 
 
@@ -123,7 +118,7 @@ def test_subspace_step_never_increases_F_even_where_undamped_steps_do(seed):
     lam = np.array([0.0, rng.uniform(0, 3)])  # may make some weights negative: F then non-convex
     thetas = [rng.normal(scale=0.3, size=x.shape[1]) for x in blocks]
     z = sum(x @ t for x, t in zip(blocks, thetas))
-    nu, h = masked_weights(y, z, lam, groups), curvature(y, z, lam, groups)
+    nu, h = groups.masked_weights(y, z, lam), groups.curvature(y, z, lam)
     dirs = []
     for x, t in zip(blocks, thetas):
         hess = x.T @ (h[:, None] * x) + mu * np.eye(x.shape[1])
@@ -159,17 +154,17 @@ def test_subspace_gap_jacobian_matches_finite_differences():
     fd = (gap_at(d0 + step)[0] - gap_at(d0 - step)[0]) / (2 * step)
     assert jac.shape == (1, 1) and jac[0, 0] < 0
     assert abs(jac[0, 0] - fd) < 1e-5 * (1 + abs(fd))
-    assert gap_directions(y, z0, groups).shape == (len(y), 1)
+    assert groups.gap_directions(y, z0).shape == (len(y), 1)
 
 
 def test_dual_newton_step_keeps_weights_nonnegative_and_does_not_cross_the_kink():
     _, y, groups = _problem(5, constraint="equalized-odds")
-    lo, hi = weight_bounds(groups)
+    lo, hi = groups.weight_bounds()
     lam = np.array([0.02, 0.0, 0.0, 0.01])
     # tiny sensitivities ask for huge steps: clipped to the bounds
     out = dual_newton_step(lam, np.array([0.5, -0.5]), np.diag([-1e-6, -1e-6]), 0.01, 1e-3, groups)
     d = out[0::2] - out[1::2]
-    assert np.allclose(d, [hi[0], lo[1]]) and (row_weights(out, groups) >= -1e-15).all()
+    assert np.allclose(d, [hi[0], lo[1]]) and (groups.signed_weights(out) >= -1e-15).all()
     # a gap on the other side: d moves toward 0 and stops there, it does not jump across
     out = dual_newton_step(lam, np.array([-0.5, 0.5]), np.diag([-1e-3, -1e-3]), 0.01, 1e-3, groups)
     assert np.allclose(out, 0.0)
@@ -179,12 +174,12 @@ def test_dual_newton_step_keeps_weights_nonnegative_and_does_not_cross_the_kink(
     # the Newton step solves a linear gap exactly: D(d) = D0 + J d reaches ε
     out = dual_newton_step(np.zeros(4), np.array([0.11, 0.0]), np.diag([-2.0, -2.0]), 0.01, 0.0, groups)
     assert np.isclose(out[0], 0.05) and np.allclose(out[1:], 0.0)
-    assert np.allclose(clip_multipliers(np.array([-1.0, 0.0, 0.0, 0.0]), groups), 0.0)
+    assert np.allclose(groups.project(np.array([-1.0, 0.0, 0.0, 0.0])), 0.0)
 
 
 def test_a_step_from_the_weight_bound_moves_d_by_a_share_of_the_bounds_width_at_most():
     _, y, groups = _problem(5)
-    lo, hi = weight_bounds(groups)
+    lo, hi = groups.weight_bounds()
     width = (hi - lo)[0]
     at_bound = np.array([hi[0], 0.0])
     # a huge gap on the other side (a group's loss grown past 40) would throw d across both bounds
@@ -206,7 +201,7 @@ def test_federated_newton_decreases_the_primal_at_fixed_multipliers(curv):
     for _ in range(10):
         fl.round()
         reg = sum(t @ t for t in fl.theta) + sum(b * b for b in fl.bias if b is not None)
-        values.append(smooth_part(y, fl.z(), fl.lam, groups) + 0.5 * fl.mu * reg)
+        values.append(groups.smooth_part(y, fl.z(), fl.lam) + 0.5 * fl.mu * reg)
     assert all(b <= a + 1e-15 for a, b in zip(values, values[1:]))
 
 
@@ -218,11 +213,11 @@ def test_the_search_does_not_turn_float32_rounding_into_step_lengths():
     x = rng.normal(size=(n, 4))
     s = rng.random(n) < 0.4
     y = np.where(x @ np.array([1.0, -0.5, 0.3, 0.2]) + rng.normal(size=n) > 0, 1.0, -1.0)
-    groups = Groups.from_labels(y, s, protected_label=1, constraint="deo", measure="loss")
+    groups = ConstraintSet.from_labels(y, s, protected_label=1, constraint="deo", measure="loss")
     lam, mu, theta = np.zeros(2), 2 / n, np.zeros(4)
     for _ in range(30):  # the block's optimum: the new direction is ~0, as late in a run
         z = x @ theta
-        theta = theta + block_direction(x, masked_weights(y, z, lam, groups), curvature(y, z, lam, groups), theta, mu)
+        theta = theta + block_direction(x, groups.masked_weights(y, z, lam), groups.curvature(y, z, lam), theta, mu)
     z = x @ theta
     drift = {}
     for rcond in (1e-12, WIRE_RCOND["float32"]):

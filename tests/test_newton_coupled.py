@@ -6,15 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.newton import (
     dual_newton_step,
-    clip_multipliers,
     newton_dual_step,
     past_bound_rule,
     subspace_gap_jacobian,
 )
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.objective import Groups, row_weights
 from fairvfl_flwr.data.problem import party_problem
 
 from .test_groups import group_rows
@@ -30,7 +29,7 @@ def test_dependent_gaps_give_a_finite_step_with_the_fewest_multipliers():
     """Three groups, pairwise: D_ab + D_bc = D_ac, so J is singular; the step is solved on
     the combinations of multipliers that change the row weights."""
     y, s, z, rng = group_rows(G=3)
-    groups = Groups.from_labels(y, s, 1, "deo")
+    groups = ConstraintSet.from_labels(y, s, 1, "deo")
     assert len(groups.constraints) == 3 and not past_bound_rule(groups)
     lam = np.zeros(6)
     jac = _jacobian(y, z, groups, rng, lam)
@@ -51,31 +50,31 @@ def test_each_step_keeps_every_weight_above_a_share_of_its_value():
     """Sensitivities that ask for huge steps: the step is damped until no row keeps less than
     1 − WEIGHT_FRACTION of its weight, on rows that sit on several gaps' sides."""
     y, s, z, rng = group_rows(1, G=4)
-    groups = Groups.from_labels(y, s, 1, "equalized-odds")
+    groups = ConstraintSet.from_labels(y, s, 1, "equalized-odds")
     assert groups.gaps_per_row() == 3
     lam = np.zeros(groups.num_multipliers)
     gaps = np.where(np.arange(len(groups.constraints)) % 2 == 0, 0.5, -0.5)
     tiny = -1e-6 * np.eye(len(gaps))
     for _ in range(5):
-        w_before = row_weights(lam, groups)
+        w_before = groups.signed_weights(lam)
         lam = groups.newton_dual(lam, gaps, tiny, 0.01, 0.1, 1e-3)
-        w = row_weights(lam, groups)
+        w = groups.signed_weights(lam)
         assert (w >= (1 - groups.WEIGHT_FRACTION) * w_before * (1 - 1e-9)).all()
         assert np.abs(w - w_before).max() > 0.01 * w_before.max()  # damped, not stopped
-    assert (row_weights(lam, groups) > 0).all()
+    assert (groups.signed_weights(lam) > 0).all()
 
 
 def test_round_one_gradient_step_keeps_the_weights_positive_too():
     y, s, z, _ = group_rows(2, G=3)
-    groups = Groups.from_labels(y, s, 1, "deo")
+    groups = ConstraintSet.from_labels(y, s, 1, "deo")
     out = newton_dual_step(np.zeros(6), y, z, groups, None, epsilon=0.01, beta=1e4, c=1e-3)
-    assert (row_weights(out, groups) > 0).all() and np.abs(out).max() > 0
+    assert (groups.signed_weights(out) > 0).all() and np.abs(out).max() > 0
 
 
 @pytest.mark.parametrize("constraint", ["equalized-odds", "demographic-parity"])
 def test_two_groups_equalized_odds_and_parity_take_the_fraction_to_the_boundary_step(constraint):
     y, s, z, rng = group_rows(3, G=2)
-    groups = Groups.from_labels(y, s == 0, 1, constraint)
+    groups = ConstraintSet.from_labels(y, s == 0, 1, constraint)
     assert groups.gaps_per_row() == 1 and not past_bound_rule(groups)
     lam = np.zeros(groups.num_multipliers)
     jac = _jacobian(y, z, groups, rng, lam)
@@ -85,13 +84,13 @@ def test_two_groups_equalized_odds_and_parity_take_the_fraction_to_the_boundary_
     plain = dual_newton_step(lam, gaps, jac, 0.01, 1e-3, groups)
     if groups.boundary_fraction(np.zeros(len(gaps)), plain[0::2] - plain[1::2]) == 1.0:
         np.testing.assert_allclose(out, plain, rtol=1e-10, atol=1e-14)
-    assert (row_weights(out, groups) > 0).all()
+    assert (groups.signed_weights(out) > 0).all()
 
 
 def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     """The paper's case: the step clipped to the weight bounds, past them by gradient."""
     y, s, z, rng = group_rows(4, G=2)
-    groups = Groups.from_labels(y, s == 0, 1, "deo")
+    groups = ConstraintSet.from_labels(y, s == 0, 1, "deo")
     assert past_bound_rule(groups)
     lam = np.array([0.0, 0.05])
     jac = _jacobian(y, z, groups, rng, lam)
@@ -99,8 +98,7 @@ def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     out = newton_dual_step(lam, y, z, groups, jac, epsilon=0.01, beta=0.1, c=1e-3)
     np.testing.assert_array_equal(out, dual_newton_step(lam, gaps, jac, 0.01, 1e-3, groups))
     assert np.array_equal(newton_dual_step(np.zeros(2), y, z, groups, None, epsilon=0.01, beta=0.1, c=1e-3),
-                          clip_multipliers(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01])),
-                                           groups))
+                          groups.project(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01]))))
 
 
 def test_newton_meets_equalized_odds_within_thirty_rounds(run_app, tmp_path):
@@ -125,7 +123,7 @@ def test_newton_runs_with_several_groups_and_keeps_every_weight_positive(run_app
     _, _, groups = party_problem(RunConfig.from_flower({"dataset": "compas-race", "pool-small-groups": True,
                                                         "num-parties": 3}))
     for row in run.history[1:]:
-        assert (row_weights(np.asarray(row["lambdas"]), groups) > 0).all(), row["round"]
+        assert (groups.signed_weights(np.asarray(row["lambdas"])) > 0).all(), row["round"]
 
 
 @pytest.mark.parametrize("extra", [
@@ -143,6 +141,6 @@ def test_newton_with_several_groups_runs_under_label_dp_and_secure_aggregation(r
     _, _, groups = party_problem(RunConfig.from_flower({"dataset": "compas-race", "pool-small-groups": True,
                                                         "num-parties": 3}))
     for row in run.history[1:]:
-        assert (row_weights(np.asarray(row["lambdas"]), groups) > 0).all(), row["round"]
+        assert (groups.signed_weights(np.asarray(row["lambdas"])) > 0).all(), row["round"]
     if "privacy.label-dp-lambda-bound" in extra:
         assert max(last["lambdas"]) <= 0.5

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.models import build_model
-from fairvfl_flwr.core.objective import Groups, dual_step, loss_derivative, logistic_loss, masked_weights
+from fairvfl_flwr.core.objective import loss_derivative, logistic_loss
 from fairvfl_flwr.core.reference import lagrangian
 
 
@@ -26,7 +27,7 @@ def _problem(model: str, seed: int):
 def assert_gradient_identity(model: str, seed: int, constraint: str = "deo", measure: str = "loss") -> None:
     """J_kᵀν + μθ_k equals autograd's ∇_{θ_k} f̃ on the centralised Lagrangian, every party k."""
     blocks, y, s, models = _problem(model, seed)
-    groups = Groups.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
+    groups = ConstraintSet.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
     lam = np.random.default_rng(seed).uniform(0, 2, size=groups.num_multipliers)
     mu, eps, c = 2 / len(y), 0.01, 1e-3
 
@@ -38,7 +39,7 @@ def assert_gradient_identity(model: str, seed: int, constraint: str = "deo", mea
 
     with torch.no_grad():
         z = sum(m(x) for m, x in zip(models, blocks)).numpy()
-    nu = masked_weights(y, z, lam, groups)
+    nu = groups.masked_weights(y, z, lam)
     for k, (m, x) in enumerate(zip(models, blocks)):
         m(x).backward(torch.from_numpy(nu))
         for p, g in zip(m.parameters(), expected[k]):
@@ -63,12 +64,12 @@ def test_loss_derivative_matches_finite_difference_and_is_stable():
 
 
 def test_dual_step_projects_onto_nonnegative_orthant():
-    lam = dual_step(np.zeros(2), gap=0.2, epsilon=0.05, beta=0.1, c=0.0)
+    lam = ConstraintSet.dual_step(np.zeros(2), gap=0.2, epsilon=0.05, beta=0.1, c=0.0)
     assert lam == pytest.approx([0.015, 0.0])  # λ2's ascent direction -D-ε < 0 is clipped
-    lam = dual_step(np.array([0.5, 0.0]), gap=-0.2, epsilon=0.05, beta=1.0, c=0.0)
+    lam = ConstraintSet.dual_step(np.array([0.5, 0.0]), gap=-0.2, epsilon=0.05, beta=1.0, c=0.0)
     assert lam == pytest.approx([0.25, 0.15])
 
 
 def test_groups_refuse_empty_protected_group():
     with pytest.raises(ValueError, match="protected label"):
-        Groups.from_labels(np.array([1, 1, -1]), np.array([True, True, False]), protected_label=1)
+        ConstraintSet.from_labels(np.array([1, 1, -1]), np.array([True, True, False]), protected_label=1)

@@ -36,14 +36,12 @@ from flwr.supercore import log
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
-    curvature,
     newton_server_step,
     party_curvature,
     subspace_gap_jacobian,
     subspace_step,
     with_bias,
 )
-from fairvfl_flwr.core.objective import masked_weights
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
@@ -367,8 +365,8 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     x_test = np.asarray(data.X_test, dtype=np.float64)
     if role == msgs.ROLE_ACTIVE:
         x, x_test = with_bias(x), with_bias(x_test)
-        nu = masked_weights(data.y, got["z"], got["lam"], data.groups)
-        h = curvature(data.y, got["z"], got["lam"], data.groups)
+        nu = data.groups.masked_weights(data.y, got["z"], got["lam"])
+        h = data.groups.curvature(data.y, got["z"], got["lam"])
     elif xt_nu is None:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)

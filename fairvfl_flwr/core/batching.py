@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.errors import ConfigError
-from fairvfl_flwr.core.objective import Groups
 
 # Above this chance that some round's batch misses a constraint group, every round's
 # batch is drawn and checked before round 1.
@@ -72,12 +72,12 @@ def reply_rows(cfg, server_round: int, evaluate: bool, n: int) -> np.ndarray | N
     return None if evaluate else round_rows(cfg, server_round + 1, n)
 
 
-def batch_groups(groups: Groups, rows: np.ndarray | None) -> Groups:
+def batch_groups(groups: ConstraintSet, rows: np.ndarray | None) -> ConstraintSet:
     """The constraint groups restricted to ``rows`` (sizes and the 1/n weight become the batch's)."""
     return groups.restrict(rows)
 
 
-def check_batches(groups: Groups, seed: int, batch_size: int, rounds: int) -> None:
+def check_batches(groups: ConstraintSet, seed: int, batch_size: int, rounds: int) -> None:
     """Refuse a batch size for which some round's batch misses a constraint group.
 
     Refusing (rather than skipping that constraint's gap in such a round) keeps every

@@ -5,8 +5,8 @@ of f̃ is, up to terms constant in θ,
 
     F(θ) = φ(z) + Σ_k (μ/2)‖θ_k‖²,   φ(z) = (1/n) Σ_i l_i(z_i) + Σ_i m_i q_i(z_i),
 
-with ∂φ/∂z = ν (core/objective.masked_weights) and a diagonal Hessian in z,
-φ''_i (:func:`curvature`). One round:
+with ∂φ/∂z = ν (``ConstraintSet.masked_weights``) and a diagonal Hessian in z,
+φ''_i (``ConstraintSet.curvature``). One round:
 
 1. Server: the dual step (:func:`newton_dual_step`; where gaps share rows or a kind keeps
    every weight > 0, the constraint's own, ``ConstraintSet.newton_dual``), then ν as for
@@ -31,12 +31,12 @@ much as the correlation requires and no constant is tuned.
 
 Curvature. For the loss measure φ''_i = w_i σ(z_i)(1 − σ(z_i)) with the signed row weight
 w_i = 1/n + m_i, which is negative for rows of a group whose weight λ pushes below zero;
-φ is then not convex in z there. :func:`curvature` clips φ'' at 0 (a PSD model), so every
+φ is then not convex in z there. ``ConstraintSet.curvature`` clips φ'' at 0 (a PSD model), so every
 direction is a descent direction; the line search works on the true, unclipped F.
-(The dual step keeps every w_i >= 0 on the loss measure, :func:`weight_bounds`, so there
+(The dual step keeps every w_i >= 0 on the loss measure, ``ConstraintSet.weight_bounds``, so there
 the clip only guards the rate measure and rounding.) Variants of what the passive parties use for h (``curvature``):
 
-* ``exact``: the server sends h with ν. Reveals more than ν (see :func:`curvature`).
+* ``exact``: the server sends h with ν. Reveals more than ν (see ``ConstraintSet.curvature``).
 * ``nu``: the party derives h from ν alone, as if every row had weight 1/n:
   σ(−y_i z_i) = n|ν_i| there, so h̃_i = |ν_i|(1 − n|ν_i|), clipped at 0 (exact on the rows
   outside the constrained groups, which are most rows).
@@ -49,26 +49,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.core.objective import Groups, dual_step, masked_weights
+from fairvfl_flwr.core.constraints import ConstraintSet
 
 CURVATURES = ("exact", "nu", "const")
 ARMIJO = 1e-4
-
-
-def smooth_part(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> float:
-    """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
-    return groups.smooth_part(y, z, lam)
-
-
-def curvature(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """φ''(z_i) clipped at 0: the PSD per-row curvature of f̃ in z.
-
-    Loss measure: max(w_i, 0) σ'(z_i); rate measure: max(σ'/n + m_i σ'(1 − 2σ), 0).
-    Sent to a passive party (``curvature = "exact"``), h_i with ν_i gives w_i = ν_i²/(|ν_i| − h_i)
-    on the loss measure: the row's group weight, hence its group among the constrained
-    rows once λ ≠ 0, and σ(z_i)(1 − σ(z_i)), hence |z_i|.
-    """
-    return groups.curvature(y, z, lam)
 
 
 def party_curvature(nu: np.ndarray | None, n: int, kind: str) -> np.ndarray:
@@ -132,7 +116,7 @@ def subspace_step(
     a: np.ndarray,
     b: np.ndarray,
     lam: np.ndarray,
-    groups: Groups,
+    groups: ConstraintSet,
     mu: float,
     *,
     iters: int = 20,
@@ -153,13 +137,13 @@ def subspace_step(
     alpha = np.zeros(du.shape[1])
 
     def value(al: np.ndarray) -> float:
-        return smooth_part(y, z + du @ al, lam, groups) + mu * float(a @ al + 0.5 * al @ B @ al)
+        return groups.smooth_part(y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al)
 
     f = value(alpha)
     for _ in range(iters):
         zz = z + du @ alpha
-        g = du.T @ masked_weights(y, zz, lam, groups) + mu * (a + B @ alpha)
-        H = (du * curvature(y, zz, lam, groups)[:, None]).T @ du + mu * B
+        g = du.T @ groups.masked_weights(y, zz, lam) + mu * (a + B @ alpha)
+        H = (du * groups.curvature(y, zz, lam)[:, None]).T @ du + mu * B
         p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
@@ -176,13 +160,8 @@ def subspace_step(
     return alpha
 
 
-def gap_directions(y: np.ndarray, z: np.ndarray, groups: Groups) -> np.ndarray:
-    """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
-    return groups.gap_directions(y, z)
-
-
 def subspace_gap_jacobian(
-    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: Groups, mu: float,
+    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: ConstraintSet, mu: float,
     rcond: float = 1e-12,
 ) -> np.ndarray:
     """J = dD/dd (C × C, d_c = λ_c+ − λ_c−) at the subspace optimum z, by implicit differentiation.
@@ -195,21 +174,9 @@ def subspace_gap_jacobian(
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     b = np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    H = (du * curvature(y, z, lam, groups)[:, None]).T @ du + mu * B
-    V = du.T @ gap_directions(y, z, groups)
+    H = (du * groups.curvature(y, z, lam)[:, None]).T @ du + mu * B
+    V = du.T @ groups.gap_directions(y, z)
     return -V.T @ solve_psd(H, V, rcond)
-
-
-def weight_bounds(groups: Groups) -> tuple[np.ndarray, np.ndarray]:
-    """Per constraint, the interval of d_c = λ_c+ − λ_c− that keeps every row weight w_i >= 0.
-
-    For the loss measure, w_i < 0 makes f̃ concave in those rows' logits and unbounded below
-    in θ (up to the tiny μ-term): the primal has no minimiser and a descent method diverges.
-    With two groups the rows of different gaps are disjoint and the bounds are exact,
-    −|A_c|/n <= d_c <= |B_c|/n; with more, a row sits on several gaps' sides and the
-    constraint object shares the bound among them (ConstraintSet.weight_bounds).
-    """
-    return groups.weight_bounds()
 
 
 def dual_newton_step(
@@ -218,7 +185,7 @@ def dual_newton_step(
     jac: np.ndarray,
     epsilon: float,
     c: float,
-    groups: Groups,
+    groups: ConstraintSet,
     previous: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Newton ascent on the dual in d_c = λ_c+ − λ_c− (one multiplier of a pair is 0 at the optimum).
@@ -230,7 +197,7 @@ def dual_newton_step(
     steeper where the secant slope observed since ``previous = (d, gaps)`` is, so the step
     errs short. A step does not cross 0 (the dual's kink: the other
     multiplier takes over from there on the next round), and d stays within
-    :func:`weight_bounds` (loss measure).
+    ``ConstraintSet.weight_bounds`` (loss measure).
     """
     lam = np.asarray(lam, dtype=np.float64)
     gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
@@ -247,7 +214,7 @@ def dual_newton_step(
     new = np.where((d != 0) & (np.sign(new) != np.sign(d)), 0.0, new)
     out = np.empty_like(lam)
     out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
-    return clip_multipliers(out, groups)
+    return groups.project(out)
 
 
 def secant_correction(d: np.ndarray, gaps: np.ndarray, jac: np.ndarray,
@@ -264,16 +231,11 @@ def secant_correction(d: np.ndarray, gaps: np.ndarray, jac: np.ndarray,
     return steeper
 
 
-def clip_multipliers(lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """λ >= 0 with each d_c within :func:`weight_bounds` (loss measure), λ_c± scaled down together."""
-    return groups.project(lam)
-
-
 def newton_dual_step(
     lam: np.ndarray,
     y: np.ndarray,
     z: np.ndarray,
-    groups: Groups,
+    groups: ConstraintSet,
     jac: np.ndarray | None,
     *,
     epsilon: float,
@@ -284,17 +246,17 @@ def newton_dual_step(
     """The server's dual step under ``optimizer = "newton"``: :func:`dual_newton_step` with the
     last round's subspace sensitivity, or the gradient step (β) before there is one; both
     clipped to keep the weights >= 0. A constraint whose d_c already sits at that bound takes
-    the unclipped gradient step instead (:func:`at_weight_bound`). ``previous``: (d, gaps)
+    the unclipped gradient step instead (``ConstraintSet.at_weight_bound``). ``previous``: (d, gaps)
     at the last dual step."""
     gaps = groups.gaps(y, z)
     if not past_bound_rule(groups):  # gaps share rows, or the kind keeps every weight > 0
         return groups.newton_dual(lam, gaps, jac, epsilon, beta, c)
     if jac is None:
-        return clip_multipliers(dual_step(lam, gaps, epsilon, beta, c), groups)
+        return groups.project(ConstraintSet.dual_step(lam, gaps, epsilon, beta, c))
     new = dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
-    past = at_weight_bound(lam, groups)
+    past = groups.at_weight_bound(lam)
     if past.any():
-        step = past_bound_step(lam, dual_step(lam, gaps, epsilon, beta, c), groups)
+        step = past_bound_step(lam, ConstraintSet.dual_step(lam, gaps, epsilon, beta, c), groups)
         for k in np.flatnonzero(past):
             new[2 * k:2 * k + 2] = step[2 * k:2 * k + 2]
     return new
@@ -304,7 +266,7 @@ def newton_dual_step(
 PAST_BOUND_SHARE = 0.1
 
 
-def past_bound_step(lam: np.ndarray, step: np.ndarray, groups: Groups) -> np.ndarray:
+def past_bound_step(lam: np.ndarray, step: np.ndarray, groups: ConstraintSet) -> np.ndarray:
     """The gradient step from a weight bound, moving each d_c by at most PAST_BOUND_SHARE of
     its bounds' width. Past the bound some rows' weights are <= 0, so their loss is held only
     by μ: on a small group the gap can then grow far beyond ε, and β times that gap would
@@ -321,23 +283,11 @@ def past_bound_step(lam: np.ndarray, step: np.ndarray, groups: Groups) -> np.nda
     return out
 
 
-def past_bound_rule(groups: Groups) -> bool:
-    """Does the dual step clip d to :func:`weight_bounds` and step past them by gradient
+def past_bound_rule(groups: ConstraintSet) -> bool:
+    """Does the dual step clip d to ``ConstraintSet.weight_bounds`` and step past them by gradient
     (the rule measured with ``deo`` on two groups), rather than the constraint's own
     fraction-to-the-boundary step (``ConstraintSet.newton_dual``)?"""
     return groups.newton_past_bound and groups.gaps_per_row() <= 1
-
-
-def at_weight_bound(lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """Per constraint: does d_c sit at (or past) :func:`weight_bounds`? (Loss measure; else none.)
-
-    From there the dual step is the paper's projected gradient step with β, unclipped: where
-    the constraint needs some rows' weights below 0 (Crime), λ moves past the bound by
-    β(|D_c| − ε) per round, and back once the gap is met. Small steps, because past the
-    bound f̃ is not convex in those rows' logits and the Newton step's sensitivity J, taken
-    at weights >= 0, says nothing about how far the primal then moves.
-    """
-    return groups.at_weight_bound(lam)
 
 
 def newton_server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fairness=True):
@@ -349,7 +299,7 @@ def newton_server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fa
         d = lam[0::2] - lam[1::2]
         lam = newton_dual_step(lam, y, z, groups, jac, epsilon=epsilon, beta=beta, c=c, previous=previous)
         previous = (d, gaps)
-    return lam, masked_weights(y, z, lam, groups), previous
+    return lam, groups.masked_weights(y, z, lam), previous
 
 
 #: Earlier moves searched along with each new direction. Without them the primal converges
@@ -372,7 +322,7 @@ class CentralisedNewton:
     tolerance: the yardstick of tests/test_newton.py.
     """
 
-    def __init__(self, x, y, groups: Groups, *, epsilon, beta, c, mu, memory=MEMORY, fairness=True):
+    def __init__(self, x, y, groups: ConstraintSet, *, epsilon, beta, c, mu, memory=MEMORY, fairness=True):
         self.x = with_bias(np.asarray(x, dtype=np.float64))  # intercept last, as an active party's
         self.y, self.groups = np.asarray(y, dtype=np.float64), groups
         self.epsilon, self.beta, self.c, self.mu, self.memory, self.fairness = epsilon, beta, c, mu, memory, fairness
@@ -390,7 +340,7 @@ class CentralisedNewton:
         self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,
                                                          fairness=self.fairness)
-        h = curvature(self.y, z, self.lam, self.groups)
+        h = self.groups.curvature(self.y, z, self.lam)
         hess = self.x.T @ (h[:, None] * self.x) + self.mu * np.eye(self.x.shape[1])
         dirs = [-np.linalg.solve(hess, self.x.T @ nu + self.mu * self.theta), *self.moves]
         D = np.column_stack(dirs)

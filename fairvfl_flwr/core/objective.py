@@ -13,8 +13,9 @@ The general masked weight is
     ν_i = o_i / n + m_i g_i,  m_i = Σ_c (λ_c+ − λ_c−) ([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|),
 
 with ``g_i = dq_i/dz_i``: ``o_i`` for ``loss`` (so ν_i = w_i o_i, w_i = 1/n + m_i) and
-``σ(z_i)(1 − σ(z_i))`` for ``rate``. The functions here are the objective's vocabulary
-for callers that hold a constraint object; each asks the object.
+``σ(z_i)(1 − σ(z_i))`` for ``rate``. The constraint object computes all of these
+(``ConstraintSet.masked_weights``, ``signed_weights``, ``dual_step``, ``gaps``); this module
+keeps what the server records each round.
 """
 
 from __future__ import annotations
@@ -23,45 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet, Gap
-from fairvfl_flwr.core.constraints.measures import logistic_loss, loss_derivative, measure, sigmoid
+from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
+from fairvfl_flwr.core.constraints.measures import logistic_loss, loss_derivative, sigmoid
 
-__all__ = ["CONSTRAINTS", "FORMS", "MEASURES", "Constraint", "Groups", "TrainStats", "constrained_values",
-           "dual_step", "logistic_loss", "loss_derivative", "loss_gap", "loss_gaps", "masked_weights", "row_weights",
-           "sigmoid", "train_stats"]
-
-#: The run's constraint object (every kind is a ConstraintSet); the name callers have always used.
-Groups = ConstraintSet
-#: One gap of a constraint: rows of group a against rows of group b.
-Constraint = Gap
-
-
-def constrained_values(y: np.ndarray, z: np.ndarray, measure_name: str) -> np.ndarray:
-    """Per-row q_i whose group means the constraints compare: the loss, or σ(z_i) for ``rate``."""
-    return measure(measure_name).values(y, z)
-
-
-def loss_gap(losses: np.ndarray, groups: Groups) -> float:
-    """D(θ) of the first constraint: mean loss over N^a minus mean loss over N^b."""
-    return float(losses[groups.in_a].mean() - losses[groups.in_b].mean())
-
-
-def loss_gaps(losses: np.ndarray, groups: Groups) -> np.ndarray:
-    """D_c(θ) of every constraint, in multiplier order, from the per-row values q (losses by default)."""
-    return groups.gaps_of(losses)
-
-
-dual_step = ConstraintSet.dual_step
-
-
-def row_weights(lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """Per-row factor w_i with ν_i = w_i o_i: 1/n plus ±(λ_c+ − λ_c−)/|A_c|, /|B_c| per constraint."""
-    return groups.signed_weights(lam)
-
-
-def masked_weights(y: np.ndarray, z: np.ndarray, lam: np.ndarray, groups: Groups) -> np.ndarray:
-    """ν = ∂f̃/∂z: the only thing a passive party receives (docs/algorithm.md, One round, step 3)."""
-    return groups.masked_weights(y, z, lam)
+__all__ = ["CONSTRAINTS", "FORMS", "MEASURES", "TrainStats", "logistic_loss", "loss_derivative", "sigmoid",
+           "train_stats"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +49,7 @@ class TrainStats:
         return max((abs(g) for g in self.gaps), default=abs(self.gap))
 
 
-def train_stats(y: np.ndarray, z: np.ndarray, groups: Groups) -> TrainStats:
+def train_stats(y: np.ndarray, z: np.ndarray, groups: ConstraintSet) -> TrainStats:
     losses = logistic_loss(y, z)
     gaps = groups.gaps_of(groups.q.values(y, z, losses))  # = groups.gaps(y, z), one loss pass
     return TrainStats(loss=float(losses.mean()), gap=float(gaps[0]), gaps=tuple(float(g) for g in gaps))

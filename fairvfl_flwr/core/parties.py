@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.core.batching import batch_groups
-from fairvfl_flwr.core.objective import Groups, masked_weights
+from fairvfl_flwr.core.constraints import ConstraintSet
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ActiveParty(Party):
     """A party that also holds y and s, and takes several steps per round."""
 
     y: np.ndarray | None = None
-    groups: Groups | None = None
+    groups: ConstraintSet | None = None
 
     def local_steps(
         self, z: np.ndarray, lam: np.ndarray, steps: int, time_budget: float = 0.0, rows: np.ndarray | None = None
@@ -75,7 +75,7 @@ class ActiveParty(Party):
         others = z - self.block.forward(x)
         taken = 0
         for _ in range(steps):
-            nu = masked_weights(y, others + self.block.forward(x), lam, groups)
+            nu = groups.masked_weights(y, others + self.block.forward(x), lam)
             self.block.step(x, nu, self.lr, self.mu)
             taken += 1
             if time_budget > 0:

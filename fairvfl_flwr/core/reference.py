@@ -15,20 +15,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.batching import batch_groups
 from fairvfl_flwr.core.blocks import build_block
 from fairvfl_flwr.core.models import gradient_step
 from fairvfl_flwr.core.newton import (
     MEMORY,
     block_direction,
-    curvature,
     newton_server_step,
     party_curvature,
     subspace_gap_jacobian,
     subspace_step,
     with_bias,
 )
-from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.core.parties import ActiveParty, Party
 from fairvfl_flwr.core.step import server_step
 
@@ -37,7 +36,7 @@ def lagrangian(
     models: Sequence[nn.Module],
     blocks: Sequence[torch.Tensor],
     y: np.ndarray,
-    groups: Groups,
+    groups: ConstraintSet,
     lam: np.ndarray,
     epsilon: float,
     c: float,
@@ -106,7 +105,7 @@ class NumpyFloor:
     ν, the active party's Q steps on z̃); the floor every other mode is compared with.
     """
 
-    def __init__(self, blocks, y, groups: Groups, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True):
+    def __init__(self, blocks, y, groups: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True):
         self.X = [np.ascontiguousarray(b) for b in blocks]
         self.y, self.groups = y.astype(np.float64), groups
         self.epsilon, self.beta, self.c, self.mu, self.lr, self.Q, self.active = epsilon, beta, c, mu, lr, Q, active
@@ -130,7 +129,7 @@ class NumpyFloor:
             if k < self.active:
                 others = z - self.u[k]
                 for _ in range(self.Q):
-                    nu_k = masked_weights(self.y, others + self._u(k, x), self.lam, self.groups)
+                    nu_k = self.groups.masked_weights(self.y, others + self._u(k, x), self.lam)
                     self.theta[k] -= self.lr * (x.T @ nu_k + self.mu * self.theta[k])
                     self.bias[k] -= self.lr * (nu_k.sum() + self.mu * self.bias[k])
             else:
@@ -147,7 +146,7 @@ class NewtonFloor(NumpyFloor):
     the server; ``nu``, ``const``: derived by the party). ``lr`` and ``Q`` are unused.
     """
 
-    def __init__(self, blocks, y, groups: Groups, *, curvature="nu", memory=MEMORY, dual="newton", **kw):
+    def __init__(self, blocks, y, groups: ConstraintSet, *, curvature="nu", memory=MEMORY, dual="newton", **kw):
         super().__init__(blocks, y, groups, **kw)
         self.curvature, self.memory, self.dual = curvature, memory, dual
         self.jac, self.previous = None, None
@@ -167,7 +166,7 @@ class NewtonFloor(NumpyFloor):
         else:
             self.lam, nu = _dual_step(self, z)
         n = len(z)
-        h_exact = curvature(self.y, z, self.lam, self.groups)
+        h_exact = self.groups.curvature(self.y, z, self.lam)
         h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
         dirs, du, owner = [], [], []
         for k, x in enumerate(self.X):
@@ -201,7 +200,7 @@ class PartyFloor:
     process: the server's dual step and ν, then the parties' own step code
     (``core/parties.py``), float64, no messages. The app's parties run the same code."""
 
-    def __init__(self, blocks, y, groups: Groups, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True,
+    def __init__(self, blocks, y, groups: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True,
                  model="mlp", hidden=16, optimizer="gd", seed=0, test_blocks=None):
         self.y, self.groups = y.astype(np.float64), groups
         self.epsilon, self.beta, self.c, self.Q, self.fairness, self.active = epsilon, beta, c, Q, fairness, active

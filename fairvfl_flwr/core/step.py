@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.core.objective import Groups, dual_step, masked_weights
+from fairvfl_flwr.core.constraints import ConstraintSet
 
 
 def server_step(
     lam: np.ndarray,
     y: np.ndarray,
     z: np.ndarray,
-    groups: Groups,
+    groups: ConstraintSet,
     *,
     epsilon: float,
     beta: float,
@@ -25,5 +25,5 @@ def server_step(
     Returns ``(λ, ν)``.
     """
     if fairness:
-        lam = dual_step(lam, groups.gaps(y, z), epsilon, beta, c)
-    return lam, masked_weights(y, z, lam, groups)
+        lam = ConstraintSet.dual_step(lam, groups.gaps(y, z), epsilon, beta, c)
+    return lam, groups.masked_weights(y, z, lam)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.core.objective import Groups
 from fairvfl_flwr.data.partition import split_columns
 from fairvfl_flwr.data.tables import FairDataset, ids_digest, load_csv, load_dataset
 
@@ -57,9 +57,9 @@ def group_options(cfg: RunConfig) -> dict:
 
 
 def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int,
-                      names: tuple[str, ...] | None = None) -> Groups:
+                      names: tuple[str, ...] | None = None) -> ConstraintSet:
     """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s)."""
-    return Groups.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure, names=names,
+    return ConstraintSet.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure, names=names,
                               **group_options(cfg))
 
 
@@ -104,12 +104,12 @@ class ServerLabels:
     options: dict | None = None
 
     @property
-    def groups(self) -> Groups:
+    def groups(self) -> ConstraintSet:
         """DEO's groups; use :meth:`groups_for` for the run's constraint set."""
         return self.groups_for("deo")
 
-    def groups_for(self, constraint: str, measure: str = "loss") -> Groups:
-        return Groups.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
+    def groups_for(self, constraint: str, measure: str = "loss") -> ConstraintSet:
+        return ConstraintSet.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
                                   names=self.group_names, **(self.options or {}))
 
 
@@ -122,7 +122,7 @@ def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels
     )
 
 
-def party_problem(cfg: RunConfig) -> tuple[FairDataset, list[np.ndarray], Groups]:
+def party_problem(cfg: RunConfig) -> tuple[FairDataset, list[np.ndarray], ConstraintSet]:
     """The dataset, each party's training block (its columns, contiguous) and the constraint groups:
     the problem a run config describes, as the one-process references (core/reference.py) take it."""
     ds = load_data(cfg)

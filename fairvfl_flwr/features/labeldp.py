@@ -41,9 +41,8 @@ from logging import INFO
 import numpy as np
 from flwr.supercore import log
 
+from fairvfl_flwr.core.constraints import ConstraintSet, sensitivity
 from fairvfl_flwr.core.errors import ConfigError
-from fairvfl_flwr.core.constraints import sensitivity
-from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
 __all__ = ["HIGH_ORDERS", "LabelDP", "epsilon_spent", "min_group_size", "noise_multiplier_for", "sensitivity"]
@@ -82,7 +81,7 @@ def noise_multiplier_for(epsilon: float, delta: float, steps: int, sample_rate: 
                                             steps=steps, accountant="rdp", alphas=_alphas(acc)))
 
 
-def min_group_size(groups: Groups) -> int:
+def min_group_size(groups: ConstraintSet) -> int:
     """The smallest constraint group of the data."""
     return groups.smallest_group()
 
@@ -95,7 +94,7 @@ class LabelDP(RoundHook):
     ``secret``: the noise key (tests); None draws 32 fresh bytes from the OS.
     """
 
-    def __init__(self, groups: Groups, *, epsilon: float, delta: float, rounds: int,
+    def __init__(self, groups: ConstraintSet, *, epsilon: float, delta: float, rounds: int,
                  lambda_bound: float, min_group: int = 0, fairness: bool = True, secret: bytes | None = None) -> None:
         self.n = groups.n
         self.epsilon, self.delta, self.rounds = float(epsilon), float(delta), int(rounds)
@@ -125,7 +124,7 @@ class LabelDP(RoundHook):
             # The bound on ν's sensitivity needs |λ_c+ − λ_c−| ≤ Λ; the clipped λ is the server's
             # λ from here on, so the dual ascent is projected onto [0, Λ].
             server.set_lambda(np.minimum(server.lam, self.lambda_bound))
-            nu = masked_weights(server.labels.y_train, server.z("train"), server.lam, server.groups)
+            nu = server.groups.masked_weights(server.labels.y_train, server.z("train"), server.lam)
         self.released = max(self.released, server_round)
         return nu + self.noise(server_round, len(nu))
 

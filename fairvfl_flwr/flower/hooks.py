@@ -41,8 +41,8 @@ import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.objective import Groups
 from fairvfl_flwr.data.problem import ServerLabels
 
 
@@ -103,7 +103,7 @@ class ServerView:
     # -- what a hook may read ---------------------------------------------------------
     cfg: Reads[RunConfig] = Reads()
     labels: Reads[ServerLabels] = Reads()
-    groups: Reads[Groups] = Reads()
+    groups: Reads[ConstraintSet] = Reads()
     wire_dtype: Reads[np.dtype] = Reads()
     #: The round training ends with (an algorithm that converged lowers it).
     last_round: Reads[int] = Reads()

@@ -19,8 +19,8 @@ from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.blocks import as_dtype, build_block
-from fairvfl_flwr.core.objective import Groups
 from fairvfl_flwr.core.parties import ActiveParty, Party
 from fairvfl_flwr.data.partydata import PartySpec, load_party, own_table_spec, party_spec
 from fairvfl_flwr.data.problem import constraint_groups
@@ -48,7 +48,7 @@ class PartyData:
     X_test: np.ndarray
     ids_digest: str
     y: np.ndarray | None = None
-    groups: Groups | None = None
+    groups: ConstraintSet | None = None
 
 
 @functools.lru_cache(maxsize=16)

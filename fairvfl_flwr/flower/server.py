@@ -34,9 +34,9 @@ from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.core.newton import smooth_part
-from fairvfl_flwr.core.objective import Groups, TrainStats, train_stats
+from fairvfl_flwr.core.objective import TrainStats, train_stats
 from fairvfl_flwr.core.stopping import StopRule
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import checks, exchange
@@ -100,7 +100,7 @@ class VFLServer:
     ) -> None:
         self.cfg = config
         self.labels = labels
-        self.groups: Groups = labels.groups_for(config.constraint, config.constraint_measure)
+        self.groups: ConstraintSet = labels.groups_for(config.constraint, config.constraint_measure)
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.view = ServerView(self)  # what the hooks see of this server
@@ -294,7 +294,7 @@ class VFLServer:
         """F at the current λ: φ(z) + (μ/2) Σ_k ‖θ_k‖², by default of the held logits and norms."""
         z = self.z("train") if z is None else z
         sq_norm = sum(self.sq_norms.values()) if sq_norm is None else sq_norm
-        return smooth_part(self.labels.y_train, z, self.lam, self.groups) + 0.5 * self.mu * sq_norm
+        return self.groups.smooth_part(self.labels.y_train, z, self.lam) + 0.5 * self.mu * sq_norm
 
     def converged(self, f_before: float, z_after: np.ndarray) -> bool:
         """Feed the round just folded (F before its steps, the logits after) to the stop rule."""
@@ -397,7 +397,7 @@ class VFLServer:
     def evaluates(self, server_round: int) -> bool:
         return server_round % self.cfg.eval_every == 0 or server_round == self.last_round
 
-    def batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, Groups]:
+    def batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, ConstraintSet]:
         """Labels, scores and constraint groups on the batch ``rows``."""
         z = self.z("train")
         if self.held_rows is None:  # an evaluation round's replies held every row

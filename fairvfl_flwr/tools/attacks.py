@@ -51,8 +51,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.newton import party_curvature
-from fairvfl_flwr.core.objective import Groups, masked_weights
 from fairvfl_flwr.features.secagg import decode, mask
 
 #: Singular values kept, relative to the largest: below it is the float32 wire's rounding (6e-8
@@ -149,9 +149,9 @@ def server_gram_attack(server_rounds: list[dict], pid: int, eta: float, mu: floa
     return gram_attack(u, nu, eta, mu, max_rank)
 
 
-def active_nu(z: np.ndarray, lam: np.ndarray, y: np.ndarray, groups: Groups, wire_dtype: str = "float32") -> np.ndarray:
+def active_nu(z: np.ndarray, lam: np.ndarray, y: np.ndarray, groups: ConstraintSet, wire_dtype: str = "float32") -> np.ndarray:
     """ν as the server computed it, from what the active party holds (y, s) and receives (z, λ)."""
-    return masked_weights(y, z.astype(np.float64), lam.astype(np.float64), groups).astype(wire_dtype).astype(np.float64)
+    return groups.masked_weights(y, z.astype(np.float64), lam.astype(np.float64)).astype(wire_dtype).astype(np.float64)
 
 
 def active_sums(active_rounds: list[dict]) -> dict[int, np.ndarray]:
@@ -161,7 +161,7 @@ def active_sums(active_rounds: list[dict]) -> dict[int, np.ndarray]:
             for t in by_round if "z" in by_round[t] and t - 1 in by_round and "own-u" in by_round[t - 1]}
 
 
-def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: Groups, eta: float, mu: float,
+def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: ConstraintSet, eta: float, mu: float,
                        noise=None, wire_dtype: str = "float32", max_rank: int | None = None) -> GramEstimate:
     """The active party on the passive parties' sum S = z − u_active.
 

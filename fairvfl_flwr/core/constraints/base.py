@@ -328,6 +328,8 @@ class ConstraintSet:
     def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Per gap, the interval of d_c = λ_c+ − λ_c− that keeps every row weight w_i >= 0.
 
+        For the loss measure, w_i < 0 makes f̃ concave in those rows' logits and unbounded below
+        in θ (up to the tiny μ-term): the primal has no minimiser and a descent method diverges.
         A row on P gap sides gets P terms ±d_c/|side|; keeping each above −1/(nP) keeps
         the sum above −1/n: −|A_c|/(nP) <= d_c <= |B_c|/(nP). With two groups P = 1 and
         these are the exact bounds.
@@ -352,7 +354,14 @@ class ConstraintSet:
         return lam * np.repeat(scale, 2)
 
     def at_weight_bound(self, lam: np.ndarray) -> np.ndarray:
-        """Per gap: does d_c sit at (or past) :meth:`weight_bounds`? (None where the measure allows w < 0.)"""
+        """Per gap: does d_c sit at (or past) :meth:`weight_bounds`? (None where the measure allows w < 0.)
+
+        From there block Newton's dual step is the paper's projected gradient step with β,
+        unclipped: where the constraint needs some rows' weights below 0 (Crime), λ moves past
+        the bound by β(|D_c| − ε) per round, and back once the gap is met. Small steps, because
+        past the bound f̃ is not convex in those rows' logits and the Newton step's sensitivity
+        J, taken at weights >= 0, says nothing about how far the primal then moves.
+        """
         if not self.q.needs_nonnegative_weights:
             return np.zeros(len(self.constraints), dtype=bool)
         lo, hi = self.weight_bounds()
@@ -446,7 +455,13 @@ class ConstraintSet:
         return float(logistic_loss(y, z).mean() + m @ self.values(y, z))
 
     def curvature(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
-        """φ''(z_i) clipped at 0: the PSD per-row curvature of f̃ in z."""
+        """φ''(z_i) clipped at 0: the PSD per-row curvature of f̃ in z.
+
+        Loss measure: max(w_i, 0) σ'(z_i); rate measure: max(σ'/n + m_i σ'(1 − 2σ), 0).
+        Sent to a passive party (``curvature = "exact"``), h_i with ν_i gives w_i = ν_i²/(|ν_i| − h_i)
+        on the loss measure: the row's group weight, hence its group among the constrained
+        rows once λ ≠ 0, and σ(z_i)(1 − σ(z_i)), hence |z_i|.
+        """
         return self.q.curvature(y, z, self.signed_weights(lam), self.n)
 
     def gap_directions(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:

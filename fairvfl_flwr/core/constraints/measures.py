@@ -38,7 +38,7 @@ class Measure:
     #: max |dq_i/dz_i| (label DP: how far one row's weight change moves ν)
     slope_bound = 1.0
     #: Does the primal need every row weight w_i >= 0? (For the loss, w_i < 0 makes f̃
-    #: concave and unbounded below in those rows' logits; core/newton.weight_bounds.)
+    #: concave and unbounded below in those rows' logits; ConstraintSet.weight_bounds.)
     needs_nonnegative_weights = False
 
     def values(self, y: np.ndarray, z: np.ndarray, losses: np.ndarray | None = None) -> np.ndarray:
@@ -54,7 +54,7 @@ class Measure:
         raise NotImplementedError
 
     def curvature(self, y: np.ndarray, z: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
-        """φ''(z_i) clipped at 0 (core/newton.curvature)."""
+        """φ''(z_i) clipped at 0 (ConstraintSet.curvature)."""
         raise NotImplementedError
 
     def row_bound(self, n: int, weight_bound: float) -> float:
