@@ -5,10 +5,10 @@
 
 Writes K raw tables of made-up customers (each holds ``overlap`` · N common ids and its own
 others, shuffled; one number and one category column each, the label owner also the label
-and the group) and runs the alignment step of a run (features/alignment.align_tables: the
+and the group) and runs the alignment step of a run (jobs/alignment.align_tables: the
 PSI, the split and every party's local preparation) over the in-process grid, with each
 party answering on its own thread as over a SuperLink. ``--workers`` caps the processes a
-party's PSI work is spread over (0: every core; data/align.py). Prints the alignment's wall
+party's PSI work is spread over (0: every core; data/psi.py). Prints the alignment's wall
 time and CPU time (this process and the PSI worker processes), the bytes the server
 relayed, and checks the common rows against the truth.
 
@@ -60,17 +60,17 @@ def cpu_seconds() -> float:
 
 def library_costs(n: int) -> dict:
     """Seconds of one core per id: blinding (hash onto the curve and one multiplication) and
-    raising (one multiplication), through data/align.py's wrappers, in one process."""
-    from fairvfl_flwr.data import align
+    raising (one multiplication), through data/psi.py's wrappers, in one process."""
+    from fairvfl_flwr.data import psi
 
-    os.environ[align.WORKERS_ENV] = "1"
+    os.environ[psi.WORKERS_ENV] = "1"
     ids = np.char.add("cust-", np.arange(n).astype(str))
-    key, other = align.psi_key(), align.psi_key()
+    key, other = psi.psi_key(), psi.psi_key()
     t0 = time.process_time()
-    blinded = align.psi_blind(ids, key)
+    blinded = psi.psi_blind(ids, key)
     blind = (time.process_time() - t0) / n
     t0 = time.process_time()
-    align.psi_raise(blinded, other)
+    psi.psi_raise(blinded, other)
     return {"blind": blind, "raise": (time.process_time() - t0) / n}
 
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["FAIRVFL_PSI_WORKERS"] = str(a.workers)
     from fairvfl_flwr.app.client import app as client_app
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.features.alignment import align_tables
+    from fairvfl_flwr.jobs.alignment import align_tables
     from fairvfl_flwr.flower.inprocess import InProcessGrid
 
     with tempfile.TemporaryDirectory() as tmp:

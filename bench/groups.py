@@ -48,7 +48,7 @@ from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
 from fairvfl_flwr.data.problem import constraint_groups, load_data  # noqa: E402
-from fairvfl_flwr.features.scores import SCORES  # noqa: E402
+from fairvfl_flwr.features.final_logits import SCORES  # noqa: E402
 from fairvfl_flwr.tools.baselines import EG_MOMENTS, eg_predict, group_metrics, regroup  # noqa: E402
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
 

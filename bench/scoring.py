@@ -79,7 +79,7 @@ def prepare(work: Path, table: str, rows: int, train_rounds: int) -> dict:
     import pandas as pd
 
     from fairvfl_flwr.app.run import run_inprocess
-    from fairvfl_flwr.data import blocks, synthetic
+    from fairvfl_flwr.data import model_files, synthetic
     from fairvfl_flwr.data.tables import DATASETS, packaged_file
 
     if table == "synthetic":
@@ -93,7 +93,7 @@ def prepare(work: Path, table: str, rows: int, train_rounds: int) -> dict:
         table_["row_id"] = np.arange(rows)
     files = []
     for k in range(K):
-        meta = json.loads((folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK_META).read_text())
+        meta = json.loads((folder / model_files.PARTIES / f"partition-{k}" / model_files.BLOCK_META).read_text())
         raw_cols = list(dict.fromkeys(meta["preprocessing"]["raw"]))
         if table == "adult":
             part = table_[["row_id", *raw_cols]]
@@ -116,10 +116,10 @@ def score_job(work: Path, table: str, model: str, chunk: int) -> dict:
     from fairvfl_flwr.app.client import app as client_app
     from fairvfl_flwr.app.server import run_server
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.data import preprocess
+    from fairvfl_flwr.data import encoding
     from fairvfl_flwr.flower.inprocess import InProcessGrid
 
-    from fairvfl_flwr.features import scoring
+    from fairvfl_flwr.jobs import scoring
 
     os.environ["FAIRVFL_CACHE_DIR"] = str(work / "cache-inprocess")
     base = peak_rss_mib()
@@ -133,7 +133,7 @@ def score_job(work: Path, table: str, model: str, chunk: int) -> dict:
 
     scoring.write_predictions = timed_write
     for run in ("cold", "warm"):
-        preprocess.clear_cache()  # as a fresh process per run would
+        encoding.clear_cache()  # as a fresh process per run would
         cfg = RunConfig.from_flower(score_config(table, work, model, chunk, work / f"score-{run}"))
         grid = InProcessGrid(client_app, cfg.to_flower(), K)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -249,12 +249,12 @@ def one_party(path: str, model: str, k: int, chunk: int) -> dict:
     import torch
 
     from fairvfl_flwr.core.models import build_model
-    from fairvfl_flwr.data import blocks
-    from fairvfl_flwr.data.preprocess import Preprocessing, read_columns, rows_from_frame
+    from fairvfl_flwr.data import model_files
+    from fairvfl_flwr.data.encoding import Preprocessing, read_columns, rows_from_frame
 
     torch.set_num_threads(1)
     base = peak_rss_mib()
-    arrays, meta = blocks.load_block(Path(model) / blocks.PARTIES / f"partition-{k}", f"party {k}")
+    arrays, meta = model_files.load_block(Path(model) / model_files.PARTIES / f"partition-{k}", f"party {k}")
     t0 = time.perf_counter()
     pre = Preprocessing.from_dict(meta["preprocessing"])
     rows = rows_from_frame(read_columns(path, ["row_id", *pre.raw_columns], path), "row_id", pre, path)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.data import blocks
+from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.tools import report
@@ -51,8 +51,8 @@ def main() -> None:
     if a.docs:
         docs = Path(a.docs)
         docs.mkdir(parents=True, exist_ok=True)
-        shutil.copy(folder / blocks.RUN_CARD, docs / "model-card.md")
-        shutil.copy(folder / blocks.PARTIES / "partition-0" / blocks.PARTY_CARD, docs / "party-0-card.md")
+        shutil.copy(folder / model_files.RUN_CARD, docs / "model-card.md")
+        shutil.copy(folder / model_files.PARTIES / "partition-0" / model_files.PARTY_CARD, docs / "party-0-card.md")
         for name in ("report.json", "report.png"):
             shutil.copy(score_folder / name, docs / name)
         lines = (score_folder / "predictions.csv").read_text().splitlines()[:11]

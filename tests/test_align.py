@@ -14,9 +14,9 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
-from fairvfl_flwr.data.align import TRAIN_CODE, split_common
+from fairvfl_flwr.data.psi import TRAIN_CODE, split_common
 from fairvfl_flwr.data.partydata import label_table
-from fairvfl_flwr.data.prepare import normalise_ids, prepare_block
+from fairvfl_flwr.data.own_table import normalise_ids, prepare_block
 from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -270,36 +270,36 @@ def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_pa
 
 
 def test_psi_spread_over_processes_finds_the_same_rows(monkeypatch):
-    from fairvfl_flwr.data import align
+    from fairvfl_flwr.data import psi
 
     a = np.array([f"id{i}" for i in range(0, 700)])
     b = np.array([f"id{i}" for i in range(350, 1200)])[::-1]
     for workers in ("1", "3"):
-        monkeypatch.setenv(align.WORKERS_ENV, workers)
-        monkeypatch.setattr(align, "CHUNK", 100)
-        ka, kb = align.psi_key(), align.psi_key()
-        mine, theirs = align.psi_blind(a, ka), align.psi_blind(b, kb)
-        found = align.positions_in(align.psi_raise(mine, kb), align.psi_raise(theirs, ka))
+        monkeypatch.setenv(psi.WORKERS_ENV, workers)
+        monkeypatch.setattr(psi, "CHUNK", 100)
+        ka, kb = psi.psi_key(), psi.psi_key()
+        mine, theirs = psi.psi_blind(a, ka), psi.psi_blind(b, kb)
+        found = psi.positions_in(psi.psi_raise(mine, kb), psi.psi_raise(theirs, ka))
         assert np.array_equal(np.flatnonzero(found >= 0), np.arange(350, 700)), workers
         assert np.array_equal(b[found[350:700]], a[350:700]), workers  # where in the other's list
 
 
 def test_a_party_learns_its_common_rows_in_the_agreed_order_from_positions_in_its_shuffled_list():
-    from fairvfl_flwr.data import align
+    from fairvfl_flwr.data import psi
     from fairvfl_flwr.data.partydata import PartySpec
 
     leader = np.array([f"c{i}" for i in range(40)] + [f"l{i}" for i in range(30)])
     mine = np.random.default_rng(0).permutation(np.array([f"c{i}" for i in range(40)] + [f"m{i}" for i in range(25)]))
-    ka = align.psi_key()
-    theirs, kb, order = align.blind_step(mine, shuffle=True)
+    ka = psi.psi_key()
+    theirs, kb, order = psi.blind_step(mine, shuffle=True)
     assert not np.array_equal(order, np.arange(len(mine)))
-    found = align.positions_in(align.psi_raise(align.psi_blind(leader, ka), kb), align.psi_raise(theirs, ka))
-    rows = align.agreed_rows(leader, found >= 0, {1: 40}, 1)
+    found = psi.positions_in(psi.psi_raise(psi.psi_blind(leader, ka), kb), psi.psi_raise(theirs, ka))
+    rows = psi.agreed_rows(leader, found >= 0, {1: 40}, 1)
     spec = PartySpec(partition_id=1, role="passive")
-    got = align.my_common_rows(spec, mine, np.sort(found[rows]), order, len(rows))
+    got = psi.my_common_rows(spec, mine, np.sort(found[rows]), order, len(rows))
     assert list(mine[got]) == list(leader[rows]) == sorted(f"c{i}" for i in range(40))
     with pytest.raises(DataError, match="party 1"):
-        align.my_common_rows(spec, mine, np.sort(found[rows])[:-1], order, len(rows))
+        psi.my_common_rows(spec, mine, np.sort(found[rows])[:-1], order, len(rows))
 
 
 def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path):
@@ -404,7 +404,7 @@ def test_parquet_ids_stored_as_numbers_read_as_the_csv_reads_them(tmp_path):
 
 
 def test_a_parquet_table_without_an_engine_is_refused_naming_the_file_and_the_package(tmp_path, monkeypatch):
-    from fairvfl_flwr.data.prepare import read_table
+    from fairvfl_flwr.data.own_table import read_table
 
     (tmp_path / "t.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
@@ -417,8 +417,8 @@ def test_own_tables_with_several_sensitive_columns_give_the_server_every_combina
     """adult-sex-race: the label owner's table holds sex and race; each combination over the
     common rows is a group (sorted names, as data/tables.py names them), coded the same for
     the server and the label owner; the run trains under the G-group constraint."""
-    from fairvfl_flwr.features.alignment import align_tables
-    from fairvfl_flwr.data.align import TEST_CODE
+    from fairvfl_flwr.jobs.alignment import align_tables
+    from fairvfl_flwr.data.psi import TEST_CODE
 
     folder, raw, held = own_tables
     columns = [["age", "workclass", "education", "sex", "race", "income"], PARTY_COLUMNS[1],
@@ -443,7 +443,7 @@ def test_own_tables_with_several_sensitive_columns_give_the_server_every_combina
 
 
 def test_common_score_rows_come_in_one_order_whatever_other_ids_a_party_holds():
-    from fairvfl_flwr.data.preprocess import ScoreRows, common_score_rows, ids_digest
+    from fairvfl_flwr.data.encoding import ScoreRows, common_score_rows, ids_digest
 
     def rows(ids):
         ids = np.asarray(ids)
@@ -458,7 +458,7 @@ def test_common_score_rows_come_in_one_order_whatever_other_ids_a_party_holds():
 
 
 def test_a_label_owners_sensitive_columns_never_become_features():
-    from fairvfl_flwr.data.align import feature_columns
+    from fairvfl_flwr.data.psi import feature_columns
     from fairvfl_flwr.data.partydata import party_spec
 
     node = {"partition-id": 0, "role": "active", "table-path": "t.csv", "id-column": "id", "label-column": "y",
@@ -497,7 +497,7 @@ def test_missing_values_in_a_partys_table_are_refused_or_filled_by_the_named_rul
 
 
 def test_a_label_owner_cannot_contribute_its_label_as_a_feature():
-    from fairvfl_flwr.data.align import feature_columns
+    from fairvfl_flwr.data.psi import feature_columns
     from fairvfl_flwr.data.partydata import PartySpec
 
     spec = PartySpec(partition_id=0, role="active", table_path="t.csv", label_column="income",

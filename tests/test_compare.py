@@ -13,7 +13,7 @@ from fairvfl_flwr.tools.compare_tables import table_markdown
 from fairvfl_flwr.tools.paper import PAPER_EPSILONS, fairvfl_name, paper_tables
 from fairvfl_flwr.data.tables import load_dataset
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.features.scores import load_scores
+from fairvfl_flwr.features.final_logits import load_scores
 
 
 def _extras():

@@ -76,7 +76,7 @@ def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
 
 
 CODE_PATH = re.compile(
-    r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|features|algorithms|data|tools|config)/[\w/]+\.py)")
+    r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|features|jobs|algorithms|data|tools|config)/[\w/]+\.py)")
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if "results" not in p.parts], ids=lambda p: str(p.relative_to(REPO)))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.serverapp.strategy import Strategy
 
-from fairvfl_flwr import features
+from fairvfl_flwr import features, jobs
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import HOOK_ORDER, build_server
@@ -24,10 +24,11 @@ from fairvfl_flwr.flower.server import VFLServer
 
 def _feature_hooks() -> set[type]:
     found = set()
-    for info in pkgutil.iter_modules(features.__path__):
-        module = importlib.import_module(f"{features.__name__}.{info.name}")
-        found |= {c for c in vars(module).values()
-                  if isinstance(c, type) and issubclass(c, RoundHook) and c.__module__ == module.__name__}
+    for package in (features, jobs):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            found |= {c for c in vars(module).values()
+                      if isinstance(c, type) and issubclass(c, RoundHook) and c.__module__ == module.__name__}
     return found
 
 

@@ -7,6 +7,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,14 @@ def test_import_linter_contracts_are_kept():
     done = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def test_the_independence_contract_lists_every_feature():
+    """A feature left out of the contract could quietly start importing another."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    listed = next(c["modules"] for c in contracts if c["name"] == "Features are independent of each other")
+    features = {f"fairvfl_flwr.features.{p.stem}" for p in (PACKAGE / "features").glob("*.py") if p.stem != "__init__"}
+    assert set(listed) == features
 
 
 # The only deferred imports: torch-backed modules, loaded where a run needs torch (the MLP,
@@ -57,7 +66,7 @@ def test_no_private_name_imported_across_modules():
 
 
 def test_the_round_loop_and_the_algorithms_name_no_feature():
-    features = [p.stem for p in (PACKAGE / "features").glob("*.py") if p.stem != "__init__"]
+    features = [p.stem for layer in ("features", "jobs") for p in (PACKAGE / layer).glob("*.py") if p.stem != "__init__"]
     words = set(features) | {"ckks", "secure_nu", "nu_noise", "checkpoint", "resume", "record_view", "staleness",
                              "straggler", "scores", "secure_aggregation", "transcript_dir"}
     for rel in ("flower/server.py", "flower/hooks.py", "algorithms/fairvfl.py", "algorithms/newton.py",
@@ -67,7 +76,8 @@ def test_the_round_loop_and_the_algorithms_name_no_feature():
         names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         modules = {(n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not names & words, f"{rel} names a feature: {sorted(names & words)}"
-        assert not any(m.startswith("fairvfl_flwr.features") for m in modules), f"{rel} imports a feature"
+        assert not any(m.startswith(("fairvfl_flwr.features", "fairvfl_flwr.jobs")) for m in modules), \
+            f"{rel} imports a feature or a job"
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.data.partydata import PartySpec, label_arrays
-from fairvfl_flwr.data.prepare import prepare_block, read_table
+from fairvfl_flwr.data.own_table import prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError, blank_markers
 from fairvfl_flwr.tools import preflight
 

@@ -155,28 +155,3 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_a
     assert "n/a (ciphertext)" in table([r])
 
 
-# -- PSI row alignment ------------------------------------------------------------------
-def test_psi_pair_finds_exactly_the_intersection_and_sends_no_ids():
-    pytest.importorskip("private_set_intersection")
-    from fairvfl_flwr.tools.psi import psi_pair
-
-    client = [f"person-{i}" for i in range(0, 300, 2)]
-    server = [f"person-{i}" for i in range(0, 300, 3)]
-    idx, t = psi_pair(client, server)
-    assert sorted(client[i] for i in idx) == sorted(set(client) & set(server))
-    for blob in (t.setup, t.request, t.response):
-        assert b"person-" not in blob  # ids travel blinded only
-    size, _ = psi_pair(client, server, reveal=False)  # cardinality-only mode: the client learns just the size
-    assert size == len(set(client) & set(server))
-
-
-def test_align_several_parties():
-    pytest.importorskip("private_set_intersection")
-    from fairvfl_flwr.tools.psi import align
-
-    rng = np.random.default_rng(0)
-    universe = [f"id{i}" for i in range(400)]
-    parties = [list(rng.choice(universe, size=300, replace=False)) for _ in range(4)]
-    result = align(parties)
-    assert result.common == sorted(set.intersection(*map(set, parties)))
-    assert len(result.pairs) == 3 and result.bytes > 0

@@ -17,9 +17,9 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.data import blocks, partydata
+from fairvfl_flwr.data import model_files, partydata
 from fairvfl_flwr.features import checkpoint
-from fairvfl_flwr.data.preprocess import Preprocessing, packaged_test_frame
+from fairvfl_flwr.data.encoding import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
@@ -58,7 +58,7 @@ def _raw_files(rc: dict, model_from: Path, out: Path, edit=None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     configs = []
     for k in range(cfg.num_parties):
-        meta = json.loads((model_from / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK_META).read_text())
+        meta = json.loads((model_from / model_files.PARTIES / f"partition-{k}" / model_files.BLOCK_META).read_text())
         raw = list(dict.fromkeys(meta["preprocessing"]["raw"]))
         table = df[[id_column, *raw]].sample(frac=1.0, random_state=k)  # the id column under the table's name
         if edit is not None:
@@ -103,7 +103,7 @@ def test_scoring_the_test_rows_reproduces_the_training_runs_test_metrics(model, 
     p = pd.read_csv(out / "predictions.csv")
     assert list(p.columns) == ["id", "probability", "decision"]
     assert ((p["probability"] >= 0.5) == (p["decision"] == 1)).all()
-    manifest = json.loads((folder / blocks.MANIFEST).read_text())
+    manifest = json.loads((folder / model_files.MANIFEST).read_text())
     assert manifest["metrics"]["test_acc"] == summary["test_acc"]
     lo, hi = manifest["metrics"]["intervals"]["acc"]
     assert lo <= summary["test_acc"] <= hi
@@ -135,7 +135,7 @@ def test_a_csv_table_with_text_columns_is_one_hot_encoded_as_in_training(tmp_pat
           "csv.path": str(csv), "csv.label": "label", "csv.positive": "yes", "csv.sensitive": "group",
           "csv.group-a": "a", "csv.group-b": "b", "csv.id-column": "id"}
     summary, folder = run_inprocess({**rc, "output-dir": str(tmp_path / "train")}, quiet=True)
-    meta = json.loads((folder / blocks.PARTIES / "partition-2" / blocks.BLOCK_META).read_text())
+    meta = json.loads((folder / model_files.PARTIES / "partition-2" / model_files.BLOCK_META).read_text())
     assert meta["preprocessing"]["categories"] == {"color": ["blue", "green", "red"]}
     score_rc = {**rc, "mode": "score", "score.model-from": str(folder)}
 
@@ -196,9 +196,9 @@ def test_a_masked_model_is_scored_masked_by_a_job_naming_only_the_model(tmp_path
         assert logits and all(u.dtype == np.uint64 for u in logits), name  # masked words only
     assert (outs["short"] / "predictions.csv").read_text() == (outs["full"] / "predictions.csv").read_text()
     # a server that leaves secure aggregation out of the model's settings: every party refuses
-    manifest = json.loads((folder / blocks.MANIFEST).read_text())
+    manifest = json.loads((folder / model_files.MANIFEST).read_text())
     manifest["config"]["privacy.secure-aggregation"] = False
-    (folder / blocks.MANIFEST).write_text(json.dumps(manifest))
+    (folder / model_files.MANIFEST).write_text(json.dumps(manifest))
     job = {"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "lied")}
     with pytest.raises(FederationError, match=r"trained under secure aggregation and this scoring job is not masked"):
         run_server(InProcessGrid(client_app, job, 4, node_configs=nodes), job)
@@ -213,12 +213,12 @@ def test_blocks_never_reach_the_server(tmp_path):
     _, folder = run_server(grid, cfg.to_flower())
     saved = [r for t, r in grid.replies if t == msgs.SAVE]
     assert len(saved) == cfg.num_parties * 4
-    assert blocks.checkpoint_rounds(folder) == [0, 5, 10]
+    assert model_files.checkpoint_rounds(folder) == [0, 5, 10]
     for reply in saved:
         assert not reply.content.array_records  # digests only
         assert set(reply.content.config_records) == {"saved"}
-    thetas = {k: np.load(folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK)["weight"] for k in range(4)}
-    manifest_text = (folder / blocks.MANIFEST).read_text()
+    thetas = {k: np.load(folder / model_files.PARTIES / f"partition-{k}" / model_files.BLOCK)["weight"] for k in range(4)}
+    manifest_text = (folder / model_files.MANIFEST).read_text()
     for k, w in thetas.items():
         assert repr(float(w[0])) not in manifest_text
 
@@ -246,11 +246,11 @@ def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
     checkpoint is refused, listing the checkpoints."""
     ckpt = {"reliability.checkpoint-every": 4, "reliability.checkpoint-dir": str(tmp_path / "ckpt"), "eval-every": 2}
     _, folder = _train(tmp_path / "train", **ckpt)
-    assert blocks.checkpoint_rounds(folder) == [0, 4, 8]
+    assert model_files.checkpoint_rounds(folder) == [0, 4, 8]
     # checkpoints run gradient steps (block Newton refuses them), so the run of 4 rounds does too
     four, folder4 = _train(tmp_path / "four", **{"num-server-rounds": 4, "eval-every": 2, "optimizer": "gd"})
-    at4 = json.loads((folder / "checkpoints" / "round-4" / blocks.MANIFEST).read_text())
-    final4 = json.loads((folder4 / blocks.MANIFEST).read_text())
+    at4 = json.loads((folder / "checkpoints" / "round-4" / model_files.MANIFEST).read_text())
+    final4 = json.loads((folder4 / model_files.MANIFEST).read_text())
     assert at4["checkpoint"] and at4["round"] == 4 and at4["run-id"] == folder.name
     assert [p["block-digest"] for p in at4["parties"]] == [p["block-digest"] for p in final4["parties"]]
     assert at4["metrics"]["test_acc"] == four["test_acc"] and at4["metrics"]["intervals"]
@@ -258,10 +258,10 @@ def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
     for p in at4["parties"]:
         k = p["partition-id"]
         theta = checkpoint.load_party(checkpoint.party_dir({}, cfg.to_flower(), k), 4, f"party {k}")
-        assert blocks.block_digest(theta) == p["block-digest"]
-        party = folder / "checkpoints" / "round-4" / blocks.PARTIES / f"partition-{k}"
-        assert "checkpoint of round 4" in (party / blocks.PARTY_CARD).read_text()
-    assert "checkpoint of round 4" in (folder / "checkpoints" / "round-4" / blocks.RUN_CARD).read_text()
+        assert model_files.block_digest(theta) == p["block-digest"]
+        party = folder / "checkpoints" / "round-4" / model_files.PARTIES / f"partition-{k}"
+        assert "checkpoint of round 4" in (party / model_files.PARTY_CARD).read_text()
+    assert "checkpoint of round 4" in (folder / "checkpoints" / "round-4" / model_files.RUN_CARD).read_text()
 
     s, out = _score(folder, tmp_path / "score", **{"score.round": 4})
     _, out4 = _score(folder4, tmp_path / "score4")
@@ -273,7 +273,7 @@ def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
     _, direct = _score(folder / "checkpoints" / "round-4", tmp_path / "direct")
     assert (direct / "predictions.csv").read_text() == (out4 / "predictions.csv").read_text()
 
-    with pytest.raises(blocks.BlockError, match=r"score.round=5: the run folder .* has no checkpoint of round 5 "
+    with pytest.raises(model_files.BlockError, match=r"score.round=5: the run folder .* has no checkpoint of round 5 "
                                                 r"\(its checkpoints: 0, 4, 8;"):
         _score(folder, tmp_path / "refused", **{"score.round": 5})
     assert _no_predictions(tmp_path / "refused")
@@ -303,7 +303,7 @@ def test_score_path_gives_each_simulated_party_its_raw_file(trained, tmp_path):
 
 # -- refusals -------------------------------------------------------------------------------
 def test_a_missing_block_is_refused_naming_the_party(model_copy, tmp_path):
-    (model_copy / blocks.PARTIES / "partition-3" / blocks.BLOCK_META).unlink()
+    (model_copy / model_files.PARTIES / "partition-3" / model_files.BLOCK_META).unlink()
     with pytest.raises(FederationError, match=r"party 3 \(passive, node \d+\): no saved block of run"):
         _score(model_copy, tmp_path / "out")
     assert _no_predictions(tmp_path / "out")
@@ -311,9 +311,9 @@ def test_a_missing_block_is_refused_naming_the_party(model_copy, tmp_path):
 
 def test_blocks_from_different_runs_are_refused(model_copy, tmp_path):
     _, other = _train(tmp_path / "other", seed=1)
-    dst = model_copy / blocks.PARTIES / "partition-2"
+    dst = model_copy / model_files.PARTIES / "partition-2"
     shutil.rmtree(dst)
-    shutil.copytree(other / blocks.PARTIES / "partition-2", dst)
+    shutil.copytree(other / model_files.PARTIES / "partition-2", dst)
     with pytest.raises(FederationError, match=rf"party 2 \(passive, node \d+\) holds a block of run {other.name}, "
                                               rf"the model is run {model_copy.name}: blocks from different runs"):
         _score(model_copy, tmp_path / "out")
@@ -321,7 +321,7 @@ def test_blocks_from_different_runs_are_refused(model_copy, tmp_path):
 
 
 def test_a_changed_block_is_refused(model_copy, tmp_path):
-    path = model_copy / blocks.PARTIES / "partition-1" / blocks.BLOCK
+    path = model_copy / model_files.PARTIES / "partition-1" / model_files.BLOCK
     with np.load(path) as f:
         arrays = {k: f[k].copy() for k in f.files}
     arrays["weight"][0] += 1.0
@@ -351,7 +351,7 @@ def test_a_score_file_missing_a_column_is_refused(trained, tmp_path):
 def test_score_file_ids_are_text_by_the_one_id_rule(tmp_path):
     """Leading zeros stay ("007" and "7" are two ids), spaces around an id are stripped (and
     then a duplicate is refused); ids made of digits sort by length then text."""
-    from fairvfl_flwr.data.preprocess import read_columns, rows_from_frame
+    from fairvfl_flwr.data.encoding import read_columns, rows_from_frame
 
     pre = Preprocessing.from_dict({"features": ["x"], "raw": ["x"], "category": [None], "mean": [0.0], "std": [1.0]})
     path = tmp_path / "s.csv"
@@ -423,7 +423,7 @@ def test_score_settings_are_checked():
 
 
 def test_a_folder_without_a_manifest_is_refused(tmp_path):
-    with pytest.raises(blocks.BlockError, match=r"no model.json there"):
+    with pytest.raises(model_files.BlockError, match=r"no model.json there"):
         _score(tmp_path, tmp_path / "out")
 
 
@@ -436,14 +436,14 @@ def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path)
     nodes = [{**n, "model-dir": str(tmp_path / f"node{n['partition-id']}")} for n in manifest["node_configs"]]
     train_rc = RunConfig.from_flower({**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}).to_flower()
     _, folder = run_server(InProcessGrid(client_app, train_rc, 4, node_configs=nodes), train_rc)
-    assert not (folder / blocks.PARTIES).exists()  # deployed parties keep their blocks on their own disk
+    assert not (folder / model_files.PARTIES).exists()  # deployed parties keep their blocks on their own disk
     run_id = folder.name
 
     raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[:1000]
     expected = np.zeros(1000)
     for node in nodes:
         k = node["partition-id"]
-        arrays, meta = blocks.load_block(tmp_path / f"node{k}" / run_id / f"partition-{k}", f"party {k}")
+        arrays, meta = model_files.load_block(tmp_path / f"node{k}" / run_id / f"partition-{k}", f"party {k}")
         pre = Preprocessing.from_dict(meta["preprocessing"])
         cols = ["row_id", *pre.raw_columns]
         raw[cols].sample(frac=1.0, random_state=k).to_csv(tmp_path / f"new{k}.csv", index=False)
@@ -489,8 +489,8 @@ def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_p
     with SimulationSuperLink(tmp_path / "flwr-home") as link:
         link.run({**BASE, **ckpt, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
         (folder,) = [p for p in (tmp_path / "train").iterdir() if p.is_dir()]
-        assert all((folder / blocks.PARTIES / f"partition-{k}" / blocks.BLOCK).is_file() for k in range(4))
-        assert blocks.checkpoint_rounds(folder) == [0, 5, 10]
+        assert all((folder / model_files.PARTIES / f"partition-{k}" / model_files.BLOCK).is_file() for k in range(4))
+        assert model_files.checkpoint_rounds(folder) == [0, 5, 10]
         link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300,
                   "output-dir": str(tmp_path / "score")}, num_supernodes=4, timeout=600)
         _raw_files(BASE, folder, tmp_path / "raw")
@@ -535,11 +535,11 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
                                   "mode": "score", "score.model-from": str(folder),
                                   "score.chunk-rows": 300, "output-dir": str(tmp_path / "scores")}, timeout=600)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
-    assert not (folder / blocks.PARTIES).exists()
+    assert not (folder / model_files.PARTIES).exists()
     expected = np.zeros(len(raw))
     for n in nodes:
         k = n["partition-id"]
-        arrays, meta = blocks.load_block(Path(n["model-dir"]) / folder.name / f"partition-{k}", f"party {k}")
+        arrays, meta = model_files.load_block(Path(n["model-dir"]) / folder.name / f"partition-{k}", f"party {k}")
         u = Preprocessing.from_dict(meta["preprocessing"]).apply(raw, "test") @ arrays["weight"]
         expected += (u + arrays["bias"] if "bias" in arrays else u).astype(np.float32)
     (out,) = [p for p in (tmp_path / "scores").iterdir() if p.is_dir()]
@@ -552,7 +552,7 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
 
 @pytest.mark.parametrize("ids", [np.arange(70_000) * 7 - 5, np.array([f"c-{i}" for i in range(70_000)])])
 def test_predictions_are_each_rows_id_the_probability_read_back_exactly_and_the_decision(tmp_path, ids):
-    from fairvfl_flwr.features.scoring import write_predictions
+    from fairvfl_flwr.jobs.scoring import write_predictions
 
     z = np.random.default_rng(0).normal(scale=30.0, size=len(ids))
     z[:3] = [0.0, -800.0, 800.0]

@@ -18,7 +18,8 @@ from flwr.clientapp import ClientApp
 from fairvfl_flwr.features import timing  # isort: skip
 from fairvfl_flwr.algorithms import fairvfl, newton, split
 from fairvfl_flwr.app.threads import limit_blas_threads
-from fairvfl_flwr.features import alignment, ckks, saving, scoring, secagg
+from fairvfl_flwr.features import ckks, secagg
+from fairvfl_flwr.jobs import alignment, saving, scoring
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod
 from fairvfl_flwr.features.straggler import delay_mod

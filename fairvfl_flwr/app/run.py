@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.features.scoring import job_config
+from fairvfl_flwr.jobs.scoring import job_config
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 

@@ -11,11 +11,11 @@ Modes (run config ``mode``):
 * ``split``: split-learning VFL as in Flower's vertical-FL example (``algorithms/split.py``),
   scores saved too;
 * ``score``: score rows with the saved blocks of a training run (``score.model-from``,
-  ``features/scoring.py``).
+  ``jobs/scoring.py``).
 
 After a FairVFL run (``fairvfl``, ``fairvfl-scores``), and at each of its checkpoints, every
 party saves its block on its own disk and the server writes the manifest and model card
-(``features/saving.py``).
+(``jobs/saving.py``).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
-from fairvfl_flwr.features.alignment import align_tables
+from fairvfl_flwr.jobs.alignment import align_tables
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.noise import NuNoise
-from fairvfl_flwr.features.saving import CheckpointBlocks, FinalTest, save_blocks
-from fairvfl_flwr.features.scores import KeepScores
-from fairvfl_flwr.features.scoring import run_scoring
+from fairvfl_flwr.jobs.saving import CheckpointBlocks, FinalTest, save_blocks
+from fairvfl_flwr.features.final_logits import KeepScores
+from fairvfl_flwr.jobs.scoring import run_scoring
 from fairvfl_flwr.features.secagg import SecureAggregation
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
 from fairvfl_flwr.features.timing import timed

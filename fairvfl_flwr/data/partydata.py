@@ -73,7 +73,7 @@ class PartySpec:
     cache_dir: str = ""
     table_path: str = ""  # the party's own raw table (run config tables.own)
     columns: tuple[str, ...] = ()  # the raw table's columns it contributes; empty: all but id/label/sensitive
-    aligned: str = ""  # key of its prepared block after private alignment (data/align.py)
+    aligned: str = ""  # key of its prepared block after private alignment (data/psi.py)
     missing_values: tuple[str, ...] = ()  # cells equal to one of these are missing (node config missing-values)
     label_negative: str = ""  # the label's other value; empty: whichever one other value the column holds
 

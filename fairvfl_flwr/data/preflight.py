@@ -39,8 +39,8 @@ import numpy as np
 
 from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, describe_labels, group_columns, group_values,
                                          label_arrays, unexpected_labels)
-from fairvfl_flwr.data.prepare import CATEGORY, FILL_RULES, NUMBER, parse_rules
-from fairvfl_flwr.data.preprocess import Preprocessing
+from fairvfl_flwr.data.own_table import CATEGORY, FILL_RULES, NUMBER, parse_rules
+from fairvfl_flwr.data.encoding import Preprocessing
 from fairvfl_flwr.data.tables import DataError, as_text, blank_markers, norm_value, normalise_ids, read_party_file
 
 #: A column whose values are numbers but for this share of its cells is taken to hold an undeclared marker.

@@ -530,7 +530,7 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
 
 def encoding_of(feature_names: list[str], categories: dict[str, list[str]]) -> list[tuple[str, str | None]]:
     """(raw column, category or None) of each feature: how a raw row becomes the feature vector
-    (what a party saves with its block to score new rows, data/preprocess.py)."""
+    (what a party saves with its block to score new rows, data/encoding.py)."""
     dummies = {f"{c}_{v}": (c, v) for c, values in categories.items() for v in values}
     return [dummies.get(name, (name, None)) for name in feature_names]
 

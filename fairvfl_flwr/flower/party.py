@@ -32,7 +32,7 @@ MODEL_STATE = "fairvfl.model"
 #: takes it with :meth:`PartyRuntime.take_gradient`.
 GRADIENT_STATE = "fairvfl.gradient"
 OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
-#: tables.own: the key of the block this node prepared at alignment (features/alignment.py writes it).
+#: tables.own: the key of the block this node prepared at alignment (jobs/alignment.py writes it).
 ALIGNED_STATE = "fairvfl.aligned"
 #: tables.own, a scoring job: the ids of the party's score file that every party holds (its own ids).
 SCORE_COMMON_STATE = "fairvfl.score-common"

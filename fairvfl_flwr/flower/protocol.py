@@ -62,7 +62,7 @@ NEWTON_APPLY = "train.newton_apply"  # after the last round: apply the last step
 SAVE = "query.save"  # after the last round: each party saves its block on its own disk, replies its digest
 SCORE_INFO = "query.scoreinfo"  # scoring job: which block and how many rows to score (digests only)
 SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with their ids
-ALIGN = "query.align"  # tables.own: one step of private alignment (blinded ids, counts; features/alignment.py)
+ALIGN = "query.align"  # tables.own: one step of private alignment (blinded ids, counts; jobs/alignment.py)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits

@@ -51,7 +51,7 @@ from fairvfl_flwr.core.models import MODELS
 from fairvfl_flwr.core.objective import MEASURES
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.data.tables import DATASETS, load_dataset
-from fairvfl_flwr.features.scores import load_scores
+from fairvfl_flwr.features.final_logits import load_scores
 from fairvfl_flwr.tools import baselines
 from fairvfl_flwr.tools.baselines import EXTRAS_HINT, extras_available
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config

@@ -34,7 +34,7 @@ from fairvfl_flwr.data.partydata import (
     label_table,
     party_table,
 )
-from fairvfl_flwr.data.preprocess import for_columns, sidecar_path
+from fairvfl_flwr.data.encoding import for_columns, sidecar_path
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.features import secagg

@@ -48,12 +48,12 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import BY_KEY
 from fairvfl_flwr.config.settings import coerce
 from fairvfl_flwr.core.blocks import as_dtype, build_block
-from fairvfl_flwr.data import blocks
+from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
-from fairvfl_flwr.data.preprocess import Preprocessing, common_score_rows, score_file, score_rows
+from fairvfl_flwr.data.encoding import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.features import secagg
-from fairvfl_flwr.features.alignment import align_score_rows
+from fairvfl_flwr.jobs.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
@@ -109,9 +109,9 @@ def adopt(given: Mapping[str, Any], trained: Mapping[str, Any], where: str) -> d
 def job_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, dict[str, Any], tuple]:
     """The scoring job's config: ``run_config`` with the training settings of its model
     (``score.model-from``, ``score.round``) adopted; those settings, for the parties; and
-    the model as ``blocks.read_model`` gives it."""
+    the model as ``model_files.read_model`` gives it."""
     cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k not in TRAINED_KEYS})
-    model = blocks.read_model(cfg.score_model_from, cfg.score_round)
+    model = model_files.read_model(cfg.score_model_from, cfg.score_round)
     trained = {k: model[0]["config"][k] for k in TRAINED_KEYS if k in model[0]["config"]}
     merged = adopt(run_config, trained, f"score.model-from={cfg.score_model_from!r}")
     return RunConfig.from_flower(merged), trained, model
@@ -261,7 +261,7 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
                "chunk-rows": chunk, "chunks": -(-n // chunk), "positive": int((z >= 0).sum()),
                "positive-label": manifest.get("positive-label"), "seconds": time.perf_counter() - started,
                "predictions": str(folder / PREDICTIONS)}
-    blocks.write_json(folder / SUMMARY, summary)
+    model_files.write_json(folder / SUMMARY, summary)
     log(INFO, "FairVFL score: %d rows, %d positive, with run %s%s (%s) -> %s (%.1f s)", n, summary["positive"],
         manifest["run-id"], "" if checkpoint is None else f" at its checkpoint of round {checkpoint}", model_from,
         folder / PREDICTIONS, summary["seconds"])
@@ -302,12 +302,12 @@ def _common_rows(rows, common: np.ndarray):
 @functools.lru_cache(maxsize=8)
 def _model(folder: str, mtime_ns: int, who: str) -> tuple:
     """The saved block as a model block (numpy for linear: scoring needs no torch there)."""
-    arrays, meta = blocks.load_block(Path(folder), who)
+    arrays, meta = model_files.load_block(Path(folder), who)
     model = build_block(meta["model"], int(meta["n-features"]), hidden=int(meta["hidden"]),
                         bias="bias" in arrays or meta["model"] == "mlp", dtype=meta["dtype"])
     expected = model.state_dict()
     if set(arrays) != set(expected) or any(np.shape(arrays[k]) != np.shape(v) for k, v in expected.items()):
-        raise blocks.BlockError(f"{who}: the block in {folder} does not fit a {meta['model']} model: it holds "
+        raise model_files.BlockError(f"{who}: the block in {folder} does not fit a {meta['model']} model: it holds "
                                 f"{ {k: np.shape(v) for k, v in arrays.items()} }, the model "
                                 f"{ {k: np.shape(v) for k, v in expected.items()} }")
     model.load_state_dict(arrays)
@@ -329,24 +329,24 @@ class PartyScorer:
         self.run_id = str(job["run-id"])
         self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
         checkpoint = int(job.get("checkpoint", -1))
-        folder = blocks.block_folder(context.node_config, str(job["run-folder"]), self.run_id,
+        folder = model_files.block_folder(context.node_config, str(job["run-folder"]), self.run_id,
                                      self.spec.partition_id, deployed=deployed,
                                      checkpoint=None if checkpoint < 0 else checkpoint)
-        meta_file = folder / blocks.BLOCK_META
+        meta_file = folder / model_files.BLOCK_META
         if not meta_file.is_file():
             what = "" if checkpoint < 0 else f" (checkpoint of round {checkpoint})"
-            raise blocks.BlockError(f"{self.who}: no saved block of run {self.run_id}{what} in {folder} "
+            raise model_files.BlockError(f"{self.who}: no saved block of run {self.run_id}{what} in {folder} "
                                     "(node config model-dir, or the training run folder's parties/)")
         self.model, self.meta = _model(str(folder), os.stat(meta_file).st_mtime_ns, self.who)
         if int(self.meta["partition-id"]) != self.spec.partition_id:
-            raise blocks.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
+            raise model_files.BlockError(f"{self.who}: the block in {folder} is partition {self.meta['partition-id']}'s")
         for key in ("model", "hidden", "dtype"):  # the settings it was sent must be its own block's
             if self.meta[key] != getattr(self.cfg, key) and (key != "hidden" or self.meta["model"] == "mlp"):
-                raise blocks.BlockError(f"{self.who}: the scoring job's {key}={getattr(self.cfg, key)!r}, its block "
+                raise model_files.BlockError(f"{self.who}: the scoring job's {key}={getattr(self.cfg, key)!r}, its block "
                                         f"in {folder} has {key}={self.meta[key]!r}; refused")
         if self.meta.get("secure-aggregation") and not self.cfg.secure_aggregation:
             # the job's settings come from the server: the party's own record of training decides
-            raise blocks.BlockError(f"{self.who}: its block in {folder} was trained under secure aggregation and "
+            raise model_files.BlockError(f"{self.who}: its block in {folder} was trained under secure aggregation and "
                                     "this scoring job is not masked (privacy.secure-aggregation off): its partial "
                                     "logits would reach the server in the clear; refused")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])

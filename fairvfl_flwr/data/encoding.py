@@ -3,7 +3,7 @@
 Training standardises every feature with the training rows' mean and standard deviation
 and one-hot encodes text columns (data/tables.py). A party that scores new rows must
 apply exactly that transformation to its own raw columns, so it saves it next to its
-block (data/blocks.py): for each feature of its block, the raw column it comes from, the
+block (data/model_files.py): for each feature of its block, the raw column it comes from, the
 category it indicates (one-hot) or none (a number), and the mean and deviation it was
 scaled with; for each text column, the categories seen in training.
 
@@ -149,7 +149,7 @@ def sidecar_path(data_path: str | Path) -> Path:
 
 def party_preprocessing(spec: PartySpec, cfg: Any) -> Preprocessing:
     """This party's preprocessing (see the module doc)."""
-    if spec.aligned:  # prepared from the party's own table after alignment (data/prepare.py)
+    if spec.aligned:  # prepared from the party's own table after alignment (data/own_table.py)
         side = aligned_files(spec, spec.aligned)[1]
         try:
             return Preprocessing.from_dict(json.loads(side.read_text()))

@@ -5,13 +5,13 @@ Server: after the rounds, :func:`save_blocks` sends ``query.save`` (run id, run 
 to every party, collects the digests the parties report, and writes the manifest
 ``model.json`` and the run's model card into the run folder. With
 ``reliability.checkpoint-every`` = c, :class:`CheckpointBlocks` (a round hook) does the same
-after round 0 and every c-th round, into ``checkpoints/round-<r>/`` (data/blocks.py), so
+after round 0 and every c-th round, into ``checkpoints/round-<r>/`` (data/model_files.py), so
 the model of any checkpoint can be scored. A reply that carries any array is refused:
 θ_k never reaches the server. :class:`FinalTest` (a round hook) keeps the last
 evaluation's scores, for the card's bootstrap intervals.
 
 Party (:func:`save`): writes ``block.npz`` (θ_k as numpy arrays), ``block.json`` (its
-preprocessing, run id, data digest) and its own ``card.md`` (data/blocks.py), in node
+preprocessing, run id, data digest) and its own ``card.md`` (data/model_files.py), in node
 config ``model-dir`` (deployment) or the run folder's ``parties/partition-<k>``
 (simulation: the parties share the machine).
 """
@@ -32,8 +32,8 @@ from flwr.supercore import log
 
 from fairvfl_flwr.core.bootstrap import bootstrap, cell_counts
 from fairvfl_flwr.core.metrics import group_rates, predict
-from fairvfl_flwr.data import blocks
-from fairvfl_flwr.data.preprocess import party_preprocessing
+from fairvfl_flwr.data import model_files
+from fairvfl_flwr.data.encoding import party_preprocessing
 from fairvfl_flwr.data.tables import DATASETS
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
@@ -141,7 +141,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
     """Ask every party to save its block of θ after ``server_round``; write the manifest and card
     into ``folder`` (the run folder) or, for a checkpoint, its ``checkpoints/round-<r>/``."""
     run_id = folder.name
-    model_folder = folder / blocks.checkpoint_part(checkpoint)
+    model_folder = folder / model_files.checkpoint_part(checkpoint)
     messages = [
         Message(RecordDict({SAVE_RECORD: ConfigRecord({"run-id": run_id, "run-folder": str(folder),
                                                        "round": server_round,
@@ -163,7 +163,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
     parties.sort(key=lambda p: p["partition-id"])
     cfg = server.cfg
     manifest = {
-        "format": blocks.FORMAT, "run-id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "format": model_files.FORMAT, "run-id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "round": server_round, "checkpoint": checkpoint is not None,
         "parties": parties,
         "threshold": {"logit": 0.0, "probability": 0.5,
@@ -175,10 +175,10 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         "config": cfg.to_flower(),
     }
     model_folder.mkdir(parents=True, exist_ok=True)
-    blocks.write_json(model_folder / blocks.MANIFEST, manifest)
-    blocks.write_text(model_folder / blocks.RUN_CARD, run_card(manifest, summary))
+    model_files.write_json(model_folder / model_files.MANIFEST, manifest)
+    model_files.write_text(model_folder / model_files.RUN_CARD, run_card(manifest, summary))
     log(INFO, "FairVFL: %d parties saved their blocks of round %d (run %s); manifest %s", len(parties),
-        server_round, run_id, model_folder / blocks.MANIFEST)
+        server_round, run_id, model_folder / model_files.MANIFEST)
     return manifest
 
 
@@ -266,18 +266,18 @@ def save(message: Message, context: Context) -> Message:
     rc = message.content.config_records[SAVE_RECORD]
     state = rt.model_state()
     if state is None:
-        raise blocks.BlockError(f"{rt.who}: no trained model on this node to save")
+        raise model_files.BlockError(f"{rt.who}: no trained model on this node to save")
     cfg = rt.cfg
     spec = rt.spec  # with tables.own, the block prepared at alignment
     pre = party_preprocessing(spec, cfg)
     arrays = {k: np.asarray(v) for k, v in state.items()}
     n_features = int(rt.data.X_train.shape[1])
     if len(pre.features) != n_features:
-        raise blocks.BlockError(f"{rt.who}: preprocessing describes {len(pre.features)} features, the block "
+        raise model_files.BlockError(f"{rt.who}: preprocessing describes {len(pre.features)} features, the block "
                                 f"has {n_features}")
     run_id = str(rc["run-id"])
     server_round, checkpoint = int(rc["round"]), bool(rc.get("checkpoint", False))
-    folder = blocks.block_folder(context.node_config, str(rc["run-folder"]), run_id, spec.partition_id,
+    folder = model_files.block_folder(context.node_config, str(rc["run-folder"]), run_id, spec.partition_id,
                                  deployed=bool(spec.data_path or context.node_config.get("table-path")), checkpoint=server_round if checkpoint else None)
     meta = {
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
@@ -286,7 +286,7 @@ def save(message: Message, context: Context) -> Message:
         "data-digest": rt.data.ids_digest, "source": spec.data_path or spec.table_path or f"{cfg.dataset} (packaged)",
         "preprocessing": pre.to_dict(),
     }
-    digest = blocks.save_block(folder, arrays, meta, blocks.party_card({**meta, "block-digest": blocks.block_digest(arrays)}, arrays))
+    digest = model_files.save_block(folder, arrays, meta, model_files.party_card({**meta, "block-digest": model_files.block_digest(arrays)}, arrays))
     return Message(RecordDict({SAVED_RECORD: ConfigRecord({
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
         "n-features": n_features, "block-digest": digest, "data-digest": rt.data.ids_digest,

@@ -2,7 +2,7 @@
 
 The label owner (the active party) is the *leader*. One Diffie-Hellman PSI between the
 leader and each other party k, each party's key never leaving it (the server relays every
-message, features/alignment.py). With ``H`` the hash onto P-256 and ``a``, ``b_k`` the keys:
+message, jobs/alignment.py). With ``H`` the hash onto P-256 and ``a``, ``b_k`` the keys:
 
 1. **blind.** The leader sends ``H(x)^a`` for its ids x, in its row order; party k sends
    ``H(y)^b_k`` for its ids y, in a secret random order it keeps.
@@ -19,7 +19,7 @@ message, features/alignment.py). With ``H`` the hash onto P-256 and ``a``, ``b_k
 The leader then decides the split of the common rows from the run seed
 (:func:`split_common`) and sends it, with nothing but row positions, to the parties, and
 the labels of the common rows to the server. Each party prepares its block on its
-aligned rows (data/prepare.py) and keeps it on its disk.
+aligned rows (data/own_table.py) and keeps it on its disk.
 
 What each role learns: the server, every party's set size and the number of common rows
 (and the split and labels by row position, as with a server label file); the leader, its
@@ -46,7 +46,7 @@ import numpy as np
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir, known_digest,
                                          group_values, label_arrays, rows_digest, save_aligned,
                                          group_columns)
-from fairvfl_flwr.data.prepare import id_pattern, prepare_block, read_table
+from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
 TRAIN_CODE, TEST_CODE, UNUSED_CODE = 0, 1, 2

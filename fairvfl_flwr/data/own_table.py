@@ -1,7 +1,7 @@
 """Local preparation: a party's own raw table becomes its feature block, on its own side.
 
 A party that brings its own table (run config ``tables.own``) reads it here, and after
-private alignment (data/align.py) turns the common rows into its block:
+private alignment (data/psi.py) turns the common rows into its block:
 
 * **ids**: the id column is read as text and stripped of surrounding spaces (one rule,
   data/tables.py's :func:`normalise_ids`, which the score files follow too): ``" 007 "``
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.preprocess import Preprocessing
+from fairvfl_flwr.data.encoding import Preprocessing
 from fairvfl_flwr.data.tables import DataError, normalise_ids, read_party_file
 
 NUMBER, CATEGORY = "number", "category"

@@ -6,7 +6,7 @@ A party's folder (``<model-dir>/<run id>/partition-<k>/`` in deployment, node co
     block.npz    θ_k as numpy arrays, named as the model's state_dict (linear: weight,
                  bias on active parties; mlp: net.0.weight, net.0.bias, ...)
     block.json   run id, partition, role, model kind, feature names, the party's
-                 preprocessing (data/preprocess.py), its training rows' digest, the
+                 preprocessing (data/encoding.py), its training rows' digest, the
                  block's digest
     card.md      the party's own model card (its columns' weights, for a linear block)
 

@@ -1,8 +1,8 @@
 """Private alignment, the first step of a run whose parties bring their own tables (``tables.own``).
 
-The server relays the PSI messages of data/align.py and learns no id: set sizes, the
+The server relays the PSI messages of data/psi.py and learns no id: set sizes, the
 ids' shape (digits, letters), the number of common rows and their labels and split by
-position (data/align.py says what each role learns); the parties keep their keys in their own node state between messages. The steps:
+position (data/psi.py says what each role learns); the parties keep their keys in their own node state between messages. The steps:
 
 ========= ======================================== ======================================
 step       to                                       reply
@@ -47,9 +47,9 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.data import align
+from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
-from fairvfl_flwr.data.preprocess import score_file
+from fairvfl_flwr.data.encoding import score_file
 from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.flower import exchange
@@ -81,9 +81,9 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
                                         LABELS: msgs.array_record(split=split), POSITIONS: positions[nid]})
                         for nid in passes.others})
     passes.check(done, common)
-    used = split[split != align.UNUSED_CODE]
+    used = split[split != psi.UNUSED_CODE]
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
-    tr, te = used == align.TRAIN_CODE, used == align.TEST_CODE
+    tr, te = used == psi.TRAIN_CODE, used == psi.TEST_CODE
     labels = ServerLabels(y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
                           protected_label=int(common["protected-label"]), ids_digest=str(common["digest"]),
                           group_names=tuple(common["group-names"]) if "group-names" in common else None,
@@ -189,7 +189,7 @@ def handle(message: Message, context: Context) -> Message:
     arrays = None
     extra: dict = {}
     if step == "size":
-        out = {**align.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
+        out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
         # a new alignment: what an earlier one left no longer counts
         if purpose == TRAIN:
             context.state.config_records.pop(ALIGNED_STATE, None)
@@ -198,16 +198,16 @@ def handle(message: Message, context: Context) -> Message:
         context.state.array_records.pop(ORDER_STATE, None)
         keys = ConfigRecord()
     elif step == "blind":  # the leader's list in its row order, the others' shuffled
-        ids, _ = align.own_table(spec)
-        out["blinded"], keys["key"], order = align.blind_step(ids, shuffle=spec.role != msgs.ROLE_ACTIVE)
+        ids, _ = psi.own_table(spec)
+        out["blinded"], keys["key"], order = psi.blind_step(ids, shuffle=spec.role != msgs.ROLE_ACTIVE)
         if order is not None:
             context.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
     elif step == "raise":
-        out["raised"] = align.psi_raise(rc["blinded"], keys["key"])
+        out["raised"] = psi.psi_raise(rc["blinded"], keys["key"])
     elif step == "intersect":  # the leader with one party: keep the ids it holds too, and where
-        ids, _ = align.own_table(spec)
+        ids, _ = psi.own_table(spec)
         peer = int(rc["peer"])
-        found = align.peer_positions(spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
+        found = psi.peer_positions(spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
                                      keys["key"])
         keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
         kept = context.state.array_records.get(HITS_STATE)
@@ -216,17 +216,17 @@ def handle(message: Message, context: Context) -> Message:
         held[f"at-{peer}"] = found
         context.state.array_records[HITS_STATE] = msgs.array_record(**held)
     elif step == "common":  # the leader: the rows every party holds, and where each party has them
-        ids, _ = align.own_table(spec)
+        ids, _ = psi.own_table(spec)
         record = context.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
         hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
         pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in keys.items() if k.startswith("pairwise-")}
-        rows = align.agreed_rows(ids, hits, pairwise, cfg.tables_min_common if purpose == TRAIN else 1)
+        rows = psi.agreed_rows(ids, hits, pairwise, cfg.tables_min_common if purpose == TRAIN else 1)
         found = {k.split("-", 1)[1]: np.sort(v.numpy()[rows]) for k, v in (record.items() if record else [])
                  if k.startswith("at-")}
         if purpose == SCORE:
             out = {"n-common": len(rows), "digest": _keep_score_ids(context, ids[rows])}
         else:
-            common = align.leader_step(spec, cfg, rows)
+            common = psi.leader_step(spec, cfg, rows)
             out = {"digest": common.digest, "protected-label": common.protected_label}
             if common.group_names:  # several groups: the server names them, as a label file does
                 out["group-names"] = list(common.group_names)
@@ -234,15 +234,15 @@ def handle(message: Message, context: Context) -> Message:
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
         extra = {POSITIONS: msgs.array_record(**found)}
     elif step == "finish":
-        ids, _ = align.own_table(spec)
+        ids, _ = psi.own_table(spec)
         order = context.state.array_records.pop(ORDER_STATE)["order"].numpy()
         positions = message.content.array_records[POSITIONS]["rows"].numpy()
         if purpose == SCORE:
-            rows = align.my_common_rows(spec, ids, positions, order, int(rc["n-common"]))
+            rows = psi.my_common_rows(spec, ids, positions, order, int(rc["n-common"]))
             out = {"digest": _keep_score_ids(context, ids[rows])}
         else:
             split = message.content.array_records[LABELS]["split"].numpy()
-            member, key = align.member_step(spec, cfg, positions, order, split)
+            member, key = psi.member_step(spec, cfg, positions, order, split)
             out = {"digest": member.ids_digest}
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
     else:
