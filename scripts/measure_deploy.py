@@ -56,7 +56,9 @@ def _fairvfl_rounds(out: Path) -> list[float]:
 
 
 def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None, app: Path | None = None,
-            extra: dict | None = None) -> dict:
+            extra: dict | None = None, rtt_ms: float | None = None, mbit: float = 0.0) -> dict:
+    """One setting's seconds per round; with ``rtt_ms``, the SuperNodes reach the SuperLink
+    through scripts/wan_proxy.py (that round trip, ``mbit`` per direction)."""
     env = {"FAIRVFL_CACHE_DIR": str(home / "cache")}
     if poll:
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = poll
@@ -64,7 +66,14 @@ def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None
     if kind == "before":
         nodes = [{"partition-id": i, "num-partitions": len(nodes)} for i in range(len(nodes))]
     started = time.perf_counter()
-    with LocalFederation(home / "fed", nodes, env=env) as fed:
+    fed = LocalFederation(home / "fed", nodes, env=env)
+    proxy = None
+    if rtt_ms is not None:
+        from wan_proxy import WanProxy  # noqa: PLC0415 (this folder's script, only with a WAN)
+
+        proxy = WanProxy(fed.port, rtt_ms=rtt_ms, mbit=mbit, max_seconds=1800).start()
+        fed.node_superlink = f"127.0.0.1:{proxy.port}"
+    with fed:
         if kind == "noop":
             out = home / "noop.json"
             run_id, status = fed.run({"num-server-rounds": rounds, "output": str(out)}, app=REPO / "scripts" / "noop_app")
@@ -77,7 +86,11 @@ def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None
                 cfg.update(extra or {})
             run_id, status = fed.run(cfg, app=app or REPO)
             per_round = _fairvfl_rounds(home / "out") if status == "finished:completed" else []
-    return {
+    wan = {}
+    if proxy is not None:
+        proxy.stop()
+        wan = {"rtt_ms": rtt_ms, "mbit": mbit, "proxy_bytes": proxy.bytes, "proxy_connections": proxy.connections}
+    return {**wan,
         "setting": kind, "poll": poll or "1.0 (default)", "status": status, "rounds": rounds, "run_config": extra or {},
         "seconds_per_round": statistics.median(per_round) if per_round else None,
         "per_round": [round(s, 2) for s in per_round], "wall_seconds": round(time.perf_counter() - started, 1),

@@ -177,3 +177,19 @@ def test_a_scoring_job_under_secure_aggregation_gives_the_server_masked_words_an
     clear = [u for u in plain if u.dtype.kind == "f"]
     for w, u in zip(logits, clear):  # same party, same chunk: the words are nothing like its partial logits
         assert np.median(np.abs(secagg.decode(w) - u)) > 100.0
+
+
+def test_a_wrong_peers_file_is_named_as_such_not_as_party_0s_key(tmp_path):
+    rc = _config(tmp_path)
+    k = rc["num-parties"]
+    ids = secagg.generate_identities(tmp_path / "identities", k)
+    other = secagg.generate_identities(tmp_path / "another-federation", k)
+    nodes = [{"partition-id": i, "num-partitions": k, **ids[i]} for i in range(k)]
+    nodes[2] = {**nodes[2], "peers": other[2]["peers"]}  # party 2 was handed another federation's peers file
+    grid = Wire(client_app, rc, k, node_configs=nodes)
+    with pytest.raises(FederationError):
+        run_server(grid, rc)
+    reasons = [r.error.reason for r in grid.replies(msgs.SECAGG_PEERS) if r.has_error()]
+    mine = [why for why in reasons if "partition 2" in why]
+    assert mine and all("peers file is not this federation's" in why for why in mine)
+    assert not any("party 0's key" in why for why in mine)

@@ -380,6 +380,16 @@ def _peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey
     return keys
 
 
+def _check_own_pin(context: Context, identities: dict[int, Ed25519PublicKey], own: int, who: str) -> None:
+    """The peers file's key for this party must be its own identity key: otherwise the file (or
+    identity-key) is wrong, which would otherwise surface as some other party's bad signature."""
+    raw = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    if identities[own].public_bytes(*raw) != _identity(context).public_key().public_bytes(*raw):
+        raise NodeConfigError(f"{who}: node config {PEERS}={context.node_config.get(PEERS)} pins another key for this "
+                              f"party (partition {own}) than its own {IDENTITY_KEY}: the peers file is not this "
+                              f"federation's, or {IDENTITY_KEY} is not this party's key; refusing the run")
+
+
 def sakeys(message: Message, context: Context) -> Message:
     """A fresh key pair per set-up (the same one for a re-sent request), its public half
     signed with this party's identity key; the private key stays here."""
@@ -422,13 +432,23 @@ def sapeers(message: Message, context: Context) -> Message:
         raise FederationError(f"{rt.who}: the server relayed a key for this party that is not its own; "
                               "refusing the run (key substitution)")
     identities = _peer_keys(context, rt.cfg.num_parties)
+    _check_own_pin(context, identities, own, rt.who)
+    failed = []
     for j, pk in peers.items():
         try:
             identities[j].verify(signatures.get(j, b""), signed_text(session, j, pk))
         except InvalidSignature:
-            raise FederationError(f"{rt.who}: party {j}'s key for this secure-aggregation set-up is not signed by "
-                                  f"party {j}'s pinned identity key; refusing the run (key substitution or a "
-                                  "different session)") from None
+            failed.append(j)
+    if failed:
+        others = len(peers) - 1
+        hint = (f"no other party's key verifies against this party's node config {PEERS} file: check that it is "
+                "this federation's (every party's current public identity key), " if len(failed) >= others > 1
+                else "")
+        whose = (f"party {failed[0]}'s key for this secure-aggregation set-up is not signed by party {failed[0]}'s"
+                 if len(failed) == 1 else f"the keys of parties {', '.join(map(str, failed))} for this "
+                 "secure-aggregation set-up are not signed by their")
+        raise FederationError(f"{rt.who}: {whose} pinned identity key; {hint}refusing the run (a wrong peers entry, "
+                              "key substitution or a different session)")
     keys = {f"k-{j}": _array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
     context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)

@@ -124,6 +124,7 @@ class VFLServer:
         self.last_round = config.num_server_rounds
         self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness)
         self.setup_seconds = 0.0
+        self.first_round_started: float | None = None  # perf_counter when the first training round began
         self._t0 = time.perf_counter()
 
     # -- what an algorithm writes ---------------------------------------------------
@@ -183,13 +184,18 @@ class VFLServer:
         timeout = timeout or self.cfg.round_timeout
         self.summary()
         setup_started = time.perf_counter()
+        log(INFO, "FairVFL: set-up: asking every party for its role and rows")
         self.discover(grid, timeout)
+        log(INFO, "FairVFL: set-up: parties found in %.1f s; the features' set-up and the initial model (round 0) "
+            "next", time.perf_counter() - setup_started)
         first = self.hooks.begin(grid, timeout)
         if first is None:
             self.initialise(grid, timeout)
             self.hooks.end(grid, 0, timeout)
             first = 1
         self.setup_seconds = time.perf_counter() - setup_started
+        self.first_round_started = time.perf_counter()
+        log(INFO, "[round %d] starts (set-up took %.1f s)", first, self.setup_seconds)
         self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
         return self.scheduler.run(self, grid, first, num_rounds, timeout, Result())
 

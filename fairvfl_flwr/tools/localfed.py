@@ -61,6 +61,10 @@ class LocalFederation:
         Turn on TLS (all connections) and SuperNode authentication.
     env : mapping, optional
         Extra environment for every process (e.g. ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
+    node_superlink : str, optional
+        The address the SuperNodes dial instead of the SuperLink's (e.g. a WAN proxy in front
+        of it, scripts/wan_proxy.py); set it before :meth:`start`. The CLI and the ServerApp
+        still reach the SuperLink directly.
     node_env : mapping, optional
         Extra environment for the SuperNodes only (e.g. ``FLWR_LOG_LEVEL``, which would
         also change what the ``flwr`` CLI prints). ``PYTHONDONTWRITEBYTECODE`` is dropped
@@ -74,8 +78,10 @@ class LocalFederation:
         security: Security | None = None,
         env: Mapping[str, str] | None = None,
         node_env: Mapping[str, str] | None = None,
+        node_superlink: str = "",
     ) -> None:
         self.home = Path(home).resolve()
+        self.node_superlink = node_superlink
         self.node_env = dict(node_env or {})
         self.home.mkdir(parents=True, exist_ok=True)
         self.node_configs = list(node_configs)
@@ -125,7 +131,7 @@ class LocalFederation:
         for i, cfg in enumerate(self.node_configs):
             node_home = self.home / f"node{i}"
             node_home.mkdir(exist_ok=True)
-            cmd = [str(BIN / "flower-supernode"), "--superlink", f"{HOST}:{self.port}",
+            cmd = [str(BIN / "flower-supernode"), "--superlink", self.node_superlink or f"{HOST}:{self.port}",
                    "--port", str(free_port()), "--node-config", config_text(cfg)]
             if sec:
                 cmd += ["--root-certificates", str(sec.ca_cert), "--auth-supernode-private-key", str(sec.node_keys[i][0])]

@@ -1,0 +1,117 @@
+"""Seconds per deployed round over a WAN: the no-op app and FairVFL at several round-trip times.
+
+    python scripts/measure_wan.py --rtt 0,50,150 --rounds 2 --parties 4
+
+For each RTT it starts a fresh loopback federation (scripts/measure_deploy.py's machinery)
+whose SuperNodes reach the SuperLink through scripts/wan_proxy.py (that round trip, and
+``--mbit`` per direction), runs the no-op app and FairVFL (exported Crime party files,
+secure aggregation on, the deployment default) for ``--rounds`` rounds, and publishes
+docs/results/wan.md. Rows measured earlier at other RTTs (docs/results/wan.json) are
+kept, so the RTTs may be measured one invocation each (``--rtt 50``): each row records the
+invocation that made it. Round 0 (FAB install, discovery) is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from measure_deploy import measure  # noqa: E402
+
+from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.tools.export import export  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, publish, this_command  # noqa: E402
+
+NAME = "wan"
+CANONICAL = "python scripts/measure_wan.py --rtt 0,50,150 --rounds 2 --parties 4"
+
+
+def _rows(payload: dict) -> dict[str, dict]:
+    return {f"{r['setting']}@{r['rtt_ms']:g}": r for r in payload.get("rows", [])}
+
+
+def render(rows: list[dict]) -> str:
+    """The page's table: seconds per round of each app at each RTT, and what the WAN added."""
+    by = {(r["setting"], r["rtt_ms"]): r for r in rows}
+    rtts = sorted({r["rtt_ms"] for r in rows})
+    lines = ["| RTT (ms) | no-op round (s) | FairVFL round (s) | FairVFL / no-op | added by the WAN: no-op (s) | "
+             "added by the WAN: FairVFL (s) | proxy bytes per FairVFL round |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for rtt in rtts:
+        noop, fair = by.get(("noop", rtt), {}), by.get(("fairvfl", rtt), {})
+        n, f = noop.get("seconds_per_round"), fair.get("seconds_per_round")
+        n0 = by.get(("noop", 0.0), {}).get("seconds_per_round")
+        f0 = by.get(("fairvfl", 0.0), {}).get("seconds_per_round")
+        cell = lambda v, fmt="{:.1f}": fmt.format(v) if v is not None else "–"  # noqa: E731
+        per_round = (fair.get("proxy_bytes", 0) / max(1, fair.get("rounds", 1) + 1)) if fair else None
+        lines.append(f"| {rtt:g} | {cell(n)} | {cell(f)} | {cell(f / n if n and f else None, '{:.2f}')} | "
+                     f"{cell(n - n0 if n is not None and n0 is not None else None)} | "
+                     f"{cell(f - f0 if f is not None and f0 is not None else None)} | "
+                     f"{cell(per_round / 1e6 if per_round else None, '{:.2f} MB')} |")
+    return "\n".join(lines)
+
+
+NOTES = """\
+Each row: a fresh SuperLink and one SuperNode per party on 127.0.0.1, the SuperNodes
+dialling scripts/wan_proxy.py in front of the SuperLink (each byte waits RTT/2 each way);
+seconds per round is the median of rounds 1..R (round 0, FAB install and discovery, left
+out); Flower's default SuperExec task poll (1 s). The proxy's bytes include round 0 (set-up
+and secure aggregation's keys), spread over the rounds. The ServerApp runs beside the
+SuperLink, as in a deployment where the label owner hosts both.
+
+Reading it: a FairVFL round costs more than a no-op round already at 0 ms; that excess is
+each message's fresh `flwr-clientapp` process (its imports) and the parties' work
+([deploy-time.md](../deploy-time.md)), not the network. The WAN's share is the two
+"added by the WAN" columns: a message costs several round trips between a SuperNode and
+the SuperLink (pull the message, fetch its objects, push the reply and its objects), and
+FairVFL's messages carry more arrays than the no-op app's.
+
+What an operator can change: `FLWR_SUPEREXEC_TASK_POLL_INTERVAL` in each SuperNode's
+environment (how often its executor looks for work; 0.05 s saves up to a second per message
+where each SuperNode has cores of its own, [deploy.md](../deploy.md#3-start-each-partys-supernode));
+fewer rounds (block Newton, the stop rule); `score.chunk-rows` for a scoring job (fewer,
+larger messages: fewer round trips at a high RTT, each message bounded by gRPC's limit);
+and where the SuperLink sits (next to the label owner, whose messages are the largest).
+"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rtt", default="0,50,150", help="round-trip times in ms, comma-separated")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--parties", type=int, default=4)
+    p.add_argument("--dataset", default="crime")
+    p.add_argument("--mbit", type=float, default=0.0, help="rate limit per direction and connection (0: none)")
+    p.add_argument("--settings", default="noop,fairvfl")
+    p.add_argument("--poll", default=None, help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL (default: Flower's 1 s)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    old = args.out / f"{NAME}.json"
+    rows = _rows(json.loads(old.read_text())) if old.is_file() else {}
+    command = this_command()
+    with tempfile.TemporaryDirectory(prefix="fairvfl-wan-") as tmp:
+        tmp = Path(tmp)
+        manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties")
+        for rtt in (float(x) for x in args.rtt.split(",")):
+            for kind in args.settings.split(","):
+                res = measure(kind, tmp / f"{kind}-{rtt:g}", manifest, args.rounds, args.poll, rtt_ms=rtt,
+                              mbit=args.mbit)
+                res["command"] = command
+                print(json.dumps(res), flush=True)
+                rows[f"{kind}@{rtt:g}"] = res
+    ordered = sorted(rows.values(), key=lambda r: (r["rtt_ms"], r["setting"]))
+    page = publish(NAME, CANONICAL, {"rows": ordered}, render(ordered),
+                   title=f"Deployed rounds over a WAN: no-op app and FairVFL ({args.dataset}, {args.parties} "
+                         "SuperNodes, loopback proxy)", notes=NOTES, out=args.out)
+    print(page)
+
+
+if __name__ == "__main__":
+    main()
