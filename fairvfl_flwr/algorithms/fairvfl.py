@@ -117,9 +117,7 @@ def train_passive(message: Message, context: Context) -> Message:
 
 def register(app: ClientApp) -> None:
     """FairVFL's handlers on ``app``."""
-    app.query("init")(init)
-    app.train("active")(train_active)
-    app.train("passive")(train_passive)
+    msgs.register_handlers(app, {msgs.INIT: init, msgs.TRAIN_ACTIVE: train_active, msgs.TRAIN_PASSIVE: train_passive})
     mark_step_type(msgs.TRAIN_ACTIVE)
     mark_step_type(msgs.TRAIN_PASSIVE)
 

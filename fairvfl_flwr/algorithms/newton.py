@@ -410,7 +410,5 @@ def apply(message: Message, context: Context) -> Message:
 def register(app: ClientApp) -> None:
     """The Newton handlers on ``app``. Not step types of the guard (flower.party.mark_step_type):
     a re-sent message is answered with the kept reply, never by applying α twice."""
-    app.query("newtoninit")(init)
-    app.train("newton_active")(train_active)
-    app.train("newton_passive")(train_passive)
-    app.train("newton_apply")(apply)
+    msgs.register_handlers(app, {msgs.NEWTON_INIT: init, msgs.NEWTON_ACTIVE: train_active,
+                                 msgs.NEWTON_PASSIVE: train_passive, msgs.NEWTON_APPLY: apply})

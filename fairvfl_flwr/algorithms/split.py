@@ -112,8 +112,7 @@ def split_train(message: Message, context: Context) -> Message:
 
 def register(app: ClientApp) -> None:
     """The split-learning baseline's handlers on ``app``."""
-    app.query("splitinit")(split_init)
-    app.train("split")(split_train)
+    msgs.register_handlers(app, {msgs.SPLIT_INIT: split_init, msgs.SPLIT_TRAIN: split_train})
 
 
 # -- ServerApp side -------------------------------------------------------------------

@@ -27,19 +27,14 @@ from fairvfl_flwr.features.transcripts import transcript_mod
 from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower.party import MODEL_STATE
 
-__all__ = ["MODEL_STATE", "app"]
+__all__ = ["HANDLER_MODULES", "MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
 
 app = ClientApp(mods=[timing.timing_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
                      delay_mod])
-party.register(app)
-fairvfl.register(app)
-newton.register(app)
-split.register(app)
-ckks.register(app)
-saving.register(app)
-scoring.register(app)
-alignment.register(app)
-secagg.register(app)
+# Every module with party handlers: each registers its message types from flower/protocol.py.
+HANDLER_MODULES = (party, fairvfl, newton, split, ckks, saving, scoring, alignment, secagg)
+for module in HANDLER_MODULES:
+    module.register(app)
 timing.imported()

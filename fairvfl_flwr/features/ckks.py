@@ -389,6 +389,6 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
 
 def register(app: ClientApp) -> None:
     """The passive party's handlers for encrypted ν on ``app`` (with :func:`ckks_mod`)."""
-    app.train("passive_enc")(train_passive_enc)
-    app.train("passive_unmask")(train_passive_unmask)
+    msgs.register_handlers(app, {msgs.TRAIN_PASSIVE_ENC: train_passive_enc,
+                                 msgs.TRAIN_PASSIVE_UNMASK: train_passive_unmask})
     mark_step_type(TRAIN_PASSIVE_UNMASK)

@@ -555,5 +555,4 @@ class _Nonces:
 
 def register(app: ClientApp) -> None:
     """The set-up handlers (with :func:`mask_mod` listed first among the app's mods)."""
-    app.query("sakeys")(sakeys)
-    app.query("sapeers")(sapeers)
+    msgs.register_handlers(app, {msgs.SECAGG_KEYS: sakeys, msgs.SECAGG_PEERS: sapeers})

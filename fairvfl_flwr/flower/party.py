@@ -205,7 +205,7 @@ def info(message: Message, context: Context) -> Message:
 
 def register(app: ClientApp) -> None:
     """Discovery (``query.info``), which every algorithm's server starts with."""
-    app.query("info")(info)
+    msgs.register_handlers(app, {msgs.INFO: info})
 
 
 # Message types whose reply is the party's new logits after a step on θ: a re-sent one

@@ -42,8 +42,11 @@ tests inspect real messages to hold this line.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 INFO = "query.info"
 INIT = "query.init"
@@ -64,6 +67,11 @@ SCORE_INFO = "query.scoreinfo"  # scoring job: which block and how many rows to 
 SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with their ids
 ALIGN = "query.align"  # tables.own: one step of private alignment (blinded ids, counts; jobs/alignment.py)
 
+# Every message type a party answers; register_handlers refuses any other.
+MESSAGE_TYPES = (INFO, INIT, TRAIN_ACTIVE, TRAIN_PASSIVE, TRAIN_PASSIVE_ENC, TRAIN_PASSIVE_UNMASK, SECAGG_KEYS,
+                 SECAGG_PEERS, SPLIT_INIT, SPLIT_TRAIN, NEWTON_INIT, NEWTON_ACTIVE, NEWTON_PASSIVE, NEWTON_APPLY, SAVE,
+                 SCORE_INFO, SCORE, ALIGN)
+
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits
 LOGITS = "logits"  # ArrayRecord a party replies with
@@ -73,6 +81,20 @@ MASKED_SUM = "masked-sum"  # payload key of an encrypted-ν second leg: the part
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
+
+
+def register_handlers(app: ClientApp, handlers: Mapping[str, Callable]) -> None:
+    """Register each handler on ``app`` for its message type, named by this module's constant.
+
+    Flower registers ``app.query("info")`` for ``query.info``; spelling the type once here
+    means a renamed constant reroutes its handler instead of leaving it on the old name. A
+    type that is not in :data:`MESSAGE_TYPES` is refused (Flower refuses a second handler).
+    """
+    for message_type, handler in handlers.items():
+        if message_type not in MESSAGE_TYPES:
+            raise ValueError(f"{message_type!r} is not a message type of the protocol (flower/protocol.py)")
+        category, _, action = message_type.partition(".")
+        getattr(app, category)(action)(handler)
 
 
 def second_leg(message_type: str, payload) -> bool:

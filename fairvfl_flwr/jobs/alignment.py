@@ -264,4 +264,5 @@ def _keep_score_ids(context: Context, common: np.ndarray) -> str:
 
 
 def register(app: ClientApp) -> None:
-    app.query(msgs.ALIGN.split(".", 1)[1])(handle)
+    """The alignment job's party handler on ``app``."""
+    msgs.register_handlers(app, {msgs.ALIGN: handle})

@@ -295,4 +295,5 @@ def save(message: Message, context: Context) -> Message:
 
 
 def register(app: ClientApp) -> None:
-    app.query("save")(save)
+    """Saving's party handler on ``app``."""
+    msgs.register_handlers(app, {msgs.SAVE: save})

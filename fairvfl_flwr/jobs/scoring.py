@@ -381,5 +381,5 @@ def score(message: Message, context: Context) -> Message:
 
 
 def register(app: ClientApp) -> None:
-    app.query("scoreinfo")(score_info)
-    app.query("score")(score)
+    """The scoring job's party handlers on ``app``."""
+    msgs.register_handlers(app, {msgs.SCORE_INFO: score_info, msgs.SCORE: score})
