@@ -177,7 +177,7 @@ def test_a_new_kind_is_one_subclass_and_its_registration():
         lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
         want, _ = _central_nu(y, s, z, np.concatenate([np.zeros(6), lam]), 1, "equalized-odds", "rate", "pairwise")
         np.testing.assert_allclose(groups.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
-        assert groups.label_sensitivity(0.5, 10) > 0 and groups.newton_refusal() is None
+        assert groups.label_sensitivity(0.5, 10) > 0
         with pytest.raises(ValueError, match="taken"):
             register(OtherLabel)
     finally:

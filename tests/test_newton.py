@@ -6,14 +6,12 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.dual_newton import ClippedNewton
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     CentralisedNewton,
     block_direction,
-    dual_newton_step,
-    PAST_BOUND_SHARE,
     party_curvature,
-    past_bound_step,
     subspace_gap_jacobian,
     subspace_step,
 )
@@ -157,22 +155,22 @@ def test_subspace_gap_jacobian_matches_finite_differences():
     assert groups.gap_directions(y, z0).shape == (len(y), 1)
 
 
-def test_dual_newton_step_keeps_weights_nonnegative_and_does_not_cross_the_kink():
+def test_clipped_newton_keeps_weights_nonnegative_and_does_not_cross_the_kink():
     _, y, groups = _problem(5, constraint="equalized-odds")
     lo, hi = groups.weight_bounds()
     lam = np.array([0.02, 0.0, 0.0, 0.01])
     # tiny sensitivities ask for huge steps: clipped to the bounds
-    out = dual_newton_step(lam, np.array([0.5, -0.5]), np.diag([-1e-6, -1e-6]), 0.01, 1e-3, groups)
+    out = ClippedNewton().newton(lam, np.array([0.5, -0.5]), np.diag([-1e-6, -1e-6]), groups, epsilon=0.01, c=1e-3)
     d = out[0::2] - out[1::2]
     assert np.allclose(d, [hi[0], lo[1]]) and (groups.signed_weights(out) >= -1e-15).all()
     # a gap on the other side: d moves toward 0 and stops there, it does not jump across
-    out = dual_newton_step(lam, np.array([-0.5, 0.5]), np.diag([-1e-3, -1e-3]), 0.01, 1e-3, groups)
+    out = ClippedNewton().newton(lam, np.array([-0.5, 0.5]), np.diag([-1e-3, -1e-3]), groups, epsilon=0.01, c=1e-3)
     assert np.allclose(out, 0.0)
     # inside the band at d = 0 nothing moves
-    out = dual_newton_step(np.zeros(4), np.array([0.005, -0.002]), -np.eye(2), 0.01, 1e-3, groups)
+    out = ClippedNewton().newton(np.zeros(4), np.array([0.005, -0.002]), -np.eye(2), groups, epsilon=0.01, c=1e-3)
     assert np.allclose(out, 0.0)
     # the Newton step solves a linear gap exactly: D(d) = D0 + J d reaches ε
-    out = dual_newton_step(np.zeros(4), np.array([0.11, 0.0]), np.diag([-2.0, -2.0]), 0.01, 0.0, groups)
+    out = ClippedNewton().newton(np.zeros(4), np.array([0.11, 0.0]), np.diag([-2.0, -2.0]), groups, epsilon=0.01, c=0.0)
     assert np.isclose(out[0], 0.05) and np.allclose(out[1:], 0.0)
     assert np.allclose(groups.project(np.array([-1.0, 0.0, 0.0, 0.0])), 0.0)
 
@@ -184,12 +182,12 @@ def test_a_step_from_the_weight_bound_moves_d_by_a_share_of_the_bounds_width_at_
     at_bound = np.array([hi[0], 0.0])
     # a huge gap on the other side (a group's loss grown past 40) would throw d across both bounds
     thrown = np.array([0.0, hi[0] + 10 * width])
-    out = past_bound_step(at_bound, thrown, groups)
-    assert np.isclose(out[0] - out[1], hi[0] - PAST_BOUND_SHARE * width)
+    out = ClippedNewton().past_bound(at_bound, thrown, groups)
+    assert np.isclose(out[0] - out[1], hi[0] - ClippedNewton().past_bound_share * width)
     assert (out >= 0).all()
     # a moderate step (the measured datasets' past-bound steps) is left exactly as it was
     small = np.array([hi[0] + 0.01 * width, 0.0])
-    assert past_bound_step(at_bound, small, groups) is small
+    assert ClippedNewton().past_bound(at_bound, small, groups) is small
 
 
 @pytest.mark.parametrize("curv", ["nu", "const", "exact"])

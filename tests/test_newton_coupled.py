@@ -1,5 +1,5 @@
 """Block Newton's dual step where gaps share rows or must keep every weight > 0
-(``ConstraintSet.newton_dual``): equalized odds, demographic parity, several groups."""
+(core/dual_newton.FractionToBoundary): equalized odds, demographic parity, several groups."""
 
 from __future__ import annotations
 
@@ -7,12 +7,8 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import ConstraintSet
-from fairvfl_flwr.core.newton import (
-    dual_newton_step,
-    newton_dual_step,
-    past_bound_rule,
-    subspace_gap_jacobian,
-)
+from fairvfl_flwr.core.dual_newton import ClippedNewton, FractionToBoundary, dual_newton_step, rule_for
+from fairvfl_flwr.core.newton import subspace_gap_jacobian
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.problem import party_problem
 
@@ -30,12 +26,12 @@ def test_dependent_gaps_give_a_finite_step_with_the_fewest_multipliers():
     the combinations of multipliers that change the row weights."""
     y, s, z, rng = group_rows(G=3)
     groups = ConstraintSet.from_labels(y, s, 1, "deo")
-    assert len(groups.constraints) == 3 and not past_bound_rule(groups)
+    assert len(groups.constraints) == 3 and isinstance(rule_for(groups), FractionToBoundary)
     lam = np.zeros(6)
     jac = _jacobian(y, z, groups, rng, lam)
     assert np.linalg.matrix_rank(jac, tol=1e-10 * np.abs(jac).max()) == 2
     gaps = groups.gaps(y, z)
-    out = groups.newton_dual(lam, gaps, jac, 0.01, 0.1, 1e-3)
+    out = FractionToBoundary().step(lam, gaps, jac, groups, epsilon=0.01, beta=0.1, c=1e-3)
     assert np.isfinite(out).all() and (out >= 0).all() and np.abs(out).max() > 0
     d = out[0::2] - out[1::2]
     null = np.array([1.0, -1.0, 1.0]) / np.sqrt(3)  # d_ab − d_ac + d_bc: no row weight changes
@@ -48,7 +44,7 @@ def test_dependent_gaps_give_a_finite_step_with_the_fewest_multipliers():
 
 def test_each_step_keeps_every_weight_above_a_share_of_its_value():
     """Sensitivities that ask for huge steps: the step is damped until no row keeps less than
-    1 − WEIGHT_FRACTION of its weight, on rows that sit on several gaps' sides."""
+    1 − weight_fraction of its weight, on rows that sit on several gaps' sides."""
     y, s, z, rng = group_rows(1, G=4)
     groups = ConstraintSet.from_labels(y, s, 1, "equalized-odds")
     assert groups.gaps_per_row() == 3
@@ -57,9 +53,9 @@ def test_each_step_keeps_every_weight_above_a_share_of_its_value():
     tiny = -1e-6 * np.eye(len(gaps))
     for _ in range(5):
         w_before = groups.signed_weights(lam)
-        lam = groups.newton_dual(lam, gaps, tiny, 0.01, 0.1, 1e-3)
+        lam = FractionToBoundary().step(lam, gaps, tiny, groups, epsilon=0.01, beta=0.1, c=1e-3)
         w = groups.signed_weights(lam)
-        assert (w >= (1 - groups.WEIGHT_FRACTION) * w_before * (1 - 1e-9)).all()
+        assert (w >= (1 - FractionToBoundary().weight_fraction) * w_before * (1 - 1e-9)).all()
         assert np.abs(w - w_before).max() > 0.01 * w_before.max()  # damped, not stopped
     assert (groups.signed_weights(lam) > 0).all()
 
@@ -67,7 +63,7 @@ def test_each_step_keeps_every_weight_above_a_share_of_its_value():
 def test_round_one_gradient_step_keeps_the_weights_positive_too():
     y, s, z, _ = group_rows(2, G=3)
     groups = ConstraintSet.from_labels(y, s, 1, "deo")
-    out = newton_dual_step(np.zeros(6), y, z, groups, None, epsilon=0.01, beta=1e4, c=1e-3)
+    out = dual_newton_step(np.zeros(6), groups.gaps(y, z), None, groups, epsilon=0.01, beta=1e4, c=1e-3)
     assert (groups.signed_weights(out) > 0).all() and np.abs(out).max() > 0
 
 
@@ -75,14 +71,14 @@ def test_round_one_gradient_step_keeps_the_weights_positive_too():
 def test_two_groups_equalized_odds_and_parity_take_the_fraction_to_the_boundary_step(constraint):
     y, s, z, rng = group_rows(3, G=2)
     groups = ConstraintSet.from_labels(y, s == 0, 1, constraint)
-    assert groups.gaps_per_row() == 1 and not past_bound_rule(groups)
+    assert groups.gaps_per_row() == 1 and isinstance(rule_for(groups), FractionToBoundary)
     lam = np.zeros(groups.num_multipliers)
     jac = _jacobian(y, z, groups, rng, lam)
     gaps = groups.gaps(y, z)
-    out = newton_dual_step(lam, y, z, groups, jac, epsilon=0.01, beta=0.1, c=1e-3)
+    out = dual_newton_step(lam, groups.gaps(y, z), jac, groups, epsilon=0.01, beta=0.1, c=1e-3)
     # where the plain Newton step leaves every weight well above 0, it is that step
-    plain = dual_newton_step(lam, gaps, jac, 0.01, 1e-3, groups)
-    if groups.boundary_fraction(np.zeros(len(gaps)), plain[0::2] - plain[1::2]) == 1.0:
+    plain = ClippedNewton().newton(lam, gaps, jac, groups, epsilon=0.01, c=1e-3)
+    if FractionToBoundary().boundary_fraction(groups, np.zeros(len(gaps)), plain[0::2] - plain[1::2]) == 1.0:
         np.testing.assert_allclose(out, plain, rtol=1e-10, atol=1e-14)
     assert (groups.signed_weights(out) > 0).all()
 
@@ -91,13 +87,13 @@ def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     """The paper's case: the step clipped to the weight bounds, past them by gradient."""
     y, s, z, rng = group_rows(4, G=2)
     groups = ConstraintSet.from_labels(y, s == 0, 1, "deo")
-    assert past_bound_rule(groups)
+    assert isinstance(rule_for(groups), ClippedNewton)
     lam = np.array([0.0, 0.05])
     jac = _jacobian(y, z, groups, rng, lam)
     gaps = groups.gaps(y, z)
-    out = newton_dual_step(lam, y, z, groups, jac, epsilon=0.01, beta=0.1, c=1e-3)
-    np.testing.assert_array_equal(out, dual_newton_step(lam, gaps, jac, 0.01, 1e-3, groups))
-    assert np.array_equal(newton_dual_step(np.zeros(2), y, z, groups, None, epsilon=0.01, beta=0.1, c=1e-3),
+    out = dual_newton_step(lam, groups.gaps(y, z), jac, groups, epsilon=0.01, beta=0.1, c=1e-3)
+    np.testing.assert_array_equal(out, ClippedNewton().newton(lam, gaps, jac, groups, epsilon=0.01, c=1e-3))
+    assert np.array_equal(dual_newton_step(np.zeros(2), groups.gaps(y, z), None, groups, epsilon=0.01, beta=0.1, c=1e-3),
                           groups.project(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01]))))
 
 

@@ -32,7 +32,7 @@ from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.algorithms.newton import NewtonVFL, SharedNewtonVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
 from fairvfl_flwr.app.threads import limit_blas_threads
-from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
@@ -103,9 +103,6 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     if cfg.mode == "split":
         algorithm = SplitVFL
     elif cfg.optimizer_in_use == "newton":  # secure aggregation hides X_k s_k: the search over shared step lengths
-        why = labels.groups_for(cfg.constraint, cfg.constraint_measure).newton_refusal() if cfg.fairness else None
-        if why:
-            raise ConfigError(f"run config optimizer={cfg.optimizer!r}: {why}")
         algorithm = SharedNewtonVFL if cfg.secure_aggregation else NewtonVFL
     else:
         algorithm = FairVFL

@@ -8,9 +8,9 @@ of f̃ is, up to terms constant in θ,
 with ∂φ/∂z = ν (``ConstraintSet.masked_weights``) and a diagonal Hessian in z,
 φ''_i (``ConstraintSet.curvature``). One round:
 
-1. Server: the dual step (:func:`newton_dual_step`; where gaps share rows or a kind keeps
-   every weight > 0, the constraint's own, ``ConstraintSet.newton_dual``), then ν as for
-   gradient descent.
+1. Server: the dual step (core/dual_newton.dual_newton_step: clipped to the weight bounds
+   for ``deo`` on two groups, a fraction to the boundary where gaps share rows or a kind
+   keeps every weight > 0), then ν as for gradient descent.
 2. Party k (θ_k with the bias as its last entry for an active party, X_k with a column of
    ones appended): a block Newton direction on a PSD model,
    ``s_k = −(X_kᵀ diag(h) X_k + μI)⁻¹ (X_kᵀν + μθ_k)`` (:func:`block_direction`). Its
@@ -50,6 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.dual_newton import dual_newton_step
 
 CURVATURES = ("exact", "nu", "const")
 ARMIJO = 1e-4
@@ -179,117 +180,6 @@ def subspace_gap_jacobian(
     return -V.T @ solve_psd(H, V, rcond)
 
 
-def dual_newton_step(
-    lam: np.ndarray,
-    gaps: np.ndarray,
-    jac: np.ndarray,
-    epsilon: float,
-    c: float,
-    groups: ConstraintSet,
-    previous: tuple[np.ndarray, np.ndarray] | None = None,
-) -> np.ndarray:
-    """Newton ascent on the dual in d_c = λ_c+ − λ_c− (one multiplier of a pair is 0 at the optimum).
-
-    The dual is concave in d with derivative r_c = D_c − ε sign(d_c) − c d_c (at d_c = 0: 0
-    if |D_c| <= ε, else the side D_c points to). Newton: d ← d − (J − cI)⁻¹ r on the
-    constraints not resting at 0, with J the gaps' sensitivity to d: the subspace's
-    (``jac``, negative semidefinite, a lower bound on the true magnitude), its diagonal made
-    steeper where the secant slope observed since ``previous = (d, gaps)`` is, so the step
-    errs short. A step does not cross 0 (the dual's kink: the other
-    multiplier takes over from there on the next round), and d stays within
-    ``ConstraintSet.weight_bounds`` (loss measure).
-    """
-    lam = np.asarray(lam, dtype=np.float64)
-    gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
-    d = lam[0::2] - lam[1::2]
-    jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
-    steeper = secant_correction(d, gaps, jac, previous)
-    side = np.where(d != 0, np.sign(d), np.where(np.abs(gaps) > epsilon, np.sign(gaps), 0.0))
-    r = gaps - epsilon * side - c * d
-    free = ~((d == 0) & (side == 0))
-    new = d.copy()
-    if free.any():
-        M = (jac + np.diag(steeper) - c * np.eye(len(d)))[np.ix_(free, free)]
-        new[free] = d[free] - np.linalg.solve(M, r[free])
-    new = np.where((d != 0) & (np.sign(new) != np.sign(d)), 0.0, new)
-    out = np.empty_like(lam)
-    out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
-    return groups.project(out)
-
-
-def secant_correction(d: np.ndarray, gaps: np.ndarray, jac: np.ndarray,
-                      previous: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
-    """What to add to J's diagonal so that it is as steep as the secant slope of each gap
-    observed since ``previous = (d, gaps)`` (0 where the subspace's J is steeper already)."""
-    slope = np.diag(jac)
-    steeper = np.zeros(len(d))
-    if previous is not None:
-        d_prev, gaps_prev = (np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in previous)
-        moved = np.abs(d - d_prev) > 0
-        secant = np.where(moved, (gaps - gaps_prev) / np.where(moved, d - d_prev, 1.0), 0.0)
-        steeper = np.minimum(secant - slope, 0.0)
-    return steeper
-
-
-def newton_dual_step(
-    lam: np.ndarray,
-    y: np.ndarray,
-    z: np.ndarray,
-    groups: ConstraintSet,
-    jac: np.ndarray | None,
-    *,
-    epsilon: float,
-    beta: float,
-    c: float,
-    previous: tuple[np.ndarray, np.ndarray] | None = None,
-) -> np.ndarray:
-    """The server's dual step under ``optimizer = "newton"``: :func:`dual_newton_step` with the
-    last round's subspace sensitivity, or the gradient step (β) before there is one; both
-    clipped to keep the weights >= 0. A constraint whose d_c already sits at that bound takes
-    the unclipped gradient step instead (``ConstraintSet.at_weight_bound``). ``previous``: (d, gaps)
-    at the last dual step."""
-    gaps = groups.gaps(y, z)
-    if not past_bound_rule(groups):  # gaps share rows, or the kind keeps every weight > 0
-        return groups.newton_dual(lam, gaps, jac, epsilon, beta, c)
-    if jac is None:
-        return groups.project(ConstraintSet.dual_step(lam, gaps, epsilon, beta, c))
-    new = dual_newton_step(lam, gaps, jac, epsilon, c, groups, previous)
-    past = groups.at_weight_bound(lam)
-    if past.any():
-        step = past_bound_step(lam, ConstraintSet.dual_step(lam, gaps, epsilon, beta, c), groups)
-        for k in np.flatnonzero(past):
-            new[2 * k:2 * k + 2] = step[2 * k:2 * k + 2]
-    return new
-
-
-#: The most a gradient step from a weight bound moves d_c, as a share of the bounds' width.
-PAST_BOUND_SHARE = 0.1
-
-
-def past_bound_step(lam: np.ndarray, step: np.ndarray, groups: ConstraintSet) -> np.ndarray:
-    """The gradient step from a weight bound, moving each d_c by at most PAST_BOUND_SHARE of
-    its bounds' width. Past the bound some rows' weights are <= 0, so their loss is held only
-    by μ: on a small group the gap can then grow far beyond ε, and β times that gap would
-    carry d across both bounds, further each round. A moderate gap's step is unchanged."""
-    lo, hi = groups.weight_bounds()
-    d, d_new = lam[0::2] - lam[1::2], step[0::2] - step[1::2]
-    limit = PAST_BOUND_SHARE * (hi - lo)
-    moved = np.clip(d_new - d, -limit, limit)
-    if np.array_equal(moved, d_new - d):
-        return step
-    target = d + moved
-    out = np.empty_like(step)
-    out[0::2], out[1::2] = np.maximum(target, 0.0), np.maximum(-target, 0.0)
-    return out
-
-
-def past_bound_rule(groups: ConstraintSet) -> bool:
-    """Does the dual step clip d to ``ConstraintSet.weight_bounds`` and step past them by gradient
-    (the rule measured with ``deo`` on two groups), rather than the constraint's own
-    fraction-to-the-boundary step (``ConstraintSet.newton_dual``)?"""
-    return groups.newton_past_bound and groups.gaps_per_row() <= 1
-
-
 def newton_server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fairness=True):
     """The Newton method's server step: the dual Newton step on λ, then ν at the new λ
     (its counterpart of ``core.step.server_step``). Returns ``(λ, ν, previous)``, where
@@ -297,7 +187,7 @@ def newton_server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fa
     if fairness:
         gaps = groups.gaps(y, z)
         d = lam[0::2] - lam[1::2]
-        lam = newton_dual_step(lam, y, z, groups, jac, epsilon=epsilon, beta=beta, c=c, previous=previous)
+        lam = dual_newton_step(lam, gaps, jac, groups, epsilon=epsilon, beta=beta, c=c, previous=previous)
         previous = (d, gaps)
     return lam, groups.masked_weights(y, z, lam), previous
 
@@ -316,7 +206,7 @@ SHARED_MEMORY = 16
 class CentralisedNewton:
     """The centralised counterpart: all columns and the intercept in one θ, the full Hessian.
 
-    Each round: the dual step (:func:`newton_dual_step`), the Newton direction on the whole
+    Each round: the dual step (core/dual_newton.dual_newton_step), the Newton direction on the whole
     problem's PSD model, and the subspace search over it and the last ``memory`` moves. With
     one party (the active one, exact curvature) the federated method is this, to float
     tolerance: the yardstick of tests/test_newton.py.

@@ -16,10 +16,12 @@ fairlearn ``Moment``               here
 ``signed_weights(λ)``              :meth:`ConstraintSet.signed_weights` (w_i = 1/n + m_i)
 =================================  ===========================================
 
-plus the dual step (:meth:`ConstraintSet.dual_step`), Newton's derivatives
+plus the paper's dual step (:meth:`ConstraintSet.dual_step`), Newton's derivatives
 (:meth:`ConstraintSet.gap_directions`, :meth:`ConstraintSet.curvature`,
-:meth:`ConstraintSet.smooth_part`) and the label-DP sensitivity
-(:meth:`ConstraintSet.label_sensitivity`).
+:meth:`ConstraintSet.smooth_part`, :meth:`ConstraintSet.gap_weights`) and the label-DP
+sensitivity (:meth:`ConstraintSet.label_sensitivity`). Block Newton's dual step, which
+solves with these, is core/dual_newton.py, as fairlearn keeps its solver apart from its
+moments.
 
 Each gap c compares two row sets, ``D_c = mean q over A_c − mean q over B_c``, held
 within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c−)``; the multiplier vector is
@@ -129,10 +131,8 @@ class ConstraintSet:
     newton_by_default = False
     #: block Newton's dual step at the weight bound: True takes the paper's gradient step
     #: past it (rows may get negative weights; measured with ``deo`` only), False keeps every
-    #: weight above 0 by the fraction-to-the-boundary rule (:meth:`newton_dual`)
+    #: weight above 0 by the fraction-to-the-boundary rule (core/dual_newton.py)
     newton_past_bound = False
-    #: the share of each row weight's distance to 0 one dual Newton step may cover
-    WEIGHT_FRACTION = 0.5
 
     #: the registered kinds by name (:func:`register`; the package registers the built-in ones)
     kinds: ClassVar[dict[str, type["ConstraintSet"]]] = {}
@@ -267,17 +267,6 @@ class ConstraintSet:
             count += c.in_b
         return int(count.max()) if self.n else 0
 
-    def newton_refusal(self) -> str | None:
-        """Why block Newton's dual step cannot run on this constraint, or None (a kind may refuse).
-
-        Every built-in kind runs: where gaps share rows (several groups, equalized odds on
-        several groups, ``constraint-form = "overall"``) or are linearly dependent,
-        :meth:`newton_dual` solves on the combinations of multipliers that change the row
-        weights and keeps every weight > 0. Whether ``optimizer = "auto"`` picks Newton is
-        :attr:`newton_by_default` and config/run.resolve_optimizer (measured: docs/newton.md).
-        """
-        return None
-
     # -- gaps (fairlearn's gamma) --------------------------------------------------------
     def values(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
         """Per-row q_i the gaps compare, in this constraint's measure."""
@@ -292,7 +281,8 @@ class ConstraintSet:
         return self.gaps_of(self.values(y, z))
 
     # -- multipliers: dual step and projection ------------------------------------------
-    def _check(self, lam: np.ndarray) -> np.ndarray:
+    def check_multipliers(self, lam: np.ndarray) -> np.ndarray:
+        """``lam`` as float64, refused unless it has two multipliers per gap."""
         lam = np.asarray(lam, dtype=np.float64)
         if lam.shape != (self.num_multipliers,):
             raise ValueError(
@@ -301,7 +291,7 @@ class ConstraintSet:
 
     def signed_weights(self, lam: np.ndarray) -> np.ndarray:
         """Per-row w_i = 1/n + m_i, m_i = Σ_c (λ_c+ − λ_c−)([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|)."""
-        lam = self._check(lam)
+        lam = self.check_multipliers(lam)
         w = np.full(self.n, 1.0 / self.n)
         for k, con in enumerate(self.constraints):
             d = float(lam[2 * k] - lam[2 * k + 1])
@@ -369,7 +359,7 @@ class ConstraintSet:
         rel = 1e-9  # project puts d on the bound up to rounding
         return (d >= hi * (1 - rel)) | (d <= lo * (1 - rel))
 
-    # -- block Newton's dual step -------------------------------------------------------
+    # -- the row weights' structure (block Newton's dual step) -------------------------
     def gap_weights(self) -> np.ndarray:
         """n × C: column c is ∂w/∂d_c = 1_A/|A| − 1_B/|B| (the row weights are affine in d).
         Built once: the dual step and :meth:`gap_directions` read it every round (read-only)."""
@@ -382,71 +372,6 @@ class ConstraintSet:
             cols.setflags(write=False)
             self.__dict__["_gap_weights"] = cols
         return cols
-
-    def newton_dual(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, epsilon: float, beta: float,
-                    c: float) -> np.ndarray:
-        """Block Newton's dual step in d_c = λ_c+ − λ_c− where gaps share rows or no gap may
-        pass the weight bound (``newton_past_bound`` False), from the gaps' sensitivity ``jac``
-        in the last subspace (core/newton.subspace_gap_jacobian).
-
-        * Newton on the dual, d ← d − (J − cI)⁻¹ r (r_c = D_c − ε sign(d_c) − c d_c), solved
-          only on the combinations of d that change the row weights: where gaps are linearly
-          dependent (pairwise, G >= 3: D_ab + D_bc = D_ac, and so are the columns of
-          :meth:`gap_weights`) a move along the null space changes neither ν nor any gap, and
-          J is singular there. Of the multipliers that give the new weights, the step keeps
-          those with the least Σ|d_c| (:func:`sparsest`: the dual's −ε Σ|d_c| term).
-        * A step does not cross d_c = 0 (the dual's kink), as on two groups.
-        * Fraction to the boundary on the exact row weights: no w_i may fall below
-          1 − ``WEIGHT_FRACTION`` of its current value (w is affine in d), so every weight
-          stays > 0 and the primal stays convex in z, whatever rows the gaps share. The step
-          is damped (Levenberg–Marquardt, J − cI − ρI with ρ raised until it holds) rather
-          than shortened, because the subspace's J can be nearly flat in one combination and
-          ask for a huge step there; what is left is then shortened along the line.
-        * ``jac`` None (round 1): the paper's gradient step with β, under the same rule.
-        """
-        lam = self._check(lam)
-        gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
-        d = lam[0::2] - lam[1::2]
-        if jac is None:
-            step = self.dual_step(lam, gaps, epsilon, beta, c)
-            new = step[0::2] - step[1::2]
-        else:
-            side = np.where(d != 0, np.sign(d), np.where(np.abs(gaps) > epsilon, np.sign(gaps), 0.0))
-            r = gaps - epsilon * side - c * d
-            free = ~((d == 0) & (side == 0))
-            new = d.copy()
-            if free.any():
-                jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
-                M = (jac - c * np.eye(len(d)))[np.ix_(free, free)]
-                A = self.gap_weights()
-                gram = A[:, free].T @ A[:, free]
-                damping = 0.0
-                while True:  # Levenberg–Marquardt: damp until the step keeps the weights' share
-                    new = d.copy()
-                    new[free] = d[free] + range_solve(M - damping * np.eye(len(M)), -r[free], gram)
-                    new = np.where((d != 0) & (np.sign(new) != np.sign(d)), 0.0, new)
-                    new = sparsest(new, A)
-                    if (not self.q.needs_nonnegative_weights or damping > 1e12
-                            or self.boundary_fraction(d, new - d) >= 1.0):
-                        break
-                    damping = max(4.0 * damping, 1e-3 * max(float(np.abs(M).max()), c))
-        if self.q.needs_nonnegative_weights:
-            new = d + self.boundary_fraction(d, new - d) * (new - d)
-        out = np.empty_like(lam)
-        out[0::2], out[1::2] = np.maximum(new, 0.0), np.maximum(-new, 0.0)
-        return out
-
-    def boundary_fraction(self, d: np.ndarray, step: np.ndarray) -> float:
-        """The largest t in (0, 1] with w(d + t·step) >= (1 − WEIGHT_FRACTION) w(d) on every row."""
-        A = self.gap_weights()
-        w = 1.0 / self.n + A @ d
-        dw = A @ step
-        floor = (1.0 - self.WEIGHT_FRACTION) * np.maximum(w, 0.0)
-        falling = dw < 0
-        if not falling.any():
-            return 1.0
-        room = (floor[falling] - w[falling]) / dw[falling]  # t where w_i reaches its floor
-        return float(np.clip(room.min(), 0.0, 1.0))
 
     # -- Newton's derivatives ------------------------------------------------------------
     def smooth_part(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> float:
@@ -480,38 +405,6 @@ class ConstraintSet:
         at least ``min_group`` rows."""
         return sensitivity(self.n, lambda_bound, min_group, self.flipped_masks(), self.measure,
                            self.gaps_per_row())
-
-
-def range_solve(M: np.ndarray, rhs: np.ndarray, gram: np.ndarray, rcond: float = 1e-10) -> np.ndarray:
-    """The x in range(gram) with P M x = P rhs (P: the projector onto that range): M's solve
-    on the combinations of multipliers that ``gram`` (the weight columns' Gram matrix) does
-    not map to 0, the minimum-norm solution where the gaps are dependent."""
-    vals, vecs = np.linalg.eigh(gram)
-    keep = vals > rcond * max(float(vals.max()), np.finfo(float).tiny)
-    U = vecs[:, keep]
-    return U @ np.linalg.lstsq(U.T @ M @ U, U.T @ rhs, rcond=None)[0]
-
-
-def sparsest(d: np.ndarray, A: np.ndarray, iters: int = 20) -> np.ndarray:
-    """The d' with the same row weights (A d' = A d) and the least Σ|d'_c|: where gaps are
-    dependent, the multipliers that give a weight vector are not unique, and the dual's
-    −ε Σ|d_c| term prefers the fewest. Iteratively reweighted least norms; d itself where
-    the columns of A are independent."""
-    gram = A.T @ A
-    vals, vecs = np.linalg.eigh(gram)
-    null = vecs[:, vals <= 1e-10 * max(float(vals.max()), np.finfo(float).tiny)]
-    if null.shape[1] == 0:
-        return d
-    P = np.eye(len(d)) - null @ null.T  # onto the combinations that change the weights
-    target, out = P @ d, d.copy()
-    tiny = 1e-12 * max(float(np.abs(d).max()), 1e-300)
-    for _ in range(iters):
-        # min Σ d_c²/ω_c subject to P d = target, ω = |d| from the last iterate
-        omega = np.abs(out) + tiny
-        N = null
-        t = np.linalg.lstsq((N.T / omega) @ N, -(N.T / omega) @ target, rcond=None)[0]
-        out = target + N @ t
-    return out
 
 
 def register(*classes: type[ConstraintSet]) -> None:
