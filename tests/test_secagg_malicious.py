@@ -6,49 +6,21 @@ import pandas as pd
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from flwr.app import Array, ConfigRecord
+from flwr.app import Array, ConfigRecord, Message, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.features import roundview, secagg
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools import malicious
+from fairvfl_flwr.tools.malicious import LyingGrid
 
 
-class Wire(InProcessGrid):
-    """Keeps what every reply held when the server pulled it (its transcript; the server's
-    hooks later replace masked words by sums in the same objects)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.received = []  # (reply, {record: {key: array as it arrived}})
-
-    def tamper(self, msg) -> None:
-        """What a malicious server changes in a message before it goes out (nothing here)."""
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        for msg in messages:
-            self.tamper(msg)
-        return super().push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        got = list(super().pull_messages(message_ids))
-        for r in got:
-            arrays = {} if r.has_error() else {name: {k: a.numpy().copy() for k, a in rec.items()}
-                                               for name, rec in r.content.array_records.items()}
-            self.received.append((r, arrays))
-        return got
-
-    def replies(self, mtype=None):
-        return [r for r, _ in self.received if mtype is None or r.metadata.message_type == mtype]
-
-    def values(self, *names):
-        """Every array the server received in records ``names``."""
-        return [a for _, arrays in self.received for name in names for a in arrays.get(name, {}).values()]
+class Wire(LyingGrid):
+    """The malicious server's wire (tools/malicious.py), with what a test asks of it."""
 
     def plain_values(self):
         return [a for a in self.values(msgs.LOGITS, msgs.DIRECTIONS) if a.dtype != np.uint64]
@@ -193,3 +165,64 @@ def test_a_wrong_peers_file_is_named_as_such_not_as_party_0s_key(tmp_path):
     mine = [why for why in reasons if "partition 2" in why]
     assert mine and all("peers file is not this federation's" in why for why in mine)
     assert not any("party 0's key" in why for why in mine)
+
+
+# -- one view of the round: a server that sends different parties different values -------
+def _isolation_config(tmp_path, rounds):
+    return _config(tmp_path, **{"num-server-rounds": rounds, "stop-tolerance": 0.0})
+
+
+@pytest.mark.parametrize("probe", [True, False], ids=["probe-nu", "real-nu-to-one"])
+def test_different_nu_per_party_decodes_noise_and_every_party_refuses_the_next_round(tmp_path, probe):
+    rc = _isolation_config(tmp_path, 10)
+    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    got = malicious.isolate(rc, target=2, probe=probe, identities=ids)
+    assert got.refused_round == 2 and got.rounds_decoded == 2  # round 0 (one view) and round 1 (noise)
+    assert got.noise > 100.0  # a true sum of logits is O(1); uncancelled masks are uniform over ±2^15
+    assert got.gram_error >= 0.9
+    assert len(got.reasons) == rc["num-parties"]  # every party, each naming a peer whose view differed
+    assert all("view of round 1 differs" in why and "party " in why for why in got.reasons)
+
+
+@pytest.mark.parametrize("rounds", [10, 30, pytest.param(100, marks=pytest.mark.slow)])
+def test_masks_bound_to_the_view_alone_leave_the_server_noise_over_many_rounds(tmp_path, monkeypatch, rounds):
+    """Parties that never compared confirmations (the check off): the masks still do not cancel."""
+    monkeypatch.setattr(roundview, "confirm_peers", lambda *a, **kw: None)
+    got = malicious.isolate(_isolation_config(tmp_path, rounds), target=2)
+    assert got.refused_round is None and got.rounds_decoded == rounds + 1
+    assert got.gram_error >= 0.9
+
+
+def test_without_the_binding_the_isolation_attack_reads_the_target(tmp_path, monkeypatch):
+    """What the tests above guard against: masks not bound to the view cancel for any ν."""
+    monkeypatch.setattr(roundview, "confirm_peers", lambda *a, **kw: None)
+    monkeypatch.setattr(roundview, "bound_key", lambda key, view: key)
+    got = malicious.isolate(_isolation_config(tmp_path, 30), target=2)
+    assert got.gram_error < 1e-3
+
+
+class ResendChanged(Wire):
+    """Re-sends every passive party's round-3 request with another ν (the guard would answer it
+    from θ, masked again)."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg in messages:
+            if msg.metadata.group_id == "3" and msg.metadata.message_type == msgs.TRAIN_PASSIVE:
+                nu = msg.content.array_records[msgs.PAYLOAD]["nu"].numpy()
+                again = Message(RecordDict({**msg.content}), dst_node_id=msg.metadata.dst_node_id,
+                                message_type=msg.metadata.message_type, group_id="3")
+                again.content.array_records[msgs.PAYLOAD] = msgs.array_record(nu=nu * 2)
+                self.reseal([again])
+                self.received.append((self._answer(again), {}))
+        return ids
+
+
+def test_a_resent_round_with_changed_nu_is_refused(tmp_path):
+    rc = _config(tmp_path)
+    grid = _grid(ResendChanged, tmp_path, rc)
+    run_server(grid, rc)  # the honest exchange goes on; the altered re-sends got nothing
+    refused = [r for r in grid.replies() if r.has_error()]
+    assert len(refused) == rc["num-parties"] - 1
+    assert all("a second, different train.passive/passive message for round 3" in r.error.reason for r in refused)

@@ -20,7 +20,7 @@ from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.features import roundview, secagg
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import PartyUnavailable
@@ -202,7 +202,7 @@ def test_a_lost_reply_is_resent_as_the_same_words_and_nobody_is_unmasked(tmp_pat
     assert np.array_equal(lost["gram"].numpy(), server[3]["gram-2"])
     round3 = [r for r in grid.received if r[1] == "3" and r[0] != msgs.NEWTON_APPLY]
     assert len(round3) == 3  # the lost reply never arrived; the re-sent one did, nothing else
-    assert all(set(r[3]) == {msgs.DIRECTIONS, secagg.SQ_NORM} for r in round3)
+    assert all(set(r[3]) == {msgs.DIRECTIONS, secagg.SQ_NORM, roundview.CONFIRM} for r in round3)
 
 
 def test_auto_picks_shared_step_newton_under_secure_aggregation():

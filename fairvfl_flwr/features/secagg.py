@@ -77,6 +77,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
 from fairvfl_flwr.data.partydata import NodeConfigError
+from fairvfl_flwr.features import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -221,8 +222,8 @@ def _array(blob: bytes) -> Array:
 
 
 # -- the server's side -----------------------------------------------------------------
-def agree_keys(parties: list[tuple[int, int, str]], send) -> None:
-    """Relay a key set-up: each party's signed X25519 key to every party.
+def agree_keys(parties: list[tuple[int, int, str]], send) -> str:
+    """Relay a key set-up: each party's signed X25519 key to every party; returns the session id.
 
     ``parties``: (node id, partition id, name) of each; ``send(messages)`` returns the
     replies in the order of ``messages``. A new session id per set-up: new pair keys."""
@@ -239,6 +240,15 @@ def agree_keys(parties: list[tuple[int, int, str]], send) -> None:
         public[f"sig-{pid}"] = record["signature"]
     send([Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
                   group_id="secagg") for nid, _, _ in parties])
+    return str(session["session"])
+
+
+def mask_round(message: Message) -> int | None:
+    """The round a reply to ``message`` is masked under: a scoring chunk's first row, else
+    the round config's round (None: the message carries none)."""
+    if message.metadata.message_type == msgs.SCORE:
+        return int(message.content.config_records["score"]["start"])
+    return round_of(message)[0] if msgs.ROUND in message.content.config_records else None
 
 
 def unmask_sum(words: list[np.ndarray], what: str) -> np.ndarray:
@@ -260,19 +270,31 @@ class SecureAggregation(RoundHook):
 
     The decoded z goes to the server's state as the first party's logits and zeros for
     the others: the server's z is exact, its per-party view is what it received (noise).
+    Every message after the set-up carries the exchange's view and the confirmations the
+    parties sent with their last masked replies (features/roundview.py).
     """
+
+    views: roundview.ServerViews | None = None
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> None:
         order = server.ordered_nodes()
-        agree_keys([(n.node_id, n.partition_id, str(n)) for n in order],
-                   lambda messages: server.exchange(grid, messages, timeout))
+        session = agree_keys([(n.node_id, n.partition_id, str(n)) for n in order],
+                             lambda messages: server.exchange(grid, messages, timeout))
+        self.views = roundview.ServerViews(session)
         return None
+
+    def outgoing(self, server: ServerView, messages: list[Message]) -> None:
+        if self.views is not None:
+            self.views.attach(messages, lambda nid: server.nodes[nid].role,
+                              lambda nid: server.nodes[nid].partition_id, mask_round)
 
     def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
                  timeout: float) -> list[Message]:
         """Each masked record summed over the parties: the first party's reply holds the sum,
         the others zeros (the server's z and the Newton search read only sums)."""
         first = server.ordered_nodes()[0].node_id
+        if self.views is not None:
+            self.views.collect(replies, lambda nid: server.nodes[nid].partition_id)
         for name in (msgs.LOGITS, msgs.DIRECTIONS, SQ_NORM):
             carrying = [r for r in replies if name in r.content.array_records]
             if not carrying:
@@ -476,10 +498,34 @@ def _label(name: str, key: str) -> str:
 
 
 def mask_mod(message: Message, context: Context, call_next) -> Message:
-    """ClientApp mod (outermost): mask the logits or Newton directions of every reply that
-    carries them, and its ‖θ_k‖². New records replace the reply's: the guard may hold the
-    plain ones to answer a re-sent message, which is then masked again to the same words."""
+    """ClientApp mod (outermost): check the message against the round's view
+    (features/roundview.py) before anything acts on it, then mask the logits or Newton
+    directions of every reply that carries them, and its ‖θ_k‖², under pair keys bound to
+    that view. New records replace the reply's: the guard may hold the plain ones to answer
+    a re-sent message, which is then masked again to the same words."""
+    held = context.state.config_records.get(SESSION_STATE)
+    if held is None or message.metadata.message_type in roundview.UNBOUND:
+        return _mask_reply(message, context, call_next(message, context), None)
+    rt = PartyRuntime(context)
+    if not rt.cfg.secure_aggregation:
+        return call_next(message, context)
+    keys = _pair_keys(context)
+    seen = roundview.accept(message, context.state, session=str(held["session"]), own=rt.spec.partition_id,
+                            role=rt.spec.role, who=rt.who, pair_keys=keys, mask_round=mask_round(message))
+    server_round, part, view, awaiting = seen
+    roundview.remember(context.state, server_round, part, view, awaiting)  # what inner mods and a re-send see
     reply = call_next(message, context)
+    if reply.has_error():
+        return reply
+    reply = _mask_reply(message, context, reply, view)
+    masked_now = roundview.CONFIRM in reply.content.array_records
+    roundview.remember(context.state, server_round, part, view, awaiting or masked_now)
+    return reply
+
+
+def _mask_reply(message: Message, context: Context, reply: Message, view: bytes | None) -> Message:
+    """The reply with its logits or directions masked (pair keys bound to ``view``), and this
+    party's confirmations of the view; unchanged if it carries neither or masking is off."""
     if reply.has_error():
         return reply
     name = next((n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in reply.content.array_records), None)
@@ -488,15 +534,14 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     rt = PartyRuntime(context)
     if not rt.cfg.secure_aggregation:
         return reply
-    keys = _pair_keys(context)
+    raw = _pair_keys(context)
     k = rt.cfg.num_parties
-    if len(keys) != k - 1:
-        raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(keys)} of "
+    if len(raw) != k - 1 or view is None:
+        raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(raw)} of "
                               f"{k - 1} pair keys (no set-up, or the node restarted); start the run again")
+    keys = {j: roundview.bound_key(key, view) for j, key in raw.items()}
     own, mtype = rt.spec.partition_id, message.metadata.message_type
-    # A scoring chunk's nonce is its first row: chunks advance, each masked once.
-    server_round = int(message.content.config_records["score"]["start"]) if mtype == msgs.SCORE \
-        else round_of(message)[0]
+    server_round = mask_round(message)
     nonces = _Nonces(context, rt.who, mtype, server_round)
     masked_record = {}
     for key, array in reply.content.array_records[name].items():
@@ -521,6 +566,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
         reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
     reply.content.array_records[name] = msgs.array_record(**masked_record)
+    reply.content.array_records[roundview.CONFIRM] = roundview.confirmations(view, own, raw)
     return reply
 
 

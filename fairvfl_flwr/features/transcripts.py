@@ -47,7 +47,7 @@ from flwr.serverapp import Grid
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.party import VIEW_STATE, PartyRuntime, round_of
 
 SERVER = "server"
 
@@ -180,6 +180,9 @@ def transcript_mod(message: Message, context, call_next) -> Message:
         arrays["alpha"] = payload["alpha"].numpy()
     elif mtype == msgs.NEWTON_APPLY:
         arrays["alpha-last"] = payload["alpha"].numpy()
+    view = context.state.config_records.get(VIEW_STATE)
+    if view is not None and int(view["round"]) == server_round:  # secure aggregation: the masks' view (a coalition peels with it)
+        arrays["view"] = np.frombuffer(bytes.fromhex(str(view["view"])), dtype=np.uint8)
     logits = reply.content.array_records.get(msgs.LOGITS)
     if logits is not None:
         arrays["own-u"] = logits["train"].numpy()

@@ -23,6 +23,8 @@ Points, in the order a run meets them:
   carry it differently, e.g. encrypted); None keeps the plain message;
 * ``incoming``: a round's replies (round 0: the first logits), before they are folded into
   the server's state (a channel with a second leg sends it here);
+* ``outgoing``: every message of an exchange, just before it goes out (the algorithm's,
+  the hooks' own and the restart messages alike), after every other point has shaped it;
 * ``record``: a round's history row, before it is stored (the one thing a hook may write
   to directly: its own columns);
 * ``end``: after a round is folded and recorded (guards, checkpoints); a hook may exchange
@@ -186,6 +188,9 @@ class RoundHook:
     ) -> list[Message]:
         return replies
 
+    def outgoing(self, server: ServerView, messages: list[Message]) -> None:
+        return None
+
     def record(self, server: ServerView, server_round: int, row: dict) -> None:
         return None
 
@@ -249,6 +254,10 @@ class Hooks:
         for h in self.hooks:
             replies = h.incoming(self.view, grid, server_round, replies, timeout)
         return replies
+
+    def outgoing(self, messages: list[Message]) -> None:
+        for h in self.hooks:
+            h.outgoing(self.view, messages)
 
     def record(self, server_round: int, row: dict) -> None:
         for h in self.hooks:

@@ -272,7 +272,10 @@ class VFLServer:
         return self.exchange(grid, messages, timeout)
 
     def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float, named: bool = True) -> list[Message]:
-        """Push, poll, retry and check envelopes (:func:`fairvfl_flwr.flower.exchange.exchange`)."""
+        """Push, poll, retry and check envelopes (:func:`fairvfl_flwr.flower.exchange.exchange`),
+        once every hook has seen the messages (``outgoing``)."""
+        messages = list(messages)
+        self.hooks.outgoing(messages)
         return exchange.exchange(grid, messages, timeout, self.cfg.round_retries,
                                  lambda nid: self.who(nid, named))
 

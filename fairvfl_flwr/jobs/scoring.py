@@ -52,7 +52,7 @@ from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.encoding import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.data.tables import ids_digest
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.features import roundview, secagg
 from fairvfl_flwr.jobs.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
@@ -125,10 +125,15 @@ class JobGrid:
     def __init__(self, grid: Grid, trained: Mapping[str, Any]) -> None:
         self._grid, self._record = grid, ConfigRecord(dict(trained))
 
-    def push_messages(self, messages):
-        messages = list(messages)
+    def stamp(self, messages: list[Message]) -> None:
+        """Add the training settings to ``messages`` (before a view of them is taken: the
+        parties act on them)."""
         for m in messages:
             m.content[TRAINING] = self._record
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.stamp(messages)
         return self._grid.push_messages(messages)
 
     def __getattr__(self, name: str):
@@ -212,9 +217,12 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
                 f"{party} holds {r['n-rows']} rows to score (ids digest {r['ids-digest']}), party {min(info)} holds "
                 f"{first['n-rows']} (ids digest {first['ids-digest']}): every party must hold the same row ids; refused")
     n = int(first["n-rows"])
+    views = None
     if cfg.secure_aggregation:  # each chunk's replies masked: the server learns the per-row totals only
-        secagg.agree_keys([(info[pid]["node"], pid, who[info[pid]["node"]]) for pid in sorted(info)],
-                          lambda ms: exchange.exchange(grid, ms, timeout, retries, name))
+        session = secagg.agree_keys([(info[pid]["node"], pid, who[info[pid]["node"]]) for pid in sorted(info)],
+                                    lambda ms: exchange.exchange(grid, ms, timeout, retries, name))
+        views = roundview.ServerViews(session)  # every chunk one view of all parties
+        node_info = {int(info[pid]["node"]): info[pid] for pid in info}
     chunk = cfg.score_chunk_rows
     ordered = [info[pid]["node"] for pid in sorted(info)]
     wire = np.dtype(cfg.wire_dtype)
@@ -223,7 +231,13 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         messages = [_message(nid, msgs.SCORE, {**job, "start": start, "stop": stop}, f"score-{start}") for nid in ordered]
+        if views is not None:
+            grid.stamp(messages)
+            views.attach(messages, lambda nid: str(node_info[nid]["role"]), lambda nid: int(node_info[nid]["partition-id"]),
+                         secagg.mask_round)
         got = {r.metadata.src_node_id: r for r in exchange.exchange(grid, messages, timeout, retries, name)}
+        if views is not None:
+            views.collect(got.values(), lambda nid: int(node_info[nid]["partition-id"]))
         chunk_ids = None
         parts = []
         for nid in ordered:

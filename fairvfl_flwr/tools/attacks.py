@@ -53,6 +53,7 @@ import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.newton import party_curvature
+from fairvfl_flwr.features.roundview import bound_key
 from fairvfl_flwr.features.secagg import decode, mask
 
 #: Singular values kept, relative to the largest: below it is the float32 wire's rounding (6e-8
@@ -400,9 +401,10 @@ class SumEstimate:
 
 # -- the coalition server + active party under secure aggregation ---------------------------------
 def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round: int,
-               split: str = "train") -> np.ndarray:
+               split: str = "train", view: bytes | None = None) -> np.ndarray:
     """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other
-    party → key) removed.
+    party → key) removed; ``view``: the round's view digest the masks are bound to
+    (features/roundview.py), which the holder of the keys computed itself.
 
     Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
     k_ij for some j undoes those terms. With every pair key of the word (one passive party and
@@ -410,20 +412,23 @@ def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round
     """
     out = np.asarray(words, dtype=np.uint64).copy()
     for other, key in keys.items():
-        m = mask(key, server_round, split, len(out))
+        m = mask(key if view is None else bound_key(key, view), server_round, split, len(out))
         out = out + m if other < pid else out - m  # uint64: wraps mod 2^64
     return out
 
 
-def coalition_peeled(server_rounds: list[dict], pid: int, holder: int, keys: dict[int, bytes]) -> list[dict]:
+def coalition_peeled(server_rounds: list[dict], pid: int, holder: int, keys: dict[int, bytes],
+                     views: dict[int, bytes] | None = None) -> list[dict]:
     """The server's transcript with party ``pid``'s training words peeled by the key it shares
-    with party ``holder`` (``keys``: the holder's pair keys, other party → key)."""
+    with party ``holder`` (``keys``: the holder's pair keys, other party → key; ``views``: the
+    holder's view digest of each round, from its transcript)."""
     pair = {holder: keys[pid]}
     out = []
     for r in server_rounds:
         r = dict(r)
+        t = int(r["round"])
         if f"u-{pid}" in r and r[f"u-{pid}"].dtype == np.uint64:
-            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, int(r["round"])))
+            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, t, view=(views or {}).get(t)))
         out.append(r)
     return out
 
