@@ -20,7 +20,8 @@ from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
-from fairvfl_flwr.features import roundview, secagg
+from fairvfl_flwr.features import secagg
+from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import PartyUnavailable
@@ -135,8 +136,11 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
     for mtype, group, src, arrays, metrics in grid.received:
         if mtype in (msgs.INFO, msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.SAVE):
             continue  # role and row counts, a public key, digests
-        assert set(arrays) in ({msgs.LOGITS, secagg.SQ_NORM}, {msgs.DIRECTIONS, secagg.SQ_NORM}), (mtype, arrays)
+        assert set(arrays) in ({msgs.LOGITS, secagg.SQ_NORM, roundview.CONFIRM},
+                               {msgs.DIRECTIONS, secagg.SQ_NORM, roundview.CONFIRM}), (mtype, arrays)
         assert metrics[msgs.STATS]["sq-norm"] == 0.0  # ‖θ_k‖² travels masked
+        confirmations = arrays.pop(roundview.CONFIRM)  # one 32-byte HMAC of the round's view per peer
+        assert len(confirmations) == 2 and all(t.dtype == np.uint8 and t.size == 32 for t in confirmations.values())
         for record in arrays.values():
             for key, words in record.items():
                 assert words.dtype == np.uint64, (mtype, key)

@@ -77,7 +77,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
 from fairvfl_flwr.data.partydata import NodeConfigError
-from fairvfl_flwr.features import roundview
+from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -271,7 +271,7 @@ class SecureAggregation(RoundHook):
     The decoded z goes to the server's state as the first party's logits and zeros for
     the others: the server's z is exact, its per-party view is what it received (noise).
     Every message after the set-up carries the exchange's view and the confirmations the
-    parties sent with their last masked replies (features/roundview.py).
+    parties sent with their last masked replies (flower/roundview.py).
     """
 
     views: roundview.ServerViews | None = None
@@ -499,7 +499,7 @@ def _label(name: str, key: str) -> str:
 
 def mask_mod(message: Message, context: Context, call_next) -> Message:
     """ClientApp mod (outermost): check the message against the round's view
-    (features/roundview.py) before anything acts on it, then mask the logits or Newton
+    (flower/roundview.py) before anything acts on it, then mask the logits or Newton
     directions of every reply that carries them, and its ‖θ_k‖², under pair keys bound to
     that view. New records replace the reply's: the guard may hold the plain ones to answer
     a re-sent message, which is then masked again to the same words."""

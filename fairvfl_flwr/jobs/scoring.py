@@ -52,9 +52,9 @@ from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.encoding import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.data.tables import ids_digest
-from fairvfl_flwr.features import roundview, secagg
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.jobs.alignment import align_score_rows
-from fairvfl_flwr.flower import checks, exchange
+from fairvfl_flwr.flower import checks, exchange, roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, run_config

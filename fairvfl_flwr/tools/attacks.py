@@ -53,7 +53,7 @@ import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.newton import party_curvature
-from fairvfl_flwr.features.roundview import bound_key
+from fairvfl_flwr.flower.roundview import bound_key
 from fairvfl_flwr.features.secagg import decode, mask
 
 #: Singular values kept, relative to the largest: below it is the float32 wire's rounding (6e-8
@@ -404,7 +404,7 @@ def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round
                split: str = "train", view: bytes | None = None) -> np.ndarray:
     """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other
     party → key) removed; ``view``: the round's view digest the masks are bound to
-    (features/roundview.py), which the holder of the keys computed itself.
+    (flower/roundview.py), which the holder of the keys computed itself.
 
     Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
     k_ij for some j undoes those terms. With every pair key of the word (one passive party and

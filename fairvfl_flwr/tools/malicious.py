@@ -2,7 +2,7 @@
 
 The real ServerApp runs; :class:`LyingGrid` rewrites what it sends before the parties get
 it (:meth:`LyingGrid.tamper`) and then covers its tracks: each message's view of the round
-(features/roundview.py) lists the part that message carries, so every party's own check
+(flower/roundview.py) lists the part that message carries, so every party's own check
 passes whatever it was sent. The server also ignores its own cancellation check and keeps
 every sum it decodes (:func:`decoded_sums`). What the parties do about it is theirs.
 
@@ -27,7 +27,8 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.problem import load_data
-from fairvfl_flwr.features import roundview, secagg
+from fairvfl_flwr.features import secagg
+from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
