@@ -10,6 +10,7 @@ import pytest
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.core.constraints import CONSTRAINTS, KINDS, ConstraintSet, GroupSizeError
 from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.features import labeldp
 from fairvfl_flwr.core.objective import logistic_loss, loss_derivative, sigmoid
 from fairvfl_flwr.data.tables import load_csv
 
@@ -103,7 +104,7 @@ def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():
     for form in ("pairwise", "overall"):
         groups = ConstraintSet.from_labels(y, s, 1, "equalized-odds", form=form)
         m, bound_lam = groups.smallest_group() - 1, 0.6
-        bound = groups.label_sensitivity(bound_lam, m)
+        bound = labeldp.label_sensitivity(groups, bound_lam, m)
         worst = 0.0
         for _ in range(10):
             lam = np.zeros(groups.num_multipliers)
@@ -177,7 +178,7 @@ def test_a_new_kind_is_one_subclass_and_its_registration():
         lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
         want, _ = _central_nu(y, s, z, np.concatenate([np.zeros(6), lam]), 1, "equalized-odds", "rate", "pairwise")
         np.testing.assert_allclose(groups.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
-        assert groups.label_sensitivity(0.5, 10) > 0
+        assert labeldp.label_sensitivity(groups, 0.5, 10) > 0
         with pytest.raises(ValueError, match="taken"):
             register(OtherLabel)
     finally:

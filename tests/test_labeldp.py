@@ -45,8 +45,8 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
     y = np.where(rng.random(n) < 0.4, 1.0, -1.0)
     s = rng.random(n) < 0.3
     groups = _groups(y, s, constraint, measure)
-    m = labeldp.min_group_size(groups) - 1
-    bound = groups.label_sensitivity(lam_bound, m)
+    m = groups.smallest_group() - 1
+    bound = labeldp.label_sensitivity(groups, lam_bound, m)
     worst = 0.0
     for trial in range(40):
         z = rng.normal(scale=3.0, size=n)

@@ -23,8 +23,10 @@ data and of any neighbour):
   equalized-odds 2, demographic-parity 0) hold disjoint rows, so k = subsets × P²;
 * other rows' o_i do not depend on y_j (z is fixed).
 
-So Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)), r the row term: the constraint object computes
-it (ConstraintSet.label_sensitivity). tests/test_labeldp.py checks it by flipping labels.
+So Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)), r the row term (:func:`label_sensitivity`, from
+what the constraint object and its measure say: the kind's ``label_subsets``, the gap
+sides per row, the measure's ``row_bound`` and ``slope_bound``). tests/test_labeldp.py
+checks it by flipping labels.
 
 Noise keyed on a fresh random secret the server draws at start, not on the labels'
 fingerprint (as ``privacy.nu-noise`` is): a DP adversary knows every label but one, so
@@ -41,11 +43,13 @@ from logging import INFO
 import numpy as np
 from flwr.supercore import log
 
-from fairvfl_flwr.core.constraints import ConstraintSet, sensitivity
+from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints.measures import measure
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
-__all__ = ["HIGH_ORDERS", "LabelDP", "epsilon_spent", "min_group_size", "noise_multiplier_for", "sensitivity"]
+__all__ = ["HIGH_ORDERS", "LabelDP", "epsilon_spent", "flipped_masks", "label_sensitivity", "noise_multiplier_for",
+           "sensitivity"]
 
 
 def _accountants():
@@ -81,9 +85,29 @@ def noise_multiplier_for(epsilon: float, delta: float, steps: int, sample_rate: 
                                             steps=steps, accountant="rdp", alphas=_alphas(acc)))
 
 
-def min_group_size(groups: ConstraintSet) -> int:
-    """The smallest constraint group of the data."""
-    return groups.smallest_group()
+def flipped_masks(constraint: ConstraintSet) -> int:
+    """Σ over the subsets a label flip changes of (gap sides the row's group mask feeds)²:
+    1 for DEO with two groups, 2 for equalized odds, 0 for demographic parity."""
+    return constraint.label_subsets * constraint.gaps_per_row() ** 2
+
+
+def label_sensitivity(constraint: ConstraintSet, lambda_bound: float, min_group: int) -> float:
+    """Δ: the L2 bound on one round's change of ν when one training label flips, with
+    |λ_c+ − λ_c−| <= ``lambda_bound`` and every gap side of at least ``min_group`` rows."""
+    return sensitivity(constraint.n, lambda_bound, min_group, flipped_masks(constraint), constraint.measure,
+                       constraint.gaps_per_row())
+
+
+def sensitivity(n: int, lambda_bound: float, min_group: int, flipped_groups: int, measure_name: str = "loss",
+                row_gaps: int = 1) -> float:
+    """Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)): r the flipped row's own bound (its weight sits on
+    ``row_gaps`` gap sides of >= m rows), k = ``flipped_groups``, g the measure's max slope."""
+    if min_group < 1:
+        raise ValueError(f"the public lower bound on the group sizes must be >= 1, got {min_group}")
+    m = float(min_group)
+    q = measure(measure_name)
+    row = q.row_bound(n, row_gaps * lambda_bound / m)
+    return math.sqrt(row * row + flipped_groups * (q.slope_bound * lambda_bound) ** 2 / (m * (m + 1.0) ** 2))
 
 
 class LabelDP(RoundHook):
@@ -99,12 +123,12 @@ class LabelDP(RoundHook):
         self.n = groups.n
         self.epsilon, self.delta, self.rounds = float(epsilon), float(delta), int(rounds)
         self.lambda_bound = float(lambda_bound) if fairness else 0.0
-        actual = min_group_size(groups)
+        actual = groups.smallest_group()
         if min_group > actual:
             raise ConfigError(f"run config privacy.label-dp-min-group={min_group}: the data's smallest constraint group has "
                              f"{actual} rows; set a bound <= {actual} (0: the data's smallest group - 1)")
         self.min_group = int(min_group) if min_group > 0 else actual - 1
-        self.sensitivity = groups.label_sensitivity(self.lambda_bound, self.min_group)
+        self.sensitivity = label_sensitivity(groups, self.lambda_bound, self.min_group)
         self.noise_multiplier = noise_multiplier_for(self.epsilon, self.delta, self.rounds)
         self.sigma = self.noise_multiplier * self.sensitivity
         self.secret = secrets.token_bytes(32) if secret is None else bytes(secret)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairvfl_flwr.core.constraints.base import (
-    FORMS, ConstraintSet, Gap, GroupSizeError, SensitiveGroups, register, sensitivity,
+    FORMS, ConstraintSet, Gap, GroupSizeError, SensitiveGroups, register,
 )
 from fairvfl_flwr.core.constraints.demographic_parity import DemographicParity
 from fairvfl_flwr.core.constraints.deo import DEO
@@ -24,7 +24,7 @@ KINDS = ConstraintSet.kinds
 CONSTRAINTS = tuple(KINDS)
 
 __all__ = ["CONSTRAINTS", "FORMS", "KINDS", "MEASURES", "ConstraintSet", "Gap", "GroupSizeError",
-           "SensitiveGroups", "build", "kind", "register", "sensitivity"]
+           "SensitiveGroups", "build", "kind", "register"]
 
 
 def kind(name: str) -> type[ConstraintSet]:

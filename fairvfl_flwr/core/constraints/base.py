@@ -18,10 +18,10 @@ fairlearn ``Moment``               here
 
 plus the paper's dual step (:meth:`ConstraintSet.dual_step`), Newton's derivatives
 (:meth:`ConstraintSet.gap_directions`, :meth:`ConstraintSet.curvature`,
-:meth:`ConstraintSet.smooth_part`, :meth:`ConstraintSet.gap_weights`) and the label-DP
-sensitivity (:meth:`ConstraintSet.label_sensitivity`). Block Newton's dual step, which
-solves with these, is core/dual_newton.py, as fairlearn keeps its solver apart from its
-moments.
+:meth:`ConstraintSet.smooth_part`, :meth:`ConstraintSet.gap_weights`). What uses these
+lives with its feature, as fairlearn keeps its solver apart from its moments: block
+Newton's dual step in core/dual_newton.py, the label-DP sensitivity (from a kind's
+``label_subsets`` and :meth:`ConstraintSet.gaps_per_row`) in features/labeldp.py.
 
 Each gap c compares two row sets, ``D_c = mean q over A_c − mean q over B_c``, held
 within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c−)``; the multiplier vector is
@@ -36,7 +36,6 @@ within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c−)``; the multiplier v
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -125,7 +124,8 @@ class ConstraintSet:
     #: registry name (run-config ``constraint``)
     kind = ""
     #: how many of :meth:`subsets` a row's label decides (a label flip moves the row
-    #: between them, or into or out of one): label DP's count of changed groups
+    #: between them, or into or out of one): label DP's count of changed subsets
+    #: (features/labeldp.label_sensitivity)
     label_subsets = 0
     #: does ``optimizer = "auto"`` pick block Newton for it? (measured: docs/newton.md)
     newton_by_default = False
@@ -393,19 +393,6 @@ class ConstraintSet:
         """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
         return self.q.slope(y, z)[:, None] * self.gap_weights()
 
-    # -- label DP --------------------------------------------------------------------------
-    def flipped_masks(self) -> int:
-        """Label DP: Σ over the subsets a label flip changes of (gap sides the row's group mask
-        feeds)²: 1 for DEO with two groups, 2 for equalized odds, 0 for demographic parity."""
-        return self.label_subsets * self.gaps_per_row() ** 2
-
-    def label_sensitivity(self, lambda_bound: float, min_group: int) -> float:
-        """Δ: the L2 bound on one round's change of ν when one training label flips
-        (features/labeldp.py), with |λ_c+ − λ_c−| <= ``lambda_bound`` and every gap side of
-        at least ``min_group`` rows."""
-        return sensitivity(self.n, lambda_bound, min_group, self.flipped_masks(), self.measure,
-                           self.gaps_per_row())
-
 
 def register(*classes: type[ConstraintSet]) -> None:
     """Make constraint kinds available by their ``kind`` name (run-config ``constraint``)."""
@@ -414,14 +401,3 @@ def register(*classes: type[ConstraintSet]) -> None:
             raise ValueError(f"constraint kind {cls.__name__}: its name {cls.kind!r} is empty or taken")
         ConstraintSet.kinds[cls.kind] = cls
 
-
-def sensitivity(n: int, lambda_bound: float, min_group: int, flipped_groups: int, measure_name: str = "loss",
-                row_gaps: int = 1) -> float:
-    """Δ = sqrt(r² + k g² Λ² / (m (m + 1)²)): r the flipped row's own bound (its weight sits on
-    ``row_gaps`` gap sides of >= m rows), k = ``flipped_groups``, g the measure's max slope."""
-    if min_group < 1:
-        raise ValueError(f"the public lower bound on the group sizes must be >= 1, got {min_group}")
-    m = float(min_group)
-    q = measure_named(measure_name)
-    row = q.row_bound(n, row_gaps * lambda_bound / m)
-    return math.sqrt(row * row + flipped_groups * (q.slope_bound * lambda_bound) ** 2 / (m * (m + 1.0) ** 2))
