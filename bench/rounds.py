@@ -74,7 +74,7 @@ def rounds_to_target(history: list[dict], epsilon: float) -> int | None:
     final = evals[-1]["acc"]
     hit = None
     for r in evals:
-        ok = abs(r["acc"] - final) * 100 <= ACC_POINTS and r["deo"] <= epsilon + DEO_SLACK
+        ok = abs(r["acc"] - final) * 100 <= ACC_POINTS and r["max_gap"] <= epsilon + DEO_SLACK
         hit = (hit or r["round"]) if ok else None
     return hit
 
@@ -84,7 +84,7 @@ def rounds_to_gaps(history: list[dict], epsilon: float) -> int | None:
     hit = None
     for r in history:
         if r["round"] > 0:
-            hit = (hit or r["round"]) if r.get("max_gap", r["deo"]) <= epsilon + GAP_SLACK else None
+            hit = (hit or r["round"]) if r["max_gap"] <= epsilon + GAP_SLACK else None
     return hit
 
 
@@ -167,10 +167,10 @@ def run(overrides: dict, tmp: str) -> dict:
     history = json.loads((Path(folder) / "history.json").read_text())
     eps = float(overrides.get("epsilon", 0.01))
     return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * summary["test_acc"],
-            "final_train_deo": summary["train_deo"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
+            "final_train_deo": summary["train_max_gap"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
             "rounds_to_gaps": rounds_to_gaps(history, eps),
-            "final_max_gap": history[-1].get("max_gap", history[-1]["deo"]),
-            "max_gap_curve": [round(r.get("max_gap", r["deo"]), 5) for r in history if r["round"] > 0],
+            "final_max_gap": history[-1]["max_gap"],
+            "max_gap_curve": [round(r["max_gap"], 5) for r in history if r["round"] > 0],
             "min_weight_n": _min_weight_n(overrides, history[-1]), "rounds_run": summary.get("rounds"), "round_seconds": history[-1]["seconds"],
             "seconds": time.perf_counter() - t}
 

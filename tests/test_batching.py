@@ -56,7 +56,7 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
     cols = split_columns(ds.n_features, 6, num_active, 49)
     models = [build_model("linear", len(c), bias=k < num_active, seed=seed * 1000 + k) for k, c in enumerate(cols)]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = ConstraintSet.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint)
+    groups = ConstraintSet.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, cfg.measure)
     ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
                          epsilon=cfg.epsilon, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
     for t in range(1, rounds + 1):
@@ -71,8 +71,8 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
     assert lams.max() > 0
     # evaluation rounds record L and the gaps on every training row, the others on the next batch
     assert [r["train_rows"] for r in history] == [N_TRAIN if r["round"] % 4 == 0 else b for r in history]
-    assert history[-1]["deo"] == pytest.approx(train_stats(ds.y_train, ref.z(), groups).deo, abs=1e-12)
-    assert summary["batch_size"] == b and summary["train_deo"] == history[-1]["deo"]
+    assert history[-1]["max_gap"] == pytest.approx(train_stats(ds.y_train, ref.z(), groups).max_gap, abs=1e-12)
+    assert summary["batch_size"] == b and summary["train_max_gap"] == history[-1]["max_gap"]
 
 
 # -- what travels -----------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_a_batch_too_small_to_hold_every_group_is_refused_before_round_1(out_dir
     cfg = _crime(out_dir, constraint="equalized-odds", batch_size=20, num_server_rounds=50)
     grid = RecordingGrid(client_app, cfg.to_flower(), cfg.num_parties)
     with pytest.raises(ConfigError, match=r"batching.batch-size=20: round \d+'s batch holds no row of group b in "
-                                          r"constraint 'y=[+-]1' \(39 of 1200 training rows\).*use batching.batch-size >= \d+"):
+                                          r"constraint 'y=[+-]1: [^']*' \(39 of 1200 training rows\).*use batching.batch-size >= \d+"):
         run_server(grid, cfg.to_flower())
     assert grid.pairs == []  # nothing was sent
     y = np.array([1] * 98 + [-1, -1])

@@ -247,7 +247,7 @@ def test_compare_engine_flwr_equals_inprocess_for_fedbcd_and_split_learning(tmp_
     assert [r["method"] for r in real] == [r["method"] for r in same] == ["FedBCD", SPLIT_NAME]
     for a, b in zip(real, same):
         assert a["engine"] == "flwr" and b["engine"] == "inprocess"
-        for key in ("acc", "dfp", "dfn", "train_loss", "train_deo"):
+        for key in ("acc", "dfp", "dfn", "train_loss", "train_max_gap"):
             assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), (a["method"], key)
     z_real, z_same = load_scores(real[0]["run_dir"]), load_scores(same[0]["run_dir"])
     np.testing.assert_allclose(z_real[1], z_same[1], rtol=1e-9)

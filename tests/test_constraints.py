@@ -151,7 +151,10 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
     lams = np.array([r["lambdas"] for r in history[1:]])
     assert lams.shape == (rounds, groups.num_multipliers)
     assert np.allclose(lams, np.array(ref.lams), atol=1e-12)
-    assert [[r["lambda1"], r["lambda2"]] for r in history] == [r["lambdas"][:2] for r in history]
+    if constraint == "deo":  # the paper's names, for DEO only
+        assert [[r["lambda1"], r["lambda2"]] for r in history] == [r["lambdas"][:2] for r in history]
+    else:
+        assert not any("lambda1" in r or "deo" in r for r in history)
     assert lams[-1].max() > 0
     assert summary["constraint"] == constraint and len(summary["lambdas"]) == groups.num_multipliers
 
@@ -186,7 +189,7 @@ def test_fairness_off_keeps_every_multiplier_zero(out_dir, run_app):
     cfg = RunConfig(dataset="crime", fairness=False, constraint="equalized-odds", num_server_rounds=20,
                     eval_every=10, output_dir=out_dir)
     _, summary, _ = run_app(cfg)
-    assert summary["lambda"] == [0.0, 0.0] and summary["lambdas"] == [0.0] * 4
+    assert "lambda" not in summary and summary["lambdas"] == [0.0] * 4
 
 
 @pytest.mark.slow  # 200 rounds to meet the constraints; the fast loop runs two active parties above

@@ -36,7 +36,7 @@ class FairVFL(VFLServer):
             "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds, batch %s",
             c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
             "on" if c.fairness else "off",
-            c.constraint if c.constraint_measure == "loss" else f"{c.constraint} on {c.constraint_measure}",
+            f"{c.constraint} on {c.measure}",
             c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,
             f"{self.batch_size} rows" if self.batch_size else "full",
         )

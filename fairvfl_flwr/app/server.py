@@ -79,7 +79,7 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     """
     hooks: list[RoundHook] = [DivergenceGuard()]
     if cfg.label_dp_epsilon > 0:
-        hooks.append(LabelDP(labels.groups_for(cfg.constraint, cfg.constraint_measure), epsilon=cfg.label_dp_epsilon,
+        hooks.append(LabelDP(labels.groups_for(cfg.constraint, cfg.measure), epsilon=cfg.label_dp_epsilon,
                              delta=cfg.label_dp_delta, rounds=cfg.num_server_rounds,
                              lambda_bound=cfg.label_dp_lambda_bound, min_group=cfg.label_dp_min_group,
                              fairness=cfg.fairness))

@@ -88,8 +88,9 @@ class RunConfig:
     fairness: bool = S(True, "false: the unconstrained FedBCD baseline (the multipliers stay 0)")
     constraint: str = S("deo", "which gaps are constrained (fairness-constraints.md)", choices=CONSTRAINTS,
                         why=f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
-    constraint_measure: str = S("loss", "what each gap compares: loss (the paper: mean logistic loss) or rate "
-                                "(mean sigmoid: soft error rates)", choices=MEASURES)
+    constraint_measure: str = S("auto", "what each gap compares: rate (mean sigmoid: soft positive rates, as "
+                                "fairlearn's parity), loss (the paper: mean logistic loss) or auto (rate for "
+                                "equalized-odds and demographic-parity, loss for deo)", choices=("auto", *MEASURES))
     constraint_form: str = S("pairwise", "with several groups: pairwise (every pair of groups; two groups: the "
                              "paper's gap) or overall (each group against all rows, fairlearn's difference_bound)",
                              choices=FORMS, why=f"choose one of {', '.join(FORMS)}")
@@ -294,6 +295,13 @@ class RunConfig:
     def mu_value(self, n_train: int) -> float:
         """μ as a number: ``"2/n"`` means 2 / (training rows), as in the paper."""
         return mu_number(self.mu, n_train)
+
+    @property
+    def measure(self) -> str:
+        """``loss`` or ``rate``: what the constraint's gaps compare (``auto``: the kind's own)."""
+        if self.constraint_measure != "auto":
+            return self.constraint_measure
+        return ConstraintSet.kind_named(self.constraint).default_measure
 
     @property
     def optimizer_in_use(self) -> str:

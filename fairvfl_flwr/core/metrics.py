@@ -6,6 +6,12 @@ gap of a group to the rate over all rows; :func:`group_rates` has every group's 
 :func:`positive_rate_gaps` is the demographic-parity difference (share predicted +1).
 A group without rows of a label value on the evaluated rows has no rate for it and is left
 out of that gap (a small group often has none on a test split).
+
+:func:`demographic_parity_difference` and :func:`equalized_odds_difference` are fairlearn's
+metrics of the same names (``method="between_groups"``), written in numpy so that every run
+reports them without fairlearn installed; they follow fairlearn where a group has no rows of
+a label value: its rate counts as 0 there (tests/test_metrics.py checks both against
+fairlearn on random data).
 """
 
 from __future__ import annotations
@@ -68,16 +74,43 @@ def positive_rate_gaps(codes: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     return {"dpd": _spread(rates), "dpd_overall": _to_overall(rates, float(positive.mean()))}
 
 
+def _share(hit: np.ndarray, rows: np.ndarray) -> float:
+    # fairlearn's zero_division: a rate over no rows is 0
+    return float(hit[rows].mean()) if rows.any() else 0.0
+
+
+def demographic_parity_difference(pred: np.ndarray, groups: np.ndarray) -> float:
+    """fairlearn's ``demographic_parity_difference``: the largest minus the smallest share of
+    rows predicted positive (``pred`` in {-1, +1} or {0, 1}) over the groups present in ``groups``."""
+    positive, groups = np.asarray(pred) == 1, np.asarray(groups)
+    shares = [_share(positive, groups == g) for g in np.unique(groups)]
+    return float(max(shares) - min(shares))
+
+
+def equalized_odds_difference(y: np.ndarray, pred: np.ndarray, groups: np.ndarray) -> float:
+    """fairlearn's ``equalized_odds_difference``: the larger of the true-positive-rate and the
+    false-positive-rate difference (each the largest minus the smallest over the groups);
+    ``y`` and ``pred`` in {-1, +1} or {0, 1}."""
+    y, positive, groups = np.asarray(y) == 1, np.asarray(pred) == 1, np.asarray(groups)
+    tpr = [_share(positive, (groups == g) & y) for g in np.unique(groups)]
+    fpr = [_share(positive, (groups == g) & ~y) for g in np.unique(groups)]
+    return float(max(max(tpr) - min(tpr), max(fpr) - min(fpr)))
+
+
 def fairness_metrics(y: np.ndarray, s: np.ndarray, z: np.ndarray) -> dict[str, float]:
-    """ACC, DFP and DFN of the classifier sign(z) on rows (y, s)."""
+    """ACC, DFP and DFN of the classifier sign(z) on rows (y, s), and fairlearn's demographic
+    parity and equalized odds differences (``dp_diff``, ``eo_diff``)."""
     pred = predict(z)
     s = np.asarray(s)
     acc = float((pred == np.asarray(y)).mean())
+    fairlearn = {"dp_diff": demographic_parity_difference(pred, s),
+                 "eo_diff": equalized_odds_difference(y, pred, s)}
     if s.dtype == bool:
         r = error_rates(y, s, pred)
-        return {"acc": acc, "dfp": abs(r["fpr_a"] - r["fpr_b"]), "dfn": abs(r["fnr_a"] - r["fnr_b"])}
+        return {"acc": acc, "dfp": abs(r["fpr_a"] - r["fpr_b"]), "dfn": abs(r["fnr_a"] - r["fnr_b"]), **fairlearn}
     rates = group_rates(y, s, pred).values()
     everyone = group_rates(np.asarray(y), np.zeros(len(s), dtype=np.int64), pred)["0"]
     fpr, fnr = [r["fpr"] for r in rates], [r["fnr"] for r in rates]
     return {"acc": acc, "dfp": _spread(fpr), "dfn": _spread(fnr),
-            "dfp_overall": _to_overall(fpr, everyone["fpr"]), "dfn_overall": _to_overall(fnr, everyone["fnr"])}
+            "dfp_overall": _to_overall(fpr, everyone["fpr"]), "dfn_overall": _to_overall(fnr, everyone["fnr"]),
+            **fairlearn}

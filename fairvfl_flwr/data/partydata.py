@@ -470,8 +470,8 @@ def server_labels_for(cfg, ds=None):
     else:
         ds = ds if ds is not None else load_data(cfg)
         labels = parse_label_table(label_table(ds), ds.source or ds.name)
-        if labels.group_names is not None:
-            labels = dataclasses.replace(labels, group_names=tuple(ds.group_names))
+        # the data's names, also for two groups (the label file says only a and b)
+        labels = dataclasses.replace(labels, group_names=tuple(ds.group_names))
     return dataclasses.replace(labels, options=group_options(cfg))
 
 

@@ -59,7 +59,7 @@ def group_options(cfg: RunConfig) -> dict:
 def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int,
                       names: tuple[str, ...] | None = None) -> ConstraintSet:
     """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s)."""
-    return ConstraintSet.from_labels(y, s, protected_label, cfg.constraint, cfg.constraint_measure, names=names,
+    return ConstraintSet.from_labels(y, s, protected_label, cfg.constraint, cfg.measure, names=names,
                               **group_options(cfg))
 
 

@@ -3,10 +3,12 @@
 Layout of ``<output-dir>/<run name>/``::
 
     config.json     the resolved run config (every key, defaults included)
-    history.csv     one row per round: L, DEO, D, λ1, λ2, test ACC/DFP/DFN, seconds
+    history.csv     one row per round: L, the largest gap, every gap by name, the multipliers,
+                    test ACC/DFP/DFN and fairlearn's DP/EO differences, seconds (DEO adds
+                    the paper's DEO, D, λ1, λ2); gaps and multipliers as JSON in the CSV
     history.json    the same rows as JSON
     summary.json    final metrics, rounds, wall time, dataset sizes
-    convergence.png L(θ) and DEO(θ) against rounds, with the ε line
+    convergence.png L(θ) and the largest gap against rounds, with the ε line
 
 The history is rewritten at every evaluation round, so a long run shows its progress
 on disk and an interrupted run keeps what it had done.
@@ -23,10 +25,12 @@ from pathlib import Path
 
 from fairvfl_flwr.config.run import RunConfig
 
-# lambda1/lambda2: the first two multipliers (the paper's λ for constraint=deo); max_gap,
-# gaps, lambdas: every constraint's gap and every multiplier (docs/fairness-constraints.md).
-COLUMNS = ["round", "loss", "deo", "gap", "lambda1", "lambda2", "acc", "dfp", "dfn", "seconds",
-           "max_gap", "gaps", "lambdas"]
+# One schema for every constraint (docs/fairness-constraints.md, "History and summary"):
+# max_gap = max_c |D_c|, gaps = {name: D_c}, lambdas = [λ_1+, λ_1-, ...]; dp_diff, eo_diff:
+# fairlearn's differences on the test rows.
+COLUMNS = ["round", "loss", "max_gap", "gaps", "lambdas", "acc", "dfp", "dfn", "dp_diff", "eo_diff", "seconds"]
+#: constraint = "deo" only: the paper's names (|D|, D and the first gap's two multipliers)
+DEO_COLUMNS = ["deo", "gap", "lambda1", "lambda2"]
 # max-staleness > 0: partition ids whose logits are from this round, and {partition id: rounds behind}
 ASYNC_COLUMNS = ["fresh", "stale"]
 # batch-size > 0: training rows loss/deo/gaps were measured on (all rows in evaluation rounds, else the next batch)
@@ -74,14 +78,16 @@ class RunRecorder:
 
     def write_history(self) -> None:
         # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
-        columns = COLUMNS + [k for k in ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS if any(k in r for r in self.rows)]
+        optional = DEO_COLUMNS + ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS
+        columns = COLUMNS + [k for k in optional if any(k in r for r in self.rows)]
         rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
         _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")
         tmp = self.folder / "history.csv.tmp"
         with tmp.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=columns)
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()}
+                             for r in rows)
         os.replace(tmp, self.folder / "history.csv")
 
     def finish(self, extra: dict | None = None) -> dict:
@@ -97,17 +103,14 @@ class RunRecorder:
             "epsilon": self.cfg.epsilon,
             "rounds": last["round"],
             "train_loss": last["loss"],
-            "train_deo": last["deo"],
-            "lambda": [last["lambda1"], last["lambda2"]],
             "constraint": self.cfg.constraint,
-            "constraint_measure": self.cfg.constraint_measure,
-            "train_max_gap": last.get("max_gap", last["deo"]),
-            "train_gaps": last.get("gaps", [last["gap"]]),
-            "lambdas": last.get("lambdas", [last["lambda1"], last["lambda2"]]),
+            "constraint_measure": self.cfg.measure,
+            "train_max_gap": last["max_gap"],
+            "train_gaps": last["gaps"],
+            "lambdas": last["lambdas"],
+            **({"train_deo": last["deo"], "lambda": [last["lambda1"], last["lambda2"]]} if "deo" in last else {}),
             "evaluated_on": "validation" if self.cfg.validation_fraction > 0 else "test",
-            "test_acc": final_eval.get("acc"),
-            "test_dfp": final_eval.get("dfp"),
-            "test_dfn": final_eval.get("dfn"),
+            **{f"test_{k}": final_eval.get(k) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")},
             "seconds": last["seconds"],
             "seconds_per_round": last["seconds"] / max(1, last["round"]),
             **(extra or {}),
@@ -130,13 +133,11 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     ax1.set_xlabel("communication round")
     ax1.set_ylabel(r"$L(\theta)$")
     ax1.set_title("training objective")
-    ax2.plot(rounds, [r["deo"] for r in rows], color="C1", label=r"DEO($\theta$)")
-    if all("max_gap" in r for r in rows) and any(len(r.get("gaps", ())) > 1 for r in rows):
-        ax2.plot(rounds, [r["max_gap"] for r in rows], color="C2", label=rf"max$_c|D_c|$ ({cfg.constraint})")
+    ax2.plot(rounds, [r["max_gap"] for r in rows], color="C1", label=rf"max$_c|D_c|$ ({cfg.constraint} on {cfg.measure})")
     if cfg.fairness:
         ax2.axhline(cfg.epsilon, color="k", ls="--", lw=1, label=rf"$\epsilon$ = {cfg.epsilon:g}")
     ax2.set_xlabel("communication round")
-    ax2.set_ylabel(r"DEO($\theta$) on train")
+    ax2.set_ylabel("largest gap on train")
     ax2.set_ylim(bottom=0)
     ax2.set_title("fairness constraint")
     ax2.legend()
@@ -145,6 +146,11 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def gap_label(summary: dict) -> str:
+    """The name of the largest training gap in a summary: DEO for the paper's constraint."""
+    return "DEO" if summary.get("constraint") == "deo" else "max gap"
 
 
 def format_summary(summary: dict, folder: Path) -> str:
@@ -158,12 +164,16 @@ def format_summary(summary: dict, folder: Path) -> str:
         f"fairness {'on, eps=' + format(summary['epsilon'], 'g') if summary['fairness'] else 'off'}",
         f"  rounds            {summary['rounds']}",
         f"  train L(theta)    {summary['train_loss']:.4f}",
-        f"  train DEO         {summary['train_deo']:.4f}",
-        *([f"  lambda            ({summary['lambda'][0]:.4f}, {summary['lambda'][1]:.4f})"]
+        f"  train {gap_label(summary):<12}{summary['train_max_gap']:.4f}  ({summary['constraint']} on "
+        f"{summary['constraint_measure']}, largest of {len(summary['train_gaps'])} gap(s))",
+        *([f"  lambda            ({', '.join(f'{v:.4f}' for v in summary['lambdas'][:6])}"
+           f"{', ...' if len(summary['lambdas']) > 6 else ''})"]
           if summary["fairness"] else []),  # without the fairness term λ stays 0
         f"  test ACC          {f(None if summary['test_acc'] is None else 100 * summary['test_acc'], '.2f')}%",
         f"  test DFP          {f(summary['test_dfp'], '.4f')}",
         f"  test DFN          {f(summary['test_dfn'], '.4f')}",
+        f"  test DP diff      {f(summary.get('test_dp_diff'), '.4f')}  (fairlearn's demographic_parity_difference)",
+        f"  test EO diff      {f(summary.get('test_eo_diff'), '.4f')}  (fairlearn's equalized_odds_difference)",
         f"  wall time         {summary['seconds']:.1f} s ({1000 * summary['seconds_per_round']:.1f} ms/round)",
         f"  results           {folder}",
     ]

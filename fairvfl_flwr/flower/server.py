@@ -50,6 +50,9 @@ from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
 #: another join seconds apart).
 NODE_WAIT = 5.0
 
+#: The test metrics of an evaluated round (NaN in the others): core/metrics.fairness_metrics.
+TEST_METRICS = ("acc", "dfp", "dfn", "dp_diff", "eo_diff")
+
 
 class SyncRounds:
     """The synchronous round loop: every party's reply to round t before round t + 1."""
@@ -100,7 +103,7 @@ class VFLServer:
     ) -> None:
         self.cfg = config
         self.labels = labels
-        self.groups: ConstraintSet = labels.groups_for(config.constraint, config.constraint_measure)
+        self.groups: ConstraintSet = labels.groups_for(config.constraint, config.measure)
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.view = ServerView(self)  # what the hooks see of this server
@@ -332,16 +335,11 @@ class VFLServer:
         row: dict = {
             "round": server_round,
             "loss": self.stats.loss + 0.5 * self.mu * sum(self.sq_norms.values()),
-            "deo": self.stats.deo,
-            "gap": self.stats.gap,
-            "lambda1": float(self.lam[0]),
-            "lambda2": float(self.lam[1]),
             "max_gap": self.stats.max_gap,  # max_c |D_c|: the constraint set holds when <= ε
-            "gaps": list(self.stats.gaps),  # D_c of every constraint (deo: [D])
+            "gaps": self.groups.gaps_by_name(self.stats.gaps),  # every D_c by name
             "lambdas": [float(v) for v in self.lam],  # all multipliers [λ_1+, λ_1-, λ_2+, λ_2-, ...]
-            "acc": np.nan,
-            "dfp": np.nan,
-            "dfn": np.nan,
+            **self.groups.own_columns(self.stats.gaps, self.lam),
+            **dict.fromkeys(TEST_METRICS, np.nan),
             "seconds": time.perf_counter() - self._t0,
         }
         if self.batch_size:
@@ -353,19 +351,23 @@ class VFLServer:
         self.hooks.record(server_round, row)
         if evaluated:
             self.u_test.clear()
-            # without the fairness term ε bounds nothing and λ stays 0: the line leaves both out
-            fair = (f" (eps {self.cfg.epsilon:.3g}) lambda=({row['lambda1']:.4f}, {row['lambda2']:.4f})"
-                    if self.cfg.fairness else "")
-            log(
-                INFO,
-                "[round %d/%d] L=%.4f DEO=%.4f%s | test ACC=%.2f%% DFP=%.3f DFN=%.3f | %.1f s",
-                server_round, self.cfg.num_server_rounds, row["loss"], row["deo"], fair,
-                100 * row["acc"], row["dfp"], row["dfn"], row["seconds"],
-            )
+            log(INFO, "[round %d/%d] %s", server_round, self.cfg.num_server_rounds, self.round_line(row))
         self.history.append(row)
         if self.on_round is not None:
             self.on_round(row)
         return row
+
+    def round_line(self, row: dict) -> str:
+        """The log line of an evaluated round: L, the largest gap (named for the constraint),
+        the multipliers, the test metrics and fairlearn's differences."""
+        # without the fairness term ε bounds nothing and λ stays 0: the line leaves both out
+        lam = row["lambdas"]
+        multipliers = (f"lambda=({lam[0]:.4f}, {lam[1]:.4f})" if len(lam) == 2
+                       else f"max lambda={max(lam):.4f} of {len(lam)}")
+        fair = f" (eps {self.cfg.epsilon:.3g}) {multipliers}" if self.cfg.fairness else ""
+        return (f"L={row['loss']:.4f} {self.groups.gap_label}={row['max_gap']:.4f}{fair} | test "
+                f"ACC={100 * row['acc']:.2f}% DFP={row['dfp']:.3f} DFN={row['dfn']:.3f} "
+                f"DP diff={row['dp_diff']:.3f} EO diff={row['eo_diff']:.3f} | {row['seconds']:.1f} s")
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> dict:

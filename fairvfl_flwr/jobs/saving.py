@@ -97,8 +97,8 @@ def per_group(labels, z_test: np.ndarray | None, names: list | None) -> dict:
 def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
     """Every party saves its block; the server writes ``model.json`` and ``model-card.md``."""
     hook = server.hook(FinalTest)
-    metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_deo", "train_max_gap", "evaluated_on",
-                                           "test_acc", "test_dfp", "test_dfn")}
+    metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_max_gap", "train_gaps", "evaluated_on",
+                                           "test_acc", "test_dfp", "test_dfn", "test_dp_diff", "test_eo_diff")}
     metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed)
     metrics["groups"] = per_group(server.labels, hook.z_test if hook else None, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
@@ -125,11 +125,10 @@ class CheckpointBlocks(RoundHook):
         if self.every <= 0 or server_round % self.every:
             return
         row = server.last_row
-        metrics = {"rounds": server_round, "train_loss": _number(row["loss"]), "train_deo": _number(row["deo"]),
-                   "train_max_gap": _number(row.get("max_gap", row["deo"])),
+        metrics = {"rounds": server_round, "train_loss": _number(row["loss"]),
+                   "train_max_gap": _number(row["max_gap"]), "train_gaps": row["gaps"],
                    "evaluated_on": "validation" if server.cfg.validation_fraction > 0 else "test",
-                   "test_acc": _number(row.get("acc")), "test_dfp": _number(row.get("dfp")),
-                   "test_dfn": _number(row.get("dfn"))}
+                   **{f"test_{k}": _number(row.get(k)) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")}}
         test = server.hook(FinalTest)
         evaluated = test is not None and test.round == server_round
         metrics["intervals"] = final_intervals(server.labels, test.z_test if evaluated else None, server.cfg.seed)
@@ -170,7 +169,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
                       "rule": "decision 1 (positive) when sigma(z) >= 0.5, i.e. z = sum_k u_k >= 0"},
         "positive-label": positive_label(cfg),
         "groups": group_labels(cfg, summary.get("group-names")),
-        "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.constraint_measure,
+        "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.measure,
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
         "config": cfg.to_flower(),
     }
@@ -221,7 +220,10 @@ def run_card(m: dict, summary: dict) -> str:
         f"| accuracy | {with_iv('acc', met.get('test_acc'), pct=True)} |",
         f"| DFP = abs(FPR_a − FPR_b) | {with_iv('dfp', met.get('test_dfp'))} |",
         f"| DFN = abs(FNR_a − FNR_b) | {with_iv('dfn', met.get('test_dfn'))} |",
-        f"| train DEO (the constrained gap) | {_fmt(met.get('train_deo'))} |",
+        f"| demographic parity difference (fairlearn's) | {_fmt(met.get('test_dp_diff'))} |",
+        f"| equalized odds difference (fairlearn's) | {_fmt(met.get('test_eo_diff'))} |",
+        f"| train: largest constrained gap ({m['constraint']} on {m['constraint-measure']}) | "
+        f"{_fmt(met.get('train_max_gap'))} |",
         "",
     ]
     if met.get("groups"):

@@ -354,7 +354,7 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
             "rounds_run": summary["rounds"], "optimizer": cfg.optimizer_in_use,
             "num_parties": cfg.num_parties, "n_train": int(len(ds.y_train)),
             "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],
-            "train_deo": summary["train_deo"], **result}
+            "train_max_gap": summary["train_max_gap"], **result}
 
 
 def table(rows: list[dict]) -> str:
@@ -368,7 +368,7 @@ def table(rows: list[dict]) -> str:
         "| active: distance rank corr. of the passive sum's trajectories (shuffled) "
         "| server + active, secure aggregation: a passive party's Gram error after peeling the active party's masks "
         "| active: passive columns outside the span of S(t), rel. (guess: 1.0; span dim.) "
-        "| test ACC % | DFP | DFN | train DEO |",
+        "| test ACC % | DFP | DFN | train max gap |",
         "|" + "---|" * 22,
     ]
 
@@ -420,7 +420,7 @@ def table(rows: list[dict]) -> str:
             f"{f(r.get('active_traj_rho'))} ({f(r.get('active_traj_rho_chance'))}) | {f(r.get('coalition_party_gram_error'))} | "
             f"{span(r)} | "
             f"{100 * r['test_acc']:.2f} | {r['test_dfp']:.3f} | "
-            f"{r['test_dfn']:.3f} | {r['train_deo']:.4f} |"
+            f"{r['test_dfn']:.3f} | {r['train_max_gap']:.4f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -430,7 +430,7 @@ SPREAD = (("label_attack_best", "labels, strongest attacker"), ("label_attack_ga
           ("label_attack_acc", "labels, round 1"), ("label_attack_acc_avg", "labels, mean of rounds 1-10"),
           ("label_attack_acc_last", "labels, last round"), ("group_attack_auc", "groups AUC"),
           ("group_attack_auc_chance", "groups AUC by chance (95th pct.)"), ("test_acc", "test ACC"),
-          ("train_deo", "train DEO"))
+          ("train_max_gap", "train max gap"))
 
 
 def spread(rows: list[dict], repeats: int) -> str:

@@ -128,7 +128,7 @@ def _train_records(row: Row, done: Done, engine: str) -> list[dict]:
             "rounds": summary["rounds"], "epsilon": config.get("epsilon") if config.get("fairness") else None,
             "run_dir": str(done.folder)}
     recs = [{"method": row.method, **base, "acc": summary["test_acc"], "dfp": summary["test_dfp"],
-             "dfn": summary["test_dfn"], "train_loss": summary["train_loss"], "train_deo": summary["train_deo"],
+             "dfn": summary["test_dfn"], "train_loss": summary["train_loss"], "train_max_gap": summary["train_max_gap"],
              "seconds": done.seconds, "config": config}]
     return recs + post_records(recs[0], row.post)
 
@@ -154,7 +154,7 @@ def post_records(fedbcd: dict, post: list[str]) -> list[dict]:
             r = baselines.ceo_postprocess(*args, seed=fedbcd["seed"], protected_label=ds.protected_label)
             extra = {"post-processing": "ceo", "cost_constraint": r["cost_constraint"]}
         recs.append({"method": label, **base, "acc": r["acc"], "dfp": r["dfp"], "dfn": r["dfn"],
-                     "train_loss": None, "train_deo": None, "seconds": time.perf_counter() - t,
+                     "train_loss": None, "train_max_gap": None, "seconds": time.perf_counter() - t,
                      "train_acc": r["train"]["acc"], "train_dfp": r["train"]["dfp"],
                      "train_dfn": r["train"]["dfn"], "config": {**config, **extra}})
     return recs
@@ -171,7 +171,7 @@ def _central_records(row: Row, max_iter: int) -> list[dict]:
               "positive-class": "protected label", "max-iter": max_iter}
     return [{"method": CENTRAL_NAME, "dataset": row.dataset, "model": m, "seed": row.seed, "engine": "central",
              "rounds": None, "epsilon": None, "run_dir": None, "acc": r["acc"], "dfp": r["dfp"], "dfn": r["dfn"],
-             "train_loss": None, "train_deo": None, "seconds": seconds, "config": config} for m in row.models]
+             "train_loss": None, "train_max_gap": None, "seconds": seconds, "config": config} for m in row.models]
 
 
 def _record_key(r: dict) -> tuple:
@@ -247,7 +247,7 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
 
 
 CSV_KEYS = ("method", "dataset", "model", "seed", "engine", "epsilon", "rounds", "acc", "dfp", "dfn",
-            "train_loss", "train_deo", "train_acc", "train_dfp", "train_dfn", "seconds", "run_dir", "config")
+            "train_loss", "train_max_gap", "train_acc", "train_dfp", "train_dfn", "seconds", "run_dir", "config")
 
 
 def write_outputs(records: list[dict], out: Path, epsilons: list[float], wall: float | None = None,

@@ -24,10 +24,10 @@ def _history(run_dir: str) -> list[dict]:
 
 
 def plot_convergence(records: list[dict], model: str, path: Path) -> None:
-    """L(θ) and DEO(θ) on the training rows against rounds, FedBCD and every ε (first seed).
+    """L(θ) and the largest gap (DEO for the paper's runs) on the training rows against
+    rounds, FedBCD and every ε (first seed).
 
-    Only the paper's DEO runs: the FairVFL-EO / -DP rows constrain other gaps (their
-    ``deo`` history column is a rate gap under ``constraint-measure = "rate"``).
+    Only the paper's DEO runs: the FairVFL-EO / -DP rows constrain other gaps, on rates.
     """
     runs = [r for r in records if r["model"] == model and r.get("run_dir") and
             (r["method"] == FEDBCD_NAME or r["method"].startswith("FairVFL("))]
@@ -46,7 +46,7 @@ def plot_convergence(records: list[dict], model: str, path: Path) -> None:
             label = FEDBCD_NAME if r["method"] == FEDBCD_NAME else rf"$\epsilon$={r['epsilon']:g}"
             rounds = [x["round"] for x in h]
             axes[0, j].plot(rounds, [x["loss"] for x in h], color=color, lw=1.2, label=label)
-            deo = [max(x["deo"], 1e-5) for x in h]
+            deo = [max(x["max_gap"], 1e-5) for x in h]
             axes[1, j].plot(rounds[1:], deo[1:], color=color, lw=1.2, label=label)
             if r["epsilon"] is not None:
                 axes[1, j].axhline(r["epsilon"], color=color, ls=":", lw=0.8)

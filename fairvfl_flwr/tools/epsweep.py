@@ -81,8 +81,7 @@ def select_epsilon(points: list[dict], rule: Rule) -> tuple[dict, bool]:
 def _record(done: Done) -> dict:
     summary = done.summary
     return {"acc": summary["test_acc"], "dfp": summary["test_dfp"], "dfn": summary["test_dfn"],
-            "train_max_gap": summary.get("train_max_gap", summary["train_deo"]),
-            "train_deo": summary["train_deo"], "run_dir": str(done.folder), **done.job.data,
+            "train_max_gap": summary["train_max_gap"], "run_dir": str(done.folder), **done.job.data,
             "seconds": done.seconds}
 
 

@@ -27,7 +27,7 @@ from fairvfl_flwr.tools.results import publish, this_command
 from fairvfl_flwr.tools.tables import markdown, mean_std
 
 PROG = "fairvfl-sweep"
-METRICS = ("test_acc", "test_dfp", "test_dfn", "train_deo", "train_loss")
+METRICS = ("test_acc", "test_dfp", "test_dfn", "train_max_gap", "train_loss")
 
 
 def run_grid(
@@ -63,7 +63,7 @@ def run_grid(
         _write(records, out)
         return (f"{rec['dataset']:7s} {rec['model']:6s} {rec['method']:16s} seed {rec['seed']}: "
                 f"ACC {100 * rec['test_acc']:.2f}% DFP {rec['test_dfp']:.3f} DFN {rec['test_dfn']:.3f} "
-                f"train DEO {rec['train_deo']:.4f} ({rec['seconds']:.0f} s)")
+                f"train max gap {rec['train_max_gap']:.4f} ({rec['seconds']:.0f} s)")
 
     run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
     return records
@@ -80,10 +80,10 @@ def _method(eps: str, constraint: str = "deo") -> str:
 
 
 def table(records: list[dict]) -> str:
-    """Markdown: one block per model, rows = methods, columns = ACC/DFP/DFN/train DEO per dataset."""
+    """Markdown: one block per model, rows = methods, columns = ACC/DFP/DFN/train max gap per dataset."""
     lines = []
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
-    header = ["method", *[f"{d} {c}" for d in datasets for c in ("ACC %", "DFP", "DFN", "train DEO")]]
+    header = ["method", *[f"{d} {c}" for d in datasets for c in ("ACC %", "DFP", "DFN", "train max gap")]]
     for model in dict.fromkeys(r["model"] for r in records):
         rows = [r for r in records if r["model"] == model]
         seeds = len({r["seed"] for r in rows})
@@ -98,7 +98,7 @@ def table(records: list[dict]) -> str:
                     mean_std([r["test_acc"] for r in sel], scale=100, digits=2),
                     mean_std([r["test_dfp"] for r in sel]),
                     mean_std([r["test_dfn"] for r in sel]),
-                    mean_std([r["train_deo"] for r in sel], digits=4),
+                    mean_std([r["train_max_gap"] for r in sel], digits=4),
                 ] if sel else ["", "", "", ""]
             cells.append(row)
         lines += markdown(header, cells)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(str(exc))
     print(table(records))
     if a.results is not None:
-        publish(a.out.name, this_command(), {"records": records}, table(records), title="Train DEO sweep",
+        publish(a.out.name, this_command(), {"records": records}, table(records), title="Train max gap sweep",
                 out=a.results)
     print(f"{len(records)} runs in {time.perf_counter() - t0:.0f} s; results in {a.out.resolve()}")
 

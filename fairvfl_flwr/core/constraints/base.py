@@ -127,6 +127,9 @@ class ConstraintSet:
     #: between them, or into or out of one): label DP's count of changed subsets
     #: (features/labeldp.label_sensitivity)
     label_subsets = 0
+    #: what its gaps compare under ``constraint-measure = "auto"``: fairlearn's parity
+    #: constraints compare rates; the paper's DEO compares losses
+    default_measure = "loss"
     #: does ``optimizer = "auto"`` pick block Newton for it? (measured: docs/newton.md)
     newton_by_default = False
     #: block Newton's dual step at the weight bound: True takes the paper's gradient step
@@ -178,7 +181,8 @@ class ConstraintSet:
         cons = tuple(cls._gaps(groups, subsets, form))
         for c in cons:
             if c.size_a == 0 or c.size_b == 0:
-                what = c.name if cls.label_subsets == 0 or c.name != subsets[0][0] else "the protected label"
+                protected = cls.label_subsets and c.name.startswith(subsets[0][0] + ":")
+                what = "the protected label" if protected else c.name
                 raise ValueError(f"both groups need rows with {what} ({cls.kind}): |A|={c.size_a}, |B|={c.size_b}")
         return cls(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(y), constraints=cons, measure=measure,
                    groups=groups, form=form)
@@ -187,9 +191,7 @@ class ConstraintSet:
     def _gaps(groups: SensitiveGroups, subsets, form: str):
         G = len(groups)
         for label, rows in subsets:
-            if G == 2 and form == "pairwise":  # the paper's gap, named as it always was
-                yield Gap(label, rows & groups.mask(0), rows & groups.mask(1))
-            elif form == "pairwise":
+            if form == "pairwise":
                 for g in range(G):
                     for h in range(g + 1, G):
                         yield Gap(f"{label}: {groups.names[g]} vs {groups.names[h]}",
@@ -266,6 +268,18 @@ class ConstraintSet:
             count += c.in_a
             count += c.in_b
         return int(count.max()) if self.n else 0
+
+    # -- what a history row names ----------------------------------------------------------
+    #: the log's name of the largest gap |D_c| (the quantity ε bounds)
+    gap_label = "max gap"
+
+    def gaps_by_name(self, gaps) -> dict[str, float]:
+        """Every gap D_c by its name ('y=+1: Female vs Male'), in multiplier order."""
+        return {c.name: float(g) for c, g in zip(self.constraints, gaps)}
+
+    def own_columns(self, gaps, lam: np.ndarray) -> dict[str, float]:
+        """History columns only this kind has (DEO: the paper's D, |D|, λ1 and λ2); none by default."""
+        return {}
 
     # -- gaps (fairlearn's gamma) --------------------------------------------------------
     def values(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ from fairvfl_flwr.core.constraints.base import ConstraintSet
 
 class DemographicParity(ConstraintSet):
     kind = "demographic-parity"
+    default_measure = "rate"
+    gap_label = "DP gap"
     label_subsets = 0
 
     @classmethod

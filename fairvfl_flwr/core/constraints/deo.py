@@ -12,6 +12,12 @@ class DEO(ConstraintSet):
     label_subsets = 1
     newton_by_default = True
     newton_past_bound = True
+    gap_label = "DEO"
+
+    def own_columns(self, gaps, lam: np.ndarray) -> dict[str, float]:
+        """The paper's names: ``gap`` = D (signed), ``deo`` = |D|, ``lambda1``/``lambda2`` (the
+        first gap's, with several groups)."""
+        return {"deo": abs(float(gaps[0])), "gap": float(gaps[0]), "lambda1": float(lam[0]), "lambda2": float(lam[1])}
 
     @classmethod
     def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:

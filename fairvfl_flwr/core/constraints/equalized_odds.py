@@ -9,6 +9,8 @@ from fairvfl_flwr.core.constraints.base import ConstraintSet
 
 class EqualizedOdds(ConstraintSet):
     kind = "equalized-odds"
+    default_measure = "rate"
+    gap_label = "EO gap"
     label_subsets = 2
 
     @classmethod
