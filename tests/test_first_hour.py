@@ -112,7 +112,7 @@ def test_fairness_false_stops_early_and_logs_no_epsilon(tmp_path, flwr_log):
 
 def test_fairness_on_logs_epsilon_and_lambda(tmp_path, flwr_log):
     run_inprocess({"dataset": "crime", "num-server-rounds": 2, "output-dir": str(tmp_path)})
-    rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ")]
+    rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ") and " L=" in r.getMessage()]
     assert rounds and all("(eps 0.01) lambda=(" in line for line in rounds), rounds
     assert "fairness on, eps=0.01" in flwr_log.text and "  lambda  " in flwr_log.text
 
