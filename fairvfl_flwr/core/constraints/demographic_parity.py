@@ -8,6 +8,17 @@ from fairvfl_flwr.core.constraints.base import ConstraintSet
 
 
 class DemographicParity(ConstraintSet):
+    r"""Demographic parity: the groups compared on all rows, whatever their label.
+
+    With two groups a, b (A = {i : s_i = a}, B = {i : s_i = b}) there is one gap,
+
+        D = (1/|A|) Σ_{i∈A} q_i − (1/|B|) Σ_{i∈B} q_i,   held within |D| <= ε;
+
+    with ``constraint-measure = "rate"`` (q_i = σ(z_i)) a smooth gap in positive rates,
+    fairlearn's ``DemographicParity`` (which compares each group with all rows, here
+    ``constraint-form = "overall"``). No subset depends on the label: ``label_subsets = 0``.
+    """
+
     kind = "demographic-parity"
     default_measure = "rate"
     gap_label = "DP gap"

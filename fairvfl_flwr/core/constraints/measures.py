@@ -28,11 +28,16 @@ def loss_derivative(y: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
+    """σ(z) = 1 / (1 + exp(−z)), written with tanh so that it stays finite for any z."""
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
 class Measure:
-    """The per-row value q_i a gap compares, and what follows from it."""
+    """The per-row value q_i a gap compares, and what follows from it.
+
+    Every gap is D_c = (1/|A_c|) Σ_{i∈A_c} q_i − (1/|B_c|) Σ_{i∈B_c} q_i; a measure gives q_i,
+    its slope in z_i, ν and the curvature for the signed row weights, and label DP's bounds.
+    """
 
     name = ""
     #: max |dq_i/dz_i| (label DP: how far one row's weight change moves ν)
@@ -63,6 +68,12 @@ class Measure:
 
 
 class Loss(Measure):
+    """The paper's measure: q_i = l_i = log(1 + exp(−y_i z_i)), the row's logistic loss.
+
+    dq_i/dz_i = o_i, so ν_i = w_i o_i with w_i = 1/n + m_i, and φ''_i = w_i σ'(z_i): rows
+    whose weight is pushed below 0 make f̃ concave there, hence ``needs_nonnegative_weights``.
+    """
+
     name = "loss"
     needs_nonnegative_weights = True
 
@@ -85,6 +96,13 @@ class Loss(Measure):
 
 
 class Rate(Measure):
+    """q_i = σ(z_i), the soft positive prediction: a gap over the rows of one label is a
+    smooth true-positive (y = +1) or false-positive (y = −1) rate gap.
+
+    dq_i/dz_i = σ'(z_i) = σ(1 − σ) <= 1/4, so ν_i = o_i/n + m_i σ'(z_i); the constraint
+    term is bounded in z, so no weight bound is needed.
+    """
+
     name = "rate"
     slope_bound = 0.25  # σ' <= 1/4
 
@@ -114,6 +132,7 @@ MEASURES = tuple(MEASURE_TYPES)
 
 
 def measure(name: str) -> Measure:
+    """The measure named ``name`` (run config ``constraint-measure``), or a clear refusal."""
     if name not in MEASURE_TYPES:
         raise ValueError(f"unknown constraint measure {name!r}: choose one of {', '.join(MEASURES)}")
     return MEASURE_TYPES[name]()
