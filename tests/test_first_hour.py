@@ -4,12 +4,14 @@ never stops, results in an unexpected folder, a relative data path, the log's li
 import logging
 import re
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.quiet import quiet_third_party_warnings
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
@@ -115,6 +117,17 @@ def test_fairness_on_logs_epsilon_and_lambda(tmp_path, flwr_log):
     rounds = [r.getMessage() for r in flwr_log.records if r.getMessage().startswith("[round ") and " L=" in r.getMessage()]
     assert rounds and all("(eps 0.01) lambda=(" in line for line in rounds), rounds
     assert "fairness on, eps=0.01" in flwr_log.text and "  lambda  " in flwr_log.text
+
+
+def test_the_apps_drop_other_packages_warnings_and_keep_their_own():
+    """Ray warns about its accelerator variables in every simulated run; that would bury ours."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.resetwarnings()
+        warnings.simplefilter("always")
+        quiet_third_party_warnings()
+        for module in ("ray._private.worker", "fairvfl_flwr.core.step", "server_app", "fairvfl_flwr_other", "typer"):
+            warnings.warn_explicit(module, FutureWarning, "f.py", 1, module=module)
+    assert [str(w.message) for w in seen] == ["fairvfl_flwr.core.step", "server_app"]
 
 
 def test_gradient_steps_stop_too_and_evaluate_their_last_round(tmp_path, flwr_log):

@@ -1,13 +1,16 @@
 """The package's shape: import-linter's contracts (pyproject.toml), no imports hidden in
-functions, no private names imported across modules, no feature named in the round loop."""
+functions, no private names imported across modules, no feature named in the round loop,
+every third-party import declared."""
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -63,6 +66,41 @@ def test_no_private_name_imported_across_modules():
                 found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
                           for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, "\n".join(found)
+
+
+def _imported_top_names() -> dict[str, str]:
+    """Every top-level module the package imports (statements and literal import_module calls),
+    with one place that imports it."""
+    names = {}
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                found = [node.module]
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+                  and node.args and isinstance(node.args[0], ast.Constant)):
+                found = [node.args[0].value]
+            else:
+                continue
+            for name in found:
+                names.setdefault(name.split(".")[0], f"{path.relative_to(ROOT)}:{node.lineno}")
+    return names
+
+
+def test_every_third_party_import_is_declared_and_ray_is_an_extra():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    declared = {re.split(r"[\[<>=!~ ;]", req, maxsplit=1)[0].lower().replace("_", "-")
+                for req in [*project["dependencies"], *(r for reqs in extras.values() for r in reqs)]}
+    dists = packages_distributions()
+    undeclared = [f"{where}: {name} (from {dists[name]})" for name, where in sorted(_imported_top_names().items())
+                  if name in dists and name not in ("fairvfl_flwr", "_pytest")
+                  and not {d.lower().replace("_", "-") for d in dists[name]} & declared]
+    assert not undeclared, "imported but not declared in pyproject.toml:\n" + "\n".join(undeclared)
+    # a deployed party installs the base dependencies: Flower's simulation engine (Ray) is an extra
+    assert not any("simulation" in req or req.startswith("ray") for req in project["dependencies"])
+    assert any(req.startswith("flwr[simulation]") for req in extras["simulation"])
 
 
 def test_the_round_loop_and_the_algorithms_name_no_feature():

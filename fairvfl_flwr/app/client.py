@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 # first of the app's modules: it notes when the app's import began
 from fairvfl_flwr.features import timing  # isort: skip
 from fairvfl_flwr.algorithms import fairvfl, newton, split
+from fairvfl_flwr.app.quiet import quiet_third_party_warnings
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, secagg
 from fairvfl_flwr.jobs import alignment, saving, scoring
@@ -30,6 +31,7 @@ from fairvfl_flwr.flower.party import MODEL_STATE
 __all__ = ["HANDLER_MODULES", "MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
+quiet_third_party_warnings()  # see app/quiet.py
 
 app = ClientApp(mods=[timing.timing_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
                      delay_mod])

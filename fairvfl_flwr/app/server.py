@@ -31,6 +31,7 @@ from flwr.supercore import log
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.algorithms.newton import NewtonVFL, SharedNewtonVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
+from fairvfl_flwr.app.quiet import quiet_third_party_warnings
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
@@ -183,6 +184,7 @@ def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseEx
 
 
 limit_blas_threads()  # the server's subspace search and ν: see app/threads.py
+quiet_third_party_warnings()  # see app/quiet.py
 app = ServerApp()
 
 

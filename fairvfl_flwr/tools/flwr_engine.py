@@ -4,11 +4,12 @@ Used by the tools' ``--engine flwr`` (tools/jobs.py) and the end-to-end tests. T
 gets its own ``FLWR_HOME``, port and in-memory database, and runtime dependency installation
 is off (offline machines, CI).
 `flwr run` exits 0 even when the ServerApp fails, so a run's status is read back with
-`flwr ls` and must be ``finished:completed``.
+`flwr ls` once its log stream has ended, and must be ``finished:completed``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -21,6 +22,7 @@ from fairvfl_flwr.tools.cli import config_text
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the folder holding pyproject.toml (the Flower app)
 BIN = Path(sys.executable).parent
+SIMULATION_HINT = 'pip install -e ".[simulation]"'
 
 
 class FlwrRunError(RuntimeError):
@@ -40,7 +42,9 @@ class SimulationSuperLink:
         if not (Path(app_dir) / "pyproject.toml").exists():
             raise FlwrRunError(f"--engine flwr needs the app's source folder (pyproject.toml); not found in {app_dir}")
         if not (BIN / "flower-superlink").exists():
-            raise FlwrRunError(f"flower-superlink not found next to {sys.executable}; install flwr[simulation]")
+            raise FlwrRunError(f"flower-superlink not found next to {sys.executable}; install flwr")
+        if importlib.util.find_spec("ray") is None:  # the SuperLink would start, and every run fail
+            raise FlwrRunError(f"Flower's simulation engine needs Ray: {SIMULATION_HINT}")
         self.app_dir = Path(app_dir)
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
@@ -92,16 +96,23 @@ class SimulationSuperLink:
         if not res.get("success"):
             raise FlwrRunError(f"flwr run refused the run: {res}")
         run_id = str(res["run-id"])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"]
-            if status.startswith("finished"):
-                if status != "finished:completed":
-                    tail = self.flwr("log", run_id, "cmp", "--show")[-3000:]
-                    raise FlwrRunError(f"run {run_id} ended {status}:\n{tail}")
-                return run_id
+        # One `flwr log --stream`, which the SuperLink ends when the run finishes, instead of
+        # polling `flwr ls`: each CLI call costs a second or two of CPU, taken from the run itself.
+        try:
+            log = self.flwr("log", run_id, "cmp", "--stream", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise FlwrRunError(f"run {run_id} did not finish within {timeout:.0f} s") from None
+        deadline = time.monotonic() + 60  # a stream cut short: the status says whether the run ended
+        while (status := self._status(run_id)) and not status.startswith("finished"):
+            if time.monotonic() > deadline:
+                raise FlwrRunError(f"run {run_id} is {status} after its log stream ended:\n{log[-3000:]}")
             time.sleep(1)
-        raise FlwrRunError(f"run {run_id} did not finish within {timeout:.0f} s")
+        if status != "finished:completed":
+            raise FlwrRunError(f"run {run_id} ended {status}:\n{log[-3000:]}")
+        return run_id
+
+    def _status(self, run_id: str) -> str:
+        return json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
