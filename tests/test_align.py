@@ -181,27 +181,65 @@ def _bytes_of(message) -> bytes:
 # -- refusals: a clear error naming the party, nothing written ----------------------------------
 def _refused(folder, tmp_path, match, **extra):
     out = tmp_path / "runs"
-    with pytest.raises(FederationError, match=match):
+    with pytest.raises(FederationError, match=match) as refused:
         run_inprocess({**own_config(folder, **extra), "output-dir": str(out)}, quiet=True)
     assert not out.exists() or not any(out.iterdir())
+    return str(refused.value)
 
 
-def test_duplicate_ids_are_refused_naming_the_party(own_tables, tmp_path):
+def _refused_before_alignment(folder, tmp_path, caplog, party: int, problems: int, secrets: list[str]) -> str:
+    """The run is refused after the size step: the server's error counts the party's problems and
+    holds none of ``secrets``; the party's own log holds the details, which are returned."""
+    caplog.set_level("INFO", logger="flwr")
+    grid, rc, sent = _aligned_messages(folder)
+    replies, pull = [], grid.pull_messages
+    grid.pull_messages = lambda ids: replies.extend(got := pull(ids)) or got
+    out = folder / "runs"
+    with pytest.raises(FederationError, match=rf"party {party}: {problems} problems?\b") as refused:
+        run_server(grid, {**rc, "output-dir": str(tmp_path / "refused")})
+    assert not (tmp_path / "refused").exists() and not out.exists()
+    steps = {str(m.content.config_records["align"]["step"]) for m in sent if m.metadata.message_type == "query.align"}
+    assert steps == {"size"}  # refused before any id was blinded
+    server_side = str(refused.value).encode() + b"".join(_bytes_of(r) for r in replies)
+    party_log = "\n".join(r.getMessage() for r in caplog.records if "checked before alignment" in r.getMessage())
+    for secret in secrets:
+        assert secret.encode() not in server_side
+        assert secret in party_log
+    return party_log
+
+
+def test_duplicate_ids_are_refused_before_alignment_naming_the_party_not_the_id(own_tables, tmp_path, caplog):
     folder, raw, _ = own_tables
     for k in range(4):
         pd.read_csv(folder / f"party{k}.csv").to_csv(tmp_path / f"party{k}.csv", index=False)
     df = pd.read_csv(tmp_path / "party2.csv")
     df.loc[5, ID] = " " + df.loc[4, ID]  # the same id once spaces are stripped
     df.to_csv(tmp_path / "party2.csv", index=False)
-    _refused(tmp_path, tmp_path, r"party 2 .*duplicate ids.*" + df.loc[4, ID])
+    details = _refused_before_alignment(tmp_path, tmp_path, caplog, 2, 1, [df.loc[4, ID]])
+    assert "duplicate ids" in details
 
 
-def test_a_missing_id_column_is_refused_naming_the_party(own_tables, tmp_path):
+def test_a_missing_id_column_is_refused_naming_the_party(own_tables, tmp_path, caplog):
     folder, _, _ = own_tables
     for k in range(4):
         df = pd.read_csv(folder / f"party{k}.csv")
         (df.rename(columns={ID: "client"}) if k == 3 else df).to_csv(tmp_path / f"party{k}.csv", index=False)
-    _refused(tmp_path, tmp_path, r"party 3 .*id column 'customer' not found")
+    details = _refused_before_alignment(tmp_path, tmp_path, caplog, 3, 1, ["'customer'"])
+    assert "id column 'customer' not found" in details
+
+
+def test_a_third_label_value_is_refused_before_alignment_and_the_server_sees_no_id_or_value(own_tables, tmp_path,
+                                                                                          caplog):
+    folder, _, _ = own_tables
+    for k in range(4):
+        pd.read_csv(folder / f"party{k}.csv").to_csv(tmp_path / f"party{k}.csv", index=False)
+    df = pd.read_csv(tmp_path / "party0.csv")
+    odd = df.index[df["income"] == ">50K"][:37]
+    df.loc[odd, "income"] = ">50K."  # the test file's spelling of a positive label
+    df.loc[df.index[:3], "workclass"] = None  # and a second problem: missing values without a rule
+    df.to_csv(tmp_path / "party0.csv", index=False)
+    details = _refused_before_alignment(tmp_path, tmp_path, caplog, 0, 2, [">50K.", "workclass"])
+    assert "'>50K.' in 37 rows" in details and "'workclass=mode'" in details
 
 
 def test_an_empty_intersection_is_refused_naming_the_party(own_tables, tmp_path):
@@ -302,7 +340,7 @@ def test_a_party_learns_its_common_rows_in_the_agreed_order_from_positions_in_it
         psi.my_common_rows(spec, mine, np.sort(found[rows])[:-1], order, len(rows))
 
 
-def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path):
+def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path, caplog):
     """Scoring aligns the parties' raw score files (each its own ids, shuffled) by PSI, scores the
     rows all hold, reading each file with its own id column and applying the
     preparation the party fitted at alignment (its categories, means, deviations)."""
@@ -313,16 +351,25 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
     fresh = raw[raw[ID].isin(set.intersection(*held))].sample(480, random_state=5)
     rng = np.random.default_rng(7)
     scored = set(fresh[ID])
+    held_by = []
     for k, cols in enumerate(PARTY_COLUMNS):
         keep = [c for c in cols if c not in ("income", "sex")]
         mine = fresh.iloc[np.sort(rng.permutation(480)[:400])].sample(frac=1, random_state=k)
         mine[[ID, *keep]].to_csv(tmp_path / f"score{k}.csv", index=False)
         scored &= set(mine[ID])
+        held_by.append(set(mine[ID]))
     # the job names the mode, the model and the files; tables.*, the dataset, the parties come from the model
     rc = {"mode": "score", "score.model-from": str(trained), "score.path": str(tmp_path / "score{partition}.csv"),
           "output-dir": str(tmp_path / "scored")}
     sent = []
-    summary, out = run_inprocess(rc, quiet=True, grid=InProcessGrid(client_app, rc, 4, tap=sent.append))
+    nodes = [{"partition-id": k, "num-partitions": 4, "unscored-path": str(tmp_path / f"unscored{k}.csv")}
+             for k in range(4)]
+    caplog.set_level("INFO", logger="flwr")
+    summary, out = run_inprocess(rc, grid=InProcessGrid(client_app, rc, 4, tap=sent.append, node_configs=nodes))
+    for k in range(4):  # each party's ids that were not scored, on its own side; the log counts them by party
+        unscored = set(pd.read_csv(tmp_path / f"unscored{k}.csv", dtype=str)["id"])
+        assert unscored == held_by[k] - scored
+        assert f"party {k}: {len(unscored)}" in caplog.text
     _, full = run_inprocess(own_config(folder, **{**rc, "output-dir": str(tmp_path / "full")}), quiet=True)
     assert (full / "predictions.csv").read_text() == (out / "predictions.csv").read_text()
     blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type == "query.align")
@@ -490,7 +537,8 @@ def test_missing_values_in_a_partys_table_are_refused_or_filled_by_the_named_rul
         if k == 1:
             df.loc[df.index[::50], "occupation"] = None
         df.to_csv(tmp_path / f"party{k}.csv", index=False)
-    _refused(tmp_path, tmp_path, r"party 1 .*party1.csv: column 'occupation' has \d+ missing values in the aligned rows")
+    message = _refused(tmp_path, tmp_path, r"party 1: 1 problem\b")
+    assert "occupation" not in message
     summary, _ = run_inprocess(own_config(tmp_path, **{"tables.missing": "occupation=value:unknown",
                                                        "output-dir": str(tmp_path / "filled")}), quiet=True)
     assert summary["test_acc"] > 0.75

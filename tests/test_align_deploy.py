@@ -62,3 +62,29 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
     got, want = (pd.read_csv(f / "predictions.csv", dtype={"id": str}) for f in (scored, sim_scored))
     assert got["id"].tolist() == want["id"].tolist() and sorted(got["id"]) == sorted(fresh[30:])
     assert got["probability"].to_numpy() == pytest.approx(want["probability"].to_numpy(), rel=1e-6, abs=1e-9)
+
+
+def test_a_deployed_run_with_a_third_label_value_fails_with_one_paragraph_and_no_value(tmp_path):
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    write_own_tables(adult_raw(), tables)
+    df = pd.read_csv(tables / "party0.csv")
+    df.loc[df.index[df["income"] == ">50K"][:37], "income"] = ">50K."
+    df.to_csv(tables / "party0.csv", index=False)
+    nodes = [{"partition-id": k, "table-path": str(tables / f"party{k}.csv"), "id-column": ID,
+              "role": "active" if k == 0 else "passive"} for k in range(4)]
+    nodes[0].update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
+                     "group-a": "Female", "group-b": "Male", "protected-label": 1})
+    env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    out = tmp_path / "dep"
+    with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
+        run_id, status = fed.run({**BASE, "tables.own": True, "output-dir": str(out)}, timeout=300)
+        server_log = fed.logs(run_id)
+        party_log = fed.log("supernode0")
+    assert status == "finished:failed", server_log[-3000:]
+    refusal = [line for line in server_log.splitlines() if "FairVFL refused the run" in line]
+    assert len(refusal) == 1 and "party 0: 1 problem" in refusal[0], server_log[-3000:]
+    assert "Traceback" not in server_log and ">50K." not in server_log
+    assert not any(i in server_log for i in df[ID].iloc[::50])
+    assert "'>50K.' in 37 rows" in party_log  # the details stay with the party
+    assert not out.exists() or not any(out.iterdir())

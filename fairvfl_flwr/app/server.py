@@ -20,6 +20,7 @@ party saves its block on its own disk and the server writes the manifest and mod
 
 from __future__ import annotations
 
+import time
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -32,6 +33,7 @@ from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.algorithms.newton import NewtonVFL, SharedNewtonVFL
 from fairvfl_flwr.algorithms.split import SplitVFL
 from fairvfl_flwr.app.quiet import quiet_third_party_warnings
+from fairvfl_flwr.app import refusals
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
@@ -117,6 +119,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     """
     if str(run_config.get("mode", "")) == "score":  # the training settings come from the model's manifest
         return run_scoring(grid, run_config, run_id)
+    started = time.perf_counter()
     cfg = RunConfig.from_flower(run_config)
     if cfg.tables_own:  # every party brings its own table: private alignment first, the label owner's labels
         ds, columns, labels = None, [], align_tables(grid, cfg)
@@ -153,6 +156,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
         extra["label_dp"] = dp.summary()
     summary = recorder.finish(
         {**extra, "party_columns": [len(c) for c in columns], "setup_seconds": server.setup_seconds,
+         # from the ServerApp's start (alignment, set-up) to the first training round's start
+         "seconds_to_round_1": None if server.first_round_started is None else server.first_round_started - started,
          "batch_size": server.batch_size}  # 0: full batch (also when batch-size >= the training rows)
     )
     if cfg.mode != "split":
@@ -185,6 +190,7 @@ def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseEx
 
 limit_blas_threads()  # the server's subspace search and ν: see app/threads.py
 quiet_third_party_warnings()  # see app/quiet.py
+refusals.install()  # a refusal ends the run failed, as one paragraph in its log (app/refusals.py)
 app = ServerApp()
 
 

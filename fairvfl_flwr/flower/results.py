@@ -175,6 +175,8 @@ def format_summary(summary: dict, folder: Path) -> str:
         f"  test DP diff      {f(summary.get('test_dp_diff'), '.4f')}  (fairlearn's demographic_parity_difference)",
         f"  test EO diff      {f(summary.get('test_eo_diff'), '.4f')}  (fairlearn's equalized_odds_difference)",
         f"  wall time         {summary['seconds']:.1f} s ({1000 * summary['seconds_per_round']:.1f} ms/round)",
+        *([f"  to round 1        {summary['seconds_to_round_1']:.1f} s (alignment, set-up)"]
+          if summary.get("seconds_to_round_1") is not None else []),
         f"  results           {folder}",
     ]
     return "\n".join(lines)

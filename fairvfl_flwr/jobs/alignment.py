@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
+from fairvfl_flwr.data.preflight import Rules, check_party
 from fairvfl_flwr.data.encoding import score_file
 from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
@@ -68,6 +69,7 @@ POSITIONS = "positions"  # ArrayRecord: each party's common positions (leader's 
 
 # -- the server ---------------------------------------------------------------------------
 TRAIN, SCORE = "train", "score"  # what is aligned: the training tables, or the files a scoring job scores
+UNSCORED_PATH = "unscored-path"  # node config: where a party writes the ids of its score file that are not scored
 
 
 def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
@@ -81,6 +83,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
                                         LABELS: msgs.array_record(split=split), POSITIONS: positions[nid]})
                         for nid in passes.others})
     passes.check(done, common)
+    passes.progress.step("every other party prepared its block on the common rows")
     used = split[split != psi.UNUSED_CODE]
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
     tr, te = used == psi.TRAIN_CODE, used == psi.TEST_CODE
@@ -104,8 +107,14 @@ def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
                                                             "n-common": int(common["n-common"])}),
                                         POSITIONS: positions[nid]}) for nid in passes.others})
     passes.check(done, common)
+    passes.progress.step("every other party kept its common rows")
+    n_common = int(common["n-common"])
     log(INFO, "FairVFL: private alignment of the rows to score: %s ids per party, %d common in %.1f s",
-        passes.sizes_by_partition(), int(common["n-common"]), time.perf_counter() - t0)
+        passes.sizes_by_partition(), n_common, time.perf_counter() - t0)
+    dropped = {k: n - n_common for k, n in passes.sizes_by_partition().items() if n > n_common}
+    if dropped:  # counts the server knows anyway (each party's size and the common count); the ids stay local
+        log(INFO, "FairVFL: ids not held by every party are not scored: %s (a party's node config %s writes its "
+            "own to a file on its side)", ", ".join(f"party {k}: {n}" for k, n in dropped.items()), UNSCORED_PATH)
     return int(common["n-common"])
 
 
@@ -114,6 +123,7 @@ class _Passes:
 
     def __init__(self, grid: Grid, cfg: RunConfig, purpose: str) -> None:
         self.grid, self.cfg, self.purpose = grid, cfg, purpose
+        started = time.perf_counter()
         deadline = time.monotonic() + cfg.round_timeout
         while len(list(grid.get_node_ids())) < cfg.num_parties and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -126,11 +136,16 @@ class _Passes:
                                   f"num-active={cfg.num_active}")
         self.sizes = {nid: _reply(r) for nid, r in self.send({nid: self.step("size") for nid in nodes}).items()}
         self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
+        refuse_problems({self.pid[nid]: int(r["problems"]) for nid, r in self.sizes.items() if "problems" in r})
         leader = [nid for nid, r in self.sizes.items() if r["role"] == msgs.ROLE_ACTIVE]
         if len(leader) != 1:
             raise FederationError(f"alignment needs exactly one active party (the label owner), found {len(leader)}")
         self.lead = leader[0]
         self.others = [nid for nid in nodes if nid != self.lead]
+        # size, blind, raise, one match per other party, common, finish
+        self.progress = _Progress("private alignment" if purpose == TRAIN else "private alignment of the rows to "
+                                  "score", 5 + len(self.others), started)
+        self.progress.step(f"{len(nodes)} parties checked their tables and sent their sizes")
 
     def step(self, step: str, **fields) -> RecordDict:
         return _step(step, purpose=self.purpose, **fields)
@@ -145,14 +160,26 @@ class _Passes:
         """The leader's common rows: (its reply to ``common``, that message, each other party's
         common positions). The leader gets one message per party, so no message carries more
         than one party's blinded ids."""
+        n = {nid: int(r["n"]) for nid, r in self.sizes.items()}
+        left = lambda per_id, *parts: per_id * sum(parts)  # noqa: E731  (seconds: ids still to raise)
         blinded = {nid: _reply(r)["blinded"] for nid, r in self.send({nid: self.step("blind")
                                                                        for nid in self.sizes}).items()}
+        # the parties blind at once, so the largest list sets the pace; a raise costs about a blinding
+        per_id = self.progress.step("every party blinded its ids") / max(n.values())
+        self.progress.left(left(per_id, n[self.lead], *(n[o] for o in self.others)))
         raised = self.send({nid: self.step("raise", blinded=blinded[self.lead]) for nid in self.others})
-        for nid in self.others:
-            self.send({self.lead: self.step("intersect", peer=self.pid[nid], n=int(self.sizes[nid]["n"]),
+        per_id = self.progress.step("the parties raised the label owner's ids") / max(1, n[self.lead])
+        todo = [n[o] for o in self.others]
+        self.progress.left(left(per_id, *todo))
+        for i, nid in enumerate(self.others):  # the leader raises each party's list in turn
+            self.send({self.lead: self.step("intersect", peer=self.pid[nid], n=n[nid],
                                             pattern=str(self.sizes[nid]["pattern"]), blinded=blinded[nid],
                                             raised=_reply(raised[nid])["raised"])})
+            per_id = self.progress.step(f"the label owner matched party {self.pid[nid]}") / max(1, n[nid])
+            self.progress.left(left(per_id, *todo[i + 1:]))
         result = self.send({self.lead: self.step("common")})[self.lead]
+        self.progress.step("the label owner found the common rows" + (" and prepared its block"
+                                                                       if self.purpose == TRAIN else ""))
         found = result.content.array_records[POSITIONS]
         positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
         return _reply(result), result, positions
@@ -165,6 +192,41 @@ class _Passes:
 
     def sizes_by_partition(self) -> dict[int, int]:
         return {self.pid[n]: int(r["n"]) for n, r in sorted(self.sizes.items(), key=lambda kv: self.pid[kv[0]])}
+
+
+class _Progress:
+    """One log line per alignment step: which, how long it took, and an estimate of the time left."""
+
+    def __init__(self, what: str, steps: int, started: float) -> None:
+        self.what, self.steps, self.done = what, steps, 0
+        self.last = started
+
+    def step(self, name: str) -> float:
+        """Log step ``name`` as done; return its seconds."""
+        now = time.perf_counter()
+        took, self.last = now - self.last, now
+        self.done += 1
+        log(INFO, "FairVFL: %s, step %d/%d: %s (%.1f s)", self.what, self.done, self.steps, name, took)
+        return took
+
+    def left(self, seconds: float) -> None:
+        """Log the estimate of the PSI's time left (the parties' preparation comes on top)."""
+        log(INFO, "FairVFL: %s: about %.0f s left for the PSI, then the parties' preparation", self.what, seconds)
+
+
+def refuse_problems(problems: dict[int, int]) -> None:
+    """Refuse the run when a party's own check of its table found problems: the server hears
+    only how many each party found (no column, no id, no value); the party's log has them."""
+    found = {k: n for k, n in sorted(problems.items()) if n > 0}
+    if not found:
+        return
+    each = "; ".join(f"party {k}: {n} problem{'s' if n != 1 else ''}" for k, n in found.items())
+    raise FederationError(
+        f"the parties' own tables were checked before alignment and the run is refused: {each}. "
+        f"{'Each of these parties' if len(found) > 1 else 'Party ' + str(next(iter(found)))} lists its problems "
+        "(columns, counts, example rows, the fix) in its own log (its SuperNode's output); it sees the same list on its "
+        "own machine with fairvfl-preflight --node-config '<its node config>' and can check its fixes there. "
+        "Nothing was aligned or trained and no run folder was written")
 
 
 def _step(step: str, **fields) -> RecordDict:
@@ -189,7 +251,13 @@ def handle(message: Message, context: Context) -> Message:
     arrays = None
     extra: dict = {}
     if step == "size":
-        out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
+        report = check_party(spec, Rules.of(cfg)) if purpose == TRAIN else None
+        if report is not None and not report.ok:  # the details stay here: the server hears the count
+            log(ERROR, "FairVFL: this party's own table, checked before alignment (the server is told only the "
+                "number of problems):\n%s", report.text())
+            out = {"problems": len(report.problems), "role": spec.role, "partition-id": spec.partition_id}
+        else:
+            out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
         # a new alignment: what an earlier one left no longer counts
         if purpose == TRAIN:
             context.state.config_records.pop(ALIGNED_STATE, None)
@@ -224,7 +292,7 @@ def handle(message: Message, context: Context) -> Message:
         found = {k.split("-", 1)[1]: np.sort(v.numpy()[rows]) for k, v in (record.items() if record else [])
                  if k.startswith("at-")}
         if purpose == SCORE:
-            out = {"n-common": len(rows), "digest": _keep_score_ids(context, ids[rows])}
+            out = {"n-common": len(rows), "digest": _keep_score_ids(context, ids[rows], ids)}
         else:
             common = psi.leader_step(spec, cfg, rows)
             out = {"digest": common.digest, "protected-label": common.protected_label}
@@ -239,7 +307,7 @@ def handle(message: Message, context: Context) -> Message:
         positions = message.content.array_records[POSITIONS]["rows"].numpy()
         if purpose == SCORE:
             rows = psi.my_common_rows(spec, ids, positions, order, int(rc["n-common"]))
-            out = {"digest": _keep_score_ids(context, ids[rows])}
+            out = {"digest": _keep_score_ids(context, ids[rows], ids)}
         else:
             split = message.content.array_records[LABELS]["split"].numpy()
             member, key = psi.member_step(spec, cfg, positions, order, split)
@@ -257,9 +325,19 @@ def handle(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
-def _keep_score_ids(context: Context, common: np.ndarray) -> str:
-    """Keep the common ids of this party's score file in its own state; their digest."""
+def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> str:
+    """Keep the common ids of this party's score file in its own state; their digest. With node
+    config ``unscored-path``, this party's other ids (not held by every party, so not scored)
+    go to that file on its own disk."""
     context.state.array_records[SCORE_COMMON_STATE] = msgs.array_record(ids=np.sort(common))
+    path = str(context.node_config.get(UNSCORED_PATH, "") or "")
+    if path:
+        unscored = np.sort(np.setdiff1d(ids, common))
+        target = Path(path).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("id\n" + "".join(f"{i}\n" for i in unscored))
+        log(INFO, "FairVFL: %d ids of this party's score file are not held by every party and are not scored: "
+            "written to %s", len(unscored), target)
     return ids_digest(np.sort(common))
 
 

@@ -228,8 +228,15 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
     wire = np.dtype(cfg.wire_dtype)
     z = np.zeros(n, dtype=np.float64)
     ids_out: list[np.ndarray] = []
+    chunks, chunks_started = -(-n // chunk), time.perf_counter()
+    log(INFO, "FairVFL score: %d rows to score in %d chunk%s of at most %d rows (score.chunk-rows)", n, chunks,
+        "s" if chunks != 1 else "", chunk)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
+        if start:  # the chunks cost alike: the time so far per row gives the time left
+            spent = time.perf_counter() - chunks_started
+            log(INFO, "FairVFL score: chunk %d/%d, rows %d..%d; about %.0f s left", start // chunk + 1, chunks,
+                start, stop - 1, spent / start * (n - start))
         messages = [_message(nid, msgs.SCORE, {**job, "start": start, "stop": stop}, f"score-{start}") for nid in ordered]
         if views is not None:
             grid.stamp(messages)

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls", action="store_true", help="print the lines with TLS and SuperNode authentication")
     p.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                    help="let the server receive every party's partial logits (faster under Newton; "
-                        "needed for scoring jobs and resumed runs)")
+                        "needed to resume a stopped run; scoring jobs work either way)")
     own = p.add_argument_group("your own table (sets dataset=csv)")
     own.add_argument("--csv", default="", help="path of your CSV table")
     own.add_argument("--label", default="", help="label column")
