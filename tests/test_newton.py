@@ -227,7 +227,7 @@ def test_the_search_does_not_turn_float32_rounding_into_step_lengths():
             du32 = du64.astype(np.float32).astype(np.float64)  # what the server received
             a, B = theta @ D, D.T @ D
             alpha = subspace_step(y, z, du32, a, B, lam, groups, mu, rcond=rcond)
-            if rcond > 1e-12:  # the true F (exact logits) does not increase; under the old cut-off it may
+            if rcond > 1e-12:  # the true F (exact logits) does not increase; under the float64 cut-off it may
                 assert _F(y, z, du64, a, B, lam, groups, mu, alpha) <= _F(y, z, du64, a, B, lam, groups, mu, 0 * alpha)
             worst = max(worst, float(np.abs(du64 @ alpha - du32 @ alpha).max()))
         drift[rcond] = worst

@@ -215,7 +215,7 @@ def test_auto_picks_shared_step_newton_under_secure_aggregation():
     assert cfg.optimizer_in_use == "newton"
     assert "shared step lengths" in resolve_optimizer(cfg).reason
     assert "shared step lengths" not in resolve_optimizer(RunConfig(optimizer="auto")).reason
-    RunConfig(optimizer="newton", secure_aggregation=True).validate()  # no longer refused
+    RunConfig(optimizer="newton", secure_aggregation=True).validate()  # not refused: the steps are shared
 
 
 class SilentGrid(Recording):

@@ -12,6 +12,7 @@ message is sent, and a bad value is reported with its key. The attributes stay f
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
@@ -246,18 +247,15 @@ class RunConfig:
     def from_flower(cls, run_config: Mapping[str, Any]) -> "RunConfig":
         """Build from Flower's ``context.run_config`` (kebab-case keys, dotted for sections).
 
-        An unknown key is refused, as ``flwr run`` refuses it; a key that was renamed or
-        moved into a section is refused with its new name.
+        An unknown key is refused, as ``flwr run`` refuses it, naming the closest keys.
         """
         values: dict[str, Any] = {}
         for key, raw in run_config.items():
             s = BY_KEY.get(key)
             if s is None:
-                if key in MOVED:
-                    new = MOVED[key]
-                    where = f" (section [tool.flwr.app.config.{new.split('.')[0]}])" if "." in new else ""
-                    raise ConfigError(f"run config {key}: this key is now {new!r}{where}")
-                raise ConfigError(f"run config {key}={raw!r}: unknown key; the keys are listed in "
+                close = difflib.get_close_matches(key, BY_KEY, n=2) + [k for k in BY_KEY if k.endswith(f".{key}")]
+                hint = f" (did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
+                raise ConfigError(f"run config {key}={raw!r}: unknown key{hint}; the keys are listed in "
                                   "pyproject.toml [tool.flwr.app.config] and docs/configuration.md")
             values[s.field] = coerce(key, raw, s.type)
         if values.get("preset"):
@@ -327,9 +325,6 @@ class RunConfig:
 SETTINGS: list[Setting] = declared(RunConfig)
 BY_FIELD: dict[str, Setting] = {s.field: s for s in SETTINGS}
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
-#: Keys of earlier versions -> their key now: flat keys that moved into a section, and renames.
-MOVED: dict[str, str] = {**{s.flat_key: s.key for s in SETTINGS if s.section},
-                         "newton-tolerance": "stop-tolerance"}
 
 
 class Choice(NamedTuple):

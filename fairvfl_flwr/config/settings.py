@@ -3,8 +3,7 @@
 A setting is a field of :class:`~fairvfl_flwr.config.run.RunConfig` declared with
 :func:`setting`; everything else is derived from those declarations:
 
-* the run-config key (``batch_size`` in section ``batching`` is ``batching.batch-size``),
-  and the keys of earlier versions that moved into a section;
+* the run-config key (``batch_size`` in section ``batching`` is ``batching.batch-size``);
 * validation: the allowed values and the per-value rule of each setting;
 * ``[tool.flwr.app.config]`` in pyproject.toml and the key tables of
   docs/configuration.md (:func:`render_pyproject`, :func:`render_docs`; tests fail when
@@ -62,11 +61,6 @@ class Setting:
         """The run-config key (dotted inside a section)."""
         name = self.field.removeprefix(f"{self.section}_").replace("_", "-")
         return f"{self.section}.{name}" if self.section else name
-
-    @property
-    def flat_key(self) -> str:
-        """The key an earlier version used before the setting moved into its section."""
-        return self.field.replace("_", "-")
 
     def refusal(self, cfg: Any) -> str | None:
         """Why ``cfg``'s value of this setting is refused on its own, or None."""
