@@ -120,7 +120,11 @@ def test_split_common_is_the_joint_tables_split():
 
 def test_own_tables_run_equals_the_joint_table_run_on_the_common_rows(own_tables, tmp_path):
     folder, raw, held = own_tables
-    summary, run_folder = run_inprocess(own_config(folder), quiet=True)
+    summary, run_folder = run_inprocess(own_config(folder, **{"tables.name": "bank-retail"}), quiet=True)
+    # named by the run's table set, not by the dataset key (adult), in the folder, the summary and the card
+    assert "-bank-retail-linear" in run_folder.name and summary["dataset"] == "bank-retail"
+    card = (run_folder / "model-card.md").read_text()
+    assert "`bank-retail`" in card and "adult" not in card and "income = >50K" not in card
     common = sorted(set.intersection(*held))
     ds, (ref, ref_folder) = joint_reference(raw, common, tmp_path)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):

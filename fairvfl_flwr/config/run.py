@@ -229,6 +229,8 @@ class RunConfig:
                           "numbers, anything else a category)", section="tables")
     tables_missing: str = S("", "missing values per column: 'age=median,job=value:none' (mean, median, mode, "
                             "value:<v>); a column not named refuses them", section="tables")
+    tables_name: str = S("own-tables", "the name of the parties' tables in run folders, the log and model cards "
+                         "(the dataset key names only the packaged data)", section="tables")
     tables_missing_values: str = S("", "markers that mean a missing value in every party's table and score file, "
                                    "e.g. '?,NA' (a party's node config missing-values wins)", section="tables")
 
@@ -300,6 +302,12 @@ class RunConfig:
         if self.constraint_measure != "auto":
             return self.constraint_measure
         return ConstraintSet.kind_named(self.constraint).default_measure
+
+    @property
+    def data_name(self) -> str:
+        """What the run's data is called in its folder, log and model card: the dataset, or
+        with ``tables.own`` the parties' table set (``tables.name``), whatever ``dataset`` says."""
+        return (self.tables_name or "own-tables") if self.tables_own else self.dataset
 
     @property
     def optimizer_in_use(self) -> str:

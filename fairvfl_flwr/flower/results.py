@@ -43,7 +43,7 @@ def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
     """A new folder under ``output-dir`` named by time (and Flower run id if known)."""
     base = Path(cfg.output_dir).expanduser().resolve()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{stamp}-{cfg.dataset}-{cfg.model}" + (f"-{run_id}" if run_id is not None else "")
+    name = f"{stamp}-{cfg.data_name}-{cfg.model}" + (f"-{run_id}" if run_id is not None else "")
     folder, i = base / name, 1
     while folder.exists():
         folder, i = base / f"{name}-{i}", i + 1
@@ -97,7 +97,7 @@ class RunRecorder:
         evaluated = [r for r in self.rows if not math.isnan(r.get("acc", math.nan))]
         final_eval = evaluated[-1] if evaluated else {}
         summary = {
-            "dataset": self.cfg.dataset,
+            "dataset": self.cfg.data_name,
             "model": self.cfg.model,
             "fairness": self.cfg.fairness,
             "epsilon": self.cfg.epsilon,
@@ -142,7 +142,7 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     ax2.set_title("fairness constraint")
     ax2.legend()
     label = "FairVFL" if cfg.fairness else "FedBCD (fairness off)"
-    fig.suptitle(f"{label}: {cfg.dataset}, {cfg.model}, K={cfg.num_parties}, Q={cfg.local_steps}")
+    fig.suptitle(f"{label}: {cfg.data_name}, {cfg.model}, K={cfg.num_parties}, Q={cfg.local_steps}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -158,7 +158,7 @@ class VFLServer:
 
     # -- the round's seams (Flower's names) and the loop ---------------------------------
     def summary(self) -> None:
-        log(INFO, "%s: %s, %s model, %d parties, %d rounds", type(self).__name__, self.cfg.dataset,
+        log(INFO, "%s: %s, %s model, %d parties, %d rounds", type(self).__name__, self.cfg.data_name,
             self.cfg.model, self.cfg.num_parties, self.cfg.num_server_rounds)
 
     def aggregate_train(

@@ -59,7 +59,7 @@ class FinalTest(RoundHook):
 
 
 def positive_label(cfg) -> str:
-    if cfg.dataset in DATASETS and not cfg.server_labels:
+    if cfg.dataset in DATASETS and not cfg.server_labels and not cfg.tables_own:
         spec = DATASETS[cfg.dataset]
         return f"{spec.label_column} = {spec.positive_value}"
     if cfg.dataset == "csv" and cfg.csv_label:
@@ -71,7 +71,10 @@ def group_labels(cfg, names: list | None) -> dict:
     """The groups as the data names them (deployment with two groups: the server knows only a and b)."""
     if not names:
         return {"a": "group a", "b": "group b"}
-    column = DATASETS[cfg.dataset].sensitive_column if cfg.dataset in DATASETS else cfg.csv_sensitive
+    if cfg.tables_own:  # the label owner's own column names stay with it: the groups by their values
+        column = "group"
+    else:
+        column = DATASETS[cfg.dataset].sensitive_column if cfg.dataset in DATASETS else cfg.csv_sensitive
     keys = ("a", "b") if len(names) == 2 else [str(k) for k in range(len(names))]
     return {k: f"{column} = {name}" for k, name in zip(keys, names)}
 
@@ -171,6 +174,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         "groups": group_labels(cfg, summary.get("group-names")),
         "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.measure,
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
+        "data": cfg.data_name,
         "config": cfg.to_flower(),
     }
     model_folder.mkdir(parents=True, exist_ok=True)
@@ -201,7 +205,7 @@ def run_card(m: dict, summary: dict) -> str:
     lines = [
         f"# Model card: run {m['run-id']}" + (f", checkpoint of round {m['round']}" if checkpoint else ""),
         "",
-        f"FairVFL, {c['model']} model, trained {met['rounds']} rounds on `{c['dataset']}` by {len(m['parties'])} "
+        f"FairVFL, {c['model']} model, trained {met['rounds']} rounds on `{m.get('data', c['dataset'])}` by {len(m['parties'])} "
         f"parties ({c['num-active']} active). Created {m['created']}.",
         "",
         "## Fairness constraint",
@@ -285,7 +289,7 @@ def save(message: Message, context: Context) -> Message:
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
         "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": server_round,
         "checkpoint": checkpoint, "secure-aggregation": cfg.secure_aggregation,
-        "data-digest": rt.data.ids_digest, "source": spec.data_path or spec.table_path or f"{cfg.dataset} (packaged)",
+        "data-digest": rt.data.ids_digest, "source": spec.data_path or spec.table_path or f"{cfg.data_name} (packaged)",
         "preprocessing": pre.to_dict(),
     }
     digest = model_files.save_block(folder, arrays, meta, model_files.party_card({**meta, "block-digest": model_files.block_digest(arrays)}, arrays))
