@@ -125,6 +125,12 @@ def test_validation_split_is_seeded_disjoint_and_replaces_the_test_rows():
 # -- federated runs ------------------------------------------------------------------
 @pytest.mark.parametrize("constraint,measure", [(c, "loss") for c in CONSTRAINTS] + [("equalized-odds", "rate")])
 def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, measure, out_dir, run_app):
+    federated_equals_centralised(constraint, measure, out_dir, run_app)
+
+
+def federated_equals_centralised(constraint, measure, out_dir, run_app):
+    """Eight rounds of the app (two active parties, Q = 1) against the centralised descent–ascent
+    on the same constraint: the same θ and λ every round. Returns the app's run."""
     rounds, seed = 8, 4
     cfg = RunConfig(
         optimizer="gd", dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
@@ -157,6 +163,7 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
         assert not any("lambda1" in r or "deo" in r for r in history)
     assert lams[-1].max() > 0
     assert summary["constraint"] == constraint and len(summary["lambdas"]) == groups.num_multipliers
+    return run
 
 
 @pytest.mark.parametrize("batch_size", [0, 400])  # 400: mini-batch rounds send ν on 400 rows (batching.py)

@@ -87,8 +87,7 @@ class RunConfig:
     eval_every: int = S(50, "test-set evaluation period in rounds (the last round is always evaluated)",
                         rule=at_least(1), why="must be at least 1")
     fairness: bool = S(True, "false: the unconstrained FedBCD baseline (the multipliers stay 0)")
-    constraint: str = S("deo", "which gaps are constrained (fairness-constraints.md)", choices=CONSTRAINTS,
-                        why=f"unknown constraint set; choose one of {', '.join(CONSTRAINTS)}")
+    constraint: str = S("deo", "which gaps are constrained (fairness-constraints.md)", choices=CONSTRAINTS)
     constraint_measure: str = S("auto", "what each gap compares: rate (mean sigmoid: soft positive rates, as "
                                 "fairlearn's parity), loss (the paper: mean logistic loss) or auto (rate for "
                                 "equalized-odds and demographic-parity, loss for deo)", choices=("auto", *MEASURES))

@@ -18,7 +18,7 @@ and listed under both keys in the docs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,7 @@ class Setting:
     type: type
     default: Any
     help: str
-    choices: tuple[Any, ...] = ()
+    choices: Sequence[Any] = ()
     rule: Callable[[Any, Any], bool] | None = None  # (value, whole config) -> allowed?
     why: str = ""  # the error when ``rule`` fails
     allowed: str = ""  # the docs' short form of ``rule`` (a :class:`Rule`'s text)
@@ -114,8 +114,9 @@ def setting(default: Any, help: str, *, section: str = "", choices: Iterable[Any
         rule = lambda value, cfg: one(value)  # noqa: E731
     if len(help) > HELP_MAX or "\n" in help:
         raise ValueError(f"help of a setting is one line of at most {HELP_MAX} characters: {help!r}")
-    meta = {"section": section, "help": help, "choices": tuple(choices), "rule": rule, "why": why,
-            "allowed": allowed}
+    # a Sequence is kept as given: a live one (the registered constraint kinds) stays live
+    meta = {"section": section, "help": help, "choices": choices if isinstance(choices, Sequence) else tuple(choices),
+            "rule": rule, "why": why, "allowed": allowed}
     return dataclasses.field(default=default, metadata={"setting": meta})
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, describe_labels, group_columns, group_values,
                                          label_arrays, unexpected_labels)
 from fairvfl_flwr.data.own_table import CATEGORY, FILL_RULES, NUMBER, parse_rules
@@ -294,19 +295,23 @@ def _check_labels(report: Report, df: Any, spec: PartySpec, rules: Rules) -> Non
     _check_groups(report, df[valid], spec, rules, y, s)
 
 
+def _described(label: str, rows: np.ndarray, y: np.ndarray, protected_label: int) -> str:
+    """A kind's row subset in a data owner's words where it is a label's rows or all rows."""
+    if np.array_equal(rows, y == protected_label):
+        return "the protected label"
+    if np.array_equal(rows, y == -protected_label):
+        return "the other label"
+    return "all rows" if rows.all() else label
+
+
 def _check_groups(report: Report, df: Any, spec: PartySpec, rules: Rules, y: np.ndarray, s: np.ndarray) -> None:
     """Each group's rows in the subsets its constraint compares, against min-group-size."""
     if s.dtype == bool:
         names, codes = [norm_value(spec.group_a), norm_value(spec.group_b)], np.where(s, 0, 1)
     else:
         names, codes = sorted(set(group_values(df, spec))), s
-    protected = y == spec.protected_label
-    if rules.constraint == "demographic-parity":
-        subsets = {"all rows": np.ones(len(y), bool)}
-    elif rules.constraint == "equalized-odds":
-        subsets = {"positive label": y == 1, "negative label": y == -1}
-    else:
-        subsets = {"the protected label": protected}
+    subsets = {_described(label, rows, y, spec.protected_label): rows
+               for label, rows in ConstraintSet.kind_named(rules.constraint).subsets(y, spec.protected_label)}
     sizes = []
     for k, name in enumerate(names):
         counts = {what: int(((codes == k) & rows).sum()) for what, rows in subsets.items()}

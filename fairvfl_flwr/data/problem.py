@@ -60,7 +60,7 @@ def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_la
                       names: tuple[str, ...] | None = None) -> ConstraintSet:
     """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s)."""
     return ConstraintSet.from_labels(y, s, protected_label, cfg.constraint, cfg.measure, names=names,
-                              **group_options(cfg))
+                                     **group_options(cfg))
 
 
 def _load_table(cfg: RunConfig) -> FairDataset:
@@ -110,7 +110,7 @@ class ServerLabels:
 
     def groups_for(self, constraint: str, measure: str = "loss") -> ConstraintSet:
         return ConstraintSet.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
-                                  names=self.group_names, **(self.options or {}))
+                                         names=self.group_names, **(self.options or {}))
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:
