@@ -3,6 +3,7 @@ one), and the README stays short enough to read in one sitting."""
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,18 @@ def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
     payload = json.loads((tmp_path / "demo.json").read_text())
     assert payload["command"] == "python bench/demo.py --rounds 3" and payload["rows"] == [{"a": 1}]
     assert not (tmp_path / "README.md").exists()  # the index belongs to docs/results only
+
+
+def test_a_pages_command_carries_no_folder_of_the_machine_it_ran_on(monkeypatch):
+    from fairvfl_flwr.tools import results
+
+    home = Path.home()
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)  # a script, not python -m
+    monkeypatch.setattr(sys, "argv", [str(REPO / "bench" / "align.py"), "--out", str(home / "out"),
+                                      f"--keep={REPO / 'results' / 'x'}", "--tables", "/data/t.csv", "--ids", "10"])
+    assert results.this_command() == "python bench/align.py --out out --keep=results/x --tables /data/t.csv --ids 10"
+    published = [json.loads(p.read_text()).get("command", "") for p in (REPO / "docs" / "results").glob("*.json")]
+    assert not [c for c in published if str(home) in c or "/root/" in c or str(REPO) in c]
 
 
 CODE_PATH = re.compile(

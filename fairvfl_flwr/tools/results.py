@@ -22,15 +22,32 @@ RESULTS = REPO / "docs" / "results"
 
 
 def this_command() -> str:
-    """The command line of this process, as one would retype it from the repository root."""
+    """The command line of this process, as one would retype it from the repository root
+    on another machine (:func:`portable`)."""
+    args = [portable(a) for a in sys.argv[1:]]
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name:  # python -m package.module
-        return "python -m " + shlex.join([spec.name.removesuffix(".__main__"), *sys.argv[1:]])
+        return "python -m " + shlex.join([spec.name.removesuffix(".__main__"), *args])
     argv0 = Path(sys.argv[0]).resolve()
     if argv0.suffix != ".py":  # a console script
-        return shlex.join([argv0.name, *sys.argv[1:]])
+        return shlex.join([argv0.name, *args])
     script = argv0.relative_to(REPO) if argv0.is_relative_to(REPO) else argv0
-    return "python " + shlex.join([str(script), *sys.argv[1:]])
+    return "python " + shlex.join([str(script), *args])
+
+
+def portable(arg: str) -> str:
+    """``arg`` (or the value of ``--key=arg``) without this machine's folders: an absolute path
+    in the repository or the home folder becomes relative to it, so the page's command writes
+    under the repository root wherever it is retyped."""
+    key, eq, value = arg.rpartition("=") if arg.startswith("-") and "=" in arg else ("", "", arg)
+    path = Path(value)
+    if not path.is_absolute():
+        return arg
+    if path.is_relative_to(REPO):
+        value = str(path.relative_to(REPO)) or "."
+    elif path.is_relative_to(Path.home()):
+        value = str(path.relative_to(Path.home())) or "."
+    return f"{key}{eq}{value}"
 
 
 def commit() -> str:
