@@ -60,6 +60,19 @@ def test_each_step_keeps_every_weight_above_a_share_of_its_value():
     assert (groups.signed_weights(lam) > 0).all()
 
 
+@pytest.mark.parametrize("measure", ["rate", "loss"])
+def test_a_step_back_to_zero_multipliers_is_taken(measure):
+    """Three groups: the one gap with a multiplier is met far inside ε, the others rest inside
+    it, so the Newton step stops every d_c at 0 (the dual's kink). The fewest multipliers for
+    the weights 1/n are none, and the step says so (it once divided by |d| = 0 there)."""
+    y, s, z, _ = group_rows(5, G=3)
+    groups = ConstraintSet.from_labels(y, s, 1, "deo", measure)
+    lam = np.array([0.0, 0.0, 0.0, 0.0, 0.01, 0.0])
+    gaps = np.array([0.001, -0.002, -0.5])
+    out = FractionToBoundary().step(lam, gaps, -1e-2 * np.eye(3), groups, epsilon=0.01, beta=0.1, c=1e-3)
+    assert np.array_equal(out, np.zeros(6))  # every weight back at 1/n: none falls, so the whole step
+
+
 def test_round_one_gradient_step_keeps_the_weights_positive_too():
     y, s, z, _ = group_rows(2, G=3)
     groups = ConstraintSet.from_labels(y, s, 1, "deo")

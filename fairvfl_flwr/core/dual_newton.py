@@ -220,7 +220,10 @@ def sparsest(d: np.ndarray, A: np.ndarray, iters: int = 20) -> np.ndarray:
     """The d' with the same row weights (A d' = A d) and the least Σ|d'_c|: where gaps are
     dependent, the multipliers that give a weight vector are not unique, and the dual's
     −ε Σ|d_c| term prefers the fewest. Iteratively reweighted least norms; d itself where
-    the columns of A are independent."""
+    the columns of A are independent, and d = 0 (the least already; the reweighting would
+    divide by 0 there)."""
+    if not d.any():
+        return d
     gram = A.T @ A
     vals, vecs = np.linalg.eigh(gram)
     null = vecs[:, vals <= 1e-10 * max(float(vals.max()), np.finfo(float).tiny)]
