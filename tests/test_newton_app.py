@@ -267,7 +267,8 @@ def test_newton_runs_with_noise_on_nu_and_records_the_passive_view(tmp_path):
 def test_a_converged_newton_run_ends_early_with_the_same_model(tmp_path):
     """stop-tolerance ends training once the objective stops moving with the gaps at ε; the
     model is the one the same run capped at that round gives (nothing skipped, nothing extra)."""
-    base = {"dataset": "compas", "optimizer": "newton", "epsilon": 0.01, "num-server-rounds": 40, "eval-every": 40}
+    base = {"dataset": "compas", "optimizer": "newton", "epsilon": 0.01, "num-server-rounds": 40, "eval-every": 40,
+            "sensitive-as-input": True}  # as measured: race among the inputs
     stopped, folder = run_inprocess({**base, "output-dir": str(tmp_path / "a")})
     assert 2 <= stopped["rounds"] < 40
     history = _history(folder)

@@ -114,7 +114,7 @@ def test_newton_meets_equalized_odds_within_thirty_rounds(run_app, tmp_path):
     """Through the ServerApp and ClientApp (float32 wire): both gaps <= ε + 0.002 at the end
     of a Newton run of at most 30 rounds (COMPAS; docs/results/rounds-newton-coupled.md)."""
     run = run_app({"dataset": "compas", "constraint": "equalized-odds", "constraint-measure": "loss",
-                   "optimizer": "newton", "num-parties": 3,
+                   "sensitive-as-input": True, "optimizer": "newton", "num-parties": 3,
                    "num-server-rounds": 30, "eval-every": 30, "output-dir": str(tmp_path)})
     last = run.history[-1]
     assert len(last["gaps"]) == 2 and last["round"] <= 30
@@ -125,7 +125,8 @@ def test_newton_runs_with_several_groups_and_keeps_every_weight_positive(run_app
     """Four pooled COMPAS races, six dependent gaps: no longer refused, and the dual step
     keeps every row weight > 0 while the largest gap comes down."""
     run = run_app({"dataset": "compas-race", "pool-small-groups": True, "optimizer": "newton", "num-parties": 3,
-                   "num-server-rounds": 8, "eval-every": 8, "stop-tolerance": 0.0, "output-dir": str(tmp_path)})
+                   "num-server-rounds": 8, "eval-every": 8, "stop-tolerance": 0.0, "sensitive-as-input": True,
+                   "output-dir": str(tmp_path)})
     first, last = run.history[1], run.history[-1]
     assert len(last["gaps"]) == 6 and last["round"] == 8
     assert max(abs(g) for g in last["gaps"].values()) < 0.5 * max(abs(g) for g in first["gaps"].values())

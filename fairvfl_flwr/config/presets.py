@@ -2,7 +2,8 @@
 
 * ``paper``: the paper's method, gradient steps (``optimizer = "gd"``) with the default
   η = 100, β = 0.1, c = 1e-3, Q = 5, every gap on the logistic loss (``constraint-measure
-  = "loss"``); the reproduction tables (tools/compare, sweep, epsweep) use it.
+  = "loss"``) and the sensitive attribute among the model's inputs (``sensitive-as-input``);
+  the reproduction tables (tools/compare, sweep, epsweep) use it.
 * ``fast``: gradient steps with fewer rounds to the same target (bench/rounds.py,
   docs/performance.md): a larger primal step and a faster dual step.
 
@@ -20,7 +21,7 @@ from typing import Any
 from fairvfl_flwr.core.errors import ConfigError
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {"optimizer": "gd", "constraint_measure": "loss"},
+    "paper": {"optimizer": "gd", "constraint_measure": "loss", "sensitive_as_input": True},
     "fast": {"optimizer": "gd", "eta": 20.0, "beta": 0.5},
 }
 

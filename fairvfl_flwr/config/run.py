@@ -99,6 +99,9 @@ class RunConfig:
                             why="must be at least 1")
     pool_small_groups: bool = S(False, "true: merge the groups below min-group-size into one group (with the next "
                                 "smallest while the merged group is still small) instead of refusing them")
+    sensitive_as_input: bool = S(False, "true: the sensitive attribute's columns (and a one-hot copy or source of "
+                                 "them in the table) are model inputs, as in the paper (preset paper); false: "
+                                 "they are not")
     validation_fraction: float = S(0.0, "> 0: hold out this seeded share of the training rows and report "
                                    "metrics on it instead of the test rows", rule=within(0, 0.5),
                                    why="must be between 0 (no validation split) and 0.5")

@@ -38,7 +38,8 @@ from typing import Any, BinaryIO, Callable, Mapping
 import numpy as np
 
 from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
-from fairvfl_flwr.data.tables import DATASETS, DataError, as_text, norm_value, parse_markers, read_csv, sensitive_columns
+from fairvfl_flwr.data.tables import (DATASETS, DataError, as_text, norm_value, parse_markers, read_csv,
+                                      sensitive_columns, sensitive_encodings)
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
@@ -227,6 +228,18 @@ def rows_digest(ids_train: np.ndarray, ids_test: np.ndarray) -> str:
 
 def _text(values) -> np.ndarray:
     return as_text(values).to_numpy().astype(str)
+
+
+def reserved_columns(df, spec: PartySpec, sensitive_as_input: bool = False) -> set[str]:
+    """The columns of a party's raw table that are not its features: its id; for the label
+    owner the label, and the sensitive column(s) with any one-hot copy of them
+    (``race_White``, ...) unless ``sensitive_as_input`` (run config) makes them inputs."""
+    reserved = {spec.id_column}
+    if spec.role == ROLE_ACTIVE:
+        reserved.add(spec.label_column)
+        if not sensitive_as_input:
+            reserved |= {spec.sensitive_column, *group_columns(df, spec), *sensitive_encodings(list(df.columns), spec)}
+    return reserved
 
 
 def group_columns(df, spec: PartySpec) -> list[str]:

@@ -39,7 +39,7 @@ import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, describe_labels, group_columns, group_values,
-                                         label_arrays, unexpected_labels)
+                                         label_arrays, reserved_columns, unexpected_labels)
 from fairvfl_flwr.data.own_table import CATEGORY, FILL_RULES, NUMBER, parse_rules
 from fairvfl_flwr.data.encoding import Preprocessing
 from fairvfl_flwr.data.tables import DataError, as_text, blank_markers, norm_value, normalise_ids, read_party_file
@@ -177,9 +177,7 @@ def _check_ids(report: Report, df: Any, id_column: str, what: str) -> None:
 
 
 def _feature_columns(report: Report, df: Any, spec: PartySpec) -> list[str]:
-    reserved = {spec.id_column}
-    if spec.role == ROLE_ACTIVE:
-        reserved |= {spec.label_column, spec.sensitive_column, *group_columns(df, spec)}
+    reserved = reserved_columns(df, spec)
     if spec.columns:
         absent = [c for c in spec.columns if c not in df.columns]
         if absent:

@@ -76,8 +76,9 @@ def _load_table(cfg: RunConfig) -> FairDataset:
             id_column=cfg.csv_id_column or None,
             train_fraction=cfg.csv_train_fraction,
             seed=cfg.seed,
+            sensitive_as_input=cfg.sensitive_as_input,
         )
-    return load_dataset(cfg.dataset, cfg.seed)
+    return load_dataset(cfg.dataset, cfg.seed, cfg.sensitive_as_input)
 
 
 def party_columns(cfg: RunConfig, ds: FairDataset) -> list[np.ndarray]:

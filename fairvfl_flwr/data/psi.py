@@ -45,7 +45,7 @@ import numpy as np
 
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir, known_digest,
                                          group_values, label_arrays, rows_digest, save_aligned,
-                                         group_columns)
+                                         reserved_columns)
 from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
@@ -182,12 +182,10 @@ def own_table(spec: PartySpec) -> tuple[np.ndarray, Any]:
     return _table(spec.table_path, spec.id_column, spec.name, stamp, spec.missing_values)
 
 
-def feature_columns(spec: PartySpec, df: Any) -> list[str]:
+def feature_columns(spec: PartySpec, df: Any, sensitive_as_input: bool = False) -> list[str]:
     """The raw columns the party contributes: node config ``columns``, else all but its id,
-    label and sensitive columns."""
-    reserved = {spec.id_column}
-    if spec.role == ROLE_ACTIVE:
-        reserved |= {spec.label_column, spec.sensitive_column, *group_columns(df, spec)}
+    label and (unless ``sensitive_as_input``) sensitive columns."""
+    reserved = reserved_columns(df, spec, sensitive_as_input)
     if spec.columns:
         clash = sorted(reserved & set(spec.columns))
         if clash:
@@ -302,7 +300,7 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
     """The party's block on its aligned ``rows`` (agreed order) split by ``split``."""
     train, test = rows[split == TRAIN_CODE], rows[split == TEST_CODE]
     where = f"{spec.name}: {spec.table_path}"
-    prepared = prepare_block(df, feature_columns(spec, df), train, test, cfg.tables_types, cfg.tables_missing, where)
+    prepared = prepare_block(df, feature_columns(spec, df, cfg.sensitive_as_input), train, test, cfg.tables_types, cfg.tables_missing, where)
     digest = rows_digest(ids[train], ids[test])
     y = s = None
     if spec.role == ROLE_ACTIVE:  # groups coded over all the aligned rows, as the leader sends them to the server

@@ -100,6 +100,10 @@ class DatasetSpec:
     feature_columns: tuple[str, ...] | None = None
     #: columns that are neither features nor used (another spec's sensitive column in the same file)
     unused_columns: tuple[str, ...] = ()
+    #: columns the sensitive attribute is computed from (Crime's group is racepctblack > 0.06)
+    derived_from: tuple[str, ...] = ()
+    #: are the sensitive attribute's columns model inputs? (run config ``sensitive-as-input``)
+    sensitive_as_input: bool = False
 
 
 def _packaged(name: str, file: str, **kwargs) -> DatasetSpec:
@@ -130,7 +134,7 @@ DATASETS: dict[str, DatasetSpec] = {
         "crime", "crime.csv.gz",
         label_column="crime", positive_value="high",
         sensitive_column="black_share", group_a=">0.06", group_b="<=0.06",
-        protected_label=-1, n_train=1_200, active_columns=49,
+        protected_label=-1, n_train=1_200, active_columns=49, derived_from=("racepctblack",),
     ),
 }
 # several groups (docs/fairness-constraints.md, "Several groups"): Adult's file with every value a group
@@ -189,6 +193,7 @@ class FairDataset:
         return {
             "name": self.name,
             "features": self.n_features,
+            "sensitive-inputs": list(self.extra.get("sensitive-inputs", [])),
             "train": counts(self.y_train, self.s_train),
             "test": counts(self.y_test, self.s_test),
         }
@@ -198,15 +203,17 @@ def available_datasets() -> list[str]:
     return sorted(DATASETS)
 
 
-def load_dataset(name: str, seed: int = 0) -> FairDataset:
-    """Load one of the paper's datasets with the paper's split (seeded)."""
+def load_dataset(name: str, seed: int = 0, sensitive_as_input: bool = False) -> FairDataset:
+    """Load one of the paper's datasets with the paper's split (seeded); its sensitive
+    attribute's columns are features only with ``sensitive_as_input`` (the paper's recipe)."""
     if name not in DATASETS:
         raise DataError(
             f"unknown dataset {name!r}: choose one of {', '.join(available_datasets())}"
             " or give a CSV file with csv-path"
         )
     spec = DATASETS[name]
-    return _load_spec_cached(dataclasses.replace(spec, path=packaged_file(spec.path.name)), seed)
+    return _load_spec_cached(dataclasses.replace(spec, path=packaged_file(spec.path.name),
+                                                 sensitive_as_input=sensitive_as_input), seed)
 
 
 def load_csv(
@@ -223,11 +230,13 @@ def load_csv(
     train_fraction: float = 0.8,
     n_train: int | None = None,
     seed: int = 0,
+    sensitive_as_input: bool = False,
 ) -> FairDataset:
     """Load a user's own CSV table.
 
-    Non-numeric feature columns are one-hot encoded; the label, sensitive and id
-    columns never become features.
+    Non-numeric feature columns are one-hot encoded; the label and id columns never become
+    features, the sensitive column(s) (and a one-hot copy of them, ``race_White``, ...) only
+    with ``sensitive_as_input``.
     """
     spec = DatasetSpec(
         name=Path(path).name,
@@ -242,6 +251,7 @@ def load_csv(
         train_fraction=train_fraction,
         id_column=id_column,
         feature_columns=tuple(feature_columns) if feature_columns else None,
+        sensitive_as_input=sensitive_as_input,
     )
     return _load_spec_cached(spec, seed)
 
@@ -474,7 +484,13 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
     else:
         ids = np.arange(len(df))
 
+    encodings = sensitive_encodings(list(df.columns), spec)
     reserved = {spec.label_column, *sensitive_columns(spec), spec.id_column, *spec.unused_columns}
+    if not spec.sensitive_as_input:
+        reserved |= set(encodings)
+    elif not encodings:  # asked for, and the table has no copy of it: the sensitive column itself
+        reserved -= set(sensitive_columns(spec))
+        encodings = [c for c in sensitive_columns(spec) if c in df.columns]
     if spec.feature_columns is not None:
         missing = [c for c in spec.feature_columns if c not in df.columns]
         if missing:
@@ -521,11 +537,22 @@ def _load_spec(spec: DatasetSpec, seed: int) -> FairDataset:
         default_active_columns=spec.active_columns,
         source=str(path),
         extra={"encoding": encoding_of([str(c) for c in features.columns], categories),
+               "sensitive-inputs": [str(c) for c in encodings] if spec.sensitive_as_input else [],
+               "sensitive-left-out": [] if spec.sensitive_as_input else [str(c) for c in encodings],
                "mean": mean.tolist(), "std": std.tolist(), "categories": categories, "id_column": spec.id_column},
     )
     if named:  # several groups: the constraint refuses small or empty ones (min-group-size)
         _check_groups(ds, spec)
     return ds
+
+
+def sensitive_encodings(columns: list, spec: Any) -> list[str]:
+    """The columns of a table that carry its sensitive attribute(s) besides the sensitive
+    column itself: a one-hot copy (``race_White``, ``race_Black``, ... for ``race``) and the
+    columns the groups are computed from (``derived_from``)."""
+    names = sensitive_columns(spec)
+    onehot = [str(c) for c in columns if any(str(c).startswith(f"{s}_") for s in names)]
+    return onehot + [c for c in getattr(spec, "derived_from", ()) if c in columns]
 
 
 def encoding_of(feature_names: list[str], categories: dict[str, list[str]]) -> list[tuple[str, str | None]]:

@@ -185,6 +185,16 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
     return manifest
 
 
+def sensitive_line(config: dict, data: dict) -> str:
+    """The card's line on whether the sensitive attribute was a model input (``sensitive-as-input``)."""
+    columns = data.get("sensitive-inputs") or []
+    if config.get("sensitive-as-input"):
+        shown = f" (features {', '.join(f'`{c}`' for c in columns)})" if columns else ""
+        return f"- sensitive attribute: a model input{shown} (`sensitive-as-input = true`, the paper's recipe)"
+    return ("- sensitive attribute: not a model input (`sensitive-as-input = false`): neither its column nor a "
+            "one-hot copy or source of it in the table is a feature")
+
+
 def _fmt(v: Any, pct: bool = False) -> str:
     if v is None:
         return "n/a"
@@ -214,7 +224,8 @@ def run_card(m: dict, summary: dict) -> str:
          else "- none (fairness = false: the FedBCD baseline)"),
         "- groups: " + ", ".join(f"{k} = {v}" for k, v in m["groups"].items()),
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
-        "z = Σ_k u_k the sum of the parties' partial logits; no group attribute is used to predict",
+        "z = Σ_k u_k the sum of the parties' partial logits; the group column is not read to predict",
+        sensitive_line(c, summary.get("dataset-summary") or {}),
         "",
         f"## Metrics on the {met.get('evaluated_on') or 'test'} rows (95% bootstrap intervals, "
         f"{BOOTSTRAP_REPLICATES} resamples)",

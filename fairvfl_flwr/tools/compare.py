@@ -161,7 +161,7 @@ def post_records(fedbcd: dict, post: list[str]) -> list[dict]:
 
 
 def _central_records(row: Row, max_iter: int) -> list[dict]:
-    ds = load_dataset(row.dataset, row.seed)
+    ds = load_dataset(row.dataset, row.seed, sensitive_as_input=True)  # the paper's recipe, as its FairVFL rows
     t = time.perf_counter()
     r = baselines.centralised_reference(ds.X_train, ds.y_train, ds.s_train, ds.X_test, ds.y_test, ds.s_test,
                                         ds.protected_label, seed=row.seed, max_iter=max_iter)
