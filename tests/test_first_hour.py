@@ -17,7 +17,7 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.stopping import StopRule
 from fairvfl_flwr.data.tables import DataError
-from fairvfl_flwr.flower import server as vfl_server
+from fairvfl_flwr.flower import discovery
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
@@ -38,7 +38,7 @@ def flwr_log(caplog):
 # -- a federation too small ---------------------------------------------------------------
 def test_a_federation_short_of_num_parties_is_refused_once_it_stops_growing(tmp_path, monkeypatch, flwr_log):
     # the in-process grid never grows: the wait ends NODE_WAIT after the last node joined
-    monkeypatch.setattr(vfl_server, "NODE_WAIT", 0.5)
+    monkeypatch.setattr(discovery, "NODE_WAIT", 0.5)
     cfg = RunConfig.from_flower({"dataset": "crime", "output-dir": str(tmp_path)})
     grid = InProcessGrid(client_app, cfg.to_flower(), 4)
     started = time.monotonic()
@@ -49,7 +49,7 @@ def test_a_federation_short_of_num_parties_is_refused_once_it_stops_growing(tmp_
 
 
 def test_the_wait_for_missing_nodes_is_bounded_well_inside_30_seconds():
-    assert 0 < vfl_server.NODE_WAIT <= 10  # Ray's start-up comes on top in a flwr run simulation
+    assert 0 < discovery.NODE_WAIT <= 10  # Ray's start-up comes on top in a flwr run simulation
 
 
 @pytest.mark.slow

@@ -41,6 +41,14 @@ def test_the_independence_contract_lists_every_feature():
     assert set(listed) == features
 
 
+def test_nodes_are_listed_only_by_discovery_and_the_exchanges_online_check():
+    """One node discovery (flower/discovery.py) for the rounds and every job; the exchange
+    asks which nodes are still online; the in-process grid answers."""
+    calling = {str(path.relative_to(PACKAGE)) for path, tree in _modules()
+               if any(isinstance(n, ast.Attribute) and n.attr == "get_node_ids" for n in ast.walk(tree))}
+    assert calling <= {"flower/discovery.py", "flower/exchange.py"}, calling
+
+
 # The only deferred imports: torch-backed modules, loaded where a run needs torch (the MLP,
 # split learning) so that the linear path never imports it. No cycle is hidden this way.
 DEFERRED = {("core/blocks.py", "fairvfl_flwr.core.models"), ("algorithms/split.py", "fairvfl_flwr.core.models")}

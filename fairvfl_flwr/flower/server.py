@@ -41,14 +41,10 @@ from fairvfl_flwr.core.stopping import StopRule
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
 
-
-#: Seconds discovery waits for one more node before it refuses a federation short of
-#: num-parties (a simulation registers all its nodes at once; SuperNodes started one after
-#: another join seconds apart).
-NODE_WAIT = 5.0
 
 #: The test metrics of an evaluated round (NaN in the others): core/metrics.fairness_metrics.
 TEST_METRICS = ("acc", "dfp", "dfn", "dp_diff", "eo_diff")
@@ -204,29 +200,9 @@ class VFLServer:
 
     # -- the parts of a round ------------------------------------------------------------
     def discover(self, grid: Grid, timeout: float) -> None:
-        """Ask every node for its role; check the federation matches the run.
-
-        Nodes still joining are waited for, up to ``timeout``: while none has joined, and
-        then while each arrives within :data:`NODE_WAIT` seconds of the last. A federation
-        that stopped growing short of num-parties is refused then.
-        """
-        deadline = time.monotonic() + timeout
-        node_ids = list(grid.get_node_ids())
-        changed = time.monotonic()
-        while (len(node_ids) < self.cfg.num_parties and time.monotonic() < deadline
-               and (not node_ids or time.monotonic() - changed < NODE_WAIT)):
-            time.sleep(0.5)
-            now = list(grid.get_node_ids())
-            if len(now) != len(node_ids):
-                changed = time.monotonic()
-            node_ids = now
-        if len(node_ids) != self.cfg.num_parties:
-            waited = "" if len(node_ids) > self.cfg.num_parties else f" (no other node joined for {NODE_WAIT:g} s)"
-            raise FederationError(
-                f"the run needs num-parties={self.cfg.num_parties} nodes, the federation has {len(node_ids)}{waited}: "
-                f"one node per party (simulation: flwr run . <federation> --federation-config "
-                f"num-supernodes={self.cfg.num_parties}; a deployment: one SuperNode per party)"
-            )
+        """Ask every node for its role; check the federation matches the run. Nodes still
+        joining are waited for, up to ``timeout`` (flower/discovery.py)."""
+        node_ids = discover_nodes(grid, self.cfg.num_parties, timeout)
         queries = [
             Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
         ]

@@ -55,6 +55,7 @@ from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, run_config
 
@@ -75,7 +76,7 @@ UNSCORED_PATH = "unscored-path"  # node config: where a party writes the ids of 
 def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     """Run the alignment of the training tables over ``grid``; return the labels of the aligned rows."""
     t0 = time.perf_counter()
-    passes = _Passes(grid, cfg, TRAIN)
+    passes = _Passes(grid, cfg, TRAIN, discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "alignment"))
     common, result, positions = passes.intersect()
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
@@ -97,11 +98,11 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     return labels
 
 
-def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
-    """Align the files a scoring job scores (each party's own ids): every party then scores
-    only the rows all of them hold. Returns their number."""
+def align_score_rows(grid: Grid, cfg: RunConfig, nodes: list[int]) -> int:
+    """Align the files a scoring job scores (each party's own ids) on the job's ``nodes``:
+    every party then scores only the rows all of them hold. Returns their number."""
     t0 = time.perf_counter()
-    passes = _Passes(grid, cfg, SCORE)
+    passes = _Passes(grid, cfg, SCORE, nodes)
     common, _, positions = passes.intersect()
     done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": SCORE,
                                                             "n-common": int(common["n-common"])}),
@@ -121,16 +122,9 @@ def align_score_rows(grid: Grid, cfg: RunConfig) -> int:
 class _Passes:
     """The PSI up to the leader's answer: sizes, blinded lists, raised lists, intersect, common."""
 
-    def __init__(self, grid: Grid, cfg: RunConfig, purpose: str) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, purpose: str, nodes: list[int]) -> None:
         self.grid, self.cfg, self.purpose = grid, cfg, purpose
         started = time.perf_counter()
-        deadline = time.monotonic() + cfg.round_timeout
-        while len(list(grid.get_node_ids())) < cfg.num_parties and time.monotonic() < deadline:
-            time.sleep(0.5)
-        nodes = list(grid.get_node_ids())
-        if len(nodes) != cfg.num_parties:
-            raise FederationError(f"alignment needs num-parties={cfg.num_parties} nodes, the federation has "
-                                  f"{len(nodes)}")
         if cfg.num_active != 1:
             raise FederationError(f"tables.own=true needs one label owner (num-active=1), got "
                                   f"num-active={cfg.num_active}")

@@ -56,6 +56,7 @@ from fairvfl_flwr.features import secagg
 from fairvfl_flwr.jobs.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange, roundview
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, run_config
 from fairvfl_flwr.flower.results import run_folder
@@ -160,16 +161,26 @@ def _message(nid: int, kind: str, job: dict, group: str) -> Message:
     return Message(RecordDict({JOB: ConfigRecord(job)}), dst_node_id=nid, message_type=kind, group_id=group)
 
 
-def _discover(grid: Grid, cfg: RunConfig, timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    node_ids = list(grid.get_node_ids())
-    while len(node_ids) < cfg.num_parties and time.monotonic() < deadline:
-        time.sleep(0.5)
-        node_ids = list(grid.get_node_ids())
-    if len(node_ids) != cfg.num_parties:
-        raise ScoreError(f"the model has {cfg.num_parties} parties, the federation has {len(node_ids)} nodes; "
-                         "every party must be online to score")
-    return node_ids
+class _Parties:
+    """The scoring job's parties over its grid: each node's name once it has told its
+    partition (a refusal names the party), and one exchange with the job's retries."""
+
+    def __init__(self, grid: "JobGrid", cfg: RunConfig) -> None:
+        self.grid, self.timeout, self.retries = grid, cfg.round_timeout, cfg.round_retries
+        self.who: dict[int, str] = {}
+        self.info: dict[int, dict] = {}  # by node: its query.scoreinfo reply
+
+    def name(self, nid: int) -> str:
+        return self.who.get(nid, f"node {nid}")
+
+    def role(self, nid: int) -> str:
+        return str(self.info[nid]["role"])
+
+    def partition(self, nid: int) -> int:
+        return int(self.info[nid]["partition-id"])
+
+    def exchange(self, messages: list[Message]) -> list[Message]:
+        return exchange.exchange(self.grid, messages, self.timeout, self.retries, self.name)
 
 
 def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
@@ -178,115 +189,136 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
     With ``tables.own``, the parties' score files are aligned first (their common ids)."""
     started = time.perf_counter()
     cfg, trained, (manifest, model_from, checkpoint) = job_config(run_config)
-    grid = JobGrid(grid, trained)
+    parties = _Parties(JobGrid(grid, trained), cfg)
+    node_ids = discover_nodes(parties.grid, cfg.num_parties, cfg.round_timeout,
+                              f"the scoring job (a model of {cfg.num_parties} parties)")
     if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
-        align_score_rows(grid, cfg)
-    expected = {int(p["partition-id"]): p for p in manifest["parties"]}
-    timeout, retries = cfg.round_timeout, cfg.round_retries
-    node_ids = _discover(grid, cfg, timeout)
+        align_score_rows(parties.grid, cfg, node_ids)
     job = {"run-id": manifest["run-id"], "run-folder": str(model_from), "checkpoint": -1 if checkpoint is None else checkpoint}
-    who: dict[int, str] = {}
+    info = _block_info(parties, node_ids, job, manifest)
+    ordered = [info[pid]["node"] for pid in sorted(info)]
+    views = None
+    if cfg.secure_aggregation:  # each chunk's replies masked: the server learns the per-row totals only
+        session = secagg.agree_keys([(nid, pid, parties.name(nid)) for pid, nid in zip(sorted(info), ordered)],
+                                    parties.exchange)
+        views = roundview.ServerViews(session)  # every chunk one view of all parties
+    n_rows = int(info[min(info)]["n-rows"])
+    ids, z = _score_chunks(parties, cfg, ordered, job, n_rows, views)
+    folder = run_folder(cfg, run_id)
+    write_predictions(folder / PREDICTIONS, ids, z)
+    summary = {"mode": "score", "model-from": str(model_from), "run-id": manifest["run-id"],
+               "round": manifest.get("round"), "checkpoint": checkpoint, "rows": n_rows,
+               "chunk-rows": cfg.score_chunk_rows, "chunks": -(-n_rows // cfg.score_chunk_rows),
+               "positive": int((z >= 0).sum()), "positive-label": manifest.get("positive-label"),
+               "seconds": time.perf_counter() - started, "predictions": str(folder / PREDICTIONS)}
+    model_files.write_json(folder / SUMMARY, summary)
+    log(INFO, "FairVFL score: %d rows, %d positive, with run %s%s (%s) -> %s (%.1f s)", n_rows, summary["positive"],
+        manifest["run-id"], "" if checkpoint is None else f" at its checkpoint of round {checkpoint}", model_from,
+        folder / PREDICTIONS, summary["seconds"])
+    return summary, folder
 
-    def name(nid: int) -> str:
-        return who.get(nid, f"node {nid}")
 
-    replies = exchange.exchange(grid, [_message(nid, msgs.SCORE_INFO, job, "score-info") for nid in node_ids],
-                                timeout, retries, name)
+def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Mapping[str, Any]) -> dict[int, dict]:
+    """Ask every party which block it holds and how many rows it scores (``query.scoreinfo``);
+    by partition id, its reply and node. Refuses another run's block, a block the manifest
+    did not record, and parties that do not hold the same rows."""
     info: dict[int, dict] = {}
-    for reply in replies:
+    for reply in parties.exchange([_message(nid, msgs.SCORE_INFO, job, "score-info") for nid in node_ids]):
         nid = reply.metadata.src_node_id
         if reply.content.array_records:
-            raise ScoreError(f"{name(nid)}: its {msgs.SCORE_INFO} reply must hold no arrays; refused")
+            raise ScoreError(f"{parties.name(nid)}: its {msgs.SCORE_INFO} reply must hold no arrays; refused")
         r = dict(reply.content.config_records[JOB])
         pid = int(r["partition-id"])
-        who[nid] = f"party {pid} ({r['role']}, node {nid})"
-        info[pid] = {**r, "node": nid}
-    if sorted(info) != sorted(expected):
-        raise ScoreError(f"the model's parties are partitions {sorted(expected)}, the federation's {sorted(info)}")
+        parties.who[nid] = f"party {pid} ({r['role']}, node {nid})"
+        info[pid] = parties.info[nid] = {**r, "node": nid}
+    saved = {int(p["partition-id"]): p for p in manifest["parties"]}
+    if sorted(info) != sorted(saved):
+        raise ScoreError(f"the model's parties are partitions {sorted(saved)}, the federation's {sorted(info)}")
     first = info[min(info)]
     for pid in sorted(info):
-        r, want, party = info[pid], expected[pid], who[info[pid]["node"]]
+        r, party = info[pid], parties.name(info[pid]["node"])
         if r["run-id"] != manifest["run-id"]:
             raise ScoreError(f"{party} holds a block of run {r['run-id']}, the model is run {manifest['run-id']}: "
                              "blocks from different runs; refused")
-        if r["block-digest"] != want["block-digest"]:
+        if r["block-digest"] != saved[pid]["block-digest"]:
             raise ScoreError(f"{party}: its block (digest {r['block-digest']}) is not the one run "
-                             f"{manifest['run-id']} saved (digest {want['block-digest']}); refused")
+                             f"{manifest['run-id']} saved (digest {saved[pid]['block-digest']}); refused")
         if r["ids-digest"] != first["ids-digest"] or r["n-rows"] != first["n-rows"]:
             raise ScoreError(
                 f"{party} holds {r['n-rows']} rows to score (ids digest {r['ids-digest']}), party {min(info)} holds "
                 f"{first['n-rows']} (ids digest {first['ids-digest']}): every party must hold the same row ids; refused")
-    n = int(first["n-rows"])
-    views = None
-    if cfg.secure_aggregation:  # each chunk's replies masked: the server learns the per-row totals only
-        session = secagg.agree_keys([(info[pid]["node"], pid, who[info[pid]["node"]]) for pid in sorted(info)],
-                                    lambda ms: exchange.exchange(grid, ms, timeout, retries, name))
-        views = roundview.ServerViews(session)  # every chunk one view of all parties
-        node_info = {int(info[pid]["node"]): info[pid] for pid in info}
+    return info
+
+
+def _score_chunks(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dict, n_rows: int,
+                  views: roundview.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's id and summed logit z, asked for in chunks of ``score.chunk-rows``
+    (under secure aggregation, each chunk one view of all parties: ``views``)."""
     chunk = cfg.score_chunk_rows
-    ordered = [info[pid]["node"] for pid in sorted(info)]
-    wire = np.dtype(cfg.wire_dtype)
-    z = np.zeros(n, dtype=np.float64)
-    ids_out: list[np.ndarray] = []
-    chunks, chunks_started = -(-n // chunk), time.perf_counter()
-    log(INFO, "FairVFL score: %d rows to score in %d chunk%s of at most %d rows (score.chunk-rows)", n, chunks,
+    z = np.zeros(n_rows, dtype=np.float64)
+    ids: list[np.ndarray] = []
+    chunks, chunks_started = -(-n_rows // chunk), time.perf_counter()
+    log(INFO, "FairVFL score: %d rows to score in %d chunk%s of at most %d rows (score.chunk-rows)", n_rows, chunks,
         "s" if chunks != 1 else "", chunk)
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
+    for start in range(0, n_rows, chunk):
+        stop = min(n_rows, start + chunk)
         if start:  # the chunks cost alike: the time so far per row gives the time left
             spent = time.perf_counter() - chunks_started
             log(INFO, "FairVFL score: chunk %d/%d, rows %d..%d; about %.0f s left", start // chunk + 1, chunks,
-                start, stop - 1, spent / start * (n - start))
-        messages = [_message(nid, msgs.SCORE, {**job, "start": start, "stop": stop}, f"score-{start}") for nid in ordered]
-        if views is not None:
-            grid.stamp(messages)
-            views.attach(messages, lambda nid: str(node_info[nid]["role"]), lambda nid: int(node_info[nid]["partition-id"]),
-                         secagg.mask_round)
-        got = {r.metadata.src_node_id: r for r in exchange.exchange(grid, messages, timeout, retries, name)}
-        if views is not None:
-            views.collect(got.values(), lambda nid: int(node_info[nid]["partition-id"]))
-        chunk_ids = None
-        parts = []
-        for nid in ordered:
-            content = got[nid].content
-            if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
-                raise ScoreError(f"{name(nid)}: a {msgs.SCORE} reply holds exactly the chunk's logits and ids; refused")
-            u = content.array_records[LOGITS]["logits"].numpy()
-            expected = np.dtype(np.uint64) if cfg.secure_aggregation else wire
-            if u.dtype != expected or u.shape != (stop - start,):
-                raise ScoreError(f"{name(nid)}: partial logits of rows {start}..{stop - 1} as {u.dtype} {u.shape}, "
-                                 f"expected {expected} ({stop - start},)"
-                                 f"{' (masked words: privacy.secure-aggregation)' if cfg.secure_aggregation else ''}")
-            if not cfg.secure_aggregation:
-                try:
-                    u = checks.check_vector(u, "partial logits", stop - start, name(nid))
-                except checks.ReplyError as exc:
-                    raise ScoreError(f"rejected a reply: {exc}") from None
-            ids = content.array_records[LOGITS]["ids"].numpy().astype(str)
-            if ids.shape != (stop - start,):
-                raise ScoreError(f"{name(nid)}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
-            if chunk_ids is None:
-                chunk_ids = ids
-            elif not np.array_equal(ids, chunk_ids):
-                raise ScoreError(f"{name(nid)}: rows {start}..{stop - 1} are not the same ids as party {min(info)}'s; "
-                                 "refused")
-            parts.append(u if cfg.secure_aggregation else u.astype(np.float64))
-        z[start:stop] = (secagg.unmask_sum(parts, f"rows {start}..{stop - 1}") if cfg.secure_aggregation
-                         else np.sum(parts, axis=0))
-        ids_out.append(chunk_ids)
-    ids_all = np.concatenate(ids_out) if ids_out else np.array([], dtype=str)
-    folder = run_folder(cfg, run_id)
-    write_predictions(folder / PREDICTIONS, ids_all, z)
-    summary = {"mode": "score", "model-from": str(model_from), "run-id": manifest["run-id"],
-               "round": manifest.get("round"), "checkpoint": checkpoint, "rows": n,
-               "chunk-rows": chunk, "chunks": -(-n // chunk), "positive": int((z >= 0).sum()),
-               "positive-label": manifest.get("positive-label"), "seconds": time.perf_counter() - started,
-               "predictions": str(folder / PREDICTIONS)}
-    model_files.write_json(folder / SUMMARY, summary)
-    log(INFO, "FairVFL score: %d rows, %d positive, with run %s%s (%s) -> %s (%.1f s)", n, summary["positive"],
-        manifest["run-id"], "" if checkpoint is None else f" at its checkpoint of round {checkpoint}", model_from,
-        folder / PREDICTIONS, summary["seconds"])
-    return summary, folder
+                start, stop - 1, spent / start * (n_rows - start))
+        chunk_ids, z[start:stop] = _score_chunk(parties, cfg, ordered, {**job, "start": start, "stop": stop}, views)
+        ids.append(chunk_ids)
+    return (np.concatenate(ids) if ids else np.array([], dtype=str)), z
+
+
+def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dict,
+                 views: roundview.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk (rows ``job["start"]`` up to ``job["stop"]``): its ids, equal across parties,
+    and the sum of the parties' partial logits (unmasked under secure aggregation)."""
+    start, stop = job["start"], job["stop"]
+    messages = [_message(nid, msgs.SCORE, job, f"score-{start}") for nid in ordered]
+    if views is not None:
+        parties.grid.stamp(messages)
+        views.attach(messages, parties.role, parties.partition, secagg.mask_round)
+    got = {r.metadata.src_node_id: r for r in parties.exchange(messages)}
+    if views is not None:
+        views.collect(got.values(), parties.partition)
+    chunk_ids = None
+    parts = []
+    for nid in ordered:
+        u, ids = _partial_logits(parties.name(nid), got[nid], cfg, start, stop)
+        if chunk_ids is None:
+            chunk_ids = ids
+        elif not np.array_equal(ids, chunk_ids):
+            raise ScoreError(f"{parties.name(nid)}: rows {start}..{stop - 1} are not the same ids as "
+                             f"{parties.name(ordered[0])}'s; refused")
+        parts.append(u)
+    if cfg.secure_aggregation:
+        return chunk_ids, secagg.unmask_sum(parts, f"rows {start}..{stop - 1}")
+    return chunk_ids, np.sum(parts, axis=0)
+
+
+def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """A party's ``query.score`` reply, checked: its partial logits of rows ``start`` up to
+    ``stop`` (float64, or masked words under secure aggregation) and their ids."""
+    content = reply.content
+    if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
+        raise ScoreError(f"{party}: a {msgs.SCORE} reply holds exactly the chunk's logits and ids; refused")
+    u = content.array_records[LOGITS]["logits"].numpy()
+    dtype = np.dtype(np.uint64) if cfg.secure_aggregation else np.dtype(cfg.wire_dtype)
+    if u.dtype != dtype or u.shape != (stop - start,):
+        raise ScoreError(f"{party}: partial logits of rows {start}..{stop - 1} as {u.dtype} {u.shape}, "
+                         f"expected {dtype} ({stop - start},)"
+                         f"{' (masked words: privacy.secure-aggregation)' if cfg.secure_aggregation else ''}")
+    if not cfg.secure_aggregation:
+        try:
+            u = checks.check_vector(u, "partial logits", stop - start, party).astype(np.float64)
+        except checks.ReplyError as exc:
+            raise ScoreError(f"rejected a reply: {exc}") from None
+    ids = content.array_records[LOGITS]["ids"].numpy().astype(str)
+    if ids.shape != (stop - start,):
+        raise ScoreError(f"{party}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
+    return u, ids
 
 
 def write_predictions(path: Path, ids: np.ndarray, z: np.ndarray) -> None:
