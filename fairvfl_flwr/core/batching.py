@@ -12,7 +12,7 @@ next round's rows; on an evaluation round it replies all rows instead (train met
 every training row), and the server takes B_{t+1} out of those.
 
 The mini-batch Lagrangian of round t is f̃ with every mean taken over B_t: L over the b
-rows, each gap D_c over A_c ∩ B_t and B_c ∩ B_t (:func:`batch_groups`). A constraint
+rows, each gap D_c over A_c ∩ B_t and B_c ∩ B_t (``ConstraintSet.restrict``). A constraint
 group with no row in some B_t would make D_c undefined; :func:`check_batches` refuses
 such a batch size before round 1 (see its docstring for why it refuses rather than skips).
 """
@@ -70,11 +70,6 @@ def reply_rows(cfg, server_round: int, evaluate: bool, n: int) -> np.ndarray | N
     server records L and DEO on every training row.
     """
     return None if evaluate else round_rows(cfg, server_round + 1, n)
-
-
-def batch_groups(groups: ConstraintSet, rows: np.ndarray | None) -> ConstraintSet:
-    """The constraint groups restricted to ``rows`` (sizes and the 1/n weight become the batch's)."""
-    return groups.restrict(rows)
 
 
 def check_batches(groups: ConstraintSet, seed: int, batch_size: int, rounds: int) -> None:

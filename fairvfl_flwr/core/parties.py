@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.core.batching import batch_groups
 from fairvfl_flwr.core.constraints import ConstraintSet
 
 
@@ -66,12 +65,12 @@ class ActiveParty(Party):
         begun when the mean step time so far says it would end past the budget. Returns the
         number of steps taken (the reply's ``steps`` metric). ``rows``: the round's
         mini-batch (``z`` then holds one value per batch row); ν, its 1/b weight and
-        the group sizes are the batch's, as on the server (batching.batch_groups).
+        the group sizes are the batch's, as on the server (ConstraintSet.restrict).
         """
         started = time.perf_counter()
         x = self._rows(self.X_train, rows)
         y = self.y if rows is None else self.y[rows]
-        groups = batch_groups(self.groups, rows)
+        groups = self.groups.restrict(rows)
         others = z - self.block.forward(x)
         taken = 0
         for _ in range(steps):

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from fairvfl_flwr.core.constraints import ConstraintSet
-from fairvfl_flwr.core.batching import batch_groups
 from fairvfl_flwr.core.blocks import build_block
 from fairvfl_flwr.core.models import gradient_step
 from fairvfl_flwr.core.newton import (
@@ -82,7 +81,7 @@ class CentralisedGDA:
             blocks, y, groups = self.blocks, self.y, self.groups
         else:
             index = torch.from_numpy(rows)
-            blocks, y, groups = [x[index] for x in self.blocks], self.y[rows], batch_groups(self.groups, rows)
+            blocks, y, groups = [x[index] for x in self.blocks], self.y[rows], self.groups.restrict(rows)
         self.lam, _ = server_step(self.lam, y, self.z(blocks), groups, epsilon=self.epsilon, beta=self.beta,
                                   c=self.c, fairness=self.fairness)
         self.lams.append(self.lam.copy())

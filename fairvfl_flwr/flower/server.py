@@ -391,4 +391,4 @@ class VFLServer:
             z = z[rows]
         elif not np.array_equal(self.held_rows, rows):
             raise FederationError("internal: the parties' logits are not on this round's batch rows")
-        return self.labels.y_train[rows], z, batching.batch_groups(self.groups, rows)
+        return self.labels.y_train[rows], z, self.groups.restrict(rows)
