@@ -22,6 +22,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 pytest.importorskip("private_set_intersection")
+pytestmark = pytest.mark.usefixtures("private_party_cache")  # a kept alignment is reused only within a test
 
 ID = "customer"
 NUMBERS = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
@@ -556,3 +557,34 @@ def test_a_label_owner_cannot_contribute_its_label_as_a_feature():
                      sensitive_column="sex", columns=("age", "income"))
     with pytest.raises(DataError, match=r"party 0 .*columns names \['income'\]"):
         feature_columns(spec, pd.DataFrame(columns=["row_id", "age", "income", "sex"]))
+
+
+def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed_table_aligns_again(
+        own_tables, tmp_path, caplog):
+    folder, _, _ = own_tables
+    for k in range(4):
+        pd.read_csv(folder / f"party{k}.csv").to_csv(tmp_path / f"party{k}.csv", index=False)
+
+    def run(**extra):
+        grid, rc, sent = _aligned_messages(tmp_path, **{"output-dir": str(tmp_path / "runs"), **extra})
+        summary, run_folder = run_server(grid, rc)
+        steps = [str(m.content.config_records["align"]["step"]) for m in sent
+                 if m.metadata.message_type == "query.align"]
+        return summary, json.loads((run_folder / "history.json").read_text()), steps
+
+    caplog.set_level("INFO", logger="flwr")
+    first, history, steps = run()
+    assert "blind" in steps and "party 0: no alignment kept on its side" in caplog.text
+    again, history_again, steps = run()
+    assert steps == ["size"] * 4 + ["reuse"] * 4  # no id blinded: every party took up its kept alignment
+    assert history_again == [{**row, "seconds": r["seconds"]} for row, r in zip(history, history_again)]
+    assert again["test_acc"] == first["test_acc"]
+    caplog.clear()
+    df = pd.read_csv(tmp_path / "party2.csv")
+    df.drop(index=df.index[:5]).to_csv(tmp_path / "party2.csv", index=False)  # party 2's table changed
+    _, _, steps = run()
+    assert "blind" in steps
+    assert "party 2: its table changed since its last alignment" in caplog.text
+    assert "party 0:" not in caplog.text.split("FairVFL: aligning:")[1].splitlines()[0]
+    _, _, steps = run(**{"tables.reuse-alignment": False})
+    assert "blind" in steps

@@ -231,6 +231,9 @@ class RunConfig:
                           "numbers, anything else a category)", section="tables")
     tables_missing: str = S("", "missing values per column: 'age=median,job=value:none' (mean, median, mode, "
                             "value:<v>); a column not named refuses them", section="tables")
+    tables_reuse_alignment: bool = S(True, "true: a party keeps its alignment (by its table's digest and the "
+                                     "settings) and a run on the same tables reuses it once every party holds the "
+                                     "same one; false: every run aligns again", section="tables")
     tables_name: str = S("own-tables", "the name of the parties' tables in run folders, the log and model cards "
                          "(the dataset key names only the packaged data)", section="tables")
     tables_missing_values: str = S("", "markers that mean a missing value in every party's table and score file, "

@@ -45,7 +45,7 @@ import numpy as np
 
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir, known_digest,
                                          group_values, label_arrays, rows_digest, save_aligned,
-                                         reserved_columns)
+                                         reserved_columns, aligned_files, write_atomically)
 from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
@@ -318,3 +318,72 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
         "prep": [cfg.tables_types, cfg.tables_missing, *spec.missing_values], "pre": prepared.pre.digest(),
     }, sort_keys=True).encode()).hexdigest()[:32]
     return arrays, key, {**prepared.pre.to_dict(), "prepared": list(prepared.record)}
+
+
+# -- align once, run many: each party keeps its alignment on its own disk ---------------------
+KEPT = "alignments"  # under the party's cache dir
+KEPT_VERSION = 1
+
+
+def _alignment_settings(spec: PartySpec, cfg: Any) -> str:
+    """A digest of everything besides the table that decides a party's alignment and block:
+    who it is among how many parties, how its table is read and prepared, and the split."""
+    settings = {
+        "v": KEPT_VERSION, "partition": spec.partition_id, "role": spec.role, "parties": cfg.num_parties,
+        "id": spec.id_column, "columns": list(spec.columns), "markers": list(spec.missing_values),
+        "label": [spec.label_column, spec.label_positive, spec.label_negative, spec.sensitive_column, spec.group_a,
+                  spec.group_b, spec.protected_label],
+        "prep": [cfg.tables_types, cfg.tables_missing], "split": [cfg.seed, cfg.tables_train_fraction,
+                                                                  cfg.validation_fraction],
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _kept_paths(spec: PartySpec, cfg: Any) -> tuple[Path, Path, str, str]:
+    """(this table's and settings' record, the party's last-alignment note, table digest, settings digest)."""
+    table = known_digest(Path(spec.table_path), cache_dir(spec))  # remembered per file version: cheap
+    settings = _alignment_settings(spec, cfg)
+    base = cache_dir(spec) / KEPT
+    key = hashlib.sha256(f"{table}|{settings}".encode()).hexdigest()[:32]
+    return base / f"{key}.json", base / f"last-{spec.partition_id}-of-{cfg.num_parties}.json", table, settings
+
+
+def keep_alignment(spec: PartySpec, cfg: Any, record: dict, labels: dict[str, np.ndarray] | None = None) -> None:
+    """Keep this party's alignment (its digest, its block's key, its size; the label owner also
+    the split and labels it sends the server) for the next run on the same table and settings."""
+    path, last, table, settings = _kept_paths(spec, cfg)
+    try:
+        if labels is not None:
+            write_atomically(path.with_suffix(".npz"), lambda fh: np.savez(fh, **labels))
+        write_atomically(path, lambda fh: fh.write(json.dumps(record, sort_keys=True).encode()))
+        write_atomically(last, lambda fh: fh.write(json.dumps({"table": table, "settings": settings}).encode()))
+    except OSError:
+        pass  # a read-only cache only costs the next run an alignment
+
+
+def kept_alignment(spec: PartySpec, cfg: Any) -> tuple[dict | None, str]:
+    """This party's kept alignment of its current table and settings, or None and why not
+    (words for the log: no id, no value)."""
+    path, last, table, settings = _kept_paths(spec, cfg)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        try:
+            before = json.loads(last.read_text())
+        except (OSError, ValueError):
+            return None, "no alignment kept on its side"
+        if before.get("table") != table:
+            return None, "its table changed since its last alignment"
+        return None, "the run's table settings (tables.*, seed, split, its node config) changed since its last alignment"
+    if not aligned_files(spec, str(record.get("key", "")))[0].is_file():
+        return None, "the block of its kept alignment is gone from its cache"
+    if record.get("labels") and not path.with_suffix(".npz").is_file():
+        return None, "the labels of its kept alignment are gone from its cache"
+    return record, ""
+
+
+def kept_labels(spec: PartySpec, cfg: Any) -> dict[str, np.ndarray]:
+    """The label owner's kept split and labels (what it sends the server after an alignment)."""
+    path = _kept_paths(spec, cfg)[0].with_suffix(".npz")
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}

@@ -48,6 +48,7 @@ from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import psi
+from fairvfl_flwr.data.own_table import id_pattern
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preflight import Rules, check_party
 from fairvfl_flwr.data.encoding import score_file
@@ -77,14 +78,22 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     """Run the alignment of the training tables over ``grid``; return the labels of the aligned rows."""
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, TRAIN, discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "alignment"))
-    common, result, positions = passes.intersect()
+    if passes.kept:  # every party holds the same alignment of these tables: no PSI
+        replies = passes.send({nid: passes.step("reuse", digest=passes.kept) for nid in passes.sizes})
+        passes.check(replies, ConfigRecord({"digest": passes.kept}))
+        result = replies[passes.lead]
+        common = _reply(result)
+        passes.progress.step("every party took up its kept alignment")
+    else:
+        common, result, positions = passes.intersect()
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
-    done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN}),
-                                        LABELS: msgs.array_record(split=split), POSITIONS: positions[nid]})
-                        for nid in passes.others})
-    passes.check(done, common)
-    passes.progress.step("every other party prepared its block on the common rows")
+    if not passes.kept:
+        done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN}),
+                                            LABELS: msgs.array_record(split=split), POSITIONS: positions[nid]})
+                            for nid in passes.others})
+        passes.check(done, common)
+        passes.progress.step("every other party prepared its block on the common rows")
     used = split[split != psi.UNUSED_CODE]
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
     tr, te = used == psi.TRAIN_CODE, used == psi.TEST_CODE
@@ -92,9 +101,10 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
                           protected_label=int(common["protected-label"]), ids_digest=str(common["digest"]),
                           group_names=tuple(common["group-names"]) if "group-names" in common else None,
                           options=group_options(cfg))
-    log(INFO, "FairVFL: private alignment: %s ids per party, %d common (%d train, %d %s) in %.1f s",
-        passes.sizes_by_partition(), len(split), int(tr.sum()), int(te.sum()),
-        "validation" if cfg.validation_fraction > 0 else "test", time.perf_counter() - t0)
+    log(INFO, "FairVFL: private alignment%s: %s ids per party, %d common (%d train, %d %s) in %.1f s",
+        f" (kept, {passes.kept}, reused)" if passes.kept else "", passes.sizes_by_partition(), len(split),
+        int(tr.sum()), int(te.sum()), "validation" if cfg.validation_fraction > 0 else "test",
+        time.perf_counter() - t0)
     return labels
 
 
@@ -136,10 +146,23 @@ class _Passes:
             raise FederationError(f"alignment needs exactly one active party (the label owner), found {len(leader)}")
         self.lead = leader[0]
         self.others = [nid for nid in nodes if nid != self.lead]
-        # size, blind, raise, one match per other party, common, finish
+        kept = {str(r.get("kept", "")) for r in self.sizes.values()}
+        self.kept = kept.pop() if len(kept) == 1 and "" not in kept else ""
+        # size, blind, raise, one match per other party, common, finish; a kept alignment: size, reuse
         self.progress = _Progress("private alignment" if purpose == TRAIN else "private alignment of the rows to "
-                                  "score", 5 + len(self.others), started)
+                                  "score", 2 if self.kept else 5 + len(self.others), started)
         self.progress.step(f"{len(nodes)} parties checked their tables and sent their sizes")
+        if purpose == TRAIN and not self.kept:
+            self.why_again()
+
+    def why_again(self) -> None:
+        """Log which parties cannot reuse a kept alignment, and why (none of it is an id or a value)."""
+        why = {self.pid[n]: str(r["why"]) for n, r in self.sizes.items() if r.get("why")}
+        if why:
+            log(INFO, "FairVFL: aligning: %s", "; ".join(f"party {k}: {w}" for k, w in sorted(why.items())))
+        elif len({str(r.get("kept", "")) for r in self.sizes.values()}) > 1:
+            log(INFO, "FairVFL: aligning: the parties keep different alignments (one of them was aligned again "
+                "without the others)")
 
     def step(self, step: str, **fields) -> RecordDict:
         return _step(step, purpose=self.purpose, **fields)
@@ -245,13 +268,21 @@ def handle(message: Message, context: Context) -> Message:
     arrays = None
     extra: dict = {}
     if step == "size":
-        report = check_party(spec, Rules.of(cfg)) if purpose == TRAIN else None
+        kept, why = (None, "")
+        if purpose == TRAIN:
+            kept, why = psi.kept_alignment(spec, cfg) if cfg.tables_reuse_alignment else (None, "")
+        rules = dataclasses.asdict(Rules.of(cfg))
+        # a kept alignment's table passed the same check: it is not read again
+        report = check_party(spec, Rules.of(cfg)) if purpose == TRAIN and (kept or {}).get("rules") != rules else None
         if report is not None and not report.ok:  # the details stay here: the server hears the count
             log(ERROR, "FairVFL: this party's own table, checked before alignment (the server is told only the "
                 "number of problems):\n%s", report.text())
             out = {"problems": len(report.problems), "role": spec.role, "partition-id": spec.partition_id}
+        elif kept is not None:
+            out = {"n": int(kept["n"]), "pattern": str(kept["pattern"]), "kept": str(kept["digest"]),
+                   "role": spec.role, "partition-id": spec.partition_id}
         else:
-            out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id}
+            out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id, "why": why}
         # a new alignment: what an earlier one left no longer counts
         if purpose == TRAIN:
             context.state.config_records.pop(ALIGNED_STATE, None)
@@ -294,6 +325,8 @@ def handle(message: Message, context: Context) -> Message:
                 out["group-names"] = list(common.group_names)
             arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
+            _keep(spec, cfg, ids, common.key, out, {"split": common.split, "y": common.y.astype(np.int8),
+                                                    "s": common.s})
         extra = {POSITIONS: msgs.array_record(**found)}
     elif step == "finish":
         ids, _ = psi.own_table(spec)
@@ -307,6 +340,17 @@ def handle(message: Message, context: Context) -> Message:
             member, key = psi.member_step(spec, cfg, positions, order, split)
             out = {"digest": member.ids_digest}
             context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
+            _keep(spec, cfg, ids, key, out)
+    elif step == "reuse":  # every party holds the same kept alignment: take it up again
+        kept, why = psi.kept_alignment(spec, cfg)
+        if kept is None or str(kept["digest"]) != str(rc["digest"]):
+            changed = why or "another digest"
+            raise FederationError(f"{spec.name}: its kept alignment changed since the run began ({changed}); "
+                                  "submit the run again")
+        context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
+        out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
+        if kept.get("labels"):
+            arrays = msgs.array_record(**psi.kept_labels(spec, cfg))
     else:
         raise ValueError(f"{spec.name}: unknown alignment step {step!r}")
     if step in ("common", "finish"):  # the key is done with: forget it
@@ -317,6 +361,15 @@ def handle(message: Message, context: Context) -> Message:
     if arrays is not None:
         content[LABELS] = arrays
     return Message(content, reply_to=message)
+
+
+def _keep(spec, cfg: RunConfig, ids: np.ndarray, key: str, reply: dict, labels: dict | None = None) -> None:
+    """Keep this party's new alignment on its disk (data/psi.py), for the next run on the same tables."""
+    if not cfg.tables_reuse_alignment:
+        return
+    record = {**reply, "key": key, "n": int(len(ids)), "pattern": id_pattern(str(ids[0])) if len(ids) else "",
+              "rules": dataclasses.asdict(Rules.of(cfg)), "labels": labels is not None}
+    psi.keep_alignment(spec, cfg, record, labels)
 
 
 def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> str:
