@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
         else:
             ds = synthetic.make_dataset(args.n, args.features, seed=0)
             problem._load_table = lambda cfg: ds  # the synthetic table in place of the packaged ones (this process only)
-            manifest = export(RunConfig(dataset="adult", num_parties=args.parties), parties)
+            manifest = export(RunConfig(dataset="adult", num_parties=args.parties), parties, demo_keys=True)
             del ds
         export_s = time.perf_counter() - t0
         file_mib = {p.name: p.stat().st_size / 2**20 for p in sorted(parties.glob("*.csv"))}

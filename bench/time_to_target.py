@@ -198,7 +198,7 @@ def main(argv=None) -> dict:
     _adopt_orphans()
     with tempfile.TemporaryDirectory(prefix="fairvfl-ttt-") as tmp:
         tmp = args.keep or Path(tmp)
-        manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties")
+        manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties", demo_keys=True)
         cfg = {**manifest["run_config"], "num-server-rounds": rounds, "eval-every": 1, "epsilon": eps, **extra}
         sim_cfg = {k: v for k, v in cfg.items() if k != "server-labels"}  # simulation: the packaged table
         env = {"FAIRVFL_CACHE_DIR": str(tmp / "cache"), **poll_env(args.poll)}

@@ -63,6 +63,8 @@ def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None
     if poll:
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = poll
     nodes = manifest["node_configs"]
+    if kind in ("fairvfl", "variant") and not {**manifest["run_config"], **(extra or {})}.get("privacy.secure-aggregation"):
+        nodes = [{**n, "allow-unmasked": True} for n in nodes]  # the parties' operators accept an unmasked run
     if kind == "before":
         nodes = [{"partition-id": i, "num-partitions": len(nodes)} for i in range(len(nodes))]
     started = time.perf_counter()
@@ -116,7 +118,7 @@ def main() -> None:
     polls = args.poll or [None, "0.05"]
     with tempfile.TemporaryDirectory(prefix="fairvfl-measure-") as tmp:
         tmp = Path(tmp)
-        manifest = export(RunConfig(dataset=args.dataset), tmp / "parties")
+        manifest = export(RunConfig(dataset=args.dataset), tmp / "parties", demo_keys=True)
         settings = args.settings.split(",") + (["before"] if args.before and "before" not in args.settings else [])
         ratios = {}
         for poll in polls:

@@ -98,7 +98,7 @@ def main() -> None:
     command = this_command()
     with tempfile.TemporaryDirectory(prefix="fairvfl-wan-") as tmp:
         tmp = Path(tmp)
-        manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties")
+        manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties", demo_keys=True)
         for rtt in (float(x) for x in args.rtt.split(",")):
             for kind in args.settings.split(","):
                 res = measure(kind, tmp / f"{kind}-{rtt:g}", manifest, args.rounds, args.poll, rtt_ms=rtt,

@@ -98,7 +98,7 @@ def joint_reference(raw: pd.DataFrame, common: list[str], folder, **extra):
                              columns=[ds.feature_names[j] for j in mine])
         frame.insert(0, "split", split)
         frame.insert(0, "row_id", ids)
-        node = {"partition-id": k, "num-partitions": 4, "data-path": str(folder / f"ref{k}.csv"),
+        node = {"partition-id": k, "num-partitions": 4, "data-path": str(folder / f"ref{k}.csv"), "allow-unmasked": True,
                 "role": "active" if k == 0 else "passive"}
         if k == 0:
             frame["income"] = np.where(np.concatenate([ds.y_train, ds.y_test]) == 1, ">50K", "<=50K")
@@ -299,7 +299,7 @@ def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_pa
         df = pd.read_csv(folder / f"party{k}.csv")
         id_name = ["customer", "client_no", "kundennummer", "policy holder"][k]
         df.rename(columns={ID: id_name}).to_csv(tmp_path / f"own{k}.csv", index=False)
-        node = {"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / f"own{k}.csv"),
+        node = {"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / f"own{k}.csv"), "allow-unmasked": True,
                 "id-column": id_name, "role": "active" if k == 0 else "passive"}
         if k == 0:
             node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
@@ -423,7 +423,7 @@ def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tm
                 df.to_csv(d / f"party{k}.csv", index=False)
                 score.to_csv(d / f"score{k}.csv", index=False)
     rc = {"num-server-rounds": 3, "eval-every": 3}
-    nodes = [[{"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / fmt / (
+    nodes = [[{"partition-id": k, "num-partitions": 4, "allow-unmasked": True, "table-path": str(tmp_path / fmt / (
         f"party{k}.parquet" if k == 2 and fmt == "parquet" else f"party{k}.csv")), "id-column": ID,
         "score-path": str(tmp_path / fmt / (f"score{k}.parquet" if k == 2 and fmt == "parquet" else f"score{k}.csv")),
         "role": "active" if k == 0 else "passive", **({"label-column": "income", "label-positive": ">50K",

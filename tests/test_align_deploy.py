@@ -11,9 +11,12 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.tools.localfed import LocalFederation
 
 from .test_align import BASE, ID, adult_raw, own_config, write_own_tables
+
+MASKED = {"privacy.secure-aggregation": True}  # a deployed party refuses anything else
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("private_set_intersection")
@@ -28,6 +31,7 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
     held = write_own_tables(adult_raw(), tables)
     fresh = sorted(set.intersection(*held))[:300]  # rows whose categories training saw
     nodes = []
+    identities = secagg.generate_identities(tmp_path / "identities", len(ID_NAMES))  # deployed: signed and masked
     for k, id_name in enumerate(ID_NAMES):
         path = tmp_path / f"own{k}.csv"
         df = pd.read_csv(tables / f"party{k}.csv")
@@ -37,7 +41,8 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
         score.sample(frac=1, random_state=k).reset_index().rename(columns={ID: id_name}).to_csv(
             tmp_path / f"score{k}.csv", index=False)
         node = {"partition-id": k, "table-path": str(path), "id-column": id_name,
-                "score-path": str(tmp_path / f"score{k}.csv"), "role": "active" if k == 0 else "passive"}
+                "score-path": str(tmp_path / f"score{k}.csv"), "role": "active" if k == 0 else "passive",
+                **identities[k]}
         if k == 0:
             node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
                          "group-a": "Female", "group-b": "Male", "protected-label": 1})
@@ -45,14 +50,14 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     out = tmp_path / "dep"
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
-        run_id, status = fed.run({**BASE, "tables.own": True, "output-dir": str(out)}, timeout=480)
+        run_id, status = fed.run({**BASE, **MASKED, "tables.own": True, "output-dir": str(out)}, timeout=480)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
         (run,) = [p for p in out.iterdir() if p.is_dir()]
         run_id, status = fed.run({"mode": "score", "score.model-from": str(run),
                                   "output-dir": str(tmp_path / "dep-score")}, timeout=300)
         assert status == "finished:completed", fed.logs(run_id)[-3000:]
     deployed = json.loads((run / "summary.json").read_text())
-    simulated, sim_run = run_inprocess(own_config(tables, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
+    simulated, sim_run = run_inprocess(own_config(tables, **MASKED, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
     for key in KEYS:
         assert deployed[key] == simulated[key], key
     assert (run / "model.json").is_file()

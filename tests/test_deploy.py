@@ -37,7 +37,7 @@ ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("parties")
-    return out, export(RunConfig.from_flower(BASE), out)
+    return out, export(RunConfig.from_flower(BASE), out, demo_keys=True)
 
 
 @pytest.fixture(scope="module")

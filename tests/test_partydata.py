@@ -6,6 +6,7 @@ node configs that ``python -m fairvfl_flwr.tools.export`` prints.
 
 import os
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.tools.export import export, instructions
 from fairvfl_flwr.tools.export import main as export_main
+from fairvfl_flwr.tools.keys import main as keys_main
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.app.server import run_server
@@ -30,7 +32,7 @@ BASE = {"dataset": "crime", "num-server-rounds": 4, "eval-every": 2, "epsilon": 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("export")
-    return out, export(RunConfig.from_flower(BASE), out)
+    return out, export(RunConfig.from_flower(BASE), out, demo_keys=True)
 
 
 @pytest.fixture(autouse=True)
@@ -220,6 +222,14 @@ def test_export_cli_own_csv_prints_supernode_lines(tmp_path, capsys):
     assert "privacy.secure-aggregation=true' --stream" in printed  # on by default in a deployment
     manifest = json.loads((out / "manifest.json").read_text())
     assert "--enable-supernode-auth" in instructions(manifest, tls=True)
+    assert not (out / "identities").exists()  # no private key was written here
+    # each party makes its own key where the printed line says, the peers file pins them all
+    for k, node in enumerate(manifest["node_configs"]):
+        assert f"fairvfl-keys new --out {node['identity-key']}" in printed
+        assert keys_main(["new", "--out", node["identity-key"]]) == 0
+        assert oct(Path(node["identity-key"]).stat().st_mode & 0o777) == "0o600"
+    pins = [f"{k}={n['identity-key']}.pub" for k, n in enumerate(manifest["node_configs"])]
+    assert keys_main(["peers", *pins, "--out", manifest["node_configs"][0]["peers"]]) == 0
     # the exported own table runs over the node configs, equal to the simulation of the CSV
     sim_cfg = {"dataset": "csv", "csv.path": str(tmp_path / "own.csv"), "csv.label": "income", "csv.positive": "high",
                "csv.sensitive": "sex", "csv.group-a": "F", "csv.group-b": "M", "csv.id-column": "id",
@@ -239,7 +249,7 @@ def test_export_turns_secure_aggregation_off_only_when_asked(tmp_path, capsys):
     assert manifest["run_config"]["privacy.secure-aggregation"] is False
     assert "privacy.secure-aggregation=false' --stream" in printed and "rebuild" in printed
     # a resumed run refuses secure aggregation (a scoring job masks its replies)
-    deployed = export(RunConfig(dataset="crime", num_parties=3), tmp_path / "b")["run_config"]
+    deployed = export(RunConfig(dataset="crime", num_parties=3), tmp_path / "b", demo_keys=True)["run_config"]
     with pytest.raises(ConfigError, match="secure_aggregation|secure-aggregation"):
         RunConfig.from_flower({**deployed, "reliability.resume-from": str(tmp_path)})
     assert RunConfig.from_flower({**deployed, "mode": "score", "score.model-from": str(tmp_path)}).secure_aggregation

@@ -58,8 +58,10 @@ def _checkpoint_round(out: Path) -> int:
 def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted(tmp_path):
     started = time.monotonic()
     parties = tmp_path / "parties"
-    manifest = export(RunConfig.from_flower(BASE), parties)
-    nodes = [{**cfg, "checkpoint-dir": str(tmp_path / f"party{i}-disk")} for i, cfg in enumerate(manifest["node_configs"])]
+    manifest = export(RunConfig.from_flower(BASE), parties, demo_keys=True)
+    # allow-unmasked: each party's operator accepts this unmasked run (resuming needs per-party logits)
+    nodes = [{**cfg, "checkpoint-dir": str(tmp_path / f"party{i}-disk"), "allow-unmasked": True}
+             for i, cfg in enumerate(manifest["node_configs"])]
     # checkpoints need the per-party logits that secure aggregation (the export's default) hides
     run_config = {**BASE, **manifest["run_config"], "privacy.secure-aggregation": False,
                   "output-dir": str(tmp_path / "runs")}

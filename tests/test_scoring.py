@@ -65,7 +65,8 @@ def _raw_files(rc: dict, model_from: Path, out: Path, edit=None) -> list[dict]:
             table = edit(k, table)
         path = out / f"score{k}.csv"
         table.to_csv(path, index=False)
-        configs.append({"partition-id": k, "num-partitions": cfg.num_parties, "score-path": str(path)})
+        configs.append({"partition-id": k, "num-partitions": cfg.num_parties, "score-path": str(path),
+                        "allow-unmasked": True})  # an unmasked job: this test is about the score files
     return configs
 
 
@@ -432,7 +433,7 @@ def test_deployed_parties_keep_blocks_in_model_dir_and_score_raw_files(tmp_path)
     """Export → train on the party files (each node with its own model-dir) → score a new
     1,000-row raw file per party; equal to scoring the saved blocks by hand."""
     rc = {**BASE, "num-server-rounds": 6, "eval-every": 3}
-    manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
+    manifest = export(RunConfig.from_flower(rc), tmp_path / "files", demo_keys=True)
     nodes = [{**n, "model-dir": str(tmp_path / f"node{n['partition-id']}")} for n in manifest["node_configs"]]
     train_rc = RunConfig.from_flower({**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}).to_flower()
     _, folder = run_server(InProcessGrid(client_app, train_rc, 4, node_configs=nodes), train_rc)
@@ -515,7 +516,7 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
     deployed message starts a fresh ClientApp process; the SuperNodes poll for tasks every
     0.05 s (docs/deploy.md), which keeps 20 rounds within the timeouts on a loaded machine."""
     rc = {**BASE, "num-server-rounds": 20, "eval-every": 10}
-    manifest = export(RunConfig.from_flower(rc), tmp_path / "files")
+    manifest = export(RunConfig.from_flower(rc), tmp_path / "files", demo_keys=True)
     raw = pd.read_csv(packaged_file(DATASETS["crime"].path.name)).iloc[-1000:]
     nodes = []
     for n in manifest["node_configs"]:

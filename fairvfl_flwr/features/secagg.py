@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import struct
 from pathlib import Path
@@ -91,6 +92,10 @@ SESSION_STATE = "fairvfl.secagg-session"  # ConfigRecord on the party: the set-u
 NONCE_STATE = "fairvfl.secagg-nonces"  # ConfigRecord on the party: the last round it masked, what it masked in it
 IDENTITY_KEY = "identity-key"  # node config: this party's Ed25519 private key (PEM file)
 PEERS = "peers"  # node config: JSON file, partition id -> every party's Ed25519 public key (hex)
+#: Node config keys by which a node reads its own data: such a node is deployed (not a simulation).
+DEPLOYED_KEYS = ("data-path", "table-path", "score-path")
+ALLOW_UNMASKED = "allow-unmasked"  # node config: true lets a deployed party run unmasked, unauthenticated jobs
+KEY_TOOL = "`fairvfl-keys new` (this party's key) and `fairvfl-keys peers` (the pinned peers file)"
 WIDE_FRACTION_BITS = 64
 WIDE_LIMIT = 2.0 ** (127 - WIDE_FRACTION_BITS)  # the 128-bit ring's signed range, in value units
 _WIDE_MOD = 1 << 128
@@ -194,20 +199,43 @@ def signed_text(session: str, partition_id: int, public: bytes) -> bytes:
     return SIGNED + struct.pack(">I", partition_id) + session.encode() + b"\0" + public
 
 
+def new_identity(path: Path) -> str:
+    """Write a new Ed25519 identity (private key, PEM, file mode 0600) to ``path``, which must
+    not exist; return its public key (hex), the one thing that leaves this machine."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:  # never readable by others
+        f.write(pem)
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def public_key(hex_key: str, where: str) -> Ed25519PublicKey:
+    """An Ed25519 public key from its hex, or an error naming ``where`` it came from."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(str(hex_key).strip()))
+    except ValueError as err:
+        raise NodeConfigError(f"{where}: not an Ed25519 public key in hex (64 hex digits): {err}") from None
+
+
+def fingerprint(hex_key: str) -> str:
+    """A short fingerprint of a public identity key, to read aloud for an out-of-band check."""
+    digest = hashlib.sha256(bytes.fromhex(str(hex_key).strip())).hexdigest()[:20]
+    return " ".join(digest[i:i + 4] for i in range(0, 20, 4))
+
+
 def generate_identities(folder: Path, num_parties: int) -> list[dict[str, str]]:
     """One Ed25519 identity per party written under ``folder`` (``party-<k>.key``, and
     ``peers.json`` with every public key), and each party's node-config entries naming them.
-    For demos and tests: in a deployment each party runs this part on its own machine and
-    the operator distributes only the public keys."""
+    Demo keys for tests and one-machine trials only: every private key in one folder. In a
+    deployment each party runs ``fairvfl-keys new`` on its own machine (tools/keys.py)."""
     folder.mkdir(parents=True, exist_ok=True)
     peers, configs = {}, []
     for k in range(num_parties):
-        key = Ed25519PrivateKey.generate()
         path = folder / f"party-{k}.key"
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-        path.chmod(0o600)
-        peers[str(k)] = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        path.unlink(missing_ok=True)
+        peers[str(k)] = new_identity(path)
         configs.append({IDENTITY_KEY: str(path), PEERS: str(folder / "peers.json")})
     (folder / "peers.json").write_text(json.dumps(peers, indent=1) + "\n")
     return configs
@@ -369,9 +397,10 @@ def _identity(context: Context) -> Ed25519PrivateKey:
     packaged data) a key derived from the partition id, which anyone can derive."""
     path = context.node_config.get(IDENTITY_KEY)
     if not path:
-        if any(k in context.node_config for k in ("data-path", PEERS)):
+        if deployed(context.node_config) or context.node_config.get(PEERS):  # demo keys only in simulation
             raise NodeConfigError(f"privacy.secure-aggregation: node config names no '{IDENTITY_KEY}' (this party's "
-                                  f"Ed25519 private key file) next to '{PEERS}'/'data-path'; a deployment needs both")
+                                  f"Ed25519 private key file) next to '{PEERS}' and its data; a deployment needs both "
+                                  f"(make them with {KEY_TOOL})")
         return _demo_key(_partition(context))
     try:
         key = serialization.load_pem_private_key(Path(str(path)).read_bytes(), password=None)
@@ -497,12 +526,50 @@ def _label(name: str, key: str) -> str:
     return "dir" if key == "dir" else f"dir-{key}"
 
 
+def deployed(node_config) -> bool:
+    """Whether a node reads its own data (a deployed party), not the packaged tables of a simulation."""
+    return any(node_config.get(k) for k in DEPLOYED_KEYS)
+
+
+def allows_unmasked(node_config) -> bool:
+    """Node config ``allow-unmasked=true``: this node's operator accepts unmasked, unauthenticated runs."""
+    value = node_config.get(ALLOW_UNMASKED, False)
+    return value is True or str(value).strip().lower() == "true"
+
+
+def check_deployment(context: Context, rt: PartyRuntime) -> None:
+    """A deployed party is authenticated and masked, or refuses before any value leaves it:
+    its node config names its identity key and the pinned peers file, and the run (or
+    scoring job) is masked; ``allow-unmasked=true`` in its own node config waives both."""
+    node = context.node_config
+    if not deployed(node) or allows_unmasked(node):
+        return
+    reads = ", ".join(f"{k}" for k in DEPLOYED_KEYS if node.get(k))
+    missing = [k for k in (IDENTITY_KEY, PEERS) if not node.get(k)]
+    if missing:
+        raise NodeConfigError(
+            f"{rt.who}: this node reads its own data (node config {reads}) but its node config names no "
+            f"{' and no '.join(repr(k) for k in missing)}: a deployed party signs with its own identity key and "
+            f"checks every peer against a pinned peers file (demo keys exist only in simulation). Make them with "
+            f"{KEY_TOOL} (docs/deploy.md, section 0), or set {ALLOW_UNMASKED}=true in this node's config to run "
+            "unauthenticated and unmasked; refused before any value left this party")
+    if not rt.cfg.secure_aggregation:
+        raise NodeConfigError(
+            f"{rt.who}: this {'scoring job' if rt.cfg.mode == 'score' else 'run'} is not masked "
+            "(privacy.secure-aggregation=false) and this node is deployed: the server would receive its partial "
+            "logits in the clear; refused before any value left this party. Submit it with "
+            f"privacy.secure-aggregation=true, or set {ALLOW_UNMASKED}=true in this node's config to accept unmasked "
+            f"runs (keys: {KEY_TOOL})")
+
+
 def mask_mod(message: Message, context: Context, call_next) -> Message:
     """ClientApp mod (outermost): check the message against the round's view
     (flower/roundview.py) before anything acts on it, then mask the logits or Newton
     directions of every reply that carries them, and its ‖θ_k‖², under pair keys bound to
     that view. New records replace the reply's: the guard may hold the plain ones to answer
     a re-sent message, which is then masked again to the same words."""
+    if deployed(context.node_config):
+        check_deployment(context, PartyRuntime(context))
     held = context.state.config_records.get(SESSION_STATE)
     if held is None or message.metadata.message_type in roundview.UNBOUND:
         return _mask_reply(message, context, call_next(message, context), None)

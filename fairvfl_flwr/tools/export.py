@@ -51,12 +51,15 @@ SECURE_AGGREGATION = "privacy.secure-aggregation"
 
 
 def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_port: int = 9100,
-           secure_aggregation: bool = True) -> dict:
+           secure_aggregation: bool = True, demo_keys: bool = False) -> dict:
     """Write the party files, the server label file and ``manifest.json`` under ``out``.
 
     The manifest's run config is the deployment's: the problem's keys, the server's label
     file and ``privacy.secure-aggregation``, set by ``secure_aggregation`` alone (on unless
-    turned off; ``cfg.secure_aggregation`` is not read).
+    turned off; ``cfg.secure_aggregation`` is not read). Each node config names the party's
+    identity key ``party<k>.key`` and ``peers.json`` beside its file, which the party makes
+    on its own machine (``fairvfl-keys``); ``demo_keys`` writes them all here instead, every
+    private key in one folder (one-machine trials and tests only).
     """
 
     out = Path(out).expanduser().resolve()
@@ -64,9 +67,11 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     ds = load_data(cfg)
     columns = party_columns(cfg, ds)
     node_configs = []
-    # Demo identity keys for secure aggregation, all written here: in a real deployment each
-    # party generates its own and the operator hands out only identities/peers.json.
-    identities = secagg.generate_identities(out / "identities", cfg.num_parties)
+    if demo_keys:  # every private key in one folder: for a trial on one machine, never a deployment
+        identities = secagg.generate_identities(out / "identities", cfg.num_parties)
+    else:  # where each party's own key (fairvfl-keys new) and the pinned peers file will be
+        identities = [{secagg.IDENTITY_KEY: str(out / f"party{k}.key"), secagg.PEERS: str(out / "peers.json")}
+                      for k in range(cfg.num_parties)]
     for k in range(cfg.num_parties):
         path = out / f"party{k}.csv"
         party_table(cfg, ds, k).to_csv(path, index=False)
@@ -91,6 +96,7 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
         "node_configs": node_configs,
         "run_config": run_config,
         "first_port": first_port,
+        "demo_keys": bool(demo_keys),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -117,6 +123,16 @@ def instructions(manifest: dict, tls: bool = False) -> str:
         lines += ["# 1b. Register each party's public key (keys/partyK.pub) with the SuperLink"]
         lines += [f"flwr supernode register keys/party{k}.pub <connection>"
                   for k in range(len(manifest["node_configs"]))]
+    if not manifest.get("demo_keys"):
+        nodes = manifest["node_configs"]
+        lines += ["# 1c. Each party makes its identity key on its own machine (the private key never leaves it)",
+                  *(f"fairvfl-keys new --out {shlex.quote(n[secagg.IDENTITY_KEY])}   # party {k}"
+                    for k, n in enumerate(nodes)),
+                  "#     and sends the printed public key; whoever assembles the federation pins them all",
+                  "fairvfl-keys peers " + " ".join(f"{k}=<party {k}'s public key>" for k in range(len(nodes)))
+                  + f" --out {shlex.quote(nodes[0][secagg.PEERS])}",
+                  "#     gives every party that file, and each checks the fingerprints by phone or in person:",
+                  f"fairvfl-keys fingerprints {shlex.quote(nodes[0][secagg.PEERS])}"]
     lines += ["# 2. On each party's machine (pip install the app's dependencies there, copy its CSV there",
               "#    and fix data-path if it moves); a 50 ms task poll instead of 1 s starts each message sooner:"]
     for k, node in enumerate(manifest["node_configs"]):
@@ -148,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--superlink", default="127.0.0.1:9092", help="SuperLink address in the printed lines")
     p.add_argument("--tls", action="store_true", help="print the lines with TLS and SuperNode authentication")
+    p.add_argument("--demo-keys", action="store_true",
+                   help="write every party's private identity key into <out>/identities (a trial on one machine; "
+                        "in a deployment each party runs fairvfl-keys new on its own machine)")
     p.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                    help="let the server receive every party's partial logits (faster under Newton; "
                         "needed to resume a stopped run; scoring jobs work either way)")
@@ -172,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = RunConfig(**values)
         cfg.validate()
-        manifest = export(cfg, args.out, superlink=args.superlink, secure_aggregation=args.secure_aggregation)
+        manifest = export(cfg, args.out, superlink=args.superlink, secure_aggregation=args.secure_aggregation,
+                          demo_keys=args.demo_keys)
     except (ConfigError, DataError, PartitionError, ValueError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2

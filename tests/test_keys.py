@@ -1,0 +1,117 @@
+"""Deployed means authenticated and masked; keys are made where they are used (fairvfl-keys)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.features import secagg
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools.export import export
+from fairvfl_flwr.tools.keys import main as keys_main
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("parties")
+    return export(RunConfig(dataset="crime", num_parties=3), out, demo_keys=True)
+
+
+class Recording(InProcessGrid):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.replies, self.dtypes = [], []
+
+    def pull_messages(self, message_ids):
+        got = list(super().pull_messages(message_ids))
+        self.replies += got
+        self.dtypes += [r.content.array_records[msgs.LOGITS]["train"].numpy().dtype for r in got
+                        if not r.has_error() and msgs.LOGITS in r.content.array_records]  # as it arrived
+        return got
+
+
+def _run(manifest, tmp_path, nodes, **extra):
+    rc = RunConfig.from_flower({"num-server-rounds": 2, **manifest["run_config"], "output-dir": str(tmp_path / "runs"),
+                                **extra}).to_flower()
+    grid = Recording(client_app, rc, len(nodes), node_configs=nodes)
+    return grid, (lambda: run_server(grid, rc))
+
+
+def _logits(grid):
+    return [r for r in grid.replies if not r.has_error() and msgs.LOGITS in r.content.array_records]
+
+
+@pytest.mark.parametrize("reads", ["data-path", "table-path", "score-path"])
+def test_a_node_reading_its_own_data_without_keys_refuses_naming_the_settings_and_the_key_tool(exported, tmp_path,
+                                                                                              reads):
+    nodes = [{k: v for k, v in n.items() if k not in (secagg.IDENTITY_KEY, secagg.PEERS)}
+             for n in exported["node_configs"]]
+    if reads != "data-path":  # the check reads the node config only: the file need not be a table of that kind
+        nodes[1][reads] = nodes[1]["data-path"]
+    grid, run = _run(exported, tmp_path, nodes)
+    with pytest.raises(FederationError) as err:
+        run()
+    why = str(err.value)
+    assert "'identity-key'" in why and "'peers'" in why and "fairvfl-keys new" in why and "allow-unmasked=true" in why
+    assert _logits(grid) == []
+
+
+def test_an_unmasked_run_is_refused_by_every_deployed_party_before_any_logit_leaves(exported, tmp_path):
+    grid, run = _run(exported, tmp_path, exported["node_configs"], **{"privacy.secure-aggregation": False})
+    with pytest.raises(FederationError, match=r"not masked \(privacy.secure-aggregation=false\).*allow-unmasked=true"):
+        run()
+    refused = [r for r in grid.replies if r.has_error()]
+    assert len({r.metadata.src_node_id for r in refused}) == 3  # every party, at its first message
+    assert all(r.metadata.message_type == msgs.INFO for r in refused)
+    assert _logits(grid) == []
+
+
+def test_a_node_that_allows_unmasked_runs_takes_part_and_a_masked_run_needs_no_setting(exported, tmp_path):
+    nodes = [{**n, "allow-unmasked": True} for n in exported["node_configs"]]
+    grid, run = _run(exported, tmp_path / "plain", nodes, **{"privacy.secure-aggregation": False})
+    run()
+    assert grid.dtypes and all(d.kind == "f" for d in grid.dtypes)
+    grid, run = _run(exported, tmp_path / "masked", exported["node_configs"])
+    run()
+    assert grid.dtypes and all(d == np.uint64 for d in grid.dtypes)
+
+
+def test_demo_keys_are_refused_where_a_node_reads_its_own_data(exported, tmp_path):
+    """allow-unmasked waives masking, never authentication: a masked run still needs its own key."""
+    nodes = [{**{k: v for k, v in n.items() if k != secagg.IDENTITY_KEY}, "allow-unmasked": True}
+             for n in exported["node_configs"]]
+    _, run = _run(exported, tmp_path, nodes)
+    with pytest.raises(FederationError, match=r"names no 'identity-key'.*fairvfl-keys new"):
+        run()
+
+
+def test_keys_new_peers_and_fingerprints(tmp_path, capsys):
+    publics = []
+    for k in range(3):
+        assert keys_main(["new", "--out", str(tmp_path / f"party{k}.key")]) == 0
+        printed = capsys.readouterr().out
+        public = printed.split("public key:")[1].split()[0]
+        assert (tmp_path / f"party{k}.key.pub").read_text().strip() == public
+        assert f"fingerprint: {secagg.fingerprint(public)}" in printed
+        assert (tmp_path / f"party{k}.key").stat().st_mode & 0o777 == 0o600
+        publics.append(public)
+    assert keys_main(["new", "--out", str(tmp_path / "party0.key")]) == 2  # never overwrites a pinned identity
+    assert "exists" in capsys.readouterr().err
+    assert keys_main(["peers", f"0={publics[0]}", f"1={tmp_path / 'party1.key.pub'}", f"2={publics[2]}",
+                      "--out", str(tmp_path / "peers.json")]) == 0
+    assert json.loads((tmp_path / "peers.json").read_text()) == {str(k): p for k, p in enumerate(publics)}
+    capsys.readouterr()
+    assert keys_main(["fingerprints", str(tmp_path / "peers.json")]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"party {k}: {secagg.fingerprint(p)}" for k, p in enumerate(publics)]
+    # a key that is not one, a party missing, one key twice: refused, naming it
+    assert keys_main(["peers", "0=abcd", f"1={publics[1]}", "--out", str(tmp_path / "x.json")]) == 2
+    assert "party 0" in capsys.readouterr().err
+    assert keys_main(["peers", f"0={publics[0]}", f"2={publics[2]}", "--out", str(tmp_path / "x.json")]) == 2
+    assert "0..K-1" in capsys.readouterr().err
+    assert keys_main(["peers", f"0={publics[0]}", f"1={publics[0]}", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
