@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.client import app as client_app
@@ -14,6 +15,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools.export import export
 from fairvfl_flwr.tools.keys import main as keys_main
+from fairvfl_flwr.tools.malicious import LyingGrid
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +117,44 @@ def test_keys_new_peers_and_fingerprints(tmp_path, capsys):
     assert "0..K-1" in capsys.readouterr().err
     assert keys_main(["peers", f"0={publics[0]}", f"1={publics[0]}", "--out", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+# -- refusals carry no data ------------------------------------------------------------
+def test_a_duplicate_id_refusal_names_the_party_not_the_id(exported, tmp_path, caplog):
+    caplog.set_level("INFO", logger="flwr")
+    nodes = [dict(n) for n in exported["node_configs"]]
+    table = pd.read_csv(nodes[2]["data-path"], dtype={"row_id": str})
+    table.loc[7, "row_id"] = table.loc[3, "row_id"]
+    nodes[2]["data-path"] = str(tmp_path / "party2.csv")
+    table.to_csv(nodes[2]["data-path"], index=False)
+    grid, run = _run(exported, tmp_path, nodes)
+    with pytest.raises(FederationError, match=r"party2.csv.*duplicate ids \(examples in this party's own log\)") as err:
+        run()
+    dup = str(table.loc[3, "row_id"])
+    seen = str(err.value) + "".join(r.error.reason for r in grid.replies if r.has_error())
+    assert "e.g." not in seen
+    assert any(f"duplicate ids, e.g. [{dup}]" in r.getMessage() for r in caplog.records)  # the party's own log
+
+
+class HugeNu(LyingGrid):
+    """A ν that drives party 2's logits far out of range in round 2."""
+
+    def tamper(self, msg):
+        rc = msg.content.config_records.get(msgs.ROUND)
+        if (msg.metadata.message_type == msgs.TRAIN_PASSIVE and int(rc["round"]) == 2
+                and msg.metadata.dst_node_id == self.node_ids[2]):
+            nu = msg.content.array_records[msgs.PAYLOAD]["nu"].numpy()
+            signs = np.where(np.arange(len(nu)) % 3 == 0, 1.0, -1.0)  # standardised columns sum to 0: not a constant
+            msg.content.array_records[msgs.PAYLOAD] = msgs.array_record(nu=(3e8 * signs).astype(nu.dtype))
+
+
+def test_a_refusal_of_an_out_of_range_logit_carries_no_magnitude(tmp_path, caplog):
+    caplog.set_level("INFO", logger="flwr")
+    rc = RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": "crime", "num-server-rounds": 3,
+                                "privacy.secure-aggregation": True, "output-dir": str(tmp_path / "runs")}).to_flower()
+    grid = HugeNu(client_app, rc, rc["num-parties"])
+    with pytest.raises(FederationError, match=r"beyond the secure-aggregation range") as err:
+        run_server(grid, rc)
+    (refused,) = [r for r in grid.replies() if r.has_error()]
+    assert "magnitude" not in refused.error.reason and "magnitude" not in str(err.value)
+    assert any("of magnitude" in r.getMessage() for r in caplog.records)  # logged on the party only

@@ -2,7 +2,8 @@
 and the features' mods.
 
 Mods run outermost first: the timing log (off unless ``FAIRVFL_TIMING_LOG`` is set)
-counts every other mod's time as the message's; a scoring job's party adopts the training
+counts every other mod's time as the message's; a refusal that names the party's data is
+logged on the party and sent without it; a scoring job's party adopts the training
 settings its messages carry before any other mod reads the run config; secure aggregation masks every reply's
 logits, the guard's re-sent answers included; the guard answers re-sent messages before
 anything else runs; checkpoints save θ after a step; the transcript mods record what a party
@@ -22,7 +23,7 @@ from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, secagg
 from fairvfl_flwr.jobs import alignment, saving, scoring
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
-from fairvfl_flwr.features.guards import guard_mod
+from fairvfl_flwr.features.guards import guard_mod, refusal_mod
 from fairvfl_flwr.features.straggler import delay_mod
 from fairvfl_flwr.features.transcripts import transcript_mod
 from fairvfl_flwr.flower import party
@@ -33,7 +34,7 @@ __all__ = ["HANDLER_MODULES", "MODEL_STATE", "app"]
 limit_blas_threads()  # before any party computes: see app/threads.py
 quiet_third_party_warnings()  # see app/quiet.py
 
-app = ClientApp(mods=[timing.timing_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
+app = ClientApp(mods=[timing.timing_mod, refusal_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
                      delay_mod])
 # Every module with party handlers: each registers its message types from flower/protocol.py.
 HANDLER_MODULES = (party, fairvfl, newton, split, ckks, saving, scoring, alignment, secagg)

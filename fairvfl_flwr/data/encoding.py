@@ -228,7 +228,8 @@ def rows_from_frame(df: Any, id_column: str | None, pre: Preprocessing, where: s
             ids = normalise_ids(ids)
         uniq, counts = np.unique(ids, return_counts=True)
         if len(uniq) != len(ids):
-            raise DataError(f"{where}: id column {id_column!r} has duplicate ids, e.g. {uniq[counts > 1][:3].tolist()}")
+            raise DataError(f"{where}: id column {id_column!r} has duplicate ids",
+                            local=f"e.g. {uniq[counts > 1][:3].tolist()}")
     if len(df) == 0:
         raise DataError(f"{where}: no rows to score")
     order = _order(ids)

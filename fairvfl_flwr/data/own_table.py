@@ -65,8 +65,8 @@ def read_table(path: str | Path, id_column: str, who: str, missing_values: tuple
     uniq, counts = np.unique(ids, return_counts=True)
     if len(uniq) != len(ids):
         dup = uniq[counts > 1]
-        raise DataError(f"{where}: id column {id_column!r} has {len(dup)} duplicate ids (after stripping spaces), "
-                        f"e.g. {dup[:3].tolist()}; every row needs its own id")
+        raise DataError(f"{where}: id column {id_column!r} has {len(dup)} duplicate ids (after stripping spaces); "
+                        "every row needs its own id", local=f"e.g. {dup[:3].tolist()}")
     return ids, df
 
 
@@ -127,7 +127,7 @@ def prepare_block(df: Any, columns: list[str], train_rows: np.ndarray, test_rows
             bad = col[as_num.isna() & col.notna()]
             if len(bad):
                 raise DataError(f"{where}: column {c!r} (tables.types number) holds {len(bad)} values that are not "
-                                f"numbers, e.g. {bad.iloc[:3].tolist()}")
+                                "numbers", local=f"e.g. {bad.iloc[:3].tolist()}")
             col = frame[c] = as_num
         kinds[c] = kind
         n_missing = int(col.isna().sum())

@@ -330,7 +330,7 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         raise DataError(f"{where}: id column {spec.id_column!r} has {int(ids.isna().sum())} missing values")
     if ids.duplicated().any():
         dup = ids[ids.duplicated()].iloc[:3].tolist()
-        raise DataError(f"{where}: id column {spec.id_column!r} has duplicate ids, e.g. {dup}")
+        raise DataError(f"{where}: id column {spec.id_column!r} has duplicate ids", local=f"e.g. {dup}")
     split = df[spec.split_column].astype(str).str.strip().str.lower()
     bad = sorted(set(split) - {TRAIN, TEST})
     if bad:

@@ -78,7 +78,15 @@ def packaged_file(name: str) -> Path:
 
 
 class DataError(ValueError):
-    """The input table cannot be used as given; the message says why."""
+    """The input table cannot be used as given; the message says why.
+
+    ``local``: details that name the party's data (example ids, values), which stay on the
+    party: the message shown locally carries them, :attr:`public` (what a refusal sends the
+    server) does not."""
+
+    def __init__(self, message: str, local: str = "") -> None:
+        super().__init__(f"{message}, {local}" if local else message)
+        self.public = f"{message} (examples in this party's own log)" if local else message
 
 
 @dataclass(frozen=True)

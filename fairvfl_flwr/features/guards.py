@@ -14,10 +14,14 @@ The algorithm's own handlers check the payload (its length, dtype, finiteness).
 
 from __future__ import annotations
 
+from logging import ERROR
+
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
+from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -78,3 +82,16 @@ def _forget(context) -> None:
     if last is not None:
         for name in last["names"]:
             context.state.pop(LAST_PREFIX + name, None)
+
+
+def refusal_mod(message: Message, context, call_next) -> Message:
+    """ClientApp mod (outermost): a refusal that names the party's data (example ids or
+    values, ``DataError.local``) is logged here in full and sent without them: the server
+    receives why, never the data."""
+    try:
+        return call_next(message, context)
+    except DataError as exc:
+        if exc.public == str(exc):
+            raise
+        log(ERROR, "FairVFL: %s", exc)  # this party's own log keeps the examples
+        raise DataError(exc.public) from None

@@ -64,6 +64,7 @@ import json
 import os
 import secrets
 import struct
+from logging import ERROR
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import roundview
@@ -116,9 +118,10 @@ def encode(u: np.ndarray, num_parties: int, who: str, what: str = "partial logit
     """Fixed point: round(u · 2^48) as uint64 words (two's complement)."""
     u = np.asarray(u, dtype=np.float64)
     bound = LIMIT / (2 * num_parties)  # a true sum stays below LIMIT / 2: the server can tell masks that failed to cancel
-    if not np.all(np.abs(u) < bound):
-        raise ValueError(f"{who}: a {what} of magnitude {np.max(np.abs(u)):.4g} is beyond the secure-aggregation "
-                         f"range ±{bound:.4g} (2^{62 - FRACTION_BITS} / num-parties); the run is diverging")
+    if not np.all(np.abs(u) < bound):  # the magnitude stays in this party's log: the server learns no value
+        log(ERROR, "%s: a %s of magnitude %.4g is beyond the secure-aggregation range", who, what, np.max(np.abs(u)))
+        raise ValueError(f"{who}: a {what} is beyond the secure-aggregation range ±{bound:.4g} "
+                         f"(2^{62 - FRACTION_BITS} / num-parties); the run is diverging")
     return np.rint(u * SCALE).astype(np.int64).view(np.uint64)
 
 
@@ -151,9 +154,9 @@ def encode_wide(v: np.ndarray, num_parties: int, who: str, what: str) -> list[in
     """Fixed point in the 128-bit ring: round(v · 2^64) as Python ints (exact for every float64 ≥ 2^-11)."""
     v = np.asarray(v, dtype=np.float64).ravel()
     bound = WIDE_LIMIT / (2 * num_parties)
-    if not np.all(np.abs(v) < bound):  # also refuses NaN
-        raise ValueError(f"{who}: {what} {v.tolist()!r} is not finite or beyond the secure-aggregation range "
-                         f"±{bound:.4g}")
+    if not np.all(np.abs(v) < bound):  # also refuses NaN; the values stay in this party's log
+        log(ERROR, "%s: %s %r is not finite or beyond the secure-aggregation range", who, what, v.tolist())
+        raise ValueError(f"{who}: {what} is not finite or beyond the secure-aggregation range ±{bound:.4g}")
     return [round(float(x) * 2.0**WIDE_FRACTION_BITS) % _WIDE_MOD for x in v]
 
 
