@@ -4,6 +4,7 @@ local preparation, against the joint-table path on the same common rows and spli
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ from fairvfl_flwr.data.psi import TRAIN_CODE, split_common
 from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.own_table import normalise_ids, prepare_block
 from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
+from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
@@ -162,9 +164,14 @@ def test_the_servers_alignment_messages_hold_no_id_in_the_clear(own_tables):
     replies, pull = [], grid.pull_messages
     grid.pull_messages = lambda ids: replies.extend(got := pull(ids)) or got  # what reaches the server
     run_server(grid, rc)
-    align_msgs = [m for m in sent if m.metadata.message_type == "query.align"]
-    align_replies = [r for r in replies if r.metadata.message_type == "query.align"]
-    assert len(align_msgs) == 4 + 4 + 3 + 3 + 1 + 3  # size, blind, raise, intersect, common, finish
+    align_msgs = [m for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS]
+    align_replies = [r for r in replies if r.metadata.message_type in msgs.ALIGN_STEPS]
+    # 4 parties: size and blind to all, raise to the 3 others, the leader intersects with each,
+    # finds the common rows once, the 3 others finish; in that order
+    per_step = [msgs.ALIGN_SIZE] * 4 + [msgs.ALIGN_BLIND] * 4 + [msgs.ALIGN_RAISE] * 3 + [msgs.ALIGN_INTERSECT] * 3 \
+        + [msgs.ALIGN_COMMON] + [msgs.ALIGN_FINISH] * 3
+    assert [m.metadata.message_type for m in align_msgs] == per_step
+    assert Counter(r.metadata.message_type for r in align_replies) == Counter(per_step)
     blob = b"".join(_bytes_of(m) for m in align_msgs + align_replies)
     ids = sorted(set.union(*held))
     assert len(blob) > 10_000
@@ -203,8 +210,8 @@ def _refused_before_alignment(folder, tmp_path, caplog, party: int, problems: in
     with pytest.raises(FederationError, match=rf"party {party}: {problems} problems?\b") as refused:
         run_server(grid, {**rc, "output-dir": str(tmp_path / "refused")})
     assert not (tmp_path / "refused").exists() and not out.exists()
-    steps = {str(m.content.config_records["align"]["step"]) for m in sent if m.metadata.message_type == "query.align"}
-    assert steps == {"size"}  # refused before any id was blinded
+    steps = {m.metadata.message_type for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS}
+    assert steps == {msgs.ALIGN_SIZE}  # refused before any id was blinded
     server_side = str(refused.value).encode() + b"".join(_bytes_of(r) for r in replies)
     party_log = "\n".join(r.getMessage() for r in caplog.records if "checked before alignment" in r.getMessage())
     for secret in secrets:
@@ -377,7 +384,7 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
         assert f"party {k}: {len(unscored)}" in caplog.text
     _, full = run_inprocess(own_config(folder, **{**rc, "output-dir": str(tmp_path / "full")}), quiet=True)
     assert (full / "predictions.csv").read_text() == (out / "predictions.csv").read_text()
-    blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type == "query.align")
+    blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS)
     assert len(blob) > 10_000 and not any(i.encode() in blob for i in fresh[ID])  # alignment: blinded ids only
     predictions = pd.read_csv(out / "predictions.csv")
     assert sorted(predictions.iloc[:, 0].astype(str)) == sorted(scored)  # the rows every party holds
@@ -568,8 +575,8 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
     def run(**extra):
         grid, rc, sent = _aligned_messages(tmp_path, **{"output-dir": str(tmp_path / "runs"), **extra})
         summary, run_folder = run_server(grid, rc)
-        steps = [str(m.content.config_records["align"]["step"]) for m in sent
-                 if m.metadata.message_type == "query.align"]
+        steps = [m.metadata.message_type.removeprefix("query.align_") for m in sent
+                 if m.metadata.message_type in msgs.ALIGN_STEPS]
         return summary, json.loads((run_folder / "history.json").read_text()), steps
 
     caplog.set_level("INFO", logger="flwr")

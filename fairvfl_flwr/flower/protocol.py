@@ -65,12 +65,20 @@ NEWTON_APPLY = "train.newton_apply"  # after the last round: apply the last step
 SAVE = "query.save"  # after the last round: each party saves its block on its own disk, replies its digest
 SCORE_INFO = "query.scoreinfo"  # scoring job: which block and how many rows to score (digests only)
 SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with their ids
-ALIGN = "query.align"  # tables.own: one step of private alignment (blinded ids, counts; jobs/alignment.py)
+# tables.own: private alignment, one message type a step (blinded ids, counts; jobs/alignment.py)
+ALIGN_SIZE = "query.align_size"  # every party: its number of ids and their shape
+ALIGN_BLIND = "query.align_blind"  # every party: its ids blinded with its own key
+ALIGN_RAISE = "query.align_raise"  # every other party: the leader's blinded ids raised to its key
+ALIGN_INTERSECT = "query.align_intersect"  # the leader, once per party: which of its ids that party holds
+ALIGN_COMMON = "query.align_common"  # the leader: the common rows (training: their split and labels)
+ALIGN_FINISH = "query.align_finish"  # every other party: its common rows
+ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up the alignment it kept of these tables
+ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_COMMON, ALIGN_FINISH, ALIGN_REUSE)
 
 # Every message type a party answers; register_handlers refuses any other.
 MESSAGE_TYPES = (INFO, INIT, TRAIN_ACTIVE, TRAIN_PASSIVE, TRAIN_PASSIVE_ENC, TRAIN_PASSIVE_UNMASK, SECAGG_KEYS,
                  SECAGG_PEERS, SPLIT_INIT, SPLIT_TRAIN, NEWTON_INIT, NEWTON_ACTIVE, NEWTON_PASSIVE, NEWTON_APPLY, SAVE,
-                 SCORE_INFO, SCORE, ALIGN)
+                 SCORE_INFO, SCORE, *ALIGN_STEPS)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits

@@ -2,23 +2,27 @@
 
 The server relays the PSI messages of data/psi.py and learns no id: set sizes, the
 ids' shape (digits, letters), the number of common rows and their labels and split by
-position (data/psi.py says what each role learns); the parties keep their keys in their own node state between messages. The steps:
+position (data/psi.py says what each role learns); the parties keep their keys in their own node state between messages. The steps,
+each its own message type (flower/protocol.py) and its own function on a party's side (:data:`STEPS`):
 
-========= ======================================== ======================================
-step       to                                       reply
-========= ======================================== ======================================
-size       every party                              its number of ids, the ids' shape
-blind      every party                              its ids blinded with its key (the
-                                                    others' in a secret order)
-raise      other parties (the leader's blinded ids) the leader's ids raised to its key
-intersect  the leader, once per party (the party's  (nothing: the leader keeps which of
-           blinded ids and its raising of the       its ids every party so far holds, and
-           leader's)                                where in each party's list)
-common     the leader                               the split, the labels of the common
-                                                    rows, each party's common positions
-finish     other parties (their common positions,   the digest of its aligned rows
-           the split)
-========= ======================================== ======================================
+===================== ======================================== ======================================
+message type           to                                       reply
+===================== ======================================== ======================================
+query.align_size       every party                              its number of ids, the ids' shape
+query.align_blind      every party                              its ids blinded with its key (the
+                                                                others' in a secret order)
+query.align_raise      other parties (the leader's blinded ids) the leader's ids raised to its key
+query.align_intersect  the leader, once per party (the party's  (nothing: the leader keeps which of
+                       blinded ids and its raising of the       its ids every party so far holds, and
+                       leader's)                                where in each party's list)
+query.align_common     the leader                               the split, the labels of the common
+                                                                rows, each party's common positions
+query.align_finish     other parties (their common positions,   the digest of its aligned rows
+                       the split)
+query.align_reuse      every party, instead of blind ...        the alignment it kept of these tables
+                       finish, when every party kept the same   (its digest; the leader's: the labels)
+                       alignment of these tables
+===================== ======================================== ======================================
 
 One message to the leader per party keeps every message to one party's blinded ids
 (33 bytes an id, twice: 1M ids make 66 MB, under gRPC's limit whatever the number of parties).
@@ -49,7 +53,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.own_table import id_pattern
-from fairvfl_flwr.data.partydata import own_table_spec, party_spec
+from fairvfl_flwr.data.partydata import PartySpec, own_table_spec, party_spec
 from fairvfl_flwr.data.preflight import Rules, check_party
 from fairvfl_flwr.data.encoding import score_file
 from fairvfl_flwr.data.problem import ServerLabels, group_options
@@ -60,7 +64,7 @@ from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, run_config
 
-STEP = "align"  # ConfigRecord of a request: the step and its fields
+STEP = "align"  # ConfigRecord of a request: the step's fields (its message type says which step)
 REPLY = "aligned"  # ConfigRecord of a reply
 KEYS_STATE = "fairvfl.align-keys"  # a party's PSI key between two steps, in its own node state
 HITS_STATE = "fairvfl.align-hits"  # the leader's: its ids every party so far holds, where in each party's list
@@ -79,7 +83,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, TRAIN, discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "alignment"))
     if passes.kept:  # every party holds the same alignment of these tables: no PSI
-        replies = passes.send({nid: passes.step("reuse", digest=passes.kept) for nid in passes.sizes})
+        replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept) for nid in passes.sizes})
         passes.check(replies, ConfigRecord({"digest": passes.kept}))
         result = replies[passes.lead]
         common = _reply(result)
@@ -89,9 +93,10 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
     if not passes.kept:
-        done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": TRAIN}),
-                                            LABELS: msgs.array_record(split=split), POSITIONS: positions[nid]})
-                            for nid in passes.others})
+        done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": TRAIN}),
+                                                                LABELS: msgs.array_record(split=split),
+                                                                POSITIONS: positions[nid]})
+                                               for nid in passes.others})
         passes.check(done, common)
         passes.progress.step("every other party prepared its block on the common rows")
     used = split[split != psi.UNUSED_CODE]
@@ -114,7 +119,7 @@ def align_score_rows(grid: Grid, cfg: RunConfig, nodes: list[int]) -> int:
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, SCORE, nodes)
     common, _, positions = passes.intersect()
-    done = passes.send({nid: RecordDict({STEP: ConfigRecord({"step": "finish", "purpose": SCORE,
+    done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": SCORE,
                                                             "n-common": int(common["n-common"])}),
                                         POSITIONS: positions[nid]}) for nid in passes.others})
     passes.check(done, common)
@@ -138,7 +143,7 @@ class _Passes:
         if cfg.num_active != 1:
             raise FederationError(f"tables.own=true needs one label owner (num-active=1), got "
                                   f"num-active={cfg.num_active}")
-        self.sizes = {nid: _reply(r) for nid, r in self.send({nid: self.step("size") for nid in nodes}).items()}
+        self.sizes = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_SIZE, {nid: self.step() for nid in nodes}).items()}
         self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
         refuse_problems({self.pid[nid]: int(r["problems"]) for nid, r in self.sizes.items() if "problems" in r})
         leader = [nid for nid, r in self.sizes.items() if r["role"] == msgs.ROLE_ACTIVE]
@@ -164,11 +169,14 @@ class _Passes:
             log(INFO, "FairVFL: aligning: the parties keep different alignments (one of them was aligned again "
                 "without the others)")
 
-    def step(self, step: str, **fields) -> RecordDict:
-        return _step(step, purpose=self.purpose, **fields)
+    def step(self, **fields) -> RecordDict:
+        """A step's request: its fields and what is aligned (the training tables or the score files)."""
+        return RecordDict({STEP: ConfigRecord({"purpose": self.purpose, **fields})})
 
-    def send(self, contents: dict[int, RecordDict]) -> dict[int, Message]:
-        out = [Message(c, dst_node_id=nid, message_type=msgs.ALIGN, group_id="align") for nid, c in contents.items()]
+    def send(self, message_type: str, contents: dict[int, RecordDict]) -> dict[int, Message]:
+        """One alignment step (``message_type``, one of ``msgs.ALIGN_STEPS``) to the parties of
+        ``contents``; their replies by node."""
+        out = [Message(c, dst_node_id=nid, message_type=message_type, group_id="align") for nid, c in contents.items()]
         replies = exchange.exchange(self.grid, out, self.cfg.round_timeout, self.cfg.round_retries,
                                     lambda nid: f"node {nid}")
         return {r.metadata.src_node_id: r for r in replies}
@@ -179,22 +187,22 @@ class _Passes:
         than one party's blinded ids."""
         n = {nid: int(r["n"]) for nid, r in self.sizes.items()}
         left = lambda per_id, *parts: per_id * sum(parts)  # noqa: E731  (seconds: ids still to raise)
-        blinded = {nid: _reply(r)["blinded"] for nid, r in self.send({nid: self.step("blind")
-                                                                       for nid in self.sizes}).items()}
+        blinded = {nid: _reply(r)["blinded"] for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
+                                                                                        for nid in self.sizes}).items()}
         # the parties blind at once, so the largest list sets the pace; a raise costs about a blinding
         per_id = self.progress.step("every party blinded its ids") / max(n.values())
         self.progress.left(left(per_id, n[self.lead], *(n[o] for o in self.others)))
-        raised = self.send({nid: self.step("raise", blinded=blinded[self.lead]) for nid in self.others})
+        raised = self.send(msgs.ALIGN_RAISE, {nid: self.step(blinded=blinded[self.lead]) for nid in self.others})
         per_id = self.progress.step("the parties raised the label owner's ids") / max(1, n[self.lead])
         todo = [n[o] for o in self.others]
         self.progress.left(left(per_id, *todo))
         for i, nid in enumerate(self.others):  # the leader raises each party's list in turn
-            self.send({self.lead: self.step("intersect", peer=self.pid[nid], n=n[nid],
-                                            pattern=str(self.sizes[nid]["pattern"]), blinded=blinded[nid],
-                                            raised=_reply(raised[nid])["raised"])})
+            self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
+                peer=self.pid[nid], n=n[nid], pattern=str(self.sizes[nid]["pattern"]), blinded=blinded[nid],
+                raised=_reply(raised[nid])["raised"])})
             per_id = self.progress.step(f"the label owner matched party {self.pid[nid]}") / max(1, n[nid])
             self.progress.left(left(per_id, *todo[i + 1:]))
-        result = self.send({self.lead: self.step("common")})[self.lead]
+        result = self.send(msgs.ALIGN_COMMON, {self.lead: self.step()})[self.lead]
         self.progress.step("the label owner found the common rows" + (" and prepared its block"
                                                                        if self.purpose == TRAIN else ""))
         found = result.content.array_records[POSITIONS]
@@ -246,124 +254,166 @@ def refuse_problems(problems: dict[int, int]) -> None:
         "Nothing was aligned or trained and no run folder was written")
 
 
-def _step(step: str, **fields) -> RecordDict:
-    return RecordDict({STEP: ConfigRecord({"step": step, **fields})})
-
-
 def _reply(message: Message) -> ConfigRecord:
     return message.content.config_records[REPLY]
 
 
 # -- the parties ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Step:
+    """One alignment step on a party's side: what every step reads, and its reply."""
+
+    message: Message
+    context: Context
+    cfg: RunConfig
+    spec: PartySpec
+    purpose: str  # TRAIN or SCORE
+    keys: ConfigRecord  # this party's PSI key (and the leader's pairwise counts) between steps
+    out: dict = dataclasses.field(default_factory=dict)  # the reply's ConfigRecord
+    records: dict = dataclasses.field(default_factory=dict)  # the reply's other records
+
+    @property
+    def fields(self) -> ConfigRecord:
+        return self.message.content.config_records[STEP]
+
+    @property
+    def state(self):
+        return self.context.state
+
+
+def _size(step: _Step) -> None:
+    """Check this party's own table (training), reply its number of ids and their shape (or
+    the alignment it kept of these tables), and forget what an earlier alignment left."""
+    spec, cfg = step.spec, step.cfg
+    kept, why = (None, "")
+    if step.purpose == TRAIN:
+        kept, why = psi.kept_alignment(spec, cfg) if cfg.tables_reuse_alignment else (None, "")
+    rules = dataclasses.asdict(Rules.of(cfg))
+    # a kept alignment's table passed the same check: it is not read again
+    report = check_party(spec, Rules.of(cfg)) if step.purpose == TRAIN and (kept or {}).get("rules") != rules else None
+    if report is not None and not report.ok:  # the details stay here: the server hears the count
+        log(ERROR, "FairVFL: this party's own table, checked before alignment (the server is told only the "
+            "number of problems):\n%s", report.text())
+        step.out = {"problems": len(report.problems), "role": spec.role, "partition-id": spec.partition_id}
+    elif kept is not None:
+        step.out = {"n": int(kept["n"]), "pattern": str(kept["pattern"]), "kept": str(kept["digest"]),
+                    "role": spec.role, "partition-id": spec.partition_id}
+    else:
+        step.out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id, "why": why}
+    if step.purpose == TRAIN:
+        step.state.config_records.pop(ALIGNED_STATE, None)
+    step.state.array_records.pop(SCORE_COMMON_STATE, None)
+    step.state.array_records.pop(HITS_STATE, None)
+    step.state.array_records.pop(ORDER_STATE, None)
+    step.keys = ConfigRecord()
+
+
+def _blind(step: _Step) -> None:
+    """This party's ids blinded with a new key: the leader's in its row order, the others' shuffled."""
+    ids, _ = psi.own_table(step.spec)
+    step.out["blinded"], step.keys["key"], order = psi.blind_step(ids, shuffle=step.spec.role != msgs.ROLE_ACTIVE)
+    if order is not None:
+        step.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
+
+
+def _raise(step: _Step) -> None:
+    """The leader's blinded ids raised to this party's key."""
+    step.out["raised"] = psi.psi_raise(step.fields["blinded"], step.keys["key"])
+
+
+def _intersect(step: _Step) -> None:
+    """The leader with one party: keep which of its ids that party holds too, and where."""
+    rc = step.fields
+    ids, _ = psi.own_table(step.spec)
+    peer = int(rc["peer"])
+    found = psi.peer_positions(step.spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
+                               step.keys["key"])
+    step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
+    kept = step.state.array_records.get(HITS_STATE)
+    held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
+    held["hits"] = held["hits"] & (found >= 0)
+    held[f"at-{peer}"] = found
+    step.state.array_records[HITS_STATE] = msgs.array_record(**held)
+
+
+def _common(step: _Step) -> None:
+    """The leader: the rows every party holds, and where each party has them; in training, the
+    split and the labels of those rows, and its own prepared block."""
+    ids, _ = psi.own_table(step.spec)
+    record = step.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
+    hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
+    pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in step.keys.items() if k.startswith("pairwise-")}
+    rows = psi.agreed_rows(ids, hits, pairwise, step.cfg.tables_min_common if step.purpose == TRAIN else 1)
+    found = {k.split("-", 1)[1]: np.sort(v.numpy()[rows]) for k, v in (record.items() if record else [])
+             if k.startswith("at-")}
+    step.records[POSITIONS] = msgs.array_record(**found)
+    if step.purpose == SCORE:
+        step.out = {"n-common": len(rows), "digest": _keep_score_ids(step.context, ids[rows], ids)}
+        return
+    common = psi.leader_step(step.spec, step.cfg, rows)
+    step.out = {"digest": common.digest, "protected-label": common.protected_label}
+    if common.group_names:  # several groups: the server names them, as a label file does
+        step.out["group-names"] = list(common.group_names)
+    step.records[LABELS] = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
+    step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
+    _keep(step.spec, step.cfg, ids, common.key, step.out, {"split": common.split, "y": common.y.astype(np.int8),
+                                                           "s": common.s})
+
+
+def _finish(step: _Step) -> None:
+    """Another party: its common rows, from their positions in its shuffled list; in training,
+    its prepared block on them."""
+    ids, _ = psi.own_table(step.spec)
+    order = step.state.array_records.pop(ORDER_STATE)["order"].numpy()
+    positions = step.message.content.array_records[POSITIONS]["rows"].numpy()
+    if step.purpose == SCORE:
+        rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
+        step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
+        return
+    split = step.message.content.array_records[LABELS]["split"].numpy()
+    member, key = psi.member_step(step.spec, step.cfg, positions, order, split)
+    step.out = {"digest": member.ids_digest}
+    step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
+    _keep(step.spec, step.cfg, ids, key, step.out)
+
+
+def _reuse(step: _Step) -> None:
+    """Every party holds the same kept alignment of these tables: take it up again (no PSI)."""
+    kept, why = psi.kept_alignment(step.spec, step.cfg)
+    if kept is None or str(kept["digest"]) != str(step.fields["digest"]):
+        changed = why or "another digest"
+        raise FederationError(f"{step.spec.name}: its kept alignment changed since the run began ({changed}); "
+                              "submit the run again")
+    step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
+    step.out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
+    if kept.get("labels"):
+        step.records[LABELS] = msgs.array_record(**psi.kept_labels(step.spec, step.cfg))
+
+
+#: Each alignment message type and the step that answers it on a party's side.
+STEPS = {msgs.ALIGN_SIZE: _size, msgs.ALIGN_BLIND: _blind, msgs.ALIGN_RAISE: _raise,
+         msgs.ALIGN_INTERSECT: _intersect, msgs.ALIGN_COMMON: _common, msgs.ALIGN_FINISH: _finish,
+         msgs.ALIGN_REUSE: _reuse}
+LAST_STEPS = (msgs.ALIGN_COMMON, msgs.ALIGN_FINISH)  # after these, the PSI key is done with
+
+
 def handle(message: Message, context: Context) -> Message:
-    """One step of the alignment on this party's side (see the module doc)."""
+    """One step of the alignment on this party's side, by its message type (:data:`STEPS`)."""
     cfg = run_config(tuple(sorted(context.run_config.items())))
     spec = own_table_spec(party_spec(context.node_config, cfg.num_parties, cfg.num_active), cfg)
-    rc = message.content.config_records[STEP]
-    step, purpose = str(rc["step"]), str(rc.get("purpose", TRAIN))
+    purpose = str(message.content.config_records[STEP].get("purpose", TRAIN))
     if purpose == SCORE:  # the same passes over the file this party scores
         spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, context.node_config, cfg)[0])))
-    keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
-    out: dict = {}
-    arrays = None
-    extra: dict = {}
-    if step == "size":
-        kept, why = (None, "")
-        if purpose == TRAIN:
-            kept, why = psi.kept_alignment(spec, cfg) if cfg.tables_reuse_alignment else (None, "")
-        rules = dataclasses.asdict(Rules.of(cfg))
-        # a kept alignment's table passed the same check: it is not read again
-        report = check_party(spec, Rules.of(cfg)) if purpose == TRAIN and (kept or {}).get("rules") != rules else None
-        if report is not None and not report.ok:  # the details stay here: the server hears the count
-            log(ERROR, "FairVFL: this party's own table, checked before alignment (the server is told only the "
-                "number of problems):\n%s", report.text())
-            out = {"problems": len(report.problems), "role": spec.role, "partition-id": spec.partition_id}
-        elif kept is not None:
-            out = {"n": int(kept["n"]), "pattern": str(kept["pattern"]), "kept": str(kept["digest"]),
-                   "role": spec.role, "partition-id": spec.partition_id}
-        else:
-            out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id, "why": why}
-        # a new alignment: what an earlier one left no longer counts
-        if purpose == TRAIN:
-            context.state.config_records.pop(ALIGNED_STATE, None)
-        context.state.array_records.pop(SCORE_COMMON_STATE, None)
-        context.state.array_records.pop(HITS_STATE, None)
-        context.state.array_records.pop(ORDER_STATE, None)
-        keys = ConfigRecord()
-    elif step == "blind":  # the leader's list in its row order, the others' shuffled
-        ids, _ = psi.own_table(spec)
-        out["blinded"], keys["key"], order = psi.blind_step(ids, shuffle=spec.role != msgs.ROLE_ACTIVE)
-        if order is not None:
-            context.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
-    elif step == "raise":
-        out["raised"] = psi.psi_raise(rc["blinded"], keys["key"])
-    elif step == "intersect":  # the leader with one party: keep the ids it holds too, and where
-        ids, _ = psi.own_table(spec)
-        peer = int(rc["peer"])
-        found = psi.peer_positions(spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
-                                     keys["key"])
-        keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
-        kept = context.state.array_records.get(HITS_STATE)
-        held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
-        held["hits"] = held["hits"] & (found >= 0)
-        held[f"at-{peer}"] = found
-        context.state.array_records[HITS_STATE] = msgs.array_record(**held)
-    elif step == "common":  # the leader: the rows every party holds, and where each party has them
-        ids, _ = psi.own_table(spec)
-        record = context.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
-        hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
-        pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in keys.items() if k.startswith("pairwise-")}
-        rows = psi.agreed_rows(ids, hits, pairwise, cfg.tables_min_common if purpose == TRAIN else 1)
-        found = {k.split("-", 1)[1]: np.sort(v.numpy()[rows]) for k, v in (record.items() if record else [])
-                 if k.startswith("at-")}
-        if purpose == SCORE:
-            out = {"n-common": len(rows), "digest": _keep_score_ids(context, ids[rows], ids)}
-        else:
-            common = psi.leader_step(spec, cfg, rows)
-            out = {"digest": common.digest, "protected-label": common.protected_label}
-            if common.group_names:  # several groups: the server names them, as a label file does
-                out["group-names"] = list(common.group_names)
-            arrays = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
-            context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
-            _keep(spec, cfg, ids, common.key, out, {"split": common.split, "y": common.y.astype(np.int8),
-                                                    "s": common.s})
-        extra = {POSITIONS: msgs.array_record(**found)}
-    elif step == "finish":
-        ids, _ = psi.own_table(spec)
-        order = context.state.array_records.pop(ORDER_STATE)["order"].numpy()
-        positions = message.content.array_records[POSITIONS]["rows"].numpy()
-        if purpose == SCORE:
-            rows = psi.my_common_rows(spec, ids, positions, order, int(rc["n-common"]))
-            out = {"digest": _keep_score_ids(context, ids[rows], ids)}
-        else:
-            split = message.content.array_records[LABELS]["split"].numpy()
-            member, key = psi.member_step(spec, cfg, positions, order, split)
-            out = {"digest": member.ids_digest}
-            context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
-            _keep(spec, cfg, ids, key, out)
-    elif step == "reuse":  # every party holds the same kept alignment: take it up again
-        kept, why = psi.kept_alignment(spec, cfg)
-        if kept is None or str(kept["digest"]) != str(rc["digest"]):
-            changed = why or "another digest"
-            raise FederationError(f"{spec.name}: its kept alignment changed since the run began ({changed}); "
-                                  "submit the run again")
-        context.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
-        out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
-        if kept.get("labels"):
-            arrays = msgs.array_record(**psi.kept_labels(spec, cfg))
-    else:
-        raise ValueError(f"{spec.name}: unknown alignment step {step!r}")
-    if step in ("common", "finish"):  # the key is done with: forget it
+    step = _Step(message, context, cfg, spec, purpose, context.state.config_records.get(KEYS_STATE) or ConfigRecord())
+    STEPS[message.metadata.message_type](step)
+    if message.metadata.message_type in LAST_STEPS:  # the key is done with: forget it
         context.state.config_records.pop(KEYS_STATE, None)
     else:
-        context.state.config_records[KEYS_STATE] = keys
-    content = RecordDict({REPLY: ConfigRecord(out), **extra})
-    if arrays is not None:
-        content[LABELS] = arrays
-    return Message(content, reply_to=message)
+        context.state.config_records[KEYS_STATE] = step.keys
+    return Message(RecordDict({REPLY: ConfigRecord(step.out), **step.records}), reply_to=message)
 
 
-def _keep(spec, cfg: RunConfig, ids: np.ndarray, key: str, reply: dict, labels: dict | None = None) -> None:
+def _keep(spec: PartySpec, cfg: RunConfig, ids: np.ndarray, key: str, reply: dict, labels: dict | None = None) -> None:
     """Keep this party's new alignment on its disk (data/psi.py), for the next run on the same tables."""
     if not cfg.tables_reuse_alignment:
         return
@@ -390,4 +440,4 @@ def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> st
 
 def register(app: ClientApp) -> None:
     """The alignment job's party handler on ``app``."""
-    msgs.register_handlers(app, {msgs.ALIGN: handle})
+    msgs.register_handlers(app, dict.fromkeys(STEPS, handle))
