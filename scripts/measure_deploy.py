@@ -91,7 +91,8 @@ def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None
     wan = {}
     if proxy is not None:
         proxy.stop()
-        wan = {"rtt_ms": rtt_ms, "mbit": mbit, "proxy_bytes": proxy.bytes, "proxy_connections": proxy.connections}
+        wan = {"rtt_ms": rtt_ms, "mbit": mbit, "proxy_bytes": proxy.bytes, "proxy_connections": proxy.connections,
+               "proxy_turns": proxy.turns}
     return {**wan,
         "setting": kind, "poll": poll or "1.0 (default)", "status": status, "rounds": rounds, "run_config": extra or {},
         "seconds_per_round": statistics.median(per_round) if per_round else None,

@@ -30,11 +30,27 @@ from fairvfl_flwr.tools.export import export  # noqa: E402
 from fairvfl_flwr.tools.results import RESULTS, publish, this_command  # noqa: E402
 
 NAME = "wan"
-CANONICAL = "python scripts/measure_wan.py --rtt 0,50,150 --rounds 2 --parties 4"
 
 
 def _rows(payload: dict) -> dict[str, dict]:
     return {f"{r['setting']}@{r['rtt_ms']:g}": r for r in payload.get("rows", [])}
+
+
+def conns(row: dict) -> str:
+    """TCP connections the SuperNodes opened through the proxy, per round (round 0 included)."""
+    return f"{row['proxy_connections'] / (row['rounds'] + 1):.0f}" if row else "–"
+
+
+def turns(row: dict) -> str:
+    """Requests that waited for an answer (a round trip each), per SuperNode and round (round 0 included)."""
+    if not row or "proxy_turns" not in row:
+        return "–"
+    return f"{row['proxy_turns'] / (row['rounds'] + 1) / row.get('parties', 1):.0f}"
+
+
+def load(row: dict) -> str:
+    """The machine's 1-minute load average when the row's run ended."""
+    return f"{row['load_average']:.0f}" if row else "–"
 
 
 def render(rows: list[dict]) -> str:
@@ -42,8 +58,9 @@ def render(rows: list[dict]) -> str:
     by = {(r["setting"], r["rtt_ms"]): r for r in rows}
     rtts = sorted({r["rtt_ms"] for r in rows})
     lines = ["| RTT (ms) | no-op round (s) | FairVFL round (s) | FairVFL / no-op | added by the WAN: no-op (s) | "
-             "added by the WAN: FairVFL (s) | proxy bytes per FairVFL round |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "added by the WAN: FairVFL (s) | proxy bytes per FairVFL round | TCP connections per round: no-op, "
+             "FairVFL | round trips per SuperNode and round: no-op, FairVFL | load (1 min) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rtt in rtts:
         noop, fair = by.get(("noop", rtt), {}), by.get(("fairvfl", rtt), {})
         n, f = noop.get("seconds_per_round"), fair.get("seconds_per_round")
@@ -54,7 +71,9 @@ def render(rows: list[dict]) -> str:
         lines.append(f"| {rtt:g} | {cell(n)} | {cell(f)} | {cell(f / n if n and f else None, '{:.2f}')} | "
                      f"{cell(n - n0 if n is not None and n0 is not None else None)} | "
                      f"{cell(f - f0 if f is not None and f0 is not None else None)} | "
-                     f"{cell(per_round / 1e6 if per_round else None, '{:.2f} MB')} |")
+                     f"{cell(per_round / 1e6 if per_round else None, '{:.2f} MB')} | "
+                     f"{conns(noop)}, {conns(fair)} | {turns(noop)}, {turns(fair)} | "
+                     f"{load(noop)}, {load(fair)} |")
     return "\n".join(lines)
 
 
@@ -71,7 +90,13 @@ each message's fresh `flwr-clientapp` process (its imports) and the parties' wor
 ([deploy-time.md](../deploy-time.md)), not the network. The WAN's share is the two
 "added by the WAN" columns: a message costs several round trips between a SuperNode and
 the SuperLink (pull the message, fetch its objects, push the reply and its objects), and
-FairVFL's messages carry more arrays than the no-op app's.
+FairVFL's messages carry more arrays than the no-op app's. The proxy also counts the TCP
+connections the SuperNodes open through it (each new one pays its handshakes, about two
+round trips, before its first request) and the requests that waited for an answer (a
+round trip each; a SuperNode's heartbeats among them, so not all on the round's path):
+round trips × RTT bounds what the WAN adds to a SuperNode's round. On a loaded machine (the load column) the rounds'
+own spread can exceed what the WAN adds: compare the two apps within one RTT row, and
+rerun on an idle machine for the WAN's share.
 
 What an operator can change: `FLWR_SUPEREXEC_TASK_POLL_INTERVAL` in each SuperNode's
 environment (how often its executor looks for work; 0.05 s saves up to a second per message
@@ -94,7 +119,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     old = args.out / f"{NAME}.json"
-    rows = _rows(json.loads(old.read_text())) if old.is_file() else {}
+    same = {"parties": args.parties, "rounds": args.rounds, "dataset": args.dataset, "mbit": args.mbit}
+    rows = {k: r for k, r in (_rows(json.loads(old.read_text())) if old.is_file() else {}).items()
+            if all(r.get(key) == value for key, value in same.items())}  # rows of the same set-up only
     command = this_command()
     with tempfile.TemporaryDirectory(prefix="fairvfl-wan-") as tmp:
         tmp = Path(tmp)
@@ -103,11 +130,13 @@ def main() -> None:
             for kind in args.settings.split(","):
                 res = measure(kind, tmp / f"{kind}-{rtt:g}", manifest, args.rounds, args.poll, rtt_ms=rtt,
                               mbit=args.mbit)
-                res["command"] = command
+                res.update(command=command, **same)
                 print(json.dumps(res), flush=True)
                 rows[f"{kind}@{rtt:g}"] = res
     ordered = sorted(rows.values(), key=lambda r: (r["rtt_ms"], r["setting"]))
-    page = publish(NAME, CANONICAL, {"rows": ordered}, render(ordered),
+    canonical = (f"python scripts/measure_wan.py --rtt 0,50,150 --rounds {args.rounds} --parties {args.parties} "
+                 f"--dataset {args.dataset}" + (f" --mbit {args.mbit:g}" if args.mbit else ""))
+    page = publish(NAME, canonical, {"rows": ordered}, render(ordered),
                    title=f"Deployed rounds over a WAN: no-op app and FairVFL ({args.dataset}, {args.parties} "
                          "SuperNodes, loopback proxy)", notes=NOTES, out=args.out)
     print(page)

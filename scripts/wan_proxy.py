@@ -49,6 +49,7 @@ class WanProxy:
         self.open = 0
         self.bytes = 0
         self.connections = 0
+        self.turns = 0  # requests that followed an answer on their connection: each waits a round trip
         self._last = time.monotonic()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,7 +57,8 @@ class WanProxy:
         self._stop: asyncio.Event | None = None
 
     # -- one direction of one connection ------------------------------------------------------
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool = False,
+                    last: list | None = None) -> None:
         queue: deque[tuple[float, bytes]] = deque()
         more = asyncio.Event()
         done = False
@@ -85,6 +87,9 @@ class WanProxy:
                 data = await reader.read(READ)
                 if not data:
                     break
+                if last is not None and last[0] != up:  # the conversation turned
+                    last[0] = up
+                    self.turns += up
                 queue.append((time.monotonic() + self.delay, data))
                 more.set()
         except (ConnectionError, OSError):
@@ -115,7 +120,8 @@ class WanProxy:
             self.open -= 1
             return
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            last: list = [None]  # which way the connection's bytes last went
+            await asyncio.gather(self._pipe(reader, up_writer, True, last), self._pipe(up_reader, writer, False, last))
         finally:
             self.open -= 1
 

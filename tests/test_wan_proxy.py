@@ -49,6 +49,7 @@ def test_the_proxy_adds_the_round_trip_time_and_limits_the_rate(echo):
         base = _round_trip(fast.port, b"x")
     with WanProxy(echo, rtt_ms=120) as slow:
         assert 0.12 <= _round_trip(slow.port, b"x") < 0.12 + base + 0.3
+        assert slow.turns == 1  # one request that waited for its answer
     with WanProxy(echo, rtt_ms=0, mbit=1.0) as thin:  # 125 kB/s each way: 50 kB there and back ~0.8 s
         assert _round_trip(thin.port, b"y" * 50_000) >= 0.7
 
