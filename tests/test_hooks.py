@@ -127,6 +127,37 @@ def test_the_view_is_read_only_and_changes_go_through_its_methods():
         view.history  # noqa: B018  (the history is the server's: a hook reads the last row)
     view.set_lambda(np.full(server.lam.shape, 0.25))
     assert np.array_equal(server.lam, np.full(server.lam.shape, 0.25)) and np.array_equal(view.lam, server.lam)
+    server.u_train[7] = np.zeros(4)
+    server.u_test[7] = np.zeros(2)
+    for write in (lambda: view.u_train[7].__setitem__(0, 1.0), lambda: view.u_test[7].__setitem__(0, 1.0),
+                  lambda: view.labels.y_train.__setitem__(0, 1), lambda: view.labels.s_train.__setitem__(0, 1),
+                  lambda: view.labels.y_test.__setitem__(0, 1)):
+        with pytest.raises(ValueError, match="read-only"):
+            write()
+    with pytest.raises(TypeError):
+        view.u_train[8] = np.zeros(4)
+    assert not server.u_train[7].any() and server.labels.y_train.flags.writeable  # the server's own stay writeable
+
+
+class _Resumes(RoundHook):
+    def __init__(self, first):
+        self.first, self.began = first, False
+
+    def begin(self, server, grid, timeout):
+        self.began = True
+        return self.first
+
+
+def test_every_hook_begins_on_a_resume_and_two_resuming_hooks_are_refused():
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3})
+    resume, after = _Resumes(5), _Resumes(None)
+    server = FairVFL(cfg, _labels(cfg), hooks=[resume, after])
+    assert server.hooks.begin(grid=None, timeout=1.0) == 5
+    assert after.began  # a hook after the resuming one still begins (e.g. a key set-up)
+    server = FairVFL(cfg, _labels(cfg), hooks=[_Resumes(5), _Resumes(3)])
+    with pytest.raises(ValueError, match=r"more than one round hook restored the run: _Resumes \(round 5\), "
+                                         r"_Resumes \(round 3\)"):
+        server.hooks.begin(grid=None, timeout=1.0)
 
 
 def test_the_server_does_not_claim_flowers_strategy_contract():

@@ -14,8 +14,9 @@ hooks in that order and refuses a hook the order does not place.
 
 Points, in the order a run meets them:
 
-* ``begin``: before round 1; a hook that restores a run returns the first round to
-  run (the others return None and the server initialises the parties);
+* ``begin``: before round 1, every hook; a hook that restores a run returns the first
+  round to run (the others return None; when all do, the server initialises the
+  parties); two hooks restoring one run are refused;
 * ``init_messages``: the ``query.init`` messages, before they go out;
 * ``nu``: the masked weights ν of a round, before any passive party gets them (a ν
   channel may transform them, e.g. add noise);
@@ -35,7 +36,7 @@ Points, in the order a run meets them:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Callable, Generic, TypeVar
 
@@ -66,6 +67,16 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+def _read_only_arrays(held: Mapping[int, np.ndarray]) -> Mapping[int, np.ndarray]:
+    return MappingProxyType({k: _read_only(v) for k, v in held.items()})
+
+
+def _read_only_labels(labels: ServerLabels) -> ServerLabels:
+    """The labels with every array a non-writeable view (the dataclass itself is frozen)."""
+    return replace(labels, **{f.name: _read_only(getattr(labels, f.name)) for f in fields(labels)
+                              if isinstance(getattr(labels, f.name), np.ndarray)})
 
 
 T = TypeVar("T")
@@ -104,7 +115,7 @@ class ServerView:
 
     # -- what a hook may read ---------------------------------------------------------
     cfg: Reads[RunConfig] = Reads()
-    labels: Reads[ServerLabels] = Reads()
+    labels: Reads[ServerLabels] = Reads(_read_only_labels)
     groups: Reads[ConstraintSet] = Reads()
     wire_dtype: Reads[np.dtype] = Reads()
     #: The round training ends with (an algorithm that converged lowers it).
@@ -112,9 +123,9 @@ class ServerView:
     nodes: Reads[Mapping[int, Node]] = Reads(MappingProxyType)
     lam: Reads[np.ndarray] = Reads(_read_only)
     #: Per node, the training logits held.
-    u_train: Reads[Mapping[int, np.ndarray]] = Reads(MappingProxyType)
+    u_train: Reads[Mapping[int, np.ndarray]] = Reads(_read_only_arrays)
     #: Per node, the test logits of the round being recorded (empty outside evaluation rounds).
-    u_test: Reads[Mapping[int, np.ndarray]] = Reads(MappingProxyType)
+    u_test: Reads[Mapping[int, np.ndarray]] = Reads(_read_only_arrays)
 
     @property
     def last_row(self) -> Mapping[str, Any]:
@@ -228,11 +239,19 @@ class Hooks:
         return next((h for h in self.hooks if isinstance(h, kind)), None)
 
     def begin(self, grid: Grid, timeout: float) -> int | None:
+        """Every hook's ``begin``, in order; the first round to run, from the hook that restored
+        the run (None: a fresh start). Every hook begins on a resume too (a key set-up must run
+        whether or not the run restarts); two hooks restoring a run are refused."""
+        resumed: list[tuple[RoundHook, int]] = []
         for h in self.hooks:
             first = h.begin(self.view, grid, timeout)
             if first is not None:
-                return first
-        return None
+                resumed.append((h, first))
+        if len(resumed) > 1:
+            raise ValueError("more than one round hook restored the run: "
+                             + ", ".join(f"{type(h).__name__} (round {r})" for h, r in resumed)
+                             + "; one hook may resume a run")
+        return resumed[0][1] if resumed else None
 
     def init_messages(self, messages: list[Message]) -> None:
         for h in self.hooks:
