@@ -47,7 +47,7 @@ from bench.common import DEFAULT_OUT, write  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
-from fairvfl_flwr.data.problem import constraint_groups, load_data  # noqa: E402
+from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table  # noqa: E402
 from fairvfl_flwr.features.final_logits import SCORES  # noqa: E402
 from fairvfl_flwr.tools.baselines import EG_MOMENTS, eg_predict, group_metrics, regroup  # noqa: E402
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
@@ -63,7 +63,8 @@ def one(task: tuple[str, str, int], overrides: dict) -> list[dict]:
     base = {**BASE, "dataset": dataset, "seed": seed, "constraint": constraint, **overrides}
     cfg = RunConfig.from_flower(base)
     ds = load_data(cfg)
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label, ds.group_names).groups
+    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label, ds.group_names,
+                               whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test)).groups
     test_codes = regroup(ds.s_train, groups.codes, ds.s_test)
     key = {"dataset": dataset, "constraint": constraint, "seed": seed, "groups": list(groups.names)}
     rows = []

@@ -12,6 +12,7 @@ from fairvfl_flwr.core.constraints import CONSTRAINTS, KINDS, ConstraintSet, Gro
 from fairvfl_flwr.core.metrics import fairness_metrics
 from fairvfl_flwr.features import labeldp
 from fairvfl_flwr.core.objective import logistic_loss, loss_derivative, sigmoid
+from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.data.tables import load_csv
 
@@ -93,13 +94,37 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
     s[np.flatnonzero(s == 2)[20:]] = 0  # group 'c' keeps 20 rows, some with each label
     names = ("a", "b", "c")
     count = int(((y == 1) & (s == 2)).sum())
-    with pytest.raises(GroupSizeError, match=rf"group 'c' has {count} training rows in 'y=\+1'.*min-group-size = 30"):
+    with pytest.raises(GroupSizeError, match=rf"min-group-size = 30 training rows.*'c' has {count} in 'y=\+1'"):
         ConstraintSet.from_labels(y, s, 1, "deo", names=names, min_group_size=30)
     assert issubclass(GroupSizeError, ConfigError)
     pooled = ConstraintSet.from_labels(y, s, 1, "deo", names=names, min_group_size=30, pool_small_groups=True)
     # one small group: merged with the next smallest until the merged group is big enough
     assert pooled.groups.names == ("a", "pooled(c+b)") and len(pooled.constraints) == 1
     assert pooled.smallest_group() >= 30
+
+
+def test_a_refusal_names_every_small_group_with_its_count():
+    y, s, _, _ = group_rows(n=900, G=4)
+    s = s.copy()
+    s[np.flatnonzero(s == 2)[25:]] = 0  # 'c' keeps 25 rows, 'd' 12
+    s[np.flatnonzero(s == 3)[12:]] = 1
+    counts = {g: int(((y == 1) & (s == k)).sum()) for k, g in enumerate("abcd")}
+    with pytest.raises(GroupSizeError) as err:
+        ConstraintSet.from_labels(y, s, 1, "deo", names=tuple("abcd"), min_group_size=30)
+    assert str(err.value).startswith("2 group(s)")
+    assert f"'c' has {counts['c']} in 'y=+1'" in str(err.value) and f"'d' has {counts['d']} in 'y=+1'" in str(err.value)
+
+
+@pytest.mark.parametrize("constraint", ["equalized-odds", "demographic-parity"])
+def test_pooled_groups_are_decided_on_the_whole_table_the_same_for_every_seed(constraint):
+    """COMPAS's six races: which are pooled follows the table's counts, not a seed's split."""
+    pooled = set()
+    for seed in range(3):
+        cfg = RunConfig.from_flower({"dataset": "compas-race", "pool-small-groups": True, "seed": seed,
+                                     "constraint": constraint})
+        pooled.add(server_labels_for(cfg).groups_for(cfg.constraint, cfg.measure).groups.names)
+    assert len(pooled) == 1, pooled
+    assert any(name.startswith("pooled(") for name in pooled.pop())
 
 
 def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():

@@ -139,7 +139,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     log(INFO, "FairVFL%s: writing results to %s%s", f" ({cfg.mode})" if extra else "", folder, _where(cfg.output_dir))
     if cfg.mode != "split":
         log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, resolve_optimizer(cfg).reason)
-    described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(ds.group_names) if ds else None}
+    names = ds.group_names if ds else labels.group_names  # a deployment's label file names several groups
+    described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(names) if names else None}
     server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume, described=described)
     if resume:
         recorder.rows = list(resume[0]["history"])

@@ -49,7 +49,7 @@ TRAIN, TEST = "train", "test"
 #: The server label file's columns (besides the id and split columns).
 LABEL_Y, LABEL_GROUP, LABEL_PROTECTED = "y", "group", "protected"
 CACHE_ENV = "FAIRVFL_CACHE_DIR"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 class NodeConfigError(ValueError):
@@ -100,6 +100,8 @@ class PartyArrays:
     y_train: np.ndarray | None = None  # ±1, float64
     s_train: np.ndarray | None = None  # True = group a
     protected_label: int = 0
+    y_test: np.ndarray | None = None  # the test rows' labels and groups: small groups are decided on every row
+    s_test: np.ndarray | None = None
     source: str = ""
 
 
@@ -367,6 +369,7 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         X_train=np.ascontiguousarray(X[tr]), X_test=np.ascontiguousarray(X[te]),
         ids_digest=rows_digest(ids_arr[tr], ids_arr[te]), n_train=len(tr), n_test=len(te),
         y_train=None if y is None else y[tr], s_train=None if s is None else s[tr],
+        y_test=None if y is None else y[te], s_test=None if s is None else s[te],
         protected_label=spec.protected_label, source=source,
     )
 
@@ -544,8 +547,9 @@ def _save(arrays: PartyArrays, path: Path) -> None:
     meta = {k: getattr(arrays, k) for k in ("partition_id", "role", "feature_names", "ids_digest",
                                              "n_train", "n_test", "protected_label", "source")}
     data = {"X_train": arrays.X_train, "X_test": arrays.X_test, "meta": np.array(json.dumps(meta))}
-    if arrays.y_train is not None:
-        data.update(y_train=arrays.y_train, s_train=arrays.s_train)
+    for k in ("y_train", "s_train", "y_test", "s_test"):
+        if getattr(arrays, k) is not None:
+            data[k] = getattr(arrays, k)
     write_atomically(path, lambda fh: np.savez(fh, **data))
 
 
@@ -562,7 +566,7 @@ def _load(path: Path) -> PartyArrays:
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
         meta["feature_names"] = tuple(meta["feature_names"])
-        extra = {"y_train": z["y_train"], "s_train": z["s_train"]} if "y_train" in z else {}
+        extra = {k: z[k] for k in ("y_train", "s_train", "y_test", "s_test") if k in z}
         return PartyArrays(X_train=z["X_train"], X_test=z["X_test"], **meta, **extra)
 
 

@@ -57,10 +57,20 @@ def group_options(cfg: RunConfig) -> dict:
 
 
 def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_label: int,
-                      names: tuple[str, ...] | None = None) -> ConstraintSet:
-    """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s)."""
+                      names: tuple[str, ...] | None = None,
+                      whole: tuple[np.ndarray, np.ndarray] | None = None) -> ConstraintSet:
+    """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s);
+    ``whole``: the labels and groups of every row, on which small groups are decided."""
     return ConstraintSet.from_labels(y, s, protected_label, cfg.constraint, cfg.measure, names=names,
-                                     **group_options(cfg))
+                                     whole=whole, **group_options(cfg))
+
+
+def whole_table(y_train, s_train, y_test, s_test) -> tuple[np.ndarray, np.ndarray] | None:
+    """Labels and groups of every row (training, then test): what pooling is decided on,
+    the same for every seed's split. None where the test labels are not at hand."""
+    if y_test is None or s_test is None:
+        return None
+    return np.concatenate([np.asarray(y_train), np.asarray(y_test)]), np.concatenate([s_train, s_test])
 
 
 def _load_table(cfg: RunConfig) -> FairDataset:
@@ -111,6 +121,7 @@ class ServerLabels:
 
     def groups_for(self, constraint: str, measure: str = "loss") -> ConstraintSet:
         return ConstraintSet.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
+                                         whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
                                          names=self.group_names, **(self.options or {}))
 
 
@@ -128,5 +139,6 @@ def party_problem(cfg: RunConfig) -> tuple[FairDataset, list[np.ndarray], Constr
     the problem a run config describes, as the one-process references (core/reference.py) take it."""
     ds = load_data(cfg)
     blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
+                               whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
     return ds, blocks, groups

@@ -306,16 +306,21 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
     if spec.role == ROLE_ACTIVE:  # groups coded over all the aligned rows, as the leader sends them to the server
         used = split != UNUSED_CODE
         y, s = label_arrays(df.iloc[rows[used]], spec, where)
-        y, s = y[split[used] == TRAIN_CODE], s[split[used] == TRAIN_CODE]
+        is_train, is_test = split[used] == TRAIN_CODE, split[used] == TEST_CODE
+        y, s, y_test, s_test = y[is_train], s[is_train], y[is_test], s[is_test]
+    else:
+        y_test = s_test = None
     arrays = PartyArrays(
         partition_id=spec.partition_id, role=spec.role, feature_names=prepared.pre.features,
         X_train=prepared.X_train, X_test=prepared.X_test, ids_digest=digest, n_train=len(train), n_test=len(test),
-        y_train=y, s_train=s, protected_label=int(spec.protected_label), source=spec.table_path)
+        y_train=y, s_train=s, protected_label=int(spec.protected_label), source=spec.table_path,
+        y_test=y_test, s_test=s_test)
     content = known_digest(Path(spec.table_path), cache_dir(spec))
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "file": content, "digest": digest, "spec": [spec.partition_id, spec.role, spec.id_column,
                                                                       list(spec.columns), spec.label_column],
         "prep": [cfg.tables_types, cfg.tables_missing, *spec.missing_values], "pre": prepared.pre.digest(),
+        "sensitive-as-input": cfg.sensitive_as_input,
     }, sort_keys=True).encode()).hexdigest()[:32]
     return arrays, key, {**prepared.pre.to_dict(), "prepared": list(prepared.record)}
 

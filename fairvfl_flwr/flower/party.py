@@ -23,7 +23,7 @@ from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.core.parties import ActiveParty, Party
 from fairvfl_flwr.data.partydata import PartySpec, load_party, own_table_spec, party_spec
-from fairvfl_flwr.data.problem import constraint_groups
+from fairvfl_flwr.data.problem import constraint_groups, whole_table
 from fairvfl_flwr.flower import protocol as msgs
 
 MODEL_STATE = "fairvfl.model"
@@ -67,7 +67,8 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
         ids_digest=ds.ids_digest,
     )
     if ds.role == msgs.ROLE_ACTIVE:
-        groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+        groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
+                                   whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
         return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
     return PartyData(role=msgs.ROLE_PASSIVE, **common)
 

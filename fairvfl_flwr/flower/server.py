@@ -182,6 +182,9 @@ class VFLServer:
         self.last_round = num_rounds
         timeout = timeout or self.cfg.round_timeout
         self.summary()
+        if self.cfg.fairness and self.groups.groups is not None:
+            log(INFO, "FairVFL: %s on %s, %d groups (%s), %d gap(s)", self.cfg.constraint, self.cfg.measure,
+                len(self.groups.groups), ", ".join(self.groups.groups.names), len(self.groups.constraints))
         setup_started = time.perf_counter()
         log(INFO, "FairVFL: set-up: asking every party for its role and rows")
         self.discover(grid, timeout)

@@ -75,8 +75,9 @@ def group_labels(cfg, names: list | None) -> dict:
         column = "group"
     else:
         column = DATASETS[cfg.dataset].sensitive_column if cfg.dataset in DATASETS else cfg.csv_sensitive
-    keys = ("a", "b") if len(names) == 2 else [str(k) for k in range(len(names))]
-    return {k: f"{column} = {name}" for k, name in zip(keys, names)}
+    if len(names) == 2:
+        return {k: f"{column} = {name}" for k, name in zip(("a", "b"), names)}
+    return {str(name): f"{column} = {name}" for name in names}  # several groups: by name, not by code
 
 
 def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
@@ -222,7 +223,7 @@ def run_card(m: dict, summary: dict) -> str:
         "",
         (f"- constraint `{m['constraint']}` on `{m['constraint-measure']}`, ε = {m['epsilon']:g}" if m["fairness"]
          else "- none (fairness = false: the FedBCD baseline)"),
-        "- groups: " + ", ".join(f"{k} = {v}" for k, v in m["groups"].items()),
+        "- groups: " + ", ".join(f"{k} = {v}" if k in ("a", "b") else v for k, v in m["groups"].items()),
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
         "z = Σ_k u_k the sum of the parties' partial logits; the group column is not read to predict",
         sensitive_line(c, summary.get("dataset-summary") or {}),

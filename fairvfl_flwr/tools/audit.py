@@ -82,7 +82,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partydata import party_spec, server_labels_for
-from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data
+from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data, whole_table
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features import transcripts
 from fairvfl_flwr.features.checkpoint import labels_fingerprint
@@ -303,7 +303,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         if cfg.model == "linear":
             out["active_span_residual"], out["active_span_rank"] = attacks.span_residual(
                 np.stack([sums[t] for t in ts], axis=1), x_passive)
-            groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+            groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
+                                       whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
             # The noise's secret is the fingerprint of the labels, which the active party
             # holds as well (the server's labels are its labels): it can redraw the noise.
             secret = labels_fingerprint(server_labels_for(cfg, ds))

@@ -167,17 +167,27 @@ class ConstraintSet:
     @classmethod
     def build(cls, y: np.ndarray, s: np.ndarray, protected_label: int, measure: str = "loss", *,
               form: str = "pairwise", names: tuple[str, ...] | None = None, min_group_size: int = 1,
-              pool_small_groups: bool = False) -> "ConstraintSet":
+              pool_small_groups: bool = False, whole: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> "ConstraintSet":
         """The constraint on rows with labels ``y`` and groups ``s`` (bool: a/b, or int codes
         into ``names``). A group with fewer than ``min_group_size`` rows in a subset is refused
-        (:class:`GroupSizeError`), or with ``pool_small_groups`` merged with the other small ones."""
+        (:class:`GroupSizeError`), or with ``pool_small_groups`` merged with the other small ones.
+
+        ``whole``: (labels, groups) of every row of the table (training and test), coded as
+        ``s``. Which groups are small, and which are pooled, is decided on those counts, so a
+        run's groups do not depend on the seed's split; default: the rows given.
+        """
         y = np.asarray(y)
         groups = SensitiveGroups.of(s, names)
         if form not in FORMS:
             raise ValueError(f"unknown constraint form {form!r}: choose one of {', '.join(FORMS)}")
         measure_named(measure)  # refuse an unknown measure before any gap is built
         subsets = cls.subsets(y, protected_label)
-        groups = cls._sized(groups, subsets, min_group_size, pool_small_groups)
+        table = (y, s) if whole is None else (np.asarray(whole[0]), np.asarray(whole[1]))
+        members = cls.pooled_members(SensitiveGroups.of(table[1], names), cls.subsets(table[0], protected_label),
+                                     min_group_size, pool_small_groups, whole is not None)
+        if members:
+            groups = groups.pooled(members)
         cons = tuple(cls._gaps(groups, subsets, form))
         for c in cons:
             if c.size_a == 0 or c.size_b == 0:
@@ -201,7 +211,11 @@ class ConstraintSet:
                     yield Gap(f"{label}: {groups.names[g]} vs all", rows & groups.mask(g), rows.copy())
 
     @classmethod
-    def _sized(cls, groups: SensitiveGroups, subsets, min_size: int, pool: bool) -> SensitiveGroups:
+    def pooled_members(cls, groups: SensitiveGroups, subsets, min_size: int, pool: bool,
+                       whole_table: bool = False) -> list[int]:
+        """The groups to merge into one (empty: none), decided on the rows of ``groups`` and
+        ``subsets``; refuses (:class:`GroupSizeError`, naming every small group and its count)
+        what pooling does not fix."""
         def small_ones(gr):
             out = {}
             for k in range(len(gr)):
@@ -212,6 +226,7 @@ class ConstraintSet:
             return out
 
         small = small_ones(groups)
+        members: list[int] = []
         if small and pool:
             # merge the small groups, and the next smallest while the merged one is still small
             members = sorted(small)
@@ -223,17 +238,20 @@ class ConstraintSet:
                 members.append(min(rest, key=lambda k: int(groups.mask(k).sum())))
             if len(members) > 1:
                 groups = merged
+            else:
+                members = []
             small = small_ones(groups)
         if small:
-            k, (label, count) = next(iter(small.items()))
+            rows = "rows of the table" if whole_table else "training rows"
+            listed = ", ".join(f"{groups.names[k]!r} has {count} in {label!r}"
+                               for k, (label, count) in sorted(small.items(), key=lambda t: t[1][1]))
             advice = ("" if pool else "; set pool-small-groups = true to merge the small groups into one, or ")
             raise GroupSizeError(
-                f"group {groups.names[k]!r} has {count} training rows in {label!r} ({cls.kind}), fewer than "
-                f"min-group-size = {min_size}: its gap cannot be measured reliably"
-                f"{advice or '; '}lower min-group-size")
+                f"{len(small)} group(s) with fewer than min-group-size = {min_size} {rows} in a constrained row set "
+                f"({cls.kind}): {listed}; such a gap cannot be measured reliably{advice or '; '}lower min-group-size")
         if len(groups) < 2:
             raise GroupSizeError(f"the sensitive column has {len(groups)} group(s) ({cls.kind} needs two or more)")
-        return groups
+        return members
 
     def restrict(self, rows: np.ndarray | None) -> "ConstraintSet":
         """The same constraint on the rows ``rows`` (a batch: sizes and the 1/n weight become the batch's)."""
