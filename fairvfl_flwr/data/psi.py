@@ -327,7 +327,7 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
 
 # -- align once, run many: each party keeps its alignment on its own disk ---------------------
 KEPT = "alignments"  # under the party's cache dir
-KEPT_VERSION = 1
+KEPT_VERSION = 2
 
 
 def _alignment_settings(spec: PartySpec, cfg: Any) -> str:
@@ -338,8 +338,8 @@ def _alignment_settings(spec: PartySpec, cfg: Any) -> str:
         "id": spec.id_column, "columns": list(spec.columns), "markers": list(spec.missing_values),
         "label": [spec.label_column, spec.label_positive, spec.label_negative, spec.sensitive_column, spec.group_a,
                   spec.group_b, spec.protected_label],
-        "prep": [cfg.tables_types, cfg.tables_missing], "split": [cfg.seed, cfg.tables_train_fraction,
-                                                                  cfg.validation_fraction],
+        "prep": [cfg.tables_types, cfg.tables_missing, cfg.sensitive_as_input],
+        "split": [cfg.seed, cfg.tables_train_fraction, cfg.validation_fraction],
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
 
