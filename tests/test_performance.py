@@ -50,7 +50,8 @@ def test_presets_fill_only_keys_left_at_default():
     assert (fast.eta, fast.beta, fast.optimizer) == (20.0, 0.5, "gd")
     mine = RunConfig.from_flower({"preset": "fast", "eta": 50.0, "local-steps": 10})
     assert (mine.eta, mine.beta, mine.local_steps) == (50.0, 0.5, 10)
-    assert RunConfig.from_flower({"preset": "paper"}) == RunConfig(preset="paper", optimizer="gd")
+    assert RunConfig.from_flower({"preset": "paper"}) == RunConfig(preset="paper", optimizer="gd", constraint_measure="loss",
+                                                                 sensitive_as_input=True)
     assert RunConfig.from_flower({"preset": "paper", "optimizer": "newton"}).optimizer == "newton"
     assert RunConfig.from_flower({}).optimizer == "auto"
     with pytest.raises(ConfigError, match="preset='nope'"):
