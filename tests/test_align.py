@@ -9,12 +9,14 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 import pytest
+from flwr.app import ConfigRecord
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
+from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.psi import TRAIN_CODE, split_common
 from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.own_table import normalise_ids, prepare_block
@@ -595,3 +597,36 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
     assert "party 0:" not in caplog.text.split("FairVFL: aligning:")[1].splitlines()[0]
     _, _, steps = run(**{"tables.reuse-alignment": False})
     assert "blind" in steps
+
+
+class Dictionary(InProcessGrid):
+    """The server stands in for the label owner: it has every other party raise ids of its own
+    choosing, blinded under its own key (keeping or dropping the label owner's signature)."""
+
+    def __init__(self, *a, chosen, keep_signature, **kw):
+        super().__init__(*a, **kw)
+        self.blinded, _, _ = psi.blind_step(normalise_ids(np.asarray(chosen)), shuffle=False)
+        self.keep = keep_signature
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            rc = m.content.config_records.get("align")
+            if m.metadata.message_type == msgs.ALIGN_RAISE:
+                fields = {**rc, "blinded": self.blinded}
+                if not self.keep:
+                    fields.pop("signature")
+                m.content.config_records["align"] = ConfigRecord(fields)
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("keep_signature", [True, False])
+def test_the_servers_dictionary_test_of_a_partys_ids_is_refused(own_tables, tmp_path, keep_signature):
+    folder, raw, _ = own_tables
+    rc = RunConfig.from_flower(own_config(folder, **{"output-dir": str(tmp_path / "runs")})).to_flower()
+    grid = Dictionary(client_app, rc, 4, chosen=raw[ID].astype(str).iloc[:1000].to_numpy(),
+                      keep_signature=keep_signature)
+    with pytest.raises(FederationError, match=r"alignment step 'raise': the label owner's blinded ids are not signed "
+                                              r"by party 0's pinned identity key for this alignment; refused"):
+        run_server(grid, rc)
+    assert not (tmp_path / "runs").exists()

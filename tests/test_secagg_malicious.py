@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from flwr.app import Array, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ConfigRecord
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
@@ -202,28 +202,10 @@ def test_without_the_binding_the_isolation_attack_reads_the_target(tmp_path, mon
     assert got.gram_error < 1e-3
 
 
-class ResendChanged(Wire):
-    """Re-sends every passive party's round-3 request with another ν (the guard would answer it
-    from θ, masked again)."""
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        ids = super().push_messages(messages)
-        for msg in messages:
-            if msg.metadata.group_id == "3" and msg.metadata.message_type == msgs.TRAIN_PASSIVE:
-                nu = msg.content.array_records[msgs.PAYLOAD]["nu"].numpy()
-                again = Message(RecordDict({**msg.content}), dst_node_id=msg.metadata.dst_node_id,
-                                message_type=msg.metadata.message_type, group_id="3")
-                again.content.array_records[msgs.PAYLOAD] = msgs.array_record(nu=nu * 2)
-                self.reseal([again])
-                self.received.append((self._answer(again), {}))
-        return ids
-
-
 def test_a_resent_round_with_changed_nu_is_refused(tmp_path):
     rc = _config(tmp_path)
-    grid = _grid(ResendChanged, tmp_path, rc)
+    grid = _grid(malicious.ResendChanged, tmp_path, rc)
     run_server(grid, rc)  # the honest exchange goes on; the altered re-sends got nothing
-    refused = [r for r in grid.replies() if r.has_error()]
-    assert len(refused) == rc["num-parties"] - 1
-    assert all("a second, different train.passive/passive message for round 3" in r.error.reason for r in refused)
+    assert len(grid.answers) == rc["num-parties"] - 1
+    assert all(r.has_error() and "a second, different train.passive/passive message for round 3" in r.error.reason
+               for r in grid.answers)

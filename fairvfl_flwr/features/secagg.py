@@ -395,12 +395,14 @@ def _demo_key(partition_id: int) -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(DEMO_IDENTITY + struct.pack(">I", partition_id)).digest())
 
 
-def _identity(context: Context) -> Ed25519PrivateKey:
+def identity(context: Context, unauthenticated_ok: bool = False) -> Ed25519PrivateKey:
     """This party's identity key: node config ``identity-key``; without one (simulation,
-    packaged data) a key derived from the partition id, which anyone can derive."""
+    packaged data) a key derived from the partition id, which anyone can derive.
+    ``unauthenticated_ok``: a deployed node without keys whose operator accepted
+    unauthenticated jobs (``allow-unmasked=true``) signs with that key too."""
     path = context.node_config.get(IDENTITY_KEY)
     if not path:
-        if deployed(context.node_config) or context.node_config.get(PEERS):  # demo keys only in simulation
+        if (deployed(context.node_config) and not unauthenticated_ok) or context.node_config.get(PEERS):
             raise NodeConfigError(f"privacy.secure-aggregation: node config names no '{IDENTITY_KEY}' (this party's "
                                   f"Ed25519 private key file) next to '{PEERS}' and its data; a deployment needs both "
                                   f"(make them with {KEY_TOOL})")
@@ -414,7 +416,7 @@ def _identity(context: Context) -> Ed25519PrivateKey:
     return key
 
 
-def _peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey]:
+def peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey]:
     """Every party's pinned identity key: node config ``peers`` (or the simulation's derived keys)."""
     path = context.node_config.get(PEERS)
     if not path:
@@ -438,7 +440,7 @@ def _check_own_pin(context: Context, identities: dict[int, Ed25519PublicKey], ow
     """The peers file's key for this party must be its own identity key: otherwise the file (or
     identity-key) is wrong, which would otherwise surface as some other party's bad signature."""
     raw = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    if identities[own].public_bytes(*raw) != _identity(context).public_key().public_bytes(*raw):
+    if identities[own].public_bytes(*raw) != identity(context).public_key().public_bytes(*raw):
         raise NodeConfigError(f"{who}: node config {PEERS}={context.node_config.get(PEERS)} pins another key for this "
                               f"party (partition {own}) than its own {IDENTITY_KEY}: the peers file is not this "
                               f"federation's, or {IDENTITY_KEY} is not this party's key; refusing the run")
@@ -460,7 +462,7 @@ def sakeys(message: Message, context: Context) -> Message:
         context.state.config_records[SESSION_STATE] = ConfigRecord({"session": session})
         context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    signature = _identity(context).sign(signed_text(session, own, public))
+    signature = identity(context).sign(signed_text(session, own, public))
     return Message(RecordDict({"secagg": ArrayRecord({"public": _array(public), "signature": _array(signature)})}),
                    reply_to=message)
 
@@ -485,7 +487,7 @@ def sapeers(message: Message, context: Context) -> Message:
     if peers[own] != mine:
         raise FederationError(f"{rt.who}: the server relayed a key for this party that is not its own; "
                               "refusing the run (key substitution)")
-    identities = _peer_keys(context, rt.cfg.num_parties)
+    identities = peer_keys(context, rt.cfg.num_parties)
     _check_own_pin(context, identities, own, rt.who)
     failed = []
     for j, pk in peers.items():

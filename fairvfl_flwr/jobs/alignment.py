@@ -27,6 +27,15 @@ query.align_reuse      every party, instead of blind ...        the alignment it
 One message to the leader per party keeps every message to one party's blinded ids
 (33 bytes an id, twice: 1M ids make 66 MB, under gRPC's limit whatever the number of parties).
 
+Every list a party acts on is signed by the party that made it, with the identity key
+secure aggregation pins (node config ``identity-key``, ``peers``; demo keys in simulation),
+over the session the server opened at ``size``, the step and a SHA-256 digest of the list:
+the leader's blinded ids (which the others raise), each party's blinded and raised lists
+(which the leader intersects), and each party's common positions and split (which it keeps).
+A party refuses anything else, naming the step, so a server cannot have a party raise ids
+of its own choosing (a dictionary test of the party's ids) or hand it positions the leader
+never sent.
+
 No message holds an id in the clear: only blinded ids (P-256 points), counts, positions
 in a party's secretly shuffled list, the split and labels by row position, and digests.
 The result is the run's :class:`ServerLabels`; every party keeps its prepared block on its
@@ -40,11 +49,14 @@ common ids of its own file in its node state and scores only those rows.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import secrets
 import time
 from logging import ERROR, INFO
 from pathlib import Path
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
@@ -58,6 +70,7 @@ from fairvfl_flwr.data.preflight import Rules, check_party
 from fairvfl_flwr.data.encoding import score_file
 from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.discovery import discover_nodes
@@ -93,7 +106,9 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
     if not passes.kept:
-        done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": TRAIN}),
+        done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({
+                                                                    "purpose": TRAIN, "session": passes.session,
+                                                                    "signature": passes.signature(common, nid)}),
                                                                 LABELS: msgs.array_record(split=split),
                                                                 POSITIONS: positions[nid]})
                                                for nid in passes.others})
@@ -120,7 +135,9 @@ def align_score_rows(grid: Grid, cfg: RunConfig, nodes: list[int]) -> int:
     passes = _Passes(grid, cfg, SCORE, nodes)
     common, _, positions = passes.intersect()
     done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": SCORE,
-                                                            "n-common": int(common["n-common"])}),
+                                                            "n-common": int(common["n-common"]),
+                                                            "session": passes.session,
+                                                            "signature": passes.signature(common, nid)}),
                                         POSITIONS: positions[nid]}) for nid in passes.others})
     passes.check(done, common)
     passes.progress.step("every other party kept its common rows")
@@ -143,6 +160,7 @@ class _Passes:
         if cfg.num_active != 1:
             raise FederationError(f"tables.own=true needs one label owner (num-active=1), got "
                                   f"num-active={cfg.num_active}")
+        self.session = secrets.token_hex(16)  # every signature of this alignment is bound to it
         self.sizes = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_SIZE, {nid: self.step() for nid in nodes}).items()}
         self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
         refuse_problems({self.pid[nid]: int(r["problems"]) for nid, r in self.sizes.items() if "problems" in r})
@@ -171,7 +189,7 @@ class _Passes:
 
     def step(self, **fields) -> RecordDict:
         """A step's request: its fields and what is aligned (the training tables or the score files)."""
-        return RecordDict({STEP: ConfigRecord({"purpose": self.purpose, **fields})})
+        return RecordDict({STEP: ConfigRecord({"purpose": self.purpose, "session": self.session, **fields})})
 
     def send(self, message_type: str, contents: dict[int, RecordDict]) -> dict[int, Message]:
         """One alignment step (``message_type``, one of ``msgs.ALIGN_STEPS``) to the parties of
@@ -187,19 +205,23 @@ class _Passes:
         than one party's blinded ids."""
         n = {nid: int(r["n"]) for nid, r in self.sizes.items()}
         left = lambda per_id, *parts: per_id * sum(parts)  # noqa: E731  (seconds: ids still to raise)
-        blinded = {nid: _reply(r)["blinded"] for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
-                                                                                        for nid in self.sizes}).items()}
+        blinds = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
+                                                                             for nid in self.sizes}).items()}
+        blinded = {nid: r["blinded"] for nid, r in blinds.items()}
         # the parties blind at once, so the largest list sets the pace; a raise costs about a blinding
         per_id = self.progress.step("every party blinded its ids") / max(n.values())
         self.progress.left(left(per_id, n[self.lead], *(n[o] for o in self.others)))
-        raised = self.send(msgs.ALIGN_RAISE, {nid: self.step(blinded=blinded[self.lead]) for nid in self.others})
+        raised = self.send(msgs.ALIGN_RAISE, {nid: self.step(blinded=blinded[self.lead],
+                                                             signature=blinds[self.lead]["signature"])
+                                              for nid in self.others})
         per_id = self.progress.step("the parties raised the label owner's ids") / max(1, n[self.lead])
         todo = [n[o] for o in self.others]
         self.progress.left(left(per_id, *todo))
         for i, nid in enumerate(self.others):  # the leader raises each party's list in turn
             self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
                 peer=self.pid[nid], n=n[nid], pattern=str(self.sizes[nid]["pattern"]), blinded=blinded[nid],
-                raised=_reply(raised[nid])["raised"])})
+                raised=_reply(raised[nid])["raised"], blind_signature=blinds[nid]["signature"],
+                raise_signature=_reply(raised[nid])["signature"])})
             per_id = self.progress.step(f"the label owner matched party {self.pid[nid]}") / max(1, n[nid])
             self.progress.left(left(per_id, *todo[i + 1:]))
         result = self.send(msgs.ALIGN_COMMON, {self.lead: self.step()})[self.lead]
@@ -208,6 +230,10 @@ class _Passes:
         found = result.content.array_records[POSITIONS]
         positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
         return _reply(result), result, positions
+
+    def signature(self, common: ConfigRecord, nid: int) -> bytes:
+        """The leader's signature of party ``nid``'s positions (and split), relayed with them."""
+        return common[f"signature-{self.pid[nid]}"]
 
     def check(self, done: dict[int, Message], common: ConfigRecord) -> None:
         for nid, reply in done.items():
@@ -269,6 +295,7 @@ class _Step:
     spec: PartySpec
     purpose: str  # TRAIN or SCORE
     keys: ConfigRecord  # this party's PSI key (and the leader's pairwise counts) between steps
+    signer: "_Signer"  # its signatures of the lists it sends, its checks of those it acts on
     out: dict = dataclasses.field(default_factory=dict)  # the reply's ConfigRecord
     records: dict = dataclasses.field(default_factory=dict)  # the reply's other records
 
@@ -305,20 +332,25 @@ def _size(step: _Step) -> None:
     step.state.array_records.pop(SCORE_COMMON_STATE, None)
     step.state.array_records.pop(HITS_STATE, None)
     step.state.array_records.pop(ORDER_STATE, None)
-    step.keys = ConfigRecord()
+    step.keys = ConfigRecord({"session": step.signer.session})
 
 
 def _blind(step: _Step) -> None:
     """This party's ids blinded with a new key: the leader's in its row order, the others' shuffled."""
     ids, _ = psi.own_table(step.spec)
     step.out["blinded"], step.keys["key"], order = psi.blind_step(ids, shuffle=step.spec.role != msgs.ROLE_ACTIVE)
+    step.out["signature"] = step.signer.sign("blind", step.spec.partition_id, step.out["blinded"])
     if order is not None:
         step.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
 
 
 def _raise(step: _Step) -> None:
-    """The leader's blinded ids raised to this party's key."""
-    step.out["raised"] = psi.psi_raise(step.fields["blinded"], step.keys["key"])
+    """The leader's blinded ids raised to this party's key: only the leader's own list, signed
+    for this session (no dictionary test of this party's ids)."""
+    rc = step.fields
+    step.signer.verify("blind", LEADER, rc["blinded"], rc.get("signature", b""), "the label owner's blinded ids")
+    step.out["raised"] = psi.psi_raise(rc["blinded"], step.keys["key"])
+    step.out["signature"] = step.signer.sign("raise", step.spec.partition_id, step.out["raised"])
 
 
 def _intersect(step: _Step) -> None:
@@ -326,6 +358,9 @@ def _intersect(step: _Step) -> None:
     rc = step.fields
     ids, _ = psi.own_table(step.spec)
     peer = int(rc["peer"])
+    step.signer.verify("blind", peer, rc["blinded"], rc.get("blind_signature", b""), f"party {peer}'s blinded ids")
+    step.signer.verify("raise", peer, rc["raised"], rc.get("raise_signature", b""),
+                       f"party {peer}'s raising of this party's ids")
     found = psi.peer_positions(step.spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
                                step.keys["key"])
     step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
@@ -349,6 +384,7 @@ def _common(step: _Step) -> None:
     step.records[POSITIONS] = msgs.array_record(**found)
     if step.purpose == SCORE:
         step.out = {"n-common": len(rows), "digest": _keep_score_ids(step.context, ids[rows], ids)}
+        _sign_positions(step, found, None)
         return
     common = psi.leader_step(step.spec, step.cfg, rows)
     step.out = {"digest": common.digest, "protected-label": common.protected_label}
@@ -358,14 +394,24 @@ def _common(step: _Step) -> None:
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
     _keep(step.spec, step.cfg, ids, common.key, step.out, {"split": common.split, "y": common.y.astype(np.int8),
                                                            "s": common.s})
+    _sign_positions(step, found, common.split)
+
+
+def _sign_positions(step: _Step, found: dict[str, np.ndarray], split: np.ndarray | None) -> None:
+    """The leader signs each party's positions (and the split) for that party."""
+    step.out.update({f"signature-{pid}": step.signer.sign("positions", int(pid), _positions_blob(rows, split))
+                     for pid, rows in found.items()})
 
 
 def _finish(step: _Step) -> None:
     """Another party: its common rows, from their positions in its shuffled list; in training,
     its prepared block on them."""
     ids, _ = psi.own_table(step.spec)
-    order = step.state.array_records.pop(ORDER_STATE)["order"].numpy()
     positions = step.message.content.array_records[POSITIONS]["rows"].numpy()
+    split_in = step.message.content.array_records[LABELS]["split"].numpy() if step.purpose == TRAIN else None
+    step.signer.verify("positions", step.spec.partition_id, _positions_blob(positions, split_in),
+                       step.fields.get("signature", b""), "this party's common positions", signer_pid=LEADER)
+    order = step.state.array_records.pop(ORDER_STATE)["order"].numpy()
     if step.purpose == SCORE:
         rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
         step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
@@ -404,13 +450,63 @@ def handle(message: Message, context: Context) -> Message:
     purpose = str(message.content.config_records[STEP].get("purpose", TRAIN))
     if purpose == SCORE:  # the same passes over the file this party scores
         spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, context.node_config, cfg)[0])))
-    step = _Step(message, context, cfg, spec, purpose, context.state.config_records.get(KEYS_STATE) or ConfigRecord())
+    keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
+    fields = message.content.config_records[STEP]
+    signer = _Signer(context, cfg, spec, message.metadata.message_type, purpose, str(fields.get("session", "")), keys)
+    step = _Step(message, context, cfg, spec, purpose, keys, signer)
     STEPS[message.metadata.message_type](step)
     if message.metadata.message_type in LAST_STEPS:  # the key is done with: forget it
         context.state.config_records.pop(KEYS_STATE, None)
     else:
         context.state.config_records[KEYS_STATE] = step.keys
     return Message(RecordDict({REPLY: ConfigRecord(step.out), **step.records}), reply_to=message)
+
+
+LEADER = 0  # the label owner's partition id (the one active party, first)
+SIGNED = b"fairvfl-flwr alignment v1"  # prefix of what a party signs
+
+
+def _positions_blob(rows: np.ndarray, split: np.ndarray | None) -> bytes:
+    """What the leader signs for one party: its common positions and (training) the split."""
+    blob = np.ascontiguousarray(rows, dtype=np.int64).tobytes()
+    return blob if split is None else blob + b"\0split\0" + np.ascontiguousarray(split, dtype=np.int64).tobytes()
+
+
+class _Signer:
+    """A party's signatures of the lists it sends and its checks of those it acts on (the
+    identity keys secure aggregation pins: features/secagg.py)."""
+
+    def __init__(self, context: Context, cfg: RunConfig, spec: PartySpec, message_type: str, purpose: str,
+                 session: str, keys: ConfigRecord) -> None:
+        self.context, self.cfg, self.spec, self.purpose = context, cfg, spec, purpose
+        self.step = message_type.rsplit("_", 1)[-1]  # "raise" of query.align_raise
+        first = message_type == msgs.ALIGN_SIZE
+        if not session or (not first and session != str(keys.get("session", ""))):
+            raise FederationError(f"{spec.name}: alignment step {self.step!r} of another alignment session than "
+                                  "this party's; refused")
+        self.session = session
+
+    def _text(self, made_at: str, about: int, payload: bytes) -> bytes:
+        return (SIGNED + b"\0" + self.session.encode() + b"\0" + self.purpose.encode() + b"\0" + made_at.encode()
+                + b"\0" + str(about).encode() + b"\0" + hashlib.sha256(payload).digest())
+
+    def sign(self, made_at: str, about: int, payload: bytes) -> bytes:
+        """This party's signature of ``payload`` (made at step ``made_at``, about party ``about``)."""
+        # a node whose operator accepted unauthenticated jobs and named no key signs with the demo key
+        open_node = secagg.allows_unmasked(self.context.node_config)
+        return secagg.identity(self.context, unauthenticated_ok=open_node).sign(self._text(made_at, about, payload))
+
+    def verify(self, made_at: str, about: int, payload: bytes, signature: bytes, what: str,
+               signer_pid: int | None = None) -> None:
+        """Refuse unless party ``signer_pid`` (default ``about``) signed ``payload`` for this session."""
+        signer = about if signer_pid is None else signer_pid
+        try:
+            secagg.peer_keys(self.context, self.cfg.num_parties)[signer].verify(bytes(signature),
+                                                                                 self._text(made_at, about, payload))
+        except (InvalidSignature, KeyError, TypeError):
+            raise FederationError(f"{self.spec.name}: alignment step {self.step!r}: {what} are not signed by party "
+                                  f"{signer}'s pinned identity key for this alignment; refused (a server's own list, "
+                                  "e.g. a dictionary test of this party's ids)") from None
 
 
 def _keep(spec: PartySpec, cfg: RunConfig, ids: np.ndarray, key: str, reply: dict, labels: dict | None = None) -> None:

@@ -5,6 +5,7 @@
     python -m fairvfl_flwr.tools.audit --datasets adult,compas,crime --rounds 300 --out results/audit
     python -m fairvfl_flwr.tools.audit --datasets adult --noise 0,1,4,16    # with the nu-noise defence
     python -m fairvfl_flwr.tools.audit --datasets crime --secure-aggregation  # masked partial logits
+    python -m fairvfl_flwr.tools.audit --datasets crime,compas --rounds 30 --malicious  # a server that lies
     python -m fairvfl_flwr.tools.audit --datasets crime --optimizer newton --set stop-tolerance=0 --rounds 30
     python -m fairvfl_flwr.tools.audit --datasets compas --optimizer newton --set stop-tolerance=0 --rounds 40 \
         --set privacy.label-dp-epsilon=2 --repeats 6 --out results/audit-labeldp-eps2-compas --results docs/results
@@ -90,7 +91,7 @@ from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
 from fairvfl_flwr.algorithms.newton import ENCRYPTED_NU_CURVATURE, PASSIVE_CURVATURE
-from fairvfl_flwr.tools import attacks
+from fairvfl_flwr.tools import attacks, malicious
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config
 from fairvfl_flwr.tools.results import publish, this_command
 
@@ -461,6 +462,27 @@ scores 1.0); "column space": after projecting the estimate onto the column space
 """
 
 
+def malicious_audit(a: argparse.Namespace) -> None:
+    """The malicious server's roles for each dataset, as a table (audit.md) and audit.json."""
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows, t0 = [], time.perf_counter()
+    lines = ["| dataset | malicious server | what it got |", "|---|---|---|"]
+    for dataset in [d.strip() for d in a.datasets.split(",") if d.strip()]:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in malicious.roles(dataset, a.rounds, Path(tmp)):
+                rows.append({"dataset": dataset, **r})
+                lines.append(f"| {dataset} | {r['role']} | {r['result']} |")
+                print(lines[-1], flush=True)
+    (a.out / "audit.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (a.out / "audit.md").write_text("\n".join(lines) + "\n")
+    if a.results is not None:
+        name = a.out.name if a.out.name.startswith("audit") else f"audit-{a.out.name}"
+        page = publish(name, this_command(), {"wall_seconds": time.perf_counter() - t0, "runs": rows},
+                       "\n".join(lines), title=f"Malicious-server audit: {a.out.name}", notes="", out=a.results)
+        print(f"published {page}")
+    print(f"{len(rows)} roles in {time.perf_counter() - t0:.0f} s; results in {a.out.resolve()}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="fairvfl-audit",
                                 description="Leakage audit of every role's transcript (see module docstring).")
@@ -484,7 +506,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="also publish the table as DIR/<out folder's name>.md and .json (audit- put in front when the name "
                         "lacks it) with this command "
                         "(docs/results refreshes the docs' page)")
+    p.add_argument("--malicious", action="store_true",
+                   help="play a malicious server instead (tools/malicious.py): different ν per party, a consistent "
+                        "crafted ν, a re-sent round with changed ν, forged demo keys and an unmasked run against "
+                        "deployed nodes; each role reports 'refused' or the figure it learned")
     a = p.parse_args(argv)
+    if a.malicious:
+        malicious_audit(a)
+        return
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
     try:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
-from flwr.app import ConfigRecord, Message
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
@@ -34,6 +35,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
 from fairvfl_flwr.tools import attacks
+from fairvfl_flwr.tools.export import export
 
 
 class LyingGrid(InProcessGrid):
@@ -186,10 +188,75 @@ def isolate(run_config: dict, target: int | None, probe: bool = True, seed: int 
                      noise=float(np.median(np.abs(sums[last]))) if sums else 0.0)
 
 
-def _config(dataset: str, rounds: int, folder: str) -> dict:
+class ResendChanged(LyingGrid):
+    """Re-sends every passive party's request of round ``again`` with another ν (twice the
+    real one), its view covering it; keeps the answers."""
+
+    def __init__(self, *a, again: int = 3, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.again, self.answers = again, []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg in messages:
+            if msg.metadata.group_id == str(self.again) and msg.metadata.message_type == msgs.TRAIN_PASSIVE:
+                nu = msg.content.array_records[msgs.PAYLOAD]["nu"].numpy()
+                twin = Message(RecordDict(dict(msg.content)), dst_node_id=msg.metadata.dst_node_id,
+                               message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
+                twin.content.array_records[msgs.PAYLOAD] = msgs.array_record(nu=nu * 2)
+                self.reseal([twin])
+                self.answers.append(self._answer(twin))
+        return ids
+
+
+def _config(dataset: str, rounds: int, folder: str, **extra) -> dict:
     return RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": dataset,
                                   "num-server-rounds": rounds, "stop-tolerance": 0.0, "output-dir": folder,
-                                  "privacy.secure-aggregation": True}).to_flower()
+                                  "privacy.secure-aggregation": True, **extra}).to_flower()
+
+
+def _refused(replies: list[Message], what: str) -> str:
+    refused = [r for r in replies if r.has_error()]
+    return f"refused by {len({r.metadata.src_node_id for r in refused})} parties ({what})" if refused else "not refused"
+
+
+def roles(dataset: str, rounds: int, folder: Path) -> list[dict]:
+    """Every malicious-server role against the real ClientApps: what it got ("refused", or the figure)."""
+    out = []
+    rc = _config(dataset, rounds, str(folder / "runs"))
+    for probe, role in ((True, "a probe ν to party 2 only, ν = 0 to the others"),
+                        (False, "the real ν to party 2 only, ν = 0 to the others")):
+        r = isolate(rc, 2, probe=probe)
+        out.append({"role": role, "result": (f"refused in round {r.refused_round} by {len(r.reasons)} parties; "
+                                             f"party 2's Gram error {r.gram_error:.3g}") if r.refused_round
+                    else f"party 2's Gram error {r.gram_error:.3g}"})
+    both = isolate(rc, None)
+    out.append({"role": "the same probe ν to every passive party (one consistent view)",
+                "result": f"the passive parties' summed Gram matrix, error {both.gram_error:.3g} after {rounds} rounds"})
+    k = rc["num-parties"]
+    grid = ResendChanged(client_app, rc, k)
+    run_server(grid, rc)
+    out.append({"role": "a re-sent round with changed ν", "result": _refused(grid.answers, "a second view of round 3")})
+    manifest = export(RunConfig.from_flower({**rc, "num-server-rounds": 2}), folder / "parties", demo_keys=True)
+    deployed = manifest["node_configs"]
+    cases = (
+        ("forged demo keys (deployed nodes without their own keys)",
+         [{n: v for n, v in node.items() if n not in (secagg.IDENTITY_KEY, secagg.PEERS)} for node in deployed], {}),
+        ("an unmasked run config against deployed nodes", deployed, {"privacy.secure-aggregation": False}),
+    )
+    for role, nodes, extra in cases:
+        run = RunConfig.from_flower({"num-server-rounds": 2, **manifest["run_config"], **extra,
+                                     "output-dir": str(folder / "deployed")}).to_flower()
+        grid = LyingGrid(client_app, run, k, node_configs=nodes)
+        try:
+            run_server(grid, run)
+        except FederationError:
+            pass
+        got = [a for a in grid.values(msgs.LOGITS, msgs.DIRECTIONS)]
+        out.append({"role": role, "result": _refused(grid.replies(), "before any value left them")
+                    + ("" if not got else f"; {len(got)} arrays reached the server")})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
