@@ -143,7 +143,7 @@ def test_a_resumed_run_continues_with_each_partys_sums(tmp_path):
     rc = {**ADAGRAD, "num-parties": 3, "eval-every": 2, "reliability.checkpoint-every": 2,
           "reliability.checkpoint-dir": str(tmp_path / "parties")}
     _, folder = run_inprocess({**rc, "num-server-rounds": 2, "output-dir": str(tmp_path / "a")}, quiet=True)
-    saved = checkpoint.load_party(checkpoint.party_dir({}, RunConfig.from_flower(rc).to_flower(), 1), 2, "party 1", "optim")
+    saved = checkpoint.load_party(checkpoint.party_dir({}, RunConfig.from_flower(rc), 1), 2, "party 1", "optim")
     assert int(saved["t"]) == 2 and any(k.startswith("sum.") for k in saved)
     run_inprocess({**rc, "num-server-rounds": 4, "reliability.resume-from": str(folder)}, quiet=True)
     resumed = json.loads((folder / "history.json").read_text())

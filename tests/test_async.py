@@ -51,10 +51,11 @@ def test_new_options_are_validated():
 def test_delay_settings():
     assert parse_delays("") == {}
     assert parse_delays("2=0.3~0.1, 4=0.05") == {2: (0.3, 0.1), 4: (0.05, 0.0)}
-    assert delay_for({"partition-id": 2}, {"staleness.straggler-delays": "2=0.3"}) == (0.3, 0.0)
-    assert delay_for({"partition-id": 1}, {"staleness.straggler-delays": "2=0.3"}) == (0.0, 0.0)
+    cfg = RunConfig(dataset="crime", straggler_delays="2=0.3")
+    assert delay_for({"partition-id": 2}, cfg) == (0.3, 0.0)
+    assert delay_for({"partition-id": 1}, cfg) == (0.0, 0.0)
     # a node's own node-config wins over the run config
-    assert delay_for({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}, {"staleness.straggler-delays": "2=0.3"}) == (0.1, 0.2)
+    assert delay_for({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}, cfg) == (0.1, 0.2)
 
 
 def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir, run_app):

@@ -109,3 +109,10 @@ def test_every_refused_combination_names_both_keys(row):
 def test_the_split_baseline_refuses_what_it_would_ignore():
     with pytest.raises(ConfigError, match=r"privacy.nu-noise=1.0: not supported with mode='split'"):
         RunConfig.from_flower({"mode": "split", "privacy.nu-noise": 1.0})
+
+
+def test_a_scoring_job_is_told_by_its_mode_read_as_every_setting_is():
+    assert RunConfig.is_scoring_job({"mode": "score", "score.model-from": "x"})
+    assert not RunConfig.is_scoring_job({}) and not RunConfig.is_scoring_job({"mode": "split"})
+    with pytest.raises(ConfigError, match=r"mode='scores': choose one of"):
+        RunConfig.is_scoring_job({"mode": "scores"})

@@ -258,7 +258,7 @@ def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
     cfg = RunConfig.from_flower({**BASE, **ckpt})
     for p in at4["parties"]:
         k = p["partition-id"]
-        theta = checkpoint.load_party(checkpoint.party_dir({}, cfg.to_flower(), k), 4, f"party {k}")
+        theta = checkpoint.load_party(checkpoint.party_dir({}, cfg, k), 4, f"party {k}")
         assert model_files.block_digest(theta) == p["block-digest"]
         party = folder / "checkpoints" / "round-4" / model_files.PARTIES / f"partition-{k}"
         assert "checkpoint of round 4" in (party / model_files.PARTY_CARD).read_text()

@@ -28,7 +28,7 @@ def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, grid: I
     their own progress line per run). ``grid``: run on this grid (built for the same run
     config) instead of a new one, e.g. to read a node's state afterwards.
     """
-    if str(run_config.get("mode", "")) == "score":  # the job names the model; its parties are the model's
+    if RunConfig.is_scoring_job(run_config):  # the job names the model; its parties are the model's
         rc, parties = dict(run_config), job_config(run_config)[0].num_parties
     else:
         cfg = RunConfig.from_flower(run_config)

@@ -117,7 +117,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
 
     Every input is validated (config, data, partition) before the first message.
     """
-    if str(run_config.get("mode", "")) == "score":  # the training settings come from the model's manifest
+    if RunConfig.is_scoring_job(run_config):  # the training settings come from the model's manifest
         return run_scoring(grid, run_config, run_id)
     started = time.perf_counter()
     cfg = RunConfig.from_flower(run_config)

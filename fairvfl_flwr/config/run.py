@@ -271,6 +271,17 @@ class RunConfig:
         cfg.validate()
         return cfg
 
+    @staticmethod
+    def is_scoring_job(run_config: Mapping[str, Any]) -> bool:
+        """Whether ``run_config`` names a scoring job (``mode = "score"``), whose other settings
+        come from its model (jobs/scoring.job_config): the one key read before the rest, and
+        checked as :meth:`from_flower` checks it."""
+        s = BY_KEY["mode"]
+        mode = coerce(s.key, run_config.get(s.key, s.default), s.type)
+        if mode not in s.choices:
+            raise ConfigError(f"run config {s.key}={mode!r}: choose one of {', '.join(map(str, s.choices))}")
+        return mode == "score"
+
     @classmethod
     def from_run_folder(cls, config: Mapping[str, Any]) -> "RunConfig":
         """From a run folder's ``config.json``: the run config plus what the run added

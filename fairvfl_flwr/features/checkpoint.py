@@ -30,6 +30,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.partydata import CACHE_ENV
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -99,14 +100,14 @@ def load_server(folder: Path | str) -> tuple[dict, dict[int, np.ndarray]]:
 
 
 # -- party ----------------------------------------------------------------------------
-def party_dir(node_config: Mapping[str, Any], run_config: Mapping[str, Any], partition_id: int) -> Path:
+def party_dir(node_config: Mapping[str, Any], cfg: RunConfig, partition_id: int) -> Path:
     """Where this party keeps θ: node-config ``checkpoint-dir`` (its own disk), else the
     run config's ``reliability.checkpoint-dir``, else ``<cache>/checkpoints``."""
-    root = str(node_config.get("checkpoint-dir", "") or run_config.get("reliability.checkpoint-dir", "") or "")
+    root = str(node_config.get("checkpoint-dir", "") or cfg.checkpoint_dir or "")
     if not root:
         base = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr"
         root = str(Path(base) / "checkpoints")
-    return Path(root).expanduser() / run_key(run_config) / f"partition-{partition_id}"
+    return Path(root).expanduser() / run_key(cfg.to_flower()) / f"partition-{partition_id}"
 
 
 def save_party(folder: Path, server_round: int, model_state: Mapping[str, Any],
@@ -242,7 +243,7 @@ def checkpoint_mod(message: Message, context, call_next) -> Message:
     rt = PartyRuntime(context)
     server_round = int(message.content.config_records[msgs.ROUND]["round"])
     if mtype == msgs.INIT and server_round > 0:  # resume: θ_r from this party's own disk
-        folder = party_dir(context.node_config, rt.cfg.to_flower(), rt.data.partition_id)
+        folder = party_dir(context.node_config, rt.cfg, rt.data.partition_id)
         rt.load_model_state(load_party(folder, server_round, rt.who))
         if rt.cfg.optimizer_in_use == "adagrad":
             optimizer = load_party(folder, server_round, rt.who, "optim")
@@ -255,6 +256,6 @@ def checkpoint_mod(message: Message, context, call_next) -> Message:
     if every > 0 and server_round % every == 0:
         state = rt.model_state()
         if state is not None:
-            folder = party_dir(context.node_config, rt.cfg.to_flower(), rt.data.partition_id)
+            folder = party_dir(context.node_config, rt.cfg, rt.data.partition_id)
             save_party(folder, server_round, state, rt.optimizer_state())
     return reply

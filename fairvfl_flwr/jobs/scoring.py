@@ -147,7 +147,7 @@ def settings_mod(message: Message, context: Context, call_next) -> Message:
     refused), and only keys of :data:`TRAINED_KEYS`. The block it loads must fit them."""
     record = message.content.config_records.get(TRAINING)
     own = context.run_config
-    if record is None or str(own.get("mode", "")) != "score":
+    if record is None or not RunConfig.is_scoring_job(own):
         return call_next(message, context)
     where = f"partition {context.node_config.get('partition-id', '?')} (node {context.node_id})"
     context.run_config = adopt(own, dict(record), where)
