@@ -1,0 +1,1 @@
+"""Fair models in vertical federated learning (FairVFL) as a Flower app; one folder per layer."""

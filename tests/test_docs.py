@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from fairvfl_flwr.tools import layout
+
 REPO = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 120
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -98,3 +100,20 @@ def test_code_files_named_in_reference_pages_exist(page):
     missing = [f for f in CODE_PATH.findall(page.read_text())
                if not (REPO / f).exists() and not (REPO / "fairvfl_flwr" / f).exists()]
     assert not missing, f"{page.relative_to(REPO)} names files that do not exist: {missing}"
+
+
+def test_the_architecture_layout_is_the_module_docstrings():
+    """docs/architecture.md's package layout is generated (python -m fairvfl_flwr.tools.layout
+    --write): a module added, moved or redescribed without rewriting it fails here."""
+    for path, text in layout.generated(REPO).items():
+        assert path.read_text() == text, f"{path.name}: run python -m fairvfl_flwr.tools.layout --write"
+
+
+def test_the_layout_lists_every_module_of_every_layer():
+    text = layout.render(REPO / "fairvfl_flwr")
+    for path in (REPO / "fairvfl_flwr").rglob("*.py"):
+        rel = path.relative_to(REPO / "fairvfl_flwr")
+        if rel.parts[0] in layout.FOLDED or path.name == "__init__.py" or rel.parts[0] == "__init__.py":
+            continue
+        assert f" {path.name} " in text or f" {path.name}\n" in text, rel
+    assert set(layout.LAYERS) == {p.name for p in (REPO / "fairvfl_flwr").iterdir() if (p / "__init__.py").exists()}

@@ -1,0 +1,1 @@
+"""The ServerApp and ClientApp assembled from an algorithm and the features a run config switches on."""

@@ -1,0 +1,1 @@
+"""The algorithm in numpy and torch only: the objective, the constraints, the models, the steps."""

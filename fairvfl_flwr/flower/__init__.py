@@ -1,0 +1,1 @@
+"""The Flower runtime every algorithm and feature builds on: protocol, exchange, server base, hooks, party."""

@@ -1,0 +1,1 @@
+"""Command-line tools: comparisons, sweeps, audits, export, deployment helpers."""
