@@ -48,6 +48,13 @@ def turns(row: dict) -> str:
     return f"{row['proxy_turns'] / (row['rounds'] + 1) / row.get('parties', 1):.0f}"
 
 
+def bound(row: dict, rtt: float) -> str:
+    """Round trips per SuperNode and round times the RTT: at most what the WAN adds to its round."""
+    if not row or "proxy_turns" not in row:
+        return "–"
+    return f"{row['proxy_turns'] / (row['rounds'] + 1) / row.get('parties', 1) * rtt / 1000:.1f}"
+
+
 def load(row: dict) -> str:
     """The machine's 1-minute load average when the row's run ended."""
     return f"{row['load_average']:.0f}" if row else "–"
@@ -59,8 +66,9 @@ def render(rows: list[dict]) -> str:
     rtts = sorted({r["rtt_ms"] for r in rows})
     lines = ["| RTT (ms) | no-op round (s) | FairVFL round (s) | FairVFL / no-op | added by the WAN: no-op (s) | "
              "added by the WAN: FairVFL (s) | proxy bytes per FairVFL round | TCP connections per round: no-op, "
-             "FairVFL | round trips per SuperNode and round: no-op, FairVFL | load (1 min) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "FairVFL | round trips per SuperNode and round: no-op, FairVFL | round trips × RTT (s): no-op, FairVFL | "
+             "load (1 min) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rtt in rtts:
         noop, fair = by.get(("noop", rtt), {}), by.get(("fairvfl", rtt), {})
         n, f = noop.get("seconds_per_round"), fair.get("seconds_per_round")
@@ -73,6 +81,7 @@ def render(rows: list[dict]) -> str:
                      f"{cell(f - f0 if f is not None and f0 is not None else None)} | "
                      f"{cell(per_round / 1e6 if per_round else None, '{:.2f} MB')} | "
                      f"{conns(noop)}, {conns(fair)} | {turns(noop)}, {turns(fair)} | "
+                     f"{bound(noop, rtt)}, {bound(fair, rtt)} | "
                      f"{load(noop)}, {load(fair)} |")
     return "\n".join(lines)
 
@@ -87,7 +96,10 @@ SuperLink, as in a deployment where the label owner hosts both.
 
 Reading it: a FairVFL round costs more than a no-op round already at 0 ms; that excess is
 each message's fresh `flwr-clientapp` process (its imports) and the parties' work
-([deploy-time.md](../deploy-time.md)), not the network. The WAN's share is the two
+([deploy-time.md](../deploy-time.md)), not the network. The round trips per SuperNode and
+round do not depend on the machine's load: times the RTT, they bound what the WAN adds to a
+round of each app, and their ratio is the WAN's share of FairVFL's excess over the no-op
+round. The WAN's share is the two
 "added by the WAN" columns: a message costs several round trips between a SuperNode and
 the SuperLink (pull the message, fetch its objects, push the reply and its objects), and
 FairVFL's messages carry more arrays than the no-op app's. The proxy also counts the TCP
@@ -117,16 +129,19 @@ def main() -> None:
     p.add_argument("--settings", default="noop,fairvfl")
     p.add_argument("--poll", default=None, help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL (default: Flower's 1 s)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--render-only", action="store_true", help="rewrite the page from its JSON, measuring nothing")
     args = p.parse_args()
     old = args.out / f"{NAME}.json"
     same = {"parties": args.parties, "rounds": args.rounds, "dataset": args.dataset, "mbit": args.mbit}
     rows = {k: r for k, r in (_rows(json.loads(old.read_text())) if old.is_file() else {}).items()
             if all(r.get(key) == value for key, value in same.items())}  # rows of the same set-up only
     command = this_command()
+    if args.render_only:
+        args.rtt = ""
     with tempfile.TemporaryDirectory(prefix="fairvfl-wan-") as tmp:
         tmp = Path(tmp)
         manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties", demo_keys=True)
-        for rtt in (float(x) for x in args.rtt.split(",")):
+        for rtt in (float(x) for x in args.rtt.split(",") if x):
             for kind in args.settings.split(","):
                 res = measure(kind, tmp / f"{kind}-{rtt:g}", manifest, args.rounds, args.poll, rtt_ms=rtt,
                               mbit=args.mbit)
