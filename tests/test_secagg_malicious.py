@@ -209,3 +209,12 @@ def test_a_resent_round_with_changed_nu_is_refused(tmp_path):
     assert len(grid.answers) == rc["num-parties"] - 1
     assert all(r.has_error() and "a second, different train.passive/passive message for round 3" in r.error.reason
                for r in grid.answers)
+
+
+@pytest.mark.slow  # every role runs the real ClientApps: about a minute
+def test_the_audits_malicious_server_is_refused_in_every_role_but_the_consistent_broadcast(tmp_path):
+    got = {r["role"]: r["result"] for r in malicious.roles("crime", 10, tmp_path)}
+    broadcast = [role for role in got if "every passive party" in role]
+    assert len(broadcast) == 1 and "summed Gram matrix" in got[broadcast[0]]
+    assert len(got) == 7 and all(got[role].startswith("refused") for role in got if role not in broadcast)
+    assert not any("reached the server" in result or "raised them" in result for result in got.values())

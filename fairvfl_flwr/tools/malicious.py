@@ -21,19 +21,23 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+import pandas as pd
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config.run import RunConfig
+from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.data.tables import normalise_ids, packaged_file
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
+from fairvfl_flwr.jobs import alignment
 from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.export import export
 
@@ -210,6 +214,38 @@ class ResendChanged(LyingGrid):
         return ids
 
 
+class DictionaryTest(LyingGrid):
+    """Stands in for the label owner at the alignment's raise step: every other party gets ids
+    of the server's choosing, blinded under the server's own key (the label owner's signature
+    copied over). Were it raised, comparing with the party's blinded list would tell the
+    server which of its ids the party holds."""
+
+    def __init__(self, *a, chosen: np.ndarray, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.blinded = psi.blind_step(normalise_ids(chosen), shuffle=False)[0]
+
+    def tamper(self, msg: Message) -> None:
+        if msg.metadata.message_type == msgs.ALIGN_RAISE:
+            fields = msg.content.config_records[alignment.STEP]
+            msg.content.config_records[alignment.STEP] = ConfigRecord({**fields, "blinded": self.blinded})
+
+
+def _own_tables(folder: Path, rows: int = 2000) -> tuple[dict, np.ndarray]:
+    """Four parties' own tables cut from Adult (90 % of the ids each, their own columns); the
+    run config that aligns them, and the ids."""
+    parties = (["age", "sex", "income"], ["fnlwgt"], ["capital-gain"], ["hours-per-week"])
+    df = pd.read_csv(packaged_file("adult.csv.gz")).iloc[:rows][["row_id", *sum(parties, [])]].copy()
+    df["customer"] = [f"C{i:06d}" for i in df["row_id"]]
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, cols in enumerate(parties):
+        df[["customer", *cols]].sample(frac=0.9, random_state=k).to_csv(folder / f"party{k}.csv", index=False)
+    rc = RunConfig.from_flower({"dataset": "adult", "num-parties": 4, "num-active": 1, "optimizer": "gd",
+                                "num-server-rounds": 2, "tables.own": True, "tables.reuse-alignment": False,
+                                "tables.path": str(folder / "party{partition}.csv"), "tables.id-column": "customer",
+                                "output-dir": str(folder / "runs")}).to_flower()
+    return rc, df["customer"].to_numpy()
+
+
 def _config(dataset: str, rounds: int, folder: str, **extra) -> dict:
     return RunConfig.from_flower({**RunConfig().to_flower(), "optimizer": "gd", "dataset": dataset,
                                   "num-server-rounds": rounds, "stop-tolerance": 0.0, "output-dir": folder,
@@ -256,6 +292,16 @@ def roles(dataset: str, rounds: int, folder: Path) -> list[dict]:
         got = [a for a in grid.values(msgs.LOGITS, msgs.DIRECTIONS)]
         out.append({"role": role, "result": _refused(grid.replies(), "before any value left them")
                     + ("" if not got else f"; {len(got)} arrays reached the server")})
+    own, ids = _own_tables(folder / "own")
+    grid = DictionaryTest(client_app, own, 4, chosen=ids[:1000])
+    try:
+        run_server(grid, own)
+    except FederationError:
+        pass
+    raised = [r for r in grid.replies(msgs.ALIGN_RAISE) if not r.has_error()]
+    out.append({"role": "alignment: a raise request with 1,000 ids of the server's choice (Adult)",
+                "result": _refused(grid.replies(msgs.ALIGN_RAISE), "alignment step 'raise'")
+                + ("" if not raised else f"; {len(raised)} parties raised them")})
     return out
 
 
