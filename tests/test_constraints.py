@@ -169,7 +169,7 @@ def federated_equals_centralised(constraint, measure, out_dir, run_app):
 @pytest.mark.parametrize("batch_size", [0, 400])  # 400: mini-batch rounds send ν on 400 rows (batching.py)
 def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_dir, run_app):
     seen = []
-    cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir,
+    cfg = RunConfig(dataset="crime", num_server_rounds=3, eval_every=2, output_dir=out_dir, optimizer="gd",
                     constraint="equalized-odds", num_active=2, batch_size=batch_size)
     rows = batch_size or 1200
     grid, _, _ = run_app(cfg, tap=seen.append)
@@ -201,7 +201,7 @@ def test_fairness_off_keeps_every_multiplier_zero(out_dir, run_app):
 
 @pytest.mark.slow  # 200 rounds to meet the constraints; the fast loop runs two active parties above
 def test_two_active_parties_with_local_steps_meet_the_constraint_set(out_dir, run_app):
-    cfg = RunConfig(dataset="crime", constraint="equalized-odds", num_active=2, local_steps=3, epsilon=0.05,
+    cfg = RunConfig(dataset="crime", optimizer="gd", constraint="equalized-odds", num_active=2, local_steps=3, epsilon=0.05,
                     num_server_rounds=200, eval_every=100, output_dir=out_dir)
     _, summary, _ = run_app(cfg)
     assert summary["train_max_gap"] <= 0.05 + 0.015
