@@ -14,6 +14,7 @@ from fairvfl_flwr.app.server import run_server  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.data import partydata  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
+from fairvfl_flwr.tools.flwr_engine import SIMULATION_HINT, SimulationSuperLink  # noqa: E402
 
 
 @pytest.fixture
@@ -61,3 +62,13 @@ def run_app():
     """``run_app(cfg, grid_cls=InProcessGrid, **grid_kwargs) -> AppRun``: the app in-process; a grid class
     (a subclass of InProcessGrid that records or tampers) and its keywords may be given."""
     return _run_app
+
+
+@pytest.fixture(scope="session")
+def simulation_superlink(tmp_path_factory):
+    """One ``flower-superlink --simulation`` for every test that submits a ``flwr run`` (each run
+    still starts its own simulation engine); skips where the ``simulation`` extra (Ray) is missing."""
+    pytest.importorskip("ray", reason=f"needs Flower's simulation engine: {SIMULATION_HINT}")
+    link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"))
+    yield link
+    link.stop()

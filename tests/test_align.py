@@ -78,6 +78,14 @@ def own_tables(tmp_path_factory):
     return folder, raw, held
 
 
+@pytest.fixture(scope="module")
+def trained_own(own_tables, tmp_path_factory):
+    """The run of ``own_config`` on ``own_tables`` (summary, run folder), for the tests that
+    only read it: the scoring job's model and the deployment's reference."""
+    folder, _, _ = own_tables
+    return run_inprocess(own_config(folder, **{"output-dir": str(tmp_path_factory.mktemp("trained"))}), quiet=True)
+
+
 def own_config(folder, **extra) -> dict:
     return {**BASE, "tables.own": True, "tables.path": str(folder / "party{partition}.csv"), "tables.id-column": ID,
             "output-dir": str(folder / "runs"), **extra}
@@ -298,8 +306,8 @@ def test_ids_are_text_with_surrounding_spaces_stripped():
     assert normalise_ids([" 007", "7 ", 7]).tolist() == ["007", "7", "7"]
 
 
-@pytest.mark.slow  # a simulated and a node-config run on 3,000 Adult rows; alignment runs in the fast loop above
-def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_path):
+@pytest.mark.slow  # a node-config run on 3,000 Adult rows (its reference is the fast loop's); alignment runs there too
+def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, trained_own, tmp_path):
     """Deployment: each node config names its table, its id column (any name) and, for the
     label owner, the label and groups; the run config only says tables.own."""
     folder, _, _ = own_tables
@@ -316,7 +324,7 @@ def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_pa
         nodes.append(node)
     rc = RunConfig.from_flower({**BASE, "tables.own": True, "output-dir": str(tmp_path / "dep")}).to_flower()
     deployed, _ = run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)
-    simulated, _ = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
+    simulated, _ = trained_own
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert deployed[key] == simulated[key], key
 
@@ -354,12 +362,12 @@ def test_a_party_learns_its_common_rows_in_the_agreed_order_from_positions_in_it
         psi.my_common_rows(spec, mine, np.sort(found[rows])[:-1], order, len(rows))
 
 
-def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, tmp_path, caplog):
+def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, trained_own, tmp_path, caplog):
     """Scoring aligns the parties' raw score files (each its own ids, shuffled) by PSI, scores the
     rows all hold, reading each file with its own id column and applying the
     preparation the party fitted at alignment (its categories, means, deviations)."""
     folder, raw, held = own_tables
-    _, trained = run_inprocess(own_config(folder, **{"output-dir": str(tmp_path / "train")}), quiet=True)
+    _, trained = trained_own
     # rows of the common ids (a category seen only outside them would be refused, naming it);
     # each party's score file holds 400 of 480 of them, shuffled: 4 x 80 dropped at random
     fresh = raw[raw[ID].isin(set.intersection(*held))].sample(480, random_state=5)

@@ -240,6 +240,7 @@ def test_compare_redo_post_recomputes_eo_and_ceo_from_saved_scores(tmp_path, cap
 @pytest.mark.slow
 def test_compare_engine_flwr_equals_inprocess_for_fedbcd_and_split_learning(tmp_path):
     """`--engine flwr` (real `flwr run`, Ray) gives the in-process numbers, for both new modes."""
+    pytest.importorskip("ray", reason='needs Flower\'s simulation engine: pip install -e ".[simulation]"')
     kwargs = dict(datasets=["crime"], models=["linear"], epsilons=[0.05], seeds=[0], methods=["fedbcd", "split"],
                   overrides={"num-server-rounds": 40, "eval-every": 20})
     real = compare.run_compare(out=tmp_path / "flwr", engine="flwr", **kwargs)

@@ -5,8 +5,6 @@ descent unchanged, no torch, the refusals, the saved blocks and what each role r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,6 @@ from fairvfl_flwr.config.sections import NEWTON_REFUSED
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.newton import CentralisedNewton
 from fairvfl_flwr.core.reference import NewtonFloor
-from fairvfl_flwr.data import partydata
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -95,17 +92,6 @@ def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
     for row in history:
         row.pop("seconds", None)
     assert history == golden["history"]
-
-
-@pytest.mark.slow  # a fresh interpreter: flwr's import alone takes seconds
-def test_the_linear_newton_path_never_imports_torch(tmp_path):
-    code = ("import sys; from fairvfl_flwr.app.run import run_inprocess; "
-            f"run_inprocess({{**{EXACT!r}, 'num-parties': 3, 'num-server-rounds': 2, 'output-dir': {str(tmp_path)!r}}}, "
-            "quiet=True); print('torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={**__import__("os").environ, partydata.CACHE_ENV: str(tmp_path / "cache")})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "False"
 
 
 ON = {"model": "mlp", "batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": True,

@@ -12,6 +12,7 @@ from fairvfl_flwr.core import batching
 from fairvfl_flwr.core import names
 
 from fairvfl_flwr.data import synthetic
+from fairvfl_flwr.data.partydata import CACHE_ENV
 from fairvfl_flwr.config import ConfigError, RunConfig
 
 
@@ -33,15 +34,19 @@ def test_config_imports_neither_torch_nor_pandas_and_client_app_not_pandas():
 
 @pytest.mark.slow  # two fresh interpreters, each importing flwr
 def test_a_linear_run_never_imports_torch(tmp_path):
-    """The ClientApp's linear path (and the whole in-process linear run) is numpy only: a
-    deployed party pays no torch import on any message."""
+    """The ClientApp's linear paths (and the whole in-process linear run) are numpy only: a
+    deployed party pays no torch import on any message. One interpreter runs block Newton
+    (the default for a linear model; float64 on the wire, 3 parties) and gradient steps."""
+    runs = [{"num-parties": 3, "wire-dtype": "float64"}, {"optimizer": "gd"}]
     code = ("import sys, json; from fairvfl_flwr.app.run import run_inprocess; "
-            f"run_inprocess({{'dataset': 'crime', 'num-server-rounds': 3, 'eval-every': 3, 'output-dir': {str(tmp_path)!r}}}, "
-            "quiet=True); print(json.dumps(['torch' in sys.modules, 'client_app' in sys.modules]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            f"[run_inprocess({{'dataset': 'crime', 'num-server-rounds': 3, 'eval-every': 3, **extra, "
+            f"'output-dir': {str(tmp_path)!r}}}, quiet=True) for extra in {runs!r}]; "
+            "print(json.dumps(['torch' in sys.modules, 'client_app' in sys.modules]))")
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.strip().splitlines()[-1] == "[false, false]"
-    mlp = code.replace("'dataset': 'crime'", "'dataset': 'crime', 'model': 'mlp'")
-    out = subprocess.run([sys.executable, "-c", mlp], capture_output=True, text=True, check=True).stdout
+    mlp = code.replace("'dataset': 'crime'", "'dataset': 'crime', 'model': 'mlp'").replace(repr(runs), "[{}]")
+    out = subprocess.run([sys.executable, "-c", mlp], capture_output=True, text=True, check=True, env=env).stdout
     assert out.strip().splitlines()[-1] == "[true, false]"  # the check can fail: the MLP does load torch
 
 

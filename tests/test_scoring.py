@@ -26,7 +26,6 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.data.tables import DATASETS, DataError, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools import report
-from fairvfl_flwr.tools.flwr_engine import SimulationSuperLink
 from fairvfl_flwr.tools.localfed import LocalFederation
 from fairvfl_flwr.tools.export import export
 
@@ -481,23 +480,23 @@ def test_the_report_on_scored_test_rows_gives_the_training_runs_gaps(trained, tm
 
 
 @pytest.mark.slow
-def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(tmp_path):
+def test_flwr_run_trains_then_scores_the_test_rows_reproducing_its_metrics(simulation_superlink, tmp_path):
     """The real runtime: `flwr run` trains (parties save their blocks, at the end and at each
     checkpoint), then `flwr run` with mode = "score" sums the partial logits; ACC/DFP/DFN equal
     the training run's. Then the checkpoint of round 5 scores a raw file per party
     (score.path) as the in-process grid does."""
     ckpt = {"reliability.checkpoint-every": 5, "reliability.checkpoint-dir": str(tmp_path / "ckpt")}
-    with SimulationSuperLink(tmp_path / "flwr-home") as link:
-        link.run({**BASE, **ckpt, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
-        (folder,) = [p for p in (tmp_path / "train").iterdir() if p.is_dir()]
-        assert all((folder / model_files.PARTIES / f"partition-{k}" / model_files.BLOCK).is_file() for k in range(4))
-        assert model_files.checkpoint_rounds(folder) == [0, 5, 10]
-        link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300,
-                  "output-dir": str(tmp_path / "score")}, num_supernodes=4, timeout=600)
-        _raw_files(BASE, folder, tmp_path / "raw")
-        at5 = {"score.round": 5, "score.path": str(tmp_path / "raw" / "score{partition}.csv")}
-        link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300, **at5,
-                  "output-dir": str(tmp_path / "score5")}, num_supernodes=4, timeout=600)
+    link = simulation_superlink
+    link.run({**BASE, **ckpt, "output-dir": str(tmp_path / "train")}, num_supernodes=4, timeout=600)
+    (folder,) = [p for p in (tmp_path / "train").iterdir() if p.is_dir()]
+    assert all((folder / model_files.PARTIES / f"partition-{k}" / model_files.BLOCK).is_file() for k in range(4))
+    assert model_files.checkpoint_rounds(folder) == [0, 5, 10]
+    link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300,
+              "output-dir": str(tmp_path / "score")}, num_supernodes=4, timeout=600)
+    _raw_files(BASE, folder, tmp_path / "raw")
+    at5 = {"score.round": 5, "score.path": str(tmp_path / "raw" / "score{partition}.csv")}
+    link.run({**BASE, "mode": "score", "score.model-from": str(folder), "score.chunk-rows": 300, **at5,
+              "output-dir": str(tmp_path / "score5")}, num_supernodes=4, timeout=600)
     (out,) = [p for p in (tmp_path / "score").iterdir() if p.is_dir()]
     summary = json.loads((folder / "summary.json").read_text())
     got = _metrics(BASE, out / "predictions.csv")

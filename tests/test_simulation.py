@@ -6,17 +6,15 @@ from pathlib import Path
 import pytest
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.tools.flwr_engine import FlwrRunError, SimulationSuperLink
+from fairvfl_flwr.tools.flwr_engine import FlwrRunError
 from fairvfl_flwr.app.run import run_inprocess
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def superlink(tmp_path_factory):
-    link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"))
-    yield link
-    link.stop()
+@pytest.fixture
+def superlink(simulation_superlink):
+    return simulation_superlink
 
 
 def _only_run(folder: Path) -> Path:
