@@ -292,6 +292,7 @@ class RunConfig:
         return cls.from_flower({k: v for k, v in config.items() if k in BY_KEY})
 
     def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with ``changes`` (snake_case fields), validated as a new run config would be."""
         cfg = dataclasses.replace(self, **changes)
         cfg.validate()
         return cfg
@@ -341,6 +342,7 @@ class RunConfig:
 
     @property
     def lr(self) -> float:
+        """The parties' step size 1/η."""
         return 1.0 / self.eta
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 from fairvfl_flwr.core.errors import ConfigError
 
 def bad(cfg: Any, field: str, why: str) -> ConfigError:
+    """The ConfigError for one setting: its run-config key, its value and why it is refused."""
     return ConfigError(f"run config {cfg.key_of(field)}={getattr(cfg, field)!r}: {why}")
 
 
@@ -37,6 +38,7 @@ def parse_delays(text: str) -> dict[int, tuple[float, float]]:
 
 
 def delays_refusal(text: str) -> str | None:
+    """Why a ``staleness.straggler-delays`` text cannot be read, or None when it can."""
     try:
         parse_delays(text)
     except DelayError as exc:
@@ -166,6 +168,7 @@ def adagrad_refusal(c: Any) -> tuple[str, str] | None:
 
 
 def check_combinations(c: Any) -> None:
+    """Refuse the first pair of settings that cannot run together (``REFUSED``), naming both keys and why."""
     for field, on, other, other_on, why in REFUSED:
         if on(c) and other_on(c):
             raise bad(c, field, f"not supported with {c.key_of(other)}={getattr(c, other)!r}: {why}")

@@ -87,14 +87,17 @@ class Rule:
 
 
 def at_least(low: float) -> Rule:
+    """A rule for values >= ``low``, shown as ">= low" in the docs."""
     return Rule(lambda v: v >= low, f">= {low}")
 
 
 def above(low: float) -> Rule:
+    """A rule for values > ``low``, shown as "> low" in the docs."""
     return Rule(lambda v: v > low, f"> {low}")
 
 
 def within(low: float, high: float, *, open_: bool = False) -> Rule:
+    """A rule for values from ``low`` to ``high`` (``open_``: both excluded), with its docs text."""
     if open_:
         return Rule(lambda v: low < v < high, f"between {low} and {high}, exclusive")
     return Rule(lambda v: low <= v <= high, f"{low} to {high}")
@@ -168,6 +171,7 @@ def _toml(value: Any) -> str:
 
 
 def by_section(settings: list[Setting]) -> dict[str, list[Setting]]:
+    """The settings grouped by section, sections in the docs' order (``SECTIONS``)."""
     out: dict[str, list[Setting]] = {name: [] for name in SECTIONS}
     for s in settings:
         out[s.section].append(s)

@@ -19,9 +19,11 @@ class LinearBlock:
 
     @classmethod
     def zeros(cls, in_features: int, bias: bool, dtype: str = "float64") -> "LinearBlock":
+        """A block of ``in_features`` weights (and an intercept when ``bias``) at zero, as the paper starts."""
         return cls(np.zeros(in_features, dtype=dtype), np.zeros((), dtype=dtype) if bias else None)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        """u = xθ (+ b) for every row of ``x``."""
         u = x @ self.weight
         return u + self.bias if self.bias is not None else u
 
@@ -37,12 +39,14 @@ class LinearBlock:
             self.bias = self.bias - lr * (bias_grad + mu * self.bias)
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """θ (and b) as arrays, for checkpoints and the saved block."""
         state = {"weight": self.weight}
         if self.bias is not None:
             state["bias"] = np.asarray(self.bias)
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Set θ (and b) from a :meth:`state_dict`, as copies in the block's dtype."""
         self.weight = np.asarray(state["weight"], dtype=self.weight.dtype).copy()
         if self.bias is not None:
             self.bias = np.asarray(state["bias"], dtype=self.weight.dtype).reshape(()).copy()
@@ -52,7 +56,9 @@ class LinearBlock:
         return None
 
     def load_optimizer_state(self, state: dict) -> None:
+        """Refused: a checkpoint that holds optimizer state is not a linear gradient-step block's."""
         raise ValueError("a linear block keeps no optimizer state")
 
     def sq_norm(self) -> float:
+        """‖θ‖² + b², the block's share of the μ regulariser in F."""
         return float((self.weight**2).sum() + (0.0 if self.bias is None else self.bias**2))

@@ -31,6 +31,7 @@ class LinearModel(nn.Module):
         self.bias = nn.Parameter(torch.zeros(())) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """u = xᵀθ (+ b) for every row of ``x``: the party's partial logits."""
         u = x @ self.weight
         return u + self.bias if self.bias is not None else u
 
@@ -49,6 +50,7 @@ class MLPModel(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The network's scalar output per row of ``x`` (the trailing unit dimension dropped)."""
         return self.net(x).squeeze(-1)
 
 
@@ -111,6 +113,8 @@ class AdaGrad:
 
     @torch.no_grad()
     def step(self, model: nn.Module, lr: float, mu: float) -> None:
+        """One AdaGrad step of every parameter of ``model`` from the gradient already in ``.grad``
+        (then cleared), adding g² to the party's sums first."""
         self.t += 1
         for name, p in model.named_parameters():
             g = p.grad + mu * p
@@ -121,16 +125,20 @@ class AdaGrad:
             p.grad = None
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """The step count and the sums of squared gradients as numpy arrays, for the party's checkpoint
+        (they never leave the node)."""
         state = {"t": np.asarray(self.t, dtype=np.int64)}
         state.update({f"sum.{k}": v.numpy().copy() for k, v in self.sums.items()})
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict` (a resumed run steps exactly as the uninterrupted one)."""
         self.t = int(np.asarray(state["t"]))
         self.sums = {k[4:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("sum.")}
 
 
 def squared_norm(model: nn.Module) -> float:
+    """‖θ_k‖² over every parameter of ``model``: the party's term of the μ regulariser in F."""
     return float(sum((p.detach() ** 2).sum() for p in model.parameters()))
 
 
@@ -150,10 +158,13 @@ class TorchBlock:
         return torch.from_numpy(x).to(self.dtype)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        """u_k = g_k(θ_k, x) as numpy, without building a graph."""
         with torch.no_grad():
             return self.model(self._tensor(x)).numpy()
 
     def step(self, x: np.ndarray, nu: np.ndarray, lr: float, mu: float) -> None:
+        """One local step: backpropagate ν as the upstream gradient of u_k (J_kᵀν), then the gradient
+        or AdaGrad step with the regulariser μ."""
         u = self.model(self._tensor(x))
         u.backward(torch.as_tensor(nu, dtype=u.dtype))
         if self.optimizer is None:
@@ -162,17 +173,22 @@ class TorchBlock:
             self.optimizer.step(self.model, lr, mu)
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """θ_k as numpy arrays (copies: a checkpoint must not change with later steps)."""
         return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Set θ_k from a :meth:`state_dict` (a checkpoint or a saved block)."""
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
 
     def optimizer_state(self) -> dict[str, np.ndarray] | None:
+        """AdaGrad's sums for the party's checkpoint, or None under the paper's gradient step."""
         return None if self.optimizer is None else self.optimizer.state_dict()
 
     def load_optimizer_state(self, state: dict) -> None:
+        """Restore AdaGrad's sums on resume (nothing to restore under gradient steps)."""
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state)
 
     def sq_norm(self) -> float:
+        """‖θ_k‖², the party's share of the regulariser the server adds to F."""
         return squared_norm(self.model)

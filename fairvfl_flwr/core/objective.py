@@ -41,6 +41,7 @@ class TrainStats:
 
     @property
     def deo(self) -> float:
+        """|D(θ)| of the first gap: the paper's DEO for the two-group DEO constraint."""
         return abs(self.gap)
 
     @property
@@ -50,6 +51,7 @@ class TrainStats:
 
 
 def train_stats(y: np.ndarray, z: np.ndarray, groups: ConstraintSet) -> TrainStats:
+    """The training loss and every gap at scores ``z``, from one pass of the logistic loss."""
     losses = logistic_loss(y, z)
     gaps = groups.gaps_of(groups.q.values(y, z, losses))  # = groups.gaps(y, z), one loss pass
     return TrainStats(loss=float(losses.mean()), gap=float(gaps[0]), gaps=tuple(float(g) for g in gaps))

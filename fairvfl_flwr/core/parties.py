@@ -41,6 +41,7 @@ class Party:
 
     @property
     def n_train(self) -> int:
+        """The party's training rows."""
         return int(self.X_train.shape[0])
 
     @staticmethod

@@ -72,6 +72,7 @@ class CentralisedGDA:
         self.lams: list[np.ndarray] = []
 
     def z(self, blocks: Sequence[torch.Tensor] | None = None) -> np.ndarray:
+        """z = Σ_k u_k over every block (or over ``blocks``, e.g. a mini-batch's rows), without a graph."""
         with torch.no_grad():
             return sum(m(x) for m, x in zip(self.models, blocks or self.blocks)).numpy()
 
@@ -119,9 +120,12 @@ class NumpyFloor:
         return u + self.bias[k] if self.bias[k] is not None else u
 
     def z(self):
+        """z = Σ_k u_k, the scores the server sums from the parties' logits."""
         return np.sum(self.u, axis=0)
 
     def round(self):
+        """One federated round in one process: the server's dual step and ν, the active parties' Q
+        steps on z̃, one step per passive party from ν."""
         z = self.z()
         self.lam, nu = _dual_step(self, z)
         for k, x in enumerate(self.X):
@@ -154,9 +158,13 @@ class NewtonFloor(NumpyFloor):
         self.du_moves: list[list] = [[] for _ in self.X]
 
     def params(self, k):
+        """Party k's parameters as its Newton direction sees them: θ_k, with the intercept appended for
+        an active party."""
         return np.append(self.theta[k], self.bias[k]) if k < self.active else self.theta[k]
 
     def round(self):
+        """One block Newton round: the dual step, each party's direction and kept moves, the server's
+        subspace search over their step lengths, then every party's move."""
         z = self.z()
         if self.dual == "newton":
             self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac,
@@ -218,12 +226,15 @@ class PartyFloor:
         self.u = [p.logits() for p in self.parties]
 
     def z(self, split: str = "train"):
+        """z on the training rows, or on the test rows (``split = "test"``)."""
         return np.sum(self.u, axis=0) if split == "train" else np.sum([p.logits("test") for p in self.parties], axis=0)
 
     def sq_norm(self) -> float:
+        """Σ_k ‖θ_k‖², the regulariser's argument in F."""
         return sum(p.block.sq_norm() for p in self.parties)
 
     def round(self):
+        """One federated round with the parties' own step code: the dual step and ν, then each party's step."""
         z = self.z()
         self.lam, nu = _dual_step(self, z)
         for k, p in enumerate(self.parties):

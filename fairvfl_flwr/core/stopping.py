@@ -55,7 +55,10 @@ class StopRule:
                 f"stop-window={self.window} round(s) in a row{fair}")
 
     def state_dict(self) -> dict:
+        """The count of quiet rounds so far, which a checkpoint keeps: a resumed run stops where the
+        uninterrupted one did."""
         return {"quiet-rounds": self.quiet_rounds}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue the count of quiet rounds from a checkpoint (0 for one that holds none)."""
         self.quiet_rounds = int(state.get("quiet-rounds", 0))

@@ -60,6 +60,7 @@ class Preprocessing:
         return list(dict.fromkeys(self.raw))
 
     def to_dict(self) -> dict:
+        """The preparation as JSON-ready lists, as a saved block's metadata and the sidecar file keep it."""
         return {"features": list(self.features), "raw": list(self.raw), "category": list(self.category),
                 "mean": list(self.mean), "std": list(self.std),
                 "categories": {k: list(v) for k, v in self.categories.items()},
@@ -68,6 +69,7 @@ class Preprocessing:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Preprocessing":
+        """Read a :meth:`to_dict`, refusing one whose per-feature lists differ in length."""
         n = len(d["features"])
         if not all(len(d[k]) == n for k in ("raw", "category", "mean", "std")):
             raise DataError("preprocessing: features, raw, category, mean and std must have one entry per feature")
@@ -78,6 +80,7 @@ class Preprocessing:
                    fill=dict(d.get("fill", {})))
 
     def digest(self) -> str:
+        """A short hash of the preparation: two parties or runs with the same digest prepare rows alike."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
     def apply(self, df: Any, where: str, order: np.ndarray | None = None) -> np.ndarray:

@@ -180,14 +180,17 @@ def party_card(meta: dict, arrays: Mapping[str, np.ndarray]) -> str:
 
 
 def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a reader never sees half a file)."""
     _atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as indented JSON to ``path``, whole or not at all."""
     _atomic_write(path, lambda fh: fh.write((json.dumps(data, indent=1, default=str) + "\n").encode()))
 
 
 def read_manifest(folder: str | Path, what: str = "score.model-from") -> dict:
+    """The manifest of a training run's folder, refused naming ``what`` when the folder holds none or a broken one."""
     path = Path(folder).expanduser() / MANIFEST
     if not path.is_file():
         raise BlockError(f"{what}={str(folder)!r}: no {MANIFEST} there (is it the run folder of a finished "

@@ -80,6 +80,7 @@ class PartySpec:
 
     @property
     def name(self) -> str:
+        """The party as errors name it: partition, role and the file it reads."""
         path = self.data_path or self.table_path
         where = f", {path}" if path else ""
         return f"party {self.partition_id} ({self.role}{where})"
@@ -528,6 +529,8 @@ def known_digest(path: Path, cache: Path) -> str:
 
 
 def cache_dir(spec: PartySpec) -> Path:
+    """Where the party keeps its parsed tables: its node config's cache-dir, else FAIRVFL_CACHE_DIR,
+    else the user's cache folder."""
     if spec.cache_dir:
         return Path(spec.cache_dir).expanduser()
     if os.environ.get(CACHE_ENV):

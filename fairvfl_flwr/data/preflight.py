@@ -66,10 +66,12 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def add(self, kind: str, text: str) -> None:
+        """Note one problem of the party's files (``kind`` may leave the party; ``text`` stays in its own log)."""
         self.problems.append(Problem(kind, text))
 
     @property
     def ok(self) -> bool:
+        """True when the check found no problem."""
         return not self.problems
 
     def summary(self) -> str:

@@ -92,11 +92,14 @@ def _load_table(cfg: RunConfig) -> FairDataset:
 
 
 def party_columns(cfg: RunConfig, ds: FairDataset) -> list[np.ndarray]:
+    """Each party's column indices into the dataset's features: the active parties' share first
+    (``active-columns`` or the dataset's default), the rest split evenly."""
     active = cfg.active_columns or ds.default_active_columns
     return split_columns(ds.n_features, cfg.num_parties, cfg.num_active, active)
 
 
 def is_active(cfg: RunConfig, partition_id: int) -> bool:
+    """Whether partition ``partition_id`` is an active party (holds labels and groups): the first ``num-active`` are."""
     return partition_id < cfg.num_active
 
 
@@ -120,12 +123,16 @@ class ServerLabels:
         return self.groups_for("deo")
 
     def groups_for(self, constraint: str, measure: str = "loss") -> ConstraintSet:
+        """The run's constraint set on the training rows: ``constraint`` and ``measure`` with the run's
+        group options (form, small groups)."""
         return ConstraintSet.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
                                          whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
                                          names=self.group_names, **(self.options or {}))
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:
+    """What the server of ``cfg``'s run holds, taken from the dataset: labels, groups, the training
+    ids' digest, the group options."""
     ds = ds or load_data(cfg)
     return ServerLabels(
         y_train=ds.y_train, s_train=ds.s_train, y_test=ds.y_test, s_test=ds.s_test,

@@ -179,6 +179,7 @@ class FairDataset:
 
     @property
     def n_features(self) -> int:
+        """Feature columns of the prepared dataset, over all parties."""
         return self.X_train.shape[1]
 
     def summary(self) -> dict:
@@ -208,6 +209,7 @@ class FairDataset:
 
 
 def available_datasets() -> list[str]:
+    """The packaged datasets' names, sorted (the run config's ``dataset`` values besides csv)."""
     return sorted(DATASETS)
 
 
@@ -390,6 +392,7 @@ def as_text(col: pd.Series) -> pd.Series:
 
 
 def norm_value(value: str) -> str:
+    """A label or group value as text the way a CSV and a config both spell it: '1.0' and '1' are '1'."""
     try:
         f = float(value)
         return str(int(f)) if f.is_integer() else str(value)

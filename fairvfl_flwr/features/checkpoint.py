@@ -86,6 +86,8 @@ def save_server(folder: Path, state: dict, u_train: Mapping[int, np.ndarray]) ->
 
 
 def load_server(folder: Path | str) -> tuple[dict, dict[int, np.ndarray]]:
+    """The server's checkpoint in ``folder``: its state and each partition's training logits, refused
+    naming the folder when there is none or it cannot be read."""
     path = Path(folder).expanduser() / SERVER_FILE
     if not path.exists():
         raise CheckpointError(f"reliability.resume-from={str(folder)!r}: no {SERVER_FILE} in that folder "
@@ -160,6 +162,8 @@ class Checkpoints(RoundHook):
         self.last_checkpoint: int | None = int(resume[0]["round"]) if resume else None
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> int | None:
+        """On resume: restart every party from its checkpoint, check that each restored model gives the
+        logits the server saved, and continue after that round."""
         if self.resume is None:
             return None
         state, u_train = self.resume
@@ -185,10 +189,13 @@ class Checkpoints(RoundHook):
         return r + 1
 
     def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+        """Save the server's checkpoint every ``every`` rounds (the parties save theirs on the same rounds)."""
         if self.every > 0 and server_round % self.every == 0:
             self.save(server)
 
     def save(self, server: ServerView) -> None:
+        """Write the server's state, the run config and the labels' fingerprint, so a resume can refuse
+        another run's checkpoint."""
         state = server.state_dict()
         u_train = state.pop("u_train")
         state.update({"config": self.config, "fingerprint": self.fingerprint, "run-key": run_key(self.config),
@@ -197,6 +204,8 @@ class Checkpoints(RoundHook):
         self.last_checkpoint = int(state["round"])
 
     def stopped(self, server: ServerView, exc: BaseException) -> str | None:
+        """Where the last checkpoint is and how to use it (resume, or score it under secure
+        aggregation), for the stop line."""
         if self.last_checkpoint is None:
             return None
         where = f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}"

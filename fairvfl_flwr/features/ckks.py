@@ -86,18 +86,22 @@ def _seal():
 
 
 def to_bytes_array(blob: bytes) -> Array:
+    """SEAL's serialised bytes as a uint8 Array, the form a RecordDict carries them in."""
     return Array(np.frombuffer(blob, dtype=np.uint8).copy())
 
 
 def from_bytes_array(array: Array) -> bytes:
+    """The serialised bytes back from a uint8 Array (:func:`to_bytes_array`)."""
     return array.numpy().tobytes()
 
 
 def chunks(n_rows: int) -> int:
+    """Ciphertexts needed for ``n_rows`` rows, SLOTS rows each."""
     return -(-n_rows // SLOTS)
 
 
 def pairs(n_columns: int) -> int:
+    """Column pairs of a party with ``n_columns`` columns: two columns share one complex slot."""
     return -(-n_columns // 2)
 
 
@@ -305,6 +309,7 @@ class CkksServer:
 
 
 def passive_nodes(nodes: dict) -> set[int]:
+    """The node ids of the passive parties, the only ones that receive encrypted ν."""
     return {nid for nid, node in nodes.items() if node.role == msgs.ROLE_PASSIVE}
 
 
@@ -317,14 +322,18 @@ class CkksChannel(RoundHook):
         self.server = CkksServer(n_rows)
 
     def init_messages(self, server: ServerView, messages: list[Message]) -> None:
+        """Attach the CKKS parameters (N and the primes, no key) to each passive party's start message."""
         self.server.ship_context(messages, passive_nodes(server.nodes))
 
     def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
                         evaluate: bool) -> tuple[RecordDict, str]:
+        """Enc(n·ν) in place of ν for a passive party, under its own message type."""
         return self.server.passive_content(nu, server_round, evaluate), TRAIN_PASSIVE_ENC
 
     def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
                  timeout: float) -> list[Message]:
+        """Decrypt the passive parties' masked slot sums and send each its second leg; return every
+        round's final reply."""
         return self.server.second_leg(server, grid, replies, server_round, timeout)
 
 

@@ -139,11 +139,15 @@ class LabelDP(RoundHook):
             self.n * self.sigma)
 
     def noise(self, server_round: int, size: int) -> np.ndarray:
+        """The Gaussian noise added to ν in ``server_round``: drawn from the server's secret and the
+        round, so a re-sent or resumed round gets the same draw (one release per round)."""
         key = int.from_bytes(self.secret, "big")
         rng = np.random.default_rng(np.random.SeedSequence([key, server_round, 0x6C64]))
         return rng.normal(scale=self.sigma, size=size)
 
     def nu(self, server: ServerView, server_round: int, nu: np.ndarray) -> np.ndarray:
+        """ν with the round's noise, after clipping λ to its public bound (ν's sensitivity, hence the
+        guarantee, needs it)."""
         if np.any(server.lam > self.lambda_bound):
             # The bound on ν's sensitivity needs |λ_c+ − λ_c−| ≤ Λ; the clipped λ is the server's
             # λ from here on, so the dual ascent is projected onto [0, Λ].
@@ -157,6 +161,7 @@ class LabelDP(RoundHook):
         return epsilon_spent(self.noise_multiplier, self.released if rounds is None else rounds, self.delta)
 
     def record(self, server: ServerView, server_round: int, row: dict) -> None:
+        """The ε spent after ``server_round`` releases, in the history row (and the log in evaluation rounds)."""
         if server_round >= 1:
             row["dp_epsilon"] = self.spent(server_round)
             if server_round % server.cfg.eval_every == 0 or server_round == server.cfg.num_server_rounds:
@@ -171,10 +176,12 @@ class LabelDP(RoundHook):
                 "accountant": "opacus RDP"}
 
     def state_dict(self) -> dict:
+        """What a checkpoint keeps: the noise secret and the releases made, with the settings they hold for."""
         return {"secret": self.secret.hex(), "released": self.released, "noise_multiplier": self.noise_multiplier,
                 "sensitivity": self.sensitivity}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue the releases from a checkpoint, refusing one made under another sensitivity or noise multiplier."""
         if not math.isclose(float(state["sensitivity"]), self.sensitivity) or not math.isclose(
                 float(state["noise_multiplier"]), self.noise_multiplier):
             raise ValueError("label DP state of another setting (sensitivity or noise multiplier differ)")

@@ -126,6 +126,7 @@ def encode(u: np.ndarray, num_parties: int, who: str, what: str = "partial logit
 
 
 def decode(words: np.ndarray) -> np.ndarray:
+    """The fixed-point words of a sum back to floats (two's complement over 2^64, FRACTION_BITS after the point)."""
     return np.asarray(words, dtype=np.uint64).view(np.int64).astype(np.float64) / SCALE
 
 
@@ -187,6 +188,7 @@ def sum_wide(words: list[np.ndarray]) -> list[int]:
 
 
 def decode_wide(total: list[int]) -> np.ndarray:
+    """The 128-bit sums (Newton's inner products, ``WIDE_KEYS``) back to floats."""
     return np.array([(q - _WIDE_MOD if q >> 127 else q) / 2**WIDE_FRACTION_BITS for q in total], dtype=np.float64)
 
 
@@ -308,6 +310,8 @@ class SecureAggregation(RoundHook):
     views: roundview.ServerViews | None = None
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> None:
+        """Agree the pairwise keys of every party over the run's own messages before round 0; the run
+        then starts at round 1."""
         order = server.ordered_nodes()
         session = agree_keys([(n.node_id, n.partition_id, str(n)) for n in order],
                              lambda messages: server.exchange(grid, messages, timeout))
@@ -315,6 +319,8 @@ class SecureAggregation(RoundHook):
         return None
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
+        """Bind each outgoing message to the round's view (what every party was sent), so masks cancel
+        only when all saw the same."""
         if self.views is not None:
             self.views.attach(messages, lambda nid: server.nodes[nid].role,
                               lambda nid: server.nodes[nid].partition_id, mask_round)

@@ -49,6 +49,8 @@ class StaleRounds:
         self.quorum = quorum
 
     def run(self, server: VFLServer, grid: Grid, first: int, last: int, timeout: float, result: Result) -> Result:
+        """Rounds ``first`` to ``last`` where a party's logits may be up to τ rounds old: each round
+        waits for a quorum of fresh replies, not for all."""
         log(INFO, "FairVFL: bounded-staleness rounds, staleness.max-staleness=%d, staleness.quorum=%d of %d",
             self.tau, self.quorum, server.cfg.num_parties)
         self.s, self.grid, self.timeout = server, grid, timeout
@@ -61,6 +63,8 @@ class StaleRounds:
         return result
 
     def round(self, t: int) -> MetricRecord:
+        """One bounded-staleness round: send to the parties not busy, fold the replies that came (a
+        stale one no older than τ), record; its train metrics."""
         evaluate = self.s.evaluates(t)
         if evaluate:  # test metrics need every party's logits of round t: drain first
             self._wait(t, lambda: not self.outstanding)

@@ -133,22 +133,29 @@ class ServerView:
         return MappingProxyType(self._server.history[-1])
 
     def z(self, split: str) -> np.ndarray:
+        """The server's scores on ``split`` ("train" or "test"): the sum of the held partial logits."""
         return self._server.z(split)
 
     def who(self, node_id: int) -> str:
+        """A node as the log names it (its partition and role)."""
         return self._server.who(node_id)
 
     def ordered_nodes(self) -> list[Node]:
+        """The run's nodes by partition id, the order every sum over parties takes."""
         return self._server.ordered_nodes()
 
     def computed(self) -> dict[int, dict[str, np.ndarray]]:
+        """Per node, what the algorithm computed for that party in the round just folded beyond ν, z and λ."""
         return self._server.computed()
 
     def state_dict(self) -> dict:
+        """Everything needed to continue after the last recorded round, as a checkpoint saves it."""
         return self._server.state_dict()
 
     def masked_gradient_message(self, node_id: int, server_round: int,
                                 arrays: dict[str, np.ndarray]) -> tuple[RecordDict, str]:
+        """The training method's second message of a round to a passive party whose ν went out
+        encrypted, carrying ``arrays``."""
         return self._server.masked_gradient_message(node_id, server_round, arrays)
 
     def hook(self, kind: type[H]) -> H | None:
@@ -181,34 +188,48 @@ class RoundHook:
     """A feature on the server's round loop; override only the points it needs."""
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> int | None:
+        """Before round 0, after discovery: a hook that resumes a run returns the first round to train;
+        None starts at round 1."""
         return None
 
     def init_messages(self, server: ServerView, messages: list[Message]) -> None:
+        """Add what the hook's parties need to the (re)start messages, before they are sent."""
         return None
 
     def nu(self, server: ServerView, server_round: int, nu: np.ndarray) -> np.ndarray:
+        """ν of ``server_round`` as the passive parties will get it: a hook may change it (noise,
+        clipping) and returns it."""
         return nu
 
     def passive_message(
         self, server: ServerView, server_round: int, nu: np.ndarray, evaluate: bool
     ) -> tuple[RecordDict, str] | None:
+        """Content and message type that carry ν to a passive party instead of the plain message
+        (encrypted ν), or None."""
         return None
 
     def incoming(
         self, server: ServerView, grid: Grid, server_round: int, replies: list[Message], timeout: float
     ) -> list[Message]:
+        """The round's replies before they are folded: a hook may check, replace or complete them (a
+        second leg) and returns those to fold."""
         return replies
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
+        """See every message the server sends (training, start, a hook's own) just before it goes out;
+        a hook may change them in place."""
         return None
 
     def record(self, server: ServerView, server_round: int, row: dict) -> None:
+        """Add the hook's columns to the round's history row (``row``), after the round is folded."""
         return None
 
     def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+        """After the round is folded and recorded: the hook's own messages or files (checkpoints, saved blocks)."""
         return None
 
     def stopped(self, server: ServerView, exc: BaseException) -> str | None:
+        """The run stopped with ``exc``: a note for the log's stop line (where its checkpoint is), or None."""
         return None
 
 
@@ -254,15 +275,18 @@ class Hooks:
         return resumed[0][1] if resumed else None
 
     def init_messages(self, messages: list[Message]) -> None:
+        """Every hook adds to the (re)start messages, in order."""
         for h in self.hooks:
             h.init_messages(self.view, messages)
 
     def nu(self, server_round: int, nu: np.ndarray) -> np.ndarray:
+        """ν passed through every hook in order (each may change it)."""
         for h in self.hooks:
             nu = h.nu(self.view, server_round, nu)
         return nu
 
     def passive_message(self, server_round: int, nu: np.ndarray, evaluate: bool) -> tuple[RecordDict, str] | None:
+        """The first hook's replacement of a passive party's message (encrypted ν), or None: the plain message."""
         for h in self.hooks:
             carried = h.passive_message(self.view, server_round, nu, evaluate)
             if carried is not None:
@@ -270,21 +294,26 @@ class Hooks:
         return None
 
     def incoming(self, grid: Grid, server_round: int, replies: list[Message], timeout: float) -> list[Message]:
+        """The replies passed through every hook in order."""
         for h in self.hooks:
             replies = h.incoming(self.view, grid, server_round, replies, timeout)
         return replies
 
     def outgoing(self, messages: list[Message]) -> None:
+        """Every hook sees the round's messages before they are sent, in order."""
         for h in self.hooks:
             h.outgoing(self.view, messages)
 
     def record(self, server_round: int, row: dict) -> None:
+        """Every hook adds its columns to the round's history row."""
         for h in self.hooks:
             h.record(self.view, server_round, row)
 
     def end(self, grid: Grid, server_round: int, timeout: float) -> None:
+        """Every hook's end of the round, in order."""
         for h in self.hooks:
             h.end(self.view, grid, server_round, timeout)
 
     def stopped(self, exc: BaseException) -> list[str]:
+        """Each hook's note on a stopped run, in order, those that have one."""
         return [s for s in (h.stopped(self.view, exc) for h in self.hooks) if s]

@@ -80,18 +80,24 @@ class InProcessGrid(Grid):
 
     @property
     def run(self):  # the ServerApp only asks for run_id
+        """The ServerApp reads only ``run_id`` from Flower's Run here; the in-process grid has none."""
         return None
 
     def set_run(self, run_id: int) -> None:
+        """Nothing to set: every node's context was built for this grid's one run."""
         pass
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl=None) -> Message:
+        """A Message to ``dst_node_id`` as Grid.create_message makes one (its id is given when it is pushed)."""
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
 
     def get_node_ids(self) -> Iterable[int]:
+        """The simulated nodes' ids, all of them online."""
         return list(self.node_ids)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Give each message an id, show it to ``tap``, and answer it with the node's ClientApp (on the
+        node's worker thread when replies are asynchronous); the message ids."""
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
@@ -115,6 +121,7 @@ class InProcessGrid(Grid):
         return reply
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies to ``message_ids`` that are ready, each returned once (as Grid.pull_messages)."""
         out = []
         for mid in message_ids:
             if mid in self._replies:
@@ -124,6 +131,7 @@ class InProcessGrid(Grid):
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages`` and wait for their replies until all came or ``timeout`` passed (the replies that came)."""
         ids = list(self.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         got: list[Message] = []

@@ -105,10 +105,12 @@ class PartyRuntime:
 
     @property
     def who(self) -> str:
+        """The party as its log and errors name it: partition, role and node."""
         return f"party {self.spec.partition_id} ({self.spec.role}, node {self.context.node_id})"
 
     @property
     def n_train(self) -> int:
+        """The party's training rows."""
         return int(self.data.X_train.shape[0])
 
     def party(self) -> Party:
@@ -135,6 +137,7 @@ class PartyRuntime:
         return Party(block, data.X_train, data.X_test, cfg.lr, mu)
 
     def save(self, party: Party) -> None:
+        """Keep the party's θ (and AdaGrad's sums) in the node's state for its next message."""
         self.load_model_state(party.block.state_dict())
         optimizer = party.block.optimizer_state()
         if optimizer is not None:
@@ -151,6 +154,7 @@ class PartyRuntime:
         self._keep(MODEL_STATE, state)
 
     def model_state(self) -> dict[str, np.ndarray] | None:
+        """θ as kept in the node's state (numpy arrays by parameter name), or None before the first step."""
         return self._kept(MODEL_STATE)
 
     def load_optimizer_state(self, state: dict) -> None:
@@ -218,8 +222,11 @@ _STEP_TYPES: set[str] = set()
 
 
 def mark_step_type(message_type: str) -> None:
+    """Register ``message_type`` as one whose reply follows a step on θ: a re-sent one is answered
+    without stepping again."""
     _STEP_TYPES.add(message_type)
 
 
 def is_step_type(message_type: str) -> bool:
+    """Whether a re-sent ``message_type`` must be answered from the kept reply (see :func:`mark_step_type`)."""
     return message_type in _STEP_TYPES

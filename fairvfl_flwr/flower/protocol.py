@@ -112,20 +112,26 @@ def second_leg(message_type: str, payload) -> bool:
 
 
 def array_record(**arrays: np.ndarray) -> ArrayRecord:
+    """An ArrayRecord of the named arrays (made contiguous: Flower serialises the buffer as it is)."""
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def round_config(server_round: int, evaluate: bool) -> ConfigRecord:
+    """The round's ConfigRecord every training message carries: its number and whether the parties also
+    return test logits."""
     return ConfigRecord({"round": int(server_round), "evaluate": bool(evaluate)})
 
 
 def active_content(z: np.ndarray, lam: np.ndarray, server_round: int, evaluate: bool, dtype) -> RecordDict:
+    """An active party's training message: z on the wire dtype and λ in float64 (λ sets the constraint
+    terms of its Q steps)."""
     return RecordDict(
         {PAYLOAD: array_record(z=z.astype(dtype), lam=lam.astype(np.float64)), ROUND: round_config(server_round, evaluate)}
     )
 
 
 def passive_content(nu: np.ndarray, server_round: int, evaluate: bool, dtype) -> RecordDict:
+    """A passive party's training message: ν only, on the wire dtype."""
     return RecordDict({PAYLOAD: array_record(nu=nu.astype(dtype)), ROUND: round_config(server_round, evaluate)})
 
 
@@ -137,15 +143,20 @@ def newton_content(server_round: int, evaluate: bool, alpha: np.ndarray, dtype, 
 
 
 def directions_reply(arrays: dict[str, np.ndarray], sq_norm: float, steps: int) -> RecordDict:
+    """A party's Newton reply: its new direction's logits, θ_kᵀD and DᵀD for the server's search
+    (D: the direction and its kept moves), ‖θ_k‖² and the steps it took."""
     return RecordDict({DIRECTIONS: array_record(**arrays),
                        STATS: MetricRecord({"sq-norm": float(sq_norm), "steps": int(steps)})})
 
 
 def init_content(evaluate: bool) -> RecordDict:
+    """The start message (round 0): parties reply with their initial logits, test logits when ``evaluate``."""
     return RecordDict({ROUND: round_config(0, evaluate)})
 
 
 def logits_reply(u_train: np.ndarray, u_test: np.ndarray | None, sq_norm: float, steps: int) -> RecordDict:
+    """A party's reply to a training or start message: its partial logits (training rows, test rows in
+    evaluation rounds), ‖θ_k‖² and the steps it took."""
     arrays = {"train": u_train} if u_test is None else {"train": u_train, "test": u_test}
     return RecordDict(
         {LOGITS: array_record(**arrays), STATS: MetricRecord({"sq-norm": float(sq_norm), "steps": int(steps)})}
@@ -153,4 +164,5 @@ def logits_reply(u_train: np.ndarray, u_test: np.ndarray | None, sq_norm: float,
 
 
 def read_array(content: RecordDict, record: str, key: str) -> np.ndarray:
+    """The numpy array ``key`` of the ArrayRecord ``record`` in ``content``."""
     return content.array_records[record][key].numpy()

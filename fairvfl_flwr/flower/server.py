@@ -54,6 +54,8 @@ class SyncRounds:
     """The synchronous round loop: every party's reply to round t before round t + 1."""
 
     def run(self, server: "VFLServer", grid: Grid, first: int, last: int, timeout: float, result: Result) -> Result:
+        """Rounds ``first`` to ``last``, each waiting for every party's reply, until the last round or
+        the stop rule ends training; the result of the last round folded."""
         for t in range(first, last + 1):
             replies = server.exchange(grid, server.configure_train(t, ArrayRecord(), ConfigRecord(), grid), timeout)
             replies = server.hooks.incoming(grid, t, replies, timeout)
@@ -130,6 +132,8 @@ class VFLServer:
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """The round's training messages, one per party (each algorithm writes its own: what the active
+        and passive parties receive)."""
         raise NotImplementedError
 
     def masked_gradient_message(self, node_id: int, server_round: int,
@@ -150,10 +154,12 @@ class VFLServer:
         return np.sum([parts[n.node_id] for n in self.ordered_nodes()], axis=0)
 
     def init_content(self) -> RecordDict:
+        """The start message's content (round 0): every party returns its initial logits, test ones too."""
         return msgs.init_content(True)
 
     # -- the round's seams (Flower's names) and the loop ---------------------------------
     def summary(self) -> None:
+        """Log the run's shape once before round 0: data, model, parties, rounds."""
         log(INFO, "%s: %s, %s model, %d parties, %d rounds", type(self).__name__, self.cfg.data_name,
             self.cfg.model, self.cfg.num_parties, self.cfg.num_server_rounds)
 
@@ -293,6 +299,7 @@ class VFLServer:
         return self.stop.update(f_before, f_after, self.groups.gaps(self.labels.y_train, z_after), self.lam)
 
     def log_stop(self, server_round: int) -> None:
+        """Log why training stops and with which round it ends (one more, evaluated, round when this one was not)."""
         ends = "here" if self.last_round == server_round else f"with round {self.last_round} (evaluated)"
         log(INFO, "[round %d] converged: %s; training ends %s", server_round, self.stop.describe(), ends)
 
@@ -379,12 +386,15 @@ class VFLServer:
 
     # -- helpers -------------------------------------------------------------------------
     def who(self, node_id: int, named: bool = True) -> str:
+        """A node as the log and errors name it (its partition and role), or its id before it is known."""
         return str(self.nodes[node_id]) if named and node_id in self.nodes else f"node {node_id}"
 
     def ordered_nodes(self) -> list[Node]:
+        """The nodes by partition id: the order every sum over parties takes, whatever ids the runtime assigned."""
         return sorted(self.nodes.values(), key=lambda n: n.partition_id)
 
     def evaluates(self, server_round: int) -> bool:
+        """Whether the parties also return test logits in ``server_round``: every eval-every rounds and the last."""
         return server_round % self.cfg.eval_every == 0 or server_round == self.last_round
 
     def batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, ConstraintSet]:

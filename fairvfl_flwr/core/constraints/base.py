@@ -58,10 +58,12 @@ class Gap:
 
     @property
     def size_a(self) -> int:
+        """Rows on the gap's first side (its mean is compared with side b's)."""
         return int(self.in_a.sum())
 
     @property
     def size_b(self) -> int:
+        """Rows on the gap's second side."""
         return int(self.in_b.sum())
 
 
@@ -78,6 +80,8 @@ class SensitiveGroups:
 
     @classmethod
     def of(cls, s: np.ndarray, names: tuple[str, ...] | None = None) -> "SensitiveGroups":
+        """The groups of a sensitive column: a boolean column is the paper's two groups (True is a), an
+        integer column holds group codes 0..k-1."""
         s = np.asarray(s)
         if s.dtype == bool:
             return cls(np.where(s, 0, 1), tuple(names or ("a", "b")))
@@ -89,6 +93,7 @@ class SensitiveGroups:
         return len(self.names)
 
     def mask(self, k: int) -> np.ndarray:
+        """The rows of group ``k``."""
         return self.codes == k
 
     def pooled(self, small: list[int]) -> "SensitiveGroups":
@@ -265,14 +270,17 @@ class ConstraintSet:
     # -- sizes ---------------------------------------------------------------------------
     @property
     def size_a(self) -> int:
+        """Rows on side a of the first gap (the paper's group a, for the two-group DEO)."""
         return self.constraints[0].size_a
 
     @property
     def size_b(self) -> int:
+        """Rows on side b of the first gap."""
         return self.constraints[0].size_b
 
     @property
     def num_multipliers(self) -> int:
+        """Two multipliers per gap, one for each sign of the gap's bound |gap| <= ε."""
         return 2 * len(self.constraints)
 
     def smallest_group(self) -> int:

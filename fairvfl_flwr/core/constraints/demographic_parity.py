@@ -26,4 +26,5 @@ class DemographicParity(ConstraintSet):
 
     @classmethod
     def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:
+        """Every row: demographic parity compares the groups whatever the label."""
         return [("all rows", np.ones(len(y), dtype=bool))]

@@ -34,4 +34,5 @@ class DEO(ConstraintSet):
 
     @classmethod
     def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:
+        """The rows the gap is measured on: those with the protected label."""
         return [(f"y={protected_label:+d}", y == protected_label)]

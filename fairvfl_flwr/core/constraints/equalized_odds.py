@@ -27,4 +27,5 @@ class EqualizedOdds(ConstraintSet):
 
     @classmethod
     def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:
+        """Two row sets, one per label value: a true-positive and a false-positive rate gap."""
         return [(f"y={protected_label:+d}", y == protected_label), (f"y={-protected_label:+d}", y == -protected_label)]

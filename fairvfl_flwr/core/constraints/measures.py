@@ -81,20 +81,25 @@ class Loss(Measure):
     needs_nonnegative_weights = True
 
     def values(self, y, z, losses=None):
+        """l_i = log(1 + exp(−y_i z_i)), or ``losses`` when the caller computed them already."""
         return logistic_loss(y, z) if losses is None else losses
 
     def slope(self, y, z):
+        """dl_i/dz_i = o_i = −y_i σ(−y_i z_i)."""
         return loss_derivative(y, z)
 
     def nu(self, y, z, w, n):
+        """ν_i = w_i o_i: the row's weight times its loss slope."""
         return w * loss_derivative(y, z)
 
     def curvature(self, y, z, w, n):
+        """max(w_i, 0) σ'(z_i): a row whose weight is pushed below 0 adds no curvature."""
         p = sigmoid(z)
         return np.maximum(w, 0.0) * (p * (1.0 - p))
 
     def row_bound(self, n, weight_bound):
         # o_j(+1) and o_j(−1) have opposite signs and |o_j(+1)| + |o_j(−1)| = 1
+        """1/n + the weight bound: o_j changes by at most 1 when the label flips."""
         return 1.0 / n + weight_bound
 
 
@@ -112,23 +117,28 @@ class Rate(Measure):
     newton_by_default = True
 
     def values(self, y, z, losses=None):
+        """q_i = σ(z_i), whatever the label."""
         return sigmoid(z)
 
     def slope(self, y, z):
+        """σ'(z_i) = σ(z_i)(1 − σ(z_i)), at most 1/4."""
         p = sigmoid(z)
         return p * (1.0 - p)
 
     def nu(self, y, z, w, n):
+        """ν_i = o_i/n + m_i σ'(z_i): the loss term's slope plus the multiplier weight's rate slope."""
         p = sigmoid(z)
         return loss_derivative(y, z) / n + (w - 1.0 / n) * p * (1.0 - p)
 
     def curvature(self, y, z, w, n):
+        """The second derivative of f̃ in z_i, o_i'/n + m_i σ''(z_i), clipped at 0."""
         p = sigmoid(z)
         dp = p * (1.0 - p)
         return np.maximum(dp / n + (w - 1.0 / n) * dp * (1.0 - 2.0 * p), 0.0)
 
     def row_bound(self, n, weight_bound):
         # |Δo_j|/n + |Δm_j| σ', with m_j moving between ±weight_bound and σ' <= 1/4
+        """1/n + half the weight bound: Δo_j/n plus |Δm_j| σ' with σ' <= 1/4."""
         return 1.0 / n + weight_bound / 2.0
 
 
