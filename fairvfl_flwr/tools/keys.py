@@ -82,7 +82,7 @@ def fingerprints(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fairvfl-keys", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, help="new, peers or fingerprints")
     a = sub.add_parser("new", help="a new private identity key on this machine; prints the public key")
     a.add_argument("--out", type=Path, required=True, help="where the private key goes (a new file, mode 0600)")
     b = sub.add_parser("peers", help="the pinned peers file from every party's public key")
