@@ -2,6 +2,7 @@
 the server is not a Flower Strategy (docs/architecture.md)."""
 
 import importlib
+import json
 import inspect
 import pkgutil
 import random
@@ -13,6 +14,8 @@ from flwr.serverapp.strategy import Strategy
 from fairvfl_flwr import features, jobs
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app import server as app_server
+from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import HOOK_ORDER, build_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.partydata import server_labels_for
@@ -166,3 +169,22 @@ def test_the_server_does_not_claim_flowers_strategy_contract():
     assert not issubclass(VFLServer, Strategy)
     params = inspect.signature(VFLServer.start).parameters
     assert list(params) == ["self", "grid", "num_rounds", "timeout"]  # no initial_arrays: no global model
+
+
+class RoundCounter(RoundHook):
+    """A new round feature's module: a hook that notes every round the server records."""
+
+    def __init__(self) -> None:
+        self.rounds: list[int] = []
+
+    def record(self, server, server_round, row):
+        self.rounds.append(server_round)
+
+
+def test_a_new_round_feature_is_its_module_plus_one_line_in_round_features(monkeypatch, tmp_path):
+    counter = RoundCounter()
+    monkeypatch.setattr(app_server, "ROUND_FEATURES", (*app_server.ROUND_FEATURES, (RoundCounter, lambda s: counter)))
+    _, folder = run_inprocess({"dataset": "crime", "num-parties": 3, "num-server-rounds": 3, "output-dir": str(tmp_path)},
+                              quiet=True)
+    history = json.loads((folder / "history.json").read_text())
+    assert counter.rounds == [row["round"] for row in history] and counter.rounds[:2] == [0, 1]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from logging import ERROR, INFO
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -57,51 +58,69 @@ from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
 
 
-#: The order the server's hooks run in at every point (flower/hooks.py), declared once:
-#: build_server sorts the hooks it picks by it, and a hook class not listed is refused.
-HOOK_ORDER: tuple[type[RoundHook], ...] = (
-    DivergenceGuard,  # first: nothing may checkpoint a diverged state
-    LabelDP,  # the first ν channel: it recomputes ν at the clipped λ, so noise added before it would be lost
-    NuNoise,
-    CkksChannel,  # encrypts ν as the channels before it left it; its second leg's replies are what hooks after it see
-    ServerTranscript,  # after the ν channels (ν as sent), before secure aggregation (replies as received)
-    SecureAggregation,  # before checkpoints: its key set-up runs in begin, before a resume's restart messages
-    Checkpoints,
-    KeepScores,
-    FinalTest,
-    CheckpointBlocks,  # after the guard and FinalTest: a checkpoint's block is of a sound θ, with its test scores
+@dataclass(frozen=True)
+class RunSetup:
+    """What a round feature may read to build its hook for a run."""
+
+    cfg: RunConfig
+    labels: ServerLabels
+    folder: Path  # the run folder
+    resume: tuple[dict, dict] | None  # a checkpoint to continue from (features/checkpoint.load_resume)
+    described: dict | None  # what the model cards say about the data (dataset summary, group names)
+
+
+def _label_dp(s: RunSetup) -> LabelDP | None:
+    c = s.cfg
+    if c.label_dp_epsilon <= 0:
+        return None
+    return LabelDP(s.labels.groups_for(c.constraint, c.measure), epsilon=c.label_dp_epsilon, delta=c.label_dp_delta,
+                   rounds=c.num_server_rounds, lambda_bound=c.label_dp_lambda_bound, min_group=c.label_dp_min_group,
+                   fairness=c.fairness)
+
+
+def _checkpoints(s: RunSetup) -> Checkpoints | None:
+    if s.cfg.checkpoint_every <= 0 and s.resume is None:
+        return None
+    return Checkpoints(s.folder, s.cfg.checkpoint_every, s.cfg.to_flower(), labels_fingerprint(s.labels), s.resume)
+
+
+#: Every round feature, declared once, in the order its hook runs at every point
+#: (flower/hooks.py): its hook class, and the hook a run needs (None: the run leaves it off).
+#: A new round feature is its module plus one line here.
+ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | None]], ...] = (
+    (DivergenceGuard, lambda s: DivergenceGuard()),  # first: nothing may checkpoint a diverged state
+    # the first ν channel: it recomputes ν at the clipped λ, so noise added before it would be lost
+    (LabelDP, _label_dp),
+    # parties cannot redraw the noise: it is seeded by the labels too
+    (NuNoise, lambda s: NuNoise(s.cfg.nu_noise, s.cfg.seed, labels_fingerprint(s.labels)) if s.cfg.nu_noise > 0
+     else None),
+    # encrypts ν as the channels before it left it; its second leg's replies are what hooks after it see
+    (CkksChannel, lambda s: CkksChannel(len(s.labels.y_train)) if s.cfg.secure_nu == "ckks" else None),
+    # after the ν channels (ν as sent), before secure aggregation (replies as received)
+    (ServerTranscript, lambda s: ServerTranscript(s.cfg.transcript_dir, s.cfg.record_first, s.cfg.record_every)
+     if s.cfg.transcript_dir else None),
+    # before checkpoints: its key set-up runs in begin, before a resume's restart messages
+    (SecureAggregation, lambda s: SecureAggregation() if s.cfg.secure_aggregation else None),
+    (Checkpoints, _checkpoints),
+    (KeepScores, lambda s: KeepScores() if s.cfg.mode != "fairvfl" else None),
+    (FinalTest, lambda s: FinalTest() if s.cfg.mode != "split" else None),
+    # after the guard and FinalTest: a checkpoint's block is of a sound θ, with its test scores
+    (CheckpointBlocks, lambda s: CheckpointBlocks(s.folder, s.cfg.checkpoint_every, s.described)
+     if s.cfg.mode != "split" and s.cfg.checkpoint_every > 0 else None),
 )
+#: The order the server's hooks run in (ROUND_FEATURES' order): a hook class not listed is refused.
+HOOK_ORDER: tuple[type[RoundHook], ...] = tuple(kind for kind, _ in ROUND_FEATURES)
 
 
 def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
                  resume: tuple[dict, dict] | None = None, described: dict | None = None) -> VFLServer:
-    """The run's server: the algorithm of ``mode`` with the hooks its features need, in
-    ``HOOK_ORDER``.
+    """The run's server: the algorithm of ``mode`` with the hooks its features need
+    (:data:`ROUND_FEATURES`), in their declared order.
 
     ``described``: what the model cards say about the data (dataset summary, group names).
     """
-    hooks: list[RoundHook] = [DivergenceGuard()]
-    if cfg.label_dp_epsilon > 0:
-        hooks.append(LabelDP(labels.groups_for(cfg.constraint, cfg.measure), epsilon=cfg.label_dp_epsilon,
-                             delta=cfg.label_dp_delta, rounds=cfg.num_server_rounds,
-                             lambda_bound=cfg.label_dp_lambda_bound, min_group=cfg.label_dp_min_group,
-                             fairness=cfg.fairness))
-    if cfg.nu_noise > 0:
-        hooks.append(NuNoise(cfg.nu_noise, cfg.seed, labels_fingerprint(labels)))  # parties cannot redraw it
-    if cfg.secure_nu == "ckks":
-        hooks.append(CkksChannel(len(labels.y_train)))
-    if cfg.transcript_dir:
-        hooks.append(ServerTranscript(cfg.transcript_dir, cfg.record_first, cfg.record_every))
-    if cfg.secure_aggregation:
-        hooks.append(SecureAggregation())
-    if cfg.checkpoint_every > 0 or resume is not None:
-        hooks.append(Checkpoints(folder, cfg.checkpoint_every, cfg.to_flower(), labels_fingerprint(labels), resume))
-    if cfg.mode != "fairvfl":
-        hooks.append(KeepScores())
-    if cfg.mode != "split":
-        hooks.append(FinalTest())
-        if cfg.checkpoint_every > 0:
-            hooks.append(CheckpointBlocks(folder, cfg.checkpoint_every, described))
+    setup = RunSetup(cfg, labels, folder, resume, described)
+    hooks = [hook for _, make in ROUND_FEATURES if (hook := make(setup)) is not None]
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     if cfg.mode == "split":
         algorithm = SplitVFL
@@ -109,7 +128,8 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
         algorithm = SharedNewtonVFL if cfg.secure_aggregation else NewtonVFL
     else:
         algorithm = FairVFL
-    return algorithm(cfg, labels, on_round=on_round, hooks=in_order(hooks, HOOK_ORDER), scheduler=scheduler)
+    order = tuple(kind for kind, _ in ROUND_FEATURES)
+    return algorithm(cfg, labels, on_round=on_round, hooks=in_order(hooks, order), scheduler=scheduler)
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
