@@ -29,6 +29,8 @@ class FairVFL(VFLServer):
     """Fair vertical FL: the server side of one run (or FedBCD with ``fairness = false``)."""
 
     def summary(self) -> None:
+        """Log the run's settings once before round 0: data, model, parties, ε and the constraint (or
+        fairness off), η, β, c, μ, Q, rounds, batch."""
         c = self.cfg
         log(
             INFO,

@@ -77,6 +77,7 @@ class NewtonVFL(VFLServer):
         self.owner = np.zeros(0, dtype=np.int64)  # the party of each direction of the last search
 
     def summary(self) -> None:
+        """Log the run's settings once before round 0, with how many earlier moves each search keeps."""
         c = self.cfg
         log(
             INFO,
@@ -256,14 +257,19 @@ class SharedNewtonVFL(NewtonVFL):
         self.totals: dict = {}  # the round's replies summed over parties (set by subspace, used by take)
 
     def summary(self) -> None:
+        """Also log that the step lengths are shared: under secure aggregation the search sees only
+        sums over parties."""
         super().summary()
         log(INFO, "FairVFL: block Newton with step lengths shared by all parties: the server's search needs only "
             "sums over parties")
 
     def width_of(self, nid: int) -> int:
+        """Columns of each party's reply: the new direction plus the shared kept moves (the same for every party)."""
         return 1 + len(self.dz_moves)
 
     def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """The search's inputs from the replies summed over parties (the only view secure aggregation
+        leaves): the moves' logits, θᵀD, DᵀD and ‖θ‖²."""
         nodes = [n.node_id for n in self.ordered_nodes()]
         self.totals = {key: sum(got[nid][key] for nid in nodes) for key in got[nodes[0]]}
         du = np.column_stack([self.totals["dir"], *self.dz_moves])

@@ -149,6 +149,7 @@ class SplitVFL(VFLServer):
         return np.concatenate([parts[nid].reshape(len(parts[nid]), -1) for nid in self._order()], axis=1)
 
     def z(self, split: str) -> np.ndarray:
+        """The head's output on the parties' embeddings of ``split``: the split-learning model's scores."""
         import torch
 
         with torch.no_grad():

@@ -223,9 +223,12 @@ class CentralisedNewton:
         self.moves: list[np.ndarray] = []
 
     def z(self) -> np.ndarray:
+        """z = Xθ on the joined columns."""
         return self.x @ self.theta
 
     def round(self) -> None:
+        """One round of the one-party reference: the dual step, the Newton direction on all columns and
+        the search over it and the kept moves."""
         z = self.z()
         self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,

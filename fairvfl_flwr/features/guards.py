@@ -35,6 +35,7 @@ class DivergenceGuard(RoundHook):
     """Stop the run at the first round whose objective, λ or z is not finite."""
 
     def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+        """Refuse the round just recorded when its loss, λ or z is not finite, naming the round."""
         row = server.last_row
         with np.errstate(over="ignore", invalid="ignore"):
             z = server.z("train")

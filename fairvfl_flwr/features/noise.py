@@ -26,5 +26,7 @@ class NuNoise(RoundHook):
         self.secret = [int(secret, 16)] if secret else []
 
     def nu(self, server: ServerView | None, server_round: int, nu: np.ndarray) -> np.ndarray:
+        """ν plus Gaussian noise of std nu-noise/n, drawn from the seed, the round (and the server's
+        secret when set)."""
         rng = np.random.default_rng([self.seed, server_round, 0x6E75, *self.secret])
         return nu + rng.normal(scale=self.scale / len(nu), size=nu.shape)

@@ -72,12 +72,14 @@ class RunRecorder:
         _write_atomic(self.folder / "config.json", json.dumps({**cfg.to_flower(), **(extra or {})}, indent=2) + "\n")
 
     def add(self, row: dict) -> None:
+        """Append a round's row; an evaluation round (it holds test accuracy) also rewrites history.json."""
         self.rows.append(row)
         if not math.isnan(row.get("acc", math.nan)):
             self.write_history()
 
     def write_history(self) -> None:
         # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
+        """Write every row so far to history.json, whole, with the columns the run's features add."""
         optional = DEO_COLUMNS + ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS
         columns = COLUMNS + [k for k in optional if any(k in r for r in self.rows)]
         rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]

@@ -65,6 +65,7 @@ def _single_threaded(fn):
 
 
 def extras_available() -> bool:
+    """Whether the baselines' packages (fairlearn, aif360, scikit-learn) are installed."""
     try:
         for m in ("fairlearn", "aif360", "sklearn"):
             _require(m)

@@ -83,6 +83,8 @@ class SimulationSuperLink:
         self.stop()
 
     def flwr(self, *args: str, timeout: float = 120) -> str:
+        """Run the ``flwr`` CLI against this SuperLink (its FLWR_HOME, from the app's folder); its
+        stdout, or FlwrRunError with both streams."""
         out = subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.app_dir,
                              capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
@@ -115,6 +117,7 @@ class SimulationSuperLink:
         return json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"]
 
     def stop(self) -> None:
+        """Stop the SuperLink (terminate, then kill after 20 s) and close its log."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

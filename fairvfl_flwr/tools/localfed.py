@@ -33,6 +33,7 @@ WAIT_POLL_CLI_MAX = 8.0  # ... at most, when each check has to start the flwr CL
 
 
 def free_port() -> int:
+    """A TCP port free on the loopback interface now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]

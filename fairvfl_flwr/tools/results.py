@@ -63,6 +63,7 @@ def commit() -> str:
 
 
 def machine() -> dict:
+    """The machine a page's figures were measured on: CPUs, the 1-minute load, Python, the UTC time."""
     return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2), "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
