@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SLACK = 0.002
+from bench.rounds import rounds_to_gaps  # noqa: E402
+
 BASE = {"optimizer": "newton", "num-server-rounds": 30, "eval-every": 5}
 RUNS = [
     *({"dataset": "compas", "constraint": "demographic-parity", "epsilon": 0.02, "seed": s} for s in (0, 1, 2)),
@@ -37,15 +38,6 @@ RUNS = [
 ]
 
 
-def within_from(history: list[dict], epsilon: float) -> int | None:
-    """The first round from which every later round's largest gap is <= ε + SLACK (None: never)."""
-    hit = None
-    for r in history:
-        if r["round"] > 0:
-            hit = (hit or r["round"]) if r["max_gap"] <= epsilon + SLACK else None
-    return hit
-
-
 def run(overrides: dict) -> dict:
     from fairvfl_flwr.app.run import run_inprocess
     from fairvfl_flwr.config import RunConfig
@@ -57,7 +49,7 @@ def run(overrides: dict) -> dict:
         summary, folder = run_inprocess({**rc, "output-dir": tmp}, quiet=True)
         history = json.loads((Path(folder) / "history.json").read_text())
     return {"run": overrides, "optimizer": cfg.optimizer_in_use, "measure": cfg.measure, "rounds": summary["rounds"],
-            "within_from": within_from(history, cfg.epsilon), "train_max_gap": round(summary["train_max_gap"], 4),
+            "within_from": rounds_to_gaps(history, cfg.epsilon), "train_max_gap": round(summary["train_max_gap"], 4),
             "test_acc": round(100 * summary["test_acc"], 2),
             **{k: round(summary[f"test_{k}"], 3) for k in ("dfp", "dfn", "dp_diff", "eo_diff")},
             "seconds": round(time.perf_counter() - t, 1)}
