@@ -59,11 +59,13 @@ The server gets the sums over parties, which is all the shared-step search needs
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import secrets
 import struct
+from collections.abc import Callable
 from logging import ERROR
 from pathlib import Path
 
@@ -246,14 +248,6 @@ def generate_identities(folder: Path, num_parties: int) -> list[dict[str, str]]:
     return configs
 
 
-def _bytes(array: Array) -> bytes:
-    return array.numpy().tobytes()
-
-
-def _array(blob: bytes) -> Array:
-    return Array(np.frombuffer(blob, dtype=np.uint8).copy())
-
-
 # -- the server's side -----------------------------------------------------------------
 def agree_keys(parties: list[tuple[int, int, str]], send) -> str:
     """Relay a key set-up: each party's signed X25519 key to every party; returns the session id.
@@ -388,7 +382,7 @@ def _private(context: Context) -> X25519PrivateKey:
     if record is None or "private" not in record:
         raise NodeConfigError("privacy.secure-aggregation: this node has no key pair (it restarted after set-up?); "
                               "start the run again")
-    return X25519PrivateKey.from_private_bytes(_bytes(record["private"]))
+    return X25519PrivateKey.from_private_bytes(msgs.array_blob(record["private"]))
 
 
 def _partition(context: Context) -> int:
@@ -464,12 +458,12 @@ def sakeys(message: Message, context: Context) -> Message:
         private = X25519PrivateKey.generate()
         raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                     serialization.NoEncryption())
-        context.state.array_records[KEYS_STATE] = ArrayRecord({"private": _array(raw)})
+        context.state.array_records[KEYS_STATE] = ArrayRecord({"private": msgs.blob_array(raw)})
         context.state.config_records[SESSION_STATE] = ConfigRecord({"session": session})
         context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     signature = identity(context).sign(signed_text(session, own, public))
-    return Message(RecordDict({"secagg": ArrayRecord({"public": _array(public), "signature": _array(signature)})}),
+    return Message(RecordDict({"secagg": ArrayRecord({"public": msgs.blob_array(public), "signature": msgs.blob_array(signature)})}),
                    reply_to=message)
 
 
@@ -479,8 +473,8 @@ def sapeers(message: Message, context: Context) -> Message:
     rt = PartyRuntime(context)
     own = rt.spec.partition_id
     record = message.content.array_records["secagg"]
-    peers = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items() if k.startswith("pk-")}
-    signatures = {int(k.split("-", 1)[1]): _bytes(v) for k, v in record.items() if k.startswith("sig-")}
+    peers = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in record.items() if k.startswith("pk-")}
+    signatures = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in record.items() if k.startswith("sig-")}
     if sorted(peers) != list(range(rt.cfg.num_parties)):
         raise NodeConfigError(f"{rt.who}: secure-aggregation set-up lists parties {sorted(peers)}, "
                               f"expected 0..{rt.cfg.num_parties - 1}")
@@ -511,7 +505,7 @@ def sapeers(message: Message, context: Context) -> Message:
                  "secure-aggregation set-up are not signed by their")
         raise FederationError(f"{rt.who}: {whose} pinned identity key; {hint}refusing the run (a wrong peers entry, "
                               "key substitution or a different session)")
-    keys = {f"k-{j}": _array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
+    keys = {f"k-{j}": msgs.blob_array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
     context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
@@ -525,7 +519,7 @@ def _pair_keys(context: Context) -> dict[int, bytes]:
     keys = _PARSED.get(cache_key)
     if keys is None or len(keys) == 0:
         record = context.state.array_records.get(KEYS_STATE)
-        keys = {int(k.split("-", 1)[1]): _bytes(v) for k, v in (record or {}).items() if k.startswith("k-")}
+        keys = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in (record or {}).items() if k.startswith("k-")}
         if keys:
             _PARSED[cache_key] = keys
     return keys
@@ -579,12 +573,13 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     directions of every reply that carries them, and its ‖θ_k‖², under pair keys bound to
     that view. New records replace the reply's: the guard may hold the plain ones to answer
     a re-sent message, which is then masked again to the same words."""
+    runtime = functools.cache(lambda: PartyRuntime(context))  # built at most once, only where needed
     if deployed(context.node_config):
-        check_deployment(context, PartyRuntime(context))
+        check_deployment(context, runtime())
     held = context.state.config_records.get(SESSION_STATE)
     if held is None or message.metadata.message_type in roundview.UNBOUND:
-        return _mask_reply(message, context, call_next(message, context), None)
-    rt = PartyRuntime(context)
+        return _mask_reply(message, context, call_next(message, context), None, runtime)
+    rt = runtime()
     if not rt.cfg.secure_aggregation:
         return call_next(message, context)
     keys = _pair_keys(context)
@@ -595,24 +590,26 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     reply = call_next(message, context)
     if reply.has_error():
         return reply
-    reply = _mask_reply(message, context, reply, view)
+    reply = _mask_reply(message, context, reply, view, runtime, keys)
     masked_now = roundview.CONFIRM in reply.content.array_records
     roundview.remember(context.state, server_round, part, view, awaiting or masked_now)
     return reply
 
 
-def _mask_reply(message: Message, context: Context, reply: Message, view: bytes | None) -> Message:
+def _mask_reply(message: Message, context: Context, reply: Message, view: bytes | None,
+                runtime: Callable[[], PartyRuntime], raw: dict[int, bytes] | None = None) -> Message:
     """The reply with its logits or directions masked (pair keys bound to ``view``), and this
-    party's confirmations of the view; unchanged if it carries neither or masking is off."""
+    party's confirmations of the view; unchanged if it carries neither or masking is off.
+    ``runtime`` and ``raw`` (the pair keys) are the caller's, read once for the message."""
     if reply.has_error():
         return reply
     name = next((n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in reply.content.array_records), None)
     if name is None:
         return reply
-    rt = PartyRuntime(context)
+    rt = runtime()
     if not rt.cfg.secure_aggregation:
         return reply
-    raw = _pair_keys(context)
+    raw = _pair_keys(context) if raw is None else raw
     k = rt.cfg.num_parties
     if len(raw) != k - 1 or view is None:
         raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(raw)} of "

@@ -166,3 +166,13 @@ def logits_reply(u_train: np.ndarray, u_test: np.ndarray | None, sq_norm: float,
 def read_array(content: RecordDict, record: str, key: str) -> np.ndarray:
     """The numpy array ``key`` of the ArrayRecord ``record`` in ``content``."""
     return content.array_records[record][key].numpy()
+
+
+def blob_array(blob: bytes) -> Array:
+    """Raw bytes (a key, a tag, a signature) as an Array of uint8, for an ArrayRecord."""
+    return Array(np.frombuffer(blob, dtype=np.uint8).copy())
+
+
+def array_blob(array: Array) -> bytes:
+    """The raw bytes an Array of uint8 carries (the inverse of ``blob_array``)."""
+    return array.numpy().tobytes()

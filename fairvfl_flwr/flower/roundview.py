@@ -41,7 +41,6 @@ import json
 import struct
 from collections.abc import Callable, Iterable
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fairvfl_flwr.flower import protocol as msgs
@@ -105,14 +104,6 @@ def confirmation(pair_key: bytes, sender: int, view: bytes) -> bytes:
     return hmac.new(pair_key, CONFIRM_TAG + struct.pack(">I", sender) + view, hashlib.sha256).digest()
 
 
-def _array(blob: bytes) -> Array:
-    return Array(np.frombuffer(blob, dtype=np.uint8).copy())
-
-
-def _blob(record: ArrayRecord, key: str) -> bytes:
-    return record[key].numpy().tobytes()
-
-
 # -- the server's side -----------------------------------------------------------------
 class ServerViews:
     """What the server attaches to each message of a session, and the confirmations it relays."""
@@ -154,7 +145,7 @@ class ServerViews:
             m.content.config_records[VIEW] = record
             tags = self.relay.get(pid_of(m.metadata.dst_node_id), {})
             m.content.array_records[CONFIRM] = ArrayRecord(
-                {f"t-{j}": _array(t) for j, t in sorted(tags.items())})
+                {f"t-{j}": msgs.blob_array(t) for j, t in sorted(tags.items())})
 
     def collect(self, replies: Iterable[Message], pid_of: Callable[[int], int]) -> None:
         """Take each masked reply's confirmations, to relay with the next message."""
@@ -164,7 +155,7 @@ class ServerViews:
                 continue
             sender = pid_of(reply.metadata.src_node_id)
             for key in record.keys():
-                self.relay.setdefault(int(key.split("-", 1)[1]), {})[sender] = _blob(record, key)
+                self.relay.setdefault(int(key.split("-", 1)[1]), {})[sender] = msgs.array_blob(record[key])
 
 
 # -- the party's side ------------------------------------------------------------------
@@ -212,7 +203,7 @@ def confirm_peers(message: Message, pending: bytes, who: str, pair_keys: dict[in
                   pending_round: int) -> None:
     """Every peer's confirmation of ``pending`` must come with ``message``."""
     record = message.content.array_records.get(CONFIRM)
-    tags = {} if record is None else {int(k.split("-", 1)[1]): _blob(record, k) for k in record.keys()}
+    tags = {} if record is None else {int(k.split("-", 1)[1]): msgs.array_blob(record[k]) for k in record.keys()}
     for j in sorted(pair_keys):
         if j not in tags:
             raise FederationError(f"{who}: no confirmation from party {j} of the view of round {pending_round}; "
@@ -231,4 +222,4 @@ def remember(state: RecordDict, server_round: int, name: str, view: bytes, await
 
 def confirmations(view: bytes, own: int, pair_keys: dict[int, bytes]) -> ArrayRecord:
     """This party's confirmation of ``view`` to each peer."""
-    return ArrayRecord({f"t-{j}": _array(confirmation(k, own, view)) for j, k in sorted(pair_keys.items())})
+    return ArrayRecord({f"t-{j}": msgs.blob_array(confirmation(k, own, view)) for j, k in sorted(pair_keys.items())})

@@ -49,6 +49,7 @@ common ids of its own file in its node state and scores only those rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import secrets
 import time
@@ -490,19 +491,25 @@ class _Signer:
         return (SIGNED + b"\0" + self.session.encode() + b"\0" + self.purpose.encode() + b"\0" + made_at.encode()
                 + b"\0" + str(about).encode() + b"\0" + hashlib.sha256(payload).digest())
 
+    @functools.cached_property
+    def _identity(self):
+        # a node whose operator accepted unauthenticated jobs and named no key signs with the demo key
+        return secagg.identity(self.context, unauthenticated_ok=secagg.allows_unmasked(self.context.node_config))
+
+    @functools.cached_property
+    def _peers(self):
+        return secagg.peer_keys(self.context, self.cfg.num_parties)
+
     def sign(self, made_at: str, about: int, payload: bytes) -> bytes:
         """This party's signature of ``payload`` (made at step ``made_at``, about party ``about``)."""
-        # a node whose operator accepted unauthenticated jobs and named no key signs with the demo key
-        open_node = secagg.allows_unmasked(self.context.node_config)
-        return secagg.identity(self.context, unauthenticated_ok=open_node).sign(self._text(made_at, about, payload))
+        return self._identity.sign(self._text(made_at, about, payload))
 
     def verify(self, made_at: str, about: int, payload: bytes, signature: bytes, what: str,
                signer_pid: int | None = None) -> None:
         """Refuse unless party ``signer_pid`` (default ``about``) signed ``payload`` for this session."""
         signer = about if signer_pid is None else signer_pid
         try:
-            secagg.peer_keys(self.context, self.cfg.num_parties)[signer].verify(bytes(signature),
-                                                                                 self._text(made_at, about, payload))
+            self._peers[signer].verify(bytes(signature), self._text(made_at, about, payload))
         except (InvalidSignature, KeyError, TypeError):
             raise FederationError(f"{self.spec.name}: alignment step {self.step!r}: {what} are not signed by party "
                                   f"{signer}'s pinned identity key for this alignment; refused (a server's own list, "
