@@ -9,9 +9,10 @@ import torch
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import CONSTRAINTS, MEASURES, ConstraintSet
 from fairvfl_flwr.core.models import build_model
-from fairvfl_flwr.core.objective import CONSTRAINTS, MEASURES, loss_derivative, train_stats
+from fairvfl_flwr.core.constraints.measures import loss_derivative
+from fairvfl_flwr.core.objective import train_stats
 from fairvfl_flwr.data.partition import split_columns
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.core.reference import CentralisedGDA

@@ -11,7 +11,7 @@ from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.core.constraints import CONSTRAINTS, KINDS, ConstraintSet, GroupSizeError, register
 from fairvfl_flwr.core.metrics import fairness_metrics
 from fairvfl_flwr.features import labeldp
-from fairvfl_flwr.core.objective import logistic_loss, loss_derivative, sigmoid
+from fairvfl_flwr.core.constraints.measures import logistic_loss, loss_derivative, sigmoid
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.data.tables import load_csv

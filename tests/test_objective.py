@@ -6,7 +6,7 @@ import torch
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.models import build_model
-from fairvfl_flwr.core.objective import loss_derivative, logistic_loss
+from fairvfl_flwr.core.constraints.measures import loss_derivative, logistic_loss
 from fairvfl_flwr.core.reference import lagrangian
 
 

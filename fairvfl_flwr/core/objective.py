@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
-from fairvfl_flwr.core.constraints.measures import logistic_loss, loss_derivative, sigmoid
+from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints.measures import logistic_loss
 
-__all__ = ["CONSTRAINTS", "FORMS", "MEASURES", "TrainStats", "logistic_loss", "loss_derivative", "sigmoid",
-           "train_stats"]
+__all__ = ["TrainStats", "train_stats"]
 
 
 @dataclass(frozen=True)

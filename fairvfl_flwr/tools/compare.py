@@ -48,7 +48,7 @@ from typing import Any
 
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.core.models import MODELS
-from fairvfl_flwr.core.objective import MEASURES
+from fairvfl_flwr.core.constraints import MEASURES
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.data.tables import DATASETS, load_dataset
 from fairvfl_flwr.features.final_logits import load_scores

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fairvfl_flwr.core.objective import MEASURES
+from fairvfl_flwr.core.constraints import MEASURES
 from fairvfl_flwr.tools.paper import fairvfl_name
 
 METHODS = ("fedbcd", "eo", "ceo", "fairvfl", "fairvfl-eo", "fairvfl-dp", "split", "central")
