@@ -64,27 +64,25 @@ def _to_overall(values: list[float], overall: float) -> float:
     return float(max(v)) if v else float("nan")
 
 
-def positive_rate_gaps(codes: np.ndarray, pred: np.ndarray) -> dict[str, float]:
-    """Demographic-parity difference of predictions ``pred`` in {-1, +1} over group codes:
-    ``dpd`` the largest pairwise gap in the share predicted +1, ``dpd_overall`` the largest
-    gap of a group's share to the share over all rows (fairlearn's
-    ``demographic_parity_difference`` is the pairwise one)."""
-    codes, positive = np.asarray(codes), np.asarray(pred) == 1
-    rates = [_rate(positive, codes == k) for k in np.unique(codes)]
-    return {"dpd": _spread(rates), "dpd_overall": _to_overall(rates, float(positive.mean()))}
-
-
 def _share(hit: np.ndarray, rows: np.ndarray) -> float:
     # fairlearn's zero_division: a rate over no rows is 0
     return float(hit[rows].mean()) if rows.any() else 0.0
 
 
+def positive_rate_gaps(codes: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """Demographic-parity difference of predictions ``pred`` in {-1, +1} (or {0, 1}) over the
+    groups present in ``codes``: ``dpd`` the largest pairwise gap in the share predicted +1
+    (fairlearn's ``demographic_parity_difference``), ``dpd_overall`` the largest gap of a
+    group's share to the share over all rows."""
+    codes, positive = np.asarray(codes), np.asarray(pred) == 1
+    shares = [_share(positive, codes == k) for k in np.unique(codes)]
+    return {"dpd": float(max(shares) - min(shares)), "dpd_overall": _to_overall(shares, float(positive.mean()))}
+
+
 def demographic_parity_difference(pred: np.ndarray, groups: np.ndarray) -> float:
     """fairlearn's ``demographic_parity_difference``: the largest minus the smallest share of
-    rows predicted positive (``pred`` in {-1, +1} or {0, 1}) over the groups present in ``groups``."""
-    positive, groups = np.asarray(pred) == 1, np.asarray(groups)
-    shares = [_share(positive, groups == g) for g in np.unique(groups)]
-    return float(max(shares) - min(shares))
+    rows predicted positive over the groups present in ``groups`` (:func:`positive_rate_gaps`)."""
+    return positive_rate_gaps(groups, pred)["dpd"]
 
 
 def equalized_odds_difference(y: np.ndarray, pred: np.ndarray, groups: np.ndarray) -> float:

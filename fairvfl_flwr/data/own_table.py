@@ -23,6 +23,8 @@ its block, which the scoring path applies to new rows.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.encoding import Preprocessing
-from fairvfl_flwr.data.tables import DataError, normalise_ids, read_party_file
+from fairvfl_flwr.data.tables import (DataError, Finding, blank_markers, examples, normalise_ids, read_party_file,
+                                      row_numbers)
 
 NUMBER, CATEGORY = "number", "category"
 FILL_RULES = ("mean", "median", "mode")
@@ -42,32 +45,76 @@ def id_pattern(value: str) -> str:
     return re.sub(r"[A-Za-z]", "a", re.sub(r"[0-9]", "9", value))[:40]
 
 
+@dataclass(frozen=True)
+class RawTable:
+    """A party's raw file as read: the frame, what its declared missing markers blanked, and
+    its id column's problems (or its normalised ids when it has none)."""
+
+    frame: Any  # callers must not change it: it is shared by every reader in this process
+    blanked: dict  # column -> cells made missing by a declared marker
+    id_problems: tuple[Finding, ...]
+    ids: np.ndarray | None  # None when id_problems is not empty
+
+
+def raw_table(path: str | Path, id_column: str, who: str, missing_values: tuple[str, ...] = ()) -> RawTable:
+    """A party's raw table or score file (CSV, or Parquet by suffix), every cell equal to one
+    of ``missing_values`` made missing (tables.blank_markers); read once per process and file
+    version, so that the pre-flight check and the alignment that follows it parse it once.
+    Refuses, naming ``who`` and the file, a file that is missing or cannot be read."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"{who}: {p}: file not found")
+    st = os.stat(p)
+    return _raw_table(str(p), id_column, who, (st.st_size, st.st_mtime_ns), tuple(missing_values))
+
+
+@functools.lru_cache(maxsize=4)
+def _raw_table(path: str, id_column: str, who: str, stamp: tuple, markers: tuple[str, ...]) -> RawTable:
+    df = read_party_file(path, f"{who}: {path}", id_column)
+    blanked = blank_markers(df, markers, keep_text=(id_column,))
+    problems = tuple(id_findings(df, id_column))
+    return RawTable(df, blanked, problems, None if problems else normalise_ids(df[id_column].to_numpy()))
+
+
 def read_table(path: str | Path, id_column: str, who: str, missing_values: tuple[str, ...] = ()
                ) -> tuple[np.ndarray, Any]:
-    """A party's raw table (CSV, or Parquet by suffix): its normalised ids and the frame, every
-    cell equal to one of ``missing_values`` made missing (tables.blank_markers).
+    """A party's raw table: its normalised ids and the frame (:func:`raw_table`; callers must
+    not change the frame). Refuses, naming ``who`` and the file, the first of
+    :func:`id_findings`."""
+    raw = raw_table(path, id_column, who, missing_values)
+    if raw.id_problems:
+        raise raw.id_problems[0].error(f"{who}: {Path(path).expanduser()}")
+    return raw.ids, raw.frame
 
-    Refuses, naming ``who`` and the file: a missing file or id column, missing ids,
-    duplicate ids (with an example)."""
-    p = Path(path).expanduser()
-    where = f"{who}: {p}"
-    if not p.is_file():
-        raise DataError(f"{where}: file not found")
-    df = read_party_file(p, where, id_column, missing_values=missing_values)
+
+def id_findings(df: Any, id_column: str) -> list[Finding]:
+    """The id column's problems: not there, missing ids, duplicate ids once spaces are
+    stripped (:func:`normalise_ids`)."""
     if id_column not in df.columns:
-        shown = ", ".join(map(str, df.columns[:10]))
-        raise DataError(f"{where}: id column {id_column!r} not found (columns: {shown}"
-                        f"{'...' if df.shape[1] > 10 else ''})")
+        more = "..." if df.shape[1] > 10 else ""
+        return [Finding("id column not found", f"id column {id_column!r} not found (columns: "
+                        f"{examples(map(str, df.columns[:10]))}{more}); set node config id-column")]
+    found = []
     col = df[id_column]
     if col.isna().any():
-        raise DataError(f"{where}: id column {id_column!r} has {int(col.isna().sum())} missing ids")
-    ids = normalise_ids(col.to_numpy())
-    uniq, counts = np.unique(ids, return_counts=True)
-    if len(uniq) != len(ids):
-        dup = uniq[counts > 1]
-        raise DataError(f"{where}: id column {id_column!r} has {len(dup)} duplicate ids (after stripping spaces); "
-                        "every row needs its own id", local=f"e.g. {dup[:3].tolist()}")
-    return ids, df
+        rows = np.flatnonzero(col.isna().to_numpy())
+        found.append(Finding("missing ids", f"id column {id_column!r} has {len(rows)} missing ids",
+                             f"rows {row_numbers(rows)}"))
+    uniq, counts = np.unique(normalise_ids(col.dropna().to_numpy()), return_counts=True)
+    dup = uniq[counts > 1]
+    if len(dup):
+        found.append(Finding("duplicate ids", f"id column {id_column!r} has {len(dup)} duplicate ids in "
+                             f"{int(counts[counts > 1].sum())} rows (after stripping spaces); every row needs its "
+                             "own id", f"e.g. {examples(dup)}"))
+    return found
+
+
+def number_like(col: Any) -> tuple[Any, Any]:
+    """(the column as numbers, its non-missing cells that are not numbers)."""
+    import pandas as pd
+
+    as_num = pd.to_numeric(col, errors="coerce")
+    return as_num, col[as_num.isna() & col.notna()]
 
 
 def parse_rules(text: str, key: str) -> dict[str, str]:
@@ -81,13 +128,37 @@ def parse_rules(text: str, key: str) -> dict[str, str]:
     return out
 
 
+def type_finding(column: str, declared: str) -> Finding | None:
+    """Why a ``tables.types`` entry cannot be read, or None."""
+    if declared in (NUMBER, CATEGORY):
+        return None
+    return Finding("a setting", f"tables.types: column {column!r}: {declared!r} is neither 'number' nor 'category'")
+
+
+def fill_finding(column: str, rule: str, kind: str | None = None) -> Finding | None:
+    """Why a ``tables.missing`` rule cannot fill ``column`` of type ``kind`` (None: the type is
+    not known yet, only the rule's form is checked), or None."""
+    if rule.startswith("value:"):
+        value = rule[len("value:"):]
+        if kind == NUMBER:
+            try:
+                float(value)
+            except ValueError:
+                return Finding("rule does not fit", f"tables.missing {column}={rule}: column {column!r} holds "
+                               f"numbers, {value!r} is not one")
+        return None
+    if rule not in FILL_RULES:
+        return Finding("a setting", f"tables.missing {column}={rule}: choose mean, median, mode or value:<v>")
+    if kind == CATEGORY and rule != "mode":
+        return Finding("rule does not fit", f"tables.missing {column}={rule}: column {column!r} holds categories; "
+                       f"{rule} needs numbers (use {column}=mode or {column}=value:unknown)")
+    return None
+
+
 def _check_rules(types: dict[str, str], missing: dict[str, str]) -> None:
-    for c, t in types.items():
-        if t not in (NUMBER, CATEGORY):
-            raise DataError(f"tables.types: column {c!r}: {t!r} is neither 'number' nor 'category'")
-    for c, r in missing.items():
-        if r not in FILL_RULES and not r.startswith("value:"):
-            raise DataError(f"tables.missing: column {c!r}: {r!r}; choose mean, median, mode or value:<v>")
+    for found in [*(type_finding(c, t) for c, t in types.items()), *(fill_finding(c, r) for c, r in missing.items())]:
+        if found is not None:
+            raise DataError(found.text)
 
 
 @dataclass(frozen=True)
@@ -123,8 +194,7 @@ def prepare_block(df: Any, columns: list[str], train_rows: np.ndarray, test_rows
         col = frame[c]
         kind = type_rules.get(c, NUMBER if pd.api.types.is_numeric_dtype(col) else CATEGORY)
         if kind == NUMBER and not pd.api.types.is_numeric_dtype(col):
-            as_num = pd.to_numeric(col, errors="coerce")
-            bad = col[as_num.isna() & col.notna()]
+            as_num, bad = number_like(col)
             if len(bad):
                 raise DataError(f"{where}: column {c!r} (tables.types number) holds {len(bad)} values that are not "
                                 "numbers", local=f"e.g. {bad.iloc[:3].tolist()}")
@@ -176,17 +246,12 @@ def prepare_block(df: Any, columns: list[str], train_rows: np.ndarray, test_rows
 
 def _fill_value(train: Any, kind: str, rule: str, column: str, where: str) -> Any:
     """The value missing entries of ``column`` become, from its training rows' values."""
+    found = fill_finding(column, rule, kind)
+    if found is not None:
+        raise DataError(found.text)
     if rule.startswith("value:"):
         value: Any = rule[len("value:"):]
-        if kind == NUMBER:
-            try:
-                return float(value)
-            except ValueError:
-                raise DataError(f"tables.missing: column {column!r} holds numbers; {rule!r} is not one") from None
-        return value
-    if kind == CATEGORY and rule != "mode":
-        raise DataError(f"tables.missing: column {column!r} holds categories; {rule!r} needs numbers "
-                        "(use mode or value:<v>)")
+        return float(value) if kind == NUMBER else value
     if not len(train):
         raise DataError(f"{where}: column {column!r}: no training row has a value to compute {rule!r} from")
     value = train.mode().iloc[0] if rule == "mode" else (train.mean() if rule == "mean" else train.median())

@@ -38,8 +38,8 @@ from typing import Any, BinaryIO, Callable, Mapping
 import numpy as np
 
 from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
-from fairvfl_flwr.data.tables import (DATASETS, DataError, as_text, norm_value, parse_markers, read_csv,
-                                      sensitive_columns, sensitive_encodings)
+from fairvfl_flwr.data.tables import (DATASETS, DataError, Finding, as_text, examples, norm_value, parse_markers,
+                                      read_csv, row_numbers, sensitive_columns, sensitive_encodings)
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
@@ -277,7 +277,7 @@ def unexpected_labels(labels: np.ndarray, spec: PartySpec) -> dict[str, np.ndarr
 
 def describe_labels(extra: dict[str, np.ndarray], spec: PartySpec) -> str:
     """The refusal's text for :func:`unexpected_labels`: each value, its count and example rows."""
-    shown = "; ".join(f"{v!r} in {len(rows)} rows (e.g. rows {', '.join(str(r + 1) for r in rows[:3])})"
+    shown = "; ".join(f"{v!r} in {len(rows)} rows (e.g. rows {row_numbers(rows)})"
                       for v, rows in sorted(extra.items(), key=lambda kv: -len(kv[1]))[:6])
     pos = norm_value(spec.label_positive)
     if spec.label_negative:
@@ -287,36 +287,73 @@ def describe_labels(extra: dict[str, np.ndarray], spec: PartySpec) -> str:
             "negative one (node config label-negative) and fix or drop the rows of the others")
 
 
-def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """The label owner's y (±1) and group of every row of ``df``: True = group a, or with
-    neither group named, each value's (or combination's) index among the sorted values."""
-    for role, col in (("label", spec.label_column), *(("sensitive", c) for c in group_columns(df, spec))):
+def label_findings(df, spec: PartySpec) -> tuple[list[Finding], np.ndarray]:
+    """Every problem of the label owner's label and sensitive columns in ``df``, and the rows
+    free of them (where the pre-flight counts the groups; the run refuses on the first).
+
+    A column not there, missing values, a label that never equals label-positive, label
+    values beyond the two (without label-negative, the most frequent other value is then
+    taken as the negative one for the rows kept), group values beyond group-a and group-b."""
+    found: list[Finding] = []
+    columns = (("label", spec.label_column), *(("sensitive", c) for c in group_columns(df, spec)))
+    for role, col in columns:
         if col not in df.columns:
-            raise DataError(f"{where}: {role} column {col!r} (node config {role}-column) not found")
+            found.append(Finding(f"{role} column not found", f"{role} column {col!r} (node config {role}-column) "
+                                 "not found"))
+    valid = np.ones(len(df), dtype=bool)
+    if found:
+        return found, valid
+    for role, col in columns:
         if df[col].isna().any():
-            raise DataError(f"{where}: {role} column {col!r} has {int(df[col].isna().sum())} missing values")
+            rows = np.flatnonzero(df[col].isna().to_numpy())
+            found.append(Finding(f"missing {role} values", f"{role} column {col!r} has {len(rows)} missing values; "
+                                 "fix or drop those rows", f"e.g. rows {row_numbers(rows)}"))
+            valid[rows] = False
     labels = _text(df[spec.label_column])
     pos = norm_value(spec.label_positive)
     if not (labels == pos).any():
-        raise DataError(
-            f"{where}: label column {spec.label_column!r} never equals label-positive={pos!r} "
-            f"(values: {sorted(set(labels))[:5]})"
-        )
-    extra = unexpected_labels(labels, spec)
+        found.append(Finding("label-positive never seen", f"label column {spec.label_column!r} never equals "
+                             f"label-positive={pos!r} (values: {examples(sorted(set(labels)))})"))
+        return found, valid & False
+    extra = unexpected_labels(labels[valid], spec)
     if extra:  # a third value would silently count as negative
-        raise DataError(f"{where}: label column {spec.label_column!r} {describe_labels(extra, spec)}")
-    y = np.where(labels == pos, 1.0, -1.0)
+        found.append(Finding("unexpected label values", f"label column {spec.label_column!r} "
+                             f"{describe_labels({v: np.flatnonzero(valid)[r] for v, r in extra.items()}, spec)}"))
+        if not spec.label_negative:  # undeclared: the most frequent other value is taken as the negative one
+            del extra[max(extra, key=lambda v: len(extra[v]))]
+        valid &= ~np.isin(labels, list(extra))
+    if spec.group_a or spec.group_b:
+        groups = group_values(df, spec)
+        a, b = norm_value(spec.group_a), norm_value(spec.group_b)
+        odd = valid & ~np.isin(groups, [a, b])
+        if odd.any():
+            found.append(Finding("unexpected group values", f"sensitive column {spec.sensitive_column!r} holds "
+                                 f"values other than group-a={a!r} and group-b={b!r}: "
+                                 f"{examples(sorted(set(groups[odd])))} ({int(odd.sum())} rows); fix or drop those "
+                                 "rows, or name neither group (every value a group)",
+                                 f"e.g. rows {row_numbers(np.flatnonzero(odd))}"))
+            valid &= ~odd
+    return found, valid
+
+
+def label_codes(df, spec: PartySpec) -> tuple[np.ndarray, np.ndarray]:
+    """y (±1) and group of every row of ``df``, whose rows :func:`label_findings` kept: True =
+    group a, or with neither group named, each value's (or combination's) index among the
+    sorted values (the server label file's order)."""
+    y = np.where(_text(df[spec.label_column]) == norm_value(spec.label_positive), 1.0, -1.0)
     groups = group_values(df, spec)
-    a, b = norm_value(spec.group_a), norm_value(spec.group_b)
-    if not (spec.group_a or spec.group_b):  # every value is a group, in the server label file's order
+    if not (spec.group_a or spec.group_b):
         return y, np.searchsorted(np.asarray(sorted(set(groups))), groups).astype(np.int64)
-    other = sorted(set(groups) - {a, b})
-    if other:
-        raise DataError(
-            f"{where}: sensitive column {spec.sensitive_column!r} holds values other than group-a={a!r} "
-            f"and group-b={b!r}: {other[:5]}"
-        )
-    return y, groups == a
+    return y, groups == norm_value(spec.group_a)
+
+
+def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The label owner's y and groups of every row of ``df`` (:func:`label_codes`); refuses,
+    naming ``where``, the first of :func:`label_findings`."""
+    found, _ = label_findings(df, spec)
+    if found:
+        raise found[0].error(where)
+    return label_codes(df, spec)
 
 
 def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:

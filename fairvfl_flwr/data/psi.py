@@ -32,7 +32,6 @@ keys (the decisional Diffie-Hellman assumption on P-256).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -168,18 +167,10 @@ def split_common(n: int, train_fraction: float, seed: int, validation_fraction: 
     return codes
 
 
-# -- a party's table, read once per process and file version --------------------------------
-@functools.lru_cache(maxsize=4)
-def _table(path: str, id_column: str, who: str, stamp: tuple, markers: tuple[str, ...]) -> tuple[np.ndarray, Any]:
-    return read_table(path, id_column, who, markers)
-
-
+# -- a party's table, read once per process and file version (own_table.raw_table) ------------
 def own_table(spec: PartySpec) -> tuple[np.ndarray, Any]:
     """The party's normalised ids and raw frame (callers must not change the frame)."""
-    p = Path(spec.table_path)
-    st = os.stat(p) if p.is_file() else None
-    stamp = (st.st_size, st.st_mtime_ns) if st else ()
-    return _table(spec.table_path, spec.id_column, spec.name, stamp, spec.missing_values)
+    return read_table(spec.table_path, spec.id_column, spec.name, spec.missing_values)
 
 
 def feature_columns(spec: PartySpec, df: Any, sensitive_as_input: bool = False) -> list[str]:

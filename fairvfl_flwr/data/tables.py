@@ -18,7 +18,7 @@ column or count at fault, before any training starts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dataclasses
 import functools
@@ -87,6 +87,40 @@ class DataError(ValueError):
     def __init__(self, message: str, local: str = "") -> None:
         super().__init__(f"{message}, {local}" if local else message)
         self.public = f"{message} (examples in this party's own log)" if local else message
+
+
+class Finding(NamedTuple):
+    """One problem of a party's file, found by a check that both the pre-flight (which lists
+    every one) and the run (which refuses on the first) call: ``kind`` a few generic words
+    (no column, no value), ``text`` what a refusal says, ``local`` its examples (the party's
+    own eyes only, as :class:`DataError`'s)."""
+
+    kind: str
+    text: str
+    local: str = ""
+
+    def error(self, where: str) -> DataError:
+        """The refusal of this problem, naming ``where`` (party and file)."""
+        return DataError(f"{where}: {self.text}", local=self.local)
+
+    @property
+    def full(self) -> str:
+        """The text with its examples, as the party's own log shows it."""
+        return f"{self.text}, {self.local}" if self.local else self.text
+
+
+#: How many example values or rows a problem's text shows.
+EXAMPLES = 3
+
+
+def examples(values: Any) -> str:
+    """The first few of ``values`` as Python literals, for a problem's text."""
+    return ", ".join(repr(v.item() if isinstance(v, np.generic) else v) for v in list(values)[:EXAMPLES])
+
+
+def row_numbers(positions: np.ndarray) -> str:
+    """The first few rows as a person counts them in the file (1 = the first row after the header)."""
+    return ", ".join(str(int(p) + 1) for p in positions[:EXAMPLES])
 
 
 @dataclass(frozen=True)

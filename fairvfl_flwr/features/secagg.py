@@ -425,11 +425,11 @@ def peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey]
                                   "file with every party's public identity key")
         return {j: _demo_key(j).public_key() for j in range(num_parties)}
     try:
-        table = json.loads(Path(str(path)).read_text())
-        keys = {int(j): Ed25519PublicKey.from_public_bytes(bytes.fromhex(v)) for j, v in table.items()}
+        parties = {int(j): v for j, v in json.loads(Path(str(path)).read_text()).items()}
     except (OSError, ValueError, AttributeError) as err:
         raise NodeConfigError(f"node config {PEERS}={path}: not a JSON object of partition id -> Ed25519 public key "
                               f"hex ({err})") from err
+    keys = {j: public_key(v, f"node config {PEERS}={path}, party {j}") for j, v in parties.items()}
     missing = sorted(set(range(num_parties)) - set(keys))
     if missing:
         raise NodeConfigError(f"node config {PEERS}={path}: no identity key for parties {missing}")
