@@ -79,6 +79,16 @@ def test_a_published_page_names_its_command_and_keeps_its_json(tmp_path):
     assert not (tmp_path / "README.md").exists()  # the index belongs to docs/results only
 
 
+def test_a_reference_page_includes_a_results_table_between_its_markers(tmp_path):
+    from fairvfl_flwr.tools.results import include
+
+    doc = tmp_path / "page.md"
+    doc.write_text("intro\n<!-- results/demo: begin -->\nold table\n<!-- results/demo: end -->\nafter\n")
+    assert include(doc, "demo", "| a |\n|---|\n| 2 |\n")
+    assert doc.read_text() == "intro\n<!-- results/demo: begin -->\n| a |\n|---|\n| 2 |\n<!-- results/demo: end -->\nafter\n"
+    assert not include(doc, "other", "x") and "x" not in doc.read_text().split("after")[1]
+
+
 def test_a_pages_command_carries_no_folder_of_the_machine_it_ran_on(monkeypatch):
     from fairvfl_flwr.tools import results
 

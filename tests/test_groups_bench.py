@@ -1,13 +1,10 @@
-"""The pieces bench/groups.py compares with: fairlearn's moment per constraint kind, test metrics
-on the constraint's (pooled) groups, the demographic-parity difference; and one tiny run of
-the script itself."""
+"""The pieces bench/groups.py compares with: fairlearn's moment per constraint kind and bound,
+ThresholdOptimizer, test metrics on the constraint's (pooled) groups, the demographic-parity
+difference, reading curves at common gaps; and one tiny run of the script itself."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +13,8 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.constraints import CONSTRAINTS
 from fairvfl_flwr.core.metrics import positive_rate_gaps
-from fairvfl_flwr.tools import baselines
+from fairvfl_flwr.tools import baselines, tradeoff
 from fairvfl_flwr.tools.baselines import EG_MOMENTS, group_metrics, regroup
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_constraint_kind_has_its_fairlearn_moment():
@@ -89,25 +84,98 @@ def test_the_moment_decides_which_gap_exponentiated_gradient_closes_on_its_train
     assert fit("deo", protected_label=1)["dfp"] > plain["dfp"] / 2
 
 
-@pytest.mark.slow  # a fresh interpreter
-def test_the_bench_scores_fairvfl_on_the_runs_own_split_and_records_its_optimizer(tmp_path):
+def test_a_difference_bound_reaches_fairlearns_moment():
     pytest.importorskip("fairlearn")
-    cmd = [sys.executable, "bench/groups.py", "--datasets", "crime", "--constraints", "demographic-parity",
-           "--seeds", "0", "--set", "num-server-rounds=2", "--out", str(tmp_path)]
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
-    page = json.loads((tmp_path / "groups-eo-dp.json").read_text())
-    rows = {r["method"]: r for r in page["rows"]}
-    assert set(rows) == {"FairVFL", "unconstrained VFL", "fairlearn EG (central)"}
-    assert rows["fairlearn EG (central)"]["moment"] == "DemographicParity"
-    base = {"dataset": "crime", "seed": 0, "constraint": "demographic-parity", "num-server-rounds": 2,
-            "pool-small-groups": True, "num-parties": 3, "eval-every": 1000, "mode": "fairvfl-scores"}
-    for method, extra in (("FairVFL", {}), ("unconstrained VFL", {"fairness": False})):
-        summary, _ = run_inprocess({**base, **extra, "output-dir": str(tmp_path / method)}, quiet=True)
-        row = rows[method]
-        assert row["optimizer"] == RunConfig.from_flower({**base, **extra}).optimizer_in_use
-        assert row["rounds"] == summary["rounds"] == 2
-        assert row["train_max_gap"] == pytest.approx(summary["train_max_gap"])
-        # two groups: the server's own test metrics are the bench's pairwise ones
-        for k in ("acc", "dfp", "dfn"):
-            assert row[k] == pytest.approx(summary[f"test_{k}"]), k
-    assert page["summary"][0]["acc"] == pytest.approx(rows["FairVFL"]["acc"])
+    assert baselines.eg_moment("equalized-odds", 0.05).eps == 0.05
+    assert baselines.eg_moment("demographic-parity").eps == 0.01  # fairlearn's default
+    with pytest.raises(ValueError, match="difference bound must be > 0"):
+        baselines.eg_moment("demographic-parity", 0.0)
+
+
+@pytest.mark.slow  # two ExponentiatedGradient fits
+def test_a_tighter_bound_gives_exponentiated_gradient_a_smaller_gap():
+    pytest.importorskip("fairlearn")
+    x, y, s = _biased(300)
+    loose, tight = (group_metrics(y, s, baselines.eg_predict(x, y, s, x, 1, "demographic-parity", bound=b, max_iter=10))
+                    for b in (0.3, 0.01))
+    assert tight["dp_diff"] < loose["dp_diff"] - 0.1
+
+
+def test_threshold_optimizer_reads_the_group_of_every_row_it_predicts():
+    pytest.importorskip("fairlearn")
+    x, y, s = _biased(800)
+    plain = group_metrics(y, s, baselines.plain_predict(x, y, x))
+    post = group_metrics(y, s, baselines.threshold_predict(x, y, s, x, s, 1, "demographic-parity"))
+    assert plain["dp_diff"] > 0.2 and post["dp_diff"] < plain["dp_diff"] / 3
+    # the same rows told the other group: the thresholds follow the group, not the features
+    swapped = group_metrics(y, s, baselines.threshold_predict(x, y, s, x, ~s, 1, "demographic-parity"))
+    assert swapped["dp_diff"] > plain["dp_diff"]
+
+
+def _biased(n):
+    rng = np.random.default_rng(0)
+    s = rng.random(n) < 0.5
+    x = rng.normal(size=(n, 3)) + np.where(s, 1.0, 0.0)[:, None]  # group a scores higher
+    y = np.where(x[:, 0] + 0.5 * rng.normal(size=n) > 0.5, 1, -1)
+    return x, y, s
+
+
+def test_a_curve_is_read_on_its_non_dominated_points_linearly_and_never_below_its_smallest_gap():
+    # (gap, accuracy): (0.2, 0.79) and (0.4, 0.85) are dominated by (0.1, 0.80) and (0.3, 0.86);
+    # (0.3, 0.84) is the same gap at a lower accuracy
+    points = [(0.3, 0.84), (0.4, 0.85), (0.1, 0.80), (0.2, 0.79), (0.3, 0.86)]
+    assert tradeoff.frontier(points) == [(0.1, 0.80), (0.3, 0.86)]
+    assert tradeoff.accuracy_at_gap(points, 0.05) is None
+    assert tradeoff.accuracy_at_gap(points, 0.1) == pytest.approx(0.80)
+    assert tradeoff.accuracy_at_gap(points, 0.25) == pytest.approx(0.80 + 0.75 * 0.06)  # 3/4 of the way
+    assert tradeoff.accuracy_at_gap(points, 0.5) == pytest.approx(0.86)  # flat beyond the largest gap
+    other = [(0.2, 0.83), (0.5, 0.87)]
+    assert tradeoff.matched_gaps([points, other]) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert tradeoff.matched_gaps([[(0.1234, 0.8), (0.4567, 0.9)]], count=2) == [0.124, 0.456]
+
+
+def test_the_bench_compares_every_method_at_the_same_gaps():
+    from bench import groups
+
+    def point(method, setting, gap, acc):
+        return {"row": "crime-eo", "seed": 0, "method": method, "setting": setting, "gap": gap, "acc": acc,
+                "dp_diff": gap, "eo_diff": gap}
+
+    rows = [point(groups.FAIRVFL, "ε=0.01", 0.1, 0.80), point(groups.FAIRVFL, "off", 0.3, 0.86),
+            point(groups.EG, "bound=0.01", 0.2, 0.83), point(groups.EG, "off (plain LR)", 0.5, 0.87),
+            point(groups.THRESHOLD, "thresholds per group", 0.25, 0.82)]
+    rows += [{**r, "seed": 1, "acc": r["acc"] - 0.02} for r in rows]  # seed means: 0.01 lower
+    summary = groups.summarise(rows)
+    assert len(summary) == 5 and summary[0]["acc"] == pytest.approx(0.79) and summary[0]["seeds"] == [0, 1]
+    at = {a["gap"]: a for a in groups.matched(summary)}
+    assert list(at) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert at[0.1]["acc"][groups.EG] is None and at[0.1]["fairvfl_minus_eg"] is None
+    assert at[0.2]["acc"][groups.FAIRVFL] == pytest.approx(0.79 + 0.5 * 0.06)
+    assert at[0.2]["fairvfl_minus_eg"] == pytest.approx(0.82 - 0.82)
+    assert at[0.4]["fairvfl_minus_eg"] == pytest.approx(0.85 - (0.82 + (0.86 - 0.82) * 2 / 3))
+    assert at[0.2]["acc"][groups.THRESHOLD] is None and at[0.3]["acc"][groups.THRESHOLD] == pytest.approx(0.81)
+    page = groups.markdown(summary, list(at.values()), {"crime-eo": {"groups": ["a", "b"], "test_rows": {"a": 3, "b": 4},
+                                                                      "seed": 0}}, None)
+    table = [line for line in page.splitlines() if line.startswith("| crime-eo |")]
+    assert len(table) == 5 and table[0].split(" | ")[2:4] == ["79.00%", "—"]
+
+
+@pytest.mark.slow  # FairVFL and fairlearn runs on Crime
+def test_the_bench_scores_every_method_on_the_runs_own_split_and_groups(tmp_path):
+    pytest.importorskip("fairlearn")
+    from bench import groups
+
+    groups.main(["--rows", "crime-eo", "--quick", "--rounds", "2", "--out", str(tmp_path)])
+    page = json.loads((tmp_path / "groups.json").read_text())
+    settings = [(p["method"], p["setting"]) for p in page["points"]]
+    assert settings == [(groups.FAIRVFL, "ε=0.01"), (groups.FAIRVFL, "ε=0.05"), (groups.FAIRVFL, "off"),
+                        (groups.EG, "bound=0.01"), (groups.EG, "bound=0.05"), (groups.EG, "off (plain LR)"),
+                        (groups.THRESHOLD, "thresholds per group")]
+    assert len(page["matched"]) >= 1 and {a["row"] for a in page["matched"]} == {"crime-eo"}
+    assert (tmp_path / "groups.md").read_text().count("| crime-eo |") == len(page["matched"])
+    # two groups: the bench's gap for FairVFL is the run's own test_eo_diff
+    base = groups.run_config("crime-eo", 0, 2, {}, tmp_path)
+    summary, _ = run_inprocess({**base, "epsilon": 0.01, "output-dir": str(tmp_path / "run")}, quiet=True)
+    first = page["points"][0]
+    assert first["rounds"] == summary["rounds"] == 2 and first["optimizer"] == RunConfig.from_flower(base).optimizer_in_use
+    assert first["gap"] == pytest.approx(summary["test_eo_diff"]) and first["acc"] == pytest.approx(summary["test_acc"])

@@ -14,7 +14,11 @@ aif360, scikit-learn).
 * :func:`centralised_reference`: not federated. fairlearn's ``ExponentiatedGradient``
   with ``TruePositiveRateParity`` on a logistic regression over all columns at once;
   :func:`eg_predict` is the same with the moment matching a run's ``constraint``
-  (:data:`EG_MOMENTS`), and :func:`group_metrics` measures any predictions on group codes.
+  (:data:`EG_MOMENTS`) and any difference bound, and :func:`group_metrics` measures any
+  predictions on group codes.
+* :func:`threshold_predict`: fairlearn's ``ThresholdOptimizer`` (a threshold per group, so it
+  needs the group of every row it predicts); :func:`plain_predict`: the unconstrained
+  logistic regression both start from.
 
 Every function returns the paper's test metrics (ACC, DFP, DFN), computed by
 ``metrics.fairness_metrics`` like FairVFL's own numbers. Labels are in {-1, +1}; ``s`` is
@@ -217,37 +221,84 @@ EG_MOMENTS = {"deo": "TruePositiveRateParity", "equalized-odds": "EqualizedOdds"
               "demographic-parity": "DemographicParity"}
 
 
-def eg_moment(constraint: str):
-    """A new fairlearn moment object for the run-config ``constraint`` (:data:`EG_MOMENTS`)."""
+def eg_moment(constraint: str, bound: float | None = None):
+    """A new fairlearn moment object for the run-config ``constraint`` (:data:`EG_MOMENTS`);
+    ``bound``: its ``difference_bound`` (None: fairlearn's default, 0.01)."""
     if constraint not in EG_MOMENTS:
         raise ValueError(f"constraint {constraint!r} has no fairlearn moment here; choose one of "
                          f"{', '.join(EG_MOMENTS)}")
+    if bound is not None and not bound > 0:
+        raise ValueError(f"difference bound must be > 0, got {bound}")
     reductions = _require("fairlearn.reductions")
-    return getattr(reductions, EG_MOMENTS[constraint])()
+    moment = getattr(reductions, EG_MOMENTS[constraint])
+    return moment() if bound is None else moment(difference_bound=bound)
+
+
+def _protected_target(y: np.ndarray, protected_label: int) -> np.ndarray:
+    """Labels as fairlearn's 0/1 with the *protected* label (the class whose rows define N^a,
+    N^b and DEO) as its positive class: TPR parity is then equal opportunity on the rows FairVFL
+    constrains. Equalized odds and demographic parity do not depend on which class is positive."""
+    if protected_label not in (-1, 1):
+        raise ValueError(f"protected_label must be -1 or +1, got {protected_label}")
+    return (np.asarray(y) == protected_label).astype(int)
+
+
+def _from_target(hit: np.ndarray, protected_label: int) -> np.ndarray:
+    return np.where(np.asarray(hit) == 1, protected_label, -protected_label)
 
 
 @_single_threaded
 def eg_predict(X_train, y_train, s_train, X_test, protected_label: int = 1, constraint: str = "deo",
-               seed: int = 0, max_iter: int = 50) -> np.ndarray:
+               seed: int = 0, max_iter: int = 50, bound: float | None = None) -> np.ndarray:
     """Test predictions in {-1, +1} of ExponentiatedGradient(LogisticRegression, the moment of
-    ``constraint``) trained on all columns, groups ``s_train`` (codes or a boolean column).
-
-    Labels are recoded so that the *protected* label (the class whose rows define N^a, N^b
-    and DEO) is fairlearn's positive class: TPR parity is then equal opportunity on the rows
-    FairVFL constrains. Equalized odds and demographic parity do not depend on which class
-    is positive. Predictions are mapped back to {-1, +1}.
-    """
-    if protected_label not in (-1, 1):
-        raise ValueError(f"protected_label must be -1 or +1, got {protected_label}")
-    moment = eg_moment(constraint)
+    ``constraint`` with ``difference_bound`` ``bound``) trained on all columns, groups ``s_train``
+    (codes or a boolean column); labels recoded as :func:`_protected_target` says, predictions
+    mapped back to {-1, +1}."""
+    target = _protected_target(y_train, protected_label)
+    moment = eg_moment(constraint, bound)
     from fairlearn.reductions import ExponentiatedGradient
     from sklearn.linear_model import LogisticRegression
 
-    target = (np.asarray(y_train) == protected_label).astype(int)
     eg = ExponentiatedGradient(LogisticRegression(max_iter=1000), constraints=moment, max_iter=max_iter)
     eg.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
-    hit = eg.predict(np.asarray(X_test), random_state=seed)
-    return np.where(hit == 1, protected_label, -protected_label)
+    return _from_target(eg.predict(np.asarray(X_test), random_state=seed), protected_label)
+
+
+@_single_threaded
+def plain_predict(X_train, y_train, X_test) -> np.ndarray:
+    """Test predictions in {-1, +1} of an unconstrained LogisticRegression on all columns: the
+    estimator :func:`eg_predict` and :func:`threshold_predict` start from."""
+    from sklearn.linear_model import LogisticRegression
+
+    fit = LogisticRegression(max_iter=1000).fit(np.asarray(X_train), np.asarray(y_train) > 0)
+    return np.where(fit.predict(np.asarray(X_test)), 1, -1)
+
+
+#: run-config ``constraint`` -> ThresholdOptimizer's ``constraints``
+THRESHOLD_CONSTRAINTS = {"deo": "true_positive_rate_parity", "equalized-odds": "equalized_odds",
+                         "demographic-parity": "demographic_parity"}
+
+
+@_single_threaded
+def threshold_predict(X_train, y_train, s_train, X_test, s_test, protected_label: int = 1,
+                      constraint: str = "equalized-odds", seed: int = 0) -> np.ndarray:
+    """Test predictions in {-1, +1} of fairlearn's ThresholdOptimizer over a LogisticRegression
+    on all columns, one randomised threshold per group for ``constraint``
+    (:data:`THRESHOLD_CONSTRAINTS`). It needs each test row's group (``s_test``) at prediction
+    time: a model that does not take the sensitive attribute as input cannot do this."""
+    if constraint not in THRESHOLD_CONSTRAINTS:
+        raise ValueError(f"constraint {constraint!r} has no ThresholdOptimizer constraint here; choose one of "
+                         f"{', '.join(THRESHOLD_CONSTRAINTS)}")
+    target = _protected_target(y_train, protected_label)
+    _require("fairlearn")
+    from fairlearn.postprocessing import ThresholdOptimizer
+    from sklearn.linear_model import LogisticRegression
+
+    opt = ThresholdOptimizer(estimator=LogisticRegression(max_iter=1000), constraints=THRESHOLD_CONSTRAINTS[constraint],
+                             predict_method="predict_proba")
+    opt.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
+    hit = opt.predict(np.asarray(X_test), sensitive_features=np.asarray(s_test, dtype=int), random_state=seed)
+    return _from_target(hit, protected_label)
 
 
 def centralised_reference(X_train, y_train, s_train, X_test, y_test, s_test, protected_label: int = 1,

@@ -93,6 +93,20 @@ def publish(name: str, command: str, payload: dict, markdown: str, *, title: str
     return path
 
 
+def include(doc: Path | str, name: str, markdown: str) -> bool:
+    """Replace the block of ``doc`` from ``<!-- results/<name>: begin -->`` to
+    ``<!-- results/<name>: end -->`` with ``markdown`` (markers kept), so that a reference page
+    shows a results page's table without a second, hand-copied one. False when ``doc`` has no
+    such markers."""
+    doc = Path(doc)
+    begin, end = f"<!-- results/{name}: begin -->", f"<!-- results/{name}: end -->"
+    head, found, rest = doc.read_text().partition(begin)
+    if not found or end not in rest:
+        return False
+    doc.write_text(f"{head}{begin}\n{markdown.strip()}\n{end}{rest.partition(end)[2]}")
+    return True
+
+
 def index(folder: Path = RESULTS) -> Path:
     """Rewrite ``folder/README.md``: one line per results page, its title and its command."""
     lines = ["# Results", "",

@@ -1,0 +1,62 @@
+"""Accuracy against a fairness gap: a method's curve, and its accuracy at a gap it was not run at.
+
+A method run over a grid of settings (FairVFL's ε, fairlearn's difference bounds) gives
+points (gap, accuracy). Two methods' grids do not land on the same gaps, so they are compared
+on their curves: :func:`accuracy_at_gap` reads a curve at a common gap g.
+
+How a curve is read at g:
+
+* only the *non-dominated* points count (:func:`frontier`): a point with a larger gap and no
+  higher accuracy than another is never the one to deploy;
+* between two neighbouring frontier points the accuracy is interpolated linearly. That is
+  attainable: a model that predicts with one of the two at random (probability p, 1 − p) has
+  exactly the mixed accuracy, and every group's rate is the mixed rate, so its gap (a largest
+  difference of rates) is at most the mixed gap;
+* at or above the frontier's largest gap, the accuracy of that point (its gap is below g);
+* below the frontier's smallest gap: no value (None), the method never got there. No
+  extrapolation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Point = tuple[float, float]  # (gap, accuracy)
+
+
+def frontier(points: list[Point]) -> list[Point]:
+    """The non-dominated points, by increasing gap (and so increasing accuracy): each has a
+    higher accuracy than every point with a gap at most its own. NaN points are dropped."""
+    best: dict[float, float] = {}
+    for gap, acc in points:
+        if np.isfinite(gap) and np.isfinite(acc):
+            best[float(gap)] = max(best.get(float(gap), -np.inf), float(acc))
+    kept: list[Point] = []
+    for gap in sorted(best):  # by gap; a point stays if it beats every smaller gap
+        if not kept or best[gap] > kept[-1][1]:
+            kept.append((gap, best[gap]))
+    return kept
+
+
+def accuracy_at_gap(points: list[Point], gap: float) -> float | None:
+    """The curve through ``points`` read at ``gap`` (module docstring): linear between
+    frontier points, flat beyond the largest gap, None below the smallest."""
+    front = frontier(points)
+    if not front or gap < front[0][0]:
+        return None
+    gaps, accs = zip(*front)
+    return float(np.interp(gap, gaps, accs))  # np.interp holds the last value beyond the end
+
+
+def matched_gaps(curves: list[list[Point]], count: int = 5, digits: int = 3) -> list[float]:
+    """``count`` common gaps, evenly spaced from the smallest frontier gap of any curve to the
+    largest (beyond it every curve is flat), rounded to ``digits`` decimals (the first up, the
+    last down, so both stay within the span). A curve has no value at the gaps below its own
+    smallest: where one method reaches a gap the other never does shows as a missing value."""
+    fronts = [f for f in (frontier(c) for c in curves) if f]
+    if not fronts:
+        return []
+    scale = 10 ** digits
+    lo = np.ceil(min(f[0][0] for f in fronts) * scale - 1e-9) / scale
+    hi = max(lo, np.floor(max(f[-1][0] for f in fronts) * scale + 1e-9) / scale)
+    return sorted({round(float(v), digits) for v in np.linspace(lo, hi, count)})
