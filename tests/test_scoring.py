@@ -21,6 +21,7 @@ from fairvfl_flwr.data import model_files, partydata
 from fairvfl_flwr.features import checkpoint
 from fairvfl_flwr.data.encoding import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.data.tables import DATASETS, DataError, packaged_file
@@ -378,6 +379,21 @@ def test_a_job_with_only_the_mode_and_the_model_scores_as_the_full_config(traine
     _, short = run_inprocess({"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "short")},
                              quiet=True)
     assert (short / "predictions.csv").read_text() == (full / "predictions.csv").read_text()
+
+
+def test_each_party_parses_its_scoring_job_once_and_leaves_its_run_config_as_given(trained, tmp_path):
+    """A party's handlers read the job (its run config with the model's settings adopted)
+    through PartyRuntime; Flower's run config is the one the job was given, after every message."""
+    _, folder = trained
+    job = {"mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / "out")}
+    grid = InProcessGrid(client_app, job, 4)
+    run_server(grid, job)
+    for context in grid.contexts.values():
+        assert context.run_config == job
+        rt = party.PartyRuntime(context)
+        assert rt.job is not None and rt.job.given == job and rt.cfg.num_parties == 4
+        assert rt.job.trained["model"] == "linear" and rt.cfg.model == "linear"
+        assert party.scoring_job(context) is rt.job  # parsed once per run
 
 
 def test_a_key_contradicting_the_model_is_refused_naming_both_values(trained, tmp_path):

@@ -3,8 +3,9 @@ and the features' mods.
 
 Mods run outermost first: the timing log (off unless ``FAIRVFL_TIMING_LOG`` is set)
 counts every other mod's time as the message's; a refusal that names the party's data is
-logged on the party and sent without it; a scoring job's party adopts the training
-settings its messages carry before any other mod reads the run config; secure aggregation masks every reply's
+logged on the party and sent without it; a scoring job's party keeps the training
+settings its messages carry and builds its scoring job from them before any other mod
+reads the run config (through PartyRuntime); secure aggregation masks every reply's
 logits, the guard's re-sent answers included; the guard answers re-sent messages before
 anything else runs; checkpoints save θ after a step; the transcript mods record what a party
 received; the straggler mod delays replies last, so a delay never changes state. Each

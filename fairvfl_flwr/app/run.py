@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.jobs.scoring import job_config
+from fairvfl_flwr.jobs.scoring import read_job
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 
@@ -29,7 +29,7 @@ def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, grid: I
     config) instead of a new one, e.g. to read a node's state afterwards.
     """
     if RunConfig.is_scoring_job(run_config):  # the job names the model; its parties are the model's
-        rc, parties = dict(run_config), job_config(run_config)[0].num_parties
+        rc, parties = dict(run_config), read_job(run_config)[0].num_parties
     else:
         cfg = RunConfig.from_flower(run_config)
         rc, parties = cfg.to_flower(), cfg.num_parties

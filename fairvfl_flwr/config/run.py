@@ -277,7 +277,7 @@ class RunConfig:
     @staticmethod
     def is_scoring_job(run_config: Mapping[str, Any]) -> bool:
         """Whether ``run_config`` names a scoring job (``mode = "score"``), whose other settings
-        come from its model (jobs/scoring.job_config): the one key read before the rest, and
+        come from its model (jobs/scoring.read_job): the one key read before the rest, and
         checked as :meth:`from_flower` checks it."""
         s = BY_KEY["mode"]
         mode = coerce(s.key, run_config.get(s.key, s.default), s.type)

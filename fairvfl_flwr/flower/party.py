@@ -18,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.scoring import ScoringJob
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.blocks import as_dtype, build_block
@@ -39,6 +40,9 @@ ALIGNED_STATE = "fairvfl.aligned"
 VIEW_STATE = "fairvfl.secagg-view"
 #: tables.own, a scoring job: the ids of the party's score file that every party holds (its own ids).
 SCORE_COMMON_STATE = "fairvfl.score-common"
+#: A scoring job: the model's training settings its messages carry (jobs/scoring.py's mod keeps
+#: them here), which this party's :class:`ScoringJob` adopts.
+TRAINED_STATE = "fairvfl.trained-settings"
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,22 @@ def run_config(items: tuple) -> RunConfig:
     return RunConfig.from_flower(dict(items))
 
 
+@functools.lru_cache(maxsize=8)
+def _scoring_job(items: tuple, trained: tuple, where: str) -> ScoringJob:
+    return ScoringJob.adopting(dict(items), dict(trained), where)
+
+
+def scoring_job(context: Context) -> ScoringJob | None:
+    """This party's scoring job: its own run config with the training settings the job's
+    messages carry (kept in ``TRAINED_STATE``), parsed once per run and process; None
+    outside a scoring job. A key its own run config sets otherwise is refused, naming it."""
+    kept = context.state.config_records.get(TRAINED_STATE)
+    if kept is None:
+        return None
+    where = f"partition {context.node_config.get('partition-id', '?')} (node {context.node_id})"
+    return _scoring_job(tuple(sorted(context.run_config.items())), tuple(sorted(kept.items())), where)
+
+
 def round_of(message: Message) -> tuple[int, bool]:
     """(round number, evaluate?) of a server message."""
     rc = message.content.config_records[msgs.ROUND]
@@ -91,7 +111,9 @@ class PartyRuntime:
 
     def __init__(self, context: Context) -> None:
         self.context = context
-        self.cfg = run_config(tuple(sorted(context.run_config.items())))
+        #: the run's settings: a scoring job's with its model's training settings adopted
+        self.job = scoring_job(context)
+        self.cfg = self.job.cfg if self.job is not None else run_config(tuple(sorted(context.run_config.items())))
         self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
         if self.cfg.tables_own:
             kept = context.state.config_records.get(ALIGNED_STATE)

@@ -76,7 +76,7 @@ from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, run_config
+from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, PartyRuntime
 
 STEP = "align"  # ConfigRecord of a request: the step's fields (its message type says which step)
 REPLY = "aligned"  # ConfigRecord of a reply
@@ -446,7 +446,7 @@ LAST_STEPS = (msgs.ALIGN_COMMON, msgs.ALIGN_FINISH)  # after these, the PSI key 
 
 def handle(message: Message, context: Context) -> Message:
     """One step of the alignment on this party's side, by its message type (:data:`STEPS`)."""
-    cfg = run_config(tuple(sorted(context.run_config.items())))
+    cfg = PartyRuntime(context).cfg  # a scoring job's, with its model's training settings
     spec = own_table_spec(party_spec(context.node_config, cfg.num_parties, cfg.num_active), cfg)
     purpose = str(message.content.config_records[STEP].get("purpose", TRAIN))
     if purpose == SCORE:  # the same passes over the file this party scores

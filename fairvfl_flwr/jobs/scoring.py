@@ -3,12 +3,13 @@
 Server (:func:`run_scoring`), given ``score.model-from`` (a training run folder with its
 ``model.json``) and ``score.round`` (-1: its final model; r: its checkpoint of round r):
 
-1. takes the training run's settings (the keys in :data:`TRAINED_KEYS`: dataset, tables,
-   model shape, the scoring messages' privacy) from the model's manifest
-   (:func:`job_config`): the user names the mode, the model and the files; a key set to
-   another value than the model's is refused, naming the key and both values. Every
-   message of the job carries those settings (:class:`JobGrid`), and each party adopts
-   them (:func:`settings_mod`) after checking them against its own run config;
+1. builds the job's :class:`~fairvfl_flwr.config.scoring.ScoringJob` (:func:`read_job`):
+   the training run's settings (``config/scoring.ADOPTED``: dataset, tables, model shape,
+   the scoring messages' privacy) from the model's manifest; the user names the mode, the
+   model and the files; a key set to another value than the model's is refused, naming the
+   key and both values. Every message of the job carries those settings (:class:`JobGrid`),
+   and each party builds its own job from them once (:func:`settings_mod`), after checking
+   them against its own run config;
 2. sends ``query.scoreinfo``: each party loads its block, checks it is its own, reads
    its rows to score and replies its block's run id and digest, its row count and the
    digest of its sorted ids (never an id list, a feature or a weight);
@@ -45,8 +46,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.run import BY_KEY
-from fairvfl_flwr.config.settings import coerce
+from fairvfl_flwr.config.scoring import ADOPTED, Contradiction, ScoringJob
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
@@ -58,24 +58,9 @@ from fairvfl_flwr.flower import checks, exchange, roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, run_config
+from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, TRAINED_STATE, PartyRuntime, scoring_job
 from fairvfl_flwr.flower.results import run_folder
 
-#: The training run's settings a scoring job adopts from the model's manifest: what shapes
-#: the model, the rows each party reads and how (dataset, csv.*, tables.*, the split), and
-#: the scoring messages (wire dtype, secure aggregation). The job's own keys (mode,
-#: score.*, output-dir, reliability.*) stay the user's; training-only keys are not read.
-TRAINED_KEYS = (
-    "dataset", "model", "hidden", "dtype", "wire-dtype", "num-parties", "num-active", "active-columns", "seed",
-    "validation-fraction", "server-labels", "privacy.secure-aggregation",
-    "csv.path", "csv.label", "csv.positive", "csv.sensitive", "csv.group-a", "csv.group-b", "csv.protected-label",
-    "csv.id-column", "csv.train-fraction",
-    "tables.own", "tables.path", "tables.id-column", "tables.min-common", "tables.train-fraction", "tables.types",
-    "tables.missing",
-)
-#: Of those, the ones a scoring job may set otherwise: how its messages travel, not what the
-#: model is (a plain-trained model may be scored under secure aggregation).
-JOB_MAY_SET = ("wire-dtype", "privacy.secure-aggregation")
 JOB = "score"  # the ConfigRecord every scoring message carries
 TRAINING = "trained-settings"  # the ConfigRecord of the training settings every message of a scoring job carries
 LOGITS = "logits"
@@ -87,35 +72,18 @@ class ScoreError(FederationError):
     """The scoring job is refused; the message names the party and what is wrong."""
 
 
-def adopt(given: Mapping[str, Any], trained: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """``given`` (a run config) with the training settings ``trained``: a key ``given`` leaves
-    at its default takes the training value; one set to another value is refused, except
-    the keys of :data:`JOB_MAY_SET`, where ``given``'s value stands."""
-    out = dict(given)
-    for key, value in trained.items():
-        setting = BY_KEY.get(key)
-        if key not in TRAINED_KEYS or setting is None:
-            raise ScoreError(f"{where}: {key!r} is not a training setting a scoring job adopts; refused")
-        want = coerce(key, value, setting.type)
-        have = coerce(key, given[key], setting.type) if key in given else setting.default
-        if have != setting.default and have != want:
-            if key in JOB_MAY_SET:
-                continue
-            raise ScoreError(f"{where}: run config {key}={have!r} contradicts the model's {key}={want!r}; leave "
-                             f"{key} out (a scoring job takes it from the model) or score a model trained with it")
-        out[key] = want
-    return out
-
-
-def job_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, dict[str, Any], tuple]:
-    """The scoring job's config: ``run_config`` with the training settings of its model
-    (``score.model-from``, ``score.round``) adopted; those settings, for the parties; and
-    the model as ``model_files.read_model`` gives it."""
-    cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k not in TRAINED_KEYS})
-    model = model_files.read_model(cfg.score_model_from, cfg.score_round)
-    trained = {k: model[0]["config"][k] for k in TRAINED_KEYS if k in model[0]["config"]}
-    merged = adopt(run_config, trained, f"score.model-from={cfg.score_model_from!r}")
-    return RunConfig.from_flower(merged), trained, model
+def read_job(run_config: Mapping[str, Any]) -> tuple[ScoringJob, tuple]:
+    """The scoring job of ``run_config``, parsed once per run: its own settings, then the
+    training settings of its model (``score.model-from``, ``score.round``) adopted from the
+    manifest; and the model as ``model_files.read_model`` gives it."""
+    own = ScoringJob.own_settings(run_config)
+    model = model_files.read_model(own.score_model_from, own.score_round)
+    trained = {k: model[0]["config"][k] for k in ADOPTED if k in model[0]["config"]}
+    try:
+        job = ScoringJob.adopting(run_config, trained, f"score.model-from={own.score_model_from!r}")
+    except Contradiction as exc:
+        raise ScoreError(str(exc)) from None
+    return job, model
 
 
 class JobGrid:
@@ -142,19 +110,16 @@ class JobGrid:
 
 
 def settings_mod(message: Message, context: Context, call_next) -> Message:
-    """ClientApp mod: in a scoring job, the party reads the training settings its message
-    carries, as far as its own run config leaves them open (a key it sets otherwise is
-    refused), and only keys of :data:`TRAINED_KEYS`. The block it loads must fit them."""
+    """ClientApp mod: in a scoring job, the party keeps the training settings its messages
+    carry, and builds its scoring job from them and its own run config (once per run,
+    ``flower/party.scoring_job``; handlers and mods read it through ``PartyRuntime``): a key
+    its own run config sets otherwise is refused, and only keys of ``config/scoring.ADOPTED``
+    are taken. The block it loads must fit them."""
     record = message.content.config_records.get(TRAINING)
-    own = context.run_config
-    if record is None or not RunConfig.is_scoring_job(own):
-        return call_next(message, context)
-    where = f"partition {context.node_config.get('partition-id', '?')} (node {context.node_id})"
-    context.run_config = adopt(own, dict(record), where)
-    try:
-        return call_next(message, context)
-    finally:  # for this message only: the next one brings its own
-        context.run_config = own
+    if record is not None and RunConfig.is_scoring_job(context.run_config):
+        context.state.config_records[TRAINED_STATE] = ConfigRecord(dict(record))
+        scoring_job(context)  # refuses here, before any other mod acts on the message
+    return call_next(message, context)
 
 
 def _message(nid: int, kind: str, job: dict, group: str) -> Message:
@@ -188,8 +153,9 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
 
     With ``tables.own``, the parties' score files are aligned first (their common ids)."""
     started = time.perf_counter()
-    cfg, trained, (manifest, model_from, checkpoint) = job_config(run_config)
-    parties = _Parties(JobGrid(grid, trained), cfg)
+    job, (manifest, model_from, checkpoint) = read_job(run_config)
+    cfg = job.cfg
+    parties = _Parties(JobGrid(grid, job.trained), cfg)
     node_ids = discover_nodes(parties.grid, cfg.num_parties, cfg.round_timeout,
                               f"the scoring job (a model of {cfg.num_parties} parties)")
     if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
@@ -371,7 +337,7 @@ class PartyScorer:
     """One party's block and rows for a scoring message (cached between the job's messages)."""
 
     def __init__(self, message: Message, context: Context) -> None:
-        self.cfg = run_config(tuple(sorted(context.run_config.items())))
+        self.cfg = PartyRuntime(context).cfg
         self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
         deployed = bool(self.spec.data_path or context.node_config.get("table-path"))
         if self.cfg.tables_own:  # a model trained on own tables: the id column is the party's (tables.id-column)
