@@ -45,7 +45,7 @@ from fairvfl_flwr.core.newton import (
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.party import PartyRuntime, mark_round_state, round_of
 from fairvfl_flwr.flower.server import VFLServer
 
 #: What a passive party uses for its curvature: derived from ν, nothing else received.
@@ -65,6 +65,8 @@ class NewtonVFL(VFLServer):
     """The server of a FairVFL run trained by block Newton steps (linear parties, full batch)."""
 
     init_type = msgs.NEWTON_INIT
+    round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner")
+    node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -251,6 +253,8 @@ class SharedNewtonVFL(NewtonVFL):
     the sums on the first party and zeros on the others.
     """
 
+    round_state = NewtonVFL.round_state + ("dz_moves", "totals")
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.dz_moves: list[np.ndarray] = []  # the last combined moves' change of z, newest first
@@ -411,6 +415,9 @@ def apply(message: Message, context: Context) -> Message:
     rt.save(party)
     _remember(rt, None, moves)
     return rt.reply(message, party, steps=0)
+
+
+mark_round_state(NEWTON_STATE)  # a restarted party continues from its directions and last moves
 
 
 def register(app: ClientApp) -> None:

@@ -7,7 +7,8 @@ logged on the party and sent without it; a scoring job's party keeps the trainin
 settings its messages carry and builds its scoring job from them before any other mod
 reads the run config (through PartyRuntime); secure aggregation masks every reply's
 logits, the guard's re-sent answers included; the guard answers re-sent messages before
-anything else runs; checkpoints save θ after a step; the transcript mods record what a party
+anything else runs; checkpoints save θ after a step, and so does the rejoin mod (every round,
+when the run waits for a party that drops out); the transcript mods record what a party
 received; the straggler mod delays replies last, so a delay never changes state. Each
 mod reads its own section of the run config and passes through when it is off.
 """
@@ -21,7 +22,7 @@ from fairvfl_flwr.features import timing  # isort: skip
 from fairvfl_flwr.algorithms import fairvfl, newton, split
 from fairvfl_flwr.app.quiet import quiet_third_party_warnings
 from fairvfl_flwr.app.threads import limit_blas_threads
-from fairvfl_flwr.features import ckks, secagg
+from fairvfl_flwr.features import ckks, rejoin, secagg
 from fairvfl_flwr.jobs import alignment, saving, scoring
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod, refusal_mod
@@ -35,10 +36,10 @@ __all__ = ["HANDLER_MODULES", "MODEL_STATE", "app"]
 limit_blas_threads()  # before any party computes: see app/threads.py
 quiet_third_party_warnings()  # see app/quiet.py
 
-app = ClientApp(mods=[timing.timing_mod, refusal_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod, transcript_mod,
-                     delay_mod])
+app = ClientApp(mods=[timing.timing_mod, refusal_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod,
+                     rejoin.rejoin_mod, transcript_mod, delay_mod])
 # Every module with party handlers: each registers its message types from flower/protocol.py.
-HANDLER_MODULES = (party, fairvfl, newton, split, ckks, saving, scoring, alignment, secagg)
+HANDLER_MODULES = (party, fairvfl, newton, split, ckks, saving, scoring, alignment, secagg, rejoin)
 for module in HANDLER_MODULES:
     module.register(app)
 timing.imported()

@@ -46,6 +46,7 @@ from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.features.rejoin import Rejoin
 from fairvfl_flwr.jobs.saving import CheckpointBlocks, FinalTest, save_blocks
 from fairvfl_flwr.features.final_logits import KeepScores
 from fairvfl_flwr.jobs.scoring import run_scoring
@@ -107,6 +108,8 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
     # after the guard and FinalTest: a checkpoint's block is of a sound θ, with its test scores
     (CheckpointBlocks, lambda s: CheckpointBlocks(s.folder, s.cfg.checkpoint_every, s.described)
      if s.cfg.mode != "split" and s.cfg.checkpoint_every > 0 else None),
+    # last: its copy of the server's state is of a round every other hook has ended
+    (Rejoin, lambda s: Rejoin(s.cfg.rejoin_timeout) if s.cfg.rejoin_timeout > 0 else None),
 )
 #: The order the server's hooks run in (ROUND_FEATURES' order): a hook class not listed is refused.
 HOOK_ORDER: tuple[type[RoundHook], ...] = tuple(kind for kind, _ in ROUND_FEATURES)
@@ -175,6 +178,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | No
     dp = server.hooks.find(LabelDP)
     if dp is not None:
         extra["label_dp"] = dp.summary()
+    rejoined = server.hooks.find(Rejoin)
+    if rejoined is not None and rejoined.rejoins:  # each party that dropped out and came back
+        extra["rejoins"] = rejoined.rejoins
     summary = recorder.finish(
         {**extra, "party_columns": [len(c) for c in columns], "setup_seconds": server.setup_seconds,
          # from the ServerApp's start (alignment, set-up) to the first training round's start

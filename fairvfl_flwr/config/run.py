@@ -176,6 +176,9 @@ class RunConfig:
     checkpoint_dir: str = S("", "the parties' default checkpoint folder (a node-config checkpoint-dir wins)",
                             section="reliability")
     resume_from: str = S("", "a run folder with checkpoint.npz: continue that run", section="reliability")
+    rejoin_timeout: float = S(0.0, "0: a party that drops out ends the run; > 0: seconds the server waits for it to "
+                              "come back (it restores its last completed round from its own disk; reliability.md)",
+                              section="reliability", rule=at_least(0), why="must be >= 0 seconds (0: off)")
     # -- staleness -------------------------------------------------------------------
     max_staleness: int = S(0, "tau: 0 = synchronous rounds; > 0: a party's logits may be up to tau rounds old",
                            section="staleness", rule=at_least(0), why="must be >= 0 rounds (0: synchronous)")

@@ -109,6 +109,12 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
     ("secure_aggregation", lambda c: c.secure_aggregation, "resume_from", lambda c: bool(c.resume_from),
      "a resumed run restores per-party logits, which a masked run never had; start the run afresh"),
     ("secure_aggregation", lambda c: c.secure_aggregation, "mode", lambda c: c.mode == "split", _SPLIT),
+    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "max_staleness", lambda c: c.max_staleness > 0, _SYNC),
+    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "batch_size", lambda c: c.batch_size > 0, _FULL_BATCH),
+    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "secure_nu", lambda c: c.secure_nu != "none",
+     "an encrypted round's second leg is not restored when a party comes back; use privacy.secure-nu='none' "
+     "(secure aggregation rejoins)"),
+    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "mode", lambda c: c.mode == "split", _SPLIT),
 ]
 
 

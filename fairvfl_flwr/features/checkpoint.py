@@ -41,7 +41,7 @@ KEEP = 3  # party checkpoints kept per partition (the server's latest is always 
 # Keys that do not change θ_r: they may differ between a run and its resumption.
 OPERATIONAL = frozenset({
     "num-server-rounds", "reliability.round-timeout", "reliability.round-retries", "reliability.checkpoint-every",
-    "reliability.checkpoint-dir", "reliability.resume-from", "output-dir", "eval-every", "privacy.record-view",
+    "reliability.checkpoint-dir", "reliability.resume-from", "reliability.rejoin-timeout", "output-dir", "eval-every", "privacy.record-view",
     "privacy.record-every", "privacy.record-first", "privacy.transcript-dir", "server-labels", "csv.path",
 })
 

@@ -4,8 +4,8 @@ Server (:class:`DivergenceGuard`, a round hook): after every round the objective
 multiplier and the summed logits must be finite, or the run stops naming the round
 (before a checkpoint could save the diverged state: add this hook first).
 
-Party (:func:`guard_mod`, a ClientApp mod): every ``query.init`` and ``train.*``
-message must carry an integer round number; a re-sent message (same type and round as
+Party (:func:`guard_mod`, a ClientApp mod): every ``query.init``, ``query.rejoin`` and
+``train.*`` message must carry an integer round number; a re-sent message (same type and round as
 the last one answered) is answered again instead of being processed twice. For a step
 message (``flower.party.is_step_type``) the answer is rebuilt from the θ the party
 already has, so nothing steps twice; for other messages the reply itself is kept.
@@ -45,13 +45,14 @@ class DivergenceGuard(RoundHook):
 def guard_mod(message: Message, context, call_next) -> Message:
     """Round-number check and duplicate suppression (see the module doc)."""
     mtype = message.metadata.message_type
-    if mtype not in (msgs.INIT, msgs.NEWTON_INIT) and not mtype.startswith("train."):
+    restart = (msgs.INIT, msgs.NEWTON_INIT, msgs.REJOIN)  # the party (re)starts: nothing before it is re-sent
+    if mtype not in restart and not mtype.startswith("train."):
         return call_next(message, context)
     rc = message.content.config_records.get(msgs.ROUND)
     if rc is None or not isinstance(rc.get("round"), int):
         raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
     server_round = int(rc["round"])
-    if mtype in (msgs.INIT, msgs.NEWTON_INIT):
+    if mtype in restart:
         reply = call_next(message, context)
         _forget(context)
         return reply

@@ -35,6 +35,13 @@ label once, or again for the bit-identical vector. A server relabelling a later 
 earlier one (where θ = 0 made a reply its bare mask) is refused; a re-sent request gets its
 identical masked reply. A scoring chunk's round is its first row.
 
+Sessions: after a party dropped out and came back (features/rejoin.py) every party joins a
+fresh session: a new key pair and pair keys, so its nonces start afresh, and the old
+session's view awaiting confirmation ends with it (its confirmations were under keys that
+are gone; masks of differing views never cancel, so nothing was revealed). A party keeps
+every session it has joined in this run (on its own disk too) and refuses one it has
+already left: a replayed set-up never brings back old keys.
+
 Every reply's logits (training and test, round 0 included) are encoded in fixed point,
 q = round(u · 2^48) as 64-bit words, and party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji
 mod 2^64, with m_ij = AES-256-CTR(k_ij, nonce = (round, split)) a pseudo-random word per
@@ -86,7 +93,7 @@ from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.party import PartyRuntime, mark_round_state, round_of
 
 FRACTION_BITS = 48
 SCALE = float(2**FRACTION_BITS)
@@ -94,6 +101,7 @@ LIMIT = 2.0 ** (63 - FRACTION_BITS)  # |z| must stay below this for the sum not 
 KEYS_STATE = "fairvfl.secagg-keys"  # ArrayRecord on the party: its private key, then the pair keys
 SESSION_STATE = "fairvfl.secagg-session"  # ConfigRecord on the party: the set-up its key pair belongs to
 NONCE_STATE = "fairvfl.secagg-nonces"  # ConfigRecord on the party: the last round it masked, what it masked in it
+SESSIONS_STATE = "fairvfl.secagg-sessions"  # ConfigRecord on the party: every session it has joined in this run
 IDENTITY_KEY = "identity-key"  # node config: this party's Ed25519 private key (PEM file)
 PEERS = "peers"  # node config: JSON file, partition id -> every party's Ed25519 public key (hex)
 #: Node config keys by which a node reads its own data: such a node is deployed (not a simulation).
@@ -312,6 +320,11 @@ class SecureAggregation(RoundHook):
         self.views = roundview.ServerViews(session)
         return None
 
+    def rejoined(self, server: ServerView, grid: Grid, timeout: float) -> None:
+        """A party came back (its pair keys died with it): every party joins a fresh signed session,
+        new pair keys and nonces; the old session's views and confirmations end with it."""
+        self.begin(server, grid, timeout)
+
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """Bind each outgoing message to the round's view (what every party was sent), so masks cancel
         only when all saw the same."""
@@ -452,9 +465,17 @@ def sakeys(message: Message, context: Context) -> Message:
     session = str(message.content.config_records["secagg"]["session"])
     own = _partition(context)
     held = context.state.config_records.get(SESSION_STATE)
+    joined = context.state.config_records.get(SESSIONS_STATE)
+    joined = [] if joined is None else [str(s) for s in joined["sessions"]]
     if held is not None and held["session"] == session:
         private = _private(context)
+    elif session in joined:
+        raise FederationError(f"party {own}: secure-aggregation session {session[:8]}… is one this party has already "
+                              "left; a replayed session is refused (each set-up needs a fresh session)")
     else:
+        context.state.config_records[SESSIONS_STATE] = ConfigRecord({"sessions": [*joined, session]})
+        # the old session's view awaits confirmations under keys that are gone: it ends with it
+        context.state.config_records.pop(roundview.STATE, None)
         private = X25519PrivateKey.generate()
         raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                     serialization.NoEncryption())
@@ -672,6 +693,9 @@ class _Nonces:
     def save(self) -> None:
         self.context.state.config_records[NONCE_STATE] = ConfigRecord(
             {"round": self.round, "used": [f"{k}={v}" for k, v in self.used.items()]})
+
+
+mark_round_state(SESSIONS_STATE, merge=True)  # a restarted party still refuses the sessions it left
 
 
 def register(app: ClientApp) -> None:

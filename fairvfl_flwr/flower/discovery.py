@@ -4,7 +4,8 @@ A simulation registers all its nodes at once; SuperNodes started one after anoth
 seconds apart. So discovery waits, up to the run's timeout, while no node has joined, and
 then while each next one arrives within :data:`NODE_WAIT` seconds of the last. A
 federation that stopped growing short of num-parties (or one with more nodes) is refused,
-naming what the run needs and how to start it.
+naming what the run needs and how to start it. After a party dropped out,
+:func:`joined_nodes` lists the nodes that joined since (features/rejoin.py).
 """
 
 from __future__ import annotations
@@ -42,3 +43,8 @@ def discover_nodes(grid: Grid, num_parties: int, timeout: float, what: str = "th
             f"num-supernodes={num_parties}; a deployment: one SuperNode per party)"
         )
     return node_ids
+
+
+def joined_nodes(grid: Grid, known: set[int]) -> list[int]:
+    """The nodes online now that ``known`` does not hold: a restarted SuperNode joins with a new node id."""
+    return [nid for nid in grid.get_node_ids() if nid not in known]

@@ -8,4 +8,11 @@ class FederationError(RuntimeError):
 
 
 class PartyUnavailable(FederationError):
-    """A party did not answer within round-timeout, after round-retries re-sends."""
+    """A party did not answer within round-timeout, after round-retries re-sends.
+
+    ``node_ids``: the nodes that stayed away (a feature that waits for them to come back reads them).
+    """
+
+    def __init__(self, message: str, node_ids: frozenset[int] = frozenset()) -> None:
+        super().__init__(message)
+        self.node_ids = frozenset(node_ids)

@@ -95,8 +95,9 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: i
         names = ", ".join(who(n) for n in sorted(waiting))
         tries = f"{retries + 1} tr{'y' if retries == 0 else 'ies'}"
         if waiting <= gone:
-            raise PartyUnavailable(f"{names} left the federation or is reported unavailable by Flower; no reply after {tries}")
-        raise PartyUnavailable(f"no reply within {timeout:g} s after {tries} from {names}")
+            raise PartyUnavailable(f"{names} left the federation or is reported unavailable by Flower; no reply after {tries}",
+                                   frozenset(waiting))
+        raise PartyUnavailable(f"no reply within {timeout:g} s after {tries} from {names}", frozenset(waiting))
     return [replies[nid] for nid in by_node]
 
 

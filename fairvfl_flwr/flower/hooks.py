@@ -30,6 +30,11 @@ Points, in the order a run meets them:
   to directly: its own columns);
 * ``end``: after a round is folded and recorded (guards, checkpoints); a hook may exchange
   messages of its own here (every party has answered the round);
+* ``recover``: a round failed on a :class:`~fairvfl_flwr.flower.errors.FederationError`
+  (a party dropped out); a hook that brings the federation back returns the first round to
+  run again (the first hook that does wins; None from all: the run stops);
+* ``rejoined``: after a hook recovered, every hook re-establishes what it set up in
+  ``begin`` with the federation as it now is (a fresh key set-up);
 * ``stopped``: the run is stopping on an error; a hook may say what it leaves on disk.
 """
 
@@ -183,6 +188,26 @@ class ServerView:
         """Replace the multipliers λ (a ν channel that bounds them)."""
         self._server.lam = np.array(lam, dtype=np.float64)
 
+    def snapshot(self) -> dict:
+        """A copy of everything the rounds change (the server's ``round_state``), to :meth:`restore` later."""
+        return self._server.snapshot()
+
+    def restore(self, snapshot: dict) -> None:
+        """Return the server to a :meth:`snapshot` (the round it was taken after)."""
+        self._server.restore(snapshot)
+
+    def node_of(self, reply: Message, when: str) -> Node:
+        """The node a ``query.info``-shaped reply describes, checked against the server's labels."""
+        return self._server.node_of(reply, when)
+
+    def rebind(self, old: int, node: Node) -> None:
+        """A party that came back as ``node`` (a new node id) takes the place of node ``old``."""
+        self._server.rebind(old, node)
+
+    def exchange_unnamed(self, grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
+        """:meth:`exchange` with nodes the run does not know yet (named by their node id)."""
+        return self._server.exchange(grid, messages, timeout, named=False)
+
 
 class RoundHook:
     """A feature on the server's round loop; override only the points it needs."""
@@ -226,6 +251,15 @@ class RoundHook:
 
     def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
         """After the round is folded and recorded: the hook's own messages or files (checkpoints, saved blocks)."""
+        return None
+
+    def recover(self, server: ServerView, grid: Grid, exc: BaseException, timeout: float) -> int | None:
+        """A round failed with ``exc``: a hook that brings the federation back returns the first round to
+        run again; None leaves the failure to the others (and the run stops)."""
+        return None
+
+    def rejoined(self, server: ServerView, grid: Grid, timeout: float) -> None:
+        """After a recovery: re-establish what ``begin`` set up with the parties, as they now are."""
         return None
 
     def stopped(self, server: ServerView, exc: BaseException) -> str | None:
@@ -313,6 +347,17 @@ class Hooks:
         """Every hook's end of the round, in order."""
         for h in self.hooks:
             h.end(self.view, grid, server_round, timeout)
+
+    def recover(self, grid: Grid, exc: BaseException, timeout: float) -> int | None:
+        """The first hook's recovery from ``exc`` (the round to run again), then every hook's
+        ``rejoined``; None when no hook recovers."""
+        for h in self.hooks:
+            first = h.recover(self.view, grid, exc, timeout)
+            if first is not None:
+                for other in self.hooks:
+                    other.rejoined(self.view, grid, timeout)
+                return first
+        return None
 
     def stopped(self, exc: BaseException) -> list[str]:
         """Each hook's note on a stopped run, in order, those that have one."""

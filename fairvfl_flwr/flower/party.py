@@ -252,3 +252,25 @@ def mark_step_type(message_type: str) -> None:
 def is_step_type(message_type: str) -> bool:
     """Whether a re-sent ``message_type`` must be answered from the kept reply (see :func:`mark_step_type`)."""
     return message_type in _STEP_TYPES
+
+
+# Records of a node's state that carry a run from one round to the next (θ, a step's own
+# state, the aligned block's key, ...): a party that restarts restores them from its own
+# disk (features/rejoin.py). Name -> whether a restore merges the record's lists with the
+# node's (a record that only grows, such as the sessions a party has joined) or replaces it.
+_ROUND_STATE: dict[str, bool] = {}
+
+
+def mark_round_state(name: str, merge: bool = False) -> None:
+    """Register ``name`` (a record of ``context.state``) as part of a party's state between rounds;
+    ``merge``: a restore adds its list values to the node's instead of replacing the record."""
+    _ROUND_STATE[name] = merge
+
+
+def round_state() -> dict[str, bool]:
+    """Every registered round-state record name, with its merge flag (see :func:`mark_round_state`)."""
+    return dict(_ROUND_STATE)
+
+
+for _name in (MODEL_STATE, OPTIMIZER_STATE, ALIGNED_STATE):
+    mark_round_state(_name)

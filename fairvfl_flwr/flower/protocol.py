@@ -28,7 +28,9 @@ the server's final scores and the saved blocks are the same model.
 
 Saving the model adds ``query.save`` (the reply holds digests, never θ_k) and the scoring
 job (``mode = "score"``) ``query.scoreinfo`` / ``query.score`` (partial logits of a chunk of
-rows to score, with their ids; no labels or groups anywhere); docs/scoring.md.
+rows to score, with their ids; no labels or groups anywhere); docs/scoring.md. After a party
+dropped out and came back, ``query.rejoin`` (a round config) has every party restore its state
+of that round from its own disk and reply as to ``query.info`` (features/rejoin.py).
 
 Features and the split-learning baseline add their own types (encrypted ν:
 ``train.passive_enc`` / ``train.passive_unmask``, features/ckks.py; split learning:
@@ -73,12 +75,13 @@ ALIGN_INTERSECT = "query.align_intersect"  # the leader, once per party: which o
 ALIGN_COMMON = "query.align_common"  # the leader: the common rows (training: their split and labels)
 ALIGN_FINISH = "query.align_finish"  # every other party: its common rows
 ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up the alignment it kept of these tables
+REJOIN = "query.rejoin"  # after a party dropped out: every party restores its state of a round from its own disk
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_COMMON, ALIGN_FINISH, ALIGN_REUSE)
 
 # Every message type a party answers; register_handlers refuses any other.
 MESSAGE_TYPES = (INFO, INIT, TRAIN_ACTIVE, TRAIN_PASSIVE, TRAIN_PASSIVE_ENC, TRAIN_PASSIVE_UNMASK, SECAGG_KEYS,
                  SECAGG_PEERS, SPLIT_INIT, SPLIT_TRAIN, NEWTON_INIT, NEWTON_ACTIVE, NEWTON_PASSIVE, NEWTON_APPLY, SAVE,
-                 SCORE_INFO, SCORE, *ALIGN_STEPS)
+                 SCORE_INFO, SCORE, REJOIN, *ALIGN_STEPS)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits

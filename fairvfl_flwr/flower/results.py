@@ -72,7 +72,9 @@ class RunRecorder:
         _write_atomic(self.folder / "config.json", json.dumps({**cfg.to_flower(), **(extra or {})}, indent=2) + "\n")
 
     def add(self, row: dict) -> None:
-        """Append a round's row; an evaluation round (it holds test accuracy) also rewrites history.json."""
+        """Append a round's row (in place of the rows from that round on: a round run again after a party
+        rejoined); an evaluation round (it holds test accuracy) also rewrites history.json."""
+        self.rows = [r for r in self.rows if r.get("round", -1) < row.get("round", 0)]
         self.rows.append(row)
         if not math.isnan(row.get("acc", math.nan)):
             self.write_history()

@@ -54,8 +54,9 @@ DIGEST_TAG = b"fairvfl-flwr round part v1"
 VIEW_TAG = b"fairvfl-flwr round view v1"
 MASK_TAG = b"fairvfl-flwr view-bound pair key v1"
 CONFIRM_TAG = b"fairvfl-flwr view confirmation v1"
-#: Messages outside any view: the key set-up itself (no session yet) and discovery.
-UNBOUND = frozenset({msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.INFO, *msgs.ALIGN_STEPS, msgs.SCORE_INFO})
+#: Messages outside any view: the key set-up itself (no session yet), discovery, and a
+#: rejoin's restore (it comes before the fresh session's set-up and carries no values).
+UNBOUND = frozenset({msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.INFO, *msgs.ALIGN_STEPS, msgs.SCORE_INFO, msgs.REJOIN})
 
 
 def part_name(message_type: str, role: str) -> str:

@@ -21,6 +21,7 @@ server's state through :meth:`VFLServer.fold`, and the whole state round-trips t
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterable
 from logging import INFO
@@ -90,6 +91,11 @@ class VFLServer:
     init_type = msgs.INIT
     #: Whether the stop rule (``stop-tolerance``, ``stop-window``) may end training early.
     stops = True
+    #: The attributes a round changes: what :meth:`snapshot` keeps (an algorithm adds its own).
+    round_state: tuple[str, ...] = ("lam", "u_train", "u_test", "sq_norms", "steps", "stats", "history",
+                                    "held_rows", "last_round", "stop")
+    #: Of those, the mappings keyed by node id: :meth:`rebind` moves a restarted party's entries.
+    node_keyed: tuple[str, ...] = ("u_train", "u_test", "sq_norms", "steps")
 
     def __init__(
         self,
@@ -205,7 +211,14 @@ class VFLServer:
         self.first_round_started = time.perf_counter()
         log(INFO, "[round %d] starts (set-up took %.1f s)", first, self.setup_seconds)
         self._t0 = time.perf_counter()  # "seconds" in the history counts training rounds only
-        return self.scheduler.run(self, grid, first, num_rounds, timeout, Result())
+        result = Result()
+        while True:
+            try:
+                return self.scheduler.run(self, grid, first, num_rounds, timeout, result)
+            except FederationError as exc:  # a hook may bring the federation back (features/rejoin.py)
+                first = self.hooks.recover(grid, exc, timeout)
+                if first is None:
+                    raise
 
     # -- the parts of a round ------------------------------------------------------------
     def discover(self, grid: Grid, timeout: float) -> None:
@@ -216,28 +229,8 @@ class VFLServer:
             Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
         ]
         for reply in self.exchange(grid, queries, timeout, named=False):
-            info = reply.content.config_records["info"]
-            node = Node(
-                node_id=reply.metadata.src_node_id,
-                role=str(info["role"]),
-                partition_id=int(info["partition-id"]),
-                n_train=int(info["n-train"]),
-                n_test=int(info["n-test"]),
-            )
+            node = self.node_of(reply)
             self.nodes[node.node_id] = node
-            if str(info["ids-digest"]) != self.labels.ids_digest:
-                raise FederationError(
-                    f"{node} is not aligned with the server's labels: its row ids (digest {info['ids-digest']}, "
-                    f"{node.n_train}/{node.n_test} train/test rows) differ from the server's (digest "
-                    f"{self.labels.ids_digest}, {len(self.labels.y_train)}/{len(self.labels.y_test)} rows); "
-                    "every party file must hold the same row ids and train/test split (re-export them). "
-                    "Refused before round 1"
-                )
-            if node.n_train != len(self.labels.y_train) or node.n_test != len(self.labels.y_test):
-                raise FederationError(
-                    f"{node} has {node.n_train}/{node.n_test} train/test rows, the server "
-                    f"{len(self.labels.y_train)}/{len(self.labels.y_test)}"
-                )
         pids = sorted(n.partition_id for n in self.nodes.values())
         if pids != list(range(self.cfg.num_parties)):
             raise FederationError(f"partition ids must be 0..{self.cfg.num_parties - 1} once each, got {pids}")
@@ -245,6 +238,32 @@ class VFLServer:
         if n_active != self.cfg.num_active:
             raise FederationError(f"expected {self.cfg.num_active} active parties, found {n_active}")
         log(INFO, "FairVFL: %s", ", ".join(str(n) for n in self.ordered_nodes()))
+
+    def node_of(self, reply: Message, when: str = "before round 1") -> Node:
+        """The node a ``query.info`` reply describes, checked against the server's labels: the same row
+        ids (digest) and train/test rows (``when``: when a refusal stops the run)."""
+        info = reply.content.config_records["info"]
+        node = Node(
+            node_id=reply.metadata.src_node_id,
+            role=str(info["role"]),
+            partition_id=int(info["partition-id"]),
+            n_train=int(info["n-train"]),
+            n_test=int(info["n-test"]),
+        )
+        if str(info["ids-digest"]) != self.labels.ids_digest:
+            raise FederationError(
+                f"{node} is not aligned with the server's labels: its row ids (digest {info['ids-digest']}, "
+                f"{node.n_train}/{node.n_test} train/test rows) differ from the server's (digest "
+                f"{self.labels.ids_digest}, {len(self.labels.y_train)}/{len(self.labels.y_test)} rows); "
+                "every party file must hold the same row ids and train/test split (re-export them). "
+                f"Refused {when}"
+            )
+        if node.n_train != len(self.labels.y_train) or node.n_test != len(self.labels.y_test):
+            raise FederationError(
+                f"{node} has {node.n_train}/{node.n_test} train/test rows, the server "
+                f"{len(self.labels.y_train)}/{len(self.labels.y_test)}"
+            )
+        return node
 
     def initialise(self, grid: Grid, timeout: float) -> None:
         """Every party builds its model and sends its first replies (round 0)."""
@@ -383,6 +402,28 @@ class VFLServer:
         self.u_test.clear()
         self.held_rows = None
         self.stats = train_stats(self.labels.y_train, self.z("train"), self.groups)
+
+    def snapshot(self) -> dict:
+        """A copy of everything a round changes (:attr:`round_state`): :meth:`restore` returns the
+        server to it, node ids and all."""
+        return copy.deepcopy({name: getattr(self, name) for name in self.round_state})
+
+    def restore(self, snapshot: dict) -> None:
+        """Return to a :meth:`snapshot` (a copy of it: the snapshot stays usable)."""
+        for name, value in copy.deepcopy(snapshot).items():
+            setattr(self, name, value)
+
+    def rebind(self, old: int, node: Node) -> None:
+        """A party is back as ``node`` (a restarted SuperNode has a new node id): it takes the place
+        of node ``old``, with every per-node entry of the server's state."""
+        if self.nodes[old].partition_id != node.partition_id or self.nodes[old].role != node.role:
+            raise FederationError(f"{node} cannot take the place of {self.nodes[old]}")
+        for name in self.node_keyed:
+            held = getattr(self, name)
+            if old in held:
+                held[node.node_id] = held.pop(old)
+        del self.nodes[old]
+        self.nodes[node.node_id] = node
 
     # -- helpers -------------------------------------------------------------------------
     def who(self, node_id: int, named: bool = True) -> str:

@@ -1,0 +1,236 @@
+"""A party's restart costs a round, not the run (run config ``reliability.rejoin-timeout > 0``).
+
+Party (:func:`rejoin_mod`): after every reply that follows a step (and the first logits,
+round 0) a party writes its state of that round to its own disk: every record of its node
+state that carries the run from one round to the next (θ, a step's own state, Newton's
+directions and moves, the aligned block's key, the secure-aggregation sessions it joined:
+``flower.party.mark_round_state``). Where: node config ``state-dir``, else ``rejoin/`` under
+the party's data cache (node config ``cache-dir``, ``$FAIRVFL_CACHE_DIR``); per run
+(Flower's run id, the same before and after a SuperNode restarts) and partition, the last
+:data:`KEEP` rounds. Nothing of it is ever sent.
+
+Server (:class:`Rejoin`, a round hook): after every completed round it keeps a copy of its
+own state (``VFLServer.snapshot``: λ, the held logits or their masked sum, the history, an
+algorithm's own). When a round fails because a party left the federation
+(``PartyUnavailable``), it returns to the last completed round r and waits up to
+``rejoin-timeout`` seconds for a node of that party to join (a restarted SuperNode has a new
+node id). Every party, the returning one and those that stayed, is sent ``query.rejoin``
+with round r: it restores its state of round r from its own disk (a party that stepped
+into round r + 1 steps back) and replies as to discovery, with the round it restored. The
+server checks the party's role, rows and row-id digest as at discovery, takes the new node
+in place of the old, and every hook re-establishes its set-up (secure aggregation: a fresh
+signed session). Round r + 1 then runs again. The server never holds a party's block; a
+party that cannot restore round r (no state, another run's) refuses, naming its folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from logging import INFO, WARNING
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fairvfl_flwr.data.partydata import cache_dir, write_atomically
+from fairvfl_flwr.flower import party
+from fairvfl_flwr.flower.discovery import joined_nodes
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
+from fairvfl_flwr.flower.hooks import Node, RoundHook, ServerView
+from fairvfl_flwr.flower.party import PartyRuntime, round_of, round_state
+
+STATE_DIR = "state-dir"  # node config: where this party keeps its state of the last rounds
+KEEP = 3  # rounds of state kept per party (the last completed round is among the last two)
+POLL_SECONDS = 0.5  # how often the server looks for a returning node
+
+
+class RejoinStateError(RuntimeError):
+    """A party has no state of the round the run continues from, or a damaged one."""
+
+
+# -- the party's files ------------------------------------------------------------------
+def state_dir(context: Context, rt: PartyRuntime) -> Path:
+    """This party's state folder for this run: node config ``state-dir``, else ``rejoin/`` under its
+    data cache; then ``run-<run id>/partition-<k>``."""
+    root = context.node_config.get(STATE_DIR)
+    base = Path(str(root)).expanduser() if root else cache_dir(rt.spec) / "rejoin"
+    return base / f"run-{context.run_id}" / f"partition-{rt.spec.partition_id}"
+
+
+def save_state(folder: Path, server_round: int, state: RecordDict) -> Path:
+    """Write the registered round-state records of ``state`` as ``round-<r>.npz``; keep the last
+    :data:`KEEP` rounds (a later round's file is of a round this run is about to run again)."""
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict = {"round": server_round, "arrays": {}, "configs": {}}
+    for name in round_state():
+        if name in state.array_records:
+            keys = meta["arrays"][name] = []
+            for key, value in state.array_records[name].items():
+                keys.append(key)
+                arrays[f"a{len(arrays)}"] = value.numpy()
+        elif name in state.config_records:
+            meta["configs"][name] = dict(state.config_records[name])
+    path = folder / f"round-{server_round:08d}.npz"
+
+    def write(fh) -> None:
+        np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+    write_atomically(path, write)
+    for old in folder.glob("round-*.npz"):
+        if int(old.stem.split("-")[1]) > server_round:
+            old.unlink(missing_ok=True)
+    for old in sorted(folder.glob("round-*.npz"))[:-KEEP]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_state(folder: Path, server_round: int, who: str) -> dict[str, ArrayRecord | ConfigRecord]:
+    """The records a party saved after ``server_round``, or a refusal naming what it has."""
+    path = folder / f"round-{server_round:08d}.npz"
+    if not path.exists():
+        have = sorted(p.stem for p in folder.glob("round-*.npz")) if folder.exists() else []
+        raise RejoinStateError(f"{who} holds no state of round {server_round} of this run in {folder} (has: "
+                               f"{', '.join(have) or 'none'}); it cannot continue the run (was its node config's "
+                               f"{STATE_DIR} or cache-dir changed, or its disk replaced?)")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            stored = iter(sorted((k for k in f.files if k != "meta"), key=lambda k: int(k[1:])))
+            records: dict[str, ArrayRecord | ConfigRecord] = {}
+            for name, keys in meta["arrays"].items():
+                records[name] = ArrayRecord({key: Array(np.ascontiguousarray(f[next(stored)])) for key in keys})
+    except Exception as exc:  # noqa: BLE001  (a damaged file is reported, never half-used)
+        raise RejoinStateError(f"{who}: its state of round {server_round} in {path} cannot be read: {exc}") from exc
+    if int(meta["round"]) != server_round:
+        raise RejoinStateError(f"{who}: {path} holds round {meta['round']}, not {server_round}")
+    records.update({name: ConfigRecord(values) for name, values in meta["configs"].items()})
+    return records
+
+
+# -- the party's side -------------------------------------------------------------------
+def rejoin_mod(message: Message, context: Context, call_next) -> Message:
+    """After a reply that follows a step (or the first logits), keep this round's state on this
+    party's own disk, when the run waits for parties that drop out."""
+    mtype = message.metadata.message_type
+    if mtype not in (msgs.INIT, msgs.NEWTON_INIT) and not mtype.startswith("train."):
+        return call_next(message, context)
+    reply = call_next(message, context)
+    if reply.has_error() or party.run_config(tuple(sorted(context.run_config.items()))).rejoin_timeout <= 0:
+        return reply
+    save_state(state_dir(context, PartyRuntime(context)), round_of(message)[0], context.state)
+    return reply
+
+
+def rejoin(message: Message, context: Context) -> Message:
+    """Restore this party's state of the message's round from its own disk, then answer as to
+    discovery (role, rows, row-id digest) with the round restored."""
+    rt = PartyRuntime(context)
+    server_round = round_of(message)[0]
+    merge = round_state()
+    for name, record in load_state(state_dir(context, rt), server_round, rt.who).items():
+        held = context.state.config_records.get(name) if merge.get(name) else None
+        if held is not None:  # a record that only grows: what the node holds now and what the disk held
+            record = ConfigRecord({k: list(dict.fromkeys([*held.get(k, []), *v])) for k, v in record.items()})
+        context.state[name] = record
+    reply = party.info(message, context)
+    reply.content.config_records["info"]["round"] = server_round
+    return reply
+
+
+def register(app: ClientApp) -> None:
+    """The restore handler (``query.rejoin``)."""
+    msgs.register_handlers(app, {msgs.REJOIN: rejoin})
+
+
+# -- the server's hook ------------------------------------------------------------------
+class Rejoin(RoundHook):
+    """Keep the server's state after every round; when a party drops out, wait ``wait`` seconds for it
+    to come back, have every party restore the last completed round, and run the next one again."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+        self.saved: tuple[int, dict] | None = None  # (last completed round, the server's state after it)
+        self.rejoins: list[dict] = []  # one entry per party that came back: partition, round run again, seconds
+
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+        """The round is complete (every hook before this one has ended it): keep the server's state."""
+        self.saved = (server_round, server.snapshot())
+
+    def recover(self, server: ServerView, grid: Grid, exc: BaseException, timeout: float) -> int | None:
+        """A party left the federation: return to the last completed round and bring it back (or refuse,
+        saying why); the round after it runs next."""
+        if not isinstance(exc, PartyUnavailable) or self.saved is None:
+            return None
+        gone = {nid: node for nid, node in server.nodes.items() if nid in exc.node_ids}
+        if not gone:
+            return None
+        last, snapshot = self.saved
+        names = ", ".join(str(n) for n in gone.values())
+        log(WARNING, "FairVFL: %s dropped out in round %d; waiting up to reliability.rejoin-timeout=%g s for it to "
+            "come back (restart its SuperNode with the same node config); training continues from round %d, the "
+            "last completed", names, last + 1, self.wait, last)
+        started = time.monotonic()
+        server.restore(snapshot)
+        back = self._wait(server, grid, gone, last, exc, timeout)
+        staying = [nid for nid in server.nodes if nid not in gone]
+        for reply in server.exchange(grid, [_message(nid, last) for nid in staying], timeout):
+            _check_round(server.node_of(reply, "when the run continued"), reply, last)
+        for old, node in back.items():
+            server.rebind(old, node)
+            self.rejoins.append({"partition": node.partition_id, "round": last + 1,
+                                 "seconds": time.monotonic() - started})
+        log(INFO, "FairVFL: %s back after %.1f s; every party restored round %d from its own disk; round %d runs "
+            "again", ", ".join(str(n) for n in back.values()), time.monotonic() - started, last, last + 1)
+        return last + 1
+
+    def _wait(self, server: ServerView, grid: Grid, gone: dict[int, Node], last: int, exc: BaseException,
+              timeout: float) -> dict[int, Node]:
+        """The nodes that took the place of ``gone`` (old node id -> node), each restored to round ``last``."""
+        want = {node.partition_id: old for old, node in gone.items()}
+        # a returning SuperNode has a new node id; the old one may still be listed for a while (a crash)
+        seen = set(server.nodes)
+        back: dict[int, Node] = {}
+        deadline = time.monotonic() + self.wait
+        while want:
+            fresh = joined_nodes(grid, seen)
+            if not fresh:
+                if time.monotonic() >= deadline:
+                    missing = ", ".join(str(gone[old]) for old in want.values())
+                    raise FederationError(
+                        f"{missing} dropped out in round {last + 1} ({exc}) and did not come back within "
+                        f"reliability.rejoin-timeout={self.wait:g} s; the run stops after round {last}, its last "
+                        "completed round. Restart that party's SuperNode with the same node config sooner, or "
+                        "raise reliability.rejoin-timeout") from None
+                time.sleep(POLL_SECONDS)
+                continue
+            seen.update(fresh)
+            for reply in server.exchange_unnamed(grid, [_message(nid, last) for nid in fresh], timeout):
+                node = server.node_of(reply, "when it came back")
+                old = want.pop(node.partition_id, None)
+                if old is None or gone[old].role != node.role:
+                    raise FederationError(f"{node} joined the federation while the run waited for "
+                                          f"{', '.join(str(gone[o]) for o in want.values()) or 'no other party'}: "
+                                          "one node per party; refused")
+                _check_round(node, reply, last)
+                back[old] = node
+        return back
+
+
+def _message(node_id: int, server_round: int) -> Message:
+    return Message(RecordDict({msgs.ROUND: msgs.round_config(server_round, False)}), dst_node_id=node_id,
+                   message_type=msgs.REJOIN, group_id=f"rejoin-{server_round}")
+
+
+def _check_round(node: Node, reply: Message, last: int) -> None:
+    got = reply.content.config_records["info"].get("round")
+    if got != last:
+        raise FederationError(f"{node} restored round {got}, the run's last completed round is {last}: its state "
+                              "on disk is not this run's; refused")
