@@ -39,8 +39,9 @@ PARTY_COLUMNS = [
     ["hours-per-week", "native-country"],
 ]
 ROWS = 3000
+# unmasked (own tables default to masked): these runs are compared with unmasked joint-table references
 BASE = {"num-parties": 4, "num-active": 1, "num-server-rounds": 12, "eval-every": 6, "seed": 3, "dataset": "adult",
-        "optimizer": "gd"}
+        "optimizer": "gd", "privacy.secure-aggregation": False}
 
 
 def adult_raw(rows: int = ROWS, seed: int = 0) -> pd.DataFrame:

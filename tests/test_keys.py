@@ -83,6 +83,17 @@ def test_a_node_that_allows_unmasked_runs_takes_part_and_a_masked_run_needs_no_s
     assert grid.dtypes and all(d == np.uint64 for d in grid.dtypes)
 
 
+def test_a_deployment_is_masked_unless_its_run_config_says_otherwise(exported, tmp_path):
+    """privacy.secure-aggregation='auto' (the default): on where the parties read their own data."""
+    auto = {k: v for k, v in exported["run_config"].items() if k != "privacy.secure-aggregation"}
+    assert RunConfig.from_flower(auto).secure_aggregation == "auto"
+    grid, run = _run({**exported, "run_config": auto}, tmp_path, exported["node_configs"])
+    run()
+    assert grid.dtypes and all(d == np.uint64 for d in grid.dtypes)
+    assert RunConfig(tables_own=True).masked and not RunConfig().masked  # own tables yes; packaged tables no
+    assert not RunConfig(tables_own=True, secure_aggregation="false").masked
+
+
 def test_demo_keys_are_refused_where_a_node_reads_its_own_data(exported, tmp_path):
     """allow-unmasked waives masking, never authentication: a masked run still needs its own key."""
     nodes = [{**{k: v for k, v in n.items() if k != secagg.IDENTITY_KEY}, "allow-unmasked": True}

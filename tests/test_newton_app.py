@@ -94,7 +94,7 @@ def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
     assert history == golden["history"]
 
 
-ON = {"model": "mlp", "batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": True,
+ON = {"model": "mlp", "batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": "true",
       "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split"}
 
 

@@ -252,7 +252,7 @@ def test_export_turns_secure_aggregation_off_only_when_asked(tmp_path, capsys):
     deployed = export(RunConfig(dataset="crime", num_parties=3), tmp_path / "b", demo_keys=True)["run_config"]
     with pytest.raises(ConfigError, match="secure_aggregation|secure-aggregation"):
         RunConfig.from_flower({**deployed, "reliability.resume-from": str(tmp_path)})
-    assert RunConfig.from_flower({**deployed, "mode": "score", "score.model-from": str(tmp_path)}).secure_aggregation
+    assert RunConfig.from_flower({**deployed, "mode": "score", "score.model-from": str(tmp_path)}).masked
 
 
 def test_export_cli_bad_input_is_one_line(tmp_path, capsys):

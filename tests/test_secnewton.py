@@ -210,12 +210,12 @@ def test_a_lost_reply_is_resent_as_the_same_words_and_nobody_is_unmasked(tmp_pat
 
 
 def test_auto_picks_shared_step_newton_under_secure_aggregation():
-    cfg = RunConfig(optimizer="auto", secure_aggregation=True)
+    cfg = RunConfig(optimizer="auto", secure_aggregation="true")
     cfg.validate()
     assert cfg.optimizer_in_use == "newton"
     assert "shared step lengths" in resolve_optimizer(cfg).reason
     assert "shared step lengths" not in resolve_optimizer(RunConfig(optimizer="auto")).reason
-    RunConfig(optimizer="newton", secure_aggregation=True).validate()  # not refused: the steps are shared
+    RunConfig(optimizer="newton", secure_aggregation="true").validate()  # not refused: the steps are shared
 
 
 class SilentGrid(Recording):

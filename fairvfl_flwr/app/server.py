@@ -101,7 +101,7 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
     (ServerTranscript, lambda s: ServerTranscript(s.cfg.transcript_dir, s.cfg.record_first, s.cfg.record_every)
      if s.cfg.transcript_dir else None),
     # before checkpoints: its key set-up runs in begin, before a resume's restart messages
-    (SecureAggregation, lambda s: SecureAggregation() if s.cfg.secure_aggregation else None),
+    (SecureAggregation, lambda s: SecureAggregation() if s.cfg.masked else None),
     (Checkpoints, _checkpoints),
     (KeepScores, lambda s: KeepScores() if s.cfg.mode != "fairvfl" else None),
     (FinalTest, lambda s: FinalTest() if s.cfg.mode != "split" else None),
@@ -128,7 +128,7 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     if cfg.mode == "split":
         algorithm = SplitVFL
     elif cfg.optimizer_in_use == "newton":  # secure aggregation hides X_k s_k: the search over shared step lengths
-        algorithm = SharedNewtonVFL if cfg.secure_aggregation else NewtonVFL
+        algorithm = SharedNewtonVFL if cfg.masked else NewtonVFL
     else:
         algorithm = FairVFL
     order = tuple(kind for kind, _ in ROUND_FEATURES)

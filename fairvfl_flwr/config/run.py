@@ -150,8 +150,10 @@ class RunConfig:
                           rule=at_least(0), why="must be >= 0 (rounds 1..record-first are all recorded)")
     transcript_dir: str = S("", "a folder: every role keeps what it received there, on its own side "
                             "(privacy.md#transcripts)", section="privacy")
-    secure_aggregation: bool = S(False, "true: pairwise-masked partial logits, the server learns only their sum "
-                                 "(privacy.md); on by default in an exported deployment", section="privacy")
+    secure_aggregation: str = S("auto", "pairwise-masked partial logits, the server learns only their sum "
+                                "(privacy.md). auto: on where the parties read their own data (tables.own or "
+                                "server-labels), off on packaged tables", section="privacy",
+                                choices=("auto", "true", "false"))
     label_dp_epsilon: float = S(0.0, "> 0: label DP on nu at this epsilon over num-server-rounds (Opacus's RDP "
                                 "accountant, needs .[privacy])", section="privacy",
                                 rule=lambda v: v == 0 or (v > 0 and _installed("opacus")),
@@ -338,10 +340,21 @@ class RunConfig:
         return resolve_optimizer(self).name
 
     @property
+    def masked(self) -> bool:
+        """Whether partial logits travel under secure aggregation: ``privacy.secure-aggregation``,
+        where ``auto`` means on wherever the parties read their own data (a deployment: own
+        tables, or exported party files with the server's label file). Server and parties
+        resolve it alike from the same run config; a deployed party also refuses an unmasked
+        job on its own (features/secagg.py)."""
+        if self.secure_aggregation == "auto":
+            return self.tables_own or bool(self.server_labels)
+        return self.secure_aggregation == "true"
+
+    @property
     def newton_moves(self) -> int:
         """Moves a party keeps for Newton's search: its own (per-party step lengths), or its
         parts of the combined moves where secure aggregation shares the step lengths."""
-        return self.newton_shared_memory if self.secure_aggregation else self.newton_memory
+        return self.newton_shared_memory if self.masked else self.newton_memory
 
     @property
     def lr(self) -> float:
@@ -372,7 +385,7 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
     (sections.ADAGRAD_REFUSED), else gd; gd too where Newton is not measured to reach the
     target by default (a kind's ``newton_by_default``; several groups)."""
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
-              "parties)" if cfg.secure_aggregation else "")
+              "parties)" if cfg.masked else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
                  "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
     if cfg.optimizer == "gd":

@@ -156,6 +156,8 @@ def coerce(key: str, raw: Any, typ: type) -> Any:
             return int(raw)
         if typ is float:
             return float(raw)
+        if isinstance(raw, bool):  # a str setting whose choices include true/false, given as TOML's bool
+            return "true" if raw else "false"
         return str(raw)
     except (TypeError, ValueError):
         raise ConfigError(f"run config {key}={raw!r}: expected {typ.__name__}") from None

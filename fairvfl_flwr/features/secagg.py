@@ -579,7 +579,7 @@ def check_deployment(context: Context, rt: PartyRuntime) -> None:
             f"checks every peer against a pinned peers file (demo keys exist only in simulation). Make them with "
             f"{KEY_TOOL} (docs/deploy.md, section 0), or set {ALLOW_UNMASKED}=true in this node's config to run "
             "unauthenticated and unmasked; refused before any value left this party")
-    if not rt.cfg.secure_aggregation:
+    if not rt.cfg.masked:
         raise NodeConfigError(
             f"{rt.who}: this {'scoring job' if rt.cfg.mode == 'score' else 'run'} is not masked "
             "(privacy.secure-aggregation=false) and this node is deployed: the server would receive its partial "
@@ -601,7 +601,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     if held is None or message.metadata.message_type in roundview.UNBOUND:
         return _mask_reply(message, context, call_next(message, context), None, runtime)
     rt = runtime()
-    if not rt.cfg.secure_aggregation:
+    if not rt.cfg.masked:
         return call_next(message, context)
     keys = _pair_keys(context)
     seen = roundview.accept(message, context.state, session=str(held["session"]), own=rt.spec.partition_id,
@@ -628,7 +628,7 @@ def _mask_reply(message: Message, context: Context, reply: Message, view: bytes 
     if name is None:
         return reply
     rt = runtime()
-    if not rt.cfg.secure_aggregation:
+    if not rt.cfg.masked:
         return reply
     raw = _pair_keys(context) if raw is None else raw
     k = rt.cfg.num_parties

@@ -300,7 +300,7 @@ def save(message: Message, context: Context) -> Message:
     meta = {
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
         "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": server_round,
-        "checkpoint": checkpoint, "secure-aggregation": cfg.secure_aggregation,
+        "checkpoint": checkpoint, "secure-aggregation": cfg.masked,
         "data-digest": rt.data.ids_digest, "source": spec.data_path or spec.table_path or f"{cfg.data_name} (packaged)",
         "preprocessing": pre.to_dict(),
     }

@@ -164,7 +164,7 @@ def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | N
     info = _block_info(parties, node_ids, job, manifest)
     ordered = [info[pid]["node"] for pid in sorted(info)]
     views = None
-    if cfg.secure_aggregation:  # each chunk's replies masked: the server learns the per-row totals only
+    if cfg.masked:  # each chunk's replies masked: the server learns the per-row totals only
         session = secagg.agree_keys([(nid, pid, parties.name(nid)) for pid, nid in zip(sorted(info), ordered)],
                                     parties.exchange)
         views = roundview.ServerViews(session)  # every chunk one view of all parties
@@ -259,7 +259,7 @@ def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dic
             raise ScoreError(f"{parties.name(nid)}: rows {start}..{stop - 1} are not the same ids as "
                              f"{parties.name(ordered[0])}'s; refused")
         parts.append(u)
-    if cfg.secure_aggregation:
+    if cfg.masked:
         return chunk_ids, secagg.unmask_sum(parts, f"rows {start}..{stop - 1}")
     return chunk_ids, np.sum(parts, axis=0)
 
@@ -271,12 +271,12 @@ def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop
     if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
         raise ScoreError(f"{party}: a {msgs.SCORE} reply holds exactly the chunk's logits and ids; refused")
     u = content.array_records[LOGITS]["logits"].numpy()
-    dtype = np.dtype(np.uint64) if cfg.secure_aggregation else np.dtype(cfg.wire_dtype)
+    dtype = np.dtype(np.uint64) if cfg.masked else np.dtype(cfg.wire_dtype)
     if u.dtype != dtype or u.shape != (stop - start,):
         raise ScoreError(f"{party}: partial logits of rows {start}..{stop - 1} as {u.dtype} {u.shape}, "
                          f"expected {dtype} ({stop - start},)"
-                         f"{' (masked words: privacy.secure-aggregation)' if cfg.secure_aggregation else ''}")
-    if not cfg.secure_aggregation:
+                         f"{' (masked words: privacy.secure-aggregation)' if cfg.masked else ''}")
+    if not cfg.masked:
         try:
             u = checks.check_vector(u, "partial logits", stop - start, party).astype(np.float64)
         except checks.ReplyError as exc:
@@ -363,7 +363,7 @@ class PartyScorer:
             if self.meta[key] != getattr(self.cfg, key) and (key != "hidden" or self.meta["model"] == "mlp"):
                 raise model_files.BlockError(f"{self.who}: the scoring job's {key}={getattr(self.cfg, key)!r}, its block "
                                         f"in {folder} has {key}={self.meta[key]!r}; refused")
-        if self.meta.get("secure-aggregation") and not self.cfg.secure_aggregation:
+        if self.meta.get("secure-aggregation") and not self.cfg.masked:
             # the job's settings come from the server: the party's own record of training decides
             raise model_files.BlockError(f"{self.who}: its block in {folder} was trained under secure aggregation and "
                                     "this scoring job is not masked (privacy.secure-aggregation off): its partial "

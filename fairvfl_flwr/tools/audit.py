@@ -346,13 +346,13 @@ def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides:
         regen = NuNoise(cfg.nu_noise, cfg.seed) if cfg.nu_noise > 0 else None
         result = passive_from_transcript(cfg.transcript_dir, cfg.num_active, ds.y_train, ds.s_train,
                                          ds.protected_label, regen, cfg.seed)
-        keys = active_pair_keys(grid) if cfg.secure_aggregation and cfg.num_active == 1 else None
+        keys = active_pair_keys(grid) if cfg.masked and cfg.num_active == 1 else None
         result.update(role_attacks(cfg.transcript_dir, cfg, ds, keys))
     dp = summary.get("label_dp") or {}
     return {"dataset": dataset, "nu_noise": noise, "secure_nu": cfg.secure_nu,
             "label_dp_epsilon": dp.get("epsilon"), "label_dp_delta": dp.get("delta"),
             "label_dp_lambda_bound": dp.get("lambda_bound"), "label_dp_noise_std": dp.get("noise_std"),
-            "secure_aggregation": cfg.secure_aggregation, "model": cfg.model, "rounds": rounds,
+            "secure_aggregation": cfg.masked, "model": cfg.model, "rounds": rounds,
             "rounds_run": summary["rounds"], "optimizer": cfg.optimizer_in_use,
             "num_parties": cfg.num_parties, "n_train": int(len(ds.y_train)),
             "test_acc": summary["test_acc"], "test_dfp": summary["test_dfp"], "test_dfn": summary["test_dfn"],

@@ -87,7 +87,7 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     label_table(ds).to_csv(labels_path, index=False)
     run_config = {k: v for k, v in cfg.to_flower().items() if k in EXPORT_KEYS}
     run_config["server-labels"] = str(labels_path)
-    run_config[SECURE_AGGREGATION] = bool(secure_aggregation)
+    run_config[SECURE_AGGREGATION] = bool(secure_aggregation)  # TOML bool; the setting reads it as "true"/"false"
     manifest = {
         "dataset": ds.name,
         "rows": {"train": len(ds.y_train), "test": len(ds.y_test)},
@@ -145,7 +145,7 @@ def instructions(manifest: dict, tls: bool = False) -> str:
         f"flwr run . <connection> --run-config {shlex.quote(config_text(manifest['run_config']))} --stream",
         *(["#    privacy.secure-aggregation=true: the server receives only sums over parties, never a party's",
             "#    logits or Newton directions (docs/privacy.md); block Newton then shares its step lengths and",
-            "#    needs more rounds (docs/newton.md). Scoring jobs and resumed runs need it false."]
+            "#    needs more rounds (docs/newton.md). A resumed run needs it false."]
           if manifest["run_config"].get(SECURE_AGGREGATION) else
           ["#    Without privacy.secure-aggregation the server receives every party's partial logits and",
            "#    can rebuild a linear passive party's Gram matrix from them (docs/privacy.md)."]),
