@@ -584,12 +584,15 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
         pd.read_csv(folder / f"party{k}.csv").to_csv(tmp_path / f"party{k}.csv", index=False)
 
     def run(**extra):
+        nonlocal sent_by_last_run
         grid, rc, sent = _aligned_messages(tmp_path, **{"output-dir": str(tmp_path / "runs"), **extra})
+        sent_by_last_run = sent
         summary, run_folder = run_server(grid, rc)
         steps = [m.metadata.message_type.removeprefix("query.align_") for m in sent
                  if m.metadata.message_type in msgs.ALIGN_STEPS]
         return summary, json.loads((run_folder / "history.json").read_text()), steps
 
+    sent_by_last_run: list = []
     caplog.set_level("INFO", logger="flwr")
     first, history, steps = run()
     assert "blind" in steps and "party 0: no alignment kept on its side" in caplog.text
@@ -597,6 +600,11 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
     assert steps == ["size"] * 4 + ["reuse"] * 4  # no id blinded: every party took up its kept alignment
     assert history_again == [{**row, "seconds": r["seconds"]} for row, r in zip(history, history_again)]
     assert again["test_acc"] == first["test_acc"]
+    replayed = _reuse_fields(sent_by_last_run)["kept-signature-2"]  # party 2's signature of the last session
+    rc = RunConfig.from_flower(own_config(tmp_path, **{"output-dir": str(tmp_path / "runs")})).to_flower()
+    with pytest.raises(FederationError, match=r"alignment step 'reuse': the kept-alignment digests are not signed "
+                                              r"by party 2's pinned identity key for this alignment; refused"):
+        run_server(Replaying(client_app, rc, 4, signature=replayed), rc)
     caplog.clear()
     df = pd.read_csv(tmp_path / "party2.csv")
     df.drop(index=df.index[:5]).to_csv(tmp_path / "party2.csv", index=False)  # party 2's table changed
@@ -606,6 +614,27 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
     assert "party 0:" not in caplog.text.split("FairVFL: aligning:")[1].splitlines()[0]
     _, _, steps = run(**{"tables.reuse-alignment": False})
     assert "blind" in steps
+
+
+def _reuse_fields(sent) -> dict:
+    return dict(next(m for m in sent if m.metadata.message_type == msgs.ALIGN_REUSE).content.config_records["align"])
+
+
+class Replaying(InProcessGrid):
+    """A server that says every party kept the same alignment, relaying party 2's signature of
+    its digest from an earlier session instead of this one's."""
+
+    def __init__(self, *a, signature, **kw):
+        super().__init__(*a, **kw)
+        self.signature = signature
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type == msgs.ALIGN_REUSE:
+                m.content.config_records["align"] = ConfigRecord({**_reuse_fields([m]),
+                                                                  "kept-signature-2": self.signature})
+        return super().push_messages(messages)
 
 
 class Dictionary(InProcessGrid):

@@ -97,7 +97,8 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, TRAIN, discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "alignment"))
     if passes.kept:  # every party holds the same alignment of these tables: no PSI
-        replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept) for nid in passes.sizes})
+        signed = {f"kept-signature-{passes.pid[nid]}": r["kept-signature"] for nid, r in passes.sizes.items()}
+        replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept, **signed) for nid in passes.sizes})
         passes.check(replies, ConfigRecord({"digest": passes.kept}))
         result = replies[passes.lead]
         common = _reply(result)
@@ -325,7 +326,9 @@ def _size(step: _Step) -> None:
         step.out = {"problems": len(report.problems), "role": spec.role, "partition-id": spec.partition_id}
     elif kept is not None:
         step.out = {"n": int(kept["n"]), "pattern": str(kept["pattern"]), "kept": str(kept["digest"]),
-                    "role": spec.role, "partition-id": spec.partition_id}
+                    "role": spec.role, "partition-id": spec.partition_id,
+                    # every other party reuses only once each party signed this digest in this session
+                    "kept-signature": step.signer.sign("size", spec.partition_id, str(kept["digest"]).encode())}
     else:
         step.out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id, "why": why}
     if step.purpose == TRAIN:
@@ -425,12 +428,17 @@ def _finish(step: _Step) -> None:
 
 
 def _reuse(step: _Step) -> None:
-    """Every party holds the same kept alignment of these tables: take it up again (no PSI)."""
+    """Every party holds the same kept alignment of these tables: take it up again (no PSI),
+    once every party's signature of that digest, made in this session, checks out."""
     kept, why = psi.kept_alignment(step.spec, step.cfg)
     if kept is None or str(kept["digest"]) != str(step.fields["digest"]):
         changed = why or "another digest"
         raise FederationError(f"{step.spec.name}: its kept alignment changed since the run began ({changed}); "
                               "submit the run again")
+    digest = str(kept["digest"]).encode()
+    for peer in range(step.cfg.num_parties):  # a server's word that all kept this alignment is not enough
+        step.signer.verify("size", peer, digest, step.fields.get(f"kept-signature-{peer}"),
+                           "the kept-alignment digests")
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
     step.out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
     if kept.get("labels"):
