@@ -111,8 +111,8 @@ def test_the_split_baseline_refuses_what_it_would_ignore():
         RunConfig.from_flower({"mode": "split", "privacy.nu-noise": 1.0})
 
 
-def test_a_scoring_job_is_told_by_its_mode_read_as_every_setting_is():
-    assert RunConfig.is_scoring_job({"mode": "score", "score.model-from": "x"})
-    assert not RunConfig.is_scoring_job({}) and not RunConfig.is_scoring_job({"mode": "split"})
+def test_the_job_is_told_by_its_mode_read_as_every_setting_is():
+    assert RunConfig.mode_of({"mode": "score", "score.model-from": "x"}) == "score"
+    assert RunConfig.mode_of({}) == "fairvfl" and RunConfig.mode_of({"mode": "split"}) == "split"
     with pytest.raises(ConfigError, match=r"mode='scores': choose one of"):
-        RunConfig.is_scoring_job({"mode": "scores"})
+        RunConfig.mode_of({"mode": "scores"})

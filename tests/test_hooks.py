@@ -14,9 +14,9 @@ from flwr.serverapp.strategy import Strategy
 from fairvfl_flwr import features, jobs
 from fairvfl_flwr.algorithms.fairvfl import FairVFL
 from fairvfl_flwr.app.client import app as client_app
-from fairvfl_flwr.app import server as app_server
+from fairvfl_flwr.app import training as app_training
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.app.server import HOOK_ORDER, build_server
+from fairvfl_flwr.app.training import HOOK_ORDER, build_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import load_data
@@ -42,7 +42,7 @@ def _labels(cfg: RunConfig):
 
 def test_every_feature_hook_has_one_place_in_the_declared_order():
     assert len(set(HOOK_ORDER)) == len(HOOK_ORDER)
-    assert set(HOOK_ORDER) == _feature_hooks(), "a feature's round hook needs a place in app/server.py HOOK_ORDER"
+    assert set(HOOK_ORDER) == _feature_hooks(), "a feature's round hook needs a place in app/training.py HOOK_ORDER"
 
 
 def test_build_server_runs_the_hooks_in_the_declared_order_whatever_order_they_are_added(tmp_path):
@@ -185,7 +185,7 @@ class RoundCounter(RoundHook):
 
 def test_a_new_round_feature_is_its_module_plus_one_line_in_round_features(monkeypatch, tmp_path):
     counter = RoundCounter()
-    monkeypatch.setattr(app_server, "ROUND_FEATURES", (*app_server.ROUND_FEATURES, (RoundCounter, lambda s: counter)))
+    monkeypatch.setattr(app_training, "ROUND_FEATURES", (*app_training.ROUND_FEATURES, (RoundCounter, lambda s: counter)))
     _, folder = run_inprocess({"dataset": "crime", "num-parties": 3, "num-server-rounds": 3, "output-dir": str(tmp_path)},
                               quiet=True)
     history = json.loads((folder / "history.json").read_text())

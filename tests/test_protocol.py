@@ -1,6 +1,6 @@
-"""The protocol is the one source of message names: every type a party answers has exactly
-one handler, registered from flower/protocol.py's constant, and no handler answers a type
-the protocol does not know."""
+"""The job registry is the one source of message types and handlers: every type a party
+answers is declared by exactly one job, the protocol's names are all answered, no module
+registers a handler around the registry, and a type declared twice is refused."""
 
 import importlib
 import pkgutil
@@ -10,60 +10,44 @@ from pathlib import Path
 import pytest
 
 import fairvfl_flwr
-from fairvfl_flwr.app.client import HANDLER_MODULES
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.jobs import JOBS
+from fairvfl_flwr.flower import jobs
 from fairvfl_flwr.flower import protocol as msgs
 
 
-class Recorder:
-    """Stands in for a ClientApp: which message type each registration names."""
-
-    def __init__(self) -> None:
-        self.types: list[str] = []
-
-    def _category(self, category: str):
-        def decorator(action: str):
-            def keep(fn):
-                self.types.append(f"{category}.{action}")
-                return fn
-            return keep
-        return decorator
-
-    def query(self, action: str):
-        return self._category("query")(action)
-
-    def train(self, action: str):
-        return self._category("train")(action)
-
-
 def test_every_message_type_has_exactly_one_handler():
-    app = Recorder()
-    for module in HANDLER_MODULES:
-        module.register(app)
-    counts = Counter(app.types)
+    counts = Counter(t for job in jobs.registered() for t in job.handlers)
     assert [t for t, n in counts.items() if n > 1] == []
-    assert set(counts) == set(msgs.MESSAGE_TYPES), (set(msgs.MESSAGE_TYPES) - set(counts), set(counts) - set(msgs.MESSAGE_TYPES))
+    assert set(counts) == set(jobs.message_types())
+    assert all(callable(h) for job in jobs.registered() for h in job.handlers.values())
 
 
-def test_the_protocol_lists_each_of_its_message_types_once():
+def test_every_message_type_of_the_protocol_is_answered_by_a_job_of_the_app():
     constants = {v for k, v in vars(msgs).items()
                  if k.isupper() and isinstance(v, str) and v.startswith(("query.", "train."))}
-    assert len(msgs.MESSAGE_TYPES) == len(set(msgs.MESSAGE_TYPES))
-    assert set(msgs.MESSAGE_TYPES) == constants
+    answered = {t for job in JOBS for t in job.handlers}
+    assert constants == answered, (constants - answered, answered - constants)
 
 
-def test_a_handler_for_a_type_the_protocol_does_not_know_is_refused():
-    app = Recorder()
-    with pytest.raises(ValueError, match="'query.nope' is not a message type of the protocol"):
-        msgs.register_handlers(app, {"query.nope": lambda message, context: message})
-    assert app.types == []
+def test_the_client_app_routes_every_registered_type():
+    routed = set(client_app._registered_funcs)  # Flower's table of "<category>.<action>" handlers
+    assert set(jobs.message_types()) <= routed
 
 
-def test_every_module_that_registers_handlers_is_in_the_client_app():
-    registering = set()
+def test_a_message_type_another_job_declares_or_a_malformed_one_is_refused():
+    before = jobs.registered()
+    with pytest.raises(ValueError, match=r"message type 'query.info' is job 'training'"):
+        jobs.register(jobs.Job("twice", {msgs.INFO: lambda message, context: message}))
+    with pytest.raises(ValueError, match=r"message type 'nope' is not '<query\|train>.<name>'"):
+        jobs.register(jobs.Job("odd", {"nope": lambda message, context: message}))
+    with pytest.raises(ValueError, match=r"mode 'score' selects job 'scoring'"):
+        jobs.register(jobs.Job("again", {}, run=lambda grid, cfg, run_id: ({}, Path()), modes=("score",)))
+    assert jobs.registered() == before
+
+
+def test_no_module_registers_handlers_on_a_client_app_itself():
     for info in pkgutil.walk_packages(fairvfl_flwr.__path__, "fairvfl_flwr."):
-        if info.name.startswith(("fairvfl_flwr.app", "fairvfl_flwr.tools")):
-            continue
         module = importlib.import_module(info.name)
-        if "msgs.register_handlers(" in Path(module.__file__).read_text():
-            registering.add(module)
-    assert registering == set(HANDLER_MODULES)
+        text = Path(module.__file__).read_text()
+        assert ".query(" not in text and ".train(" not in text, f"{info.name}: declare a Job (flower/jobs.py) instead"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.algorithms import newton
-from fairvfl_flwr.app import server as app_server
+from fairvfl_flwr.app import training as app_training
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
@@ -161,7 +161,7 @@ def test_the_masked_run_is_the_plain_shared_step_run(tmp_path, monkeypatch):
     """Secure aggregation changes nothing but what the server sees: the same λ, and the same z
     at the wire dtype for the active party, as the shared-step method summing plain replies."""
     masked, m_folder, m_grid = _secure_run(tmp_path, "masked")
-    monkeypatch.setattr(app_server, "NewtonVFL", newton.SharedNewtonVFL)  # the shared steps without the masks
+    monkeypatch.setattr(app_training, "NewtonVFL", newton.SharedNewtonVFL)  # the shared steps without the masks
     # the same number of combined moves as the masked run keeps (newton-shared-memory)
     plain, p_folder, p_grid = _secure_run(tmp_path, "plain", **{"privacy.secure-aggregation": False,
                                                                 "newton-memory": SHARED_MEMORY})

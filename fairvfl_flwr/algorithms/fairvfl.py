@@ -13,7 +13,6 @@ from logging import INFO
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -117,9 +116,8 @@ def train_passive(message: Message, context: Context) -> Message:
     return rt.reply(message, party, steps=1)
 
 
-def register(app: ClientApp) -> None:
-    """FairVFL's handlers on ``app``."""
-    msgs.register_handlers(app, {msgs.INIT: init, msgs.TRAIN_ACTIVE: train_active, msgs.TRAIN_PASSIVE: train_passive})
-    mark_step_type(msgs.TRAIN_ACTIVE)
-    mark_step_type(msgs.TRAIN_PASSIVE)
+#: FairVFL's party handlers: part of the training job (app/training.py).
+HANDLERS = {msgs.INIT: init, msgs.TRAIN_ACTIVE: train_active, msgs.TRAIN_PASSIVE: train_passive}
+mark_step_type(msgs.TRAIN_ACTIVE)
+mark_step_type(msgs.TRAIN_PASSIVE)
 

@@ -29,7 +29,6 @@ from logging import INFO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -420,8 +419,8 @@ def apply(message: Message, context: Context) -> Message:
 mark_round_state(NEWTON_STATE)  # a restarted party continues from its directions and last moves
 
 
-def register(app: ClientApp) -> None:
-    """The Newton handlers on ``app``. Not step types of the guard (flower.party.mark_step_type):
-    a re-sent message is answered with the kept reply, never by applying α twice."""
-    msgs.register_handlers(app, {msgs.NEWTON_INIT: init, msgs.NEWTON_ACTIVE: train_active,
-                                 msgs.NEWTON_PASSIVE: train_passive, msgs.NEWTON_APPLY: apply})
+#: The Newton party handlers: part of the training job (app/training.py). Not step types of the
+#: guard (flower.party.mark_step_type): a re-sent message is answered with the kept reply,
+#: never by applying α twice.
+HANDLERS = {msgs.NEWTON_INIT: init, msgs.NEWTON_ACTIVE: train_active, msgs.NEWTON_PASSIVE: train_passive,
+            msgs.NEWTON_APPLY: apply}

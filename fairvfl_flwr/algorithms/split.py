@@ -23,8 +23,8 @@ client part is ``nn.Linear(m_k, d)`` as in the example; ``"mlp"``: two hidden Re
 layers then ``d`` outputs. Full batch, every round, as in the example.
 
 :class:`SplitVFL` is a sibling of FairVFL on the shared server base (no multipliers, no
-ν); :func:`register` adds the parties' handlers to the app's one ``ClientApp``. Torch is
-imported where this baseline runs, not at module import: the ClientApp registers these
+ν); :data:`HANDLERS` are the parties' handlers (of the training job). Torch is
+imported where this baseline runs, not at module import: the ClientApp routes to these
 handlers in every run, and a linear FairVFL party must not pay torch's import.
 """
 
@@ -34,7 +34,6 @@ from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
 from fairvfl_flwr.config import RunConfig
@@ -110,9 +109,8 @@ def split_train(message: Message, context: Context) -> Message:
     return _split_reply(message, rt, model, steps=1)
 
 
-def register(app: ClientApp) -> None:
-    """The split-learning baseline's handlers on ``app``."""
-    msgs.register_handlers(app, {msgs.SPLIT_INIT: split_init, msgs.SPLIT_TRAIN: split_train})
+#: The split-learning baseline's party handlers: part of the training job (app/training.py).
+HANDLERS = {msgs.SPLIT_INIT: split_init, msgs.SPLIT_TRAIN: split_train}
 
 
 # -- ServerApp side -------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The ClientApp: one party of the federation, assembled from the algorithms' handlers
-and the features' mods.
+"""The ClientApp: one party of the federation, assembled from the registered jobs' handlers
+(app/jobs.py) and the features' mods.
 
 Mods run outermost first: the timing log (off unless ``FAIRVFL_TIMING_LOG`` is set)
 counts every other mod's time as the message's; a refusal that names the party's data is
@@ -19,27 +19,25 @@ from flwr.clientapp import ClientApp
 
 # first of the app's modules: it notes when the app's import began
 from fairvfl_flwr.features import timing  # isort: skip
-from fairvfl_flwr.algorithms import fairvfl, newton, split
+from fairvfl_flwr.app import jobs as registration  # noqa: F401  (registers every job of the app)
 from fairvfl_flwr.app.quiet import quiet_third_party_warnings
 from fairvfl_flwr.app.threads import limit_blas_threads
 from fairvfl_flwr.features import ckks, rejoin, secagg
-from fairvfl_flwr.jobs import alignment, saving, scoring
 from fairvfl_flwr.features.checkpoint import checkpoint_mod
 from fairvfl_flwr.features.guards import guard_mod, refusal_mod
 from fairvfl_flwr.features.straggler import delay_mod
 from fairvfl_flwr.features.transcripts import transcript_mod
-from fairvfl_flwr.flower import party
+from fairvfl_flwr.flower import jobs
 from fairvfl_flwr.flower.party import MODEL_STATE
+from fairvfl_flwr.jobs import scoring
 
-__all__ = ["HANDLER_MODULES", "MODEL_STATE", "app"]
+__all__ = ["MODEL_STATE", "app"]
 
 limit_blas_threads()  # before any party computes: see app/threads.py
 quiet_third_party_warnings()  # see app/quiet.py
 
-app = ClientApp(mods=[timing.timing_mod, refusal_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod, checkpoint_mod,
-                     rejoin.rejoin_mod, transcript_mod, delay_mod])
-# Every module with party handlers: each registers its message types from flower/protocol.py.
-HANDLER_MODULES = (party, fairvfl, newton, split, ckks, saving, scoring, alignment, secagg, rejoin)
-for module in HANDLER_MODULES:
-    module.register(app)
+app = ClientApp(mods=[timing.timing_mod, refusal_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod,
+                      checkpoint_mod, rejoin.rejoin_mod, transcript_mod, delay_mod])
+# Every registered job's message types routed to its handler (flower/jobs.py), also a job registered later.
+jobs.attach(app)
 timing.imported()

@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fairvfl_flwr.app.client import app as client_app
-from fairvfl_flwr.app.server import run_server
-from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.jobs.scoring import read_job
+from fairvfl_flwr.flower import jobs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
 
@@ -23,25 +21,23 @@ def run_inprocess(run_config: Mapping[str, Any], *, quiet: bool = False, grid: I
                   **grid_kwargs: Any) -> tuple[dict, Path]:
     """Run the ServerApp's job over an :class:`InProcessGrid`; return (summary, folder).
 
-    ``run_config`` is checked as ``flwr run`` checks it (an unknown key is refused).
+    ``run_config`` is checked as ``flwr run`` checks it (an unknown key is refused), and read
+    once by the job its ``mode`` selects (flower/jobs.py), whose parties the grid holds.
     ``quiet`` silences the per-round log and the final table (for sweeps that print
     their own progress line per run). ``grid``: run on this grid (built for the same run
     config) instead of a new one, e.g. to read a node's state afterwards.
     """
-    if RunConfig.is_scoring_job(run_config):  # the job names the model; its parties are the model's
-        rc, parties = dict(run_config), read_job(run_config)[0].num_parties
-    else:
-        cfg = RunConfig.from_flower(run_config)
-        rc, parties = cfg.to_flower(), cfg.num_parties
-    grid = grid or InProcessGrid(client_app, rc, parties, **grid_kwargs)
+    job = jobs.selected(run_config)
+    settings = job.read(run_config)
+    grid = grid or InProcessGrid(client_app, settings.to_flower(), settings.num_parties, **grid_kwargs)
     if not quiet:
-        return run_server(grid, rc)
+        return job.run(grid, settings, None)
     flwr_logger = logging.getLogger("flwr")
     # a filter, not setLevel: Flower code run inside the job may reset the logger's level
     flwr_logger.addFilter(_warnings_only)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            return run_server(grid, rc)
+            return job.run(grid, settings, None)
     finally:
         flwr_logger.removeFilter(_warnings_only)
 

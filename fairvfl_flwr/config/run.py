@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import importlib.util
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Mapping, NamedTuple
 
 from fairvfl_flwr.config import presets, sections
@@ -27,7 +28,34 @@ from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
 from fairvfl_flwr.core.constraints.measures import measure as measure_named
 
-MODES = ("fairvfl", "fairvfl-scores", "split", "score")
+class Modes(Sequence):
+    """The run config's ``mode`` choices: the app's own jobs' modes, declared here so that a
+    run config is checked without importing the jobs, and the modes of jobs registered later
+    (flower/jobs.register adds them), read on every use."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = list(names)
+        self.declared = frozenset(names)
+
+    def add(self, *names: str) -> None:
+        """Make ``names`` valid modes (a job that runs them was registered)."""
+        self.names += [n for n in names if n not in self.names]
+
+    def remove(self, *names: str) -> None:
+        """Forget ``names`` (their job was unregistered); the declared modes stay."""
+        self.names = [n for n in self.names if n not in names or n in self.declared]
+
+    def __getitem__(self, index):
+        return tuple(self.names)[index]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self.names))
+
+
+MODES = Modes(("fairvfl", "fairvfl-scores", "split", "score"))
 OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
 
 
@@ -280,15 +308,15 @@ class RunConfig:
         return cfg
 
     @staticmethod
-    def is_scoring_job(run_config: Mapping[str, Any]) -> bool:
-        """Whether ``run_config`` names a scoring job (``mode = "score"``), whose other settings
-        come from its model (jobs/scoring.read_job): the one key read before the rest, and
-        checked as :meth:`from_flower` checks it."""
+    def mode_of(run_config: Mapping[str, Any]) -> str:
+        """``run_config``'s ``mode``, which selects the job that reads the rest
+        (flower/jobs.selected): the one key read before the rest, and checked as
+        :meth:`from_flower` checks it."""
         s = BY_KEY["mode"]
         mode = coerce(s.key, run_config.get(s.key, s.default), s.type)
         if mode not in s.choices:
             raise ConfigError(f"run config {s.key}={mode!r}: choose one of {', '.join(map(str, s.choices))}")
-        return mode == "score"
+        return mode
 
     @classmethod
     def from_run_folder(cls, config: Mapping[str, Any]) -> "RunConfig":

@@ -55,7 +55,6 @@ import weakref
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
 from fairvfl_flwr.data.partydata import NodeConfigError
@@ -396,8 +395,6 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
     return rt.reply(message, party, steps=1)
 
 
-def register(app: ClientApp) -> None:
-    """The passive party's handlers for encrypted ν on ``app`` (with :func:`ckks_mod`)."""
-    msgs.register_handlers(app, {msgs.TRAIN_PASSIVE_ENC: train_passive_enc,
-                                 msgs.TRAIN_PASSIVE_UNMASK: train_passive_unmask})
-    mark_step_type(TRAIN_PASSIVE_UNMASK)
+#: The passive party's handlers for encrypted ν (with :func:`ckks_mod`): part of the training job (app/training.py).
+HANDLERS = {msgs.TRAIN_PASSIVE_ENC: train_passive_enc, msgs.TRAIN_PASSIVE_UNMASK: train_passive_unmask}
+mark_step_type(TRAIN_PASSIVE_UNMASK)

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -145,9 +144,8 @@ def rejoin(message: Message, context: Context) -> Message:
     return reply
 
 
-def register(app: ClientApp) -> None:
-    """The restore handler (``query.rejoin``)."""
-    msgs.register_handlers(app, {msgs.REJOIN: rejoin})
+#: The party's handler of a rejoin: part of the training job (app/training.py).
+HANDLERS = {msgs.REJOIN: rejoin}
 
 
 # -- the server's hook ------------------------------------------------------------------

@@ -84,13 +84,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, mark_round_state, round_of
@@ -698,6 +698,5 @@ class _Nonces:
 mark_round_state(SESSIONS_STATE, merge=True)  # a restarted party still refuses the sessions it left
 
 
-def register(app: ClientApp) -> None:
-    """The set-up handlers (with :func:`mask_mod` listed first among the app's mods)."""
-    msgs.register_handlers(app, {msgs.SECAGG_KEYS: sakeys, msgs.SECAGG_PEERS: sapeers})
+#: The key agreement (training's and the scoring job's set-up; :func:`mask_mod` listed first among the app's mods).
+JOB = Job("key agreement", {msgs.SECAGG_KEYS: sakeys, msgs.SECAGG_PEERS: sapeers})

@@ -9,7 +9,7 @@ feature.
 A hook sees the server through a :class:`ServerView`: what it may read, read-only, and
 the few things it may do to the run, each an explicit method (exchange messages, fold a
 restored reply, restore the state, set λ). The order hooks run in is declared once, by the
-app that picks them (``HOOK_ORDER`` in app/server.py); :func:`in_order` puts a list of
+app that picks them (``HOOK_ORDER`` in app/training.py); :func:`in_order` puts a list of
 hooks in that order and refuses a hook the order does not place.
 
 Points, in the order a run meets them:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.scoring import ScoringJob
@@ -233,9 +232,8 @@ def info(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=message)
 
 
-def register(app: ClientApp) -> None:
-    """Discovery (``query.info``), which every algorithm's server starts with."""
-    msgs.register_handlers(app, {msgs.INFO: info})
+#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job (app/training.py).
+HANDLERS = {msgs.INFO: info}
 
 
 # Message types whose reply is the party's new logits after a step on θ: a re-sent one

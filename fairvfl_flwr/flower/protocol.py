@@ -34,8 +34,10 @@ of that round from its own disk and reply as to ``query.info`` (features/rejoin.
 
 Features and the split-learning baseline add their own types (encrypted ν:
 ``train.passive_enc`` / ``train.passive_unmask``, features/ckks.py; split learning:
-``query.splitinit`` / ``train.split``, algorithms/split.py). All names live here, so the
-wire contract is one table and no feature imports another to learn a name.
+``query.splitinit`` / ``train.split``, algorithms/split.py). The app's names live here, so
+the wire contract is one table and no feature imports another to learn a name; which job
+answers each type, and so the list of every type a party answers, is the job registry's
+(flower/jobs.py), where a new job declares its own.
 
 A passive party's ``train.passive`` message holds the array ``nu`` and the config
 ``round``/``evaluate`` and nothing else: no labels, groups, summed logits or λ. The
@@ -44,11 +46,8 @@ tests inspect real messages to hold this line.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 
 INFO = "query.info"
 INIT = "query.init"
@@ -78,11 +77,6 @@ ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up th
 REJOIN = "query.rejoin"  # after a party dropped out: every party restores its state of a round from its own disk
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_COMMON, ALIGN_FINISH, ALIGN_REUSE)
 
-# Every message type a party answers; register_handlers refuses any other.
-MESSAGE_TYPES = (INFO, INIT, TRAIN_ACTIVE, TRAIN_PASSIVE, TRAIN_PASSIVE_ENC, TRAIN_PASSIVE_UNMASK, SECAGG_KEYS,
-                 SECAGG_PEERS, SPLIT_INIT, SPLIT_TRAIN, NEWTON_INIT, NEWTON_ACTIVE, NEWTON_PASSIVE, NEWTON_APPLY, SAVE,
-                 SCORE_INFO, SCORE, REJOIN, *ALIGN_STEPS)
-
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits
 LOGITS = "logits"  # ArrayRecord a party replies with
@@ -92,20 +86,6 @@ MASKED_SUM = "masked-sum"  # payload key of an encrypted-ν second leg: the part
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
-
-
-def register_handlers(app: ClientApp, handlers: Mapping[str, Callable]) -> None:
-    """Register each handler on ``app`` for its message type, named by this module's constant.
-
-    Flower registers ``app.query("info")`` for ``query.info``; spelling the type once here
-    means a renamed constant reroutes its handler instead of leaving it on the old name. A
-    type that is not in :data:`MESSAGE_TYPES` is refused (Flower refuses a second handler).
-    """
-    for message_type, handler in handlers.items():
-        if message_type not in MESSAGE_TYPES:
-            raise ValueError(f"{message_type!r} is not a message type of the protocol (flower/protocol.py)")
-        category, _, action = message_type.partition(".")
-        getattr(app, category)(action)(handler)
 
 
 def second_leg(message_type: str, payload) -> bool:

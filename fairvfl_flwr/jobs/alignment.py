@@ -59,7 +59,6 @@ from pathlib import Path
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -74,6 +73,7 @@ from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, PartyRuntime
@@ -549,6 +549,5 @@ def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> st
     return ids_digest(np.sort(common))
 
 
-def register(app: ClientApp) -> None:
-    """The alignment job's party handler on ``app``."""
-    msgs.register_handlers(app, dict.fromkeys(STEPS, handle))
+#: The private alignment of the parties' own tables (before training, and a scoring job's files).
+JOB = Job("alignment", dict.fromkeys(STEPS, handle))

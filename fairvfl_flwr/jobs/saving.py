@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -36,6 +35,7 @@ from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.encoding import party_preprocessing
 from fairvfl_flwr.data.tables import DATASETS
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime
@@ -312,6 +312,5 @@ def save(message: Message, context: Context) -> Message:
     })}), reply_to=message)
 
 
-def register(app: ClientApp) -> None:
-    """Saving's party handler on ``app``."""
-    msgs.register_handlers(app, {msgs.SAVE: save})
+#: Saving the model (after a training run and at its checkpoints).
+JOB = Job("saving", {msgs.SAVE: save})

@@ -37,11 +37,10 @@ import os
 import time
 from logging import INFO
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -56,12 +55,13 @@ from fairvfl_flwr.features import secagg
 from fairvfl_flwr.jobs.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange, roundview
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, TRAINED_STATE, PartyRuntime, scoring_job
 from fairvfl_flwr.flower.results import run_folder
 
-JOB = "score"  # the ConfigRecord every scoring message carries
+RECORD = "score"  # the ConfigRecord every scoring message carries
 TRAINING = "trained-settings"  # the ConfigRecord of the training settings every message of a scoring job carries
 LOGITS = "logits"
 PREDICTIONS = "predictions.csv"
@@ -72,18 +72,37 @@ class ScoreError(FederationError):
     """The scoring job is refused; the message names the party and what is wrong."""
 
 
-def read_job(run_config: Mapping[str, Any]) -> tuple[ScoringJob, tuple]:
+class ScoringRun(NamedTuple):
+    """The server's scoring job, read once per run (:func:`read_job`): the job's config and the
+    model it scores with (its manifest, folder and checkpoint round, or None: the final model)."""
+
+    job: ScoringJob
+    manifest: dict
+    model_from: Path
+    checkpoint: int | None
+
+    @property
+    def num_parties(self) -> int:
+        """The model's parties: one SuperNode each."""
+        return self.job.num_parties
+
+    def to_flower(self) -> dict[str, Any]:
+        """The run config every party is given (the user's: the parties adopt the rest from the messages)."""
+        return self.job.to_flower()
+
+
+def read_job(run_config: Mapping[str, Any]) -> ScoringRun:
     """The scoring job of ``run_config``, parsed once per run: its own settings, then the
     training settings of its model (``score.model-from``, ``score.round``) adopted from the
     manifest; and the model as ``model_files.read_model`` gives it."""
     own = ScoringJob.own_settings(run_config)
-    model = model_files.read_model(own.score_model_from, own.score_round)
-    trained = {k: model[0]["config"][k] for k in ADOPTED if k in model[0]["config"]}
+    manifest, model_from, checkpoint = model_files.read_model(own.score_model_from, own.score_round)
+    trained = {k: manifest["config"][k] for k in ADOPTED if k in manifest["config"]}
     try:
         job = ScoringJob.adopting(run_config, trained, f"score.model-from={own.score_model_from!r}")
     except Contradiction as exc:
         raise ScoreError(str(exc)) from None
-    return job, model
+    return ScoringRun(job, manifest, model_from, checkpoint)
 
 
 class JobGrid:
@@ -116,14 +135,14 @@ def settings_mod(message: Message, context: Context, call_next) -> Message:
     its own run config sets otherwise is refused, and only keys of ``config/scoring.ADOPTED``
     are taken. The block it loads must fit them."""
     record = message.content.config_records.get(TRAINING)
-    if record is not None and RunConfig.is_scoring_job(context.run_config):
+    if record is not None and RunConfig.mode_of(context.run_config) in JOB.modes:
         context.state.config_records[TRAINED_STATE] = ConfigRecord(dict(record))
         scoring_job(context)  # refuses here, before any other mod acts on the message
     return call_next(message, context)
 
 
 def _message(nid: int, kind: str, job: dict, group: str) -> Message:
-    return Message(RecordDict({JOB: ConfigRecord(job)}), dst_node_id=nid, message_type=kind, group_id=group)
+    return Message(RecordDict({RECORD: ConfigRecord(job)}), dst_node_id=nid, message_type=kind, group_id=group)
 
 
 class _Parties:
@@ -148,14 +167,13 @@ class _Parties:
         return exchange.exchange(self.grid, messages, self.timeout, self.retries, self.name)
 
 
-def run_scoring(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
+def run_scoring(grid: Grid, scoring: ScoringRun, run_id: int | str | None = None) -> tuple[dict, Path]:
     """Score every party's rows with the model of ``score.model-from``; return (summary, folder).
 
     With ``tables.own``, the parties' score files are aligned first (their common ids)."""
     started = time.perf_counter()
-    job, (manifest, model_from, checkpoint) = read_job(run_config)
-    cfg = job.cfg
-    parties = _Parties(JobGrid(grid, job.trained), cfg)
+    cfg, manifest, model_from, checkpoint = scoring.job.cfg, scoring.manifest, scoring.model_from, scoring.checkpoint
+    parties = _Parties(JobGrid(grid, scoring.job.trained), cfg)
     node_ids = discover_nodes(parties.grid, cfg.num_parties, cfg.round_timeout,
                               f"the scoring job (a model of {cfg.num_parties} parties)")
     if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
@@ -193,7 +211,7 @@ def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Map
         nid = reply.metadata.src_node_id
         if reply.content.array_records:
             raise ScoreError(f"{parties.name(nid)}: its {msgs.SCORE_INFO} reply must hold no arrays; refused")
-        r = dict(reply.content.config_records[JOB])
+        r = dict(reply.content.config_records[RECORD])
         pid = int(r["partition-id"])
         parties.who[nid] = f"party {pid} ({r['role']}, node {nid})"
         info[pid] = parties.info[nid] = {**r, "node": nid}
@@ -344,7 +362,7 @@ class PartyScorer:
             self.spec = own_table_spec(self.spec, self.cfg)
         elif not deployed and self.cfg.dataset == "csv" and self.cfg.csv_id_column:  # the user's table's id column
             self.spec = dataclasses.replace(self.spec, id_column=self.cfg.csv_id_column)
-        job = message.content.config_records[JOB]
+        job = message.content.config_records[RECORD]
         self.run_id = str(job["run-id"])
         self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
         checkpoint = int(job.get("checkpoint", -1))
@@ -382,7 +400,7 @@ class PartyScorer:
 def score_info(message: Message, context: Context) -> Message:
     """Which block this party holds and how many rows it scores (digests, no ids)."""
     s = PartyScorer(message, context)
-    return Message(RecordDict({JOB: ConfigRecord({
+    return Message(RecordDict({RECORD: ConfigRecord({
         "partition-id": s.spec.partition_id, "role": s.spec.role, "run-id": str(s.meta["run-id"]),
         "block-digest": str(s.meta["block-digest"]), "n-rows": int(len(s.rows.ids)), "ids-digest": s.rows.ids_digest,
     })}), reply_to=message)
@@ -391,7 +409,7 @@ def score_info(message: Message, context: Context) -> Message:
 def score(message: Message, context: Context) -> Message:
     """Partial logits of rows [start, stop) of this party's id-sorted rows, with their ids."""
     s = PartyScorer(message, context)
-    job = message.content.config_records[JOB]
+    job = message.content.config_records[RECORD]
     start, stop = int(job["start"]), int(job["stop"])
     if not 0 <= start < stop <= len(s.rows.ids):
         raise checks.ReplyError(f"{s.who}: rows {start}..{stop} asked, it holds {len(s.rows.ids)}")
@@ -399,6 +417,6 @@ def score(message: Message, context: Context) -> Message:
                    reply_to=message)
 
 
-def register(app: ClientApp) -> None:
-    """The scoring job's party handlers on ``app``."""
-    msgs.register_handlers(app, {msgs.SCORE_INFO: score_info, msgs.SCORE: score})
+#: The scoring job: selected by ``mode = "score"``.
+JOB = Job("scoring", {msgs.SCORE_INFO: score_info, msgs.SCORE: score}, run=run_scoring, modes=("score",),
+          read=read_job)

@@ -1,0 +1,150 @@
+"""The job registry: every sequence of messages the app answers, declared once.
+
+A :class:`Job` declares its message types with their party handlers, and, for a job a run
+config selects, the run-config ``mode`` values that select it, how it reads its settings
+from the run config (once per run) and its server entry. A new job is its module plus one
+line in the :func:`register` call of ``app/jobs.py`` (docs/architecture.md, "Adding a
+job"); everything else derives from the registry:
+
+* the protocol's message list (:func:`message_types`): a type is declared by exactly one
+  job, so every type has exactly one handler;
+* the ClientApp's handlers (:func:`attach`): each type is routed to its job's handler,
+  also for a job registered after the app was built (a plug-in, a test);
+* the ServerApp's dispatch (:func:`run`): the job whose modes hold the run config's
+  ``mode``;
+* the run config's ``mode`` choices (``config/run.MODES``).
+
+A job without modes (alignment, key agreement, saving) runs inside another job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.run import MODES
+
+Handler = Callable[[Message, Context], Message]
+#: A job's server entry: (grid, its settings as ``Job.read`` parsed them, the run id) -> (summary, run folder).
+ServerEntry = Callable[[Grid, Any, "int | str | None"], "tuple[dict, Path]"]
+CATEGORIES = ("query", "train")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A whole sequence of messages: its message types and party handlers; where a run config
+    selects it (``modes``), how it reads its settings (``read``: a run config -> an object
+    with ``num_parties`` and ``to_flower()``, e.g. a :class:`RunConfig`) and its server
+    entry (``run``)."""
+
+    name: str
+    handlers: Mapping[str, Handler]
+    run: ServerEntry | None = None
+    modes: tuple[str, ...] = ()
+    read: Callable[[Mapping[str, Any]], Any] = field(default=RunConfig.from_flower)
+
+    @property
+    def message_types(self) -> tuple[str, ...]:
+        """The message types this job's parties answer."""
+        return tuple(self.handlers)
+
+
+_JOBS: dict[str, Job] = {}
+_BY_TYPE: dict[str, Job] = {}
+_BY_MODE: dict[str, Job] = {}
+_APPS: list[tuple[ClientApp, set[str]]] = []  # every attached ClientApp and the types routed on it
+
+
+def _check_type(job: Job, message_type: str) -> None:
+    category, dot, action = message_type.partition(".")
+    if category not in CATEGORIES or not dot or not action.isidentifier():
+        raise ValueError(f"job {job.name!r}: message type {message_type!r} is not '<query|train>.<name>'")
+    if message_type in _BY_TYPE:
+        raise ValueError(f"job {job.name!r}: message type {message_type!r} is job {_BY_TYPE[message_type].name!r}'s")
+
+
+def register(*jobs: Job) -> None:
+    """Add ``jobs`` to the registry, route their message types on every attached ClientApp and
+    add their modes to the run config's ``mode`` choices. A name, message type or mode that
+    another job holds is refused, as is a mode without a server entry."""
+    for job in jobs:
+        if job.name in _JOBS:
+            raise ValueError(f"a job named {job.name!r} is registered already")
+        for message_type in job.handlers:
+            _check_type(job, message_type)
+        for mode in job.modes:
+            if mode in _BY_MODE:
+                raise ValueError(f"job {job.name!r}: mode {mode!r} selects job {_BY_MODE[mode].name!r}")
+        if job.modes and job.run is None:
+            raise ValueError(f"job {job.name!r}: a job a mode selects needs its server entry (run)")
+        _JOBS[job.name] = job
+        _BY_TYPE.update(dict.fromkeys(job.handlers, job))
+        _BY_MODE.update(dict.fromkeys(job.modes, job))
+        MODES.add(*job.modes)
+    for app, routed in _APPS:
+        _route_on(app, routed)
+
+
+def unregister(*names: str) -> None:
+    """Remove the jobs named ``names`` (a plug-in or a test that registered its own)."""
+    for name in names:
+        job = _JOBS.pop(name)
+        for message_type in job.handlers:
+            _BY_TYPE.pop(message_type)
+        for mode in job.modes:
+            _BY_MODE.pop(mode)
+        MODES.remove(*job.modes)
+
+
+def registered() -> tuple[Job, ...]:
+    """Every registered job, in registration order."""
+    return tuple(_JOBS.values())
+
+
+def message_types() -> tuple[str, ...]:
+    """Every message type a party answers: the registered jobs' types, each declared once."""
+    return tuple(_BY_TYPE)
+
+
+def _answer(message: Message, context: Context) -> Message:
+    job = _BY_TYPE.get(message.metadata.message_type)
+    if job is None:
+        raise ValueError(f"no registered job answers message type {message.metadata.message_type!r}")
+    return job.handlers[message.metadata.message_type](message, context)
+
+
+def _route_on(app: ClientApp, routed: set[str]) -> None:
+    for message_type in _BY_TYPE.keys() - routed:
+        category, _, action = message_type.partition(".")
+        getattr(app, category)(action)(_answer)  # Flower wraps it in the app's mods
+        routed.add(message_type)
+
+
+def attach(app: ClientApp) -> None:
+    """Route every registered job's message types on ``app`` to the job's handler, now and for
+    jobs registered later."""
+    routed: set[str] = set()
+    _APPS.append((app, routed))
+    _route_on(app, routed)
+
+
+def selected(run_config: Mapping[str, Any]) -> Job:
+    """The job ``run_config``'s ``mode`` selects (the mode checked as the run config checks it)."""
+    mode = RunConfig.mode_of(run_config)
+    job = _BY_MODE.get(mode)
+    if job is None:
+        raise ValueError(f"run config mode={mode!r}: no registered job runs it (app/jobs.py registers the jobs)")
+    return job
+
+
+def run(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = None) -> tuple[dict, Path]:
+    """The ServerApp's dispatch: the selected job's settings, read once, and its server entry."""
+    job = selected(run_config)
+    return job.run(grid, job.read(run_config), run_id)
