@@ -130,9 +130,9 @@ def test_the_apps_drop_other_packages_warnings_and_keep_their_own():
 
 def test_gradient_steps_stop_too_and_evaluate_their_last_round(tmp_path, flwr_log):
     """A stop between evaluation rounds takes one more round, whose test metrics end the run
-    (a loose tolerance, so that gradient steps on Crime stop within a few hundred rounds)."""
+    (a loose tolerance, so that gradient steps on Crime stop within a few dozen rounds)."""
     summary, folder = run_inprocess({"dataset": "crime", "optimizer": "gd", "fairness": False, "eta": 20.0,
-                                     "stop-tolerance": 1e-4, "eval-every": 1000, "output-dir": str(tmp_path)})
+                                     "stop-tolerance": 1e-3, "eval-every": 1000, "output-dir": str(tmp_path)})
     assert summary["rounds"] < 1000
     assert np.isfinite(summary["test_acc"])
     assert re.search(rf"training ends (here|with round {summary['rounds']} \(evaluated\))", flwr_log.text)
