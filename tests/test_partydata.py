@@ -41,10 +41,19 @@ def _private_cache(tmp_path, monkeypatch):
     partydata.load_party.cache_clear()
 
 
-def _simulated(manifest, tmp_path):
-    """The simulation with the deployment's privacy setting (the export turns secure aggregation on)."""
+@pytest.fixture(scope="module")
+def simulated(exported, tmp_path_factory):
+    """The simulation with the deployment's privacy setting (the export turns secure aggregation
+    on): its summary, which the tests that compare party files against it only read."""
+    _, manifest = exported
     key = "privacy.secure-aggregation"
-    return run_inprocess({**BASE, key: manifest["run_config"][key], "output-dir": str(tmp_path / "sim")})
+    tmp = tmp_path_factory.mktemp("sim")
+    with pytest.MonkeyPatch.context() as mp:  # its own cache, as every test here has
+        mp.setenv(partydata.CACHE_ENV, str(tmp / "cache"))
+        partydata.load_party.cache_clear()
+        summary, _ = run_inprocess({**BASE, key: manifest["run_config"][key], "output-dir": str(tmp / "runs")})
+    partydata.load_party.cache_clear()
+    return summary
 
 
 def _deployed(manifest, tmp_path, node_configs=None, tap=None):
@@ -54,12 +63,11 @@ def _deployed(manifest, tmp_path, node_configs=None, tap=None):
     return run_server(grid, rc)
 
 
-def test_party_files_give_the_same_run_as_simulation(exported, tmp_path):
+def test_party_files_give_the_same_run_as_simulation(exported, simulated, tmp_path):
     out, manifest = exported
-    sim, _ = _simulated(manifest, tmp_path)
     dep, folder = _deployed(manifest, tmp_path)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
-        assert dep[key] == sim[key], key  # bit-for-bit: the CSVs round-trip float64 exactly
+        assert dep[key] == simulated[key], key  # bit-for-bit: the CSVs round-trip float64 exactly
     hist = json.loads((folder / "history.json").read_text())
     assert len(hist) == BASE["num-server-rounds"] + 1
 
@@ -76,15 +84,14 @@ def test_export_files_hold_only_what_each_party_may_know(exported):
     assert [n["role"] for n in manifest["node_configs"]] == ["active"] + ["passive"] * 5
 
 
-def test_rows_are_matched_by_id_not_file_order(exported, tmp_path):
+def test_rows_are_matched_by_id_not_file_order(exported, simulated, tmp_path):
     out, manifest = exported
     shuffled = tmp_path / "party2.csv"
     pd.read_csv(out / "party2.csv").sample(frac=1, random_state=1).to_csv(shuffled, index=False)
     nodes = [dict(n) for n in manifest["node_configs"]]
     nodes[2]["data-path"] = str(shuffled)
-    sim, _ = _simulated(manifest, tmp_path)
     dep, _ = _deployed(manifest, tmp_path, nodes)
-    assert dep["train_loss"] == sim["train_loss"]
+    assert dep["train_loss"] == simulated["train_loss"]
 
 
 def test_misaligned_party_is_refused_before_round_1_naming_it(exported, tmp_path):
