@@ -37,8 +37,7 @@ from fairvfl_flwr.core.newton import (
     block_direction,
     newton_server_step,
     party_curvature,
-    subspace_gap_jacobian,
-    subspace_step,
+    search_step,
     with_bias,
 )
 from fairvfl_flwr.flower import checks
@@ -137,10 +136,10 @@ class NewtonVFL(VFLServer):
             got[nid] = self.check_directions(reply, self.width_of(nid))
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
-        f_before = self.objective(z, sq_norm)
         rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
-        alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond)
-        self.jac = subspace_gap_jacobian(y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu, rcond=rcond)
+        alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=c.epsilon,
+                                                fairness=c.fairness, rcond=rcond)
+        f_before = self.objective(z, sq_norm)  # at the λ the search ends with (a searching rule moves it)
         self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):  # the apply message evaluates this round
             self.last_round = server_round

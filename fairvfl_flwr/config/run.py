@@ -22,7 +22,7 @@ from fairvfl_flwr.config import presets, sections
 from fairvfl_flwr.config.settings import Setting, above, at_least, coerce, declared, setting, within
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports neither pandas nor torch
-from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES, SEVERAL_GROUPS
+from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
@@ -411,7 +411,10 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
     """The one place ``optimizer = "auto"`` is resolved: newton unless a setting of the run rules
     it out (sections.NEWTON_REFUSED), then adagrad unless one rules that out
     (sections.ADAGRAD_REFUSED), else gd; gd too where Newton is not measured to reach the
-    target by default (a kind's ``newton_by_default``; several groups)."""
+    target by default (a kind's ``newton_by_default``, or its measure's). The group count and
+    ``constraint-form`` do not enter: block Newton's constrained search meets several groups'
+    gaps as it meets two (docs/newton.md), so a deployment, whose server learns the groups
+    only from the label file, decides as its simulation does."""
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
               "parties)" if cfg.masked else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
@@ -430,16 +433,9 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
                             "(the target needs row weights below 0, which its dual step keeps above 0: "
                             "docs/results/rounds-newton-coupled.md; optimizer='newton' runs it), and AdaGrad is "
                             "measured with constraint='deo' only")
-    # (a deployment's groups are in its label file: a run there with several says so when it starts)
-    several = cfg.dataset in SEVERAL_GROUPS or (cfg.dataset == "csv" and not cfg.csv_group_a and not cfg.server_labels)
-    if several or cfg.constraint_form != "pairwise":
-        return Choice("gd", "gradient descent: with several groups or constraint-form='overall' block Newton does not "
-                            "reach every gap within epsilon + 0.002 in 30 rounds on every dataset measured "
-                            "(docs/results/rounds-newton-coupled.md; optimizer='newton' runs it) "
-                            f"(dataset={cfg.dataset!r}, constraint-form={cfg.constraint_form!r})")
     newton_no = sections.newton_refusal(cfg)
     if newton_no is None:
-        return Choice("newton", f"block Newton{shared} (linear parties, full batch, two groups, "
+        return Choice("newton", f"block Newton{shared} (linear parties, full batch, "
                                 f"constraint={cfg.constraint!r} on the {cfg.measure}; docs/newton.md){encrypted}")
     why_not_newton = f"block Newton does not run with {cfg.key_of(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
     adagrad_no = sections.adagrad_refusal(cfg) or (None if kind.newton_by_default else ("constraint", ""))

@@ -7,15 +7,16 @@ dual is concave in d with derivative r_c = D_c − ε sign(d_c) − c d_c (at d_
 gaps' sensitivity to d in the last round's subspace (core/newton.subspace_gap_jacobian).
 Before there is a J (round 1) the step is the paper's gradient step with β. Every rule keeps
 a step from crossing d_c = 0 (the dual's kink: the other multiplier takes over from there
-on the next round). The rules differ in how they keep the row weights w = 1/n + A d of the
-loss measure >= 0 (A: ``ConstraintSet.gap_weights``):
+on the next round). Two rules:
 
 * :class:`ClippedNewton`: ``deo`` on two groups, where the rows of different gaps are
-  disjoint: d is clipped to ``ConstraintSet.weight_bounds``, and a gap already at its bound
-  steps past it by gradient (the rule measured on Adult, COMPAS and Crime; docs/newton.md).
-* :class:`FractionToBoundary`: where gaps share rows (several groups, equalized odds,
-  ``constraint-form = "overall"``) or the kind keeps every weight > 0: no weight may lose
-  more than a share of its value in one step.
+  disjoint: d is clipped to ``ConstraintSet.weight_bounds`` (the loss measure's row weights
+  w = 1/n + A d stay >= 0), and a gap already at its bound steps past it by gradient (the
+  rule measured on Adult, COMPAS and Crime; docs/newton.md).
+* :class:`ConstrainedSearch`: every other constraint (several groups, equalized odds,
+  demographic parity, ``constraint-form = "overall"``, the rate measure): no dual step at
+  all, because the server's search solves for the step lengths and λ together
+  (core/newton.constrained_step).
 
 :func:`rule_for` says which rule a constraint takes (its kind's ``newton_past_bound`` and
 how many gap sides a row sits on). The constraint object supplies the gaps' structure
@@ -30,8 +31,7 @@ import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 
-__all__ = ["ClippedNewton", "FractionToBoundary", "dual_newton_step", "range_solve", "rule_for",
-           "secant_correction", "sparsest"]
+__all__ = ["ClippedNewton", "ConstrainedSearch", "dual_newton_step", "rule_for", "secant_correction"]
 
 Previous = tuple[np.ndarray, np.ndarray]
 
@@ -44,13 +44,13 @@ def dual_newton_step(lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, 
     return rule_for(constraint).step(lam, gaps, jac, constraint, epsilon=epsilon, beta=beta, c=c, previous=previous)
 
 
-def rule_for(constraint: ConstraintSet) -> "ClippedNewton | FractionToBoundary":
+def rule_for(constraint: ConstraintSet) -> "ClippedNewton | ConstrainedSearch":
     """The dual rule of ``constraint``: :class:`ClippedNewton` where its kind allows the step past
     the weight bound (``newton_past_bound``) and no row sits on two gaps' sides, else
-    :class:`FractionToBoundary`."""
+    :class:`ConstrainedSearch`."""
     if constraint.newton_past_bound and constraint.gaps_per_row() <= 1:
         return ClippedNewton()
-    return FractionToBoundary()
+    return ConstrainedSearch()
 
 
 def split(d: np.ndarray) -> np.ndarray:
@@ -72,6 +72,28 @@ def not_across_zero(d: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class ConstrainedSearch:
+    """No dual step between rounds: the server's search solves for the step lengths and λ together
+    (core/newton.constrained_step), so λ is already the one the next round's ν needs.
+
+    The dual Newton steps of the other rules move λ on the subspace's sensitivity J, which
+    underestimates how far a small group's gap moves (the step overshoots and the gaps
+    oscillate), and must keep the loss measure's weights >= 0 (the target may need them
+    below). Solving min L subject to every |D_c| <= ε on the ≤ 5K-dimensional subspace
+    needs neither: the gaps are within ε from the first round on, and λ is that small
+    problem's multiplier vector (docs/newton.md, "Several groups and coupled gaps").
+    """
+
+    #: the search returns λ (core/newton.search_step reads this)
+    searches = True
+
+    def step(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, constraint: ConstraintSet, *,
+             epsilon: float, beta: float, c: float, previous: Previous | None = None) -> np.ndarray:
+        """λ as the last search left it (:func:`dual_newton_step`)."""
+        return constraint.check_multipliers(lam)
+
+
+@dataclass(frozen=True)
 class ClippedNewton:
     """Newton on the dual clipped to the weight bounds; past a bound, a short gradient step.
 
@@ -82,6 +104,8 @@ class ClippedNewton:
 
     #: the most a gradient step from a weight bound moves d_c, as a share of the bounds' width
     past_bound_share: float = 0.1
+    #: λ comes from this dual step, not from the search
+    searches = False
 
     def step(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, constraint: ConstraintSet, *,
              epsilon: float, beta: float, c: float, previous: Previous | None = None) -> np.ndarray:
@@ -129,70 +153,6 @@ class ClippedNewton:
         return split(d + moved)
 
 
-@dataclass(frozen=True)
-class FractionToBoundary:
-    """Newton on the dual that keeps every row weight above a share of its current value.
-
-    * Solved only on the combinations of d that change the row weights (:func:`range_solve`):
-      where gaps are linearly dependent (pairwise, G >= 3: D_ab + D_bc = D_ac, and so are the
-      columns of ``ConstraintSet.gap_weights``) a move along the null space changes neither ν
-      nor any gap, and J is singular there. Of the multipliers that give the new weights, the
-      step keeps those with the least Σ|d_c| (:func:`sparsest`: the dual's −ε Σ|d_c| term).
-    * Fraction to the boundary on the exact row weights: no w_i may fall below
-      1 − ``weight_fraction`` of its current value (w is affine in d), so every weight stays
-      > 0 and the primal stays convex in z, whatever rows the gaps share. The step is damped
-      (Levenberg–Marquardt, J − cI − ρI with ρ raised until it holds) rather than shortened,
-      because the subspace's J can be nearly flat in one combination and ask for a huge step
-      there; what is left is then shortened along the line.
-    * Round 1 (no J): the paper's gradient step with β, under the same rule.
-    """
-
-    #: the share of each row weight's distance to 0 one step may cover
-    weight_fraction: float = 0.5
-
-    def step(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, constraint: ConstraintSet, *,
-             epsilon: float, beta: float, c: float, previous: Previous | None = None) -> np.ndarray:
-        """The new λ (:func:`dual_newton_step`; ``previous`` is not used by this rule)."""
-        lam = constraint.check_multipliers(lam)
-        gaps = np.atleast_1d(np.asarray(gaps, dtype=np.float64))
-        d = lam[0::2] - lam[1::2]
-        nonnegative = constraint.q.needs_nonnegative_weights
-        if jac is None:
-            step = ConstraintSet.dual_step(lam, gaps, epsilon, beta, c)
-            new = step[0::2] - step[1::2]
-        else:
-            r, free = newton_residual(d, gaps, epsilon, c)
-            new = d.copy()
-            if free.any():
-                jac = np.atleast_2d(np.asarray(jac, dtype=np.float64))
-                M = (jac - c * np.eye(len(d)))[np.ix_(free, free)]
-                A = constraint.gap_weights()
-                gram = A[:, free].T @ A[:, free]
-                damping = 0.0
-                while True:  # Levenberg–Marquardt: damp until the step keeps the weights' share
-                    new = d.copy()
-                    new[free] = d[free] + range_solve(M - damping * np.eye(len(M)), -r[free], gram)
-                    new = sparsest(not_across_zero(d, new), A)
-                    if not nonnegative or damping > 1e12 or self.boundary_fraction(constraint, d, new - d) >= 1.0:
-                        break
-                    damping = max(4.0 * damping, 1e-3 * max(float(np.abs(M).max()), c))
-        if nonnegative:
-            new = d + self.boundary_fraction(constraint, d, new - d) * (new - d)
-        return split(new)
-
-    def boundary_fraction(self, constraint: ConstraintSet, d: np.ndarray, step: np.ndarray) -> float:
-        """The largest t in (0, 1] with w(d + t·step) >= (1 − weight_fraction) w(d) on every row."""
-        A = constraint.gap_weights()
-        w = 1.0 / constraint.n + A @ d
-        dw = A @ step
-        floor = (1.0 - self.weight_fraction) * np.maximum(w, 0.0)
-        falling = dw < 0
-        if not falling.any():
-            return 1.0
-        room = (floor[falling] - w[falling]) / dw[falling]  # t where w_i reaches its floor
-        return float(np.clip(room.min(), 0.0, 1.0))
-
-
 def secant_correction(d: np.ndarray, gaps: np.ndarray, jac: np.ndarray, previous: Previous | None) -> np.ndarray:
     """What to add to J's diagonal so that it is as steep as the secant slope of each gap
     observed since ``previous = (d, gaps)`` (0 where the subspace's J is steeper already)."""
@@ -204,38 +164,3 @@ def secant_correction(d: np.ndarray, gaps: np.ndarray, jac: np.ndarray, previous
         secant = np.where(moved, (gaps - gaps_prev) / np.where(moved, d - d_prev, 1.0), 0.0)
         steeper = np.minimum(secant - slope, 0.0)
     return steeper
-
-
-def range_solve(M: np.ndarray, rhs: np.ndarray, gram: np.ndarray, rcond: float = 1e-10) -> np.ndarray:
-    """The x in range(gram) with P M x = P rhs (P: the projector onto that range): M's solve
-    on the combinations of multipliers that ``gram`` (the weight columns' Gram matrix) does
-    not map to 0, the minimum-norm solution where the gaps are dependent."""
-    vals, vecs = np.linalg.eigh(gram)
-    keep = vals > rcond * max(float(vals.max()), np.finfo(float).tiny)
-    U = vecs[:, keep]
-    return U @ np.linalg.lstsq(U.T @ M @ U, U.T @ rhs, rcond=None)[0]
-
-
-def sparsest(d: np.ndarray, A: np.ndarray, iters: int = 20) -> np.ndarray:
-    """The d' with the same row weights (A d' = A d) and the least Σ|d'_c|: where gaps are
-    dependent, the multipliers that give a weight vector are not unique, and the dual's
-    −ε Σ|d_c| term prefers the fewest. Iteratively reweighted least norms; d itself where
-    the columns of A are independent, and d = 0 (the least already; the reweighting would
-    divide by 0 there)."""
-    if not d.any():
-        return d
-    gram = A.T @ A
-    vals, vecs = np.linalg.eigh(gram)
-    null = vecs[:, vals <= 1e-10 * max(float(vals.max()), np.finfo(float).tiny)]
-    if null.shape[1] == 0:
-        return d
-    P = np.eye(len(d)) - null @ null.T  # onto the combinations that change the weights
-    target, out = P @ d, d.copy()
-    tiny = 1e-12 * max(float(np.abs(d).max()), 1e-300)
-    for _ in range(iters):
-        # min Σ d_c²/ω_c subject to P d = target, ω = |d| from the last iterate
-        omega = np.abs(out) + tiny
-        N = null
-        t = np.linalg.lstsq((N.T / omega) @ N, -(N.T / omega) @ target, rcond=None)[0]
-        out = target + N @ t
-    return out

@@ -8,7 +8,5 @@ message. tests/test_performance.py checks these tuples against ``models.MODELS``
 """
 
 DATASET_NAMES = ("adult", "adult-race", "adult-sex-race", "compas", "compas-race", "crime")
-#: the packaged datasets whose every sensitive value is a group (more than two groups)
-SEVERAL_GROUPS = ("adult-race", "adult-sex-race", "compas-race")
 MODEL_NAMES = ("linear", "mlp")
 DTYPE_NAMES = ("float64", "float32")

@@ -50,7 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
-from fairvfl_flwr.core.dual_newton import dual_newton_step
+from fairvfl_flwr.core.dual_newton import dual_newton_step, rule_for
 
 CURVATURES = ("exact", "nu", "const")
 ARMIJO = 1e-4
@@ -161,6 +161,110 @@ def subspace_step(
     return alpha
 
 
+def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
+                groups: ConstraintSet, mu: float, *, epsilon: float, fairness: bool = True, rcond: float = 1e-12,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The server's search of one round: (α, λ, J). Where the constraint's dual rule searches
+    (core/dual_newton.ConstrainedSearch) the step lengths and λ of :func:`constrained_step`,
+    and no J; else :func:`subspace_step` at the given λ, and the subspace's gap sensitivity
+    :func:`subspace_gap_jacobian` for the next dual step."""
+    if fairness and rule_for(groups).searches:
+        alpha, lam = constrained_step(y, z, du, a, b, lam, groups, mu, epsilon=epsilon, rcond=rcond)
+        return alpha, lam, None
+    alpha = subspace_step(y, z, du, a, b, lam, groups, mu, rcond=rcond)
+    return alpha, lam, subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, groups, mu, rcond=rcond)
+
+
+def constrained_step(
+    y: np.ndarray,
+    z: np.ndarray,
+    du: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    lam: np.ndarray,
+    groups: ConstraintSet,
+    mu: float,
+    *,
+    epsilon: float,
+    rcond: float = 1e-12,
+    outer: int = 40,
+    feasible: float = 1e-5,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(α, λ): the step lengths minimising L(θ + Σ_j α_j d_j) = (1/n) Σ l_i + μ-term subject to
+    every |D_c| <= ε *on the subspace*, and that problem's multipliers.
+
+    The server can evaluate every gap at z + Δu α as it evaluates F, so instead of holding λ
+    fixed for the search and stepping it afterwards, it solves the constrained problem in the
+    ≤ 5K step lengths: an augmented Lagrangian (multipliers λ̃ = max(0, λ + ρ g) for the
+    inequalities g = ±D − ε <= 0), each inner problem by :func:`subspace_step`'s damped
+    Newton with Armijo on the true augmented value (its Gauss–Newton term ρ V Vᵀ for the
+    gaps in play), warm-started at the last round's λ. ρ grows ×10 while the largest
+    violation does not fall to a quarter. The result's gaps are within ε + ``feasible`` when
+    the subspace holds such a point (α = 0 does whenever the last round's did), and λ is
+    what the next round's ν and directions use. Nothing here asks the row weights to stay
+    >= 0: the augmented value is bounded below whatever λ̃ does to them.
+    """
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    B = np.diag(b) if b.ndim == 1 else b
+    lam = np.maximum(groups.check_multipliers(lam), 0.0)
+    zero = np.zeros_like(lam)
+    cols = groups.gap_weights()
+    rho = 1.0 / max(epsilon, 1e-6)
+    alpha = np.zeros(du.shape[1])
+
+    def violation(g: np.ndarray) -> float:
+        return float(max(np.max(np.abs(g)) - epsilon, 0.0))
+
+    def g_of(gaps: np.ndarray) -> np.ndarray:
+        out = np.empty(2 * len(gaps))
+        out[0::2], out[1::2] = gaps - epsilon, -gaps - epsilon
+        return out
+
+    def value(al: np.ndarray, lm: np.ndarray, r: float) -> float:
+        zz = z + du @ al
+        pen = np.maximum(lm + r * g_of(groups.gaps(y, zz)), 0.0)
+        return (groups.smooth_part(y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
+                + float(pen @ pen - lm @ lm) / (2.0 * r))
+
+    last = violation(groups.gaps(y, z))
+    for _ in range(outer):
+        f = value(alpha, lam, rho)
+        for _ in range(20):
+            zz = z + du @ alpha
+            g = g_of(groups.gaps(y, zz))
+            tilde = np.maximum(lam + rho * g, 0.0)
+            grad = du.T @ groups.masked_weights(y, zz, tilde) + mu * (a + B @ alpha)
+            V = du.T @ (groups.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
+            play = (tilde[0::2] > 0) | (tilde[1::2] > 0)
+            H = (du * groups.curvature(y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
+            p = -solve_psd(H, grad, rcond)
+            slope = float(grad @ p)
+            if not slope < -1e-14 * (1.0 + abs(f)):
+                break
+            t = 1.0
+            while True:
+                f_new = value(alpha + t * p, lam, rho)
+                if f_new <= f + ARMIJO * t * slope:
+                    break
+                t *= 0.5
+                if t < 1e-10:
+                    break
+            if t < 1e-10:
+                break
+            alpha, f = alpha + t * p, f_new
+        gaps = groups.gaps(y, z + du @ alpha)
+        new = np.maximum(lam + rho * g_of(gaps), 0.0)
+        moved, lam = float(np.abs(new - lam).max()), new
+        now = violation(gaps)
+        if now <= feasible and moved <= 1e-3 * (1.0 + float(lam.max())):
+            break
+        if now > 0.25 * last:
+            rho *= 10.0
+        last = now
+    return alpha, lam
+
+
 def subspace_gap_jacobian(
     y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: ConstraintSet, mu: float,
     rcond: float = 1e-12,
@@ -239,8 +343,8 @@ class CentralisedNewton:
         D = np.column_stack(dirs)
         du = self.x @ D
         gram = D.T @ D
-        alpha = subspace_step(self.y, z, du, self.theta @ D, gram, self.lam, self.groups, self.mu)
-        self.jac = subspace_gap_jacobian(self.y, z + du @ alpha, du, gram, self.lam, self.groups, self.mu)
+        alpha, self.lam, self.jac = search_step(self.y, z, du, self.theta @ D, gram, self.lam, self.groups, self.mu,
+                                                epsilon=self.epsilon, fairness=self.fairness)
         move = D @ alpha
         self.theta = self.theta + move
         self.moves = [move, *self.moves][: self.memory]

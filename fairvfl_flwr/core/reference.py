@@ -23,8 +23,7 @@ from fairvfl_flwr.core.newton import (
     block_direction,
     newton_server_step,
     party_curvature,
-    subspace_gap_jacobian,
-    subspace_step,
+    search_step,
     with_bias,
 )
 from fairvfl_flwr.core.parties import ActiveParty, Party
@@ -186,9 +185,9 @@ class NewtonFloor(NumpyFloor):
         a = np.array([self.params(k) @ d for k, d in zip(owner, dirs)])
         B = np.array([[di @ dj if ki == kj else 0.0 for kj, dj in zip(owner, dirs)] for ki, di in zip(owner, dirs)])
         du = np.column_stack(du)
-        alpha = subspace_step(self.y, z, du, a, B, self.lam, self.groups, self.mu)
+        alpha, self.lam, self.jac = search_step(self.y, z, du, a, B, self.lam, self.groups, self.mu,
+                                                epsilon=self.epsilon, fairness=self.fairness)
         self.alphas.append(alpha)
-        self.jac = subspace_gap_jacobian(self.y, z + du @ alpha, du, B, self.lam, self.groups, self.mu)
         for k, x in enumerate(self.X):
             sel = np.flatnonzero(owner == k)
             move = sum(alpha[j] * dirs[j] for j in sel)
