@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 from collections.abc import Mapping
@@ -14,7 +15,24 @@ from fairvfl_flwr.app.server import run_server  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.data import partydata  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
-from fairvfl_flwr.tools.flwr_engine import SIMULATION_HINT, SimulationSuperLink  # noqa: E402
+from fairvfl_flwr.tools.flwr_engine import SIMULATION_HINT, PrivateRay, SimulationSuperLink  # noqa: E402
+
+#: The Ray head that ``simulation_superlink`` hands to its SuperLink, started at collection.
+_RAY_HEADS: list[PrivateRay] = []
+
+
+def pytest_collection_finish(session):
+    """When a selected test submits a `flwr run`, start the shared Ray head now: it comes up on
+    the second core while the tests before the first run go on."""
+    if session.config.option.collectonly or not importlib.util.find_spec("ray"):
+        return
+    if any("simulation_superlink" in getattr(item, "fixturenames", ()) for item in session.items):
+        _RAY_HEADS.append(PrivateRay())
+
+
+def pytest_sessionfinish(session):
+    while _RAY_HEADS:  # not handed to a SuperLink (the run ended before its first `flwr run`)
+        _RAY_HEADS.pop().stop()
 
 
 @pytest.fixture
@@ -66,9 +84,11 @@ def run_app():
 
 @pytest.fixture(scope="session")
 def simulation_superlink(tmp_path_factory):
-    """One ``flower-superlink --simulation`` for every test that submits a ``flwr run`` (each run
-    still starts its own simulation engine); skips where the ``simulation`` extra (Ray) is missing."""
+    """One ``flower-superlink --simulation`` for every test that submits a ``flwr run``, and one
+    Ray head that every run's simulation engine connects to (each run still makes its own actors);
+    skips where the ``simulation`` extra (Ray) is missing."""
     pytest.importorskip("ray", reason=f"needs Flower's simulation engine: {SIMULATION_HINT}")
-    link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"))
+    ray = _RAY_HEADS.pop() if _RAY_HEADS else True  # True: start one now
+    link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"), shared_ray=ray)
     yield link
     link.stop()

@@ -12,10 +12,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from fairvfl_flwr.tools.cli import config_text
@@ -35,10 +39,74 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class SimulationSuperLink:
-    """A ``flower-superlink --simulation`` with its own FLWR_HOME and port (context manager)."""
+class PrivateRay:
+    """A Ray head of its own (``ray start --head --block``) for many `flwr run`s to share.
 
-    def __init__(self, home: Path, app_dir: Path = APP_DIR) -> None:
+    Each `flwr run` in the simulation engine otherwise starts a Ray instance and stops it at the
+    end: about 20 s of a loaded 2-core machine before round 1. Flower's Ray backend connects to
+    the cluster that ``RAY_ADDRESS`` names instead (``ray.init``); each run still makes and ends
+    its own actors, in worker processes of its own job. The head's session files are in a
+    private temporary folder, so a ``ray.init()`` elsewhere on the machine never finds it, and
+    it listens on ports that were free, so it does not meet another Ray of the machine. The
+    head starts in the background: :meth:`wait` returns its address once it is up.
+    """
+
+    def __init__(self, env: dict | None = None) -> None:
+        env = env or {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.folder = Path(tempfile.mkdtemp(prefix="fvray"))  # short: Ray's socket paths have a limit
+        ports = {opt: str(_free_port()) for opt in ("--port", "--ray-client-server-port",
+                                                      "--dashboard-port", "--dashboard-agent-listen-port")}
+        self.log = open(self.folder / "ray-start.log", "w")
+        self.proc = subprocess.Popen(
+            [str(BIN / "ray"), "start", "--head", "--block", "--temp-dir", str(self.folder),
+             "--node-ip-address", "127.0.0.1", "--include-dashboard=false", "--disable-usage-stats",
+             *[x for opt, port in ports.items() for x in (opt, port)]],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends whatever the head left behind
+        )
+        self.address = ""
+
+    def wait(self, timeout: float = 120) -> str:
+        """The head's address once it is up (FlwrRunError with its log if it is not within ``timeout``)."""
+        ready = self.folder / "ray_current_cluster"  # the head's address, written before it blocks
+        deadline = time.monotonic() + timeout
+        while not self.address:
+            if ready.exists() and (text := ready.read_text().strip()):
+                self.address = text
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                log = (self.folder / "ray-start.log").read_text(errors="replace")[-2000:]
+                self.stop()
+                raise FlwrRunError(f"ray start --head did not come up within {timeout:.0f} s: {log}")
+            else:
+                time.sleep(0.3)
+        return self.address
+
+    def stop(self) -> None:
+        """Stop the head: SIGTERM (it ends its own processes), then SIGKILL to its process group."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class SimulationSuperLink:
+    """A ``flower-superlink --simulation`` with its own FLWR_HOME and port (context manager).
+
+    ``shared_ray``: every run connects to one :class:`PrivateRay` (this one, or one started here
+    when True) instead of starting Ray of its own: for many runs whose end-to-end time is not
+    what is measured. The SuperLink stops it with itself.
+    """
+
+    def __init__(self, home: Path, app_dir: Path = APP_DIR, shared_ray: bool | PrivateRay = False) -> None:
         if not (Path(app_dir) / "pyproject.toml").exists():
             raise FlwrRunError(f"--engine flwr needs the app's source folder (pyproject.toml); not found in {app_dir}")
         if not (BIN / "flower-superlink").exists():
@@ -58,6 +126,13 @@ class SimulationSuperLink:
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         }
+        self.ray = shared_ray if isinstance(shared_ray, PrivateRay) else PrivateRay(self.env) if shared_ray else None
+        if self.ray is not None:
+            try:
+                self.env["RAY_ADDRESS"] = self.ray.wait()
+            except FlwrRunError as e:  # Ray's own 30 s for its node to register, on a loaded machine
+                warnings.warn(f"each run starts Ray of its own: the shared head did not start ({e})", stacklevel=2)
+                self.ray = None
         self.log = open(self.home / "superlink.log", "w")
         self.proc = subprocess.Popen(
             [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
@@ -71,6 +146,7 @@ class SimulationSuperLink:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return
             if self.proc.poll() is not None:
+                self.stop()
                 raise FlwrRunError(f"flower-superlink exited: {(self.home / 'superlink.log').read_text()[-2000:]}")
             time.sleep(0.3)
         self.stop()
@@ -117,7 +193,7 @@ class SimulationSuperLink:
         return json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"]
 
     def stop(self) -> None:
-        """Stop the SuperLink (terminate, then kill after 20 s) and close its log."""
+        """Stop the SuperLink (terminate, then kill after 20 s), close its log, stop its Ray head."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -125,3 +201,5 @@ class SimulationSuperLink:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+        if self.ray is not None:
+            self.ray.stop()

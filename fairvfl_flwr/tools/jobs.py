@@ -71,7 +71,8 @@ class Engine:
         if kind not in ENGINES:
             raise ValueError(f"engine {kind!r}: choose from {', '.join(ENGINES)}")
         self.kind, self.quiet = kind, quiet
-        self.link = SimulationSuperLink(home) if kind == "flwr" else None
+        # the runs share one Ray head: a run's numbers do not depend on it, its start-up is paid once
+        self.link = SimulationSuperLink(home, shared_ray=True) if kind == "flwr" else None
 
     def run(self, run_config: dict) -> Path:
         if self.link is None:
