@@ -93,7 +93,9 @@ def register(*jobs: Job) -> None:
 
 
 def unregister(*names: str) -> None:
-    """Remove the jobs named ``names`` (a plug-in or a test that registered its own)."""
+    """Remove the jobs named ``names`` (a plug-in or a test that registered its own). A ClientApp
+    built while they were registered keeps answering their message types (Flower's ClientApp
+    has no way to drop a handler); the protocol's list and the server's dispatch forget them."""
     for name in names:
         job = _JOBS.pop(name)
         for message_type in job.handlers:
@@ -113,17 +115,14 @@ def message_types() -> tuple[str, ...]:
     return tuple(_BY_TYPE)
 
 
-def _answer(message: Message, context: Context) -> Message:
-    job = _BY_TYPE.get(message.metadata.message_type)
-    if job is None:
-        raise ValueError(f"no registered job answers message type {message.metadata.message_type!r}")
-    return job.handlers[message.metadata.message_type](message, context)
-
-
 def _route_on(app: ClientApp, routed: set[str]) -> None:
+    # Each type goes straight to its job's handler, not through a lookup in this registry:
+    # Flower's simulation engine pickles the ClientApp into its worker processes, which
+    # import a handler's own module but never the module that registered the jobs, so a
+    # registry lookup there finds nothing.
     for message_type in _BY_TYPE.keys() - routed:
         category, _, action = message_type.partition(".")
-        getattr(app, category)(action)(_answer)  # Flower wraps it in the app's mods
+        getattr(app, category)(action)(_BY_TYPE[message_type].handlers[message_type])  # wrapped in the app's mods
         routed.add(message_type)
 
 
