@@ -88,8 +88,13 @@ def _same(a: dict, b: dict) -> None:
         assert a[key] == b[key], (key, a[key], b[key])
 
 
-@pytest.mark.parametrize("optimizer", ["newton", "gd"])
-@pytest.mark.parametrize("victim", [2, 0], ids=["passive", "label-owner"])
+# one case in the fast loop; the label owner and gradient descent in the full suite
+@pytest.mark.parametrize("optimizer,victim", [
+    ("newton", 2),
+    pytest.param("newton", 0, marks=pytest.mark.slow),
+    pytest.param("gd", 2, marks=pytest.mark.slow),
+    pytest.param("gd", 0, marks=pytest.mark.slow),
+], ids=["newton-passive", "newton-label-owner", "gd-passive", "gd-label-owner"])
 def test_a_party_that_drops_out_and_comes_back_ends_with_the_undisturbed_model(run_app, tmp_path, optimizer, victim):
     cfg = {**BASE, "optimizer": optimizer, "output-dir": str(tmp_path / "runs")}
     undisturbed = run_app({**cfg, "output-dir": str(tmp_path / "reference")})
