@@ -79,7 +79,8 @@ def _label_dp(s: RunSetup) -> LabelDP | None:
 def _checkpoints(s: RunSetup) -> Checkpoints | None:
     if s.cfg.checkpoint_every <= 0 and s.resume is None:
         return None
-    return Checkpoints(s.folder, s.cfg.checkpoint_every, s.cfg.to_flower(), labels_fingerprint(s.labels), s.resume)
+    return Checkpoints(s.folder, s.cfg.checkpoint_every, s.cfg.to_flower(), labels_fingerprint(s.labels), s.resume,
+                       masked=s.cfg.masked)
 
 
 #: Every round feature, declared once, in the order its hook runs at every point

@@ -149,12 +149,14 @@ def load_party(folder: Path, server_round: int, who: str, part: str = "param") -
 class Checkpoints(RoundHook):
     """Write the server's state every ``every`` rounds (and round 0); restore ``resume``.
 
-    ``resume``: (state, u_train by partition) from :func:`load_resume`, or None.
+    ``resume``: (state, u_train by partition) from :func:`load_resume`, or None; ``masked``: the run is
+    under secure aggregation (its stop note then says how the checkpoint scores instead).
     """
 
     def __init__(self, folder: Path, every: int, config: Mapping[str, Any], fingerprint: str,
-                 resume: tuple[dict, dict] | None = None) -> None:
+                 resume: tuple[dict, dict] | None = None, masked: bool = False) -> None:
         self.folder = Path(folder)
+        self.masked = masked  # the run's replies are masked (RunConfig.masked): it cannot be resumed
         self.every = every
         self.config = dict(config)
         self.fingerprint = fingerprint
@@ -209,7 +211,7 @@ class Checkpoints(RoundHook):
         if self.last_checkpoint is None:
             return None
         where = f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}"
-        if self.config.get("privacy.secure-aggregation"):  # config.sections refuses to resume a masked run
+        if self.masked:  # config.sections refuses to resume a masked run
             return (f"{where}; a run under privacy.secure-aggregation cannot be resumed (start it afresh), "
                     f"but the checkpoint scores (masked, as trained): mode='score' "
                     f"score.model-from=\"{self.folder}\" score.round={self.last_checkpoint}")
