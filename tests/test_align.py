@@ -59,11 +59,12 @@ def adult_raw(rows: int = ROWS, seed: int = 0) -> pd.DataFrame:
     return out
 
 
-def write_own_tables(raw: pd.DataFrame, folder, seed: int = 1) -> list[set]:
-    """Party k's file: a different 85-95 % subset of the ids, shuffled, only its own columns."""
+def write_own_tables(raw: pd.DataFrame, folder, seed: int = 1, columns: list[list[str]] = PARTY_COLUMNS) -> list[set]:
+    """Party k's file: a different 85-95 % subset of the ids, shuffled, only its own columns
+    (``columns[k]``)."""
     rng = np.random.default_rng(seed)
     held = []
-    for k, cols in enumerate(PARTY_COLUMNS):
+    for k, cols in enumerate(columns):
         share = rng.uniform(0.85, 0.95)
         rows = rng.permutation(len(raw))[: int(share * len(raw))]
         raw.iloc[rows][[ID, *cols]].to_csv(folder / f"party{k}.csv", index=False)
