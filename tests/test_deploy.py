@@ -1,4 +1,4 @@
-"""Deployment on loopback: a real flower-superlink and 6 flower-supernode processes.
+"""Deployment on loopback: a real flower-superlink and 3 flower-supernode processes.
 
 Each SuperNode gets an exported party CSV through --node-config, exactly as the export
 command prints it; the ServerApp reads the server label file from the run config.
@@ -28,7 +28,9 @@ from fairvfl_flwr.tools.tls import make_security
 pytestmark = pytest.mark.slow
 
 ROUNDS = 2
-BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05}
+# Three parties (the label owner and two passive ones: each masks with two peers): every message
+# starts a ClientApp process per party, and nothing a deployment adds depends on their number.
+BASE = {"dataset": "crime", "num-parties": 3, "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn")
 # The SuperExec's default 1 s task poll is an operator setting; docs/deploy.md recommends this.
 ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
@@ -92,8 +94,8 @@ def test_deployed_run_completes_and_equals_simulation(federation, exported, simu
 
 def test_misaligned_party_file_is_refused_before_round_1(federation, exported, tmp_path):
     out, manifest = exported
-    path = out / "party3.csv"
-    backup = tmp_path / "party3.orig.csv"
+    path = out / "party2.csv"
+    backup = tmp_path / "party2.orig.csv"
     shutil.copy(path, backup)
     try:
         df = pd.read_csv(path)
@@ -103,7 +105,7 @@ def test_misaligned_party_file_is_refused_before_round_1(federation, exported, t
     finally:
         shutil.copy(backup, path)
     assert status != "finished:completed"
-    assert "partition 3, passive) is not aligned" in logs and "Refused before round 1" in logs, logs[-3000:]
+    assert "partition 2, passive) is not aligned" in logs and "Refused before round 1" in logs, logs[-3000:]
     (run,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
     assert not (run / "history.json").exists()  # no round was recorded
 
