@@ -113,10 +113,13 @@ def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
 def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="auto").optimizer_in_use == "newton"
     assert RunConfig(optimizer="gd").optimizer_in_use == "gd"
-    # parity on rates (their default measure): Newton; on the loss it would need weights below 0
+    # parity on rates (their default measure) or on the loss: Newton (its constrained search
+    # needs no row weight >= 0)
     assert RunConfig(optimizer="auto", constraint="equalized-odds").optimizer_in_use == "newton"
     assert RunConfig(optimizer="auto", constraint="demographic-parity").optimizer_in_use == "newton"
-    assert RunConfig(optimizer="auto", constraint="equalized-odds", constraint_measure="loss").optimizer_in_use == "gd"
+    for kind in ("equalized-odds", "demographic-parity"):
+        assert RunConfig(optimizer="auto", constraint=kind, constraint_measure="loss").optimizer_in_use == "newton"
+    assert RunConfig(optimizer="auto", constraint="equalized-odds", model="mlp").optimizer_in_use == "gd"
     assert RunConfig(optimizer="auto", constraint="equalized-odds", batch_size=256).optimizer_in_use == "gd"
     assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
     with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, gd, newton, adagrad"):

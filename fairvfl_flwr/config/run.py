@@ -26,7 +26,6 @@ from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
-from fairvfl_flwr.core.constraints.measures import measure as measure_named
 
 class Modes(Sequence):
     """The run config's ``mode`` choices: the app's own jobs' modes, declared here so that a
@@ -411,8 +410,8 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
     """The one place ``optimizer = "auto"`` is resolved: newton unless a setting of the run rules
     it out (sections.NEWTON_REFUSED), then adagrad unless one rules that out
     (sections.ADAGRAD_REFUSED), else gd; gd too where Newton is not measured to reach the
-    target by default (a kind's ``newton_by_default``, or its measure's). The group count and
-    ``constraint-form`` do not enter: block Newton's constrained search meets several groups'
+    target (AdaGrad: a kind's ``adagrad_by_default``). The constraint, its measure, the group
+    count and ``constraint-form`` do not enter Newton's choice: block Newton's constrained search meets several groups'
     gaps as it meets two (docs/newton.md), so a deployment, whose server learns the groups
     only from the label file, decides as its simulation does."""
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
@@ -426,19 +425,12 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
     if cfg.optimizer == "adagrad":
         return Choice("adagrad", "AdaGrad steps kept by each party (docs/adagrad.md)")
     kind = ConstraintSet.kind_named(cfg.constraint)
-    on_rates = measure_named(cfg.measure).newton_by_default and cfg.model == "linear"
-    if not kind.newton_by_default and not on_rates:
-        return Choice("gd", f"gradient descent: with constraint={cfg.constraint!r} on the {cfg.measure} block Newton "
-                            "does not reach every gap within epsilon + 0.002 in 30 rounds on every dataset measured "
-                            "(the target needs row weights below 0, which its dual step keeps above 0: "
-                            "docs/results/rounds-newton-coupled.md; optimizer='newton' runs it), and AdaGrad is "
-                            "measured with constraint='deo' only")
     newton_no = sections.newton_refusal(cfg)
     if newton_no is None:
         return Choice("newton", f"block Newton{shared} (linear parties, full batch, "
                                 f"constraint={cfg.constraint!r} on the {cfg.measure}; docs/newton.md){encrypted}")
     why_not_newton = f"block Newton does not run with {cfg.key_of(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
-    adagrad_no = sections.adagrad_refusal(cfg) or (None if kind.newton_by_default else ("constraint", ""))
+    adagrad_no = sections.adagrad_refusal(cfg) or (None if kind.adagrad_by_default else ("constraint", ""))
     if adagrad_no is None:
         return Choice("adagrad", f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)")
     return Choice("gd", f"gradient descent: {why_not_newton}, and AdaGrad does not run with "

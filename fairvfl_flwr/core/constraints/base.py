@@ -135,11 +135,13 @@ class ConstraintSet:
     #: what its gaps compare under ``constraint-measure = "auto"``: fairlearn's parity
     #: constraints compare rates; the paper's DEO compares losses
     default_measure = "loss"
-    #: does ``optimizer = "auto"`` pick block Newton for it? (measured: docs/newton.md)
-    newton_by_default = False
-    #: block Newton's dual step at the weight bound: True takes the paper's gradient step
-    #: past it (rows may get negative weights; measured with ``deo`` only), False keeps every
-    #: weight above 0 by the fraction-to-the-boundary rule (core/dual_newton.py)
+    #: does ``optimizer = "auto"`` pick AdaGrad for its MLP runs? (measured with ``deo`` only:
+    #: docs/adagrad.md; block Newton, for linear runs, is picked for every kind)
+    adagrad_by_default = False
+    #: block Newton's dual step: True (with two groups) takes the clipped dual Newton step and,
+    #: at the weight bound, the paper's gradient step past it (measured with ``deo`` only);
+    #: False takes the constrained search, which returns λ with the step lengths
+    #: (core/dual_newton.py)
     newton_past_bound = False
 
     #: the registered kinds by name (:func:`register`; the package registers the built-in ones)

@@ -23,7 +23,7 @@ class DEO(ConstraintSet):
 
     kind = "deo"
     label_subsets = 1
-    newton_by_default = True
+    adagrad_by_default = True
     newton_past_bound = True
     gap_label = "DEO"
 

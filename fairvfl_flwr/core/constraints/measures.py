@@ -45,9 +45,6 @@ class Measure:
     #: Does the primal need every row weight w_i >= 0? (For the loss, w_i < 0 makes f̃
     #: concave and unbounded below in those rows' logits; ConstraintSet.weight_bounds.)
     needs_nonnegative_weights = False
-    #: Does ``optimizer = "auto"`` pick block Newton (linear, full batch, two groups) for
-    #: every kind on this measure? (measured: docs/newton.md, "Rates")
-    newton_by_default = False
 
     def values(self, y: np.ndarray, z: np.ndarray, losses: np.ndarray | None = None) -> np.ndarray:
         """q_i at scores z (``losses``: the rows' logistic losses, when the caller has them)."""
@@ -113,8 +110,6 @@ class Rate(Measure):
 
     name = "rate"
     slope_bound = 0.25  # σ' <= 1/4
-    # no weight floor holds its dual Newton step back
-    newton_by_default = True
 
     def values(self, y, z, losses=None):
         """q_i = σ(z_i), whatever the label."""
