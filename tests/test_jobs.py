@@ -6,6 +6,8 @@ the protocol's message list and the run config's modes need."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -80,3 +82,30 @@ def test_an_unregistered_job_is_no_mode_and_answers_nothing(row_counts_job):
             RunConfig.from_flower({"mode": "row-counts"})
     finally:
         jobs.register(JOB)  # the fixture unregisters it
+
+
+def test_the_client_app_answers_where_no_job_was_registered(tmp_path):
+    """Flower's simulation loads the ClientApp once and ships it to its workers: there the app
+    answers from its own routing, though that process never imported app/jobs.py."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from fairvfl_flwr.app.client import app as client_app
+
+    (tmp_path / "app.pkl").write_bytes(cloudpickle.dumps(client_app))
+    code = f"""
+import pickle, sys
+from flwr.app import Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as the in-process grid sets them
+app = pickle.loads(open({str(tmp_path / "app.pkl")!r}, "rb").read())
+from fairvfl_flwr.flower import jobs
+assert jobs.registered() == () and "fairvfl_flwr.app.jobs" not in sys.modules
+context = Context(run_id=1, node_id=7, node_config={{"partition-id": 1, "num-partitions": 3}}, state=RecordDict(),
+                  run_config={{"dataset": "crime", "num-parties": 3}})
+message = Message(RecordDict(), dst_node_id=7, message_type="query.info", group_id="0")
+message.metadata.__dict__["_message_id"] = "m"
+reply = app(message, context)
+print(dict(reply.content.config_records["info"])["role"])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "passive"
