@@ -74,7 +74,7 @@ def test_a_new_job_runs_through_the_server_app_and_client_app(row_counts_job, ru
     assert json.loads((run.folder / "row-counts.json").read_text()) == run.summary
 
 
-def test_an_unregistered_job_is_no_mode_and_answers_nothing(row_counts_job):
+def test_an_unregistered_job_is_no_mode_and_no_message_type_of_the_protocol(row_counts_job):
     jobs.unregister(JOB.name)
     try:
         assert ROW_COUNTS not in jobs.message_types()
