@@ -9,6 +9,7 @@ is off (offline machines, CI).
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
@@ -39,6 +40,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In a child process: SIGTERM once the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a run killed outright leaves no Ray head behind."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: stop() alone ends the head
+        pass
+
+
 class PrivateRay:
     """A Ray head of its own (``ray start --head --block``) for many `flwr run`s to share.
 
@@ -63,6 +73,7 @@ class PrivateRay:
              *[x for opt, port in ports.items() for x in (opt, port)]],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() ends whatever the head left behind
+            preexec_fn=_die_with_parent,
         )
         self.address = ""
 
