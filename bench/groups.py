@@ -121,9 +121,10 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
         with tempfile.TemporaryDirectory() as folder:
             summary, run_dir = run_inprocess({**run, "output-dir": folder}, quiet=True)
             with np.load(Path(run_dir) / SCORES) as f:
-                z = f["z_test"]
+                z, z_train = f["z_test"], f["z_train"]
+        train = group_metrics(ds.y_train, groups.codes, predict(z_train))
         add(FAIRVFL, "off" if eps is None else f"ε={eps:g}", predict(z), time.perf_counter() - t, epsilon=eps,
-            rounds=summary["rounds"], train_max_gap=summary["train_max_gap"],
+            rounds=summary["rounds"], train_max_gap=summary["train_max_gap"], train_gap=train[GAP[constraint]],
             optimizer=RunConfig.from_flower(run).optimizer_in_use, measure=summary.get("constraint_measure"))
     for bound in (*bounds, None):
         t = time.perf_counter()
@@ -148,7 +149,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     for key in dict.fromkeys((r["row"], r["method"], r["setting"]) for r in rows):
         mine = [r for r in rows if (r["row"], r["method"], r["setting"]) == key]
         agg = {"row": key[0], "method": key[1], "setting": key[2], "seeds": [r["seed"] for r in mine]}
-        for m in ("acc", "gap", "dp_diff", "eo_diff", "rounds", "train_max_gap"):
+        for m in ("acc", "gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "train_gap"):
             v = np.array([np.nan if r.get(m) is None else r[m] for r in mine], dtype=float)
             have = v[~np.isnan(v)]
             agg[m] = float(have.mean()) if len(have) else None
@@ -164,13 +165,13 @@ def curve(summary: list[dict], row: str, method: str) -> list[tuple[float, float
     return [(p["gap"], p["acc"]) for p in summary if p["row"] == row and p["method"] == method]
 
 
-def matched(summary: list[dict], count: int = 5) -> list[dict]:
-    """Per row, common gaps spanning FairVFL's and EG's curves (tools/tradeoff.matched_gaps) and
+def matched(summary: list[dict]) -> list[dict]:
+    """Per row, the gaps of FairVFL's and EG's frontier points (tools/tradeoff.matched_gaps) and
     every method's accuracy there, with FairVFL − EG where both have one."""
     out = []
     for row in dict.fromkeys(p["row"] for p in summary):
         curves = {m: curve(summary, row, m) for m in METHODS}
-        for g in matched_gaps([curves[FAIRVFL], curves[EG]], count):
+        for g in matched_gaps([curves[FAIRVFL], curves[EG]]):
             acc = {m: accuracy_at_gap(curves[m], g) for m in METHODS}
             diff = None if acc[FAIRVFL] is None or acc[EG] is None else acc[FAIRVFL] - acc[EG]
             out.append({"row": row, "gap": g, "acc": acc, "fairvfl_minus_eg": diff})
@@ -211,14 +212,14 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) 
                   f"{', '.join(groups['groups'])} (test rows, seed {groups['seed']}: "
                   + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + ").", "",
                   "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | DP diff | EO diff | "
-                  "FairVFL: optimizer, rounds, train max gap | on the frontier |",
+                  "FairVFL: optimizer, rounds, train max gap (soft) / train gap (hard) | on the frontier |",
                   "|---|---|---|---|---|---|---|---|"]
         for m in METHODS:
             mine = [p for p in summary if p["row"] == row and p["method"] == m]
             front = set(frontier(curve(summary, row, m)))
             for p in mine:
                 run = "" if m != FAIRVFL else (f"{p['optimizer']}, {_num(p['rounds'], '.0f')}, "
-                                               f"{_num(p['train_max_gap'], '.4f')}")
+                                               f"{_num(p['train_max_gap'], '.4f')} / {_num(p['train_gap'])}")
                 parts.append(
                     f"| {m} | {p['setting']} | {100 * p['acc']:.2f}% ({100 * p['acc_min']:.2f}–{100 * p['acc_max']:.2f}) | "
                     f"{p['gap']:.3f} ({p['gap_min']:.3f}–{p['gap_max']:.3f}) | {_num(p['dp_diff'])} | "
@@ -232,9 +233,10 @@ NOTES = """\
 row at each ε with every other setting its default (`constraint-measure = "auto"`, i.e. soft
 rates for equalized odds and demographic parity; `sensitive-as-input = false`; `optimizer =
 "auto"`; `constraint-form = "pairwise"`), at most the page's round cap (`--rounds`; the stop
-rule may end a run sooner); "off" is `fairness = false`. Its "train max gap" is the largest
-constrained gap on the training rows in the run's own measure (soft rates), which ε bounds;
-a value above ε + 0.002 is a run that had not reached ε within the cap. fairlearn EG:
+rule may end a run sooner); "off" is `fairness = false`. Its "train max gap (soft)" is the
+largest constrained gap on the training rows in the run's own measure (soft rates, pairwise),
+which ε bounds: a value above ε + 0.002 is a run that had not reached ε within the cap; its
+"train gap (hard)" is the page's hard-rate gap on the training rows. fairlearn EG:
 `ExponentiatedGradient(LogisticRegression(max_iter=1000), max_iter=50)` with the constraint's
 moment (`DemographicParity`, `EqualizedOdds`) at `difference_bound` = the bound (each group
 against the overall rate, on training rows), randomised predictions with the seed; "off" is
@@ -256,9 +258,9 @@ points count (no other point has a smaller or equal gap and a higher accuracy), 
 two of them the accuracy is interpolated linearly in the gap: predicting with one of the two
 at random attains that accuracy with a gap no larger. Above a method's largest frontier gap
 its accuracy stays that point's; below its smallest it has none ("—"). The common gaps are
-five values evenly spaced from the smallest frontier gap of FairVFL's and EG's curves to the
-largest, to 3 decimals: a gap one method reaches and the other does not shows as "—".
-FairVFL − EG is in percentage points."""
+the gaps of FairVFL's and EG's frontier points (to 3 decimals): each method's own points
+against the other's curve at the same gap; a gap one method reaches and the other does not
+shows as "—". FairVFL − EG is in percentage points."""
 
 
 def plot_curves(summary: list[dict], rows: list[str], path: Path) -> bool:

@@ -48,15 +48,9 @@ def accuracy_at_gap(points: list[Point], gap: float) -> float | None:
     return float(np.interp(gap, gaps, accs))  # np.interp holds the last value beyond the end
 
 
-def matched_gaps(curves: list[list[Point]], count: int = 5, digits: int = 3) -> list[float]:
-    """``count`` common gaps, evenly spaced from the smallest frontier gap of any curve to the
-    largest (beyond it every curve is flat), rounded to ``digits`` decimals (the first up, the
-    last down, so both stay within the span). A curve has no value at the gaps below its own
-    smallest: where one method reaches a gap the other never does shows as a missing value."""
-    fronts = [f for f in (frontier(c) for c in curves) if f]
-    if not fronts:
-        return []
-    scale = 10 ** digits
-    lo = np.ceil(min(f[0][0] for f in fronts) * scale - 1e-9) / scale
-    hi = max(lo, np.floor(max(f[-1][0] for f in fronts) * scale + 1e-9) / scale)
-    return sorted({round(float(v), digits) for v in np.linspace(lo, hi, count)})
+def matched_gaps(curves: list[list[Point]], digits: int = 3) -> list[float]:
+    """The common gaps to read the curves at: every gap at which one of them has a frontier
+    point, to ``digits`` decimals, so that each method's own points are compared with the
+    others' curves at the same gap. A curve has no value at the gaps below its own smallest:
+    where one method reaches a gap the other never does shows as a missing value."""
+    return sorted({round(gap, digits) for c in curves for gap, _ in frontier(c)})
