@@ -258,7 +258,7 @@ points count (no other point has a smaller or equal gap and a higher accuracy), 
 two of them the accuracy is interpolated linearly in the gap: predicting with one of the two
 at random attains that accuracy with a gap no larger. Above a method's largest frontier gap
 its accuracy stays that point's; below its smallest it has none ("—"). The common gaps are
-the gaps of FairVFL's and EG's frontier points (to 3 decimals): each method's own points
+the gaps of FairVFL's and EG's frontier points (shown to 3 decimals): each method's own points
 against the other's curve at the same gap; a gap one method reaches and the other does not
 shows as "—". FairVFL − EG is in percentage points."""
 

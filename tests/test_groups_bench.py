@@ -131,7 +131,7 @@ def test_a_curve_is_read_on_its_non_dominated_points_linearly_and_never_below_it
     assert tradeoff.accuracy_at_gap(points, 0.5) == pytest.approx(0.86)  # flat beyond the largest gap
     other = [(0.2, 0.83), (0.5, 0.87)]
     assert tradeoff.matched_gaps([points, other]) == pytest.approx([0.1, 0.2, 0.3, 0.5])  # frontier gaps only
-    assert tradeoff.matched_gaps([[(0.1234, 0.8), (0.4567, 0.9)], [(0.12341, 0.7)]]) == [0.123, 0.457]
+    assert tradeoff.matched_gaps([[(0.1234, 0.8), (0.4567, 0.9)], [(0.12341, 0.7)]]) == [0.1234, 0.12341, 0.4567]
 
 
 def test_the_bench_compares_every_method_at_the_same_gaps():

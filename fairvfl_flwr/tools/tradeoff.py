@@ -48,9 +48,10 @@ def accuracy_at_gap(points: list[Point], gap: float) -> float | None:
     return float(np.interp(gap, gaps, accs))  # np.interp holds the last value beyond the end
 
 
-def matched_gaps(curves: list[list[Point]], digits: int = 3) -> list[float]:
+def matched_gaps(curves: list[list[Point]]) -> list[float]:
     """The common gaps to read the curves at: every gap at which one of them has a frontier
-    point, to ``digits`` decimals, so that each method's own points are compared with the
-    others' curves at the same gap. A curve has no value at the gaps below its own smallest:
-    where one method reaches a gap the other never does shows as a missing value."""
-    return sorted({round(gap, digits) for c in curves for gap, _ in frontier(c)})
+    point (exact, not rounded: a rounded gap can fall just below a curve's smallest), so that
+    each method's own points are compared with the others' curves at the same gap. A curve has
+    no value at the gaps below its own smallest: where one method reaches a gap the other never
+    does shows as a missing value."""
+    return sorted({gap for c in curves for gap, _ in frontier(c)})
