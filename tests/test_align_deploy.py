@@ -77,18 +77,19 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
 def test_a_deployed_run_with_a_third_label_value_fails_with_one_paragraph_and_no_value(tmp_path):
     tables = tmp_path / "tables"
     tables.mkdir()
-    write_own_tables(adult_raw(), tables)
+    write_own_tables(adult_raw(), tables, columns=THREE)
     df = pd.read_csv(tables / "party0.csv")
     df.loc[df.index[df["income"] == ">50K"][:37], "income"] = ">50K."
     df.to_csv(tables / "party0.csv", index=False)
     nodes = [{"partition-id": k, "table-path": str(tables / f"party{k}.csv"), "id-column": ID, "allow-unmasked": True,
-              "role": "active" if k == 0 else "passive"} for k in range(4)]  # unmasked: the refusal is the table's
+              "role": "active" if k == 0 else "passive"} for k in range(len(THREE))]  # unmasked: the refusal is the table's
     nodes[0].update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
                      "group-a": "Female", "group-b": "Male", "protected-label": 1})
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     out = tmp_path / "dep"
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
-        run_id, status = fed.run({**BASE, "tables.own": True, "output-dir": str(out)}, timeout=300)
+        run_id, status = fed.run({**BASE, "num-parties": len(THREE), "tables.own": True, "output-dir": str(out)},
+                                 timeout=300)
         server_log = fed.logs(run_id)
         party_log = fed.log("supernode0")
     assert status == "finished:failed", server_log[-3000:]
