@@ -39,6 +39,17 @@ PARTY_COLUMNS = [
     ["hours-per-week", "native-country"],
 ]
 ROWS = 3000
+#: The label owner's node config keys on the Adult tables below (its label and groups).
+LABEL_OWNER = {"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex", "group-a": "Female",
+               "group-b": "Male", "protected-label": 1}
+
+
+def own_node(k: int, path, id_name: str, **extra) -> dict:
+    """Party ``k``'s node config for its own table at ``path`` (the label owner's names its label and groups)."""
+    return {"partition-id": k, "table-path": str(path), "id-column": id_name, "role": "active" if k == 0 else "passive",
+            **(LABEL_OWNER if k == 0 else {}), **extra}
+
+
 # unmasked (own tables default to masked): these runs are compared with unmasked joint-table references
 BASE = {"num-parties": 4, "num-active": 1, "num-server-rounds": 12, "eval-every": 6, "seed": 3, "dataset": "adult",
         "optimizer": "gd", "privacy.secure-aggregation": False}
@@ -117,8 +128,7 @@ def joint_reference(raw: pd.DataFrame, common: list[str], folder, **extra):
         if k == 0:
             frame["income"] = np.where(np.concatenate([ds.y_train, ds.y_test]) == 1, ">50K", "<=50K")
             frame["sex"] = np.where(np.concatenate([ds.s_train, ds.s_test]), "Female", "Male")
-            node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
-                         "group-a": "Female", "group-b": "Male", "protected-label": 1})
+            node.update(LABEL_OWNER)
         frame.to_csv(node["data-path"], index=False, float_format="%.17g")
         nodes.append(node)
     label_table(ds).to_csv(folder / "labels.csv", index=False)
@@ -321,8 +331,7 @@ def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, traine
         node = {"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / f"own{k}.csv"), "allow-unmasked": True,
                 "id-column": id_name, "role": "active" if k == 0 else "passive"}
         if k == 0:
-            node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
-                         "group-a": "Female", "group-b": "Male", "protected-label": 1})
+            node.update(LABEL_OWNER)
         nodes.append(node)
     rc = RunConfig.from_flower({**BASE, "tables.own": True, "output-dir": str(tmp_path / "dep")}).to_flower()
     deployed, _ = run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)

@@ -14,7 +14,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.tools.localfed import LocalFederation
 
-from .test_align import BASE, ID, PARTY_COLUMNS, adult_raw, own_config, write_own_tables
+from .test_align import BASE, ID, LABEL_OWNER, PARTY_COLUMNS, adult_raw, own_config, own_node, write_own_tables
 
 MASKED = {"privacy.secure-aggregation": True}  # a deployed party refuses anything else
 # Every deployed message is a fresh ClientApp process per party. Three parties (the label
@@ -45,13 +45,7 @@ def test_loopback_deployment_with_own_tables_equals_the_inprocess_run(tmp_path):
         score.sample(frac=1, random_state=k).reset_index().to_csv(tables / f"score{k}.csv", index=False)
         score.sample(frac=1, random_state=k).reset_index().rename(columns={ID: id_name}).to_csv(
             tmp_path / f"score{k}.csv", index=False)
-        node = {"partition-id": k, "table-path": str(path), "id-column": id_name,
-                "score-path": str(tmp_path / f"score{k}.csv"), "role": "active" if k == 0 else "passive",
-                **identities[k]}
-        if k == 0:
-            node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
-                         "group-a": "Female", "group-b": "Male", "protected-label": 1})
-        nodes.append(node)
+        nodes.append(own_node(k, path, id_name, **{"score-path": str(tmp_path / f"score{k}.csv")}, **identities[k]))
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     out = tmp_path / "dep"
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
@@ -83,8 +77,7 @@ def test_a_deployed_run_with_a_third_label_value_fails_with_one_paragraph_and_no
     df.to_csv(tables / "party0.csv", index=False)
     nodes = [{"partition-id": k, "table-path": str(tables / f"party{k}.csv"), "id-column": ID, "allow-unmasked": True,
               "role": "active" if k == 0 else "passive"} for k in range(len(THREE))]  # unmasked: the refusal is the table's
-    nodes[0].update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
-                     "group-a": "Female", "group-b": "Male", "protected-label": 1})
+    nodes[0].update(LABEL_OWNER)
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     out = tmp_path / "dep"
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:

@@ -23,7 +23,7 @@ from fairvfl_flwr.features import secagg
 from fairvfl_flwr.tools.cli import config_text
 from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port
 
-from .test_align import BASE, ID, adult_raw, own_config, write_own_tables
+from .test_align import BASE, ID, adult_raw, own_config, own_node, write_own_tables
 
 # Two restarts over a deployed run of a few rounds: minutes on a 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.deploy_long]
@@ -64,12 +64,7 @@ def test_a_passive_party_and_the_label_owner_restart_mid_training_and_the_run_en
     for k, id_name in enumerate(ID_NAMES):
         path = tmp_path / f"own{k}.csv"
         pd.read_csv(tables / f"party{k}.csv").rename(columns={ID: id_name}).to_csv(path, index=False)
-        node = {"partition-id": k, "table-path": str(path), "id-column": id_name, "state-dir": str(tmp_path / f"disk{k}"),
-                "role": "active" if k == 0 else "passive", **identities[k]}
-        if k == 0:
-            node.update({"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex",
-                         "group-a": "Female", "group-b": "Male", "protected-label": 1})
-        nodes.append(node)
+        nodes.append(own_node(k, path, id_name, **{"state-dir": str(tmp_path / f"disk{k}")}, **identities[k]))
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     out = tmp_path / "dep"
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
