@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         cfg = RunConfig.from_flower({
             "num-parties": a.parties, "dataset": "csv", "csv.path": "-", "csv.label": "label", "csv.positive": "yes",
             "csv.sensitive": "group", "csv.group-a": "f", "csv.group-b": "m", "tables.own": True,
-            "tables.path": str(folder / "party{partition}.csv"), "tables.id-column": "customer"})
+            "tables.path": str(folder / "party{partition}.csv"), "tables.id-column": "customer",
+            # every party's step runs on this one machine's cores at once, not on its own machine
+            "reliability.round-timeout": 6 * 3600.0})
         relayed = []
 
         def tap(message) -> None:

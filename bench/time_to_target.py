@@ -16,6 +16,14 @@ deployment, the same run in simulation, and the no-op floor for as many rounds, 
 * ``noop``: scripts/noop_app on the same kind of federation for the same number of rounds
   (plus its round 0): the least any Flower app pays for these rounds.
 
+``--tables own`` deploys from own tables instead (deploy and noop only): four organisations'
+raw tables cut from all of Adult (tools/owntables.py: each its own id column name, its own
+columns and a different 85-95 % of the people), each SuperNode with its own identity key and
+the pinned peers file, run config ``tables.own = true`` and nothing else of the bench's
+beyond rounds, evaluation and ε: the run aligns privately, then trains under the defaults
+(masked). ``--sensitive sex,race`` moves race to the label owner and constrains the groups of
+sex × race.
+
 Target (bench/rounds.py): test accuracy within 0.5 points of the run's final value and
 train DEO ≤ ε + 0.005, from that evaluated round on. ``--run-config`` is passed as is
 (Flower's syntax) after the bench's own keys, e.g. ``"optimizer='newton' num-server-rounds=30"``.
@@ -40,6 +48,8 @@ from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 from bench.deploy_time import NOOP_APP, TIMING_ENV, deploy, history, poll_env, read_logs  # noqa: E402
 from bench.rounds import rounds_to_target  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.features import secagg  # noqa: E402
+from fairvfl_flwr.tools import owntables  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
 from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
 
@@ -79,6 +89,32 @@ def run_deploy(tmp: Path, manifest: dict, cfg: dict, env: dict, eps: float) -> d
         "s_per_round": (last_reply[max(last_reply)] - last_reply[0]) / max(1, max(last_reply)),
     })
     return out
+
+
+OWN_ID_NAMES = ["customer", "kundennummer", "policy holder", "client_no"]
+
+
+def own_federation(tmp: Path, sensitive: str) -> tuple[dict, dict]:
+    """Four parties' own tables, identities and node configs (a manifest as ``export`` gives),
+    and the run config that trains on them."""
+    columns = [list(c) for c in owntables.PARTY_COLUMNS]
+    label_owner = dict(owntables.LABEL_OWNER)
+    if sensitive != "sex":
+        wanted = sensitive.split(",")
+        for cols in columns[1:]:  # the label owner holds every sensitive column
+            for c in wanted:
+                if c in cols:
+                    cols.remove(c)
+                    columns[0].insert(-1, c)
+        label_owner = {k: v for k, v in label_owner.items() if k not in ("group-a", "group-b")}
+        label_owner["sensitive-column"] = sensitive
+    folder = tmp / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    owntables.write_own_tables(owntables.adult_raw(), folder, columns=columns, id_names=OWN_ID_NAMES)
+    identities = secagg.generate_identities(tmp / "identities", len(columns))
+    nodes = [owntables.own_node(k, folder / f"party{k}.csv", OWN_ID_NAMES[k], label_owner, **identities[k])
+             for k in range(len(columns))]
+    return {"node_configs": nodes}, {"tables.own": True, "num-parties": len(columns)}
 
 
 def _median(values: list[float]) -> float | None:
@@ -186,6 +222,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--poll", default="default",
                     help="SuperExec task poll of the SuperNodes, seconds ('default': Flower's 1 s, the faster on 2 cores)")
     ap.add_argument("--run-config", default="", help="extra run config (Flower's syntax), e.g. \"optimizer='newton'\"")
+    ap.add_argument("--tables", choices=["export", "own"], default="export",
+                    help="party files exported from one table (default), or four organisations' own tables")
+    ap.add_argument("--sensitive", default="sex", help="--tables own: the label owner's sensitive column(s)")
     ap.add_argument("--keep", type=Path, default=None, help="keep logs and runs here (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--name", default="time_to_target")
@@ -198,8 +237,14 @@ def main(argv=None) -> dict:
     _adopt_orphans()
     with tempfile.TemporaryDirectory(prefix="fairvfl-ttt-") as tmp:
         tmp = args.keep or Path(tmp)
-        manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties", demo_keys=True)
-        cfg = {**manifest["run_config"], "num-server-rounds": rounds, "eval-every": 1, "epsilon": eps, **extra}
+        if args.tables == "own":
+            if set(modes) - {"deploy", "noop"}:
+                raise SystemExit("--tables own runs the modes deploy and noop only")
+            manifest, base = own_federation(tmp, args.sensitive)
+        else:
+            manifest = export(RunConfig(dataset=args.dataset, num_parties=args.parties), tmp / "parties", demo_keys=True)
+            base = manifest["run_config"]
+        cfg = {**base, "num-server-rounds": rounds, "eval-every": 1, "epsilon": eps, **extra}
         sim_cfg = {k: v for k, v in cfg.items() if k != "server-labels"}  # simulation: the packaged table
         env = {"FAIRVFL_CACHE_DIR": str(tmp / "cache"), **poll_env(args.poll)}
         for mode in modes:
@@ -228,7 +273,9 @@ def main(argv=None) -> dict:
             "s_of_rounds", "message_rounds", "cpu_s", "cpu_s_per_message_round", "clientapp_cpu_s",
             "clientapp_cpu_before_app_s", "clientapp_cpu_import_s", "clientapp_cpu_handler_s", "final_acc", "final_train_deo",
             "load_before", "load_after"]
-    md = (f"Time to target, {args.dataset} linear, ε = {eps}, {args.parties} parties, {rounds} rounds, evaluation every "
+    data = (f"own tables cut from adult, groups {args.sensitive}" if args.tables == "own" else args.dataset)
+    parties = len(manifest["node_configs"])
+    md = (f"Time to target, {data} linear, ε = {eps}, {parties} parties, {rounds} rounds, evaluation every "
           f"round, SuperExec poll {args.poll}, run config {args.run_config or '(defaults)'}; seconds from `flwr run` "
           "submission (deploy, noop) or from the call (inprocess)\n\n" + table(results, cols))
     write(args.out, args.name, {"args": {**vars(args), "out": str(args.out), "keep": str(args.keep)},

@@ -24,30 +24,13 @@ from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.tools import owntables
+from fairvfl_flwr.tools.owntables import ID, LABEL_OWNER, PARTY_COLUMNS, own_node, write_own_tables  # noqa: F401  (the deployment tests import them from here)
 
 pytest.importorskip("private_set_intersection")
 pytestmark = pytest.mark.usefixtures("private_party_cache")  # a kept alignment is reused only within a test
 
-ID = "customer"
-NUMBERS = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
-CATEGORIES = ["workclass", "education", "marital-status", "occupation", "relationship", "race", "native-country"]
-#: Each party's raw columns (the label owner also holds income and sex), in the joint table's order.
-PARTY_COLUMNS = [
-    ["age", "workclass", "education", "sex", "income"],
-    ["fnlwgt", "education-num", "marital-status", "occupation"],
-    ["capital-gain", "capital-loss", "relationship", "race"],
-    ["hours-per-week", "native-country"],
-]
 ROWS = 3000
-#: The label owner's node config keys on the Adult tables below (its label and groups).
-LABEL_OWNER = {"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex", "group-a": "Female",
-               "group-b": "Male", "protected-label": 1}
-
-
-def own_node(k: int, path, id_name: str, **extra) -> dict:
-    """Party ``k``'s node config for its own table at ``path`` (the label owner's names its label and groups)."""
-    return {"partition-id": k, "table-path": str(path), "id-column": id_name, "role": "active" if k == 0 else "passive",
-            **(LABEL_OWNER if k == 0 else {}), **extra}
 
 
 # unmasked (own tables default to masked): these runs are compared with unmasked joint-table references
@@ -56,31 +39,8 @@ BASE = {"num-parties": 4, "num-active": 1, "num-server-rounds": 12, "eval-every"
 
 
 def adult_raw(rows: int = ROWS, seed: int = 0) -> pd.DataFrame:
-    """Adult as raw columns (categories as strings), ids as text, ``rows`` rows drawn at random."""
-    df = pd.read_csv(packaged_file("adult.csv.gz"))
-    df = df.iloc[np.sort(np.random.default_rng(seed).choice(len(df), rows, replace=False))]
-    out = pd.DataFrame({ID: [f"C{i:06d}" for i in df["row_id"]]})
-    for c in NUMBERS:
-        out[c] = df[c].to_numpy()
-    for c in CATEGORIES:
-        dummies = [k for k in df.columns if k.startswith(c + "_")]
-        out[c] = np.asarray([k[len(c) + 1:] for k in dummies])[df[dummies].to_numpy().argmax(axis=1)]
-    out["sex"] = df["sex"].to_numpy()
-    out["income"] = df["income"].to_numpy()
-    return out
-
-
-def write_own_tables(raw: pd.DataFrame, folder, seed: int = 1, columns: list[list[str]] = PARTY_COLUMNS) -> list[set]:
-    """Party k's file: a different 85-95 % subset of the ids, shuffled, only its own columns
-    (``columns[k]``)."""
-    rng = np.random.default_rng(seed)
-    held = []
-    for k, cols in enumerate(columns):
-        share = rng.uniform(0.85, 0.95)
-        rows = rng.permutation(len(raw))[: int(share * len(raw))]
-        raw.iloc[rows][[ID, *cols]].to_csv(folder / f"party{k}.csv", index=False)
-        held.append(set(raw[ID].iloc[rows]))
-    return held
+    """``rows`` rows of Adult as raw columns (tools/owntables.py)."""
+    return owntables.adult_raw(rows, seed)
 
 
 @pytest.fixture(scope="module")
