@@ -1,12 +1,15 @@
 """Deployed means authenticated and masked; keys are made where they are used (fairvfl-keys)."""
 
 import json
+import logging
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.features import secagg
@@ -101,6 +104,34 @@ def test_demo_keys_are_refused_where_a_node_reads_its_own_data(exported, tmp_pat
     _, run = _run(exported, tmp_path, nodes)
     with pytest.raises(FederationError, match=r"names no 'identity-key'.*fairvfl-keys new"):
         run()
+
+
+def test_the_logs_say_whether_a_run_is_authenticated_and_masked(exported, tmp_path, caplog):
+    """The server's log says no party signed with a demo key, and each party's own log names the
+    key it signed with (its fingerprint) and the pinned peers file it checked; a simulation says demo keys."""
+    caplog.set_level(logging.INFO)
+    _, run = _run(exported, tmp_path, exported["node_configs"])
+    run()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("secure aggregation on" in m and "every party signed its key with its own identity key, none with a "
+               "demo key" in m for m in said) == 1
+    for k, node in enumerate(exported["node_configs"]):
+        fp = secagg.fingerprint(json.loads(Path(node[secagg.PEERS]).read_text())[str(k)])
+        assert any(m.startswith(f"party {k} (") and f"(fingerprint {fp})" in m and
+                   f"verified against the pinned peers={node[secagg.PEERS]}" in m for m in said), k
+    caplog.clear()
+    run_inprocess({"dataset": "crime", "num-parties": 3, "num-server-rounds": 1, "output-dir": str(tmp_path / "sim"),
+                   "privacy.secure-aggregation": True})
+    said = [r.getMessage() for r in caplog.records]
+    assert any("parties 0, 1, 2 signed with the demo identity keys anyone can derive" in m for m in said)
+    assert not any("verified against the pinned" in m for m in said)  # no peers file: nothing pinned to claim
+
+
+def test_keys_new_where_it_cannot_write_says_so_without_a_traceback(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert keys_main(["new", "--out", str(tmp_path / "file" / "identity.key")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fairvfl-keys: ") and str(tmp_path / "file") in err and "Traceback" not in err
 
 
 def test_keys_new_peers_and_fingerprints(tmp_path, capsys):

@@ -229,6 +229,9 @@ def test_export_cli_own_csv_prints_supernode_lines(tmp_path, capsys):
     assert "privacy.secure-aggregation=true' --stream" in printed  # on by default in a deployment
     manifest = json.loads((out / "manifest.json").read_text())
     assert "--enable-supernode-auth" in instructions(manifest, tls=True)
+    # a SuperLink other machines reach listens beyond 127.0.0.1 (Flower's default)
+    assert "flower-superlink --insecure --host 0.0.0.0 --port 9092" in instructions({**manifest, "superlink":
+                                                                                  "link.example.org:9092"})
     assert not (out / "identities").exists()  # no private key was written here
     # each party makes its own key where the printed line says, the peers file pins them all
     for k, node in enumerate(manifest["node_configs"]):

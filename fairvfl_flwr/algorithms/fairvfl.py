@@ -35,7 +35,7 @@ class FairVFL(VFLServer):
             INFO,
             "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), "
             "eta=%s, beta=%s, c=%s, mu=%s, Q=%d, %d rounds, batch %s",
-            c.dataset, c.model, c.num_parties, c.num_active, c.epsilon,
+            c.data_name, c.model, c.num_parties, c.num_active, c.epsilon,
             "on" if c.fairness else "off",
             f"{c.constraint} on {c.measure}",
             c.eta, c.beta, c.c, c.mu, c.local_steps, c.num_server_rounds,

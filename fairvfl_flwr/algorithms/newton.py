@@ -84,7 +84,7 @@ class NewtonVFL(VFLServer):
             "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), optimizer=newton "
             "(block Newton, server subspace search, memory %d; optimizer=%r), beta=%s (round 1), c=%s, mu=%s, "
             "%d rounds, full batch",
-            c.dataset, c.model, c.num_parties, c.num_active, c.epsilon, "on" if c.fairness else "off",
+            c.data_name, c.model, c.num_parties, c.num_active, c.epsilon, "on" if c.fairness else "off",
             f"{c.constraint} on {c.measure}",
             c.newton_moves, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
         )

@@ -73,7 +73,7 @@ import os
 import secrets
 import struct
 from collections.abc import Callable
-from logging import ERROR
+from logging import ERROR, INFO as LOG_INFO
 from pathlib import Path
 
 import numpy as np
@@ -266,16 +266,35 @@ def agree_keys(parties: list[tuple[int, int, str]], send) -> str:
     session = ConfigRecord({"session": secrets.token_hex(16)})
     asks = [Message(RecordDict({"secagg": session}), dst_node_id=nid, message_type=msgs.SECAGG_KEYS,
                     group_id="secagg") for nid, _, _ in parties]
-    public = {}
+    public, demo = {}, []
     for (_, pid, name), reply in zip(parties, send(asks)):
         record = reply.content.array_records.get("secagg")
         if record is None or "public" not in record or record["public"].numpy().size != 32 or "signature" not in record:
             raise FederationError(f"{name} sent no signed X25519 public key for secure aggregation")
         public[f"pk-{pid}"] = record["public"]
         public[f"sig-{pid}"] = record["signature"]
+        if _demo_signed(pid, str(session["session"]), record):
+            demo.append(pid)
     send([Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
                   group_id="secagg") for nid, _, _ in parties])
+    # The operator's evidence that the deployment is authenticated: a demo key is public, so the
+    # server can tell one apart (each party's own check against its pinned peers file is what counts).
+    who = (f"parties {', '.join(map(str, demo))} signed with the demo identity keys anyone can derive "
+           "(simulation only: a deployed party refuses them)" if demo else
+           "every party signed its key with its own identity key, none with a demo key")
+    log(LOG_INFO, "FairVFL: secure aggregation on: session %s…, %d parties; %s", str(session["session"])[:8],
+        len(parties), who)
     return str(session["session"])
+
+
+def _demo_signed(partition_id: int, session: str, record: ArrayRecord) -> bool:
+    """Whether a party's signed key verifies under the demo identity of its partition."""
+    try:
+        _demo_key(partition_id).public_key().verify(msgs.array_blob(record["signature"]),
+                                                    signed_text(session, partition_id, msgs.array_blob(record["public"])))
+    except InvalidSignature:
+        return False
+    return True
 
 
 def mask_round(message: Message) -> int | None:
@@ -528,6 +547,12 @@ def sapeers(message: Message, context: Context) -> Message:
                               "key substitution or a different session)")
     keys = {f"k-{j}": msgs.blob_array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
     context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
+    if context.node_config.get(PEERS):  # the party's own log: what it checked, for its operator
+        raw = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        log(LOG_INFO, "%s: secure aggregation session %s…: signed with node config %s=%s (fingerprint %s); the keys "
+            "of parties %s verified against the pinned %s=%s", rt.who, session[:8], IDENTITY_KEY,
+            context.node_config.get(IDENTITY_KEY), fingerprint(identities[own].public_bytes(*raw).hex()),
+            ", ".join(map(str, sorted(peers))), PEERS, context.node_config.get(PEERS))
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
 

@@ -102,6 +102,11 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     return manifest
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (the SuperLink's default listening address)."""
+    return host in ("localhost", "[::1]", "::1") or host.startswith("127.")
+
+
 def instructions(manifest: dict, tls: bool = False) -> str:
     """The exact commands to start the SuperLink, each SuperNode and the run."""
     link = manifest["superlink"]
@@ -117,7 +122,9 @@ def instructions(manifest: dict, tls: bool = False) -> str:
     # the SuperExec's task poll sets how long each message waits before its process starts.
     lines = [
         "# 1. On the server (the organisation that owns the labels): the SuperLink",
-        f"flower-superlink {link_sec} --port {port} --disable-runtime-dependency-installation",
+        # Flower's SuperLink listens on 127.0.0.1 unless told otherwise: out of reach of other machines
+        f"flower-superlink {link_sec}{'' if _loopback(host) else ' --host 0.0.0.0'} --port {port} "
+        "--disable-runtime-dependency-installation",
     ]
     if tls:
         lines += ["# 1b. Register each party's public key (keys/partyK.pub) with the SuperLink"]

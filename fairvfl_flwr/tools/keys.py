@@ -63,7 +63,8 @@ def peers(entries: list[str], out: Path) -> str:
         raise NodeConfigError("two parties have the same public key; each party makes its own with fairvfl-keys new")
     out = out.expanduser().resolve()
     out.write_text(json.dumps(table, indent=1) + "\n")
-    return f"wrote {out} ({len(table)} parties; node config {secagg.PEERS}=\"{out}\")\n" + fingerprints(out)
+    return (f"wrote {out} ({len(table)} parties): give every party this file; each names its copy in its node "
+            f"config ({secagg.PEERS}=\"<its path>\") and reads these fingerprints out to the others\n" + fingerprints(out))
 
 
 def fingerprints(path: Path) -> str:
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             print(fingerprints(args.peers_file))
     except NodeConfigError as exc:
         print(f"fairvfl-keys: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. /etc/fairvfl not writable by this user: say which file, no traceback
+        print(f"fairvfl-keys: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
 
