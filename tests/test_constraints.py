@@ -14,7 +14,8 @@ from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.constraints.measures import loss_derivative
 from fairvfl_flwr.core.objective import train_stats
 from fairvfl_flwr.data.partition import split_columns
-from fairvfl_flwr.data.problem import load_data
+from fairvfl_flwr.data.problem import load_data, party_columns
+from fairvfl_flwr.core.metrics import fairness_metrics
 from fairvfl_flwr.core.reference import CentralisedGDA
 
 from .test_objective import assert_gradient_identity
@@ -191,6 +192,48 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_di
         for record in m.content.config_records.values():  # query.save: where to save, no data
             assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
                                    else {"round", "evaluate"})
+
+
+def _compas_parity(run_app, tmp_path, **extra):
+    """The run of `flwr run . --run-config "dataset='compas' constraint='demographic-parity'
+    epsilon=0.02"` (every other key at its default), in process."""
+    cfg = RunConfig.from_flower({"dataset": "compas", "constraint": "demographic-parity", "epsilon": 0.02,
+                                 "output-dir": str(tmp_path), **extra})
+    return cfg, run_app(cfg)
+
+
+def test_compas_parity_reports_the_hard_gaps_beside_the_soft_one(run_app, tmp_path):
+    """COMPAS demographic parity at ε = 0.02 with the defaults (soft rates, block Newton, race not
+    an input): the soft positive-rate gap is within ε within 30 rounds, and the summary reports
+    fairlearn's differences of the hard predictions on the test rows and on the training rows,
+    the latter those of the final model's own training scores. ε does not bound the hard gaps
+    (seed 0: 0.109 train, 0.113 test; docs/newton.md, "Rates"), so a run shows them."""
+    cfg, run = _compas_parity(run_app, tmp_path)
+    summary = run.summary
+    assert summary["constraint_measure"] == "rate" and summary["rounds"] <= 30
+    assert summary["train_max_gap"] <= 0.02 + 1e-4
+    ds = load_data(cfg)
+    thetas = run.thetas()
+    z = sum(ds.X_train[:, c] @ thetas[k]["weight"].numpy().ravel() + float(thetas[k].get("bias", torch.zeros(1)))
+            for k, c in enumerate(party_columns(cfg, ds)))
+    hard = fairness_metrics(ds.y_train, ds.s_train, z)
+    assert summary["train_dp_diff"] == pytest.approx(hard["dp_diff"], abs=1e-12)
+    assert summary["train_eo_diff"] == pytest.approx(hard["eo_diff"], abs=1e-12)
+    assert summary["test_dp_diff"] == run.history[-1]["dp_diff"]
+    card = (run.folder / "model-card.md").read_text()
+    assert f"{summary['train_dp_diff']:.4f} / {summary['train_eo_diff']:.4f}" in card
+
+
+def test_compas_parity_meets_the_hard_target_where_race_is_an_input(run_app, tmp_path):
+    """The same run with race among the inputs (the setting fairlearn's and gradient descent's
+    yardsticks were measured in): within 30 rounds the soft gap ε bounds takes the hard test gap
+    below 0.08 at an accuracy of at least 64 %. Without race the race-blind linear model's
+    frontier lies below that point on average over seeds (docs/newton.md, "Rates")."""
+    _, run = _compas_parity(run_app, tmp_path, **{"sensitive-as-input": True})
+    summary = run.summary
+    assert summary["rounds"] <= 30 and summary["train_max_gap"] <= 0.02 + 1e-4
+    assert summary["test_dp_diff"] <= 0.08 and summary["test_acc"] >= 0.64
+    assert summary["train_dp_diff"] <= 0.08
 
 
 def test_fairness_off_keeps_every_multiplier_zero(out_dir, run_app):

@@ -170,6 +170,9 @@ def format_summary(summary: dict, folder: Path) -> str:
         f"  train L(theta)    {summary['train_loss']:.4f}",
         f"  train {gap_label(summary):<12}{summary['train_max_gap']:.4f}  ({summary['constraint']} on "
         f"{summary['constraint_measure']}, largest of {len(summary['train_gaps'])} gap(s))",
+        *([f"  train DP diff     {summary['train_dp_diff']:.4f}, EO diff {summary['train_eo_diff']:.4f}  "
+           "(fairlearn's, hard predictions on the training rows)"]
+          if summary.get("train_dp_diff") is not None else []),
         *([f"  lambda            ({', '.join(f'{v:.4f}' for v in summary['lambdas'][:6])}"
            f"{', ...' if len(summary['lambdas']) > 6 else ''})"]
           if summary["fairness"] else []),  # without the fairness term λ stays 0

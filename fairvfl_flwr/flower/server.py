@@ -362,6 +362,17 @@ class VFLServer:
             self.on_round(row)
         return row
 
+    def train_differences(self) -> dict[str, float | None]:
+        """fairlearn's demographic parity and equalized odds differences of the hard predictions
+        sign(z) on the training rows (``train_dp_diff``, ``train_eo_diff``). ε bounds the
+        constrained gaps in the run's measure (soft rates or losses); these are what a bound on
+        hard rates, fairlearn's, would hold, so a run shows both (docs/newton.md, "Rates").
+        None while the server holds only a batch's scores."""
+        if self.held_rows is not None:
+            return {"train_dp_diff": None, "train_eo_diff": None}
+        hard = fairness_metrics(self.labels.y_train, self.labels.s_train, self.z("train"))
+        return {"train_dp_diff": hard["dp_diff"], "train_eo_diff": hard["eo_diff"]}
+
     def round_line(self, row: dict) -> str:
         """The log line of an evaluated round: L, the largest gap (named for the constraint),
         the multipliers, the test metrics and fairlearn's differences."""

@@ -102,7 +102,8 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, tim
     """Every party saves its block; the server writes ``model.json`` and ``model-card.md``."""
     hook = server.hook(FinalTest)
     metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_max_gap", "train_gaps", "evaluated_on",
-                                           "test_acc", "test_dfp", "test_dfn", "test_dp_diff", "test_eo_diff")}
+                                           "test_acc", "test_dfp", "test_dfn", "test_dp_diff", "test_eo_diff",
+                                           "train_dp_diff", "train_eo_diff")}
     metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed)
     metrics["groups"] = per_group(server.labels, hook.z_test if hook else None, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
@@ -240,6 +241,9 @@ def run_card(m: dict, summary: dict) -> str:
         f"| equalized odds difference (fairlearn's) | {_fmt(met.get('test_eo_diff'))} |",
         f"| train: largest constrained gap ({m['constraint']} on {m['constraint-measure']}) | "
         f"{_fmt(met.get('train_max_gap'))} |",
+        *([f"| train: demographic parity / equalized odds difference (fairlearn's, hard predictions) | "
+           f"{_fmt(met['train_dp_diff'])} / {_fmt(met.get('train_eo_diff'))} |"] if met.get("train_dp_diff") is not None
+          else []),
         "",
     ]
     if met.get("groups"):
