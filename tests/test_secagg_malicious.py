@@ -40,30 +40,50 @@ def _grid(cls, tmp_path, rc):
     return cls(client_app, rc, k, node_configs=[{"partition-id": i, "num-partitions": k, **ids[i]} for i in range(k)])
 
 
+def relayed(msg):
+    """The relay of every party's signed key a message carries (round 0's messages), or None."""
+    if msg.metadata.message_type == msgs.SECAGG_PEERS:
+        return msg.content.array_records["secagg"]
+    return msg.content.array_records.get(secagg.RELAY)
+
+
+def relay_replies(grid):
+    """The replies to the messages that carried the key relay (a gd run's round 0)."""
+    return grid.replies(msgs.SECAGG_PEERS) + grid.replies(msgs.INIT)
+
+
 class KeySwap(Wire):
     """Hands each party, for its next peer, an X25519 key of the server's own."""
 
     def tamper(self, msg):
-        if msg.metadata.message_type == msgs.SECAGG_PEERS:
+        record = relayed(msg)
+        if record is not None:
             own = self.node_ids.index(msg.metadata.dst_node_id)
             peer = (own + 1) % len(self.node_ids)
             fake = X25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
                                                                          serialization.PublicFormat.Raw)
-            msg.content.array_records["secagg"][f"pk-{peer}"] = Array(np.frombuffer(fake, dtype=np.uint8).copy())
+            record[f"pk-{peer}"] = Array(np.frombuffer(fake, dtype=np.uint8).copy())
+
+
+def refused_at_the_relay(cls, tmp_path):
+    """Run against wire ``cls``: every party refuses the message that relays the keys, and the
+    server receives no logits at all, masked or not; the grid and those refusals."""
+    rc = _config(tmp_path)
+    grid = _grid(cls, tmp_path, rc)
+    with pytest.raises(FederationError):
+        run_server(grid, rc)
+    peers = relay_replies(grid)
+    assert len(peers) >= rc["num-parties"] and all(r.has_error() for r in peers)
+    assert grid.values(msgs.LOGITS, msgs.DIRECTIONS) == []
+    return grid, peers
 
 
 def test_swapped_keys_every_party_refuses_naming_the_peer_and_no_value_reaches_the_server(tmp_path):
-    rc = _config(tmp_path)
-    grid = _grid(KeySwap, tmp_path, rc)
-    with pytest.raises(FederationError):
-        run_server(grid, rc)
-    peers = grid.replies(msgs.SECAGG_PEERS)
-    assert len(peers) >= rc["num-parties"] and all(r.has_error() for r in peers)
+    grid, peers = refused_at_the_relay(KeySwap, tmp_path)
     for i, nid in enumerate(grid.node_ids):
         reasons = [r.error.reason for r in peers if r.metadata.src_node_id == nid]
-        peer = (i + 1) % rc["num-parties"]
+        peer = (i + 1) % len(grid.node_ids)
         assert reasons and all(f"party {peer}'s key" in why and "refusing the run" in why for why in reasons)
-    assert grid.values(msgs.LOGITS, msgs.DIRECTIONS) == []  # no logits at all, masked or not
 
 
 def test_without_identity_files_simulation_still_signs_and_checks(tmp_path):
@@ -71,7 +91,32 @@ def test_without_identity_files_simulation_still_signs_and_checks(tmp_path):
     grid = KeySwap(client_app, rc, rc["num-parties"])  # the simulation's derived keys
     with pytest.raises(FederationError):
         run_server(grid, rc)
-    assert all(r.has_error() for r in grid.replies(msgs.SECAGG_PEERS))
+    assert relay_replies(grid) and all(r.has_error() for r in relay_replies(grid))
+
+
+def test_the_keys_come_with_discovery_and_the_set_up_adds_one_message(tmp_path):
+    rc = _config(tmp_path, **{"num-server-rounds": 2})
+    grid = _grid(Wire, tmp_path, rc)
+    run_server(grid, rc)
+    k = rc["num-parties"]
+    assert grid.replies(msgs.SECAGG_KEYS) == grid.replies(msgs.SECAGG_PEERS) == []  # no message of their own
+    keys = [r.content.array_records["secagg"] for r in grid.replies(msgs.INFO)]
+    assert len(keys) == k and all(rec["signature"].numpy().size == 64 for rec in keys)
+    assert len(grid.replies(msgs.INIT)) == k
+    assert grid.plain_values() == [] and grid.values(msgs.LOGITS)  # masked words only
+
+
+class SplitSession(Wire):
+    """Asks party 2 for its key of another session than the other parties'."""
+
+    def tamper(self, msg):
+        if msg.metadata.message_type == msgs.INFO and msg.metadata.dst_node_id == self.node_ids[2]:
+            msg.content.config_records["secagg"] = secagg.key_request(secagg.new_session())
+
+
+def test_a_key_asked_for_another_session_on_discovery_is_refused_by_every_party(tmp_path):
+    grid, peers = refused_at_the_relay(SplitSession, tmp_path)
+    assert all("party 2's key" in r.error.reason for r in peers if r.metadata.src_node_id != grid.node_ids[2])
 
 
 class Relabel(Wire):
@@ -162,7 +207,7 @@ def test_a_wrong_peers_file_is_named_as_such_not_as_party_0s_key(tmp_path):
     grid = Wire(client_app, rc, k, node_configs=nodes)
     with pytest.raises(FederationError):
         run_server(grid, rc)
-    reasons = [r.error.reason for r in grid.replies(msgs.SECAGG_PEERS) if r.has_error()]
+    reasons = [r.error.reason for r in relay_replies(grid) if r.has_error()]
     mine = [why for why in reasons if "partition 2" in why]
     assert mine and all("peers file is not this federation's" in why for why in mine)
     assert not any("party 0's key" in why for why in mine)

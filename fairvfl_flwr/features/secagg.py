@@ -16,6 +16,13 @@ query.sakeys    a fresh session id               a fresh X25519 public key, sign
 query.sapeers   every party's key and signature  (nothing): each pair now shares a key
 ============== ================================ =====================================
 
+A training run adds no message for it: its discovery message (``query.info``) carries the
+session id and the reply the signed key beside the party's role, and round 0's messages
+carry every party's key and signature (record ``secagg-peers``, covered by the round's
+view), which each party checks and turns into pair keys before it acts on anything else
+in the message. A rejoin's fresh session and a scoring job use the two messages above.
+What a party signs and checks is the same either way.
+
 Every party has a long-term Ed25519 identity key made on its own machine (node config
 ``identity-key``, a PEM file) and every party's public identity key, pinned out of band
 (node config ``peers``, a JSON file partition id -> hex, that the operator distributes with
@@ -117,6 +124,7 @@ SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "d
           "dir-sq-norm": 7, "sq-norm": 8, "score": 9}
 #: Keys of a Newton directions reply summed in the 128-bit ring (float64, unbounded scale).
 WIDE_KEYS = ("a", "gram")
+RELAY = "secagg-peers"  # ArrayRecord on a training run's first bound messages: every party's signed key
 SQ_NORM = "secagg-sq-norm"  # ArrayRecord of a masked reply: ‖θ_k‖², 128-bit words (its metric is then 0)
 INFO = b"fairvfl-flwr secure aggregation v1"
 SIGNED = b"fairvfl-flwr secure aggregation key v1"  # prefix of what a party signs
@@ -263,28 +271,49 @@ def agree_keys(parties: list[tuple[int, int, str]], send) -> str:
     ``parties``: (node id, partition id, name) of each; ``send(messages)`` returns the
     replies in the order of ``messages``. A new session id per set-up: new pair keys."""
     # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
-    session = ConfigRecord({"session": secrets.token_hex(16)})
-    asks = [Message(RecordDict({"secagg": session}), dst_node_id=nid, message_type=msgs.SECAGG_KEYS,
+    session = new_session()
+    asks = [Message(RecordDict({"secagg": key_request(session)}), dst_node_id=nid, message_type=msgs.SECAGG_KEYS,
                     group_id="secagg") for nid, _, _ in parties]
+    relay_keys(parties, signed_keys(parties, send(asks), session), send)
+    return session
+
+
+def new_session() -> str:
+    """A fresh session id for one key set-up."""
+    return secrets.token_hex(16)
+
+
+def key_request(session: str) -> ConfigRecord:
+    """What asks a party for its signed key of set-up ``session`` (on ``query.sakeys``, or on the
+    run's discovery message, which then brings the keys back with the parties' roles)."""
+    return ConfigRecord({"session": session})
+
+
+def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], session: str) -> dict[str, Array]:
+    """Each party's signed X25519 key of set-up ``session`` from its reply (in the order of
+    ``parties``), keyed for the relay; the log says whether any party signed with a demo key."""
     public, demo = {}, []
-    for (_, pid, name), reply in zip(parties, send(asks)):
+    for (_, pid, name), reply in zip(parties, replies):
         record = reply.content.array_records.get("secagg")
         if record is None or "public" not in record or record["public"].numpy().size != 32 or "signature" not in record:
             raise FederationError(f"{name} sent no signed X25519 public key for secure aggregation")
         public[f"pk-{pid}"] = record["public"]
         public[f"sig-{pid}"] = record["signature"]
-        if _demo_signed(pid, str(session["session"]), record):
+        if _demo_signed(pid, session, record):
             demo.append(pid)
-    send([Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
-                  group_id="secagg") for nid, _, _ in parties])
     # The operator's evidence that the deployment is authenticated: a demo key is public, so the
     # server can tell one apart (each party's own check against its pinned peers file is what counts).
     who = (f"parties {', '.join(map(str, demo))} signed with the demo identity keys anyone can derive "
            "(simulation only: a deployed party refuses them)" if demo else
            "every party signed its key with its own identity key, none with a demo key")
-    log(LOG_INFO, "FairVFL: secure aggregation on: session %s…, %d parties; %s", str(session["session"])[:8],
-        len(parties), who)
-    return str(session["session"])
+    log(LOG_INFO, "FairVFL: secure aggregation on: session %s…, %d parties; %s", session[:8], len(parties), who)
+    return public
+
+
+def relay_keys(parties: list[tuple[int, int, str]], public: dict[str, Array], send) -> None:
+    """Every party's signed key to every party (``query.sapeers``): each then checks them and derives its pair keys."""
+    send([Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
+                  group_id="secagg") for nid, _, _ in parties])
 
 
 def _demo_signed(partition_id: int, session: str, record: ArrayRecord) -> bool:
@@ -329,15 +358,35 @@ class SecureAggregation(RoundHook):
     """
 
     views: roundview.ServerViews | None = None
+    asked: str | None = None  # the session whose keys the discovery messages asked for
+    offered: dict[str, Array] | None = None  # every party's signed key of that session, from its discovery reply
+    relay: dict[str, Array] | None = None  # those keys, to ride on the first bound messages (round 0)
+
+    def discovered(self, server: ServerView, replies: list[Message]) -> None:
+        """The parties' signed keys, asked for on the discovery messages: the set-up then needs one
+        message more (the relay), not two."""
+        if self.asked is None or self.views is not None:
+            return
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        self.offered = signed_keys(self.parties(server), [by_node[n.node_id] for n in server.ordered_nodes()],
+                                   self.asked)
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> None:
-        """Agree the pairwise keys of every party over the run's own messages before round 0; the run
-        then starts at round 1."""
-        order = server.ordered_nodes()
-        session = agree_keys([(n.node_id, n.partition_id, str(n)) for n in order],
-                             lambda messages: server.exchange(grid, messages, timeout))
+        """Agree the pairwise keys of every party before round 0; the run then starts at round 1.
+        The keys the discovery replies brought ride on round 0's messages, under their view;
+        otherwise (a rejoin's fresh session) the set-up is its own two messages."""
+        if self.offered is not None:
+            self.relay, session = self.offered, self.asked
+        else:
+            session = agree_keys(self.parties(server), lambda messages: server.exchange(grid, messages, timeout))
+        self.offered = None  # a later set-up (a rejoin) is a fresh session
         self.views = roundview.ServerViews(session)
         return None
+
+    @staticmethod
+    def parties(server: ServerView) -> list[tuple[int, int, str]]:
+        """(node id, partition id, name) of every party, in partition order."""
+        return [(n.node_id, n.partition_id, str(n)) for n in server.ordered_nodes()]
 
     def rejoined(self, server: ServerView, grid: Grid, timeout: float) -> None:
         """A party came back (its pair keys died with it): every party joins a fresh signed session,
@@ -346,8 +395,19 @@ class SecureAggregation(RoundHook):
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """Bind each outgoing message to the round's view (what every party was sent), so masks cancel
-        only when all saw the same."""
-        if self.views is not None:
+        only when all saw the same. Before the set-up, the discovery messages ask for every party's
+        signed key of a fresh session."""
+        if self.views is None:
+            for message in messages:
+                if message.metadata.message_type == msgs.INFO:
+                    self.asked = self.asked or new_session()
+                    message.content.config_records["secagg"] = key_request(self.asked)
+        else:
+            bound = [m for m in messages if m.metadata.message_type not in roundview.UNBOUND]
+            if self.relay is not None and bound:  # every party checks every key before it acts on the message
+                for message in bound:
+                    message.content.array_records[RELAY] = ArrayRecord(dict(self.relay))
+                self.relay = None
             self.views.attach(messages, lambda nid: server.nodes[nid].role,
                               lambda nid: server.nodes[nid].partition_id, mask_round)
 
@@ -482,6 +542,12 @@ def sakeys(message: Message, context: Context) -> Message:
     """A fresh key pair per set-up (the same one for a re-sent request), its public half
     signed with this party's identity key; the private key stays here."""
     session = str(message.content.config_records["secagg"]["session"])
+    return Message(RecordDict({"secagg": signed_key(session, context)}), reply_to=message)
+
+
+def signed_key(session: str, context: Context) -> ArrayRecord:
+    """This party's X25519 public key of set-up ``session`` and its signature (a new key pair
+    for a new session, the held one for the same; a session it has left is refused)."""
     own = _partition(context)
     held = context.state.config_records.get(SESSION_STATE)
     joined = context.state.config_records.get(SESSIONS_STATE)
@@ -503,16 +569,21 @@ def sakeys(message: Message, context: Context) -> Message:
         context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     signature = identity(context).sign(signed_text(session, own, public))
-    return Message(RecordDict({"secagg": ArrayRecord({"public": msgs.blob_array(public), "signature": msgs.blob_array(signature)})}),
-                   reply_to=message)
+    return ArrayRecord({"public": msgs.blob_array(public), "signature": msgs.blob_array(signature)})
 
 
 def sapeers(message: Message, context: Context) -> Message:
     """Check every peer's signed key against its pinned identity key, then derive a shared
     key with each; a key that fails refuses the run naming the peer."""
-    rt = PartyRuntime(context)
+    take_peers(message.content.array_records["secagg"], context, PartyRuntime(context))
+    return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
+
+
+def take_peers(record: ArrayRecord, context: Context, rt: PartyRuntime) -> None:
+    """Every party's signed key of this party's session (the relay: ``query.sapeers``, or the
+    record riding on a training run's first bound message), each checked against its
+    pinned identity key; then the pair keys. A key that fails refuses the run naming the peer."""
     own = rt.spec.partition_id
-    record = message.content.array_records["secagg"]
     peers = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in record.items() if k.startswith("pk-")}
     signatures = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in record.items() if k.startswith("sig-")}
     if sorted(peers) != list(range(rt.cfg.num_parties)):
@@ -553,7 +624,6 @@ def sapeers(message: Message, context: Context) -> Message:
             "of parties %s verified against the pinned %s=%s", rt.who, session[:8], IDENTITY_KEY,
             context.node_config.get(IDENTITY_KEY), fingerprint(identities[own].public_bytes(*raw).hex()),
             ", ".join(map(str, sorted(peers))), PEERS, context.node_config.get(PEERS))
-    return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
 
 _PARSED: dict[tuple, dict[int, bytes]] = {}  # (run, node, set-up) -> pair keys: parsed once, not per reply
@@ -624,10 +694,17 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
         check_deployment(context, runtime())
     held = context.state.config_records.get(SESSION_STATE)
     if held is None or message.metadata.message_type in roundview.UNBOUND:
-        return _mask_reply(message, context, call_next(message, context), None, runtime)
+        reply = call_next(message, context)
+        asked = message.content.config_records.get("secagg")
+        if message.metadata.message_type == msgs.INFO and asked is not None and not reply.has_error():
+            reply.content.array_records["secagg"] = signed_key(str(asked["session"]), context)  # the set-up's first leg
+        return _mask_reply(message, context, reply, None, runtime)
     rt = runtime()
     if not rt.cfg.masked:
         return call_next(message, context)
+    relay = message.content.array_records.get(RELAY)
+    if relay is not None:  # the set-up's relay rode on this message: every key checked before anything else
+        take_peers(relay, context, rt)
     keys = _pair_keys(context)
     seen = roundview.accept(message, context.state, session=str(held["session"]), own=rt.spec.partition_id,
                             role=rt.spec.role, who=rt.who, pair_keys=keys, mask_round=mask_round(message))

@@ -217,6 +217,11 @@ class RoundHook:
         None starts at round 1."""
         return None
 
+    def discovered(self, server: ServerView, replies: list[Message]) -> None:
+        """Read the discovery replies (one per party, every node known): what a hook asked for on
+        the discovery messages (its ``outgoing``) comes back here, before ``begin``."""
+        return None
+
     def init_messages(self, server: ServerView, messages: list[Message]) -> None:
         """Add what the hook's parties need to the (re)start messages, before they are sent."""
         return None
@@ -307,6 +312,11 @@ class Hooks:
                              + ", ".join(f"{type(h).__name__} (round {r})" for h, r in resumed)
                              + "; one hook may resume a run")
         return resumed[0][1] if resumed else None
+
+    def discovered(self, replies: list[Message]) -> None:
+        """Every hook reads the discovery replies, in order."""
+        for h in self.hooks:
+            h.discovered(self.view, replies)
 
     def init_messages(self, messages: list[Message]) -> None:
         """Every hook adds to the (re)start messages, in order."""

@@ -228,7 +228,8 @@ class VFLServer:
         queries = [
             Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="discover") for nid in node_ids
         ]
-        for reply in self.exchange(grid, queries, timeout, named=False):
+        replies = self.exchange(grid, queries, timeout, named=False)
+        for reply in replies:
             node = self.node_of(reply)
             self.nodes[node.node_id] = node
         pids = sorted(n.partition_id for n in self.nodes.values())
@@ -238,6 +239,7 @@ class VFLServer:
         if n_active != self.cfg.num_active:
             raise FederationError(f"expected {self.cfg.num_active} active parties, found {n_active}")
         log(INFO, "FairVFL: %s", ", ".join(str(n) for n in self.ordered_nodes()))
+        self.hooks.discovered(replies)
 
     def node_of(self, reply: Message, when: str = "before round 1") -> Node:
         """The node a ``query.info`` reply describes, checked against the server's labels: the same row
