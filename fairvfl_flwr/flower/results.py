@@ -147,7 +147,8 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
     ax2.legend()
     label = "FairVFL" if cfg.fairness else "FedBCD (fairness off)"
     fig.suptitle(f"{label}: {cfg.data_name}, {cfg.model}, K={cfg.num_parties}, Q={cfg.local_steps}")
-    fig.tight_layout()
+    # fixed margins, not tight_layout: the same figure for half the CPU of every run's end
+    fig.subplots_adjust(left=0.075, right=0.98, bottom=0.13, top=0.85, wspace=0.27)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
