@@ -25,12 +25,15 @@ interpolation between a method's non-dominated points, nothing below its smalles
 
 ``--quick`` is a smoke run (two ε, two bounds). ``--set KEY=VALUE`` (flwr run's
 --run-config syntax) overrides a run-config key of every FairVFL run. The page is published
-after every finished row, so an interrupted run leaves the rows it finished.
+after every finished row, so an interrupted run leaves the rows it finished. A run of some
+rows keeps the page's other rows (:func:`kept_rows`) when they were run with the same
+settings, and each row's section names the command and commit it came from.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -50,7 +53,7 @@ from fairvfl_flwr.features.final_logits import SCORES  # noqa: E402
 from fairvfl_flwr.tools.baselines import (  # noqa: E402
     eg_predict, group_metrics, plain_predict, regroup, threshold_predict)
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
-from fairvfl_flwr.tools.results import include  # noqa: E402
+from fairvfl_flwr.tools.results import commit, include, this_command  # noqa: E402
 from fairvfl_flwr.tools.tradeoff import accuracy_at_gap, frontier, matched_gaps  # noqa: E402
 
 FAIRVFL, EG, THRESHOLD = "FairVFL", "fairlearn EG", "ThresholdOptimizer (group at prediction time)"
@@ -73,6 +76,8 @@ TITLES = {"adult-dp": "Adult, demographic parity (sex)",
 BASE = {"num-parties": 3, "eval-every": 1000, "mode": "fairvfl-scores"}
 EPSILONS, BOUNDS = (0.005, 0.01, 0.02, 0.05, 0.1), (0.005, 0.01, 0.02, 0.05, 0.1)
 QUICK = (0.01, 0.05)
+#: the payload keys a kept row must share with the run that adds rows to its page
+SETTINGS = ("rounds", "epsilons", "bounds", "seeds", "overrides")
 
 
 def own_csv(folder: Path) -> Path:
@@ -143,6 +148,23 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
     return out, info
 
 
+def kept_rows(previous: Path, rows: list[str], settings: dict) -> tuple[list[dict], dict]:
+    """The points and group info of the rows on the page ``previous`` (a results json) that
+    this run does not rerun, each info with the command and commit it came from; nothing when
+    there is no such page or its settings differ from ``settings`` (their curves would not
+    be comparable on one page)."""
+    if not previous.exists():
+        return [], {}
+    old = json.loads(previous.read_text())
+    differ = [k for k in SETTINGS if old.get(k) != settings[k]]
+    if differ:
+        print(f"[groups] not keeping the rows of {previous}: its {', '.join(differ)} differ from this run's", flush=True)
+        return [], {}
+    info = {row: {"command": old.get("command", ""), "commit": old.get("commit", ""), **i}
+            for row, i in old.get("groups", {}).items() if row not in rows}
+    return [p for p in old.get("points", []) if p["row"] in info], info
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """One point per (row, method, setting): accuracy and gap averaged over the seeds (min, max)."""
     out = []
@@ -210,7 +232,9 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) 
         parts += [f"### {row}: {TITLES[row]}", "",
                   f"Gap: `{GAP_NAME[GAP[constraint]]}` on the test rows over the constraint's groups "
                   f"{', '.join(groups['groups'])} (test rows, seed {groups['seed']}: "
-                  + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + ").", "",
+                  + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + ")."
+                  + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}." if "command" in groups else ""),
+                  "",
                   "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | DP diff | EO diff | "
                   "FairVFL: optimizer, rounds, train max gap (soft) / train gap (hard) | on the frontier |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -324,24 +348,24 @@ def main(argv: list[str] | None = None) -> None:
     clash = sorted(set(overrides) & {"dataset", "seed", "constraint", "fairness", "epsilon", "num-server-rounds"})
     if clash:
         ap.error(f"--set {clash[0]}=...: the bench sets {clash[0]} itself")
-    results: list[dict] = []
-    info: dict = {}
+    settings = {"rounds": a.rounds, "epsilons": list(epsilons), "bounds": list(bounds), "seeds": seeds,
+                "overrides": overrides}
+    results, info = kept_rows(Path(a.out) / f"{a.name}.json", rows, settings)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as csv_folder:
         for i, row in enumerate(rows):
             for seed in seeds:
                 pts, groups = points(row, seed, epsilons, bounds, a.rounds, overrides, Path(csv_folder))
                 results += pts
-                info.setdefault(row, {**groups, "seed": seed})
+                info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed})
             summary = summarise(results)
             at = matched(summary)
-            done = rows[:i + 1]
+            done = list(info)  # the kept rows in their order, then this run's
             plot = f"{a.name}.png" if plot_curves(summary, done, Path(a.out) / f"{a.name}.png") else None
             missing = rows[i + 1:]
             notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
             notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
-            write(a.out, a.name, {"rounds": a.rounds, "epsilons": list(epsilons), "bounds": list(bounds),
-                                  "seeds": seeds, "overrides": overrides, "groups": info, "matched": at,
+            write(a.out, a.name, {**settings, "groups": info, "matched": at,
                                   "summary": summary, "points": results},
                   markdown(summary, at, info, plot),
                   title="Accuracy against the hard-rate test gap: FairVFL, fairlearn EG and ThresholdOptimizer",

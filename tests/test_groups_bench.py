@@ -181,3 +181,26 @@ def test_the_bench_scores_every_method_on_the_runs_own_split_and_groups(tmp_path
     assert first["rounds"] == summary["rounds"] == 2 and first["optimizer"] == RunConfig.from_flower(base).optimizer_in_use
     assert first["gap"] == pytest.approx(summary["test_eo_diff"]) and first["acc"] == pytest.approx(summary["test_acc"])
     assert 0 <= first["train_gap"] <= 1  # its hard-rate gap on the training rows, beside the soft one it bounds
+
+
+def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_path, capsys):
+    from bench import groups
+
+    settings = {"rounds": 30, "epsilons": [0.01], "bounds": [0.01], "seeds": [0], "overrides": {}}
+    info = {"groups": ["a", "b"], "test_rows": {"a": 3, "b": 4}, "seed": 0}
+    page = {"command": "python bench/groups.py --rows crime-eo,adult-dp", "commit": "abc1234", **settings,
+            "groups": {"crime-eo": info, "adult-dp": info},
+            "points": [{"row": "crime-eo", "method": groups.EG, "acc": 0.8}, {"row": "adult-dp", "method": groups.EG}]}
+    previous = tmp_path / "groups.json"
+    previous.write_text(json.dumps(page))
+    points, kept = groups.kept_rows(previous, ["adult-dp", "own-csv-eo"], settings)
+    assert points == [page["points"][0]]  # adult-dp is rerun: its old points go
+    assert kept == {"crime-eo": {"command": page["command"], "commit": "abc1234", **info}}
+    assert groups.kept_rows(tmp_path / "none.json", ["adult-dp"], settings) == ([], {})
+    # other settings: the curves would not be comparable, so nothing is kept, and the run says so
+    assert groups.kept_rows(previous, ["adult-dp"], {**settings, "rounds": 5}) == ([], {})
+    assert "its rounds differ" in capsys.readouterr().out
+    summary = groups.summarise([{"row": "crime-eo", "seed": 0, "method": groups.EG, "setting": "off (plain LR)",
+                                 "gap": 0.2, "acc": 0.8, "dp_diff": 0.2, "eo_diff": 0.2}])
+    assert "From `python bench/groups.py --rows crime-eo,adult-dp` at commit abc1234." in groups.markdown(
+        summary, groups.matched(summary), kept, None)
