@@ -12,7 +12,9 @@ the small groups pooled) × equalized odds and demographic parity (and ``deo`` w
 groups, and compas-race equalized odds in the overall form) × seeds 0-2, and writes
 docs/results/parity-rounds.md with every run's rounds, the round from which every gap is
 within ε + 0.002 (or the miss and its last gap), and the test figures. A subset
-(``--datasets``, ``--seeds``, ``--kinds``) writes the same page, saying it is one.
+(``--datasets``, ``--seeds``, ``--kinds``) writes the same page, saying it is one. The page
+is written after every run, and a run keeps the rows of the page (``--name``) it does not
+rerun (:func:`kept_rows`); each row names the commit it was measured at.
 
 Each run is the ServerApp and ClientApp over the in-process grid (app/run.run_inprocess)
 with ``optimizer = "newton"``, at most 30 rounds and test metrics every 5, unless the run
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 from bench.rounds import GAP_SLACK, rounds_to_gaps  # noqa: E402
+from fairvfl_flwr.tools.results import commit  # noqa: E402
 
 BASE = {"optimizer": "newton", "num-server-rounds": 30, "eval-every": 5}
 RUNS = [
@@ -91,7 +94,29 @@ def table_row(res: dict) -> dict:
     return {"dataset": rc["dataset"], "constraint": rc["constraint"], "form": rc.get("constraint-form", "pairwise"),
             "seed": rc.get("seed", 0), "gaps": res["gaps"], "optimizer": res["optimizer"], "measure": res["measure"],
             "rounds": res["rounds"], "within eps + 0.002 from": reached, "train max gap": res["train_max_gap"],
-            "test ACC %": res["test_acc"], "test DP diff": res["dp_diff"], "test EO diff": res["eo_diff"]}
+            "test ACC %": res["test_acc"], "test DP diff": res["dp_diff"], "test EO diff": res["eo_diff"],
+            "commit": res.get("commit", "")}
+
+
+def row_key(row: dict) -> tuple:
+    """Where a row (or a run config of :func:`table_runs`) sits in the table: dataset, kind,
+    seed, in the order :func:`table_runs` runs them."""
+    form = row.get("form", row.get("constraint-form", "pairwise"))
+    kind = "equalized-odds-overall" if form == "overall" else row["constraint"]
+    datasets, kinds = list(TABLE_DATASETS), list(TABLE_KINDS)
+    return (datasets.index(row["dataset"]) if row["dataset"] in datasets else len(datasets),
+            kinds.index(kind) if kind in kinds else len(kinds), row["dataset"], kind, row.get("seed", 0))
+
+
+def kept_rows(previous: Path, runs: list[dict]) -> list[dict]:
+    """The rows of the page ``previous`` (its json) that none of ``runs`` reruns, each with the
+    commit it was measured at (the page's, for a row written before rows carried their own)."""
+    if not previous.exists():
+        return []
+    old = json.loads(previous.read_text())
+    rerun = {row_key(r) for r in runs}
+    return [{**row, "commit": row.get("commit") or old.get("commit", "")} for row in old.get("rows", [])
+            if row_key(row) not in rerun]
 
 
 def run(overrides: dict) -> dict:
@@ -107,6 +132,7 @@ def run(overrides: dict) -> dict:
     return {"run": overrides, "optimizer": cfg.optimizer_in_use, "measure": cfg.measure, "rounds": summary["rounds"],
             "gaps": len(history[-1]["gaps"]),
             "within_from": rounds_to_gaps(history, cfg.epsilon), "train_max_gap": round(summary["train_max_gap"], 4),
+            "max_gap_by_round": [round(h["max_gap"], 4) for h in history],
             "test_acc": round(100 * summary["test_acc"], 2),
             **{k: round(summary[f"test_{k}"], 3) for k in ("dfp", "dfn", "dp_diff", "eo_diff")},
             "seconds": round(time.perf_counter() - t, 1)}
@@ -128,19 +154,27 @@ def main(argv: list[str] | None = None) -> None:
         return
     datasets, kinds = args.datasets.split(","), args.kinds.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
-    rows = []
-    for overrides in table_runs(datasets, kinds, seeds):
+    runs = table_runs(datasets, kinds, seeds)
+    rows = kept_rows(Path(args.out) / f"{args.name}.json", runs)
+    sha = commit()  # the code this process runs, whatever lands while it does
+    every = {row_key(r) for r in table_runs(list(TABLE_DATASETS), list(TABLE_KINDS), [0, 1, 2])}
+    for i, overrides in enumerate(runs):
         res = run(overrides)
         print(json.dumps(res), flush=True)
-        rows.append(table_row(res))
-    md = table(rows, list(rows[0]))
-    whole = set(datasets) == set(TABLE_DATASETS) and set(kinds) == set(TABLE_KINDS) and seeds == [0, 1, 2]
-    write(Path(args.out), args.name, {"rows": rows}, md, title="Rounds to epsilon under optimizer='auto'",
-          notes="In-process app, linear, the defaults otherwise (epsilon 0.01, the sensitive attribute not an input), "
-                "at most 30 rounds, test metrics every 5 rounds. 'within' is the first round from which every "
-                "training gap (in the constraint's measure: soft rates for equalized odds and demographic parity, "
-                "the loss for deo) stays <= epsilon + 0.002."
-                + ("" if whole else " A subset of the table; all of it: python bench/parity_rounds.py --table."))
+        rows.append(table_row({**res, "commit": sha}))
+        rows.sort(key=row_key)
+        md = table(rows, list(rows[-1]))
+        whole = every <= {row_key(r) for r in rows}
+        missing = [f"{r['dataset']} {r['constraint']}{' overall' if r.get('constraint-form') else ''} seed {r['seed']}"
+                   for r in runs[i + 1:]]
+        write(Path(args.out), args.name, {"rows": rows}, md, title="Rounds to epsilon under optimizer='auto'",
+              notes="In-process app, linear, the defaults otherwise (epsilon 0.01, the sensitive attribute not an "
+                    "input), at most 30 rounds, test metrics every 5 rounds. 'within' is the first round from which "
+                    "every training gap (in the constraint's measure: soft rates for equalized odds and demographic "
+                    "parity, the loss for deo) stays <= epsilon + 0.002. 'commit': the commit a row was measured at."
+                    + ("" if whole else " A subset of the table; all of it: python bench/parity_rounds.py --table.")
+                    + ("" if not missing else " Not yet run: " + ", ".join(missing) + "."))
+
 
 if __name__ == "__main__":
     main()
