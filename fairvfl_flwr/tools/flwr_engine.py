@@ -3,8 +3,9 @@
 Used by the tools' ``--engine flwr`` (tools/jobs.py) and the end-to-end tests. The SuperLink
 gets its own ``FLWR_HOME``, port and in-memory database, and runtime dependency installation
 is off (offline machines, CI).
-`flwr run` exits 0 even when the ServerApp fails, so a run's status is read back with
-`flwr ls` once its log stream has ended, and must be ``finished:completed``.
+`flwr run` exits 0 even when the ServerApp fails, so a run's status is read back from the
+SuperLink's Control API (:class:`RunStatus`, the ``flwr ls`` CLI where that fails), and
+must be ``finished:completed``.
 """
 
 from __future__ import annotations
@@ -21,17 +22,62 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fairvfl_flwr.tools.cli import config_text
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the folder holding pyproject.toml (the Flower app)
 BIN = Path(sys.executable).parent
 SIMULATION_HINT = 'pip install -e ".[simulation]"'
+WAIT_POLL = 0.5  # seconds between two status checks of a run
+WAIT_POLL_CLI_MAX = 8.0  # ... at most, when each check has to start the flwr CLI
 
 
 class FlwrRunError(RuntimeError):
     """The SuperLink could not start, or a run did not finish as completed."""
+
+
+class RunStatus:
+    """A run's status (``running``, ``finished:completed``, ...) asked of a SuperLink's Control
+    API from this process, or None where that call fails (a Flower whose client differs: ask the
+    ``flwr ls`` CLI, which says what is wrong). A ``flwr ls`` is a fresh interpreter, about 2.5
+    CPU-seconds taken from the run it waits for; this call costs next to nothing."""
+
+    def __init__(self, address: str, root_certificates: bytes | None = None) -> None:
+        self.address, self.root_certificates = address, root_certificates
+        self._client: Any = None  # made on first use
+
+    def __call__(self, run_id: str) -> str | None:
+        try:
+            from flwr.proto.control_pb2 import ListRunsRequest  # noqa: PLC0415 (harness only)
+            from flwr.supercore.control import ControlHttpClient  # noqa: PLC0415
+
+            if self._client is None:
+                self._client = ControlHttpClient.from_server_address(
+                    server_address=self.address, insecure=self.root_certificates is None,
+                    root_certificates=self.root_certificates, interceptors=[])
+            run = self._client.ListRuns(ListRunsRequest(run_id=int(run_id))).run_dict[int(run_id)]
+        except Exception:  # noqa: BLE001 (any failure: the caller asks the CLI)
+            self._client = None
+            return None
+        return f"{run.status.status}:{run.status.sub_status}" if run.status.sub_status else run.status.status
+
+
+def wait_finished(status: Callable[[str], tuple[str, bool]], run_id: str, timeout: float) -> str:
+    """Poll ``status(run_id)`` (the status, and whether it was cheap to ask: the Control API)
+    until the run has finished; return its status (TimeoutError after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    pause = WAIT_POLL
+    while time.monotonic() < deadline:
+        now, cheap = status(run_id)
+        if now.startswith("finished"):
+            return now
+        time.sleep(pause)
+        # through the CLI each check is an interpreter: back off so as not to load the runtime
+        pause = WAIT_POLL if cheap else min(2 * pause, WAIT_POLL_CLI_MAX)
+    raise TimeoutError(f"run {run_id} did not finish within {timeout:.0f} s")
 
 
 def _free_port() -> int:
@@ -128,6 +174,7 @@ class SimulationSuperLink:
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
+        self._control = RunStatus(f"127.0.0.1:{self.port}")
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "cmp"\n\n[superlink.cmp]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
         )
@@ -179,29 +226,32 @@ class SimulationSuperLink:
         return out.stdout
 
     def run(self, run_config: dict, num_supernodes: int, timeout: float = 3600) -> str:
-        """Submit ``flwr run .``, wait until it ends; return the run id (raises unless completed)."""
+        """Submit ``flwr run .``, wait until it ends; return the run id (raises unless completed,
+        with the tail of the run's log)."""
         res = json.loads(self.flwr("run", ".", "cmp", "--run-config", config_text(run_config),
                                    "--federation-config", f"num-supernodes={num_supernodes}", "--format", "json"))
         if not res.get("success"):
             raise FlwrRunError(f"flwr run refused the run: {res}")
         run_id = str(res["run-id"])
-        # One `flwr log --stream`, which the SuperLink ends when the run finishes, instead of
-        # polling `flwr ls`: each CLI call costs a second or two of CPU, taken from the run itself.
+        # the status from the Control API: the only CLI call besides `flwr run` is the log of a failed run
         try:
-            log = self.flwr("log", run_id, "cmp", "--stream", timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise FlwrRunError(f"run {run_id} did not finish within {timeout:.0f} s") from None
-        deadline = time.monotonic() + 60  # a stream cut short: the status says whether the run ended
-        while (status := self._status(run_id)) and not status.startswith("finished"):
-            if time.monotonic() > deadline:
-                raise FlwrRunError(f"run {run_id} is {status} after its log stream ended:\n{log[-3000:]}")
-            time.sleep(1)
+            status = wait_finished(self.status, run_id, timeout)
+        except TimeoutError:
+            raise FlwrRunError(f"run {run_id} did not finish within {timeout:.0f} s:\n{self.run_log(run_id)[-3000:]}") \
+                from None
         if status != "finished:completed":
-            raise FlwrRunError(f"run {run_id} ended {status}:\n{log[-3000:]}")
+            raise FlwrRunError(f"run {run_id} ended {status}:\n{self.run_log(run_id)[-3000:]}")
         return run_id
 
-    def _status(self, run_id: str) -> str:
-        return json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"]
+    def status(self, run_id: str) -> tuple[str, bool]:
+        """The run's status, and whether it came from the Control API (True) or the CLI (False)."""
+        if (status := self._control(run_id)) is not None:
+            return status, True
+        return json.loads(self.flwr("ls", "cmp", "--run-id", run_id, "--format", "json"))["runs"][0]["status"], False
+
+    def run_log(self, run_id: str) -> str:
+        """The run's log so far (``flwr log --show``)."""
+        return self.flwr("log", run_id, "cmp", "--show")
 
     def stop(self) -> None:
         """Stop the SuperLink (terminate, then kill after 20 s), close its log, stop its Ray head."""

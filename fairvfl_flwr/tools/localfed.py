@@ -21,15 +21,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from fairvfl_flwr.tools.cli import config_text, parse_run_config
+from fairvfl_flwr.tools.flwr_engine import RunStatus, wait_finished
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
-WAIT_POLL = 0.5  # seconds between two status checks of a run
-WAIT_POLL_CLI_MAX = 8.0  # ... at most, when each check has to start the flwr CLI
 
 
 def free_port() -> int:
@@ -89,7 +88,7 @@ class LocalFederation:
         self.security = security
         self.port = free_port()
         self.procs: list[tuple[str, subprocess.Popen, object]] = []
-        self._control: Any = None  # Control API client of wait(), made on first use
+        self._control: RunStatus | None = None  # made on first use (after start(): the port and certificates)
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home / "cli"),
@@ -233,39 +232,18 @@ class LocalFederation:
 
     def status(self, run_id: str) -> tuple[str, bool]:
         """The run's status as ``flwr ls`` shows it (``running``, ``finished:completed``, ...),
-        and whether it came from the Control API (True) or from the ``flwr`` CLI (False).
-
-        One Control API call from this process: a ``flwr ls`` is a fresh interpreter (about
-        2.5 CPU-seconds), which a measurement would otherwise take from the federation it
-        measures. The CLI remains the fallback (a Flower whose client differs)."""
-        try:
-            from flwr.proto.control_pb2 import ListRunsRequest  # noqa: PLC0415 (harness only)
-            from flwr.supercore.control import ControlHttpClient  # noqa: PLC0415
-
-            if self._control is None:
-                ca = None if self.security is None else Path(self.security.ca_cert).read_bytes()
-                self._control = ControlHttpClient.from_server_address(
-                    server_address=f"{HOST}:{self.port}", insecure=self.security is None, root_certificates=ca,
-                    interceptors=[])
-            run = self._control.ListRuns(ListRunsRequest(run_id=int(run_id))).run_dict[int(run_id)]
-            return (f"{run.status.status}:{run.status.sub_status}" if run.status.sub_status
-                    else run.status.status), True
-        except Exception:  # noqa: BLE001 (any failure: ask the CLI, which says what is wrong)
-            self._control = None
+        and whether it came from the Control API (True, :class:`RunStatus`) or from the ``flwr``
+        CLI (False): a measurement would otherwise pay an interpreter per check."""
+        if self._control is None:
+            ca = None if self.security is None else Path(self.security.ca_cert).read_bytes()
+            self._control = RunStatus(f"{HOST}:{self.port}", ca)
+        if (status := self._control(run_id)) is not None:
+            return status, True
         return json.loads(self.flwr("ls", "local", "--run-id", run_id, "--format", "json"))["runs"][0]["status"], False
 
     def wait(self, run_id: str, timeout: float = 600) -> str:
         """Wait for the run to finish; return its status (``finished:completed`` on success)."""
-        deadline = time.monotonic() + timeout
-        pause = WAIT_POLL
-        while time.monotonic() < deadline:
-            status, cheap = self.status(run_id)
-            if status.startswith("finished"):
-                return status
-            time.sleep(pause)
-            # through the CLI each check is an interpreter: back off so as not to load the federation
-            pause = WAIT_POLL if cheap else min(2 * pause, WAIT_POLL_CLI_MAX)
-        raise TimeoutError(f"run {run_id} did not finish within {timeout:.0f} s")
+        return wait_finished(self.status, run_id, timeout)
 
     def run(self, run_config: Mapping[str, object], timeout: float = 600, app: Path = REPO) -> tuple[str, str]:
         run_id = self.submit(run_config, app)
