@@ -238,12 +238,12 @@ def test_compare_redo_post_recomputes_eo_and_ceo_from_saved_scores(tmp_path, cap
 
 
 @pytest.mark.slow
-def test_compare_engine_flwr_equals_inprocess_for_fedbcd_and_split_learning(tmp_path):
-    """`--engine flwr` (real `flwr run`, Ray) gives the in-process numbers, for both new modes."""
-    pytest.importorskip("ray", reason='needs Flower\'s simulation engine: pip install -e ".[simulation]"')
+def test_compare_engine_flwr_equals_inprocess_for_fedbcd_and_split_learning(simulation_superlink, tmp_path):
+    """`--engine flwr` (real `flwr run`, Ray) gives the in-process numbers, for both new modes. The runs go
+    to the session's SuperLink; test_tools_cli.py checks that the engine starts and stops its own."""
     kwargs = dict(datasets=["crime"], models=["linear"], epsilons=[0.05], seeds=[0], methods=["fedbcd", "split"],
-                  overrides={"num-server-rounds": 40, "eval-every": 20})
-    real = compare.run_compare(out=tmp_path / "flwr", engine="flwr", **kwargs)
+                  overrides={"num-server-rounds": 10, "eval-every": 5, "num-parties": 3})  # equal at any size
+    real = compare.run_compare(out=tmp_path / "flwr", engine="flwr", link=simulation_superlink, **kwargs)
     same = compare.run_compare(out=tmp_path / "inproc", engine="inprocess", **kwargs)
     assert [r["method"] for r in real] == [r["method"] for r in same] == ["FedBCD", SPLIT_NAME]
     for a, b in zip(real, same):

@@ -107,6 +107,34 @@ def test_the_runner_reports_each_job_once_in_order_with_a_cost_weighted_eta():
         Job(run_config={"dataset": "crime"}, work=lambda: None)
 
 
+def test_the_flwr_engine_stops_the_superlink_it_started_and_leaves_a_given_one_running(tmp_path, monkeypatch):
+    """The runs themselves go through a real SuperLink in test_compare.py (the session's)."""
+    from fairvfl_flwr.tools import jobs as jobs_module
+
+    class FakeLink:
+        def __init__(self, home, shared_ray=False):
+            self.home, self.shared_ray, self.stopped, self.runs = home, shared_ray, False, []
+            started.append(self)
+
+        def run(self, run_config, num_supernodes):
+            self.runs.append(num_supernodes)
+            (Path(run_config["output-dir"]) / "run").mkdir(parents=True)
+            (Path(run_config["output-dir"]) / "run" / "summary.json").write_text("{}")
+
+        def stop(self):
+            self.stopped = True
+
+    started = []
+    monkeypatch.setattr(jobs_module, "SimulationSuperLink", FakeLink)
+    job = Job(run_config={"dataset": "crime", "num-parties": 3, "output-dir": str(tmp_path / "out")})
+    run_jobs([job], lambda done: "", engine="flwr", home=tmp_path / "home", stream=io.StringIO())
+    (own,) = started
+    assert own.home == tmp_path / "home" and own.shared_ray is True and own.runs == [3] and own.stopped
+    given = FakeLink(tmp_path / "given")
+    run_jobs([job], lambda done: "", engine="flwr", stream=io.StringIO(), link=given)
+    assert len(started) == 2 and given.runs == [3] and not given.stopped
+
+
 def test_a_cell_is_a_value_or_mean_and_std_over_seeds_without_missing_ones():
     assert mean_std([0.8]) == "0.800"
     assert mean_std([0.80, 0.82, None, float("nan")], scale=100, digits=2, unit="%") == "81.00 ± 1.41%"

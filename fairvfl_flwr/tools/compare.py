@@ -192,8 +192,12 @@ def _job_done(job: Job, done: set) -> bool:
 def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides: dict | None = None,
                 engine: str = "inprocess", quiet: bool = True, central_iters: int = 50,
                 stream=None, resume: bool = False, redo_post: bool = False,
-                constraint_epsilons: list[float] = (0.01,), constraint_measure: str = "rate") -> list[dict]:
+                constraint_epsilons: list[float] = (0.01,), constraint_measure: str = "rate",
+                link=None) -> list[dict]:
     """Run the plan, writing results and tables after every job; return all records.
+
+    ``link``: with ``engine="flwr"``, a SimulationSuperLink already running to submit the
+    runs to (left running) instead of one started for this comparison.
 
     ``resume``: keep the results already in ``out/results.json`` and run only the jobs
     missing there (same method, dataset, model, seed and number of rounds); the wall time
@@ -241,7 +245,7 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
             note += " (+" + ", ".join(r["method"] for r in recs[1:]) + ")"
         return note
 
-    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet, stream=stream)
+    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet, stream=stream, link=link)
     write_outputs(records, out, epsilons, wall=time.perf_counter() - t0, plots=True)
     return records
 

@@ -67,12 +67,13 @@ class Done:
 class Engine:
     """Runs one training run and returns its run folder."""
 
-    def __init__(self, kind: str, home: Path, quiet: bool = True) -> None:
+    def __init__(self, kind: str, home: Path, quiet: bool = True, link: SimulationSuperLink | None = None) -> None:
         if kind not in ENGINES:
             raise ValueError(f"engine {kind!r}: choose from {', '.join(ENGINES)}")
         self.kind, self.quiet = kind, quiet
+        self.own_link = kind == "flwr" and link is None
         # the runs share one Ray head: a run's numbers do not depend on it, its start-up is paid once
-        self.link = SimulationSuperLink(home, shared_ray=True) if kind == "flwr" else None
+        self.link = SimulationSuperLink(home, shared_ray=True) if self.own_link else link if kind == "flwr" else None
 
     def run(self, run_config: dict) -> Path:
         if self.link is None:
@@ -89,7 +90,7 @@ class Engine:
         return folders[0]
 
     def close(self) -> None:
-        if self.link is not None:
+        if self.own_link:
             self.link.stop()
 
 
@@ -116,15 +117,17 @@ class Progress:
 
 
 def run_jobs(jobs: Sequence[Job], on_done: Callable[[Done], str], *, engine: str = "inprocess",
-             home: Path | None = None, quiet: bool = True, stream: TextIO | None = None) -> None:
+             home: Path | None = None, quiet: bool = True, stream: TextIO | None = None,
+             link: SimulationSuperLink | None = None) -> None:
     """Run ``jobs`` in order; after each, ``on_done`` keeps its results and returns the progress note.
 
     ``engine`` runs the training runs; ``home`` is the flwr engine's SuperLink folder
-    (default: a ``flwr-home`` folder in the current one). ``quiet`` keeps the runs' round
+    (default: a ``flwr-home`` folder in the current one), or ``link`` a SuperLink already
+    running, which the flwr engine uses and leaves running. ``quiet`` keeps the runs' round
     logs off the terminal. Progress goes to ``stream`` (stderr).
     """
     progress = Progress(jobs, stream)
-    eng = Engine(engine, home or Path("flwr-home"), quiet) if any(j.run_config is not None for j in jobs) else None
+    eng = Engine(engine, home or Path("flwr-home"), quiet, link) if any(j.run_config is not None for j in jobs) else None
     try:
         for job in jobs:
             started = time.perf_counter()
