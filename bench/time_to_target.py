@@ -91,30 +91,13 @@ def run_deploy(tmp: Path, manifest: dict, cfg: dict, env: dict, eps: float) -> d
     return out
 
 
-OWN_ID_NAMES = ["customer", "kundennummer", "policy holder", "client_no"]
-
-
 def own_federation(tmp: Path, sensitive: str) -> tuple[dict, dict]:
-    """Four parties' own tables, identities and node configs (a manifest as ``export`` gives),
-    and the run config that trains on them."""
-    columns = [list(c) for c in owntables.PARTY_COLUMNS]
-    label_owner = dict(owntables.LABEL_OWNER)
-    if sensitive != "sex":
-        wanted = sensitive.split(",")
-        for cols in columns[1:]:  # the label owner holds every sensitive column
-            for c in wanted:
-                if c in cols:
-                    cols.remove(c)
-                    columns[0].insert(-1, c)
-        label_owner = {k: v for k, v in label_owner.items() if k not in ("group-a", "group-b")}
-        label_owner["sensitive-column"] = sensitive
-    folder = tmp / "tables"
-    folder.mkdir(parents=True, exist_ok=True)
-    owntables.write_own_tables(owntables.adult_raw(), folder, columns=columns, id_names=OWN_ID_NAMES)
-    identities = secagg.generate_identities(tmp / "identities", len(columns))
-    nodes = [owntables.own_node(k, folder / f"party{k}.csv", OWN_ID_NAMES[k], label_owner, **identities[k])
-             for k in range(len(columns))]
-    return {"node_configs": nodes}, {"tables.own": True, "num-parties": len(columns)}
+    """Four organisations' own tables, each with its own identity key and the pinned peers (a
+    manifest as ``export`` gives), and the run config that trains on them."""
+    nodes = owntables.organisations(tmp / "tables", sensitive)
+    identities = secagg.generate_identities(tmp / "identities", len(nodes))
+    return ({"node_configs": [{**node, **identities[k]} for k, node in enumerate(nodes)]},
+            {"tables.own": True, "num-parties": len(nodes)})
 
 
 def _median(values: list[float]) -> float | None:

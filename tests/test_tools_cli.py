@@ -139,3 +139,29 @@ def test_a_cell_is_a_value_or_mean_and_std_over_seeds_without_missing_ones():
     assert mean_std([0.8]) == "0.800"
     assert mean_std([0.80, 0.82, None, float("nan")], scale=100, digits=2, unit="%") == "81.00 ± 1.41%"
     assert mean_std([None]) == "n/a"
+
+
+def test_made_up_organisations_pass_the_preflight_with_the_node_configs_printed(tmp_path, capsys):
+    import pandas as pd
+
+    from fairvfl_flwr.tools import owntables, preflight
+
+    owntables.main(["--out", str(tmp_path / "orgs"), "--rows", "1500"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["party 0", "party 1", "party 2", "party 3"]
+    ids = []
+    for line in lines:
+        text = line.split("--node-config ", 1)[1].strip("'")
+        report = preflight.run(text, "num-parties=4")
+        assert report.problems == [], (line, report.problems)
+        node = parse_run_config(text, "--node-config")
+        table = pd.read_csv(node["table-path"], dtype=str)
+        assert table.columns[0] == node["id-column"]
+        ids.append(set(table[node["id-column"]]))
+        assert 0.85 * 1500 <= len(table) <= 0.95 * 1500
+    assert len({frozenset(s) for s in ids}) == 4 and len(set.intersection(*ids)) > 0.6 * 1500
+    # several sensitive columns move to the label owner, and only there
+    nodes = owntables.organisations(tmp_path / "groups", "sex,race", rows=300)
+    assert nodes[0]["sensitive-column"] == "sex,race" and "group-a" not in nodes[0]
+    held = [pd.read_csv(n["table-path"], nrows=1).columns for n in nodes]
+    assert {"sex", "race"} <= set(held[0]) and not any("race" in cols for cols in held[1:])

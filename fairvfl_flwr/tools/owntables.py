@@ -1,13 +1,18 @@
 """Own tables cut from the packaged Adult table, as separate organisations would hold them.
 
+    python -m fairvfl_flwr.tools.owntables --out /tmp/orgs [--rows 4000] [--sensitive sex,race]
+
 Benchmarks and one-machine trials of ``tables.own = true`` need what a consortium has: each
 party's raw table with its own id column name, its own columns, raw text categories, and a
 different 85-95 % of the people, shuffled. This module makes them from ``adult.csv.gz`` and
-writes each party's node config (the label owner's names its label and groups).
+gives each party's node config (the label owner's names its label and groups); the command
+writes the tables and prints each party's ``--node-config`` text, to which each party adds its
+own ``identity-key`` and ``peers`` (docs/deploy.md, section 0).
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +30,8 @@ PARTY_COLUMNS = [
     ["capital-gain", "capital-loss", "relationship", "race"],
     ["hours-per-week", "native-country"],
 ]
+#: Each organisation's name for its id column.
+ID_NAMES = ["customer", "kundennummer", "policy holder", "client_no"]
 #: The label owner's node config keys on these tables (its label and two groups by sex).
 LABEL_OWNER = {"label-column": "income", "label-positive": ">50K", "sensitive-column": "sex", "group-a": "Female",
                "group-b": "Male", "protected-label": 1}
@@ -70,3 +77,45 @@ def own_node(k: int, path, id_name: str, label_owner: dict = LABEL_OWNER, **extr
     names its label and groups: ``label_owner``)."""
     return {"partition-id": k, "table-path": str(path), "id-column": id_name, "role": "active" if k == 0 else "passive",
             **(label_owner if k == 0 else {}), **extra}
+
+
+def organisations(folder: Path, sensitive: str = "sex", rows: int | None = None, seed: int = 1) -> list[dict]:
+    """Four organisations' tables written under ``folder`` (``party<k>.csv``, each with its own id
+    column name) and their node configs. ``sensitive``: the label owner's sensitive column(s);
+    other than ``sex`` (e.g. ``sex,race``), those columns move to the label owner and every
+    combination of their values is a group."""
+    columns = [list(c) for c in PARTY_COLUMNS]
+    label_owner = dict(LABEL_OWNER)
+    if sensitive != "sex":
+        for name in sensitive.split(","):
+            if not any(name in cols for cols in columns):
+                raise SystemExit(f"--sensitive: {name!r} is not a column of these tables ({', '.join(sum(columns, []))})")
+            for cols in columns[1:]:
+                if name in cols:
+                    cols.remove(name)
+                    columns[0].insert(-1, name)
+        label_owner = {k: v for k, v in label_owner.items() if k not in ("group-a", "group-b")}
+        label_owner["sensitive-column"] = sensitive
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_own_tables(adult_raw(rows), folder, seed=seed, columns=columns, id_names=ID_NAMES)
+    return [own_node(k, folder / f"party{k}.csv", ID_NAMES[k], label_owner) for k in range(len(columns))]
+
+
+def node_config_text(node: dict) -> str:
+    """A node config as ``flower-supernode --node-config`` takes it."""
+    return " ".join(f"{k}={v}" if isinstance(v, int) else f'{k}="{v}"' for k, v in node.items())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for party0.csv .. party3.csv")
+    ap.add_argument("--rows", type=int, default=None, help="people drawn from Adult (default: all 45,222)")
+    ap.add_argument("--sensitive", default="sex", help="the label owner's sensitive column(s), e.g. sex,race")
+    a = ap.parse_args(argv)
+    for node in organisations(a.out, a.sensitive, a.rows):
+        print(f"party {node['partition-id']}: --node-config '{node_config_text(node)}'")
+
+
+if __name__ == "__main__":
+    main()
