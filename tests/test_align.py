@@ -456,7 +456,8 @@ def test_a_parquet_table_without_an_engine_is_refused_naming_the_file_and_the_pa
 def test_own_tables_with_several_sensitive_columns_give_the_server_every_combination_as_a_group(own_tables, tmp_path):
     """adult-sex-race: the label owner's table holds sex and race; each combination over the
     common rows is a group (sorted names, as data/tables.py names them), coded the same for
-    the server and the label owner; the run trains under the G-group constraint."""
+    the server and the label owner; under the defaults the run pools the small ones and
+    trains under the G-group constraint."""
     from fairvfl_flwr.jobs.alignment import align_tables
     from fairvfl_flwr.data.psi import TEST_CODE
 
@@ -467,7 +468,7 @@ def test_own_tables_with_several_sensitive_columns_give_the_server_every_combina
         mine = raw[raw[ID].isin(held[k])].sample(frac=1, random_state=k)
         mine[[ID, *cols]].to_csv(tmp_path / f"party{k}.csv", index=False)
     rc = RunConfig.from_flower(own_config(tmp_path, dataset="adult-sex-race", **{
-        "pool-small-groups": True, "output-dir": str(tmp_path / "runs")})).to_flower()
+        "output-dir": str(tmp_path / "runs")})).to_flower()
     grid = InProcessGrid(client_app, rc, 4)
     labels = align_tables(grid, RunConfig.from_flower(rc))
     common = raw.set_index(ID).loc[sorted(set.intersection(*held))]
@@ -480,6 +481,8 @@ def test_own_tables_with_several_sensitive_columns_give_the_server_every_combina
     assert labels.y_train.tolist() == np.where(common["income"].to_numpy()[codes == TRAIN_CODE] == ">50K", 1, -1).tolist()
     summary, _ = run_server(grid, rc)
     assert summary["test_acc"] > 0.75 and len(summary["train_gaps"]) > 2  # pooled groups, pairwise gaps
+    pooled = {gap.split(" vs ")[1] for gap in summary["train_gaps"] if " + " in gap}
+    assert len(pooled) == 1 and {"Female & Amer-Indian-Eskimo", "Female & Other"} <= set(pooled.pop().split(" + "))
 
 
 def test_common_score_rows_come_in_one_order_whatever_other_ids_a_party_holds():

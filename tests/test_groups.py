@@ -99,8 +99,28 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
     assert issubclass(GroupSizeError, ConfigError)
     pooled = ConstraintSet.from_labels(y, s, 1, "deo", names=names, min_group_size=30, pool_small_groups=True)
     # one small group: merged with the next smallest until the merged group is big enough
-    assert pooled.groups.names == ("a", "pooled(c+b)") and len(pooled.constraints) == 1
+    assert pooled.groups.names == ("a", "c + b") and len(pooled.constraints) == 1
     assert pooled.smallest_group() >= 30
+    said = pooled.pooling.describe()
+    assert said.startswith(f"pooled 2 groups into one, 'c + b' has {pooled.constraints[0].size_b} in 'y=+1': "
+                           f"'c' has {count} in 'y=+1', below min-group-size = 30 training rows"), said
+    assert "'b' has " in said and "joined as the next smallest" in said
+
+
+def test_a_pooled_group_still_too_small_is_refused_naming_each_member():
+    """Pooling cannot help when nothing is left to pool with: the refusal names the pooled group
+    and each of its members with its count."""
+    y, s, _, _ = group_rows(n=900, G=3)
+    s = s.copy()
+    s[np.flatnonzero(s == 1)[20:]] = 0  # 'b' keeps 20 rows, 'c' 12
+    s[np.flatnonzero(s == 2)[12:]] = 0
+    counts = {g: int(((y == 1) & (s == k)).sum()) for k, g in enumerate("abc")}
+    with pytest.raises(GroupSizeError) as err:
+        ConstraintSet.from_labels(y, s, 1, "deo", names=tuple("abc"), min_group_size=30, pool_small_groups=True)
+    said = str(err.value)
+    assert f"'b + c' has {counts['b'] + counts['c']} in 'y=+1' (pooled from 'b' has {counts['b']} in 'y=+1', " \
+           f"'c' has {counts['c']} in 'y=+1'; no group is left to pool with)" in said, said
+    assert "set pool-small-groups" not in said
 
 
 def test_a_refusal_names_every_small_group_with_its_count():
@@ -115,16 +135,43 @@ def test_a_refusal_names_every_small_group_with_its_count():
     assert f"'c' has {counts['c']} in 'y=+1'" in str(err.value) and f"'d' has {counts['d']} in 'y=+1'" in str(err.value)
 
 
-@pytest.mark.parametrize("constraint", ["equalized-odds", "demographic-parity"])
-def test_pooled_groups_are_decided_on_the_whole_table_the_same_for_every_seed(constraint):
-    """COMPAS's six races: which are pooled follows the table's counts, not a seed's split."""
+@pytest.mark.parametrize("dataset,constraint", [("compas-race", "deo"), ("compas-race", "equalized-odds"),
+                                                ("compas-race", "demographic-parity"), ("adult-sex-race", "deo")])
+def test_pooled_groups_are_decided_on_the_whole_table_the_same_for_every_seed(dataset, constraint):
+    """COMPAS's six races, Adult's sex × race: under the defaults the small groups are pooled,
+    and which follows the table's counts, not a seed's split."""
     pooled = set()
     for seed in range(3):
-        cfg = RunConfig.from_flower({"dataset": "compas-race", "pool-small-groups": True, "seed": seed,
-                                     "constraint": constraint})
-        pooled.add(server_labels_for(cfg).groups_for(cfg.constraint, cfg.measure).groups.names)
+        cfg = RunConfig.from_flower({"dataset": dataset, "seed": seed, "constraint": constraint})
+        built = server_labels_for(cfg).groups_for(cfg.constraint, cfg.measure)
+        pooled.add((built.groups.names, built.pooling.describe()))
     assert len(pooled) == 1, pooled
-    assert any(name.startswith("pooled(") for name in pooled.pop())
+    assert " + " in pooled.pop()[0][-1]
+
+
+def test_pool_small_groups_false_refuses_naming_every_small_group():
+    cfg = RunConfig.from_flower({"dataset": "adult-sex-race", "pool-small-groups": False})
+    with pytest.raises(GroupSizeError, match=r"^2 group\(s\) with fewer than min-group-size = 30 rows of the table .*"
+                       r"'Female & Other' has 9 in 'y=\+1', 'Female & Amer-Indian-Eskimo' has 14 in 'y=\+1'.*"
+                       r"set pool-small-groups = true"):
+        server_labels_for(cfg).groups_for(cfg.constraint, cfg.measure)
+
+
+def test_under_the_defaults_small_groups_are_pooled_and_logged_by_name_before_round_1(run_app, tmp_path, caplog):
+    caplog.set_level("INFO", logger="flwr")
+    run = run_app({"dataset": "compas-race", "num-parties": 3, "num-server-rounds": 1, "eval-every": 1,
+                   "output-dir": str(tmp_path)})
+    said = [r.getMessage() for r in caplog.records]
+    pooled = [i for i, m in enumerate(said) if m.startswith("FairVFL: pooled")]
+    round_1 = next(i for i, m in enumerate(said) if m.startswith("[round 1]"))
+    assert len(pooled) == 1 and pooled[0] < round_1, said
+    assert said[pooled[0]].startswith(
+        "FairVFL: pooled 3 groups into one, 'Asian + Native American + Other' has 248 in 'y=-1': 'Asian' has 23 in "
+        "'y=-1' and 'Native American' has 6 in 'y=-1', below min-group-size = 30 rows of the table"), said[pooled[0]]
+    assert "'Other' has 219 in 'y=-1' joined as the next smallest" in said[pooled[0]]
+    assert "y=-1: African-American vs Asian + Native American + Other" in run.history[-1]["gaps"]
+    card = (run.folder / "model-card.md").read_text()
+    assert "- pooled 3 groups into one, 'Asian + Native American + Other' has 248 in 'y=-1'" in card
 
 
 def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():

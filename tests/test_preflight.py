@@ -57,7 +57,7 @@ def node_config(table: str, score: str) -> str:
 def test_every_planted_problem_is_reported_in_one_run(tmp_path, capsys):
     table, score, block = planted_table(tmp_path)
     code = preflight.main(["--node-config", node_config(table, score), "--block", block,
-                           "--run-config", "tables.missing='age=median'"])
+                           "--run-config", "tables.missing='age=median' pool-small-groups=false"])
     out = capsys.readouterr().out
     assert code == 1
     kinds = {line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if line.strip()[:1].isdigit()}
@@ -65,7 +65,8 @@ def test_every_planted_problem_is_reported_in_one_run(tmp_path, capsys):
             "score file lacks columns"} <= kinds, out
     assert "'C0003'" in out  # the duplicate, for the party's own eyes
     assert "'>50K.' in 4 rows" in out and "e.g. rows 2, 21, 31" in out
-    assert "group 'Other' has 2 rows with the protected label, fewer than min-group-size=30" in out
+    assert ("1 group(s) with fewer than min-group-size = 30 rows of the table in a constrained row set (deo): "
+            "'Other' has 2 in 'y=+1'") in out and "set pool-small-groups = true" in out
     assert "column(s) ['hours'] not found" in out
     # the markers are missing values: age has a rule, workclass (a category) needs mode or a value, not a median
     assert "column 'workclass' (category) has 2 missing values" in out and "'workclass=mode'" in out
@@ -91,6 +92,26 @@ def test_a_clean_table_passes_and_an_undeclared_marker_is_named(tmp_path, capsys
     assert preflight.main(["--node-config", cfg + ' missing-values="?"', "--run-config",
                            "tables.missing='age=median'"]) == 0
     assert "no problems" in capsys.readouterr().out
+
+
+def test_small_groups_are_pooled_by_default_and_named_with_their_counts(tmp_path):
+    """Under the defaults the tiny group is pooled, not refused: the report names who was pooled
+    into what, with counts; a pooled group still below the minimum is refused, naming every member."""
+    table, _, _ = planted_table(tmp_path)
+    cfg = node_config(table, "").replace(' score-path=""', "")
+    report = preflight.run(cfg, "tables.missing='age=median'")
+    assert "group too small" not in report.summary()
+    note = next(n for n in report.notes if n.startswith("pooled"))
+    assert note.startswith("pooled 2 groups into one, 'Other + Black' has 48 in 'y=+1': 'Other' has 2 in 'y=+1', "
+                           "below min-group-size = 30"), note
+    assert "'Black' has 46 in 'y=+1' joined as the next smallest" in note
+    df = pd.read_csv(table, dtype={"customer": str})
+    df.loc[df["race"] == "Black", "race"] = ["Black"] * 20 + ["White"] * 75  # now 'Black' is small too
+    df.to_csv(table, index=False)
+    refused = [p.text for p in preflight.run(cfg, "tables.missing='age=median'").problems if p.kind == "group too small"]
+    assert len(refused) == 1, refused
+    assert "'Black + Other' has " in refused[0] and "(pooled from 'Black' has " in refused[0], refused[0]
+    assert "'Other' has 2 in 'y=+1'; no group is left to pool with" in refused[0]
 
 
 def test_declared_markers_are_missing_in_training_too(tmp_path):

@@ -124,11 +124,12 @@ class RunConfig:
     constraint_form: str = S("pairwise", "with several groups: pairwise (every pair of groups; two groups: the "
                              "paper's gap) or overall (each group against all rows, fairlearn's difference_bound)",
                              choices=FORMS, why=f"choose one of {', '.join(FORMS)}")
-    min_group_size: int = S(30, "a group with fewer training rows in a constrained row set is refused (its gap "
-                            "cannot be measured reliably), or pooled with pool-small-groups", rule=at_least(1),
-                            why="must be at least 1")
-    pool_small_groups: bool = S(False, "true: merge the groups below min-group-size into one group (with the next "
-                                "smallest while the merged group is still small) instead of refusing them")
+    min_group_size: int = S(30, "a group with fewer rows of the table (training and test) in a constrained row set "
+                            "is pooled with the other small groups, or refused with pool-small-groups = false (its "
+                            "gap cannot be measured reliably)", rule=at_least(1), why="must be at least 1")
+    pool_small_groups: bool = S(True, "true: merge the groups below min-group-size into one group (with the next "
+                                "smallest while the merged group is still small), named after its members and "
+                                "logged before round 1; false: refuse them, naming each with its count")
     sensitive_as_input: bool = S(False, "true: the sensitive attribute's columns (and a one-hot copy or source of "
                                  "them in the table) are model inputs, as in the paper (preset paper); false: "
                                  "they are not")

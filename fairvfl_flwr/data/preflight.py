@@ -18,8 +18,10 @@ What is checked, for the table of a node config (``--node-config`` syntax):
   and a ``tables.types`` number column holding text;
 * the label owner's label column: exactly the two declared values (label-positive, and
   label-negative or the one other value); anything else with its count and example rows;
-* its sensitive column(s): the declared groups only, and each group's rows in the subset the
-  constraint compares (``min-group-size``);
+* its sensitive column(s): the declared groups only, and each group's rows in the subsets the
+  constraint compares (``min-group-size``): the groups pooled into one (``pool-small-groups``,
+  decided as the run decides it: ConstraintSet.pooled_members) with their counts, or every
+  group that pooling does not fix, with its count;
 * a score file (node config ``score-path``): its id column and ids, and with a saved block
   (``block.json``) every raw column the block needs, missing values without a fill rule and
   categories training never saw.
@@ -30,6 +32,7 @@ Each :class:`Problem` has a kind (a few generic words, no column and no value) a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.constraints import ConstraintSet, GroupSizeError, SensitiveGroups
 from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, group_values, label_codes, label_findings,
                                          reserved_columns)
 from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, number_like, parse_rules, raw_table,
@@ -45,6 +49,8 @@ from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, number_
 from fairvfl_flwr.data.encoding import Preprocessing
 from fairvfl_flwr.data.tables import DataError, Finding, examples, norm_value, row_numbers
 
+#: The run config's defaults, which the check's rules default to.
+_RUN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 #: A column whose values are numbers but for this share of its cells is taken to hold an undeclared marker.
 MOSTLY_NUMBERS = 0.9
 
@@ -100,11 +106,11 @@ class Report:
 class Rules:
     """The run-config settings the check reads (defaults: the run config's)."""
 
-    types: str = ""
-    missing: str = ""
-    min_group_size: int = 30
-    pool_small_groups: bool = False
-    constraint: str = "deo"
+    types: str = _RUN_DEFAULTS["tables_types"]
+    missing: str = _RUN_DEFAULTS["tables_missing"]
+    min_group_size: int = _RUN_DEFAULTS["min_group_size"]
+    pool_small_groups: bool = _RUN_DEFAULTS["pool_small_groups"]
+    constraint: str = _RUN_DEFAULTS["constraint"]
 
     @classmethod
     def of(cls, cfg: Any) -> "Rules":
@@ -216,34 +222,41 @@ def _check_labels(report: Report, df: Any, spec: PartySpec, rules: Rules) -> Non
 
 
 def _described(label: str, rows: np.ndarray, y: np.ndarray, protected_label: int) -> str:
-    """A kind's row subset in a data owner's words where it is a label's rows or all rows."""
+    """A kind's row subset in a data owner's words where it is a label's rows (with the run's
+    name for it, which the pooling note and refusals use) or all rows."""
     if np.array_equal(rows, y == protected_label):
-        return "the protected label"
+        return f"the protected label ({label})"
     if np.array_equal(rows, y == -protected_label):
-        return "the other label"
+        return f"the other label ({label})"
     return "all rows" if rows.all() else label
 
 
 def _check_groups(report: Report, df: Any, spec: PartySpec, rules: Rules, y: np.ndarray, s: np.ndarray) -> None:
-    """Each group's rows in the subsets its constraint compares, against min-group-size."""
+    """Each group's rows in the subsets its constraint compares, against min-group-size: the
+    groups the run would pool (noted, with their counts), or every group pooling does not fix
+    (one problem naming each with its count), decided as the run decides (on all rows)."""
     if s.dtype == bool:
         names, codes = [norm_value(spec.group_a), norm_value(spec.group_b)], np.where(s, 0, 1)
     else:
         names, codes = sorted(set(group_values(df, spec))), s
-    subsets = {_described(label, rows, y, spec.protected_label): rows
-               for label, rows in ConstraintSet.kind_named(rules.constraint).subsets(y, spec.protected_label)}
+    kind = ConstraintSet.kind_named(rules.constraint)
+    subsets = kind.subsets(y, spec.protected_label)
+    described = {_described(label, rows, y, spec.protected_label): rows for label, rows in subsets}
     sizes = []
     for k, name in enumerate(names):
-        counts = {what: int(((codes == k) & rows).sum()) for what, rows in subsets.items()}
+        counts = {what: int(((codes == k) & rows).sum()) for what, rows in described.items()}
         sizes.append(f"{str(name)}: {int((codes == k).sum())} rows, " + ", ".join(f"{n} with {w}" for w, n in counts.items()))
-        small = {w: n for w, n in counts.items() if n < rules.min_group_size}
-        if small and not rules.pool_small_groups:
-            what = ", ".join(f"{n} rows with {w}" for w, n in small.items())
-            report.add("group too small", f"group {str(name)!r} has {what}, fewer than min-group-size="
-                       f"{rules.min_group_size} before alignment and the split (training keeps about "
-                       "tables.train-fraction of the common rows); add rows, merge groups or set "
-                       "pool-small-groups=true")
     report.notes.append("groups: " + "; ".join(sizes))
+    where = ("counted on this table before alignment: the run counts the rows all parties hold, which can be "
+             "fewer")
+    try:
+        pooled = kind.pooled_members(SensitiveGroups(codes, tuple(map(str, names))), subsets, rules.min_group_size,
+                                     rules.pool_small_groups, whole_table=True)
+    except GroupSizeError as exc:
+        report.add("group too small", f"{exc} ({where}); or add rows, or merge groups in the table")
+        return
+    if pooled is not None:
+        report.notes.append(f"{pooled[1].describe()} ({where})")
 
 
 def _check_score_file(report: Report, spec: PartySpec, path: str, block: str | Path, features: list[str] | None,

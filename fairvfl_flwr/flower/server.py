@@ -197,6 +197,8 @@ class VFLServer:
         if self.cfg.fairness and self.groups.groups is not None:
             log(INFO, "FairVFL: %s on %s, %d groups (%s), %d gap(s)", self.cfg.constraint, self.cfg.measure,
                 len(self.groups.groups), ", ".join(self.groups.groups.names), len(self.groups.constraints))
+            if self.groups.pooling is not None:
+                log(INFO, "FairVFL: %s", self.groups.pooling.describe())
         setup_started = time.perf_counter()
         log(INFO, "FairVFL: set-up: asking every party for its role and rows")
         self.discover(grid, timeout)

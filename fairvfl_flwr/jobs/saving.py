@@ -174,6 +174,8 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
                       "rule": "decision 1 (positive) when sigma(z) >= 0.5, i.e. z = sum_k u_k >= 0"},
         "positive-label": positive_label(cfg),
         "groups": group_labels(cfg, summary.get("group-names")),
+        # which groups the constraint pooled into one (pool-small-groups), and why; None: none
+        "pooled-groups": None if server.groups.pooling is None else server.groups.pooling.describe(),
         "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.measure,
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
         "data": cfg.data_name,
@@ -225,6 +227,7 @@ def run_card(m: dict, summary: dict) -> str:
         (f"- constraint `{m['constraint']}` on `{m['constraint-measure']}`, ε = {m['epsilon']:g}" if m["fairness"]
          else "- none (fairness = false: the FedBCD baseline)"),
         "- groups: " + ", ".join(f"{k} = {v}" if k in ("a", "b") else v for k, v in m["groups"].items()),
+        *([f"- {m['pooled-groups']}"] if m.get("pooled-groups") else []),
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
         "z = Σ_k u_k the sum of the parties' partial logits; the group column is not read to predict",
         sensitive_line(c, summary.get("dataset-summary") or {}),

@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from fairvfl_flwr.core.constraints.base import (
-    FORMS, ConstraintSet, Gap, GroupSizeError, SensitiveGroups, register,
+    FORMS, ConstraintSet, Gap, GroupSizeError, Pooling, SensitiveGroups, register,
 )
 from fairvfl_flwr.core.constraints.demographic_parity import DemographicParity
 from fairvfl_flwr.core.constraints.deo import DEO
 from fairvfl_flwr.core.constraints.equalized_odds import EqualizedOdds
 from fairvfl_flwr.core.constraints.measures import MEASURES
 
-__all__ = ["CONSTRAINTS", "FORMS", "KINDS", "MEASURES", "ConstraintSet", "Gap", "GroupSizeError", "RegisteredNames",
-           "SensitiveGroups", "register"]
+__all__ = ["CONSTRAINTS", "FORMS", "KINDS", "MEASURES", "ConstraintSet", "Gap", "GroupSizeError", "Pooling",
+           "RegisteredNames", "SensitiveGroups", "register"]
 
 
 class RegisteredNames(Sequence):

@@ -97,17 +97,54 @@ class SensitiveGroups:
         return self.codes == k
 
     def pooled(self, small: list[int]) -> "SensitiveGroups":
-        """The groups with those in ``small`` merged into one, named after its members (placed last)."""
+        """The groups with those in ``small`` merged into one (placed last), named after its
+        members joined by " + " ('Female & Amer-Indian-Eskimo + Female & Other')."""
         keep = [k for k in range(len(self.names)) if k not in small]
         new = np.empty(len(self.names), dtype=np.int64)
         new[keep] = np.arange(len(keep))
         new[small] = len(keep)
-        names = (*(self.names[k] for k in keep), "pooled(" + "+".join(self.names[k] for k in small) + ")")
+        names = (*(self.names[k] for k in keep), " + ".join(self.names[k] for k in small))
         return SensitiveGroups(new[self.codes], names)
 
 
 class GroupSizeError(ConfigError):
     """A group is too small to be constrained; the message names it and its count."""
+
+
+def _has(name: str, count: tuple[str, int]) -> str:
+    """A group's smallest count in a constrained row set, as refusals and the pooling note say it."""
+    return f"{name!r} has {count[1]} in {count[0]!r}"
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """Which groups were pooled into one, and why: each member's smallest count in a
+    constrained row set, against ``min_size`` (min-group-size). Decided on the rows
+    ``rows`` names (the whole table, or the training rows where no test labels are at hand)."""
+
+    #: the pooled group's name (its members joined by " + ")
+    name: str
+    #: (member, (row set, its count there)), the members below the minimum first, in name order
+    small: tuple[tuple[str, tuple[str, int]], ...]
+    #: the next smallest groups that joined while the merged group was still below the minimum
+    joined: tuple[tuple[str, tuple[str, int]], ...]
+    #: the pooled group's own smallest count
+    count: tuple[str, int]
+    min_size: int
+    kind: str
+    rows: str
+
+    def describe(self) -> str:
+        """One sentence for the log and the pre-flight's report: who was pooled into what, and why."""
+        def counted(members):
+            return " and ".join(_has(n, c) for n, c in members)
+
+        joined = (f"; {counted(self.joined)} joined as the next smallest while the merged group was still below "
+                  "it") if self.joined else ""
+        return (f"pooled {len(self.small) + len(self.joined)} groups into one, {_has(self.name, self.count)}: "
+                f"{counted(self.small)}, below min-group-size = {self.min_size} {self.rows} in a constrained row "
+                f"set ({self.kind}){joined}; the constraint holds for the pooled group as a whole "
+                "(pool-small-groups = false refuses instead)")
 
 
 @dataclass(frozen=True)
@@ -124,6 +161,8 @@ class ConstraintSet:
     measure: str = "loss"
     groups: SensitiveGroups | None = None
     form: str = "pairwise"
+    #: the groups pooled into one (pool-small-groups), and why; None: none were
+    pooling: Pooling | None = field(default=None, compare=False)
     q: Measure = field(init=False, repr=False, compare=False)
 
     #: registry name (run-config ``constraint``)
@@ -191,10 +230,10 @@ class ConstraintSet:
         measure_named(measure)  # refuse an unknown measure before any gap is built
         subsets = cls.subsets(y, protected_label)
         table = (y, s) if whole is None else (np.asarray(whole[0]), np.asarray(whole[1]))
-        members = cls.pooled_members(SensitiveGroups.of(table[1], names), cls.subsets(table[0], protected_label),
+        pooling = cls.pooled_members(SensitiveGroups.of(table[1], names), cls.subsets(table[0], protected_label),
                                      min_group_size, pool_small_groups, whole is not None)
-        if members:
-            groups = groups.pooled(members)
+        if pooling is not None:
+            groups = groups.pooled(pooling[0])
         cons = tuple(cls._gaps(groups, subsets, form))
         for c in cons:
             if c.size_a == 0 or c.size_b == 0:
@@ -202,7 +241,7 @@ class ConstraintSet:
                 what = "the protected label" if protected else c.name
                 raise ValueError(f"both groups need rows with {what} ({cls.kind}): |A|={c.size_a}, |B|={c.size_b}")
         return cls(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(y), constraints=cons, measure=measure,
-                   groups=groups, form=form)
+                   groups=groups, form=form, pooling=None if pooling is None else pooling[1])
 
     @staticmethod
     def _gaps(groups: SensitiveGroups, subsets, form: str):
@@ -219,21 +258,21 @@ class ConstraintSet:
 
     @classmethod
     def pooled_members(cls, groups: SensitiveGroups, subsets, min_size: int, pool: bool,
-                       whole_table: bool = False) -> list[int]:
-        """The groups to merge into one (empty: none), decided on the rows of ``groups`` and
-        ``subsets``; refuses (:class:`GroupSizeError`, naming every small group and its count)
-        what pooling does not fix."""
-        def small_ones(gr):
-            out = {}
-            for k in range(len(gr)):
-                counts = [(label, int((rows & gr.mask(k)).sum())) for label, rows in subsets]
-                label, count = min(counts, key=lambda t: t[1])
-                if count < min_size and min_size > 1:  # an empty gap side is refused by build
-                    out[k] = (label, count)
-            return out
+                       whole_table: bool = False) -> tuple[list[int], Pooling] | None:
+        """The groups to merge into one and why (None: none), decided on the rows of ``groups``
+        and ``subsets``; refuses (:class:`GroupSizeError`, naming every small group and its
+        count, and a pooled group's members with theirs) what pooling does not fix."""
+        def smallest(gr: SensitiveGroups, k: int) -> tuple[str, int]:
+            return min(((label, int((rows & gr.mask(k)).sum())) for label, rows in subsets), key=lambda t: t[1])
 
+        def small_ones(gr: SensitiveGroups) -> dict[int, tuple[str, int]]:
+            # an empty gap side is refused by build; min_size 1 turns the check off
+            return {k: c for k in range(len(gr)) if (c := smallest(gr, k))[1] < min_size and min_size > 1}
+
+        rows = "rows of the table" if whole_table else "training rows"
         small = small_ones(groups)
         members: list[int] = []
+        merged = groups
         if small and pool:
             # merge the small groups, and the next smallest while the merged one is still small
             members = sorted(small)
@@ -243,22 +282,32 @@ class ConstraintSet:
                     break
                 rest = [k for k in range(len(groups)) if k not in members]
                 members.append(min(rest, key=lambda k: int(groups.mask(k).sum())))
-            if len(members) > 1:
-                groups = merged
+            if len(members) < 2:  # two groups: nothing to pool with
+                members, merged = [], groups
+        still = small_ones(merged)
+        if still or (members and len(merged) < 2):
+            if still:
+                listed = ", ".join(_has(merged.names[k], c) for k, c in sorted(still.items(), key=lambda t: t[1][1]))
+                if members and len(merged) - 1 in still:
+                    listed += (" (pooled from " + ", ".join(_has(groups.names[k], smallest(groups, k))
+                                                            for k in members) + "; no group is left to pool with)")
             else:
-                members = []
-            small = small_ones(groups)
-        if small:
-            rows = "rows of the table" if whole_table else "training rows"
-            listed = ", ".join(f"{groups.names[k]!r} has {count} in {label!r}"
-                               for k, (label, count) in sorted(small.items(), key=lambda t: t[1][1]))
-            advice = ("" if pool else "; set pool-small-groups = true to merge the small groups into one, or ")
+                listed = (", ".join(_has(groups.names[k], c) for k, c in sorted(small.items(), key=lambda t: t[1][1]))
+                          + " (pooled, they make one group: nothing is left to compare it with)")
+            # with two groups there is nothing to pool with
+            advice = ("; set pool-small-groups = true to merge the small groups into one, or "
+                      if not pool and len(groups) > 2 else "; ")
             raise GroupSizeError(
-                f"{len(small)} group(s) with fewer than min-group-size = {min_size} {rows} in a constrained row set "
-                f"({cls.kind}): {listed}; such a gap cannot be measured reliably{advice or '; '}lower min-group-size")
+                f"{len(still or small)} group(s) with fewer than min-group-size = {min_size} {rows} in a constrained "
+                f"row set ({cls.kind}): {listed}; such a gap cannot be measured reliably{advice}lower min-group-size")
         if len(groups) < 2:
             raise GroupSizeError(f"the sensitive column has {len(groups)} group(s) ({cls.kind} needs two or more)")
-        return members
+        if not members:
+            return None
+        name = merged.names[-1]
+        return members, Pooling(name, tuple((groups.names[k], smallest(groups, k)) for k in members if k in small),
+                                tuple((groups.names[k], smallest(groups, k)) for k in members if k not in small),
+                                smallest(merged, len(merged) - 1), min_size, cls.kind, rows)
 
     def restrict(self, rows: np.ndarray | None) -> "ConstraintSet":
         """The same constraint on the rows ``rows`` (a batch: sizes and the 1/n weight become the batch's)."""
@@ -267,7 +316,7 @@ class ConstraintSet:
         cons = tuple(Gap(c.name, c.in_a[rows], c.in_b[rows]) for c in self.constraints)
         groups = None if self.groups is None else SensitiveGroups(self.groups.codes[rows], self.groups.names)
         return type(self)(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(rows), constraints=cons,
-                          measure=self.measure, groups=groups, form=self.form)
+                          measure=self.measure, groups=groups, form=self.form, pooling=self.pooling)
 
     # -- sizes ---------------------------------------------------------------------------
     @property
