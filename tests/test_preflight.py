@@ -102,7 +102,7 @@ def test_small_groups_are_pooled_by_default_and_named_with_their_counts(tmp_path
     report = preflight.run(cfg, "tables.missing='age=median'")
     assert "group too small" not in report.summary()
     note = next(n for n in report.notes if n.startswith("pooled"))
-    assert note.startswith("pooled 2 groups into one, 'Other + Black' has 48 in 'y=+1': 'Other' has 2 in 'y=+1', "
+    assert note.startswith("pooled 2 groups into one, 'Black + Other' has 48 in 'y=+1': 'Other' has 2 in 'y=+1', "
                            "below min-group-size = 30"), note
     assert "'Black' has 46 in 'y=+1' joined as the next smallest" in note
     df = pd.read_csv(table, dtype={"customer": str})

@@ -304,6 +304,9 @@ class ConstraintSet:
             raise GroupSizeError(f"the sensitive column has {len(groups)} group(s) ({cls.kind} needs two or more)")
         if not members:
             return None
+        # in the groups' order, so that the name follows the members only, not which were small
+        members = sorted(members)
+        merged = groups.pooled(members)
         name = merged.names[-1]
         return members, Pooling(name, tuple((groups.names[k], smallest(groups, k)) for k in members if k in small),
                                 tuple((groups.names[k], smallest(groups, k)) for k in members if k not in small),
