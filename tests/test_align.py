@@ -479,10 +479,12 @@ def test_own_tables_with_several_sensitive_columns_give_the_server_every_combina
     assert labels.s_train.tolist() == np.searchsorted(names, key[codes == TRAIN_CODE]).tolist()
     assert labels.s_test.tolist() == np.searchsorted(names, key[codes == TEST_CODE]).tolist()
     assert labels.y_train.tolist() == np.where(common["income"].to_numpy()[codes == TRAIN_CODE] == ">50K", 1, -1).tolist()
-    summary, _ = run_server(grid, rc)
+    summary, run_folder = run_server(grid, rc)
     assert summary["test_acc"] > 0.75 and len(summary["train_gaps"]) > 2  # pooled groups, pairwise gaps
     pooled = {gap.split(" vs ")[1] for gap in summary["train_gaps"] if " + " in gap}
     assert len(pooled) == 1 and {"Female & Amer-Indian-Eskimo", "Female & Other"} <= set(pooled.pop().split(" + "))
+    said = next(line for line in (run_folder / "model-card.md").read_text().splitlines() if line.startswith("- pooled"))
+    assert "'Female & Other' has " in said, said  # by name, as the table writes it
 
 
 def test_common_score_rows_come_in_one_order_whatever_other_ids_a_party_holds():

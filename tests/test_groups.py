@@ -102,6 +102,9 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
     assert pooled.groups.names == ("a", "b + c") and len(pooled.constraints) == 1
     assert pooled.smallest_group() >= 30
     said = pooled.pooling.describe()
+    as_read = ConstraintSet.from_labels(y, s, 1, "deo", names=tuple(np.array(names)), min_group_size=30,
+                                        pool_small_groups=True)
+    assert as_read.pooling.describe() == said  # names as a table's values (numpy strings) read the same
     assert said.startswith(f"pooled 2 groups into one, 'b + c' has {pooled.constraints[0].size_b} in 'y=+1': "
                            f"'c' has {count} in 'y=+1', below min-group-size = 30 training rows"), said
     assert "'b' has " in said and "joined as the next smallest" in said

@@ -83,11 +83,12 @@ class SensitiveGroups:
         """The groups of a sensitive column: a boolean column is the paper's two groups (True is a), an
         integer column holds group codes 0..k-1."""
         s = np.asarray(s)
+        names = None if names is None else tuple(map(str, names))  # a table's values may be numpy strings
         if s.dtype == bool:
-            return cls(np.where(s, 0, 1), tuple(names or ("a", "b")))
+            return cls(np.where(s, 0, 1), names or ("a", "b"))
         codes = s.astype(np.int64)
         count = int(codes.max()) + 1 if len(codes) else 0
-        return cls(codes, tuple(names or (str(k) for k in range(count))))
+        return cls(codes, names or tuple(str(k) for k in range(count)))
 
     def __len__(self) -> int:
         return len(self.names)
