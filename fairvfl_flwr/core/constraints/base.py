@@ -138,7 +138,8 @@ class Pooling:
     def describe(self) -> str:
         """One sentence for the log and the pre-flight's report: who was pooled into what, and why."""
         def counted(members):
-            return " and ".join(_has(n, c) for n, c in members)
+            said = [_has(n, c) for n, c in members]
+            return " and ".join(filter(None, [", ".join(said[:-1]), said[-1]]))
 
         joined = (f"; {counted(self.joined)} joined as the next smallest while the merged group was still below "
                   "it") if self.joined else ""
