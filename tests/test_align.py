@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from flwr.app import ConfigRecord
+from flwr.common import GRPC_MAX_MESSAGE_LENGTH
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
@@ -24,6 +25,8 @@ from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.jobs import alignment
+from fairvfl_flwr.jobs.alignment import align_tables
 from fairvfl_flwr.tools import owntables
 from fairvfl_flwr.tools.owntables import ID, LABEL_OWNER, PARTY_COLUMNS, own_node, write_own_tables  # noqa: F401  (the deployment tests import them from here)
 
@@ -148,10 +151,10 @@ def test_the_servers_alignment_messages_hold_no_id_in_the_clear(own_tables):
     run_server(grid, rc)
     align_msgs = [m for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS]
     align_replies = [r for r in replies if r.metadata.message_type in msgs.ALIGN_STEPS]
-    # 4 parties: size and blind to all, raise to the 3 others, the leader intersects with each,
-    # finds the common rows once, the 3 others finish; in that order
-    per_step = [msgs.ALIGN_SIZE] * 4 + [msgs.ALIGN_BLIND] * 4 + [msgs.ALIGN_RAISE] * 3 + [msgs.ALIGN_INTERSECT] * 3 \
-        + [msgs.ALIGN_COMMON] + [msgs.ALIGN_FINISH] * 3
+    # 4 parties: size and blind to all, raise to the 3 others, the leader intersects with all three
+    # and finds the common rows in one message (their lists fit the budget), the 3 others finish
+    per_step = [msgs.ALIGN_SIZE] * 4 + [msgs.ALIGN_BLIND] * 4 + [msgs.ALIGN_RAISE] * 3 + [msgs.ALIGN_INTERSECT] \
+        + [msgs.ALIGN_FINISH] * 3
     assert [m.metadata.message_type for m in align_msgs] == per_step
     assert Counter(r.metadata.message_type for r in align_replies) == Counter(per_step)
     blob = b"".join(_bytes_of(m) for m in align_msgs + align_replies)
@@ -650,3 +653,95 @@ def test_the_servers_dictionary_test_of_a_partys_ids_is_refused(own_tables, tmp_
                                               r"by party 0's pinned identity key for this alignment; refused"):
         run_server(grid, rc)
     assert not (tmp_path / "runs").exists()
+
+
+# -- folded intersect messages: fewer message rounds, every list still checked ----------------------
+def _align(folder, grid_class=InProcessGrid, **grid_kw):
+    """Align ``folder``'s tables over a grid of ``grid_class`` (no kept alignment); the labels and
+    the message types of every message round (one push of messages)."""
+    rc = RunConfig.from_flower(own_config(folder, **{"tables.reuse-alignment": False})).to_flower()
+    rounds = []
+
+    class Counting(grid_class):
+        def push_messages(self, messages):
+            messages = list(messages)
+            rounds.append([m.metadata.message_type for m in messages])
+            return super().push_messages(messages)
+
+    grid = Counting(client_app, rc, 4, **grid_kw)
+    return align_tables(grid, RunConfig.from_flower(rc)), rounds
+
+
+@pytest.fixture(scope="module")
+def aligned_once(own_tables):
+    """The labels of ``own_tables``' alignment under the default budget."""
+    return _align(own_tables[0])[0]
+
+
+def _list_bytes(held: list[set]) -> list[int]:
+    """Each other party's lists in an intersect message: its blinded ids and its raising of the leader's."""
+    return [psi.POINT * (len(held[k]) + len(held[0])) for k in range(1, len(held))]
+
+
+@pytest.mark.parametrize("budget, intersects", [
+    (lambda sizes: alignment.INTERSECT_BUDGET, 1),  # Adult's lists fit: one message, which finds the common rows
+    (lambda sizes: 2 * max(sizes), 2),  # two parties' lists fit, not three
+    (lambda sizes: min(sizes) - 1, 3),  # less than one party's lists: each party alone, as before folding
+], ids=["all-fit", "two-fit", "none-fit"])
+def test_the_leader_gets_as_few_intersect_messages_as_the_budget_allows_and_the_rows_stay_the_same(
+        own_tables, aligned_once, monkeypatch, budget, intersects):
+    folder, _, held = own_tables
+    sizes = _list_bytes(held)
+    assert sum(sizes) > 2 * max(sizes)  # so that two-fit splits three parties' lists in two
+    monkeypatch.setattr(alignment, "INTERSECT_BUDGET", budget(sizes))
+    labels, rounds = _align(folder)
+    # before folding: size, blind, raise, one intersect per other party, common, finish = 8 rounds
+    assert [r[0] for r in rounds] == [msgs.ALIGN_SIZE, msgs.ALIGN_BLIND, msgs.ALIGN_RAISE,
+                                      *[msgs.ALIGN_INTERSECT] * intersects, msgs.ALIGN_FINISH]
+    assert len(rounds) == 8 - (3 + 1 - intersects)
+    reference = aligned_once  # the rows of the default budget: every list in one message
+    assert labels.ids_digest == reference.ids_digest
+    for k in ("y_train", "s_train", "y_test", "s_test"):
+        assert np.array_equal(getattr(labels, k), getattr(reference, k))
+
+
+def test_fold_keeps_every_message_within_the_budget_unless_one_party_alone_is_over():
+    assert alignment.fold({1: 10, 2: 10, 3: 10}, 30) == [[1, 2, 3]]
+    assert alignment.fold({1: 10, 2: 10, 3: 10}, 25) == [[1, 2], [3]]
+    assert alignment.fold({1: 66, 2: 66, 3: 66}, 30) == [[1], [2], [3]]  # 1M ids: each party alone, as before
+    assert alignment.fold({}, 30) == [[]]  # the leader alone: one message finds the common rows
+    assert 16 * alignment.INTERSECT_BUDGET <= GRPC_MAX_MESSAGE_LENGTH  # a wide margin under Flower's gRPC limit
+    assert 2 * psi.POINT * 1_000_000 > alignment.INTERSECT_BUDGET  # so a party of 1M ids goes alone
+
+
+class Substituting(InProcessGrid):
+    """A server that changes one party's lists in the folded intersect message: swaps in another
+    party's signed list, or leaves the party out."""
+
+    def __init__(self, *a, field, **kw):
+        super().__init__(*a, **kw)
+        self.field = field
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type == msgs.ALIGN_INTERSECT:
+                fields = dict(m.content.config_records["align"])
+                if self.field == "peers":
+                    fields["peers"] = [p for p in fields["peers"] if p != 2]
+                else:  # party 3's list, signed by party 3, in party 2's place
+                    fields[f"{self.field}-2"] = fields[f"{self.field}-3"]
+                m.content.config_records["align"] = ConfigRecord(fields)
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("field, refusal", [
+    ("blinded", r"alignment step 'intersect': party 2's blinded ids are not signed by party 2's pinned identity key"),
+    ("raised", r"alignment step 'intersect': party 2's raising of this party's ids are not signed by party 2's"),
+    ("peers", r"alignment step 'intersect': the lists of party 2 never came in this alignment; refused"),
+], ids=["blinded", "raised", "left-out"])
+def test_a_substituted_or_missing_list_in_a_folded_intersect_message_is_refused_naming_the_party(
+        own_tables, field, refusal):
+    folder, _, _ = own_tables
+    with pytest.raises(FederationError, match=refusal):
+        _align(folder, Substituting, field=field)

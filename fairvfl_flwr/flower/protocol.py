@@ -70,12 +70,13 @@ SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with th
 ALIGN_SIZE = "query.align_size"  # every party: its number of ids and their shape
 ALIGN_BLIND = "query.align_blind"  # every party: its ids blinded with its own key
 ALIGN_RAISE = "query.align_raise"  # every other party: the leader's blinded ids raised to its key
-ALIGN_INTERSECT = "query.align_intersect"  # the leader, once per party: which of its ids that party holds
-ALIGN_COMMON = "query.align_common"  # the leader: the common rows (training: their split and labels)
+# the leader, as few times as a byte budget allows: which of its ids each party holds; the last also the
+# common rows (training: their split and labels)
+ALIGN_INTERSECT = "query.align_intersect"
 ALIGN_FINISH = "query.align_finish"  # every other party: its common rows
 ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up the alignment it kept of these tables
 REJOIN = "query.rejoin"  # after a party dropped out: every party restores its state of a round from its own disk
-ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_COMMON, ALIGN_FINISH, ALIGN_REUSE)
+ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits

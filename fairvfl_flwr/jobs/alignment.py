@@ -5,27 +5,32 @@ ids' shape (digits, letters), the number of common rows and their labels and spl
 position (data/psi.py says what each role learns); the parties keep their keys in their own node state between messages. The steps,
 each its own message type (flower/protocol.py) and its own function on a party's side (:data:`STEPS`):
 
-===================== ======================================== ======================================
-message type           to                                       reply
-===================== ======================================== ======================================
-query.align_size       every party                              its number of ids, the ids' shape
-query.align_blind      every party                              its ids blinded with its key (the
-                                                                others' in a secret order)
-query.align_raise      other parties (the leader's blinded ids) the leader's ids raised to its key
-query.align_intersect  the leader, once per party (the party's  (nothing: the leader keeps which of
-                       blinded ids and its raising of the       its ids every party so far holds, and
-                       leader's)                                where in each party's list)
-query.align_common     the leader                               the split, the labels of the common
-                                                                rows, each party's common positions
-query.align_finish     other parties (their common positions,   the digest of its aligned rows
+===================== =========================================== ======================================
+message type           to                                          reply
+===================== =========================================== ======================================
+query.align_size       every party                                 its number of ids, the ids' shape
+query.align_blind      every party                                 its ids blinded with its key (the
+                                                                   others' in a secret order)
+query.align_raise      other parties (the leader's blinded ids)    the leader's ids raised to its key
+query.align_intersect  the leader, as few times as                 the last: the split, the labels of the
+                       :data:`INTERSECT_BUDGET` allows (several    common rows, each party's common
+                       parties' blinded ids and raisings of the    positions; the others: nothing (the
+                       leader's each)                              leader keeps which of its ids every
+                                                                   party so far holds, and where)
+query.align_finish     other parties (their common positions,      the digest of its aligned rows
                        the split)
-query.align_reuse      every party, instead of blind ...        the alignment it kept of these tables
-                       finish, when every party kept the same   (its digest; the leader's: the labels)
+query.align_reuse      every party, instead of blind ...           the alignment it kept of these tables
+                       finish, when every party kept the same      (its digest; the leader's: the labels)
                        alignment of these tables
-===================== ======================================== ======================================
+===================== =========================================== ======================================
 
-One message to the leader per party keeps every message to one party's blinded ids
-(33 bytes an id, twice: 1M ids make 66 MB, under gRPC's limit whatever the number of parties).
+An intersect message carries as many parties' lists as fit in :data:`INTERSECT_BUDGET`
+bytes (33 bytes an id, twice: a party and a leader of 1M ids each make 66 MB, which go
+alone): a message holds at most the budget or one party's lists, whatever the number of
+parties. A message round costs every deployed party a process start, so with all lists
+under the budget (Adult: a few MB) the alignment is five message rounds: size, blind,
+raise, intersect, finish. The last intersect message is refused unless every other party's
+lists came in this session.
 
 Every list a party acts on is signed by the party that made it, with the identity key
 secure aggregation pins (node config ``identity-key``, ``peers``; demo keys in simulation),
@@ -88,6 +93,28 @@ POSITIONS = "positions"  # ArrayRecord: each party's common positions (leader's 
 
 
 # -- the server ---------------------------------------------------------------------------
+#: Bytes of parties' lists (blinded ids and raisings of the leader's, 33 bytes an id each) one
+#: intersect message carries at most; a party whose lists alone are more goes alone, as every
+#: party did before lists were folded. Flower's gRPC limit (flwr.common.GRPC_MAX_MESSAGE_LENGTH)
+#: is 2 GiB: this stays 64 times under it, and under a 1M-id party's 66 MB, which go alone.
+INTERSECT_BUDGET = 32 * 2**20
+
+
+def fold(sizes: dict[int, int], budget: int) -> list[list[int]]:
+    """The parties of ``sizes`` (party: bytes of its lists), in order, in as few consecutive
+    messages as keep each within ``budget`` bytes; a party over it alone. At least one message
+    (the last finds the common rows, even when the leader is the only party)."""
+    batches: list[list[int]] = [[]]
+    used = 0
+    for party, size in sizes.items():
+        if batches[-1] and used + size > budget:
+            batches.append([])
+            used = 0
+        batches[-1].append(party)
+        used += size
+    return batches
+
+
 TRAIN, SCORE = "train", "score"  # what is aligned: the training tables, or the files a scoring job scores
 UNSCORED_PATH = "unscored-path"  # node config: where a party writes the ids of its score file that are not scored
 
@@ -173,9 +200,10 @@ class _Passes:
         self.others = [nid for nid in nodes if nid != self.lead]
         kept = {str(r.get("kept", "")) for r in self.sizes.values()}
         self.kept = kept.pop() if len(kept) == 1 and "" not in kept else ""
-        # size, blind, raise, one match per other party, common, finish; a kept alignment: size, reuse
+        # size, blind, raise, intersect (more than one when the lists exceed the budget), finish;
+        # a kept alignment: size, reuse
         self.progress = _Progress("private alignment" if purpose == TRAIN else "private alignment of the rows to "
-                                  "score", 2 if self.kept else 5 + len(self.others), started)
+                                  "score", 2 if self.kept else 5, started)
         self.progress.step(f"{len(nodes)} parties checked their tables and sent their sizes")
         if purpose == TRAIN and not self.kept:
             self.why_again()
@@ -202,36 +230,49 @@ class _Passes:
         return {r.metadata.src_node_id: r for r in replies}
 
     def intersect(self) -> tuple[ConfigRecord, Message, dict[int, ArrayRecord]]:
-        """The leader's common rows: (its reply to ``common``, that message, each other party's
-        common positions). The leader gets one message per party, so no message carries more
-        than one party's blinded ids."""
+        """The leader's common rows: (its reply to the last ``intersect``, that message, each other
+        party's common positions). Each intersect message carries as many parties' lists as fit in
+        :data:`INTERSECT_BUDGET` bytes (:func:`fold`); the last one also finds the common rows."""
         n = {nid: int(r["n"]) for nid, r in self.sizes.items()}
         left = lambda per_id, *parts: per_id * sum(parts)  # noqa: E731  (seconds: ids still to raise)
         blinds = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
                                                                              for nid in self.sizes}).items()}
-        blinded = {nid: r["blinded"] for nid, r in blinds.items()}
         # the parties blind at once, so the largest list sets the pace; a raise costs about a blinding
         per_id = self.progress.step("every party blinded its ids") / max(n.values())
         self.progress.left(left(per_id, n[self.lead], *(n[o] for o in self.others)))
-        raised = self.send(msgs.ALIGN_RAISE, {nid: self.step(blinded=blinded[self.lead],
-                                                             signature=blinds[self.lead]["signature"])
-                                              for nid in self.others})
+        raised = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_RAISE, {
+            nid: self.step(blinded=blinds[self.lead]["blinded"], signature=blinds[self.lead]["signature"])
+            for nid in self.others}).items()}
         per_id = self.progress.step("the parties raised the label owner's ids") / max(1, n[self.lead])
-        todo = [n[o] for o in self.others]
+        batches = fold({nid: len(blinds[nid]["blinded"]) + len(raised[nid]["raised"]) for nid in self.others},
+                       INTERSECT_BUDGET)
+        self.progress.steps = 4 + len(batches)  # size, blind, raise, the intersect messages, finish
+        todo = [sum(n[o] for o in batch) for batch in batches]
         self.progress.left(left(per_id, *todo))
-        for i, nid in enumerate(self.others):  # the leader raises each party's list in turn
-            self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
-                peer=self.pid[nid], n=n[nid], pattern=str(self.sizes[nid]["pattern"]), blinded=blinded[nid],
-                raised=_reply(raised[nid])["raised"], blind_signature=blinds[nid]["signature"],
-                raise_signature=_reply(raised[nid])["signature"])})
-            per_id = self.progress.step(f"the label owner matched party {self.pid[nid]}") / max(1, n[nid])
-            self.progress.left(left(per_id, *todo[i + 1:]))
-        result = self.send(msgs.ALIGN_COMMON, {self.lead: self.step()})[self.lead]
-        self.progress.step("the label owner found the common rows" + (" and prepared its block"
-                                                                       if self.purpose == TRAIN else ""))
+        for i, batch in enumerate(batches):  # the leader raises the lists of a batch's parties in turn
+            last = i == len(batches) - 1
+            lists = {k: v for nid in batch for k, v in self.lists(nid, blinds[nid], raised[nid]).items()}
+            result = self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
+                peers=[self.pid[nid] for nid in batch], last=last, **lists)})[self.lead]
+            matched = f"the label owner matched part{'ies' if len(batch) > 1 else 'y'} " + \
+                ", ".join(str(self.pid[nid]) for nid in batch)
+            if last:
+                self.progress.step(f"{matched}, found the common rows" + (" and prepared its block"
+                                                                         if self.purpose == TRAIN else ""))
+            else:
+                per_id = self.progress.step(matched) / max(1, todo[i])
+                self.progress.left(left(per_id, *todo[i + 1:]))
         found = result.content.array_records[POSITIONS]
         positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
         return _reply(result), result, positions
+
+    def lists(self, nid: int, blind: ConfigRecord, raised: ConfigRecord) -> dict:
+        """Party ``nid``'s fields of an intersect message: its blinded ids and its raising of the
+        leader's, each with its signature, by its partition id."""
+        pid = self.pid[nid]
+        return {f"n-{pid}": int(self.sizes[nid]["n"]), f"pattern-{pid}": str(self.sizes[nid]["pattern"]),
+                f"blinded-{pid}": blind["blinded"], f"blind-signature-{pid}": blind["signature"],
+                f"raised-{pid}": raised["raised"], f"raise-signature-{pid}": raised["signature"]}
 
     def signature(self, common: ConfigRecord, nid: int) -> bytes:
         """The leader's signature of party ``nid``'s positions (and split), relayed with them."""
@@ -300,6 +341,7 @@ class _Step:
     signer: "_Signer"  # its signatures of the lists it sends, its checks of those it acts on
     out: dict = dataclasses.field(default_factory=dict)  # the reply's ConfigRecord
     records: dict = dataclasses.field(default_factory=dict)  # the reply's other records
+    done: bool = False  # this party's part of the PSI is over: its key is forgotten
 
     @property
     def fields(self) -> ConfigRecord:
@@ -358,15 +400,24 @@ def _raise(step: _Step) -> None:
 
 
 def _intersect(step: _Step) -> None:
-    """The leader with one party: keep which of its ids that party holds too, and where."""
-    rc = step.fields
+    """The leader with the parties whose lists this message carries: keep which of its ids each
+    holds too, and where; the last message: the common rows too (:func:`_common`)."""
     ids, _ = psi.own_table(step.spec)
-    peer = int(rc["peer"])
-    step.signer.verify("blind", peer, rc["blinded"], rc.get("blind_signature", b""), f"party {peer}'s blinded ids")
-    step.signer.verify("raise", peer, rc["raised"], rc.get("raise_signature", b""),
+    for peer in step.fields.get("peers", []):
+        _match(step, ids, int(peer))
+    if step.fields.get("last", False):
+        _common(step, ids)
+
+
+def _match(step: _Step, ids: np.ndarray, peer: int) -> None:
+    """The leader with party ``peer``: its lists, once the party's signatures of them check out."""
+    rc = step.fields
+    blinded, raised = rc.get(f"blinded-{peer}", b""), rc.get(f"raised-{peer}", b"")
+    step.signer.verify("blind", peer, blinded, rc.get(f"blind-signature-{peer}", b""), f"party {peer}'s blinded ids")
+    step.signer.verify("raise", peer, raised, rc.get(f"raise-signature-{peer}", b""),
                        f"party {peer}'s raising of this party's ids")
-    found = psi.peer_positions(step.spec, ids, peer, int(rc["n"]), str(rc["pattern"]), rc["blinded"], rc["raised"],
-                               step.keys["key"])
+    found = psi.peer_positions(step.spec, ids, peer, int(rc[f"n-{peer}"]), str(rc[f"pattern-{peer}"]), blinded,
+                               raised, step.keys["key"])
     step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
     kept = step.state.array_records.get(HITS_STATE)
     held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
@@ -375,16 +426,22 @@ def _intersect(step: _Step) -> None:
     step.state.array_records[HITS_STATE] = msgs.array_record(**held)
 
 
-def _common(step: _Step) -> None:
-    """The leader: the rows every party holds, and where each party has them; in training, the
-    split and the labels of those rows, and its own prepared block."""
-    ids, _ = psi.own_table(step.spec)
+def _common(step: _Step, ids: np.ndarray) -> None:
+    """The leader, once every other party's lists came: the rows every party holds, and where
+    each party has them; in training, the split and the labels of those rows, and its own
+    prepared block."""
     record = step.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
+    at = {int(k.split("-", 1)[1]): v.numpy() for k, v in (record.items() if record else []) if k.startswith("at-")}
+    missing = sorted(set(range(step.cfg.num_parties)) - {step.spec.partition_id} - set(at))
+    if missing:  # a server that leaves a party out would have the leader agree on rows that party never matched
+        raise FederationError(f"{step.spec.name}: alignment step 'intersect': the lists of part"
+                              f"{'ies' if len(missing) > 1 else 'y'} {', '.join(map(str, missing))} never came in "
+                              "this alignment; refused")
+    step.done = True
     hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
     pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in step.keys.items() if k.startswith("pairwise-")}
     rows = psi.agreed_rows(ids, hits, pairwise, step.cfg.tables_min_common if step.purpose == TRAIN else 1)
-    found = {k.split("-", 1)[1]: np.sort(v.numpy()[rows]) for k, v in (record.items() if record else [])
-             if k.startswith("at-")}
+    found = {str(pid): np.sort(v[rows]) for pid, v in at.items()}
     step.records[POSITIONS] = msgs.array_record(**found)
     if step.purpose == SCORE:
         step.out = {"n-common": len(rows), "digest": _keep_score_ids(step.context, ids[rows], ids)}
@@ -416,6 +473,7 @@ def _finish(step: _Step) -> None:
     step.signer.verify("positions", step.spec.partition_id, _positions_blob(positions, split_in),
                        step.fields.get("signature", b""), "this party's common positions", signer_pid=LEADER)
     order = step.state.array_records.pop(ORDER_STATE)["order"].numpy()
+    step.done = True
     if step.purpose == SCORE:
         rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
         step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
@@ -447,9 +505,7 @@ def _reuse(step: _Step) -> None:
 
 #: Each alignment message type and the step that answers it on a party's side.
 STEPS = {msgs.ALIGN_SIZE: _size, msgs.ALIGN_BLIND: _blind, msgs.ALIGN_RAISE: _raise,
-         msgs.ALIGN_INTERSECT: _intersect, msgs.ALIGN_COMMON: _common, msgs.ALIGN_FINISH: _finish,
-         msgs.ALIGN_REUSE: _reuse}
-LAST_STEPS = (msgs.ALIGN_COMMON, msgs.ALIGN_FINISH)  # after these, the PSI key is done with
+         msgs.ALIGN_INTERSECT: _intersect, msgs.ALIGN_FINISH: _finish, msgs.ALIGN_REUSE: _reuse}
 
 
 def handle(message: Message, context: Context) -> Message:
@@ -464,7 +520,7 @@ def handle(message: Message, context: Context) -> Message:
     signer = _Signer(context, cfg, spec, message.metadata.message_type, purpose, str(fields.get("session", "")), keys)
     step = _Step(message, context, cfg, spec, purpose, keys, signer)
     STEPS[message.metadata.message_type](step)
-    if message.metadata.message_type in LAST_STEPS:  # the key is done with: forget it
+    if step.done:  # the key is done with: forget it
         context.state.config_records.pop(KEYS_STATE, None)
     else:
         context.state.config_records[KEYS_STATE] = step.keys
