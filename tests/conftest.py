@@ -17,14 +17,62 @@ from fairvfl_flwr.data import partydata  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 from fairvfl_flwr.tools.flwr_engine import SIMULATION_HINT, PrivateRay, SimulationSuperLink  # noqa: E402
 
+TESTS = Path(__file__).resolve().parent
+
 #: The Ray head that ``simulation_superlink`` hands to its SuperLink, started at collection.
 _RAY_HEADS: list[PrivateRay] = []
+#: This folder's session fixtures that cost nothing to build once per worker.
+_FREE_TO_REPEAT = {"run_app"}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (addopts): one worker per core for the suite or the fast loop; none when a
+    file or test is named, where starting workers would cost more than it saves."""
+    named = [a.split("::")[0] for a in config.args]
+    if any(Path(a).resolve() != TESTS for a in named):
+        return 0
+    return None  # pytest-xdist's own count: the machine's cores
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``), tests that share a costly fixture go to one
+    worker, so that no fixture is built twice: every `flwr run` shares the session's SuperLink
+    and Ray head (group ``flwr-sim``), and the tests of a module that share one of its module
+    fixtures (a trained model, a federation) go together. The slow tests go first, so that
+    no worker is left with a long test at the end while the other waits."""
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        group = _shared_fixture_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def _shared_fixture_group(item) -> str | None:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return None
+    if "simulation_superlink" in fixtures.names_closure:
+        return "flwr-sim"
+    for name in fixtures.names_closure:
+        if name in _FREE_TO_REPEAT:
+            continue
+        for fixturedef in fixtures.name2fixturedefs.get(name, ()):
+            # pytest's and plugins' own (tmp_path_factory, pytestconfig) have no base folder
+            if fixturedef.scope != "function" and fixturedef.baseid:
+                return item.nodeid.split("::")[0]
+    return None
 
 
 def pytest_collection_finish(session):
     """When a selected test submits a `flwr run`, start the shared Ray head now: it comes up on
-    the second core while the tests before the first run go on."""
+    the second core while the tests before the first run go on. A pytest-xdist worker does not
+    know yet whether it will get the `flwr run` tests: its fixture starts the head when asked."""
     if session.config.option.collectonly or not importlib.util.find_spec("ray"):
+        return
+    if hasattr(session.config, "workerinput"):
         return
     if any("simulation_superlink" in getattr(item, "fixturenames", ()) for item in session.items):
         _RAY_HEADS.append(PrivateRay())
