@@ -39,15 +39,23 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``--dist loadgroup``), tests that share a costly fixture go to one
     worker, so that no fixture is built twice: every `flwr run` shares the session's SuperLink
     and Ray head (group ``flwr-sim``), and the tests of a module that share one of its module
-    fixtures (a trained model, a federation) go together. The slow tests go first, so that
-    no worker is left with a long test at the end while the other waits."""
+    fixtures (a trained model, a federation) go together. The units with the most slow tests
+    are dealt first (``--no-loadscope-reorder`` keeps this order), so that no worker is left
+    with a long test at the end while the other waits."""
     if not hasattr(config, "workerinput"):
         return
+    unit = {}
     for item in items:
         group = _shared_fixture_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        unit[item.nodeid] = group or item.nodeid
+    slow, first = {}, {}
+    for i, item in enumerate(items):
+        key = unit[item.nodeid]
+        slow[key] = slow.get(key, 0) + (item.get_closest_marker("slow") is not None)
+        first.setdefault(key, i)
+    items.sort(key=lambda item: (-slow[unit[item.nodeid]], first[unit[item.nodeid]]))
 
 
 def _shared_fixture_group(item) -> str | None:
