@@ -28,6 +28,19 @@ def group_rows(seed=0, n=600, G=4):
     return y, s, z, rng
 
 
+def shrunk(s, keep, into=0):
+    """``s`` with group k cut to its first ``keep[k]`` rows, the rest moved to group ``into``."""
+    s = s.copy()
+    for k, n in keep.items():
+        s[np.flatnonzero(s == k)[n:]] = into
+    return s
+
+
+def positives(y, s, names):
+    """Each group's rows with label +1 (the rows DEO constrains), by name."""
+    return {g: int(((y == 1) & (s == k)).sum()) for k, g in enumerate(names)}
+
+
 def _central_nu(y, s, z, lam, protected, kind, measure, form):
     """ν from the definition: ∂/∂z of (1/n)Σ l_i + Σ_c d_c D_c, the gaps written out by group."""
     n, G = len(y), int(s.max()) + 1
@@ -90,10 +103,9 @@ def test_two_groups_pairwise_is_the_papers_gap_and_overall_is_scaled():
 
 def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
     y, s, z, _ = group_rows(n=900, G=3)
-    s = s.copy()
-    s[np.flatnonzero(s == 2)[20:]] = 0  # group 'c' keeps 20 rows, some with each label
+    s = shrunk(s, {2: 20})  # group 'c' keeps 20 rows, some with each label
     names = ("a", "b", "c")
-    count = int(((y == 1) & (s == 2)).sum())
+    count = positives(y, s, names)["c"]
     with pytest.raises(GroupSizeError, match=rf"min-group-size = 30 training rows.*'c' has {count} in 'y=\+1'"):
         ConstraintSet.from_labels(y, s, 1, "deo", names=names, min_group_size=30)
     assert issubclass(GroupSizeError, ConfigError)
@@ -114,10 +126,8 @@ def test_a_pooled_group_still_too_small_is_refused_naming_each_member():
     """Pooling cannot help when nothing is left to pool with: the refusal names the pooled group
     and each of its members with its count."""
     y, s, _, _ = group_rows(n=900, G=3)
-    s = s.copy()
-    s[np.flatnonzero(s == 1)[20:]] = 0  # 'b' keeps 20 rows, 'c' 12
-    s[np.flatnonzero(s == 2)[12:]] = 0
-    counts = {g: int(((y == 1) & (s == k)).sum()) for k, g in enumerate("abc")}
+    s = shrunk(s, {1: 20, 2: 12})
+    counts = positives(y, s, "abc")
     with pytest.raises(GroupSizeError) as err:
         ConstraintSet.from_labels(y, s, 1, "deo", names=tuple("abc"), min_group_size=30, pool_small_groups=True)
     said = str(err.value)
@@ -128,10 +138,8 @@ def test_a_pooled_group_still_too_small_is_refused_naming_each_member():
 
 def test_a_refusal_names_every_small_group_with_its_count():
     y, s, _, _ = group_rows(n=900, G=4)
-    s = s.copy()
-    s[np.flatnonzero(s == 2)[25:]] = 0  # 'c' keeps 25 rows, 'd' 12
-    s[np.flatnonzero(s == 3)[12:]] = 1
-    counts = {g: int(((y == 1) & (s == k)).sum()) for k, g in enumerate("abcd")}
+    s = shrunk(shrunk(s, {2: 25}), {3: 12}, into=1)
+    counts = positives(y, s, "abcd")
     with pytest.raises(GroupSizeError) as err:
         ConstraintSet.from_labels(y, s, 1, "deo", names=tuple("abcd"), min_group_size=30)
     assert str(err.value).startswith("2 group(s)")
