@@ -22,6 +22,8 @@ running every round (``stop-tolerance=0``: both runs have the same number of rou
         --variant "privacy.secure-aggregation=false" --settings noop,fairvfl,variant
 
 The last line printed is the ratio variant / fairvfl of seconds per round at each poll.
+``--name NAME`` also writes the figures, with the ratios to ``fairvfl`` and ``noop`` of the same
+run, to docs/results/NAME.md and .json (bench/common.py).
 
 Each setting runs with the SuperExec's default task poll (1 s) and with
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05`` unless ``--poll`` is given. Round 0 (FAB
@@ -109,6 +111,7 @@ def main() -> None:
     p.add_argument("--poll", action="append", default=None, help="SuperExec task poll interval(s) to try")
     p.add_argument("--settings", default="noop,fairvfl", help="comma list of noop,fairvfl,before,variant")
     p.add_argument("--run-config", default="", help="extra run config of fairvfl and variant (Flower's syntax)")
+    p.add_argument("--name", default="", help="write docs/results/NAME.md and .json with the figures")
     p.add_argument("--variant", default="", help="run config on top of --run-config for the variant setting, "
                    "e.g. \"privacy.secure-aggregation=false\"")
     args = p.parse_args()
@@ -121,7 +124,7 @@ def main() -> None:
         tmp = Path(tmp)
         manifest = export(RunConfig(dataset=args.dataset), tmp / "parties", demo_keys=True)
         settings = args.settings.split(",") + (["before"] if args.before and "before" not in args.settings else [])
-        ratios = {}
+        ratios, results = {}, []
         for poll in polls:
             per_round = {}
             for kind in settings:
@@ -129,11 +132,33 @@ def main() -> None:
                 res = measure(kind, home, manifest, args.rounds, poll, app=args.before if kind == "before" else None,
                               extra=variant if kind == "variant" else base)
                 per_round[kind] = res["seconds_per_round"]
+                results.append(res)
                 print(json.dumps(res), flush=True)
+            for res in results[-len(settings):]:
+                for floor in ("fairvfl", "variant", "noop"):
+                    if res["seconds_per_round"] and per_round.get(floor):
+                        res[f"over_{floor}"] = round(res["seconds_per_round"] / per_round[floor], 3)
             if per_round.get("variant") and per_round.get("fairvfl"):
                 ratios[poll or "1.0 (default)"] = round(per_round["variant"] / per_round["fairvfl"], 3)
         if ratios:
             print(json.dumps({"variant_over_fairvfl_per_round": ratios, "variant": args.variant}), flush=True)
+    if args.name:
+        _page(args, results)
+
+
+def _page(args: argparse.Namespace, results: list[dict]) -> None:
+    from bench.common import DEFAULT_OUT, table, write  # noqa: PLC0415 (only when a page is asked for)
+
+    rows = [{**r, "run_config": " ".join(f"{k}={v}" for k, v in r["run_config"].items()) or "(the export's)"}
+            for r in results]
+    cols = ["setting", "poll", "status", "rounds", "run_config", "seconds_per_round", "over_fairvfl", "over_variant", "over_noop",
+            "wall_seconds", "load_average"]
+    md = (f"Seconds per deployed round, {args.dataset}, 6 SuperNodes on this machine, median of rounds 1 to "
+          f"{args.rounds} (round 0, the FAB install and discovery, left out); `fairvfl` runs the export's run config "
+          f"(secure aggregation on) with `{args.run_config or '(nothing more)'}`, `variant` adds `{args.variant}`; "
+          "`over_*`: this row's seconds per round over that setting's, same poll, same run\n\n" + table(rows, cols))
+    write(DEFAULT_OUT, args.name, {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, md,
+          title="Seconds per deployed round against the no-op floor")
 
 
 if __name__ == "__main__":
