@@ -1,6 +1,8 @@
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -34,28 +36,63 @@ def pytest_xdist_auto_num_workers(config):
     return None  # pytest-xdist's own count: the machine's cores
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
+#: Where the pytest-xdist workers leave each test's unit (nodeid: unit) for the controller's
+#: scheduler: only the workers collect, and pytest 9 ignores the nodeid suffix by which
+#: pytest-xdist's own ``loadgroup`` would carry groups.
+UNITS_ENV = "FAIRVFL_TEST_UNITS"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and config.getvalue("dist") == "loadscope":
+        # set before the workers start, so that they inherit it
+        os.environ[UNITS_ENV] = os.path.join(tempfile.mkdtemp(prefix="fairvfl-units"), "units.json")
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and UNITS_ENV in os.environ:
+        shutil.rmtree(Path(os.environ.pop(UNITS_ENV)).parent, ignore_errors=True)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` (addopts), by shared fixture instead of by module: the tests that
+    share a costly fixture are one unit, on one worker, so that no fixture is built twice:
+    every `flwr run` shares the session's SuperLink and Ray head, and the tests of a module that
+    share one of its module fixtures (a trained model, a federation) go together. Every other
+    test is a unit of its own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 (only under pytest-xdist)
+
+    units: dict[str, str] = {}
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not units:  # read once every worker has collected, which is when scheduling starts
+                path = Path(os.environ[UNITS_ENV])
+                units.update(json.loads(path.read_text()) if path.exists() else {"": ""})
+            return units.get(nodeid, nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``), tests that share a costly fixture go to one
-    worker, so that no fixture is built twice: every `flwr run` shares the session's SuperLink
-    and Ray head (group ``flwr-sim``), and the tests of a module that share one of its module
-    fixtures (a trained model, a federation) go together. The units with the most slow tests
-    are dealt first (``--no-loadscope-reorder`` keeps this order), so that no worker is left
-    with a long test at the end while the other waits."""
-    if not hasattr(config, "workerinput"):
+    """In a pytest-xdist worker: deal the units with the most slow tests first
+    (``--no-loadscope-reorder`` keeps this order), so that no worker is left with a long test
+    at the end while the other waits; and leave each test's unit for the scheduler."""
+    if not hasattr(config, "workerinput") or UNITS_ENV not in os.environ:
         return
-    unit = {}
-    for item in items:
-        group = _shared_fixture_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-        unit[item.nodeid] = group or item.nodeid
+    unit = {item.nodeid: _shared_fixture_group(item) or item.nodeid for item in items}
     slow, first = {}, {}
     for i, item in enumerate(items):
         key = unit[item.nodeid]
         slow[key] = slow.get(key, 0) + (item.get_closest_marker("slow") is not None)
         first.setdefault(key, i)
     items.sort(key=lambda item: (-slow[unit[item.nodeid]], first[unit[item.nodeid]]))
+    path = Path(os.environ[UNITS_ENV])
+    fd, tmp = tempfile.mkstemp(dir=path.parent)  # every worker writes the same map; the last replaces
+    with os.fdopen(fd, "w") as f:
+        json.dump(unit, f)
+    os.replace(tmp, path)
 
 
 def _shared_fixture_group(item) -> str | None:
