@@ -59,11 +59,11 @@ def test_flwr_run_with_too_few_supernodes_fails_long_before_the_round_timeout(si
     started = time.monotonic()
     with pytest.raises(FlwrRunError, match=r"num-parties=6 nodes, the federation has 4"):
         simulation_superlink.run({"dataset": "crime", "output-dir": str(tmp_path / "out")}, num_supernodes=4,
-                                 timeout=120)
+                                 timeout=300)
     # the ServerApp's own wait is NODE_WAIT (bounded in process above); Ray's actors and the
-    # status calls come on top, on a machine the other test worker is loading: the point is
-    # that the run does not sit out reliability.round-timeout (600 s)
-    assert time.monotonic() - started < 120
+    # status calls come on top, on a machine the other test worker (or another suite) is
+    # loading: the point is that the run does not sit out reliability.round-timeout (600 s)
+    assert time.monotonic() - started < 300
 
 
 # -- one stop rule ------------------------------------------------------------------------
