@@ -1,12 +1,14 @@
 """Secure aggregation against a malicious server: the grid below is the server's wire,
 and each test's subclass rewrites what the real ServerApp sends."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from flwr.app import Array, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
@@ -246,6 +248,22 @@ def test_without_the_binding_the_isolation_attack_reads_the_target(tmp_path, mon
     monkeypatch.setattr(roundview, "bound_key", lambda key, view: key)
     got = malicious.isolate(_isolation_config(tmp_path, 30), target=2)
     assert got.gram_error < 1e-3
+
+
+@pytest.mark.parametrize("tag", ["not bytes", bytes(32), None], ids=["a-string", "wrong-bytes", "in-an-array"])
+def test_a_confirmation_that_is_not_the_peers_hmac_is_refused_naming_the_peer(tag):
+    """The confirmations ride in one config record (t-<party> -> 32 bytes); anything else in party
+    1's place, or the old per-peer arrays, is party 1's view differing or missing."""
+    keys, view = {1: bytes(range(32)), 2: bytes(range(1, 33))}, b"v" * 32
+    good = roundview.confirmations(view, 1, {0: keys[1]})["t-0"], roundview.confirmations(view, 2, {0: keys[2]})["t-0"]
+    assert roundview.confirmations(view, 0, keys).keys() == {"t-1", "t-2"}
+    carrying = lambda record: SimpleNamespace(content=RecordDict({roundview.CONFIRM: record}))  # what it reads
+    roundview.confirm_peers(carrying(ConfigRecord({"t-1": good[0], "t-2": good[1]})), view, "party 0", keys, 3)
+    record = (ArrayRecord({"t-1": msgs.blob_array(good[0]), "t-2": msgs.blob_array(good[1])}) if tag is None
+              else ConfigRecord({"t-1": tag, "t-2": good[1]}))
+    with pytest.raises(FederationError, match="no confirmation from party 1" if tag is None else
+                       "party 1's view of round 3 differs"):
+        roundview.confirm_peers(carrying(record), view, "party 0", keys, 3)
 
 
 def test_a_resent_round_with_changed_nu_is_refused(tmp_path):

@@ -115,7 +115,8 @@ class Recording(InProcessGrid):
             self.received.append((m.metadata.message_type, m.metadata.group_id, m.metadata.src_node_id,
                                   {name: {k: v.numpy().copy() for k, v in rec.items()}
                                    for name, rec in m.content.array_records.items()},
-                                  {name: dict(rec) for name, rec in m.content.metric_records.items()}))
+                                  {name: dict(rec) for name, rec in m.content.metric_records.items()},
+                                  {name: dict(rec) for name, rec in m.content.config_records.items()}))
         return got
 
 
@@ -133,14 +134,13 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
     summary, folder, grid = _secure_run(tmp_path, "masked")
     types = {t for t, *_ in grid.received}
     assert {msgs.NEWTON_INIT, msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY} <= types
-    for mtype, group, src, arrays, metrics in grid.received:
+    for mtype, group, src, arrays, metrics, configs in grid.received:
         if mtype in (msgs.INFO, msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.SAVE):
             continue  # role and row counts, a public key, digests
-        assert set(arrays) in ({msgs.LOGITS, secagg.SQ_NORM, roundview.CONFIRM},
-                               {msgs.DIRECTIONS, secagg.SQ_NORM, roundview.CONFIRM}), (mtype, arrays)
+        assert set(arrays) in ({msgs.LOGITS, secagg.SQ_NORM}, {msgs.DIRECTIONS, secagg.SQ_NORM}), (mtype, arrays)
         assert metrics[msgs.STATS]["sq-norm"] == 0.0  # ‖θ_k‖² travels masked
-        confirmations = arrays.pop(roundview.CONFIRM)  # one 32-byte HMAC of the round's view per peer
-        assert len(confirmations) == 2 and all(t.dtype == np.uint8 and t.size == 32 for t in confirmations.values())
+        confirmations = configs[roundview.CONFIRM]  # one 32-byte HMAC of the round's view per peer
+        assert len(confirmations) == 2 and all(isinstance(t, bytes) and len(t) == 32 for t in confirmations.values())
         for record in arrays.values():
             for key, words in record.items():
                 assert words.dtype == np.uint64, (mtype, key)
@@ -206,7 +206,7 @@ def test_a_lost_reply_is_resent_as_the_same_words_and_nobody_is_unmasked(tmp_pat
     assert np.array_equal(lost["gram"].numpy(), server[3]["gram-2"])
     round3 = [r for r in grid.received if r[1] == "3" and r[0] != msgs.NEWTON_APPLY]
     assert len(round3) == 3  # the lost reply never arrived; the re-sent one did, nothing else
-    assert all(set(r[3]) == {msgs.DIRECTIONS, secagg.SQ_NORM, roundview.CONFIRM} for r in round3)
+    assert all(set(r[3]) == {msgs.DIRECTIONS, secagg.SQ_NORM} and roundview.CONFIRM in r[5] for r in round3)
 
 
 def test_auto_picks_shared_step_newton_under_secure_aggregation():

@@ -714,7 +714,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     if reply.has_error():
         return reply
     reply = _mask_reply(message, context, reply, view, runtime, keys)
-    masked_now = roundview.CONFIRM in reply.content.array_records
+    masked_now = roundview.CONFIRM in reply.content.config_records
     roundview.remember(context.state, server_round, part, view, awaiting or masked_now)
     return reply
 
@@ -764,7 +764,7 @@ def _mask_reply(message: Message, context: Context, reply: Message, view: bytes 
         reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
     reply.content.array_records[name] = msgs.array_record(**masked_record)
-    reply.content.array_records[roundview.CONFIRM] = roundview.confirmations(view, own, raw)
+    reply.content.config_records[roundview.CONFIRM] = roundview.confirmations(view, own, raw)
     return reply
 
 

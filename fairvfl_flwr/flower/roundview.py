@@ -48,7 +48,10 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import VIEW_STATE
 
 VIEW = "secagg-view"  # ConfigRecord on a server message: round, part digests
-CONFIRM = "secagg-confirm"  # ArrayRecord: confirmations (on a masked reply: to each peer; on a message: from each peer)
+#: ConfigRecord of confirmations, ``t-<party>`` -> 32 bytes (on a masked reply: to each peer; on a
+#: message: from each peer). One record, not an array per peer: Flower moves every array of a
+#: message as objects of their own, in a request each at every hop.
+CONFIRM = "secagg-confirm"
 STATE = VIEW_STATE  # ConfigRecord on the party: its view of the latest round, the one awaiting confirmation
 DIGEST_TAG = b"fairvfl-flwr round part v1"
 VIEW_TAG = b"fairvfl-flwr round view v1"
@@ -145,18 +148,17 @@ class ServerViews:
         for m in bound:
             m.content.config_records[VIEW] = record
             tags = self.relay.get(pid_of(m.metadata.dst_node_id), {})
-            m.content.array_records[CONFIRM] = ArrayRecord(
-                {f"t-{j}": msgs.blob_array(t) for j, t in sorted(tags.items())})
+            m.content.config_records[CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
 
     def collect(self, replies: Iterable[Message], pid_of: Callable[[int], int]) -> None:
         """Take each masked reply's confirmations, to relay with the next message."""
         for reply in replies:
-            record = reply.content.array_records.pop(CONFIRM, None)
+            record = reply.content.config_records.pop(CONFIRM, None)
             if record is None:
                 continue
             sender = pid_of(reply.metadata.src_node_id)
-            for key in record.keys():
-                self.relay.setdefault(int(key.split("-", 1)[1]), {})[sender] = msgs.array_blob(record[key])
+            for key, tag in record.items():  # relayed as sent: the receiving party checks each
+                self.relay.setdefault(int(key.split("-", 1)[1]), {})[sender] = tag
 
 
 # -- the party's side ------------------------------------------------------------------
@@ -203,13 +205,14 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
 def confirm_peers(message: Message, pending: bytes, who: str, pair_keys: dict[int, bytes],
                   pending_round: int) -> None:
     """Every peer's confirmation of ``pending`` must come with ``message``."""
-    record = message.content.array_records.get(CONFIRM)
-    tags = {} if record is None else {int(k.split("-", 1)[1]): msgs.array_blob(record[k]) for k in record.keys()}
+    record = message.content.config_records.get(CONFIRM)
+    tags = {} if record is None else {int(k.split("-", 1)[1]): v for k, v in record.items()}
     for j in sorted(pair_keys):
         if j not in tags:
             raise FederationError(f"{who}: no confirmation from party {j} of the view of round {pending_round}; "
                                   "refused (the parties' views must match before another round)")
-        if not hmac.compare_digest(tags[j], confirmation(pair_keys[j], j, pending)):
+        tag = tags[j]
+        if not isinstance(tag, bytes) or not hmac.compare_digest(tag, confirmation(pair_keys[j], j, pending)):
             raise FederationError(f"{who}: party {j}'s view of round {pending_round} differs from this party's "
                                   "(the server sent different values to different parties); refused")
 
@@ -221,6 +224,6 @@ def remember(state: RecordDict, server_round: int, name: str, view: bytes, await
                                                 "pending": view.hex() if awaiting else ""})
 
 
-def confirmations(view: bytes, own: int, pair_keys: dict[int, bytes]) -> ArrayRecord:
+def confirmations(view: bytes, own: int, pair_keys: dict[int, bytes]) -> ConfigRecord:
     """This party's confirmation of ``view`` to each peer."""
-    return ArrayRecord({f"t-{j}": msgs.blob_array(confirmation(k, own, view)) for j, k in sorted(pair_keys.items())})
+    return ConfigRecord({f"t-{j}": confirmation(k, own, view) for j, k in sorted(pair_keys.items())})
