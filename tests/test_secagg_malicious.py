@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
@@ -45,8 +45,8 @@ def _grid(cls, tmp_path, rc):
 def relayed(msg):
     """The relay of every party's signed key a message carries (round 0's messages), or None."""
     if msg.metadata.message_type == msgs.SECAGG_PEERS:
-        return msg.content.array_records["secagg"]
-    return msg.content.array_records.get(secagg.RELAY)
+        return msg.content.config_records["secagg"]
+    return msg.content.config_records.get(secagg.RELAY)
 
 
 def relay_replies(grid):
@@ -64,7 +64,7 @@ class KeySwap(Wire):
             peer = (own + 1) % len(self.node_ids)
             fake = X25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
                                                                          serialization.PublicFormat.Raw)
-            record[f"pk-{peer}"] = Array(np.frombuffer(fake, dtype=np.uint8).copy())
+            record[f"pk-{peer}"] = fake
 
 
 def refused_at_the_relay(cls, tmp_path):
@@ -102,8 +102,8 @@ def test_the_keys_come_with_discovery_and_the_set_up_adds_one_message(tmp_path):
     run_server(grid, rc)
     k = rc["num-parties"]
     assert grid.replies(msgs.SECAGG_KEYS) == grid.replies(msgs.SECAGG_PEERS) == []  # no message of their own
-    keys = [r.content.array_records["secagg"] for r in grid.replies(msgs.INFO)]
-    assert len(keys) == k and all(rec["signature"].numpy().size == 64 for rec in keys)
+    keys = [r.content.config_records["secagg"] for r in grid.replies(msgs.INFO)]
+    assert len(keys) == k and all(len(rec["signature"]) == 64 and len(rec["public"]) == 32 for rec in keys)
     assert len(grid.replies(msgs.INIT)) == k
     assert grid.plain_values() == [] and grid.values(msgs.LOGITS)  # masked words only
 

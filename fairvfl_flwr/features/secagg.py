@@ -90,7 +90,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -124,7 +124,10 @@ SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "d
           "dir-sq-norm": 7, "sq-norm": 8, "score": 9}
 #: Keys of a Newton directions reply summed in the 128-bit ring (float64, unbounded scale).
 WIDE_KEYS = ("a", "gram")
-RELAY = "secagg-peers"  # ArrayRecord on a training run's first bound messages: every party's signed key
+#: ConfigRecord on a training run's first bound messages: every party's signed key (``pk-<party>``,
+#: ``sig-<party>`` -> bytes). Config records, not arrays, here and in the set-up's messages:
+#: Flower moves every array of a message as objects of their own, in a request each at every hop.
+RELAY = "secagg-peers"
 SQ_NORM = "secagg-sq-norm"  # ArrayRecord of a masked reply: ‖θ_k‖², 128-bit words (its metric is then 0)
 INFO = b"fairvfl-flwr secure aggregation v1"
 SIGNED = b"fairvfl-flwr secure aggregation key v1"  # prefix of what a party signs
@@ -289,17 +292,17 @@ def key_request(session: str) -> ConfigRecord:
     return ConfigRecord({"session": session})
 
 
-def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], session: str) -> dict[str, Array]:
+def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], session: str) -> dict[str, bytes]:
     """Each party's signed X25519 key of set-up ``session`` from its reply (in the order of
     ``parties``), keyed for the relay; the log says whether any party signed with a demo key."""
     public, demo = {}, []
     for (_, pid, name), reply in zip(parties, replies):
-        record = reply.content.array_records.get("secagg")
-        if record is None or "public" not in record or record["public"].numpy().size != 32 or "signature" not in record:
+        record = reply.content.config_records.get("secagg")
+        key, signature = (None, None) if record is None else (record.get("public"), record.get("signature"))
+        if not isinstance(key, bytes) or len(key) != 32 or not isinstance(signature, bytes):
             raise FederationError(f"{name} sent no signed X25519 public key for secure aggregation")
-        public[f"pk-{pid}"] = record["public"]
-        public[f"sig-{pid}"] = record["signature"]
-        if _demo_signed(pid, session, record):
+        public[f"pk-{pid}"], public[f"sig-{pid}"] = key, signature
+        if _demo_signed(pid, session, key, signature):
             demo.append(pid)
     # The operator's evidence that the deployment is authenticated: a demo key is public, so the
     # server can tell one apart (each party's own check against its pinned peers file is what counts).
@@ -310,17 +313,16 @@ def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], ses
     return public
 
 
-def relay_keys(parties: list[tuple[int, int, str]], public: dict[str, Array], send) -> None:
+def relay_keys(parties: list[tuple[int, int, str]], public: dict[str, bytes], send) -> None:
     """Every party's signed key to every party (``query.sapeers``): each then checks them and derives its pair keys."""
-    send([Message(RecordDict({"secagg": ArrayRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
+    send([Message(RecordDict({"secagg": ConfigRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
                   group_id="secagg") for nid, _, _ in parties])
 
 
-def _demo_signed(partition_id: int, session: str, record: ArrayRecord) -> bool:
+def _demo_signed(partition_id: int, session: str, key: bytes, signature: bytes) -> bool:
     """Whether a party's signed key verifies under the demo identity of its partition."""
     try:
-        _demo_key(partition_id).public_key().verify(msgs.array_blob(record["signature"]),
-                                                    signed_text(session, partition_id, msgs.array_blob(record["public"])))
+        _demo_key(partition_id).public_key().verify(signature, signed_text(session, partition_id, key))
     except InvalidSignature:
         return False
     return True
@@ -359,8 +361,8 @@ class SecureAggregation(RoundHook):
 
     views: roundview.ServerViews | None = None
     asked: str | None = None  # the session whose keys the discovery messages asked for
-    offered: dict[str, Array] | None = None  # every party's signed key of that session, from its discovery reply
-    relay: dict[str, Array] | None = None  # those keys, to ride on the first bound messages (round 0)
+    offered: dict[str, bytes] | None = None  # every party's signed key of that session, from its discovery reply
+    relay: dict[str, bytes] | None = None  # those keys, to ride on the first bound messages (round 0)
 
     def discovered(self, server: ServerView, replies: list[Message]) -> None:
         """The parties' signed keys, asked for on the discovery messages: the set-up then needs one
@@ -406,7 +408,7 @@ class SecureAggregation(RoundHook):
             bound = [m for m in messages if m.metadata.message_type not in roundview.UNBOUND]
             if self.relay is not None and bound:  # every party checks every key before it acts on the message
                 for message in bound:
-                    message.content.array_records[RELAY] = ArrayRecord(dict(self.relay))
+                    message.content.config_records[RELAY] = ConfigRecord(dict(self.relay))
                 self.relay = None
             self.views.attach(messages, lambda nid: server.nodes[nid].role,
                               lambda nid: server.nodes[nid].partition_id, mask_round)
@@ -545,7 +547,7 @@ def sakeys(message: Message, context: Context) -> Message:
     return Message(RecordDict({"secagg": signed_key(session, context)}), reply_to=message)
 
 
-def signed_key(session: str, context: Context) -> ArrayRecord:
+def signed_key(session: str, context: Context) -> ConfigRecord:
     """This party's X25519 public key of set-up ``session`` and its signature (a new key pair
     for a new session, the held one for the same; a session it has left is refused)."""
     own = _partition(context)
@@ -569,23 +571,24 @@ def signed_key(session: str, context: Context) -> ArrayRecord:
         context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     signature = identity(context).sign(signed_text(session, own, public))
-    return ArrayRecord({"public": msgs.blob_array(public), "signature": msgs.blob_array(signature)})
+    return ConfigRecord({"public": public, "signature": signature})
 
 
 def sapeers(message: Message, context: Context) -> Message:
     """Check every peer's signed key against its pinned identity key, then derive a shared
     key with each; a key that fails refuses the run naming the peer."""
-    take_peers(message.content.array_records["secagg"], context, PartyRuntime(context))
+    take_peers(message.content.config_records.get("secagg", ConfigRecord()), context, PartyRuntime(context))
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
 
-def take_peers(record: ArrayRecord, context: Context, rt: PartyRuntime) -> None:
+def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None:
     """Every party's signed key of this party's session (the relay: ``query.sapeers``, or the
     record riding on a training run's first bound message), each checked against its
     pinned identity key; then the pair keys. A key that fails refuses the run naming the peer."""
     own = rt.spec.partition_id
-    peers = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in record.items() if k.startswith("pk-")}
-    signatures = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in record.items() if k.startswith("sig-")}
+    # a key that is not bytes is no key (the set-up then lacks that party); nor is such a signature
+    peers = {int(k.split("-", 1)[1]): v for k, v in record.items() if k.startswith("pk-") and isinstance(v, bytes)}
+    signatures = {int(k.split("-", 1)[1]): v for k, v in record.items() if k.startswith("sig-") and isinstance(v, bytes)}
     if sorted(peers) != list(range(rt.cfg.num_parties)):
         raise NodeConfigError(f"{rt.who}: secure-aggregation set-up lists parties {sorted(peers)}, "
                               f"expected 0..{rt.cfg.num_parties - 1}")
@@ -697,12 +700,12 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
         reply = call_next(message, context)
         asked = message.content.config_records.get("secagg")
         if message.metadata.message_type == msgs.INFO and asked is not None and not reply.has_error():
-            reply.content.array_records["secagg"] = signed_key(str(asked["session"]), context)  # the set-up's first leg
+            reply.content.config_records["secagg"] = signed_key(str(asked["session"]), context)  # the set-up's first leg
         return _mask_reply(message, context, reply, None, runtime)
     rt = runtime()
     if not rt.cfg.masked:
         return call_next(message, context)
-    relay = message.content.array_records.get(RELAY)
+    relay = message.content.config_records.get(RELAY)
     if relay is not None:  # the set-up's relay rode on this message: every key checked before anything else
         take_peers(relay, context, rt)
     keys = _pair_keys(context)
