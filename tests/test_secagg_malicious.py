@@ -144,9 +144,8 @@ def test_relabelled_rounds_are_refused(tmp_path):
 
 def _words(reply):
     assert not reply.has_error(), reply.error.reason
-    records = reply.content.array_records
-    return {"train": records[msgs.LOGITS]["train"].numpy().copy(),
-            "sq-norm": records[secagg.SQ_NORM]["sq-norm"].numpy().copy()}
+    return {"train": reply.content.array_records[msgs.LOGITS]["train"].numpy().copy(),
+            "sq-norm": np.frombuffer(reply.content.config_records[secagg.SQ_NORM]["sq-norm"], dtype=np.uint64)}
 
 
 class Replay(Wire):

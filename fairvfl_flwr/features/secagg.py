@@ -90,7 +90,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -128,7 +128,9 @@ WIDE_KEYS = ("a", "gram")
 #: ``sig-<party>`` -> bytes). Config records, not arrays, here and in the set-up's messages:
 #: Flower moves every array of a message as objects of their own, in a request each at every hop.
 RELAY = "secagg-peers"
-SQ_NORM = "secagg-sq-norm"  # ArrayRecord of a masked reply: ‖θ_k‖², 128-bit words (its metric is then 0)
+#: ConfigRecord of a masked reply: ‖θ_k‖², its 128-bit word as 16 bytes (two little-endian uint64, high
+#: then low; its metric is then 0). One config value, not an array: see :data:`RELAY`.
+SQ_NORM = "secagg-sq-norm"
 INFO = b"fairvfl-flwr secure aggregation v1"
 SIGNED = b"fairvfl-flwr secure aggregation key v1"  # prefix of what a party signs
 DEMO_IDENTITY = b"fairvfl-flwr demo identity key"  # simulation without identity files: public, proves nothing
@@ -420,8 +422,8 @@ class SecureAggregation(RoundHook):
         first = server.ordered_nodes()[0].node_id
         if self.views is not None:
             self.views.collect(replies, lambda nid: server.nodes[nid].partition_id)
-        for name in (msgs.LOGITS, msgs.DIRECTIONS, SQ_NORM):
-            carrying = [r for r in replies if name in r.content.array_records]
+        for name, kind in ((msgs.LOGITS, ArrayRecord), (msgs.DIRECTIONS, ArrayRecord), (SQ_NORM, ConfigRecord)):
+            carrying = [r for r in replies if isinstance(r.content.get(name), kind)]
             if not carrying:
                 continue
             if len(carrying) != len(server.nodes):
@@ -431,7 +433,7 @@ class SecureAggregation(RoundHook):
             for reply in carrying:
                 mine = reply.metadata.src_node_id == first
                 if name == SQ_NORM:
-                    del reply.content.array_records[SQ_NORM]
+                    del reply.content[SQ_NORM]
                     stats = reply.content.metric_records[msgs.STATS]
                     reply.content.metric_records[msgs.STATS] = MetricRecord(
                         {**stats, "sq-norm": float(sums["sq-norm"][0]) if mine else 0.0})
@@ -446,11 +448,12 @@ class SecureAggregation(RoundHook):
         words: dict[str, list[np.ndarray]] = {}
         for reply in replies:
             who = server.who(reply.metadata.src_node_id)
-            record = reply.content.array_records[name]
+            record = reply.content[name]
             for key in record:
-                w = record[key].numpy()
-                if w.dtype != np.uint64 or w.ndim != 1:
-                    raise FederationError(f"rejected a reply: {who}: {name} '{key}' is {w.dtype} {w.shape}, expected "
+                w = _words(record[key])
+                if w is None or w.dtype != np.uint64 or w.ndim != 1:
+                    got = type(record[key]).__name__ if w is None else f"{w.dtype} {w.shape}"
+                    raise FederationError(f"rejected a reply: {who}: {name} '{key}' is {got}, expected "
                                           "masked uint64 words (privacy.secure-aggregation)")
                 if key in words and len(words[key][0]) != len(w):
                     raise FederationError(f"rejected a reply: {who}: {len(w)} words of {name} '{key}', others sent "
@@ -468,6 +471,15 @@ class SecureAggregation(RoundHook):
             what = f"{key} logits" if name == msgs.LOGITS else f"{name} '{key}'"
             sums[key] = cancelled(total, limit, f"round {server_round}: the masks of the {what}")
         return sums
+
+
+def _words(value) -> np.ndarray | None:
+    """A reply's masked words: an array's, or a config value's bytes (:data:`SQ_NORM`); None if neither."""
+    if isinstance(value, Array):
+        return value.numpy()
+    if isinstance(value, bytes) and len(value) % 8 == 0:
+        return np.frombuffer(value, dtype="<u8").astype(np.uint64)
+    return None
 
 
 # -- the party's side ------------------------------------------------------------------
@@ -762,8 +774,8 @@ def _mask_reply(message: Message, context: Context, reply: Message, view: bytes 
     if stats is not None:
         label = "dir-sq-norm" if name == msgs.DIRECTIONS else "sq-norm"
         nonces.claim(label, np.array([stats["sq-norm"]]))
-        reply.content.array_records[SQ_NORM] = msgs.array_record(**{"sq-norm": masked_wide(
-            np.array([stats["sq-norm"]]), own, keys, server_round, label, k, rt.who, "‖θ_k‖²")})
+        words = masked_wide(np.array([stats["sq-norm"]]), own, keys, server_round, label, k, rt.who, "‖θ_k‖²")
+        reply.content.config_records[SQ_NORM] = ConfigRecord({"sq-norm": words.astype("<u8").tobytes()})
         reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
     reply.content.array_records[name] = msgs.array_record(**masked_record)
