@@ -37,7 +37,7 @@ DEO] per evaluated round):
 ``privacy.secure-aggregation = true`` (shared step lengths, docs/newton.md):
 
     python bench/rounds.py --app --optimizer newton,newton-secagg --datasets adult,compas,crime --seeds 0,1,2 \
-        --newton-rounds 100 --name rounds-secnewton-app
+        --rounds 100 --jobs 1 --name rounds-secnewton-app
 
 Floor rows also give ``final_train_L`` (L(θ) = mean loss + μ/2 ‖θ‖², the objective both
 methods minimise under the constraint) and ``min_weight_n`` (n · min_i w_i at the final λ:
@@ -282,7 +282,7 @@ def main(argv=None) -> dict:
     name = args.name or ("rounds" + (f"-{args.preset}" if args.preset else ""))
     md = (f"Rounds to target ({','.join(datasets)}, ε = 0.01: test acc within {ACC_POINTS} points of final and train "
           f"DEO <= ε + {DEO_SLACK}, staying so), {args.rounds} rounds, preset {args.preset or 'default'} {args.set}, engine {'app (in-process grid)' if args.app else args.engine}"
-          + (f", newton: curvature {'as the app chooses' if args.app else args.curvature}, memory {args.memory}, "
+          + (f", newton: {'curvature and memory as the run config sets' if args.app else f'curvature {args.curvature}, memory {args.memory}'}, "
              f"{args.newton_rounds or args.rounds} rounds" if "newton" in args.optimizer else "")
           + (f"; rounds_to_gaps: first round from which every training gap stays <= ε + {GAP_SLACK}, final_max_gap: "
              "the last round's largest training gap" if args.variants else "") + "\n\n"
@@ -291,7 +291,9 @@ def main(argv=None) -> dict:
                          "final_acc", "final_train_deo", "test_dfp", "test_dfn", "final_train_L",
                          "min_weight_n", *(["why"] if args.variants else []), "round_seconds", "seconds"]))
     write(args.out, name, {"dataset": ",".join(datasets), "seeds": seeds, "optimizer": args.optimizer, "rounds": args.rounds, "extra": extra, "rows": rows}, md,
-          title="Rounds until every training gap is within ε + 0.002" if args.variants else "Rounds to target")
+          title="Rounds until every training gap is within ε + 0.002" if args.variants
+          else "Rounds to target: block Newton with and without secure aggregation"
+          if "newton-secagg" in args.optimizer.split(",") else "Rounds to target")
     return {"rows": rows}
 
 

@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
                "cpu_ms_per_round": {"plain": cpu[False], "secagg": cpu[True]},
                "ratio_cpu": float(np.median(cpu[True]) / np.median(cpu[False])), "ratio_min": masked_min / plain_min, "ratio_median": masked_med / plain_med,
                "mask_ms": mask_ms, "server_sum_ms": sum_ms, "newton_mask_ms": newton_mask_ms}
-    write(args.out, "secagg" + ("-newton" if newton else ""), payload, md, title="Secure aggregation: cost per round")
+    write(args.out, "secagg" + ("-newton" if newton else ""), payload, md, title="Secure aggregation: cost per round" + (" (block Newton)" if newton else ""))
     return payload
 
 
