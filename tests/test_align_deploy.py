@@ -54,7 +54,7 @@ def own_federation(tmp_path_factory):
         score.sample(frac=1, random_state=k).reset_index().rename(columns={ID: id_name}).to_csv(
             tmp / f"score{k}.csv", index=False)
         nodes.append(own_node(k, path, id_name, **{"score-path": str(tmp / f"score{k}.csv")}, **identities[k]))
-    env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp / "party-cache")}
+    env = {"FAIRVFL_CACHE_DIR": str(tmp / "party-cache")}
     with LocalFederation(tmp / "fed", nodes, env=env) as fed:
         yield fed, tmp, tables, fresh
 

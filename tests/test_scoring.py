@@ -539,7 +539,7 @@ def test_loopback_deployment_trains_then_scores_new_raw_files(tmp_path):
         pre = Preprocessing.from_dict(json.loads((tmp_path / "files" / f"party{k}.preprocessing.json").read_text()))
         raw[["row_id", *pre.raw_columns]].sample(frac=1.0, random_state=k).to_csv(tmp_path / f"new{k}.csv", index=False)
         nodes.append({**n, "model-dir": str(tmp_path / f"models{k}"), "score-path": str(tmp_path / f"new{k}.csv")})
-    env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    env = {"FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
     train_rc = {**rc, **manifest["run_config"], "output-dir": str(tmp_path / "runs")}
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
         run_id, status = fed.run(train_rc, timeout=1500)
