@@ -19,10 +19,16 @@ for name in suite1 suite2 fast; do
 done
 
 suites=()
+token="$$-$(date +%s)"
 stop() {
   touch "$logs/done"
-  # each suite is a session of its own: its pytest workers and Flower processes end with it
-  for pid in "${suites[@]}"; do kill -- "-$pid" 2>/dev/null; done
+  # The suites' SuperLinks, SuperNodes and Ray heads run in sessions of their own and outlive a
+  # killed pytest; every process of a suite carries the token in its environment.
+  for pid in "${suites[@]}"; do kill -INT -- "-$pid" 2>/dev/null; done
+  sleep 10
+  for proc in /proc/[0-9]*; do
+    grep -qsz "^FAST_LOOP_UNDER_LOAD=$token\$" "$proc/environ" && kill -KILL "${proc#/proc/}" 2>/dev/null
+  done
   wait 2>/dev/null
   for name in suite1 suite2 fast; do git -C "$repo" worktree remove --force "$work/$name"; done
   rmdir "$work" 2>/dev/null
@@ -30,7 +36,7 @@ stop() {
 trap stop EXIT
 
 for name in suite1 suite2; do
-  setsid bash -c '
+  FAST_LOOP_UNDER_LOAD=$token setsid bash -c '
     cd "$1"; run=0
     while [ ! -f "$2/done" ]; do
       run=$((run + 1))
