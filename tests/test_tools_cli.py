@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from fairvfl_flwr.tools import appsource
 from fairvfl_flwr.tools.cli import RunConfigArgError, config_text, parse_run_config
 from fairvfl_flwr.tools.jobs import Job, run_jobs
 from fairvfl_flwr.tools.tables import mean_std
 
-SCRIPTS = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 
 def test_run_config_args_read_flowers_syntax_later_ones_winning():
@@ -165,3 +167,49 @@ def test_made_up_organisations_pass_the_preflight_with_the_node_configs_printed(
     assert nodes[0]["sensitive-column"] == "sex,race" and "group-a" not in nodes[0]
     held = [pd.read_csv(n["table-path"], nrows=1).columns for n in nodes]
     assert {"sex", "race"} <= set(held[0]) and not any("race" in cols for cols in held[1:])
+
+
+# -- what `flwr run` is handed --------------------------------------------------------------
+def _fab(source: Path | dict[str, Path]) -> bytes:
+    from flwr.cli.build import build_fab_from_disk, build_fab_from_files
+
+    return build_fab_from_files(source)[0] if isinstance(source, dict) else build_fab_from_disk(source)
+
+
+def test_the_submitted_source_leaves_out_environments_and_builds_the_same_fab(tmp_path):
+    """A virtual environment in the app folder (one Flower drops by name, one the app's
+    .gitignore drops) is not copied; Flower builds the FAB it builds from the folder itself."""
+    app = tmp_path / "app"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
+        '[project]\nname = "tiny"\nversion = "1.0.0"\ndependencies = []\n\n'
+        '[tool.flwr.app]\npublisher = "me"\n\n[tool.flwr.app.components]\n'
+        'serverapp = "pkg.server:app"\nclientapp = "pkg.client:app"\n\n[tool.flwr.app.config]\nx = 1\n')
+    (app / ".gitignore").write_text("ci-env/\n")
+    for name in ("__init__.py", "server.py", "client.py"):
+        (app / "pkg" / name).write_text("app = None\n")
+    (app / "README.md").write_text("tiny\n")
+    for env in (".venv", "ci-env"):
+        (app / env / "lib").mkdir(parents=True)
+        (app / env / "pyvenv.cfg").write_text("home = /usr\n")
+        (app / env / "lib" / "site.py").write_text("x = 1\n")
+    (app / "pkg" / "__pycache__").mkdir()
+    (app / "pkg" / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"\0")
+    assert sorted(map(str, appsource.source_files(app))) == [
+        ".gitignore", "README.md", "pkg/__init__.py", "pkg/client.py", "pkg/server.py", "pyproject.toml"]
+    with appsource.submittable(app) as copy:
+        assert _fab(copy) == _fab(app)
+    assert not copy.exists()
+
+
+def test_this_apps_submitted_source_builds_the_fab_of_the_files_git_knows():
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    known = {rel: REPO / rel for rel in listed.stdout.splitlines() if (REPO / rel).is_file()}
+    with appsource.submittable(REPO) as copy:
+        assert _fab(copy) == _fab(known)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fairvfl_flwr.tools.appsource import submittable
 from fairvfl_flwr.tools.cli import config_text
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the folder holding pyproject.toml (the Flower app)
@@ -226,10 +227,11 @@ class SimulationSuperLink:
         return out.stdout
 
     def run(self, run_config: dict, num_supernodes: int, timeout: float = 3600) -> str:
-        """Submit ``flwr run .``, wait until it ends; return the run id (raises unless completed,
+        """Submit ``flwr run`` (the app folder's source: tools/appsource.py), wait until it ends; return the run id (raises unless completed,
         with the tail of the run's log)."""
-        res = json.loads(self.flwr("run", ".", "cmp", "--run-config", config_text(run_config),
-                                   "--federation-config", f"num-supernodes={num_supernodes}", "--format", "json"))
+        with submittable(self.app_dir) as source:
+            res = json.loads(self.flwr("run", str(source), "cmp", "--run-config", config_text(run_config),
+                                       "--federation-config", f"num-supernodes={num_supernodes}", "--format", "json"))
         if not res.get("success"):
             raise FlwrRunError(f"flwr run refused the run: {res}")
         run_id = str(res["run-id"])

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from fairvfl_flwr.tools.appsource import submittable
 from fairvfl_flwr.tools.cli import config_text, parse_run_config
 from fairvfl_flwr.tools.flwr_engine import RunStatus, wait_finished
 
@@ -223,9 +224,10 @@ class LocalFederation:
         return out.stdout
 
     def submit(self, run_config: Mapping[str, object], app: Path = REPO) -> str:
-        """``flwr run`` the app; return the run id."""
-        res = json.loads(self.flwr("run", str(app), "local", "--run-config", config_text(run_config),
-                                   "--format", "json", app=app))
+        """``flwr run`` the app (its folder's source: tools/appsource.py); return the run id."""
+        with submittable(app) as source:
+            res = json.loads(self.flwr("run", str(source), "local", "--run-config", config_text(run_config),
+                                       "--format", "json", app=source))
         if not res.get("success"):
             raise RuntimeError(f"flwr run refused the run: {res}")
         return str(res["run-id"])
