@@ -7,6 +7,8 @@ it would otherwise pay on every message (each message is a fresh process there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -31,6 +33,10 @@ class LinearBlock:
         """θ ← θ − lr (J_kᵀν + μθ) with J_k = x (and ∂u/∂b = 1)."""
         nu = np.asarray(nu, dtype=self.weight.dtype)
         self.apply_gradient(x.T @ nu, lr, mu, bias_grad=nu.sum() if self.bias is not None else None)
+
+    def step_on(self, x: np.ndarray, weights: Callable[[np.ndarray], np.ndarray], lr: float, mu: float) -> None:
+        """:meth:`step` with ν = ``weights(u)`` of this block's own u on ``x`` (an active party's local step)."""
+        self.step(x, weights(self.forward(x)), lr, mu)
 
     def apply_gradient(self, grad: np.ndarray, lr: float, mu: float, bias_grad: float | None = None) -> None:
         """θ ← θ − lr (grad + μθ) for a gradient computed elsewhere (encrypted ν)."""

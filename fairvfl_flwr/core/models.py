@@ -8,7 +8,7 @@ passive update J_kᵀν is one ``backward`` of ``(ν · u).sum()``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -165,7 +165,15 @@ class TorchBlock:
     def step(self, x: np.ndarray, nu: np.ndarray, lr: float, mu: float) -> None:
         """One local step: backpropagate ν as the upstream gradient of u_k (J_kᵀν), then the gradient
         or AdaGrad step with the regulariser μ."""
+        self._step(self.model(self._tensor(x)), nu, lr, mu)
+
+    def step_on(self, x: np.ndarray, weights: Callable[[np.ndarray], np.ndarray], lr: float, mu: float) -> None:
+        """:meth:`step` with ν = ``weights(u)`` of this block's own u on ``x`` (an active party's local
+        step): one forward pass gives both u and the graph that ν is backpropagated through."""
         u = self.model(self._tensor(x))
+        self._step(u, weights(u.detach().numpy()), lr, mu)
+
+    def _step(self, u: torch.Tensor, nu: np.ndarray, lr: float, mu: float) -> None:
         u.backward(torch.as_tensor(nu, dtype=u.dtype))
         if self.optimizer is None:
             gradient_step(self.model, lr, mu)

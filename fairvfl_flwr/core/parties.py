@@ -72,11 +72,17 @@ class ActiveParty(Party):
         x = self._rows(self.X_train, rows)
         y = self.y if rows is None else self.y[rows]
         groups = self.groups.restrict(rows)
-        others = z - self.block.forward(x)
+        others = None  # z without this party's u_k, from the first step's forward pass
+
+        def weights(u: np.ndarray) -> np.ndarray:
+            nonlocal others
+            if others is None:
+                others = z - u
+            return groups.masked_weights(y, others + u, lam)
+
         taken = 0
         for _ in range(steps):
-            nu = groups.masked_weights(y, others + self.block.forward(x), lam)
-            self.block.step(x, nu, self.lr, self.mu)
+            self.block.step_on(x, weights, self.lr, self.mu)
             taken += 1
             if time_budget > 0:
                 elapsed = time.perf_counter() - started
