@@ -2,7 +2,7 @@
 
 Flower's deployment ``Grid.send_and_receive`` sleeps 3 s between pulls; a VFL round
 needs every party's reply before it can go on, so this loop pushes once and polls
-``pull_messages`` every 10 ms for at most ``timeout`` seconds. A node that has not
+``pull_messages`` every 10 ms at first, backing off to every 100 ms, for at most ``timeout`` seconds. A node that has not
 answered gets the message again (``retries`` more times); a node that stays away stops
 the run with :class:`PartyUnavailable` naming it. Flower's own "node unavailable" error
 replies count as "no reply yet". Every reply is checked (:func:`checks.check_envelope`)
@@ -22,7 +22,12 @@ from flwr.supercore import log
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 
+# An empty pull waits POLL_SECONDS, then half as long again after each further empty one, up to
+# POLL_MAX_SECONDS: a reply that comes within milliseconds (simulation) is picked up at once, and
+# a deployed party's seconds (a ClientApp process per message) cost a few dozen pulls, not
+# hundreds, each of them a request that the SuperLink answers.
 POLL_SECONDS = 0.01
+POLL_MAX_SECONDS = 0.1
 NODE_CHECK_SECONDS = 1.0  # how often a waiting exchange asks the grid which nodes are still online
 # Flower's own error replies for a node that is gone or a message that expired: retry.
 TRANSIENT_ERROR_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE
@@ -30,7 +35,7 @@ TRANSIENT_ERROR_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILA
 
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: int,
              who: Callable[[int], str]) -> list[Message]:
-    """Push, poll every 10 ms; re-send to silent nodes up to ``retries`` times; check replies.
+    """Push, poll from every 10 ms to every 100 ms; re-send to silent nodes up to ``retries`` times; check replies.
 
     ``who(node_id)`` names a node in log lines and errors. Returns the replies in the
     order of ``messages``.
@@ -62,6 +67,7 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: i
                     who(m.metadata.dst_node_id))
         deadline = time.monotonic() + timeout
         next_check = time.monotonic() + NODE_CHECK_SECONDS
+        pause = POLL_SECONDS
         while waiting and time.monotonic() < deadline and not waiting <= gone:
             if time.monotonic() >= next_check:  # a SuperNode that stopped is no longer listed online
                 online = set(grid.get_node_ids())
@@ -87,8 +93,11 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: i
                 check_envelope(reply, sent, who(nid))
                 replies[nid] = reply
                 waiting.discard(nid)
-            if waiting and not got:
-                time.sleep(POLL_SECONDS)
+            if got:
+                pause = POLL_SECONDS
+            elif waiting:
+                time.sleep(pause)
+                pause = min(pause * 1.5, POLL_MAX_SECONDS)
         if not waiting:
             break
     if waiting:
