@@ -160,6 +160,19 @@ def test_results_go_where_the_docs_say_the_working_directory_and_the_log_says_it
     assert "taken from the ServerApp's working directory, which is the SuperLink's working directory" in docs
 
 
+def test_two_runs_started_in_the_same_second_have_different_ids(tmp_path, monkeypatch):
+    """A run's folder name is its id in the saved model (blocks of different runs are told apart
+    by it); two in-process runs in one second, in different folders, still differ."""
+    from fairvfl_flwr.flower.results import run_folder
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20261128-120000")
+    cfg = RunConfig.from_flower({"dataset": "crime", "output-dir": str(tmp_path / "c")})
+    first, second = (run_folder(RunConfig.from_flower({"dataset": "crime", "output-dir": str(tmp_path / d)}))
+                     for d in ("a", "b"))
+    assert first.name != second.name and first.name.startswith("20261128-120000-crime-linear-")
+    assert run_folder(cfg, 42).name == "20261128-120000-crime-linear-42"
+
+
 def test_a_relative_csv_path_that_is_not_there_names_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError) as err:

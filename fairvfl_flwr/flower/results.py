@@ -20,6 +20,7 @@ import csv
 import json
 import math
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -40,10 +41,12 @@ PRIVACY_COLUMNS = ["dp_epsilon"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
-    """A new folder under ``output-dir`` named by time (and Flower run id if known)."""
+    """A new folder under ``output-dir`` named by time and the Flower run id, or a random tag
+    where there is none (in process). The name is the run's id in its saved model, which must
+    tell two runs apart even when they started in the same second."""
     base = Path(cfg.output_dir).expanduser().resolve()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{stamp}-{cfg.data_name}-{cfg.model}" + (f"-{run_id}" if run_id is not None else "")
+    name = f"{stamp}-{cfg.data_name}-{cfg.model}-{secrets.token_hex(3) if run_id is None else run_id}"
     folder, i = base / name, 1
     while folder.exists():
         folder, i = base / f"{name}-{i}", i + 1
