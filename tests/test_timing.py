@@ -42,8 +42,8 @@ def _wire(messages):
         arrays = sorted((r, k, a.dtype, tuple(a.shape), a.data) for r, rec in content.array_records.items()
                         for k, a in rec.items())
         configs = sorted((r, sorted(rec.items())) for r, rec in content.config_records.items())
-        # the run folder's name holds its start time: the one difference two runs may have
-        configs = re.sub(r"/(plain|timed)/\d{8}-\d{6}|\d{8}-\d{6}", "RUN", repr(configs))
+        # the run folder's name (its start time and random tag) is the one difference two runs have
+        configs = re.sub(r"(/(plain|timed)/)?\d{8}-\d{6}-crime-linear-[0-9a-f]{6}", "RUN", repr(configs))
         out.append((m.metadata.message_type, m.metadata.group_id, arrays, configs))
     return sorted(out, key=repr)
 
