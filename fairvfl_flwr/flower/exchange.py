@@ -2,11 +2,11 @@
 
 Flower's deployment ``Grid.send_and_receive`` sleeps 3 s between pulls; a VFL round
 needs every party's reply before it can go on, so this loop pushes once and polls
-``pull_messages`` every 10 ms at first, backing off to every 100 ms, for at most ``timeout`` seconds. A node that has not
-answered gets the message again (``retries`` more times); a node that stays away stops
-the run with :class:`PartyUnavailable` naming it. Flower's own "node unavailable" error
-replies count as "no reply yet". Every reply is checked (:func:`checks.check_envelope`)
-before anything else looks at it.
+``pull_messages`` every 10 ms at first, backing off to every 100 ms, for at most
+``timeout`` seconds. A node that has not answered gets the message again (``retries``
+more times); a node that stays away stops the run with :class:`PartyUnavailable` naming
+it. Flower's own "node unavailable" error replies count as "no reply yet". Every reply is
+checked (:func:`checks.check_envelope`) before anything else looks at it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ TRANSIENT_ERROR_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILA
 
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: int,
              who: Callable[[int], str]) -> list[Message]:
-    """Push, poll from every 10 ms to every 100 ms; re-send to silent nodes up to ``retries`` times; check replies.
+    """Push, poll (from every 10 ms to every 100 ms); re-send to silent nodes up to ``retries``
+    times; check replies.
 
     ``who(node_id)`` names a node in log lines and errors. Returns the replies in the
     order of ``messages``.

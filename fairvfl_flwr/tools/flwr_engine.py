@@ -227,8 +227,8 @@ class SimulationSuperLink:
         return out.stdout
 
     def run(self, run_config: dict, num_supernodes: int, timeout: float = 3600) -> str:
-        """Submit ``flwr run`` (the app folder's source: tools/appsource.py), wait until it ends; return the run id (raises unless completed,
-        with the tail of the run's log)."""
+        """Submit ``flwr run`` (the app folder's source: tools/appsource.py), wait until it ends;
+        return the run id (raises unless completed, with the tail of the run's log)."""
         with submittable(self.app_dir) as source:
             res = json.loads(self.flwr("run", str(source), "cmp", "--run-config", config_text(run_config),
                                        "--federation-config", f"num-supernodes={num_supernodes}", "--format", "json"))
