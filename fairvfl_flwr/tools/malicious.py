@@ -15,6 +15,7 @@ the masks not bound to one view, the decoded sum would be the target's own logit
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
-from fairvfl_flwr.flower.party import party_data
+from fairvfl_flwr.flower.party import MODEL_STATE, party_data
 from fairvfl_flwr.jobs import alignment
 from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.export import export
@@ -214,6 +215,341 @@ class ResendChanged(LyingGrid):
         return ids
 
 
+# -- a server that plays the protocol by hand: sessions, rejoins, restarts, replays ------------
+class Takeover(Exception):
+    """Raised on the wire when the real ServerApp is about to send round ``stop_at``: from
+    there the malicious server plays by hand (:class:`HandServer`) on the same parties."""
+
+
+class Hijack(LyingGrid):
+    """The real ServerApp's honest rounds 0 .. ``stop_at`` − 1, each message kept as sent; the
+    first message of round ``stop_at`` never leaves (:class:`Takeover`). Later pushes (the
+    hand-played server's) go out as they are: no tampering, no resealing."""
+
+    def __init__(self, *a, stop_at: int | None = None, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.stop_at, self.by_hand = stop_at, stop_at is None
+        self.sent: list[Message] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if not self.by_hand and any(m.metadata.message_type.startswith("train.")
+                                    and m.metadata.group_id == str(self.stop_at) for m in messages):
+            self.by_hand = True
+            raise Takeover(f"round {self.stop_at}")
+        self.sent += messages
+        return InProcessGrid.push_messages(self, messages)
+
+    def honest(self, server_round: int, node_id: int) -> Message:
+        """The training message the real ServerApp sent ``node_id`` in ``server_round`` (its first leg)."""
+        return next(m for m in self.sent if m.metadata.dst_node_id == node_id and m.metadata.group_id == str(server_round)
+                    and m.metadata.message_type.startswith("train."))
+
+    def honest_sum(self, server_round: int, record: str = msgs.LOGITS, key: str = "train") -> np.ndarray:
+        """The sum the real ServerApp decoded in ``server_round`` (from the masked words it received)."""
+        words = [arrays[record][key] for r, arrays in self.received if not r.has_error()
+                 and r.metadata.group_id == str(server_round) and record in arrays]
+        if len(words) != len(self.node_ids):
+            raise ValueError(f"round {server_round}: {len(words)} of {len(self.node_ids)} replies carry {record}")
+        return secagg.decode(np.sum(words, axis=0, dtype=np.uint64))
+
+
+#: Records of an honest message that belong to its exchange, not to what it asks: a replay drops them.
+EXCHANGE_RECORDS = (roundview.VIEW, roundview.CONFIRM, secagg.RELAY)
+
+
+def replayed(msg: Message, **payload: np.ndarray) -> Message:
+    """``msg`` again, without its exchange's records; ``payload``: arrays that replace its payload's."""
+    content = RecordDict({name: record for name, record in msg.content.items() if name not in EXCHANGE_RECORDS})
+    if payload:
+        old = {k: a.numpy() for k, a in content.array_records[msgs.PAYLOAD].items()}
+        content.array_records[msgs.PAYLOAD] = msgs.array_record(**{**old, **payload})
+    return Message(content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
+                   group_id=msg.metadata.group_id)
+
+
+class HandServer:
+    """A malicious server that sends what it likes, when it likes, to whom it likes, with the
+    protocol's own pieces: each set-up a signed session (secagg's request and relay), each
+    exchange bound to the session's view (roundview's :class:`ServerViews`, which also
+    relays the parties' confirmations). It keeps every refusal it gets and decodes what
+    it can (:meth:`decode`: None where the masks did not cancel)."""
+
+    def __init__(self, grid: InProcessGrid) -> None:
+        self.grid = grid
+        self.views: roundview.ServerViews | None = None
+        self.refusals: list[str] = []  # every error reply's reason, in order
+        self.refused_by: set[int] = set()  # the partitions that sent them
+
+    def role(self, node_id: int) -> str:
+        active = int(self.grid.contexts[node_id].run_config.get("num-active", 1))
+        return msgs.ROLE_ACTIVE if self.grid.node_ids.index(node_id) < active else msgs.ROLE_PASSIVE
+
+    def pid(self, node_id: int) -> int:
+        return self.grid.node_ids.index(node_id)
+
+    def send(self, messages: list[Message]) -> list[Message]:
+        """Push ``messages``; every reply, in their order (a refusal is an error reply, kept)."""
+        by_id = dict(zip(self.grid.push_messages(messages), range(len(messages))))
+        replies = sorted(self.grid.pull_messages(list(by_id)), key=lambda r: by_id[r.metadata.reply_to_message_id])
+        for r in replies:
+            if r.has_error():
+                self.refusals.append(r.error.reason)
+                self.refused_by.add(self.pid(r.metadata.src_node_id))
+        return replies
+
+    def session(self, **request) -> bool:
+        """A fresh signed set-up of every party (``request``: more of the key request, e.g.
+        ``rollback=r``); False where any party refused it (the server then holds no session)."""
+        session = secagg.new_session()
+        nodes = self.grid.node_ids
+        parties = [(nid, self.pid(nid), f"party {self.pid(nid)}") for nid in nodes]
+        asks = [Message(RecordDict({"secagg": ConfigRecord({**secagg.key_request(session), **request})}),
+                        dst_node_id=nid, message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
+        replies = self.send(asks)
+        self.views = None
+        if any(r.has_error() for r in replies):
+            return False
+        before = len(self.refusals)
+        try:
+            secagg.relay_keys(parties, secagg.signed_keys(parties, replies, session), self.send)
+        except FederationError as exc:
+            self.refusals.append(str(exc))
+            return False
+        if len(self.refusals) > before:
+            return False
+        self.views = roundview.ServerViews(session)
+        return True
+
+    def exchange(self, messages: list[Message]) -> list[Message]:
+        """Bound messages under the session's view (with the confirmations to relay); the replies."""
+        if self.views is not None:
+            self.views.attach(messages, self.role, self.pid, secagg.mask_round)
+        replies = self.send(messages)
+        if self.views is not None:
+            self.views.collect([r for r in replies if not r.has_error()], self.pid)
+        return replies
+
+    def rejoin(self, node_ids: list[int], server_round: int) -> list[Message]:
+        """``query.rejoin`` of ``server_round`` to ``node_ids`` only."""
+        return self.send([rejoin_message(nid, server_round) for nid in node_ids])
+
+    @staticmethod
+    def decode(replies: list[Message], record: str = msgs.LOGITS, key: str = "train") -> np.ndarray | None:
+        """The decoded sum of every reply's ``record``/``key`` words; None: a refusal, or masks that
+        did not cancel (decoded, such a sum is uniform over the ring)."""
+        if not replies or any(r.has_error() or record not in r.content.array_records for r in replies):
+            return None
+        words = [r.content.array_records[record][key].numpy() for r in replies]
+        total = secagg.decode(np.sum(words, axis=0, dtype=np.uint64))
+        return total if np.all(np.abs(total) < secagg.LIMIT / 2) else None
+
+
+def rejoin_message(node_id: int, server_round: int) -> Message:
+    """What the server's rejoin hook sends a party (features/rejoin.py)."""
+    return Message(RecordDict({msgs.ROUND: msgs.round_config(server_round, False)}), dst_node_id=node_id,
+                   message_type=msgs.REJOIN, group_id=f"rejoin-{server_round}")
+
+
+@dataclass
+class Breach:
+    """What a hand-played attack on one party got: the Gram error of its block (1.0: nothing,
+    as guessing 0), how many of its probes' sums decoded, and every refusal's reason."""
+
+    role: str
+    gram_error: float
+    probes: int
+    decoded: int
+    refusals: list[str] = field(default_factory=list)
+    refused_by: set[int] = field(default_factory=set)
+    logits_error: float | None = None  # the init role: the target's real partial logits, read off two sums
+
+    @property
+    def refused(self) -> bool:
+        """Refused and nothing learned: no probe's sum decoded."""
+        return bool(self.refusals) and self.decoded == 0
+
+    def summary(self, target: int = 2) -> str:
+        """One line for the audit page: refused (by whom, the first reason), or what was learned."""
+        got = f"party {target}'s Gram error {self.gram_error:.3g}, {self.decoded} of {self.probes} probe sums decoded"
+        if self.logits_error is not None:
+            got += f"; its partial logits' error {self.logits_error:.3g}"
+        if not self.refusals:
+            return got
+        by = f"{len(self.refused_by)} part{'y' if len(self.refused_by) == 1 else 'ies'}"
+        why = f"refused by {by} ({_first_words(self.refusals[0])})"
+        return f"{why}; {got}" if self.refused else f"{got}; {why}"
+
+
+def _first_words(reason: str, words: int = 16) -> str:
+    """A refusal's reason without the exception's class name and the party's node id, cut to ``words`` words."""
+    text = reason.split(": ", 1)[1] if reason.split(": ", 1)[0].isidentifier() else reason
+    text = re.sub(r"^party (\d+) \([^)]*\)", r"party \1", text)
+    cut = text.split()
+    return " ".join(cut[:words]) + (" …" if len(cut) > words else "")
+
+
+def take_over(run_config: dict, stop_at: int, folder: Path, identities: list[dict] | None = None) -> Hijack:
+    """Run the real ServerApp honestly up to round ``stop_at`` − 1 (parties keeping their rejoin
+    state under ``folder``); the grid it ran on, now the hand-played server's."""
+    cfg = RunConfig.from_flower(run_config)
+    k = cfg.num_parties
+    ids = identities or [{} for _ in range(k)]
+    rc = RunConfig.from_flower({**run_config, "num-server-rounds": stop_at + 2, "stop-tolerance": 0.0,
+                                "reliability.rejoin-timeout": 30.0, "output-dir": str(folder / "runs")}).to_flower()
+    grid = Hijack(client_app, rc, k, stop_at=stop_at,
+                  node_configs=[{"partition-id": i, "num-partitions": k, "state-dir": str(folder / "state"), **ids[i]}
+                                for i in range(k)])
+    try:
+        run_server(grid, rc)
+    except Takeover:
+        pass
+    if not grid.by_hand:
+        raise RuntimeError(f"the run ended before round {stop_at}")
+    return grid
+
+
+def probe_vectors(n: int, count: int, seed: int, newton: bool = False) -> list[np.ndarray]:
+    """``count`` probes ν (float32 on the wire, so float32 here). ``newton``: every |ν_i| is 0 or
+    at least 1/n, where a passive party's curvature |ν|(1 − n|ν|) is zero and its direction
+    linear in ν; gradient descent: Gaussian."""
+    rng = np.random.default_rng([seed, 0x70726F6265])
+    out = []
+    for _ in range(count):
+        if newton:
+            v = rng.choice([-1.0, 1.0], n) * (1.0 + rng.random(n)) / n * (rng.random(n) < 0.2)
+        else:
+            v = rng.standard_normal(n) / np.sqrt(n)
+        out.append(v.astype(np.float32))
+    return out
+
+
+def fit_exact(R: np.ndarray, V: np.ndarray, rank: int) -> attacks.GramEstimate:
+    """Ĝ with Ĝ V = R from exact equations (one column each), on R's leading ``rank`` directions
+    (the target's column count, which discovery tells the server)."""
+    basis, _, _ = np.linalg.svd(R, full_matrices=False)
+    basis = basis[:, :min(rank, R.shape[1])]
+    core = (basis.T @ R) @ np.linalg.pinv(basis.T @ V)
+    return attacks.GramEstimate(basis, (core + core.T) / 2, R.shape[1])
+
+
+def _target_block(cfg: RunConfig, target: int) -> np.ndarray:
+    return party_data(cfg, party_spec({"partition-id": target}, cfg.num_parties, cfg.num_active)).X_train.astype(np.float64)
+
+
+def _score(cfg: RunConfig, target: int, R: list[np.ndarray], V: list[np.ndarray]) -> float:
+    """The target's Gram error from equations G v = r (1.0 with none)."""
+    X = _target_block(cfg, target)
+    if not R:
+        return 1.0
+    est = fit_exact(np.stack(R, axis=1), np.stack(V, axis=1).astype(np.float64), X.shape[1])
+    return min(attacks.gram_error(est, X, attacks.score_rows(len(X), cfg.seed)), 1e9)
+
+
+def _replay_round(server: HandServer, grid: Hijack, server_round: int, nu: np.ndarray,
+                  **passive: np.ndarray) -> list[Message]:
+    """Round ``server_round`` again under one view: every passive party's honest message with ν
+    replaced by ``nu`` (and any other array of ``passive``: one part for the role), the active
+    party's as it was."""
+    out = []
+    for nid in grid.node_ids:
+        msg = grid.honest(server_round, nid)
+        out.append(replayed(msg) if server.role(nid) == msgs.ROLE_ACTIVE else replayed(msg, nu=nu, **passive))
+    return server.exchange(out)
+
+
+def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int | None = None, stop_at: int = 4,
+                  identities: list[dict] | None = None, seed: int = 0) -> Breach:
+    """Isolate ``target`` across sessions: after round P − 1 (P = ``stop_at``), per probe,
+    ``query.rejoin(P − 2)`` to the target alone (it restores round P − 2 from its disk), a
+    fresh signed session, then round P − 1 again with one consistent view: the same probe ν
+    to every passive party. A party that kept its reply of round P − 1 answers the "re-send"
+    from it; only the target steps, so each decoded sum minus the honest one of round P − 1
+    is that party's step alone: (1/η) G_T (ν_P−1 − ν). Gradient descent or block Newton
+    (Newton: the honest round P − 1 is not linear in ν, so the first probe is ν = 0, the
+    reference, and its probes keep the passive curvature zero). ``probes``: default the
+    target's column count (discovery gives it), one equation each."""
+    cfg = RunConfig.from_flower(run_config)
+    newton = cfg.optimizer_in_use == "newton"
+    grid = take_over(run_config, stop_at, folder, identities)
+    server, last = HandServer(grid), stop_at - 1
+    target_node = grid.node_ids[target]
+    n = len(grid.honest(last, target_node).content.array_records[msgs.PAYLOAD]["nu"].numpy())
+    count = probes or _target_block(cfg, target).shape[1]
+    record, key, scale = (msgs.DIRECTIONS, "dir", cfg.mu_value(n)) if newton else (msgs.LOGITS, "train", cfg.eta)
+    nus = probe_vectors(n, count + newton, seed, newton)
+    if newton:
+        nus[0] = np.zeros(n, dtype=np.float32)
+        reference, ref_nu = None, None
+    else:
+        reference = grid.honest_sum(last)
+        ref_nu = grid.honest(last, target_node).content.array_records[msgs.PAYLOAD]["nu"].numpy()
+    R, V, decoded = [], [], 0
+    for nu in nus:
+        server.rejoin([target_node], last - 1)
+        if not server.session():
+            continue
+        total = server.decode(_replay_round(server, grid, last, nu), record, key)
+        if total is None:
+            continue
+        decoded += 1
+        if reference is None:
+            reference, ref_nu = total, nu
+            continue
+        R.append(scale * (reference - total))
+        V.append(nu.astype(np.float64) - ref_nu.astype(np.float64))
+    role = ("block Newton: " if newton else "") + f"query.rejoin to party {target} alone, a fresh session, round {last} replayed"
+    return Breach(role, _score(cfg, target, R, V), len(nus), decoded, server.refusals, server.refused_by)
+
+
+def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | None = None, stop_at: int = 4,
+                identities: list[dict] | None = None, seed: int = 0) -> Breach:
+    """Restart ``target`` alone: per probe, a fresh session with the start message (round 0) to
+    the target only (its θ back to the seeded start, zero for a linear block), then another
+    fresh session and round P − 1 again with the same probe ν to every passive party; the
+    others answer their kept replies. The first probe is ν = 0: that sum is everyone's but the
+    target's, so under gradient descent the honest sum of round P − 1 minus it is the
+    target's real partial logits; each later one gives G_T ν (times 1/η; block Newton: 1/μ,
+    with no step lengths, as the restarted target holds no directions, and probes that keep
+    its curvature zero)."""
+    cfg = RunConfig.from_flower(run_config)
+    newton = cfg.optimizer_in_use == "newton"
+    grid = take_over(run_config, stop_at, folder, identities)
+    server, last = HandServer(grid), stop_at - 1
+    target_node = grid.node_ids[target]
+    X = _target_block(cfg, target)
+    n = len(X)
+    nus = [np.zeros(n, dtype=np.float32), *probe_vectors(n, probes or X.shape[1], seed, newton)]
+    if newton:
+        record, key, scale, start, extra = msgs.DIRECTIONS, "dir", cfg.mu_value(n), msgs.NEWTON_INIT, {"alpha": np.zeros(0)}
+    else:
+        record, key, scale, start, extra = msgs.LOGITS, "train", cfg.eta, msgs.INIT, {}
+    weight = grid.contexts[target_node].state.array_records[MODEL_STATE]["weight"].numpy()
+    real = (X @ weight.astype(np.float64).reshape(-1)).astype(np.float32).astype(np.float64)  # for scoring only
+    honest, base = grid.honest_sum(last, record, key), None
+    R, V, decoded, logits_error = [], [], 0, None
+    init = Message(RecordDict({msgs.ROUND: msgs.round_config(0, False)}), dst_node_id=target_node,
+                   message_type=start, group_id="0")
+    for nu in nus:
+        if not server.session() or server.exchange([replayed(init)])[0].has_error() or not server.session():
+            continue
+        total = server.decode(_replay_round(server, grid, last, nu, **extra), record, key)
+        if total is None:
+            continue
+        decoded += 1
+        if base is None:
+            base = total
+            if not newton:
+                logits_error = min(float(np.linalg.norm(honest - base - real) / np.linalg.norm(real)), 1e9)
+            continue
+        R.append(scale * (base - total))
+        V.append(nu.astype(np.float64))
+    role = ("block Newton: " if newton else "") + f"{start} (round 0) to party {target} alone in a fresh session, " \
+        f"round {last} replayed"
+    return Breach(role, _score(cfg, target, R, V), len(nus), decoded, server.refusals, server.refused_by,
+                  logits_error=logits_error)
+
+
 class DictionaryTest(LyingGrid):
     """Stands in for the label owner at the alignment's raise step: every other party gets ids
     of the server's choosing, blinded under the server's own key (the label owner's signature
@@ -255,6 +591,24 @@ def _config(dataset: str, rounds: int, folder: str, **extra) -> dict:
 def _refused(replies: list[Message], what: str) -> str:
     refused = [r for r in replies if r.has_error()]
     return f"refused by {len({r.metadata.src_node_id for r in refused})} parties ({what})" if refused else "not refused"
+
+
+def across_sessions(dataset: str, folder: Path, target: int = 2) -> list[dict]:
+    """The hand-played roles that step one party away from the others across sessions (a
+    rejoin, a restart), with pinned identity keys, under gradient descent and block Newton."""
+    out = []
+    for optimizer in ("gd", "newton"):
+        rc = _config(dataset, 10, str(folder / "runs"), optimizer=optimizer)
+        ids = secagg.generate_identities(folder / "identities", rc["num-parties"])
+        for attack, how in ((rejoin_replay, f"query.rejoin of round 2 to party {target} alone, a fresh session, "
+                             "round 3 again with one probe ν to every passive party"),
+                            (init_replay, f"the start message (round 0) to party {target} alone in a fresh session, "
+                             "round 3 again with one probe ν to every passive party")):
+            got = attack(rc, folder / f"{optimizer}-{attack.__name__}", target=target, identities=ids)
+            out.append({"role": f"{how} ({'block Newton' if optimizer == 'newton' else 'gradient descent'}, "
+                                "one probe per column of the party)", "result": got.summary(target),
+                        "refused": got.refused, "gram_error": got.gram_error})
+    return out
 
 
 def roles(dataset: str, rounds: int, folder: Path) -> list[dict]:
