@@ -21,6 +21,7 @@ from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.flower.party import MODEL_STATE
 from fairvfl_flwr.features import rejoin, secagg
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower import store
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
@@ -69,7 +70,7 @@ class DropGrid(InProcessGrid):
                 new = self.rng.getrandbits(63)
                 config = dict(ctx.node_config)
                 if self.wipe:  # its disk was replaced: it holds no state of this run
-                    config[rejoin.STATE_DIR] = str(self.wipe)
+                    config[store.STATE_DIR] = str(self.wipe)
                 self.contexts[new] = Context(run_id=ctx.run_id, node_id=new, node_config=config,
                                              state=RecordDict(), run_config=dict(ctx.run_config))
                 self.node_ids.append(new)

@@ -5,10 +5,13 @@ multiplier and the summed logits must be finite, or the run stops naming the rou
 (before a checkpoint could save the diverged state: add this hook first).
 
 Party (:func:`guard_mod`, a ClientApp mod): every ``query.init``, ``query.rejoin`` and
-``train.*`` message must carry an integer round number; a re-sent message (same type and round as
-the last one answered) is answered again instead of being processed twice. For a step
-message (``flower.party.is_step_type``) the answer is rebuilt from the θ the party
-already has, so nothing steps twice; for other messages the reply itself is kept.
+``train.*`` message must carry an integer round number; a re-sent message (same type, round
+and content as the last one answered: a digest over every record but secure aggregation's
+view, confirmations and key relay) is answered again instead of being processed twice, and a
+message of the same type and round with other content is refused. For a step message
+(``flower.party.is_step_type``) the answer is rebuilt from the θ the party already has, so
+nothing steps twice; for other messages the reply itself is kept. Either way the answer goes
+out only if it is the reply already sent (its digest is kept).
 The algorithm's own handlers check the payload (its length, dtype, finiteness).
 """
 
@@ -24,11 +27,14 @@ from flwr.supercore import log
 from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower import roundview
+from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, is_step_type
+from fairvfl_flwr.flower.party import PartyRuntime, is_step_type, mark_answer_record
 
 LAST = "fairvfl.last-reply"  # ConfigRecord: type, round, record names of the last reply
 LAST_PREFIX = "fairvfl.last-reply."
+mark_answer_record(LAST)  # a copy of a round's reply: a party restored to another round drops it
 
 
 class DivergenceGuard(RoundHook):
@@ -45,24 +51,25 @@ class DivergenceGuard(RoundHook):
 def guard_mod(message: Message, context, call_next) -> Message:
     """Round-number check and duplicate suppression (see the module doc)."""
     mtype = message.metadata.message_type
-    restart = (msgs.INIT, msgs.NEWTON_INIT, msgs.REJOIN)  # the party (re)starts: nothing before it is re-sent
+    restart = (*msgs.START_TYPES, msgs.REJOIN)  # the party (re)starts: nothing before it is re-sent
     if mtype not in restart and not mtype.startswith("train."):
         return call_next(message, context)
     rc = message.content.config_records.get(msgs.ROUND)
     if rc is None or not isinstance(rc.get("round"), int):
         raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
     server_round = int(rc["round"])
+    digest = roundview.content_digest(message.content, mtype, "")
+    last = context.state.config_records.get(LAST)
+    if last is not None and last["type"] == mtype and last["round"] == server_round:
+        if last["digest"] != digest:
+            raise FederationError(f"{PartyRuntime(context).who}: {mtype} of round {server_round} differs from the one "
+                                  "this party answered; only a byte-identical re-send is answered again; refused")
+        return _again(message, context, last, is_step_type(mtype))
     if mtype in restart:
         reply = call_next(message, context)
         _forget(context)
         return reply
     step = is_step_type(mtype)
-    last = context.state.config_records.get(LAST)
-    if last is not None and last["type"] == mtype and last["round"] == server_round:  # a re-send: answer again
-        if step:  # the reply is the logits of the θ it already has: rebuild it, no step
-            rt = PartyRuntime(context)
-            return rt.reply(message, rt.party(), steps=int(last["steps"]))
-        return Message(RecordDict({name: context.state[LAST_PREFIX + name] for name in last["names"]}), reply_to=message)
     reply = call_next(message, context)
     if reply.has_error():
         return reply
@@ -74,9 +81,31 @@ def guard_mod(message: Message, context, call_next) -> Message:
         context.state[LAST_PREFIX + name] = reply.content[name]
     stats = reply.content.metric_records.get(msgs.STATS)
     context.state.config_records[LAST] = ConfigRecord(
-        {"type": mtype, "round": server_round, "names": names, "steps": int(stats["steps"]) if stats else 0}
-    )
+        {"type": mtype, "round": server_round, "digest": digest, "names": names, "reply": _reply_digest(reply),
+         "steps": int(stats["steps"]) if stats else 0})
     return reply
+
+
+def _again(message: Message, context, last: ConfigRecord, step: bool) -> Message:
+    """The answer to a re-sent message: the reply rebuilt from the θ the party holds (a step
+    message: logits would double the state kept) or the one kept, only if it is the reply
+    already sent: a party whose state moved since would otherwise reveal a new value."""
+    if step:
+        rt = PartyRuntime(context)
+        reply = rt.reply(message, rt.party(), steps=int(last["steps"]))
+    else:
+        reply = Message(RecordDict({name: context.state[LAST_PREFIX + name] for name in last["names"]}),
+                        reply_to=message)
+    if _reply_digest(reply) != last["reply"]:
+        raise FederationError(f"{PartyRuntime(context).who}: the answer to a re-sent "
+                              f"{message.metadata.message_type} of round {last['round']} would differ from the reply "
+                              "this party sent (its state moved since); refused")
+    return reply
+
+
+def _reply_digest(reply: Message) -> str:
+    """SHA-256 of a reply's values (its logits or directions and statistics): what a re-send must repeat."""
+    return roundview.content_digest(reply.content, "reply", "")
 
 
 def _forget(context) -> None:

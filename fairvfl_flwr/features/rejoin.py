@@ -1,13 +1,9 @@
 """A party's restart costs a round, not the run (run config ``reliability.rejoin-timeout > 0``).
 
 Party (:func:`rejoin_mod`): after every reply that follows a step (and the first logits,
-round 0) a party writes its state of that round to its own disk: every record of its node
-state that carries the run from one round to the next (θ, a step's own state, Newton's
-directions and moves, the aligned block's key, the secure-aggregation sessions it joined:
-``flower.party.mark_round_state``). Where: node config ``state-dir``, else ``rejoin/`` under
-the party's data cache (node config ``cache-dir``, ``$FAIRVFL_CACHE_DIR``); per run
-(Flower's run id, the same before and after a SuperNode restarts) and partition, the last
-:data:`KEEP` rounds. Nothing of it is ever sent.
+round 0) a party writes its state of that round to its own disk (flower/store.py: θ, a
+step's own state, Newton's directions and moves, the aligned block's key, the
+secure-aggregation sessions it joined, its history's head). Nothing of it is ever sent.
 
 Server (:class:`Rejoin`, a round hook): after every completed round it keeps a copy of its
 own state (``VFLServer.snapshot``: λ, the held logits or their masked sum, the history, an
@@ -15,103 +11,35 @@ algorithm's own). When a round fails because a party left the federation
 (``PartyUnavailable``), it returns to the last completed round r and waits up to
 ``rejoin-timeout`` seconds for a node of that party to join (a restarted SuperNode has a new
 node id). Every party, the returning one and those that stayed, is sent ``query.rejoin``
-with round r: it restores its state of round r from its own disk (a party that stepped
-into round r + 1 steps back) and replies as to discovery, with the round it restored. The
-server checks the party's role, rows and row-id digest as at discovery, takes the new node
-in place of the old, and every hook re-establishes its set-up (secure aggregation: a fresh
-signed session). Round r + 1 then runs again. The server never holds a party's block; a
-party that cannot restore round r (no state, another run's) refuses, naming its folder.
+with round r: it checks it holds its state of round r and replies as to discovery, with
+that round. The server checks the party's role, rows and row-id digest as at discovery,
+takes the new node in place of the old, and every hook re-establishes its set-up. Without
+secure aggregation each party restores round r on the rejoin message; under it, the fresh
+signed session is the move: every party signs the round and history head it restores, and
+restores only once every peer signed the same (features/secagg.py, flower/history.py), so
+no party ever steps back alone. Round r + 1 then runs again. The server never holds a
+party's block; a party that cannot restore round r (no state, another run's) refuses,
+naming its folder.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from logging import INFO, WARNING
-from pathlib import Path
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fairvfl_flwr.data.partydata import cache_dir, write_atomically
 from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower.discovery import joined_nodes
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 from fairvfl_flwr.flower.hooks import Node, RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, round_of, round_state
+from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.store import load_state, restore, save_state, state_dir
 
-STATE_DIR = "state-dir"  # node config: where this party keeps its state of the last rounds
-KEEP = 3  # rounds of state kept per party (the last completed round is among the last two)
 POLL_SECONDS = 0.5  # how often the server looks for a returning node
-
-
-class RejoinStateError(RuntimeError):
-    """A party has no state of the round the run continues from, or a damaged one."""
-
-
-# -- the party's files ------------------------------------------------------------------
-def state_dir(context: Context, rt: PartyRuntime) -> Path:
-    """This party's state folder for this run: node config ``state-dir``, else ``rejoin/`` under its
-    data cache; then ``run-<run id>/partition-<k>``."""
-    root = context.node_config.get(STATE_DIR)
-    base = Path(str(root)).expanduser() if root else cache_dir(rt.spec) / "rejoin"
-    return base / f"run-{context.run_id}" / f"partition-{rt.spec.partition_id}"
-
-
-def save_state(folder: Path, server_round: int, state: RecordDict) -> Path:
-    """Write the registered round-state records of ``state`` as ``round-<r>.npz``; keep the last
-    :data:`KEEP` rounds (a later round's file is of a round this run is about to run again)."""
-    arrays: dict[str, np.ndarray] = {}
-    meta: dict = {"round": server_round, "arrays": {}, "configs": {}}
-    for name in round_state():
-        if name in state.array_records:
-            keys = meta["arrays"][name] = []
-            for key, value in state.array_records[name].items():
-                keys.append(key)
-                arrays[f"a{len(arrays)}"] = value.numpy()
-        elif name in state.config_records:
-            meta["configs"][name] = dict(state.config_records[name])
-    path = folder / f"round-{server_round:08d}.npz"
-
-    def write(fh) -> None:
-        np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-    write_atomically(path, write)
-    for old in folder.glob("round-*.npz"):
-        if int(old.stem.split("-")[1]) > server_round:
-            old.unlink(missing_ok=True)
-    for old in sorted(folder.glob("round-*.npz"))[:-KEEP]:
-        old.unlink(missing_ok=True)
-    return path
-
-
-def load_state(folder: Path, server_round: int, who: str) -> dict[str, ArrayRecord | ConfigRecord]:
-    """The records a party saved after ``server_round``, or a refusal naming what it has."""
-    path = folder / f"round-{server_round:08d}.npz"
-    if not path.exists():
-        have = sorted(p.stem for p in folder.glob("round-*.npz")) if folder.exists() else []
-        raise RejoinStateError(f"{who} holds no state of round {server_round} of this run in {folder} (has: "
-                               f"{', '.join(have) or 'none'}); it cannot continue the run (was its node config's "
-                               f"{STATE_DIR} or cache-dir changed, or its disk replaced?)")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f["meta"]))
-            stored = iter(sorted((k for k in f.files if k != "meta"), key=lambda k: int(k[1:])))
-            records: dict[str, ArrayRecord | ConfigRecord] = {}
-            for name, keys in meta["arrays"].items():
-                records[name] = ArrayRecord({key: Array(np.ascontiguousarray(f[next(stored)])) for key in keys})
-    except Exception as exc:  # noqa: BLE001  (a damaged file is reported, never half-used)
-        raise RejoinStateError(f"{who}: its state of round {server_round} in {path} cannot be read: {exc}") from exc
-    if int(meta["round"]) != server_round:
-        raise RejoinStateError(f"{who}: {path} holds round {meta['round']}, not {server_round}")
-    records.update({name: ConfigRecord(values) for name, values in meta["configs"].items()})
-    return records
 
 
 # -- the party's side -------------------------------------------------------------------
@@ -129,16 +57,15 @@ def rejoin_mod(message: Message, context: Context, call_next) -> Message:
 
 
 def rejoin(message: Message, context: Context) -> Message:
-    """Restore this party's state of the message's round from its own disk, then answer as to
-    discovery (role, rows, row-id digest) with the round restored."""
+    """Answer as to discovery (role, rows, row-id digest) with the round to continue from, once this
+    party holds its state of that round on its own disk. Without secure aggregation it restores
+    that state now; under it the party moves only at the set-up that follows, once every party
+    signed the same round and history head (features/secagg.py): a party alone never steps back."""
     rt = PartyRuntime(context)
     server_round = round_of(message)[0]
-    merge = round_state()
-    for name, record in load_state(state_dir(context, rt), server_round, rt.who).items():
-        held = context.state.config_records.get(name) if merge.get(name) else None
-        if held is not None:  # a record that only grows: what the node holds now and what the disk held
-            record = ConfigRecord({k: list(dict.fromkeys([*held.get(k, []), *v])) for k, v in record.items()})
-        context.state[name] = record
+    records = load_state(state_dir(context, rt), server_round, rt.who)
+    if not rt.cfg.masked:
+        restore(context, records)
     reply = party.info(message, context)
     reply.content.config_records["info"]["round"] = server_round
     return reply

@@ -95,7 +95,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.data.partydata import NodeConfigError
-from fairvfl_flwr.flower import roundview
+from fairvfl_flwr.flower import history, roundview, store
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
@@ -113,7 +113,10 @@ IDENTITY_KEY = "identity-key"  # node config: this party's Ed25519 private key (
 PEERS = "peers"  # node config: JSON file, partition id -> every party's Ed25519 public key (hex)
 #: Node config keys by which a node reads its own data: such a node is deployed (not a simulation).
 DEPLOYED_KEYS = ("data-path", "table-path", "score-path")
-ALLOW_UNMASKED = "allow-unmasked"  # node config: true lets a deployed party run unmasked, unauthenticated jobs
+#: Node config: true lets a deployed party *without identity keys* answer unmasked rounds. It
+#: authenticates nothing less: such a node cannot sign, so it takes no part in a masked run or a
+#: private alignment, and a node that holds identity keys refuses unmasked jobs whatever it says.
+ALLOW_UNMASKED = "allow-unmasked"
 KEY_TOOL = "`fairvfl-keys new` (this party's key) and `fairvfl-keys peers` (the pinned peers file)"
 WIDE_FRACTION_BITS = 64
 WIDE_LIMIT = 2.0 ** (127 - WIDE_FRACTION_BITS)  # the 128-bit ring's signed range, in value units
@@ -125,14 +128,15 @@ SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "d
 #: Keys of a Newton directions reply summed in the 128-bit ring (float64, unbounded scale).
 WIDE_KEYS = ("a", "gram")
 #: ConfigRecord on a training run's first bound messages: every party's signed key (``pk-<party>``,
-#: ``sig-<party>`` -> bytes). Config records, not arrays, here and in the set-up's messages:
-#: Flower moves every array of a message as objects of their own, in a request each at every hop.
-RELAY = "secagg-peers"
+#: ``sig-<party>`` -> bytes; ``round-<party>``, ``head-<party>``: the history it signed). Config
+#: records, not arrays, here and in the set-up's messages: Flower moves every array of a message
+#: as objects of their own, in a request each at every hop.
+RELAY = roundview.RELAY
 #: ConfigRecord of a masked reply: ‖θ_k‖², its 128-bit word as 16 bytes (two little-endian uint64, high
 #: then low; its metric is then 0). One config value, not an array: see :data:`RELAY`.
 SQ_NORM = "secagg-sq-norm"
 INFO = b"fairvfl-flwr secure aggregation v1"
-SIGNED = b"fairvfl-flwr secure aggregation key v1"  # prefix of what a party signs
+SIGNED = b"fairvfl-flwr secure aggregation key v2"  # prefix of what a party signs
 DEMO_IDENTITY = b"fairvfl-flwr demo identity key"  # simulation without identity files: public, proves nothing
 
 
@@ -222,9 +226,11 @@ def pair_key(private: X25519PrivateKey, peer_public: bytes, a: int, b: int, sess
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=session.encode() or None, info=INFO + pair).derive(shared)
 
 
-def signed_text(session: str, partition_id: int, public: bytes) -> bytes:
-    """What a party signs with its identity key: its ephemeral X25519 key for this set-up and party."""
-    return SIGNED + struct.pack(">I", partition_id) + session.encode() + b"\0" + public
+def signed_text(session: str, partition_id: int, public: bytes, server_round: int, head: bytes) -> bytes:
+    """What a party signs with its identity key: its ephemeral X25519 key for this set-up and party,
+    and the round and history head it enters the session with (flower/history.py)."""
+    return (SIGNED + struct.pack(">I", partition_id) + session.encode() + b"\0" + public
+            + struct.pack(">q", server_round) + head)
 
 
 def new_identity(path: Path) -> str:
@@ -270,15 +276,16 @@ def generate_identities(folder: Path, num_parties: int) -> list[dict[str, str]]:
 
 
 # -- the server's side -----------------------------------------------------------------
-def agree_keys(parties: list[tuple[int, int, str]], send) -> str:
+def agree_keys(parties: list[tuple[int, int, str]], send, rollback: int | None = None) -> str:
     """Relay a key set-up: each party's signed X25519 key to every party; returns the session id.
 
     ``parties``: (node id, partition id, name) of each; ``send(messages)`` returns the
-    replies in the order of ``messages``. A new session id per set-up: new pair keys."""
+    replies in the order of ``messages``. A new session id per set-up: new pair keys.
+    ``rollback``: every party moves back to its stored state of that round, once all signed it."""
     # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
     session = new_session()
-    asks = [Message(RecordDict({"secagg": key_request(session)}), dst_node_id=nid, message_type=msgs.SECAGG_KEYS,
-                    group_id="secagg") for nid, _, _ in parties]
+    asks = [Message(RecordDict({"secagg": key_request(session, rollback)}), dst_node_id=nid,
+                    message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid, _, _ in parties]
     relay_keys(parties, signed_keys(parties, send(asks), session), send)
     return session
 
@@ -288,10 +295,11 @@ def new_session() -> str:
     return secrets.token_hex(16)
 
 
-def key_request(session: str) -> ConfigRecord:
+def key_request(session: str, rollback: int | None = None) -> ConfigRecord:
     """What asks a party for its signed key of set-up ``session`` (on ``query.sakeys``, or on the
-    run's discovery message, which then brings the keys back with the parties' roles)."""
-    return ConfigRecord({"session": session})
+    run's discovery message, which then brings the keys back with the parties' roles);
+    ``rollback``: the round every party is to restore, which each then signs instead of its own."""
+    return ConfigRecord({"session": session} if rollback is None else {"session": session, "rollback": int(rollback)})
 
 
 def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], session: str) -> dict[str, bytes]:
@@ -299,12 +307,15 @@ def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], ses
     ``parties``), keyed for the relay; the log says whether any party signed with a demo key."""
     public, demo = {}, []
     for (_, pid, name), reply in zip(parties, replies):
-        record = reply.content.config_records.get("secagg")
-        key, signature = (None, None) if record is None else (record.get("public"), record.get("signature"))
-        if not isinstance(key, bytes) or len(key) != 32 or not isinstance(signature, bytes):
+        record = reply.content.config_records.get("secagg") or ConfigRecord()
+        key, signature, head = record.get("public"), record.get("signature"), record.get("head")
+        server_round = record.get("round")
+        if (not isinstance(key, bytes) or len(key) != 32 or not isinstance(signature, bytes)
+                or not isinstance(head, bytes) or not isinstance(server_round, int)):
             raise FederationError(f"{name} sent no signed X25519 public key for secure aggregation")
         public[f"pk-{pid}"], public[f"sig-{pid}"] = key, signature
-        if _demo_signed(pid, session, key, signature):
+        public[f"round-{pid}"], public[f"head-{pid}"] = server_round, head
+        if _demo_signed(pid, session, key, signature, server_round, head):
             demo.append(pid)
     # The operator's evidence that the deployment is authenticated: a demo key is public, so the
     # server can tell one apart (each party's own check against its pinned peers file is what counts).
@@ -321,10 +332,12 @@ def relay_keys(parties: list[tuple[int, int, str]], public: dict[str, bytes], se
                   group_id="secagg") for nid, _, _ in parties])
 
 
-def _demo_signed(partition_id: int, session: str, key: bytes, signature: bytes) -> bool:
+def _demo_signed(partition_id: int, session: str, key: bytes, signature: bytes, server_round: int,
+                 head: bytes) -> bool:
     """Whether a party's signed key verifies under the demo identity of its partition."""
     try:
-        _demo_key(partition_id).public_key().verify(signature, signed_text(session, partition_id, key))
+        _demo_key(partition_id).public_key().verify(signature, signed_text(session, partition_id, key,
+                                                                           server_round, head))
     except InvalidSignature:
         return False
     return True
@@ -375,14 +388,16 @@ class SecureAggregation(RoundHook):
         self.offered = signed_keys(self.parties(server), [by_node[n.node_id] for n in server.ordered_nodes()],
                                    self.asked)
 
-    def begin(self, server: ServerView, grid: Grid, timeout: float) -> None:
+    def begin(self, server: ServerView, grid: Grid, timeout: float, rollback: int | None = None) -> None:
         """Agree the pairwise keys of every party before round 0; the run then starts at round 1.
         The keys the discovery replies brought ride on round 0's messages, under their view;
-        otherwise (a rejoin's fresh session) the set-up is its own two messages."""
-        if self.offered is not None:
+        otherwise (a rejoin's fresh session, every party moving back to round ``rollback``) the
+        set-up is its own two messages."""
+        if self.offered is not None and rollback is None:
             self.relay, session = self.offered, self.asked
         else:
-            session = agree_keys(self.parties(server), lambda messages: server.exchange(grid, messages, timeout))
+            session = agree_keys(self.parties(server), lambda messages: server.exchange(grid, messages, timeout),
+                                 rollback)
         self.offered = None  # a later set-up (a rejoin) is a fresh session
         self.views = roundview.ServerViews(session)
         return None
@@ -392,10 +407,11 @@ class SecureAggregation(RoundHook):
         """(node id, partition id, name) of every party, in partition order."""
         return [(n.node_id, n.partition_id, str(n)) for n in server.ordered_nodes()]
 
-    def rejoined(self, server: ServerView, grid: Grid, timeout: float) -> None:
-        """A party came back (its pair keys died with it): every party joins a fresh signed session,
-        new pair keys and nonces; the old session's views and confirmations end with it."""
-        self.begin(server, grid, timeout)
+    def rejoined(self, server: ServerView, grid: Grid, timeout: float, restored: int) -> None:
+        """A party came back (its pair keys died with it): every party joins a fresh signed session
+        that moves all of them back to round ``restored`` at once (each signs the history head it
+        restores; none moves unless all signed the same); new pair keys and nonces."""
+        self.begin(server, grid, timeout, rollback=restored)
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """Bind each outgoing message to the round's view (what every party was sent), so masks cancel
@@ -501,17 +517,16 @@ def _demo_key(partition_id: int) -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(DEMO_IDENTITY + struct.pack(">I", partition_id)).digest())
 
 
-def identity(context: Context, unauthenticated_ok: bool = False) -> Ed25519PrivateKey:
+def identity(context: Context) -> Ed25519PrivateKey:
     """This party's identity key: node config ``identity-key``; without one (simulation,
-    packaged data) a key derived from the partition id, which anyone can derive.
-    ``unauthenticated_ok``: a deployed node without keys whose operator accepted
-    unauthenticated jobs (``allow-unmasked=true``) signs with that key too."""
+    packaged data) a key derived from the partition id, which anyone can derive. A deployed
+    node without one has none to sign with, whatever it waives."""
     path = context.node_config.get(IDENTITY_KEY)
     if not path:
-        if (deployed(context.node_config) and not unauthenticated_ok) or context.node_config.get(PEERS):
+        if deployed(context.node_config) or context.node_config.get(PEERS):
             raise NodeConfigError(f"privacy.secure-aggregation: node config names no '{IDENTITY_KEY}' (this party's "
                                   f"Ed25519 private key file) next to '{PEERS}' and its data; a deployment needs both "
-                                  f"(make them with {KEY_TOOL})")
+                                  f"(make them with {KEY_TOOL}); {ALLOW_UNMASKED} allows unmasked rounds only")
         return _demo_key(_partition(context))
     try:
         key = serialization.load_pem_private_key(Path(str(path)).read_bytes(), password=None)
@@ -555,13 +570,16 @@ def _check_own_pin(context: Context, identities: dict[int, Ed25519PublicKey], ow
 def sakeys(message: Message, context: Context) -> Message:
     """A fresh key pair per set-up (the same one for a re-sent request), its public half
     signed with this party's identity key; the private key stays here."""
-    session = str(message.content.config_records["secagg"]["session"])
-    return Message(RecordDict({"secagg": signed_key(session, context)}), reply_to=message)
+    return Message(RecordDict({"secagg": signed_key(message.content.config_records["secagg"], context)}),
+                   reply_to=message)
 
 
-def signed_key(session: str, context: Context) -> ConfigRecord:
-    """This party's X25519 public key of set-up ``session`` and its signature (a new key pair
-    for a new session, the held one for the same; a session it has left is refused)."""
+def signed_key(asked: ConfigRecord, context: Context) -> ConfigRecord:
+    """This party's X25519 public key of the set-up ``asked`` names, signed with the round and
+    history head it enters the session with (a new key pair for a new session, the held one for
+    the same; a session it has left is refused). A rollback's set-up signs the round to restore
+    and the head this party stored with it, and moves nothing yet (:func:`take_peers` does)."""
+    session = str(asked["session"])
     own = _partition(context)
     held = context.state.config_records.get(SESSION_STATE)
     joined = context.state.config_records.get(SESSIONS_STATE)
@@ -572,18 +590,33 @@ def signed_key(session: str, context: Context) -> ConfigRecord:
         raise FederationError(f"party {own}: secure-aggregation session {session[:8]}… is one this party has already "
                               "left; a replayed session is refused (each set-up needs a fresh session)")
     else:
+        rollback = asked.get("rollback")
+        if rollback is None:
+            entering = history.History.held(context.state, context.run_id)
+        else:
+            rt = PartyRuntime(context)
+            entering = store.stored_history(store.load_state(store.state_dir(context, rt), int(rollback), rt.who),
+                                            context)
+            if entering.round != int(rollback):
+                raise FederationError(f"{rt.who}: its stored state of round {rollback} holds no history of that round "
+                                      "(saved without secure aggregation?); it cannot sign a rollback to it; refused")
         context.state.config_records[SESSIONS_STATE] = ConfigRecord({"sessions": [*joined, session]})
-        # the old session's view awaits confirmations under keys that are gone: it ends with it
+        # the old session's view awaits confirmations under keys that are gone: it ends with it (the
+        # round and head every party signs below stand for them)
         context.state.config_records.pop(roundview.STATE, None)
         private = X25519PrivateKey.generate()
         raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                     serialization.NoEncryption())
         context.state.array_records[KEYS_STATE] = ArrayRecord({"private": msgs.blob_array(raw)})
-        context.state.config_records[SESSION_STATE] = ConfigRecord({"session": session})
+        context.state.config_records[SESSION_STATE] = ConfigRecord(
+            {"session": session, "round": entering.round, "head": entering.head,
+             "rollback": -1 if rollback is None else int(rollback), "moved": False})
         context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
+        held = context.state.config_records[SESSION_STATE]
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    signature = identity(context).sign(signed_text(session, own, public))
-    return ConfigRecord({"public": public, "signature": signature})
+    server_round, head = int(held["round"]), bytes(held["head"])
+    signature = identity(context).sign(signed_text(session, own, public, server_round, head))
+    return ConfigRecord({"public": public, "signature": signature, "round": server_round, "head": head})
 
 
 def sapeers(message: Message, context: Context) -> Message:
@@ -601,6 +634,8 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
     # a key that is not bytes is no key (the set-up then lacks that party); nor is such a signature
     peers = {int(k.split("-", 1)[1]): v for k, v in record.items() if k.startswith("pk-") and isinstance(v, bytes)}
     signatures = {int(k.split("-", 1)[1]): v for k, v in record.items() if k.startswith("sig-") and isinstance(v, bytes)}
+    rounds = {int(k.split("-", 1)[1]): v for k, v in record.items() if k.startswith("round-") and isinstance(v, int)}
+    heads = {int(k.split("-", 1)[1]): v for k, v in record.items() if k.startswith("head-") and isinstance(v, bytes)}
     if sorted(peers) != list(range(rt.cfg.num_parties)):
         raise NodeConfigError(f"{rt.who}: secure-aggregation set-up lists parties {sorted(peers)}, "
                               f"expected 0..{rt.cfg.num_parties - 1}")
@@ -609,6 +644,7 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
         raise NodeConfigError(f"{rt.who}: secure-aggregation peers arrived before this node's key set-up; "
                               "start the run again")
     session, private = str(held["session"]), _private(context)
+    entered = (int(held["round"]), bytes(held["head"]))
     mine = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     if peers[own] != mine:
         raise FederationError(f"{rt.who}: the server relayed a key for this party that is not its own; "
@@ -618,7 +654,8 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
     failed = []
     for j, pk in peers.items():
         try:
-            identities[j].verify(signatures.get(j, b""), signed_text(session, j, pk))
+            identities[j].verify(signatures.get(j, b""), signed_text(session, j, pk, rounds.get(j, -2),
+                                                                     heads.get(j, b"")))
         except InvalidSignature:
             failed.append(j)
     if failed:
@@ -631,6 +668,12 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
                  "secure-aggregation set-up are not signed by their")
         raise FederationError(f"{rt.who}: {whose} pinned identity key; {hint}refusing the run (a wrong peers entry, "
                               "key substitution or a different session)")
+    _check_histories(entered, rounds, heads, rt.who)
+    if int(held["rollback"]) >= 0 and not held["moved"]:  # every party signed the same move: make it
+        store.restore(context, store.load_state(store.state_dir(context, rt), int(held["rollback"]), rt.who))
+        context.state.config_records[SESSION_STATE] = ConfigRecord({**held, "moved": True})
+        log(LOG_INFO, "%s: every party signed the move back to round %d (history head %s…); restored it from this "
+            "party's own disk", rt.who, int(held["rollback"]), entered[1].hex()[:12])
     keys = {f"k-{j}": msgs.blob_array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
     context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
     if context.node_config.get(PEERS):  # the party's own log: what it checked, for its operator
@@ -639,6 +682,19 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
             "of parties %s verified against the pinned %s=%s", rt.who, session[:8], IDENTITY_KEY,
             context.node_config.get(IDENTITY_KEY), fingerprint(identities[own].public_bytes(*raw).hex()),
             ", ".join(map(str, sorted(peers))), PEERS, context.node_config.get(PEERS))
+
+
+def _check_histories(entered: tuple[int, bytes], rounds: dict[int, int], heads: dict[int, bytes], who: str) -> None:
+    """Every party signed the round and history head this party entered the session with, or the
+    set-up is refused naming where the histories part: a new session never moves one party alone."""
+    apart = sorted(j for j in heads if (rounds.get(j), heads[j]) != entered)
+    if apart:
+        j = apart[0]
+        raise FederationError(
+            f"{who}: party {j} entered this secure-aggregation session at round {rounds.get(j)} (history head "
+            f"{heads[j].hex()[:12]}…), this party at round {entered[0]} ({entered[1].hex()[:12]}…): their histories "
+            f"part{' (parties ' + ', '.join(map(str, apart)) + ')' if len(apart) > 1 else ''}; a session never "
+            "moves one party alone, and a rollback is one every party signs; refused")
 
 
 _PARSED: dict[tuple, dict[int, bytes]] = {}  # (run, node, set-up) -> pair keys: parsed once, not per reply
@@ -676,8 +732,17 @@ def allows_unmasked(node_config) -> bool:
 def check_deployment(context: Context, rt: PartyRuntime) -> None:
     """A deployed party is authenticated and masked, or refuses before any value leaves it:
     its node config names its identity key and the pinned peers file, and the run (or
-    scoring job) is masked; ``allow-unmasked=true`` in its own node config waives both."""
+    scoring job) is masked. ``allow-unmasked=true`` in a keyless node's config lets it answer
+    unmasked jobs; a node that holds identity keys refuses them, whatever its data."""
     node = context.node_config
+    keyed = bool(node.get(IDENTITY_KEY))
+    what = "scoring job" if rt.cfg.mode == "score" else "run"
+    if keyed and not rt.cfg.masked:
+        raise NodeConfigError(
+            f"{rt.who}: this {what} is not masked (privacy.secure-aggregation=false) and this node holds an identity "
+            f"key (node config {IDENTITY_KEY}): the server would receive its partial logits in the clear; refused "
+            f"before any value left this party ({ALLOW_UNMASKED} does not apply to a node with keys). Submit it with "
+            "privacy.secure-aggregation=true")
     if not deployed(node) or allows_unmasked(node):
         return
     reads = ", ".join(f"{k}" for k in DEPLOYED_KEYS if node.get(k))
@@ -687,15 +752,14 @@ def check_deployment(context: Context, rt: PartyRuntime) -> None:
             f"{rt.who}: this node reads its own data (node config {reads}) but its node config names no "
             f"{' and no '.join(repr(k) for k in missing)}: a deployed party signs with its own identity key and "
             f"checks every peer against a pinned peers file (demo keys exist only in simulation). Make them with "
-            f"{KEY_TOOL} (docs/deploy.md, section 0), or set {ALLOW_UNMASKED}=true in this node's config to run "
-            "unauthenticated and unmasked; refused before any value left this party")
+            f"{KEY_TOOL} (docs/deploy.md, section 0), or set {ALLOW_UNMASKED}=true in this node's config to answer "
+            "unmasked runs only; refused before any value left this party")
     if not rt.cfg.masked:
         raise NodeConfigError(
-            f"{rt.who}: this {'scoring job' if rt.cfg.mode == 'score' else 'run'} is not masked "
-            "(privacy.secure-aggregation=false) and this node is deployed: the server would receive its partial "
-            "logits in the clear; refused before any value left this party. Submit it with "
-            f"privacy.secure-aggregation=true, or set {ALLOW_UNMASKED}=true in this node's config to accept unmasked "
-            f"runs (keys: {KEY_TOOL})")
+            f"{rt.who}: this {what} is not masked (privacy.secure-aggregation=false) and this node is deployed: the "
+            "server would receive its partial logits in the clear; refused before any value left this party. Submit "
+            f"it with privacy.secure-aggregation=true, or set {ALLOW_UNMASKED}=true in the config of a node without "
+            f"identity keys to accept unmasked runs (keys: {KEY_TOOL})")
 
 
 def mask_mod(message: Message, context: Context, call_next) -> Message:
@@ -705,14 +769,14 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     that view. New records replace the reply's: the guard may hold the plain ones to answer
     a re-sent message, which is then masked again to the same words."""
     runtime = functools.cache(lambda: PartyRuntime(context))  # built at most once, only where needed
-    if deployed(context.node_config):
+    if deployed(context.node_config) or context.node_config.get(IDENTITY_KEY):
         check_deployment(context, runtime())
     held = context.state.config_records.get(SESSION_STATE)
     if held is None or message.metadata.message_type in roundview.UNBOUND:
         reply = call_next(message, context)
         asked = message.content.config_records.get("secagg")
         if message.metadata.message_type == msgs.INFO and asked is not None and not reply.has_error():
-            reply.content.config_records["secagg"] = signed_key(str(asked["session"]), context)  # the set-up's first leg
+            reply.content.config_records["secagg"] = signed_key(asked, context)  # the set-up's first leg
         return _mask_reply(message, context, reply, None, runtime)
     rt = runtime()
     if not rt.cfg.masked:
@@ -722,22 +786,23 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
         take_peers(relay, context, rt)
     keys = _pair_keys(context)
     seen = roundview.accept(message, context.state, session=str(held["session"]), own=rt.spec.partition_id,
-                            role=rt.spec.role, who=rt.who, pair_keys=keys, mask_round=mask_round(message))
-    server_round, part, view, awaiting = seen
-    roundview.remember(context.state, server_round, part, view, awaiting)  # what inner mods and a re-send see
+                            role=rt.spec.role, who=rt.who, pair_keys=keys, mask_round=mask_round(message),
+                            run_id=context.run_id)
+    server_round, part, view, head, awaiting = seen
+    roundview.remember(context.state, server_round, part, view, head, awaiting)  # what inner mods and a re-send see
     reply = call_next(message, context)
     if reply.has_error():
         return reply
-    reply = _mask_reply(message, context, reply, view, runtime, keys)
+    reply = _mask_reply(message, context, reply, head, runtime, keys)
     masked_now = roundview.CONFIRM in reply.content.config_records
-    roundview.remember(context.state, server_round, part, view, awaiting or masked_now)
+    roundview.remember(context.state, server_round, part, view, head, awaiting or masked_now)
     return reply
 
 
-def _mask_reply(message: Message, context: Context, reply: Message, view: bytes | None,
+def _mask_reply(message: Message, context: Context, reply: Message, head: bytes | None,
                 runtime: Callable[[], PartyRuntime], raw: dict[int, bytes] | None = None) -> Message:
-    """The reply with its logits or directions masked (pair keys bound to ``view``), and this
-    party's confirmations of the view; unchanged if it carries neither or masking is off.
+    """The reply with its logits or directions masked (pair keys bound to the history ``head``), and
+    this party's confirmations of that head; unchanged if it carries neither or masking is off.
     ``runtime`` and ``raw`` (the pair keys) are the caller's, read once for the message."""
     if reply.has_error():
         return reply
@@ -749,10 +814,10 @@ def _mask_reply(message: Message, context: Context, reply: Message, view: bytes 
         return reply
     raw = _pair_keys(context) if raw is None else raw
     k = rt.cfg.num_parties
-    if len(raw) != k - 1 or view is None:
+    if len(raw) != k - 1 or head is None:
         raise NodeConfigError(f"{rt.who}: privacy.secure-aggregation is on but this node holds {len(raw)} of "
                               f"{k - 1} pair keys (no set-up, or the node restarted); start the run again")
-    keys = {j: roundview.bound_key(key, view) for j, key in raw.items()}
+    keys = {j: roundview.bound_key(key, head) for j, key in raw.items()}
     own, mtype = rt.spec.partition_id, message.metadata.message_type
     server_round = mask_round(message)
     nonces = _Nonces(context, rt.who, mtype, server_round)
@@ -779,7 +844,7 @@ def _mask_reply(message: Message, context: Context, reply: Message, view: bytes 
         reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
     reply.content.array_records[name] = msgs.array_record(**masked_record)
-    reply.content.config_records[roundview.CONFIRM] = roundview.confirmations(view, own, raw)
+    reply.content.config_records[roundview.CONFIRM] = roundview.confirmations(head, own, raw)
     return reply
 
 

@@ -181,8 +181,8 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     elif mtype == msgs.NEWTON_APPLY:
         arrays["alpha-last"] = payload["alpha"].numpy()
     view = context.state.config_records.get(VIEW_STATE)
-    if view is not None and int(view["round"]) == server_round:  # secure aggregation: the masks' view (a coalition peels with it)
-        arrays["view"] = np.frombuffer(bytes.fromhex(str(view["view"])), dtype=np.uint8)
+    if view is not None and int(view["round"]) == server_round:  # secure aggregation: the history head the masks are bound to (a coalition peels with it)
+        arrays["head"] = np.frombuffer(bytes.fromhex(str(view["head"])), dtype=np.uint8)
     logits = reply.content.array_records.get(msgs.LOGITS)
     if logits is not None:
         arrays["own-u"] = logits["train"].numpy()

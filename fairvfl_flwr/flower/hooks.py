@@ -263,8 +263,9 @@ class RoundHook:
         run again; None leaves the failure to the others (and the run stops)."""
         return None
 
-    def rejoined(self, server: ServerView, grid: Grid, timeout: float) -> None:
-        """After a recovery: re-establish what ``begin`` set up with the parties, as they now are."""
+    def rejoined(self, server: ServerView, grid: Grid, timeout: float, restored: int) -> None:
+        """After a recovery: re-establish what ``begin`` set up with the parties, as they now are; every
+        party is to continue from its state of round ``restored``."""
         return None
 
     def stopped(self, server: ServerView, exc: BaseException) -> str | None:
@@ -365,7 +366,7 @@ class Hooks:
             first = h.recover(self.view, grid, exc, timeout)
             if first is not None:
                 for other in self.hooks:
-                    other.rejoined(self.view, grid, timeout)
+                    other.rejoined(self.view, grid, timeout, first - 1)
                 return first
         return None
 

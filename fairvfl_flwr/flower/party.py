@@ -272,3 +272,20 @@ def round_state() -> dict[str, bool]:
 
 for _name in (MODEL_STATE, OPTIMIZER_STATE, ALIGNED_STATE):
     mark_round_state(_name)
+
+
+# Records that describe the last message a party answered (the guard's copy of its reply):
+# they belong to that message's round, so a party whose state moves to another round drops
+# them (flower/store.py) instead of answering from them.
+_ANSWER_RECORDS: list[str] = []
+
+
+def mark_answer_record(prefix: str) -> None:
+    """Register records of ``context.state`` named ``prefix…`` as about the last message answered: a
+    restore of another round drops them."""
+    _ANSWER_RECORDS.append(prefix)
+
+
+def answer_records() -> tuple[str, ...]:
+    """Every registered prefix of :func:`mark_answer_record`."""
+    return tuple(_ANSWER_RECORDS)

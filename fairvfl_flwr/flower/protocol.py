@@ -76,6 +76,8 @@ ALIGN_INTERSECT = "query.align_intersect"
 ALIGN_FINISH = "query.align_finish"  # every other party: its common rows
 ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up the alignment it kept of these tables
 REJOIN = "query.rejoin"  # after a party dropped out: every party restores its state of a round from its own disk
+#: Messages that start a party's model afresh: answered only before anything else in a run (flower/history.py).
+START_TYPES = (INIT, NEWTON_INIT, SPLIT_INIT)
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends

@@ -43,11 +43,15 @@ from collections.abc import Callable, Iterable
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
+from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import VIEW_STATE
 
 VIEW = "secagg-view"  # ConfigRecord on a server message: round, part digests
+#: ConfigRecord on a training run's first bound messages: every party's signed key of the set-up
+#: (features/secagg.py). Set-up, not content: a re-sent message's digest leaves it out.
+RELAY = "secagg-peers"
 #: ConfigRecord of confirmations, ``t-<party>`` -> 32 bytes (on a masked reply: to each peer; on a
 #: message: from each peer). One record, not an array per peer: Flower moves every array of a
 #: message as objects of their own, in a request each at every hop.
@@ -57,9 +61,11 @@ DIGEST_TAG = b"fairvfl-flwr round part v1"
 VIEW_TAG = b"fairvfl-flwr round view v1"
 MASK_TAG = b"fairvfl-flwr view-bound pair key v1"
 CONFIRM_TAG = b"fairvfl-flwr view confirmation v1"
-#: Messages outside any view: the key set-up itself (no session yet), discovery, and a
-#: rejoin's restore (it comes before the fresh session's set-up and carries no values).
-UNBOUND = frozenset({msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.INFO, *msgs.ALIGN_STEPS, msgs.SCORE_INFO, msgs.REJOIN})
+#: Messages outside any view: the key set-up itself (no session yet), discovery, a rejoin's
+#: check (it comes before the fresh session's set-up and carries no values), and saving (a
+#: checkpoint's and the final save may share a round; the replies hold digests, no values).
+UNBOUND = frozenset({msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.INFO, *msgs.ALIGN_STEPS, msgs.SCORE_INFO, msgs.REJOIN,
+                     msgs.SAVE})
 
 
 def part_name(message_type: str, role: str) -> str:
@@ -75,7 +81,7 @@ def content_digest(content: RecordDict, message_type: str, role: str) -> str:
     kinds, array keys, dtypes, shapes and wire bytes, config and metric values."""
     h = hashlib.sha256(DIGEST_TAG + part_name(message_type, role).encode() + b"\0")
     for name in sorted(content.keys()):
-        if name in (VIEW, CONFIRM):
+        if name in (VIEW, CONFIRM, RELAY):
             continue
         record = content[name]
         if isinstance(record, ArrayRecord):
@@ -98,14 +104,15 @@ def view_digest(session: str, server_round: int, parts: dict[str, str]) -> bytes
     return h.digest()
 
 
-def bound_key(pair_key: bytes, view: bytes) -> bytes:
-    """The pair key of one view: masks of different views are independent."""
-    return hashlib.sha256(MASK_TAG + pair_key + view).digest()
+def bound_key(pair_key: bytes, head: bytes) -> bytes:
+    """The pair key of one history head (which links the round's view to every exchange before
+    it): masks of different histories are independent."""
+    return hashlib.sha256(MASK_TAG + pair_key + head).digest()
 
 
-def confirmation(pair_key: bytes, sender: int, view: bytes) -> bytes:
-    """Party ``sender``'s word to the pair's other party that it masked under ``view``."""
-    return hmac.new(pair_key, CONFIRM_TAG + struct.pack(">I", sender) + view, hashlib.sha256).digest()
+def confirmation(pair_key: bytes, sender: int, head: bytes) -> bytes:
+    """Party ``sender``'s word to the pair's other party that it masked under history ``head``."""
+    return hmac.new(pair_key, CONFIRM_TAG + struct.pack(">I", sender) + head, hashlib.sha256).digest()
 
 
 # -- the server's side -----------------------------------------------------------------
@@ -163,13 +170,16 @@ class ServerViews:
 
 # -- the party's side ------------------------------------------------------------------
 def accept(message: Message, state: RecordDict, *, session: str, own: int, role: str, who: str,
-           pair_keys: dict[int, bytes], mask_round: int | None) -> tuple[int, str, bytes, bool]:
-    """Check a message against the party's view; return (round, part, view, whether the
-    view it last masked under is still to be confirmed: the identical re-send of its round).
+           pair_keys: dict[int, bytes], mask_round: int | None, run_id: int) -> tuple[int, str, bytes, bytes, bool]:
+    """Check a message against the party's view and history; return (round, part, view, the
+    history head its reply's masks are bound to, whether the party already masked under that
+    head: the identical re-send of its last exchange, or a second leg).
 
     Refuses (``FederationError``) a message without a view, whose own part is not what it
-    received, that is a second view of a round and part, or that lacks a peer's
-    confirmation of the view the party last masked under."""
+    received, that the party's history refuses (flower/history.py: a second, different
+    message of a round and part, an earlier round, a start after the start), or that lacks a
+    peer's confirmation of the head the party last masked under. The history moves only once
+    every check passed."""
     mtype = message.metadata.message_type
     record = message.content.config_records.get(VIEW)
     if record is None:
@@ -184,22 +194,24 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
     name = part_name(mtype, role)
     view = view_digest(session, server_round, parts)
     held = state.config_records.get(STATE)
+    past = history.History.held(state, run_id)
+    now = past
     if msgs.second_leg(mtype, message.content.array_records.get(msgs.PAYLOAD)):
         if held is None or int(held["round"]) != server_round or bytes.fromhex(str(held["view"])) != view:
             raise FederationError(f"{who}: {mtype} of round {server_round} does not continue the view this party "
                                   "holds of that round; refused (different messages to different parties)")
         name = str(held["part"])
-    elif parts.get(name) != content_digest(message.content, mtype, role):
-        raise FederationError(f"{who}: the view of round {server_round} lists another {name} message than this "
-                              "party received; refused (the server sent different parties different values)")
-    same = held is not None and int(held["round"]) == server_round and str(held["part"]) == name
+    else:
+        digest = content_digest(message.content, mtype, role)
+        if parts.get(name) != digest:
+            raise FederationError(f"{who}: the view of round {server_round} lists another {name} message than this "
+                                  "party received; refused (the server sent different parties different values)")
+        now, _ = past.advance(mtype, server_round, name, digest, parts, who)
     pending = None if held is None or not held["pending"] else bytes.fromhex(str(held["pending"]))
-    if same and pending is not None and pending != view:  # it masked under the first one
-        raise FederationError(f"{who}: a second, different {name} message for round {server_round}; refused "
-                              "(one view per round under secure aggregation)")
-    if pending is not None and not same:
+    if pending is not None and pending != now.head:
         confirm_peers(message, pending, who, pair_keys, int(held["round"]))
-    return server_round, name, view, pending is not None and same
+    now.save(state)
+    return server_round, name, view, now.head, pending is not None and pending == now.head
 
 
 def confirm_peers(message: Message, pending: bytes, who: str, pair_keys: dict[int, bytes],
@@ -217,13 +229,14 @@ def confirm_peers(message: Message, pending: bytes, who: str, pair_keys: dict[in
                                   "(the server sent different values to different parties); refused")
 
 
-def remember(state: RecordDict, server_round: int, name: str, view: bytes, awaiting: bool) -> None:
-    """Keep the view this party answered under; ``awaiting``: a masked reply went out under
-    it (or still awaits from before), so the next round needs the peers' confirmations."""
+def remember(state: RecordDict, server_round: int, name: str, view: bytes, head: bytes, awaiting: bool) -> None:
+    """Keep the view this party answered under; ``awaiting``: a masked reply went out bound to
+    the history ``head`` (or still awaits from before), so the next exchange needs the peers'
+    confirmations of that head."""
     state.config_records[STATE] = ConfigRecord({"round": server_round, "part": name, "view": view.hex(),
-                                                "pending": view.hex() if awaiting else ""})
+                                                "head": head.hex(), "pending": head.hex() if awaiting else ""})
 
 
-def confirmations(view: bytes, own: int, pair_keys: dict[int, bytes]) -> ConfigRecord:
-    """This party's confirmation of ``view`` to each peer."""
-    return ConfigRecord({f"t-{j}": confirmation(k, own, view) for j, k in sorted(pair_keys.items())})
+def confirmations(head: bytes, own: int, pair_keys: dict[int, bytes]) -> ConfigRecord:
+    """This party's confirmation of the history ``head`` it masked under, to each peer."""
+    return ConfigRecord({f"t-{j}": confirmation(k, own, head) for j, k in sorted(pair_keys.items())})

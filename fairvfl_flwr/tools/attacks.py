@@ -401,10 +401,10 @@ class SumEstimate:
 
 # -- the coalition server + active party under secure aggregation ---------------------------------
 def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round: int,
-               split: str = "train", view: bytes | None = None) -> np.ndarray:
+               split: str = "train", head: bytes | None = None) -> np.ndarray:
     """Party ``pid``'s masked words with the masks of its pairs in ``keys`` (the pair's other
-    party → key) removed; ``view``: the round's view digest the masks are bound to
-    (flower/roundview.py), which the holder of the keys computed itself.
+    party → key) removed; ``head``: the history head the round's masks are bound to
+    (flower/history.py), which the holder of the keys computed itself.
 
     Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
     k_ij for some j undoes those terms. With every pair key of the word (one passive party and
@@ -412,23 +412,23 @@ def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round
     """
     out = np.asarray(words, dtype=np.uint64).copy()
     for other, key in keys.items():
-        m = mask(key if view is None else bound_key(key, view), server_round, split, len(out))
+        m = mask(key if head is None else bound_key(key, head), server_round, split, len(out))
         out = out + m if other < pid else out - m  # uint64: wraps mod 2^64
     return out
 
 
 def coalition_peeled(server_rounds: list[dict], pid: int, holder: int, keys: dict[int, bytes],
-                     views: dict[int, bytes] | None = None) -> list[dict]:
+                     heads: dict[int, bytes] | None = None) -> list[dict]:
     """The server's transcript with party ``pid``'s training words peeled by the key it shares
-    with party ``holder`` (``keys``: the holder's pair keys, other party → key; ``views``: the
-    holder's view digest of each round, from its transcript)."""
+    with party ``holder`` (``keys``: the holder's pair keys, other party → key; ``heads``: the
+    holder's history head of each round, from its transcript)."""
     pair = {holder: keys[pid]}
     out = []
     for r in server_rounds:
         r = dict(r)
         t = int(r["round"])
         if f"u-{pid}" in r and r[f"u-{pid}"].dtype == np.uint64:
-            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, t, view=(views or {}).get(t)))
+            r[f"u-{pid}"] = decode(peel_masks(r[f"u-{pid}"], pid, pair, t, head=(heads or {}).get(t)))
         out.append(r)
     return out
 

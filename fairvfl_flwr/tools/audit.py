@@ -286,8 +286,8 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         gram_scores(out, "server", grams, X, passive, rows)
         eval_attack(out, server, grams, passive, cfg)
     if coalition_keys is not None:
-        views = {int(r["round"]): r["view"].tobytes() for r in transcripts.load(folder, 0) if "view" in r}
-        peeled = {k: attacks.coalition_peeled(server, k, 0, coalition_keys, views) for k in passive}
+        heads = {int(r["round"]): r["head"].tobytes() for r in transcripts.load(folder, 0) if "head" in r}
+        peeled = {k: attacks.coalition_peeled(server, k, 0, coalition_keys, heads) for k in passive}
         medians(out, "coalition_traj", [attacks.trajectory_attack(peeled[k], k, X[k], rows, cfg.seed)
                                         for k in passive])
         if cfg.model == "linear":
