@@ -668,7 +668,7 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
                  "secure-aggregation set-up are not signed by their")
         raise FederationError(f"{rt.who}: {whose} pinned identity key; {hint}refusing the run (a wrong peers entry, "
                               "key substitution or a different session)")
-    _check_histories(entered, rounds, heads, rt.who)
+    check_histories(entered, rounds, heads, rt.who)
     if int(held["rollback"]) >= 0 and not held["moved"]:  # every party signed the same move: make it
         store.restore(context, store.load_state(store.state_dir(context, rt), int(held["rollback"]), rt.who))
         context.state.config_records[SESSION_STATE] = ConfigRecord({**held, "moved": True})
@@ -684,7 +684,7 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
             ", ".join(map(str, sorted(peers))), PEERS, context.node_config.get(PEERS))
 
 
-def _check_histories(entered: tuple[int, bytes], rounds: dict[int, int], heads: dict[int, bytes], who: str) -> None:
+def check_histories(entered: tuple[int, bytes], rounds: dict[int, int], heads: dict[int, bytes], who: str) -> None:
     """Every party signed the round and history head this party entered the session with, or the
     set-up is refused naming where the histories part: a new session never moves one party alone."""
     apart = sorted(j for j in heads if (rounds.get(j), heads[j]) != entered)
