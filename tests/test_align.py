@@ -22,6 +22,7 @@ from fairvfl_flwr.data.psi import TRAIN_CODE, split_common
 from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.own_table import normalise_ids, prepare_block
 from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
+from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -34,6 +35,7 @@ pytest.importorskip("private_set_intersection")
 pytestmark = pytest.mark.usefixtures("private_party_cache")  # a kept alignment is reused only within a test
 
 ROWS = 3000
+MASKED = {"privacy.secure-aggregation": True}  # deployed parties hold keys, and a node with keys refuses unmasked jobs
 
 
 # unmasked (own tables default to masked): these runs are compared with unmasked joint-table references
@@ -57,7 +59,7 @@ def own_tables(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained_own(own_tables, tmp_path_factory):
     """The run of ``own_config`` on ``own_tables`` (summary, run folder), for the tests that
-    only read it: the scoring job's model and the deployment's reference."""
+    only read it: the scoring job's model."""
     folder, _, _ = own_tables
     return run_inprocess(own_config(folder, **{"output-dir": str(tmp_path_factory.mktemp("trained"))}), quiet=True)
 
@@ -282,23 +284,24 @@ def test_ids_are_text_with_surrounding_spaces_stripped():
 
 
 @pytest.mark.slow  # a node-config run on 3,000 Adult rows (its reference is the fast loop's); alignment runs there too
-def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, trained_own, tmp_path):
+def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_path):
     """Deployment: each node config names its table, its id column (any name) and, for the
     label owner, the label and groups; the run config only says tables.own."""
     folder, _, _ = own_tables
     nodes = []
+    identities = secagg.generate_identities(tmp_path / "identities", 4)  # deployed: signed, so masked
     for k in range(4):
         df = pd.read_csv(folder / f"party{k}.csv")
         id_name = ["customer", "client_no", "kundennummer", "policy holder"][k]
         df.rename(columns={ID: id_name}).to_csv(tmp_path / f"own{k}.csv", index=False)
-        node = {"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / f"own{k}.csv"), "allow-unmasked": True,
-                "id-column": id_name, "role": "active" if k == 0 else "passive"}
+        node = {"partition-id": k, "num-partitions": 4, "table-path": str(tmp_path / f"own{k}.csv"),
+                "id-column": id_name, "role": "active" if k == 0 else "passive", **identities[k]}
         if k == 0:
             node.update(LABEL_OWNER)
         nodes.append(node)
-    rc = RunConfig.from_flower({**BASE, "tables.own": True, "output-dir": str(tmp_path / "dep")}).to_flower()
+    rc = RunConfig.from_flower({**BASE, **MASKED, "tables.own": True, "output-dir": str(tmp_path / "dep")}).to_flower()
     deployed, _ = run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)
-    simulated, _ = trained_own
+    simulated, _ = run_inprocess(own_config(folder, **MASKED, **{"output-dir": str(tmp_path / "sim")}), quiet=True)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
         assert deployed[key] == simulated[key], key
 
@@ -414,7 +417,8 @@ def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tm
                 df.to_csv(d / f"party{k}.csv", index=False)
                 score.to_csv(d / f"score{k}.csv", index=False)
     rc = {"num-server-rounds": 3, "eval-every": 3}
-    nodes = [[{"partition-id": k, "num-partitions": 4, "allow-unmasked": True, "table-path": str(tmp_path / fmt / (
+    identities = secagg.generate_identities(tmp_path / "identities", 4)  # deployed: signed, so masked
+    nodes = [[{"partition-id": k, "num-partitions": 4, **identities[k], "table-path": str(tmp_path / fmt / (
         f"party{k}.parquet" if k == 2 and fmt == "parquet" else f"party{k}.csv")), "id-column": ID,
         "score-path": str(tmp_path / fmt / (f"score{k}.parquet" if k == 2 and fmt == "parquet" else f"score{k}.csv")),
         "role": "active" if k == 0 else "passive", **({"label-column": "income", "label-positive": ">50K",
@@ -423,7 +427,8 @@ def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tm
         for k in range(4)] for fmt in ("csv", "parquet")]
     out = {}
     for fmt, node_configs in zip(("csv", "parquet"), nodes):
-        train = RunConfig.from_flower({**BASE, **rc, "tables.own": True, "output-dir": str(tmp_path / f"run-{fmt}")})
+        train = RunConfig.from_flower({**BASE, **rc, **MASKED, "tables.own": True,
+                                       "output-dir": str(tmp_path / f"run-{fmt}")})
         summary, trained = run_server(InProcessGrid(client_app, train.to_flower(), 4, node_configs=node_configs),
                                       train.to_flower())
         job = {"mode": "score", "score.model-from": str(trained), "output-dir": str(tmp_path / f"score-{fmt}")}
@@ -585,10 +590,11 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
     assert steps == ["size"] * 4 + ["reuse"] * 4  # no id blinded: every party took up its kept alignment
     assert history_again == [{**row, "seconds": r["seconds"]} for row, r in zip(history, history_again)]
     assert again["test_acc"] == first["test_acc"]
-    replayed = _reuse_fields(sent_by_last_run)["kept-signature-2"]  # party 2's signature of the last session
+    replayed = _reuse_fields(sent_by_last_run)["size-signature-2"]  # party 2's signature of the last session
     rc = RunConfig.from_flower(own_config(tmp_path, **{"output-dir": str(tmp_path / "runs"), **SHORT})).to_flower()
-    with pytest.raises(FederationError, match=r"alignment step 'reuse': the kept-alignment digests are not signed "
-                                              r"by party 2's pinned identity key for this alignment; refused"):
+    with pytest.raises(FederationError, match=r"alignment step 'reuse': party 2's size answer and kept-alignment "
+                                              r"digest are not signed by party 2's pinned identity key for this "
+                                              r"alignment; refused"):
         run_server(Replaying(client_app, rc, 4, signature=replayed), rc)
     caplog.clear()
     df = pd.read_csv(tmp_path / "party2.csv")
@@ -618,7 +624,7 @@ class Replaying(InProcessGrid):
         for m in messages:
             if m.metadata.message_type == msgs.ALIGN_REUSE:
                 m.content.config_records["align"] = ConfigRecord({**_reuse_fields([m]),
-                                                                  "kept-signature-2": self.signature})
+                                                                  "size-signature-2": self.signature})
         return super().push_messages(messages)
 
 

@@ -48,6 +48,11 @@ from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays
 from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table
 from fairvfl_flwr.data.tables import DataError
 
+try:  # POSIX; elsewhere the session check still holds, only two claims at the same instant could race
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
 TRAIN_CODE, TEST_CODE, UNUSED_CODE = 0, 1, 2
 
 
@@ -383,3 +388,52 @@ def kept_labels(spec: PartySpec, cfg: Any) -> dict[str, np.ndarray]:
     path = _kept_paths(spec, cfg)[0].with_suffix(".npz")
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
+
+
+# -- alignment sessions a party has taken part in: a replayed one is refused ----------------------
+#: Sessions a party remembers (the newest; 132 kB). An older one would be accepted again, but only
+#: with signatures from before its last 4,096 alignments, which outlast few federations' keys.
+SESSIONS_KEPT = 4096
+
+
+def _sessions_file(spec: PartySpec) -> Path:
+    return cache_dir(spec) / KEPT / f"sessions-{spec.partition_id}.txt"
+
+
+def _session_entry(session: str) -> str:
+    # the server chooses the id: only its digest goes to the party's disk
+    return hashlib.sha256(session.encode()).hexdigest()[:32]
+
+
+def used_session(spec: PartySpec, session: str) -> bool:
+    """Whether this party already took part in alignment ``session`` (its own disk)."""
+    try:
+        return _session_entry(session) in _sessions_file(spec).read_text().split()
+    except OSError:
+        return False
+
+
+def claim_session(spec: PartySpec, session: str) -> bool:
+    """Record alignment ``session`` as taken part in on this party's disk, next to its kept
+    alignments; False if it already was. A party that cannot record it refuses the session:
+    unrecorded, it could be replayed in a later run."""
+    path = _sessions_file(spec)
+    entry = _session_entry(session)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another message's process may claim at the same time
+            try:
+                seen = path.read_text().split()
+            except FileNotFoundError:
+                seen = []
+            if entry in seen:
+                return False
+            seen = [*seen[-(SESSIONS_KEPT - 1):], entry]
+            write_atomically(path, lambda fh: fh.write(("\n".join(seen) + "\n").encode()))
+    except OSError as err:
+        raise DataError(f"{spec.name}: cannot record alignment session {session[:8]}… in {path} ({err}); a party "
+                        "remembers the sessions it took part in so that none is replayed, and its cache folder "
+                        "(node config cache-dir) must be writable") from err
+    return True

@@ -33,13 +33,24 @@ raise, intersect, finish. The last intersect message is refused unless every oth
 lists came in this session.
 
 Every list a party acts on is signed by the party that made it, with the identity key
-secure aggregation pins (node config ``identity-key``, ``peers``; demo keys in simulation),
-over the session the server opened at ``size``, the step and a SHA-256 digest of the list:
-the leader's blinded ids (which the others raise), each party's blinded and raised lists
-(which the leader intersects), and each party's common positions and split (which it keeps).
-A party refuses anything else, naming the step, so a server cannot have a party raise ids
-of its own choosing (a dictionary test of the party's ids) or hand it positions the leader
-never sent.
+secure aggregation pins (node config ``identity-key``, ``peers``; demo keys in simulation
+only: a deployed party without both refuses, ``allow-unmasked`` or not), over the session
+the server opened at ``size``, the step and a SHA-256 digest of the list: each party's size
+answer (its count, its kept alignment or why it has none; the leader and, on reuse, every
+party check it), the leader's blinded ids (which the others raise), each party's blinded
+and raised lists (which the leader intersects), and each party's common positions and split
+(which it keeps). A party refuses anything else, naming the step, so a server cannot have a
+party raise ids of its own choosing (a dictionary test of the party's ids) or hand it
+positions the leader never sent.
+
+The server chooses the session, so a party takes part in each one once: ``size`` records it
+on the party's disk (next to its kept alignments, :func:`psi.claim_session`) and a session
+it already took part in is refused, in this run or a later one; only a re-sent ``size`` of
+the session in progress gets the answer it already got. A replayed session would otherwise
+tell the server, whenever it asks, whether a party's table changed, and let it relay a
+label owner's old signatures of a kept alignment that label owner no longer holds. A kept
+alignment is taken up only under the peers file (its SHA-256) and the label owner's pinned
+key it was made under.
 
 No message holds an id in the clear: only blinded ids (P-256 points), counts, positions
 in a party's secretly shuffled list, the split and labels by row position, and digests.
@@ -56,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import secrets
 import time
 from logging import ERROR, INFO
@@ -63,6 +75,7 @@ from pathlib import Path
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
@@ -70,7 +83,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.own_table import id_pattern
-from fairvfl_flwr.data.partydata import PartySpec, own_table_spec, party_spec
+from fairvfl_flwr.data.partydata import NodeConfigError, PartySpec, own_table_spec, party_spec
 from fairvfl_flwr.data.preflight import Rules, check_party
 from fairvfl_flwr.data.encoding import score_file
 from fairvfl_flwr.data.problem import ServerLabels, group_options
@@ -88,6 +101,7 @@ REPLY = "aligned"  # ConfigRecord of a reply
 KEYS_STATE = "fairvfl.align-keys"  # a party's PSI key between two steps, in its own node state
 HITS_STATE = "fairvfl.align-hits"  # the leader's: its ids every party so far holds, where in each party's list
 ORDER_STATE = "fairvfl.align-order"  # another party's: the secret order of its blinded ids
+SIZE_STATE = "fairvfl.align-size"  # a party's signed size answer of the session in progress (a re-sent size gets it)
 LABELS = "labels"  # ArrayRecord of the leader's last reply: split, y, s
 POSITIONS = "positions"  # ArrayRecord: each party's common positions (leader's reply: by partition id)
 
@@ -124,7 +138,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, TRAIN, discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "alignment"))
     if passes.kept:  # every party holds the same alignment of these tables: no PSI
-        signed = {f"kept-signature-{passes.pid[nid]}": r["kept-signature"] for nid, r in passes.sizes.items()}
+        signed = {k: v for nid in passes.sizes for k, v in passes.signed_size(nid).items()}
         replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept, **signed) for nid in passes.sizes})
         passes.check(replies, ConfigRecord({"digest": passes.kept}))
         result = replies[passes.lead]
@@ -267,12 +281,17 @@ class _Passes:
         return _reply(result), result, positions
 
     def lists(self, nid: int, blind: ConfigRecord, raised: ConfigRecord) -> dict:
-        """Party ``nid``'s fields of an intersect message: its blinded ids and its raising of the
-        leader's, each with its signature, by its partition id."""
+        """Party ``nid``'s fields of an intersect message: its size answer, its blinded ids and its
+        raising of the leader's, each with its signature, by its partition id."""
         pid = self.pid[nid]
-        return {f"n-{pid}": int(self.sizes[nid]["n"]), f"pattern-{pid}": str(self.sizes[nid]["pattern"]),
+        return {**self.signed_size(nid),
                 f"blinded-{pid}": blind["blinded"], f"blind-signature-{pid}": blind["signature"],
                 f"raised-{pid}": raised["raised"], f"raise-signature-{pid}": raised["signature"]}
+
+    def signed_size(self, nid: int) -> dict:
+        """Party ``nid``'s size answer as it signed it, relayed to a party that acts on it."""
+        pid = self.pid[nid]
+        return {f"size-{pid}": size_blob(self.sizes[nid]), f"size-signature-{pid}": self.sizes[nid]["signature"]}
 
     def signature(self, common: ConfigRecord, nid: int) -> bytes:
         """The leader's signature of party ``nid``'s positions (and split), relayed with them."""
@@ -354,11 +373,12 @@ class _Step:
 
 def _size(step: _Step) -> None:
     """Check this party's own table (training), reply its number of ids and their shape (or
-    the alignment it kept of these tables), and forget what an earlier alignment left."""
+    the alignment it kept of these tables), signed for this session, and forget what an
+    earlier alignment left."""
     spec, cfg = step.spec, step.cfg
     kept, why = (None, "")
     if step.purpose == TRAIN:
-        kept, why = psi.kept_alignment(spec, cfg) if cfg.tables_reuse_alignment else (None, "")
+        kept, why = _kept(step) if cfg.tables_reuse_alignment else (None, "")
     rules = dataclasses.asdict(Rules.of(cfg))
     # a kept alignment's table passed the same check: it is not read again
     report = check_party(spec, Rules.of(cfg)) if step.purpose == TRAIN and (kept or {}).get("rules") != rules else None
@@ -368,17 +388,53 @@ def _size(step: _Step) -> None:
         step.out = {"problems": len(report.problems), "role": spec.role, "partition-id": spec.partition_id}
     elif kept is not None:
         step.out = {"n": int(kept["n"]), "pattern": str(kept["pattern"]), "kept": str(kept["digest"]),
-                    "role": spec.role, "partition-id": spec.partition_id,
-                    # every other party reuses only once each party signed this digest in this session
-                    "kept-signature": step.signer.sign("size", spec.partition_id, str(kept["digest"]).encode())}
+                    "role": spec.role, "partition-id": spec.partition_id}
     else:
         step.out = {**psi.size_step(spec), "role": spec.role, "partition-id": spec.partition_id, "why": why}
+    # whatever it says (a count, a kept digest, that the table changed) holds only for this session: every
+    # party that acts on it checks this signature, so an answer from another session is refused
+    step.out["signature"] = step.signer.sign("size", spec.partition_id, size_blob(step.out))
     if step.purpose == TRAIN:
         step.state.config_records.pop(ALIGNED_STATE, None)
     step.state.array_records.pop(SCORE_COMMON_STATE, None)
     step.state.array_records.pop(HITS_STATE, None)
     step.state.array_records.pop(ORDER_STATE, None)
     step.keys = ConfigRecord({"session": step.signer.session})
+    step.state.config_records[SIZE_STATE] = ConfigRecord({**step.out, "session": step.signer.session})
+
+
+#: The fields of a party's size answer that it signs (:func:`size_blob`).
+SIZE_FIELDS = ("n", "pattern", "kept", "why", "problems", "role", "partition-id")
+
+
+def size_blob(answer) -> bytes:
+    """What a party signs of its size answer (``answer``: its reply's fields), in one canonical form
+    that the server relays and every party that acts on the answer checks."""
+    return json.dumps({k: answer[k] for k in SIZE_FIELDS if k in answer}, sort_keys=True).encode()
+
+
+def _signed_size(step: _Step, peer: int) -> dict:
+    """Party ``peer``'s size answer of this session, once its signature checks out."""
+    blob = step.fields.get(f"size-{peer}", b"")
+    step.signer.verify("size", peer, blob, step.fields.get(f"size-signature-{peer}", b""),
+                       f"party {peer}'s size answer and kept-alignment digest")
+    return json.loads(bytes(blob))
+
+
+def _kept(step: _Step) -> tuple[dict | None, str]:
+    """This party's kept alignment of its table, or None and why not: one kept under another peers
+    file or another label owner's identity key is not taken up (the parties it was agreed with may
+    not be this federation's)."""
+    kept, why = psi.kept_alignment(step.spec, step.cfg)
+    if kept is None:
+        return None, why
+    if "peers" not in kept:
+        return None, "its kept alignment is bound to no peers file (kept by an earlier version)"
+    if kept.get("leader") != step.signer.leader_key:
+        return None, "its kept alignment was made with another label owner (another pinned identity key for party 0)"
+    if kept["peers"] != step.signer.peers_digest:
+        return None, "its kept alignment was made under another peers file (node config peers)"
+    return kept, ""
 
 
 def _blind(step: _Step) -> None:
@@ -416,7 +472,8 @@ def _match(step: _Step, ids: np.ndarray, peer: int) -> None:
     step.signer.verify("blind", peer, blinded, rc.get(f"blind-signature-{peer}", b""), f"party {peer}'s blinded ids")
     step.signer.verify("raise", peer, raised, rc.get(f"raise-signature-{peer}", b""),
                        f"party {peer}'s raising of this party's ids")
-    found = psi.peer_positions(step.spec, ids, peer, int(rc[f"n-{peer}"]), str(rc[f"pattern-{peer}"]), blinded,
+    size = _signed_size(step, peer)
+    found = psi.peer_positions(step.spec, ids, peer, int(size.get("n", -1)), str(size.get("pattern", "")), blinded,
                                raised, step.keys["key"])
     step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
     kept = step.state.array_records.get(HITS_STATE)
@@ -453,8 +510,7 @@ def _common(step: _Step, ids: np.ndarray) -> None:
         step.out["group-names"] = list(common.group_names)
     step.records[LABELS] = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
-    _keep(step.spec, step.cfg, ids, common.key, step.out, {"split": common.split, "y": common.y.astype(np.int8),
-                                                           "s": common.s})
+    _keep(step, ids, common.key, {"split": common.split, "y": common.y.astype(np.int8), "s": common.s})
     _sign_positions(step, found, common.split)
 
 
@@ -482,21 +538,23 @@ def _finish(step: _Step) -> None:
     member, key = psi.member_step(step.spec, step.cfg, positions, order, split)
     step.out = {"digest": member.ids_digest}
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
-    _keep(step.spec, step.cfg, ids, key, step.out)
+    _keep(step, ids, key)
 
 
 def _reuse(step: _Step) -> None:
     """Every party holds the same kept alignment of these tables: take it up again (no PSI),
-    once every party's signature of that digest, made in this session, checks out."""
-    kept, why = psi.kept_alignment(step.spec, step.cfg)
+    once every party's size answer of this session, signed, names that digest."""
+    kept, why = _kept(step)
     if kept is None or str(kept["digest"]) != str(step.fields["digest"]):
         changed = why or "another digest"
         raise FederationError(f"{step.spec.name}: its kept alignment changed since the run began ({changed}); "
                               "submit the run again")
-    digest = str(kept["digest"]).encode()
+    digest = str(kept["digest"])
     for peer in range(step.cfg.num_parties):  # a server's word that all kept this alignment is not enough
-        step.signer.verify("size", peer, digest, step.fields.get(f"kept-signature-{peer}"),
-                           "the kept-alignment digests")
+        if _signed_size(step, peer).get("kept") != digest:
+            raise FederationError(f"{step.spec.name}: alignment step 'reuse': party {peer}'s signed size answer of "
+                                  "this session names no or another kept alignment; refused")
+    step.done = True
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
     step.out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
     if kept.get("labels"):
@@ -517,11 +575,19 @@ def handle(message: Message, context: Context) -> Message:
         spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, context.node_config, cfg)[0])))
     keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
     fields = message.content.config_records[STEP]
-    signer = _Signer(context, cfg, spec, message.metadata.message_type, purpose, str(fields.get("session", "")), keys)
+    session = str(fields.get("session", ""))
+    answered = context.state.config_records.get(SIZE_STATE)
+    if (message.metadata.message_type == msgs.ALIGN_SIZE and session and answered is not None
+            and str(answered["session"]) == session == str(keys.get("session", ""))):
+        # a re-sent size of the session in progress: the same answer, nothing read or forgotten again
+        return Message(RecordDict({REPLY: ConfigRecord({k: v for k, v in answered.items() if k != "session"})}),
+                       reply_to=message)
+    signer = _Signer(context, cfg, spec, message.metadata.message_type, purpose, session, keys)
     step = _Step(message, context, cfg, spec, purpose, keys, signer)
     STEPS[message.metadata.message_type](step)
-    if step.done:  # the key is done with: forget it
+    if step.done:  # the key is done with: forget it, and the session with it
         context.state.config_records.pop(KEYS_STATE, None)
+        context.state.config_records.pop(SIZE_STATE, None)
     else:
         context.state.config_records[KEYS_STATE] = step.keys
     return Message(RecordDict({REPLY: ConfigRecord(step.out), **step.records}), reply_to=message)
@@ -537,32 +603,84 @@ def _positions_blob(rows: np.ndarray, split: np.ndarray | None) -> bytes:
     return blob if split is None else blob + b"\0split\0" + np.ascontiguousarray(split, dtype=np.int64).tobytes()
 
 
+def signed_text(session: str, purpose: str, made_at: str, about: int, payload: bytes) -> bytes:
+    """What a party signs: ``payload`` (its digest), made at step ``made_at`` about party ``about``,
+    bound to alignment ``session`` and its ``purpose``."""
+    return (SIGNED + b"\0" + session.encode() + b"\0" + purpose.encode() + b"\0" + made_at.encode()
+            + b"\0" + str(about).encode() + b"\0" + hashlib.sha256(payload).digest())
+
+
 class _Signer:
     """A party's signatures of the lists it sends and its checks of those it acts on (the
-    identity keys secure aggregation pins: features/secagg.py)."""
+    identity keys secure aggregation pins: features/secagg.py), within one session that the
+    party never took part in before."""
 
     def __init__(self, context: Context, cfg: RunConfig, spec: PartySpec, message_type: str, purpose: str,
                  session: str, keys: ConfigRecord) -> None:
         self.context, self.cfg, self.spec, self.purpose = context, cfg, spec, purpose
         self.step = message_type.rsplit("_", 1)[-1]  # "raise" of query.align_raise
-        first = message_type == msgs.ALIGN_SIZE
-        if not session or (not first and session != str(keys.get("session", ""))):
+        if not session:
+            raise FederationError(f"{spec.name}: alignment step {self.step!r} names no alignment session; refused")
+        self.session = session
+        if message_type == msgs.ALIGN_SIZE:
+            self.check_keys()  # before anything is read: an unauthenticated party answers nothing
+            if not psi.claim_session(spec, session):
+                raise self.replayed()
+        elif session != str(keys.get("session", "")):
+            if psi.used_session(spec, session):
+                raise self.replayed()
             raise FederationError(f"{spec.name}: alignment step {self.step!r} of another alignment session than "
                                   "this party's; refused")
-        self.session = session
+
+    def replayed(self) -> FederationError:
+        return FederationError(f"{self.spec.name}: alignment session {self.session[:8]}… was already used by this "
+                               f"party (step {self.step!r}); a replayed alignment session is refused (every "
+                               "alignment needs a fresh session)")
+
+    def check_keys(self) -> None:
+        """A deployed party signs with its own identity key and checks every peer against its pinned
+        peers file, whatever its node config says about masking: the demo keys anyone can derive
+        would let a server forge the lists it acts on (a dictionary test of its ids)."""
+        node = self.context.node_config
+        missing = [k for k in (secagg.IDENTITY_KEY, secagg.PEERS) if not node.get(k)]
+        if secagg.deployed(node) and missing:
+            raise NodeConfigError(
+                f"{self.spec.name}: private alignment: this node reads its own data but its node config names no "
+                f"{' and no '.join(repr(k) for k in missing)}: every list of the alignment is signed with the "
+                f"party's own identity key and checked against the pinned peers file, and "
+                f"{secagg.ALLOW_UNMASKED}=true does not waive that (demo keys exist only in simulation). Set node "
+                f"config {secagg.IDENTITY_KEY} and {secagg.PEERS}; make them with {secagg.KEY_TOOL} (docs/deploy.md, "
+                "section 0); refused before any id was read")
+        if _raw(self._peers[self.spec.partition_id]) != _raw(self._identity.public_key()):
+            raise NodeConfigError(f"{self.spec.name}: node config {secagg.PEERS}={node.get(secagg.PEERS)} pins another "
+                                  f"key for this party than its own {secagg.IDENTITY_KEY}: the peers file is not this "
+                                  f"federation's, or {secagg.IDENTITY_KEY} is not this party's key; refused")
 
     def _text(self, made_at: str, about: int, payload: bytes) -> bytes:
-        return (SIGNED + b"\0" + self.session.encode() + b"\0" + self.purpose.encode() + b"\0" + made_at.encode()
-                + b"\0" + str(about).encode() + b"\0" + hashlib.sha256(payload).digest())
+        return signed_text(self.session, self.purpose, made_at, about, payload)
 
     @functools.cached_property
     def _identity(self):
-        # a node whose operator accepted unauthenticated jobs and named no key signs with the demo key
-        return secagg.identity(self.context, unauthenticated_ok=secagg.allows_unmasked(self.context.node_config))
+        return secagg.identity(self.context)
 
     @functools.cached_property
     def _peers(self):
         return secagg.peer_keys(self.context, self.cfg.num_parties)
+
+    @functools.cached_property
+    def peers_digest(self) -> str:
+        """SHA-256 of the node config's peers file (of the demo keys in simulation): a kept
+        alignment is bound to it."""
+        path = self.context.node_config.get(secagg.PEERS)
+        if path:
+            return hashlib.sha256(Path(str(path)).read_bytes()).hexdigest()
+        raw = {str(j): _raw(k) for j, k in sorted(self._peers.items())}
+        return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def leader_key(self) -> str:
+        """The label owner's pinned public identity key (hex): a kept alignment is bound to it."""
+        return _raw(self._peers[LEADER])
 
     def sign(self, made_at: str, about: int, payload: bytes) -> bytes:
         """This party's signature of ``payload`` (made at step ``made_at``, about party ``about``)."""
@@ -580,12 +698,19 @@ class _Signer:
                                   "e.g. a dictionary test of this party's ids)") from None
 
 
-def _keep(spec: PartySpec, cfg: RunConfig, ids: np.ndarray, key: str, reply: dict, labels: dict | None = None) -> None:
-    """Keep this party's new alignment on its disk (data/psi.py), for the next run on the same tables."""
+def _raw(public) -> str:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def _keep(step: _Step, ids: np.ndarray, key: str, labels: dict | None = None) -> None:
+    """Keep this party's new alignment on its disk (data/psi.py), for the next run on the same
+    tables under the same peers file and label owner."""
+    spec, cfg = step.spec, step.cfg
     if not cfg.tables_reuse_alignment:
         return
-    record = {**reply, "key": key, "n": int(len(ids)), "pattern": id_pattern(str(ids[0])) if len(ids) else "",
-              "rules": dataclasses.asdict(Rules.of(cfg)), "labels": labels is not None}
+    record = {**step.out, "key": key, "n": int(len(ids)), "pattern": id_pattern(str(ids[0])) if len(ids) else "",
+              "rules": dataclasses.asdict(Rules.of(cfg)), "labels": labels is not None,
+              "peers": step.signer.peers_digest, "leader": step.signer.leader_key}
     psi.keep_alignment(spec, cfg, record, labels)
 
 
