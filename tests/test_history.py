@@ -32,6 +32,7 @@ def test_the_chain_links_every_exchange_and_leaves_the_session_out():
         other, _ = other.advance(msgs.TRAIN_PASSIVE, r, PART, f"{r:064d}", {**PARTS, PART: f"{r:064d}"}, "p")
     assert other.head != a.head  # one different start: every later head differs
     assert history.genesis(7) != history.genesis(8)
+    assert history.genesis(2**64 - 1) != history.genesis(2**63)  # Flower's run ids use all 64 bits
 
 
 def test_an_identical_resend_is_answered_again_and_anything_else_of_that_round_is_refused():

@@ -50,7 +50,7 @@ CLOSED = "*"
 
 def genesis(run_id: int) -> bytes:
     """The head before any exchange of run ``run_id`` (every party of the run computes it alike)."""
-    return hashlib.sha256(GENESIS_TAG + struct.pack(">q", int(run_id))).digest()
+    return hashlib.sha256(GENESIS_TAG + struct.pack(">Q", int(run_id) % 2**64)).digest()
 
 
 def link(head: bytes, server_round: int, parts: dict[str, str]) -> bytes:
