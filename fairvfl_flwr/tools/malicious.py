@@ -230,12 +230,13 @@ class Hijack(LyingGrid):
         super().__init__(*a, **kw)
         self.stop_at, self.by_hand = stop_at, stop_at is None
         self.sent: list[Message] = []
+        self.honest_replies = 0  # how many of the replies received the real ServerApp's rounds got
 
     def push_messages(self, messages):
         messages = list(messages)
         if not self.by_hand and any(m.metadata.message_type.startswith("train.")
                                     and m.metadata.group_id == str(self.stop_at) for m in messages):
-            self.by_hand = True
+            self.by_hand, self.honest_replies = True, len(self.received)
             raise Takeover(f"round {self.stop_at}")
         self.sent += messages
         return InProcessGrid.push_messages(self, messages)
@@ -247,7 +248,7 @@ class Hijack(LyingGrid):
 
     def honest_sum(self, server_round: int, record: str = msgs.LOGITS, key: str = "train") -> np.ndarray:
         """The sum the real ServerApp decoded in ``server_round`` (from the masked words it received)."""
-        words = [arrays[record][key] for r, arrays in self.received if not r.has_error()
+        words = [arrays[record][key] for r, arrays in self.received[:self.honest_replies] if not r.has_error()
                  and r.metadata.group_id == str(server_round) and record in arrays]
         if len(words) != len(self.node_ids):
             raise ValueError(f"round {server_round}: {len(words)} of {len(self.node_ids)} replies carry {record}")
@@ -298,13 +299,15 @@ class HandServer:
                 self.refused_by.add(self.pid(r.metadata.src_node_id))
         return replies
 
-    def session(self, **request) -> bool:
-        """A fresh signed set-up of every party (``request``: more of the key request, e.g.
-        ``rollback=r``); False where any party refused it (the server then holds no session)."""
+    def session(self, to: list[int] | None = None, **request) -> bool:
+        """A fresh signed set-up of every party; ``request``: more of the key request (e.g.
+        ``rollback=r``), to the node ids ``to`` only (default: every party), the others get the
+        plain one. False where any party refused it (the server then holds no session)."""
         session = secagg.new_session()
         nodes = self.grid.node_ids
         parties = [(nid, self.pid(nid), f"party {self.pid(nid)}") for nid in nodes]
-        asks = [Message(RecordDict({"secagg": ConfigRecord({**secagg.key_request(session), **request})}),
+        asks = [Message(RecordDict({"secagg": ConfigRecord({**secagg.key_request(session),
+                                                            **(request if to is None or nid in to else {})})}),
                         dst_node_id=nid, message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
         replies = self.send(asks)
         self.views = None
@@ -322,13 +325,35 @@ class HandServer:
         return True
 
     def exchange(self, messages: list[Message]) -> list[Message]:
-        """Bound messages under the session's view (with the confirmations to relay); the replies."""
+        """Bound messages under the session's view, with the confirmations to relay; the replies.
+        Where the messages give one role different values (which the server's own views refuse
+        to list) each message's view lists its own part and the first message's of every other
+        part, so each party's own check passes."""
         if self.views is not None:
-            self.views.attach(messages, self.role, self.pid, secagg.mask_round)
+            try:
+                self.views.attach(messages, self.role, self.pid, secagg.mask_round)
+            except FederationError:
+                self._attach_each(messages)
         replies = self.send(messages)
         if self.views is not None:
             self.views.collect([r for r in replies if not r.has_error()], self.pid)
         return replies
+
+    def _attach_each(self, messages: list[Message]) -> None:
+        bound = [m for m in messages if m.metadata.message_type not in roundview.UNBOUND]
+        named = []
+        for m in bound:
+            mtype, role = m.metadata.message_type, self.role(m.metadata.dst_node_id)
+            named.append((m, roundview.part_name(mtype, role), roundview.content_digest(m.content, mtype, role)))
+        common: dict[str, str] = {}
+        for _, name, digest in named:
+            common.setdefault(name, digest)
+        for m, name, digest in named:
+            parts = {**common, name: digest}
+            tags = self.views.relay.get(self.pid(m.metadata.dst_node_id), {})
+            m.content.config_records[roundview.VIEW] = ConfigRecord(
+                {"round": secagg.mask_round(m), "parts": [f"{k}={v}" for k, v in sorted(parts.items())]})
+            m.content.config_records[roundview.CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
 
     def rejoin(self, node_ids: list[int], server_round: int) -> list[Message]:
         """``query.rejoin`` of ``server_round`` to ``node_ids`` only."""
@@ -446,7 +471,7 @@ def _score(cfg: RunConfig, target: int, R: list[np.ndarray], V: list[np.ndarray]
     return min(attacks.gram_error(est, X, attacks.score_rows(len(X), cfg.seed)), 1e9)
 
 
-def _replay_round(server: HandServer, grid: Hijack, server_round: int, nu: np.ndarray,
+def replay_round(server: HandServer, grid: Hijack, server_round: int, nu: np.ndarray,
                   **passive: np.ndarray) -> list[Message]:
     """Round ``server_round`` again under one view: every passive party's honest message with ν
     replaced by ``nu`` (and any other array of ``passive``: one part for the role), the active
@@ -489,7 +514,7 @@ def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int |
         server.rejoin([target_node], last - 1)
         if not server.session():
             continue
-        total = server.decode(_replay_round(server, grid, last, nu), record, key)
+        total = server.decode(replay_round(server, grid, last, nu), record, key)
         if total is None:
             continue
         decoded += 1
@@ -500,6 +525,44 @@ def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int |
         V.append(nu.astype(np.float64) - ref_nu.astype(np.float64))
     role = ("block Newton: " if newton else "") + f"query.rejoin to party {target} alone, a fresh session, round {last} replayed"
     return Breach(role, _score(cfg, target, R, V), len(nus), decoded, server.refusals, server.refused_by)
+
+
+def rejoin_resend(run_config: dict, folder: Path, target: int = 2, probes: int | None = None, stop_at: int = 4,
+                  identities: list[dict] | None = None, seed: int = 0) -> Breach:
+    """One party's step, twice, on a byte-identical re-send: per probe, round t (from P =
+    ``stop_at`` on) with the same probe ν to every passive party (one view, the active party
+    its honest message of round P − 1 renumbered); then ``query.rejoin`` of round t to the
+    target alone, a fresh session and round t again, byte for byte, to every party. A party that forgot on the
+    rejoin which message it answered steps again; the others answer their kept replies, so
+    the second sum minus the first is that party's second step alone,
+    −(μ/η) u_T − (1/η) G_T ν: G_T ν up to a term μ/η smaller. Gradient descent."""
+    cfg = RunConfig.from_flower(run_config)
+    grid = take_over(run_config, stop_at, folder, identities)
+    server = HandServer(grid)
+    target_node = grid.node_ids[target]
+    X = _target_block(cfg, target)
+    n = len(X)
+    nus = probe_vectors(n, probes or X.shape[1], seed)
+    R, V, decoded = [], [], 0
+    server.session()
+    for t, nu in enumerate(nus, start=stop_at):
+        messages = []
+        for nid in grid.node_ids:
+            msg = replayed(grid.honest(stop_at - 1, nid), **({} if server.role(nid) == msgs.ROLE_ACTIVE else {"nu": nu}))
+            msg.content.config_records[msgs.ROUND] = msgs.round_config(t, False)
+            messages.append(Message(msg.content, dst_node_id=nid, message_type=msg.metadata.message_type,
+                                    group_id=str(t)))
+        first = server.decode(server.exchange(messages))
+        server.rejoin([target_node], t)
+        server.session()  # a fresh session: new pair keys, no nonce used yet
+        again = server.decode(server.exchange([replayed(m) for m in messages]))
+        if first is None or again is None:
+            continue
+        decoded += 1
+        R.append(cfg.eta * (first - again))
+        V.append(nu.astype(np.float64))
+    return Breach(f"round t to every party, query.rejoin of round t to party {target} alone, a fresh session, round t "
+                  "again byte for byte", _score(cfg, target, R, V), len(nus), decoded, server.refusals, server.refused_by)
 
 
 def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | None = None, stop_at: int = 4,
@@ -531,9 +594,11 @@ def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | N
     init = Message(RecordDict({msgs.ROUND: msgs.round_config(0, False)}), dst_node_id=target_node,
                    message_type=start, group_id="0")
     for nu in nus:
-        if not server.session() or server.exchange([replayed(init)])[0].has_error() or not server.session():
+        server.session()
+        server.exchange([replayed(init)])  # a refusal does not stop the server trying the rest
+        if not server.session():
             continue
-        total = server.decode(_replay_round(server, grid, last, nu, **extra), record, key)
+        total = server.decode(replay_round(server, grid, last, nu, **extra), record, key)
         if total is None:
             continue
         decoded += 1
