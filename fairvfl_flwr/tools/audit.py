@@ -508,8 +508,10 @@ def main(argv: list[str] | None = None) -> None:
                         "(docs/results refreshes the docs' page)")
     p.add_argument("--malicious", action="store_true",
                    help="play a malicious server instead (tools/malicious.py): different ν per party, a consistent "
-                        "crafted ν, a re-sent round with changed ν, forged demo keys and an unmasked run against "
-                        "deployed nodes; each role reports 'refused' or the figure it learned")
+                        "crafted ν, a re-sent round with changed ν, one party stepped away from the others across "
+                        "sessions (a rejoin, a restart, a rejoin between a round and its re-send; gradient descent and "
+                        "block Newton), forged demo keys, an unmasked run against deployed nodes and a dictionary "
+                        "test at alignment; each role reports 'refused' or the figure it learned")
     a = p.parse_args(argv)
     if a.malicious:
         malicious_audit(a)

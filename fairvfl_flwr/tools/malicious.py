@@ -660,17 +660,23 @@ def _refused(replies: list[Message], what: str) -> str:
 
 def across_sessions(dataset: str, folder: Path, target: int = 2) -> list[dict]:
     """The hand-played roles that step one party away from the others across sessions (a
-    rejoin, a restart), with pinned identity keys, under gradient descent and block Newton."""
+    rejoin, a restart, a rejoin between a round and its re-send), with pinned identity keys,
+    under gradient descent and block Newton; each with its result line, whether it was refused
+    with nothing decoded, and the target's Gram error."""
     out = []
-    for optimizer in ("gd", "newton"):
+    roles_of = {"gd": (rejoin_replay, init_replay, rejoin_resend), "newton": (rejoin_replay, init_replay)}
+    how = {rejoin_replay: f"query.rejoin of round 2 to party {target} alone, a fresh session, round 3 again with one "
+                          "probe ν to every passive party",
+           init_replay: f"the start message (round 0) to party {target} alone in a fresh session, round 3 again with "
+                        "one probe ν to every passive party",
+           rejoin_resend: f"round t with one probe ν to every passive party, query.rejoin of round t to party {target} "
+                          "alone, a fresh session, round t again byte for byte"}
+    for optimizer, attacks_ in roles_of.items():
         rc = _config(dataset, 10, str(folder / "runs"), optimizer=optimizer)
         ids = secagg.generate_identities(folder / "identities", rc["num-parties"])
-        for attack, how in ((rejoin_replay, f"query.rejoin of round 2 to party {target} alone, a fresh session, "
-                             "round 3 again with one probe ν to every passive party"),
-                            (init_replay, f"the start message (round 0) to party {target} alone in a fresh session, "
-                             "round 3 again with one probe ν to every passive party")):
+        for attack in attacks_:
             got = attack(rc, folder / f"{optimizer}-{attack.__name__}", target=target, identities=ids)
-            out.append({"role": f"{how} ({'block Newton' if optimizer == 'newton' else 'gradient descent'}, "
+            out.append({"role": f"{how[attack]} ({'block Newton' if optimizer == 'newton' else 'gradient descent'}, "
                                 "one probe per column of the party)", "result": got.summary(target),
                         "refused": got.refused, "gram_error": got.gram_error})
     return out
@@ -693,6 +699,7 @@ def roles(dataset: str, rounds: int, folder: Path) -> list[dict]:
     grid = ResendChanged(client_app, rc, k)
     run_server(grid, rc)
     out.append({"role": "a re-sent round with changed ν", "result": _refused(grid.answers, "a second view of round 3")})
+    out += across_sessions(dataset, folder / "sessions")
     manifest = export(RunConfig.from_flower({**rc, "num-server-rounds": 2}), folder / "parties", demo_keys=True)
     deployed = manifest["node_configs"]
     cases = (
