@@ -319,6 +319,7 @@ def _counts() -> dict[str, int]:
     return {k: getattr(Stats, k) for k in ("sequences", "exchanges", "decoded", "refusals")}
 
 
+@pytest.mark.slow  # 200 sequences of the real ClientApps: half a minute
 def test_every_decodable_sum_is_over_one_common_history_or_a_party_refused(started):
     before = _counts()
     run_state_machine_as_test(machine(started), settings=RUNS)

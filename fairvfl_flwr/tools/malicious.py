@@ -243,7 +243,8 @@ class Hijack(LyingGrid):
 
     def honest(self, server_round: int, node_id: int) -> Message:
         """The training message the real ServerApp sent ``node_id`` in ``server_round`` (its first leg)."""
-        return next(m for m in self.sent if m.metadata.dst_node_id == node_id and m.metadata.group_id == str(server_round)
+        return next(m for m in self.sent if m.metadata.dst_node_id == node_id
+                    and m.metadata.group_id == str(server_round)
                     and m.metadata.message_type.startswith("train."))
 
     def honest_sum(self, server_round: int, record: str = msgs.LOGITS, key: str = "train") -> np.ndarray:
@@ -459,7 +460,8 @@ def fit_exact(R: np.ndarray, V: np.ndarray, rank: int) -> attacks.GramEstimate:
 
 
 def _target_block(cfg: RunConfig, target: int) -> np.ndarray:
-    return party_data(cfg, party_spec({"partition-id": target}, cfg.num_parties, cfg.num_active)).X_train.astype(np.float64)
+    spec = party_spec({"partition-id": target}, cfg.num_parties, cfg.num_active)
+    return party_data(cfg, spec).X_train.astype(np.float64)
 
 
 def _score(cfg: RunConfig, target: int, R: list[np.ndarray], V: list[np.ndarray]) -> float:
@@ -523,7 +525,8 @@ def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int |
             continue
         R.append(scale * (reference - total))
         V.append(nu.astype(np.float64) - ref_nu.astype(np.float64))
-    role = ("block Newton: " if newton else "") + f"query.rejoin to party {target} alone, a fresh session, round {last} replayed"
+    role = (("block Newton: " if newton else "")
+            + f"query.rejoin to party {target} alone, a fresh session, round {last} replayed")
     return Breach(role, _score(cfg, target, R, V), len(nus), decoded, server.refusals, server.refused_by)
 
 
@@ -548,7 +551,8 @@ def rejoin_resend(run_config: dict, folder: Path, target: int = 2, probes: int |
     for t, nu in enumerate(nus, start=stop_at):
         messages = []
         for nid in grid.node_ids:
-            msg = replayed(grid.honest(stop_at - 1, nid), **({} if server.role(nid) == msgs.ROLE_ACTIVE else {"nu": nu}))
+            passive = {} if server.role(nid) == msgs.ROLE_ACTIVE else {"nu": nu}
+            msg = replayed(grid.honest(stop_at - 1, nid), **passive)
             msg.content.config_records[msgs.ROUND] = msgs.round_config(t, False)
             messages.append(Message(msg.content, dst_node_id=nid, message_type=msg.metadata.message_type,
                                     group_id=str(t)))
@@ -562,7 +566,8 @@ def rejoin_resend(run_config: dict, folder: Path, target: int = 2, probes: int |
         R.append(cfg.eta * (first - again))
         V.append(nu.astype(np.float64))
     return Breach(f"round t to every party, query.rejoin of round t to party {target} alone, a fresh session, round t "
-                  "again byte for byte", _score(cfg, target, R, V), len(nus), decoded, server.refusals, server.refused_by)
+                  "again byte for byte", _score(cfg, target, R, V), len(nus), decoded, server.refusals,
+                  server.refused_by)
 
 
 def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | None = None, stop_at: int = 4,
@@ -584,7 +589,8 @@ def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | N
     n = len(X)
     nus = [np.zeros(n, dtype=np.float32), *probe_vectors(n, probes or X.shape[1], seed, newton)]
     if newton:
-        record, key, scale, start, extra = msgs.DIRECTIONS, "dir", cfg.mu_value(n), msgs.NEWTON_INIT, {"alpha": np.zeros(0)}
+        record, key, scale = msgs.DIRECTIONS, "dir", cfg.mu_value(n)
+        start, extra = msgs.NEWTON_INIT, {"alpha": np.zeros(0)}
     else:
         record, key, scale, start, extra = msgs.LOGITS, "train", cfg.eta, msgs.INIT, {}
     weight = grid.contexts[target_node].state.array_records[MODEL_STATE]["weight"].numpy()
@@ -669,8 +675,8 @@ def across_sessions(dataset: str, folder: Path, target: int = 2) -> list[dict]:
                           "probe ν to every passive party",
            init_replay: f"the start message (round 0) to party {target} alone in a fresh session, round 3 again with "
                         "one probe ν to every passive party",
-           rejoin_resend: f"round t with one probe ν to every passive party, query.rejoin of round t to party {target} "
-                          "alone, a fresh session, round t again byte for byte"}
+           rejoin_resend: "round t with one probe ν to every passive party, query.rejoin of round t to party "
+                          f"{target} alone, a fresh session, round t again byte for byte"}
     for optimizer, attacks_ in roles_of.items():
         rc = _config(dataset, 10, str(folder / "runs"), optimizer=optimizer)
         ids = secagg.generate_identities(folder / "identities", rc["num-parties"])
