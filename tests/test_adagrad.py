@@ -21,7 +21,7 @@ from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
 from fairvfl_flwr.core.reference import PartyFloor, lagrangian
 from fairvfl_flwr.core.step import server_step
-from fairvfl_flwr.features import checkpoint
+from fairvfl_flwr.flower import store
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -143,8 +143,9 @@ def test_a_resumed_run_continues_with_each_partys_sums(tmp_path):
     rc = {**ADAGRAD, "num-parties": 3, "eval-every": 2, "reliability.checkpoint-every": 2,
           "reliability.checkpoint-dir": str(tmp_path / "parties")}
     _, folder = run_inprocess({**rc, "num-server-rounds": 2, "output-dir": str(tmp_path / "a")}, quiet=True)
-    saved = checkpoint.load_party(checkpoint.party_dir({}, RunConfig.from_flower(rc), 1), 2, "party 1", "optim")
-    assert int(saved["t"]) == 2 and any(k.startswith("sum.") for k in saved)
+    kept = store.load_state(store.run_dir(tmp_path / "parties", RunConfig.from_flower(rc), 1), 2, "party 1")
+    saved = kept[OPTIMIZER_STATE]
+    assert int(saved["t"].numpy()) == 2 and any(k.startswith("sum.") for k in saved)
     run_inprocess({**rc, "num-server-rounds": 4, "reliability.resume-from": str(folder)}, quiet=True)
     resumed = json.loads((folder / "history.json").read_text())
     _, full = run_inprocess({**rc, "num-server-rounds": 4, "output-dir": str(tmp_path / "b")}, quiet=True)

@@ -204,7 +204,7 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path, monkeypat
     with pytest.raises(PartyUnavailable):
         run_server(grid, rc)
     (folder,) = (tmp_path / "runs").iterdir()
-    assert load_server(folder)[0]["stop"]["quiet-rounds"] >= 1
+    assert load_server(folder)[1]["snapshot"]["stop"].quiet_rounds >= 1
     resumed, _ = run_server(FaultyGrid(client_app, rc, 6), {**rc, "reliability.resume-from": str(folder)})
     assert resumed["rounds"] == full["rounds"]
     assert resumed["train_deo"] == pytest.approx(full["train_deo"], abs=1e-12)

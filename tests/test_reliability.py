@@ -15,6 +15,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower import checks as validate
+from fairvfl_flwr.flower import store
+from fairvfl_flwr.flower.party import MODEL_STATE
 from fairvfl_flwr.features.checkpoint import SERVER_FILE, CheckpointError, load_server
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
@@ -207,9 +209,10 @@ def test_divergence_stops_the_run_keeping_the_last_good_checkpoint(tmp_path):
     with pytest.raises((validate.DivergenceError, FederationError), match=r"larger eta"):
         run_server(_grid(rc), rc)
     (folder,) = (tmp_path / "runs").iterdir()
-    state, u = load_server(folder)
-    assert np.isfinite(state["lambda"]).all() and all(np.isfinite(v).all() for v in u.values())
-    assert np.isfinite(state["history"][-1]["loss"])
+    _, state = load_server(folder)
+    kept = state["snapshot"]
+    assert np.isfinite(kept["lam"]).all() and all(np.isfinite(v).all() for v in kept["u_train"].values())
+    assert np.isfinite(kept["history"][-1]["loss"])
 
 
 # -- missing party, lost reply, resume ----------------------------------------------------------
@@ -233,15 +236,34 @@ def test_lost_reply_is_resent_and_not_applied_twice(tmp_path, uninterrupted):
         assert summary[key] == uninterrupted[0][key], key  # the party answered the re-send from its cache
 
 
-def test_a_masked_run_that_stops_points_to_its_scorable_checkpoint_not_to_a_resume(tmp_path, caplog):
-    rc = _rc(tmp_path, **{"privacy.secure-aggregation": True})
+@pytest.mark.parametrize("optimizer", ["newton", "gd"])
+def test_a_masked_run_that_stops_resumes_to_the_uninterrupted_model_bit_for_bit(tmp_path, caplog, optimizer):
+    """Under secure aggregation (and block Newton, whose parties continue from their directions and
+    last moves): every party restores the checkpoint's round at the resumed run's signed set-up."""
+    extra = {"privacy.secure-aggregation": True, "optimizer": optimizer}
+    full_rc = _rc(tmp_path / "full", **{**extra, "reliability.checkpoint-every": 0})
+    full, full_folder = run_server(_grid(full_rc), full_rc)
+    rc = _rc(tmp_path, **extra)
     grid = _grid(rc, silent=lambda idx, rnd: idx == 3 and rnd.isdigit() and int(rnd) >= 5)
     with pytest.raises(PartyUnavailable):
         run_server(grid, rc)
-    assert "run stopped after round 4" in caplog.text and "cannot be resumed" in caplog.text
     (folder,) = (tmp_path / "runs").iterdir()
-    assert (f'checkpoint scores (masked, as trained): mode=\'score\' score.model-from="{folder}" score.round=4'
-            in caplog.text) and "reliability.resume-from=" not in caplog.text
+    assert "run stopped after round 4" in caplog.text and f'reliability.resume-from="{folder}"' in caplog.text
+    resumed_rc = {**rc, "reliability.resume-from": str(folder)}
+    dtypes = []
+
+    def seen(idx, rnd, reply):
+        for name in (msgs.LOGITS, msgs.DIRECTIONS):
+            dtypes.extend(a.numpy().dtype for a in reply.content.array_records.get(name, {}).values())
+
+    resumed = _grid(resumed_rc, seed=99, tamper=seen)  # every party restarted: fresh node state, new node ids
+    summary, _ = run_server(resumed, resumed_rc)
+    assert "every party signed the move back to round 4" in caplog.text
+    for key in KEYS:
+        assert summary[key] == full[key], key
+    ours, theirs = (json.loads((f / "history.json").read_text()) for f in (folder, full_folder))
+    assert [(r["round"], r["loss"], r["max_gap"]) for r in ours] == [(r["round"], r["loss"], r["max_gap"]) for r in theirs]
+    assert dtypes and all(d == np.uint64 for d in dtypes)  # masked words only, resumed too
 
 
 def test_missing_party_stops_the_run_then_resume_equals_uninterrupted(tmp_path, uninterrupted, caplog):
@@ -281,7 +303,7 @@ def test_resume_refuses_other_settings_and_missing_party_checkpoints(tmp_path):
         run_server(_grid(rc), {**rc, "reliability.resume-from": str(tmp_path), "num-server-rounds": 4})
     # a party whose disk lost its checkpoints is named
     other = {**rc, "reliability.checkpoint-dir": str(tmp_path / "empty"), "reliability.resume-from": str(folder), "num-server-rounds": 4}
-    with pytest.raises(FederationError, match=r"party \d \((active|passive), node \d+\) has no checkpoint of round 2"):
+    with pytest.raises(FederationError, match=r"party \d \((active|passive), node \d+\) holds no state of round 2 of this run"):
         run_server(_grid(other), other)
     # extending a finished run continues it
     more = {**rc, "reliability.resume-from": str(folder), "num-server-rounds": 4}
@@ -304,19 +326,24 @@ def test_divergence_guard_catches_overflowing_sums(tmp_path):
     assert load_server(folder)[0]["round"] == 2  # the last good checkpoint is kept, round 3 never written
 
 
-def test_party_checkpoints_keep_the_latest_rounds_up_to_now(tmp_path):
-    """A run that got further before it stopped leaves later rounds; a resumed run replaces them."""
-    from fairvfl_flwr.features.checkpoint import load_party, save_party
-
+def test_party_states_keep_the_latest_rounds_and_checkpoint_rounds_up_to_now(tmp_path):
+    """A run that got further before it stopped leaves later rounds; a resumed run replaces them.
+    Checkpoint rounds outlive the rounds a rejoin keeps."""
     folder = tmp_path / "p"
-    for r in range(0, 7):
-        save_party(folder, r, {"w": torch.tensor([float(r)])})
-    assert sorted(p.stem for p in folder.iterdir()) == ["round-00000004", "round-00000005", "round-00000006"]
-    save_party(folder, 4, {"w": torch.tensor([4.0])})  # resumed from round 3 elsewhere: 5, 6 are stale now
-    assert sorted(p.stem for p in folder.iterdir()) == ["round-00000004"]
-    assert float(load_party(folder, 4, "party 0")["w"][0]) == 4.0
-    with pytest.raises(CheckpointError, match=r"party 0 has no checkpoint of round 5 .*has: \['round-00000004'\]"):
-        load_party(folder, 5, "party 0")
+
+    def state(r):
+        return RecordDict({MODEL_STATE: ArrayRecord({"w": Array(np.array([float(r)]))})})
+
+    for r in range(0, 12):
+        store.save_state(folder, r, state(r), checkpoint_every=4)
+    assert sorted(p.stem for p in folder.iterdir()) == ["round-00000000", "round-00000004", "round-00000008",
+                                                         "round-00000009", "round-00000010", "round-00000011"]
+    store.save_state(folder, 8, state(8), checkpoint_every=4)  # resumed from round 7 elsewhere: 9-11 are stale now
+    assert sorted(p.stem for p in folder.iterdir()) == ["round-00000000", "round-00000004", "round-00000008"]
+    assert float(store.load_state(folder, 8, "party 0")[MODEL_STATE]["w"].numpy()[0]) == 8.0
+    with pytest.raises(store.StateStoreError, match=r"party 0 holds no state of round 9 .*has: round-00000000, "
+                                                    r"round-00000004, round-00000008"):
+        store.load_state(folder, 9, "party 0")
 
 
 @pytest.mark.slow  # CKKS key set-up; lost replies are re-sent in the fast loop without CKKS

@@ -18,7 +18,8 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.metrics import fairness_metrics
 from fairvfl_flwr.data import model_files, partydata
-from fairvfl_flwr.features import checkpoint
+from fairvfl_flwr.flower import store
+from fairvfl_flwr.flower.party import MODEL_STATE
 from fairvfl_flwr.data.encoding import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import party
@@ -245,10 +246,12 @@ def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
     round 4 holds the θ the checkpoint feature saved for round 4 and the blocks of a run of 4
     rounds, and scores its rows as that run's final model does; a round without a
     checkpoint is refused, listing the checkpoints."""
-    ckpt = {"reliability.checkpoint-every": 4, "reliability.checkpoint-dir": str(tmp_path / "ckpt"), "eval-every": 2}
+    ckpt = {"reliability.checkpoint-every": 4, "reliability.checkpoint-dir": str(tmp_path / "ckpt"), "eval-every": 2,
+            "optimizer": "gd"}
     _, folder = _train(tmp_path / "train", **ckpt)
     assert model_files.checkpoint_rounds(folder) == [0, 4, 8]
-    # checkpoints run gradient steps (block Newton refuses them), so the run of 4 rounds does too
+    # gradient steps: a block-Newton checkpoint's block is θ before that round's step lengths, which a
+    # run ending at that round applies last (docs/scoring.md)
     four, folder4 = _train(tmp_path / "four", **{"num-server-rounds": 4, "eval-every": 2, "optimizer": "gd"})
     at4 = json.loads((folder / "checkpoints" / "round-4" / model_files.MANIFEST).read_text())
     final4 = json.loads((folder4 / model_files.MANIFEST).read_text())
@@ -258,8 +261,8 @@ def test_a_checkpoint_scores_as_the_run_stopped_at_that_round(tmp_path):
     cfg = RunConfig.from_flower({**BASE, **ckpt})
     for p in at4["parties"]:
         k = p["partition-id"]
-        theta = checkpoint.load_party(checkpoint.party_dir({}, cfg, k), 4, f"party {k}")
-        assert model_files.block_digest(theta) == p["block-digest"]
+        kept = store.load_state(store.run_dir(tmp_path / "ckpt", cfg, k), 4, f"party {k}")[MODEL_STATE]
+        assert model_files.block_digest({name: a.numpy() for name, a in kept.items()}) == p["block-digest"]
         party = folder / "checkpoints" / "round-4" / model_files.PARTIES / f"partition-{k}"
         assert "checkpoint of round 4" in (party / model_files.PARTY_CARD).read_text()
     assert "checkpoint of round 4" in (folder / "checkpoints" / "round-4" / model_files.RUN_CARD).read_text()

@@ -63,7 +63,7 @@ class RunSetup:
     cfg: RunConfig
     labels: ServerLabels
     folder: Path  # the run folder
-    resume: tuple[dict, dict] | None  # a checkpoint to continue from (features/checkpoint.load_resume)
+    resume: tuple[dict, dict] | None  # a checkpoint to continue from: (meta, state) of features/checkpoint.load_resume
     described: dict | None  # what the model cards say about the data (dataset summary, group names)
 
 
@@ -99,7 +99,8 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
     (ServerTranscript, lambda s: ServerTranscript(s.cfg.transcript_dir, s.cfg.record_first, s.cfg.record_every)
      if s.cfg.transcript_dir else None),
     # before checkpoints: its key set-up runs in begin, before a resume's restart messages
-    (SecureAggregation, lambda s: SecureAggregation() if s.cfg.masked else None),
+    (SecureAggregation, lambda s: SecureAggregation(int(s.resume[0]["round"]) if s.resume else None)
+     if s.cfg.masked else None),
     (Checkpoints, _checkpoints),
     (KeepScores, lambda s: KeepScores() if s.cfg.mode != "fairvfl" else None),
     (FinalTest, lambda s: FinalTest() if s.cfg.mode != "split" else None),
@@ -107,7 +108,7 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
     (CheckpointBlocks, lambda s: CheckpointBlocks(s.folder, s.cfg.checkpoint_every, s.described)
      if s.cfg.mode != "split" and s.cfg.checkpoint_every > 0 else None),
     # last: its copy of the server's state is of a round every other hook has ended
-    (Rejoin, lambda s: Rejoin(s.cfg.rejoin_timeout) if s.cfg.rejoin_timeout > 0 else None),
+    (Rejoin, lambda s: Rejoin(s.cfg.rejoin_wait) if s.cfg.rejoin_wait > 0 else None),
 )
 #: The order the server's hooks run in (ROUND_FEATURES' order): a hook class not listed is refused.
 HOOK_ORDER: tuple[type[RoundHook], ...] = tuple(kind for kind, _ in ROUND_FEATURES)
@@ -161,7 +162,7 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
     described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(names) if names else None}
     server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume, described=described)
     if resume:
-        recorder.rows = list(resume[0]["history"])
+        recorder.rows = list(resume[1]["snapshot"]["history"])
     try:
         server.start(grid)
     except Exception as exc:  # a party stayed away, a bad reply, divergence: say so, keep the history

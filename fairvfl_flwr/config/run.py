@@ -76,6 +76,9 @@ def _installed(module: str) -> bool:
 
 
 S = setting  # the declarations below read as a table
+#: Seconds a deployment waits by default for a party whose SuperNode went away (``rejoin-timeout = -1``):
+#: long enough for an operator to restart it, short enough that a party gone for good ends the run.
+DEPLOYED_REJOIN_WAIT = 300.0
 
 
 @dataclass(frozen=True)
@@ -203,12 +206,12 @@ class RunConfig:
     checkpoint_every: int = S(0, "0: off; k: server and parties checkpoint every k rounds (and after round 0); "
                               "each checkpoint also scores", section="reliability", rule=at_least(0),
                               why="must be >= 0 (0: no checkpoints)")
-    checkpoint_dir: str = S("", "the parties' default checkpoint folder (a node-config checkpoint-dir wins)",
-                            section="reliability")
+    checkpoint_dir: str = S("", "the parties' default folder for their state of the last rounds (a node-config "
+                            "state-dir wins)", section="reliability")
     resume_from: str = S("", "a run folder with checkpoint.npz: continue that run", section="reliability")
-    rejoin_timeout: float = S(0.0, "0: a party that drops out ends the run; > 0: seconds the server waits for it to "
-                              "come back (it restores its last completed round from its own disk; reliability.md)",
-                              section="reliability", rule=at_least(0), why="must be >= 0 seconds (0: off)")
+    rejoin_timeout: float = S(-1.0, "seconds the server waits for a party that dropped out (every party then restores "
+                              "the last completed round); 0: none; -1: 300 in a deployment (own tables), else 0", section="reliability", rule=at_least(-1),
+                              why="must be -1 (auto), 0 (off) or > 0 seconds")
     # -- staleness -------------------------------------------------------------------
     max_staleness: int = S(0, "tau: 0 = synchronous rounds; > 0: a party's logits may be up to tau rounds old",
                            section="staleness", rule=at_least(0), why="must be >= 0 rounds (0: synchronous)")
@@ -377,6 +380,17 @@ class RunConfig:
         if self.secure_aggregation == "auto":
             return self.tables_own or bool(self.server_labels)
         return self.secure_aggregation == "true"
+
+    @property
+    def rejoin_wait(self) -> float:
+        """Seconds the server waits for a party that dropped out (0: the run ends): ``rejoin-timeout``,
+        where ``-1`` means :data:`DEPLOYED_REJOIN_WAIT` in a deployment that can rejoin (own tables, full
+        batches, synchronous rounds, ν not encrypted, not split learning) and 0 elsewhere."""
+        if self.rejoin_timeout >= 0:
+            return self.rejoin_timeout
+        can = (self.batch_size == 0 and self.max_staleness == 0 and self.secure_nu == "none"
+               and self.mode != "split")
+        return DEPLOYED_REJOIN_WAIT if self.tables_own and can else 0.0
 
     @property
     def newton_moves(self) -> int:

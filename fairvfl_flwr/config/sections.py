@@ -106,15 +106,15 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
     ("label_dp_epsilon", lambda c: c.label_dp_epsilon > 0, "mode", lambda c: c.mode == "split", _SPLIT),
     ("secure_aggregation", lambda c: c.masked, "max_staleness", lambda c: c.max_staleness > 0,
      "masks cancel only in the sum of every party's reply to the same round; use staleness.max-staleness=0"),
-    ("secure_aggregation", lambda c: c.masked, "resume_from", lambda c: bool(c.resume_from),
-     "a resumed run restores per-party logits, which a masked run never had; start the run afresh"),
     ("secure_aggregation", lambda c: c.masked, "mode", lambda c: c.mode == "split", _SPLIT),
-    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "max_staleness", lambda c: c.max_staleness > 0, _SYNC),
-    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "batch_size", lambda c: c.batch_size > 0, _FULL_BATCH),
-    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "secure_nu", lambda c: c.secure_nu != "none",
+    ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "max_staleness", lambda c: c.max_staleness > 0, _SYNC),
+    ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "batch_size", lambda c: c.batch_size > 0, _FULL_BATCH),
+    ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "secure_nu", lambda c: c.secure_nu != "none",
      "an encrypted round's second leg is not restored when a party comes back; use privacy.secure-nu='none' "
      "(secure aggregation rejoins)"),
-    ("rejoin_timeout", lambda c: c.rejoin_timeout > 0, "mode", lambda c: c.mode == "split", _SPLIT),
+    ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "mode", lambda c: c.mode == "split", _SPLIT),
+    ("resume_from", lambda c: bool(c.resume_from), "secure_nu", lambda c: c.secure_nu != "none",
+     "an encrypted round's second leg is not part of a party's stored state; use privacy.secure-nu='none'"),
 ]
 
 
@@ -133,11 +133,6 @@ NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("local_time_budget", lambda c: c.local_time_budget > 0,
      "the active party computes one Newton direction per round, not a number of gradient steps; "
      "use staleness.local-time-budget=0"),
-    ("checkpoint_every", lambda c: c.checkpoint_every > 0,
-     "a party's checkpoint holds θ only, not the directions and last moves a Newton round continues from; "
-     "use reliability.checkpoint-every=0 or optimizer='gd'"),
-    ("resume_from", lambda c: bool(c.resume_from),
-     "Newton runs are not checkpointed (a party's pending directions are not saved); start the run afresh"),
     ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
 ]
 REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]

@@ -1,18 +1,19 @@
-"""Checkpoints and resume: the server's state in its run folder, each party's θ on its own disk.
+"""Checkpoints and resume: the server's state in its run folder, each party's on its own disk.
 
 Server (``<run folder>/checkpoint.npz``, rewritten every ``reliability.checkpoint-every`` rounds by
-write-then-rename): round, multipliers λ, the history so far, the run config, a
-fingerprint of the server's labels, and the last partial logits u_k of every party
-(keyed by partition id: node ids change when a SuperNode restarts), with ‖θ_k‖² and
-step counts: the server's ``state_dict``, everything it needs to continue exactly.
-:class:`Checkpoints` is the round hook that writes it and, with
-``reliability.resume-from``, restores it; :func:`checkpoint_mod` is the parties' side.
+write-then-rename): the round, the run config, a fingerprint of the server's labels and the
+server's ``state_dict``: everything a round changes (λ, the history, the held logits or
+their masked sums, the stop rule's count, an algorithm's own state such as block Newton's
+step lengths and last moves), keyed by partition id (node ids change when a SuperNode
+restarts). :class:`Checkpoints` is the round hook that writes it and, with
+``reliability.resume-from``, restores it.
 
-Party (``<reliability.checkpoint-dir>/<run key>/partition-<k>/round-<r>.npz``, same schedule, the
-last :data:`KEEP` kept): its model's state dict. θ never leaves the party. The run key
-is a hash of the settings that determine θ (every run-config key except the
-operational ones in :data:`OPERATIONAL`), so a resumed run finds the files of the run it
-continues without the server telling the parties anything beyond a round number.
+Parties: the same files a rejoin restores from (flower/store.py), written on the checkpoint
+rounds, keyed by a hash of the settings that determine θ (:func:`~fairvfl_flwr.flower.store.run_key`),
+so a resumed run, a new Flower run, finds them. A resume is a rejoin of every party at once:
+without secure aggregation each party restores round r on ``query.rejoin``; under it the
+key set-up that opens the resumed run is a rollback every party signs
+(features/secagg.py), so a resumed masked or block-Newton run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import time
 from logging import INFO
 from pathlib import Path
@@ -30,30 +32,16 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.data.partydata import CACHE_ENV
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, is_step_type
+from fairvfl_flwr.flower.store import OPERATIONAL, run_key
 
 SERVER_FILE = "checkpoint.npz"
-KEEP = 3  # party checkpoints kept per partition (the server's latest is always among them)
-# Keys that do not change θ_r: they may differ between a run and its resumption.
-OPERATIONAL = frozenset({
-    "num-server-rounds", "reliability.round-timeout", "reliability.round-retries", "reliability.checkpoint-every",
-    "reliability.checkpoint-dir", "reliability.resume-from", "reliability.rejoin-timeout", "output-dir", "eval-every", "privacy.record-view",
-    "privacy.record-every", "privacy.record-first", "privacy.transcript-dir", "server-labels", "csv.path",
-})
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, damaged, or belongs to another run."""
-
-
-def run_key(run_config: Mapping[str, Any]) -> str:
-    """Hash of every θ-relevant run-config key (server and parties compute the same)."""
-    items = {k: v for k, v in sorted(run_config.items()) if k not in OPERATIONAL}
-    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def labels_fingerprint(labels: Any) -> str:
@@ -76,87 +64,45 @@ def _atomic(path: Path, write) -> None:
 
 
 # -- server ---------------------------------------------------------------------------
-def save_server(folder: Path, state: dict, u_train: Mapping[int, np.ndarray]) -> Path:
-    """``state``: JSON-able dict (round, lambda, history, config, ...); u_train by partition."""
-    arrays = {f"u_train_{pid}": np.asarray(u, dtype=np.float64) for pid, u in u_train.items()}
-    meta = np.array(json.dumps(state))
+def save_server(folder: Path, meta: dict, state: dict) -> Path:
+    """``meta``: JSON-able (round, config, fingerprint, ...); ``state``: the server's ``state_dict``,
+    pickled: it holds the algorithm's own objects exactly (a resumed run continues bit for bit).
+    The server's own file in its own run folder; only its operator's resume-from reads it back."""
+    blob = np.frombuffer(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     path = Path(folder) / SERVER_FILE
-    _atomic(path, lambda fh: np.savez(fh, meta=meta, **arrays))
+    _atomic(path, lambda fh: np.savez(fh, meta=np.array(json.dumps(meta)), state=blob))
     return path
 
 
-def load_server(folder: Path | str) -> tuple[dict, dict[int, np.ndarray]]:
-    """The server's checkpoint in ``folder``: its state and each partition's training logits, refused
-    naming the folder when there is none or it cannot be read."""
+def load_server(folder: Path | str) -> tuple[dict, dict]:
+    """The server's checkpoint in ``folder``: its meta and state, refused naming the folder when
+    there is none or it cannot be read."""
     path = Path(folder).expanduser() / SERVER_FILE
     if not path.exists():
         raise CheckpointError(f"reliability.resume-from={str(folder)!r}: no {SERVER_FILE} in that folder "
                               "(was the run started with reliability.checkpoint-every > 0?)")
     try:
-        with np.load(path) as f:
-            state = json.loads(str(f["meta"]))
-            u_train = {int(k.rsplit("_", 1)[1]): f[k].copy() for k in f.files if k.startswith("u_train_")}
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            state = pickle.loads(f["state"].tobytes())  # noqa: S301  (the server's own file, see save_server)
     except Exception as exc:  # noqa: BLE001  (a damaged file is reported, never half-used)
-        raise CheckpointError(f"{path} cannot be read: {exc}") from exc
-    return state, u_train
-
-
-# -- party ----------------------------------------------------------------------------
-def party_dir(node_config: Mapping[str, Any], cfg: RunConfig, partition_id: int) -> Path:
-    """Where this party keeps θ: node-config ``checkpoint-dir`` (its own disk), else the
-    run config's ``reliability.checkpoint-dir``, else ``<cache>/checkpoints``."""
-    root = str(node_config.get("checkpoint-dir", "") or cfg.checkpoint_dir or "")
-    if not root:
-        base = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr"
-        root = str(Path(base) / "checkpoints")
-    return Path(root).expanduser() / run_key(cfg.to_flower()) / f"partition-{partition_id}"
-
-
-def save_party(folder: Path, server_round: int, model_state: Mapping[str, Any],
-               optimizer_state: Mapping[str, Any] | None = None) -> Path:
-    """θ_r of one party (arrays by parameter name) in ``round-<r>.npz``, with the state its
-    step continues from (``optimizer = "adagrad"``: the sums of squared gradients), if any;
-    keeps the KEEP latest."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"round-{server_round:08d}.npz"
-    arrays = {f"param.{k}": np.asarray(v) for k, v in model_state.items()}
-    arrays.update({f"optim.{k}": np.asarray(v) for k, v in (optimizer_state or {}).items()})
-    _atomic(path, lambda fh: np.savez(fh, round=np.array(server_round), **arrays))
-    # Keep the KEEP latest rounds up to this one; later rounds are left over from a run that got
-    # further before it stopped (this run rewrites them when it gets there).
-    for old in folder.glob("round-*.npz"):
-        r = int(old.stem.split("-")[1])
-        if r > server_round:
-            old.unlink(missing_ok=True)
-    for old in sorted(folder.glob("round-*.npz"))[:-KEEP]:
-        old.unlink(missing_ok=True)
-    return path
-
-
-def load_party(folder: Path, server_round: int, who: str, part: str = "param") -> dict[str, np.ndarray]:
-    """θ_r of one party (``part = "param"``) or the state its step continues from (``"optim"``,
-    empty where the step keeps none)."""
-    path = folder / f"round-{server_round:08d}.npz"
-    if not path.exists():
-        have = sorted(p.stem for p in folder.glob("round-*.npz")) if folder.exists() else []
-        raise CheckpointError(f"{who} has no checkpoint of round {server_round} in {folder} (has: {have or 'none'})")
-    prefix = f"{part}."
-    with np.load(path) as f:
-        return {k[len(prefix):]: f[k].copy() for k in f.files if k.startswith(prefix)}
+        raise CheckpointError(f"{path} cannot be read (written by another version, or damaged): {exc}") from exc
+    return meta, state
 
 
 # -- the server's hook ----------------------------------------------------------------
 class Checkpoints(RoundHook):
     """Write the server's state every ``every`` rounds (and round 0); restore ``resume``.
 
-    ``resume``: (state, u_train by partition) from :func:`load_resume`, or None; ``masked``: the run is
-    under secure aggregation (its stop note then says how the checkpoint scores instead).
+    ``resume``: (meta, state) from :func:`load_resume`, or None; ``masked``: the run is under
+    secure aggregation, whose signed set-up moves the parties back (features/secagg.py); the
+    others are sent ``query.rejoin``.
     """
 
     def __init__(self, folder: Path, every: int, config: Mapping[str, Any], fingerprint: str,
                  resume: tuple[dict, dict] | None = None, masked: bool = False) -> None:
         self.folder = Path(folder)
-        self.masked = masked  # the run's replies are masked (RunConfig.masked): it cannot be resumed
+        self.masked = masked
         self.every = every
         self.config = dict(config)
         self.fingerprint = fingerprint
@@ -164,29 +110,28 @@ class Checkpoints(RoundHook):
         self.last_checkpoint: int | None = int(resume[0]["round"]) if resume else None
 
     def begin(self, server: ServerView, grid: Grid, timeout: float) -> int | None:
-        """On resume: restart every party from its checkpoint, check that each restored model gives the
-        logits the server saved, and continue after that round."""
+        """On resume: every party returns to its state of the checkpoint's round from its own disk
+        (unmasked: on ``query.rejoin``; masked: it already did, at the signed set-up), the server to
+        its own; the run continues after that round."""
         if self.resume is None:
             return None
-        state, u_train = self.resume
-        r = int(state["round"])
-        log(INFO, "FairVFL: resuming from round %d (%s)", r, self.folder)
-        messages = [
-            Message(RecordDict({msgs.ROUND: msgs.round_config(r, False)}), dst_node_id=nid,
-                    message_type=msgs.INIT, group_id=f"resume-{r}")
-            for nid in server.nodes
-        ]
-        for reply in server.exchange_init(grid, messages, timeout):
-            nid = reply.metadata.src_node_id
-            pid = server.nodes[nid].partition_id
-            server.fold(reply)
-            got, want = server.u_train[nid], u_train.get(pid)
-            if want is None or want.shape != got.shape or not np.allclose(got, want, rtol=1e-6, atol=1e-9):
-                raise CheckpointError(
-                    f"{server.who(nid)}: its restored model of round {r} does not give the partial logits "
-                    "the server saved for that round (a checkpoint of another run or data?); refused"
-                )
-        server.load_state_dict({**state, "u_train": u_train})
+        meta, state = self.resume
+        r = int(meta["round"])
+        log(INFO, "FairVFL: resuming from round %d (%s): every party restores that round from its own disk",
+            r, self.folder)
+        missing = sorted(set(int(p) for p in meta["parties"]) - {n.partition_id for n in server.nodes.values()})
+        if missing:
+            raise CheckpointError(f"reliability.resume-from={str(self.folder)!r}: the checkpoint holds parties "
+                                  f"{missing} that did not join this run")
+        if not self.masked:
+            messages = [Message(RecordDict({msgs.ROUND: msgs.round_config(r, False)}), dst_node_id=nid,
+                                message_type=msgs.REJOIN, group_id=f"resume-{r}") for nid in server.nodes]
+            for reply in server.exchange(grid, messages, timeout):
+                got = reply.content.config_records["info"].get("round")
+                if got != r:
+                    raise FederationError(f"{server.who(reply.metadata.src_node_id)} restored round {got}, the "
+                                          f"checkpoint is of round {r}; refused")
+        server.load_state_dict(state)
         self.last_checkpoint = r
         return r + 1
 
@@ -199,30 +144,25 @@ class Checkpoints(RoundHook):
         """Write the server's state, the run config and the labels' fingerprint, so a resume can refuse
         another run's checkpoint."""
         state = server.state_dict()
-        u_train = state.pop("u_train")
-        state.update({"config": self.config, "fingerprint": self.fingerprint, "run-key": run_key(self.config),
-                      "saved-at": time.time()})
-        save_server(self.folder, state, u_train)
-        self.last_checkpoint = int(state["round"])
+        meta = {"round": int(state["round"]), "config": self.config, "fingerprint": self.fingerprint,
+                "run-key": run_key(self.config), "saved-at": time.time(),
+                "parties": sorted(n.partition_id for n in server.nodes.values())}
+        save_server(self.folder, meta, state)
+        self.last_checkpoint = meta["round"]
 
     def stopped(self, server: ServerView, exc: BaseException) -> str | None:
-        """Where the last checkpoint is and how to use it (resume, or score it under secure
-        aggregation), for the stop line."""
+        """Where the last checkpoint is and how to continue from it, for the stop line."""
         if self.last_checkpoint is None:
             return None
         where = f"last checkpoint: round {self.last_checkpoint} in {self.folder / SERVER_FILE}"
-        if self.masked:  # config.sections refuses to resume a masked run
-            return (f"{where}; a run under privacy.secure-aggregation cannot be resumed (start it afresh), "
-                    f"but the checkpoint scores (masked, as trained): mode='score' "
-                    f"score.model-from=\"{self.folder}\" score.round={self.last_checkpoint}")
         return f"{where}; continue with reliability.resume-from=\"{self.folder}\""
 
 
 def load_resume(cfg, labels, folder: str | Path) -> tuple[dict, dict]:
     """Read ``reliability.resume-from`` and check it fits this run (same θ-relevant config and labels)."""
-    state, u_train = load_server(folder)
+    meta, state = load_server(folder)
     where = f"reliability.resume-from={str(folder)!r}"
-    old, new = state["config"], cfg.to_flower()
+    old, new = meta["config"], cfg.to_flower()
     for key in sorted(set(old) | set(new)):
         if key in OPERATIONAL:
             continue
@@ -231,42 +171,11 @@ def load_resume(cfg, labels, folder: str | Path) -> tuple[dict, dict]:
                 f"{where}: run config {key}={new.get(key)!r} differs from the checkpoint's "
                 f"{old.get(key)!r}; only {', '.join(sorted(OPERATIONAL))} may change when resuming"
             )
-    if state["fingerprint"] != labels_fingerprint(labels):
+    if meta["fingerprint"] != labels_fingerprint(labels):
         raise CheckpointError(f"{where}: the server's labels differ from the checkpointed run's")
-    if int(state["round"]) >= cfg.num_server_rounds:
+    if int(meta["round"]) >= cfg.num_server_rounds:
         raise CheckpointError(
-            f"{where}: the checkpoint is at round {state['round']}, "
+            f"{where}: the checkpoint is at round {meta['round']}, "
             f"num-server-rounds={cfg.num_server_rounds} leaves nothing to run"
         )
-    return state, u_train
-
-
-# -- the parties' mod -----------------------------------------------------------------
-def checkpoint_mod(message: Message, context, call_next) -> Message:
-    """Save θ after round 0 and every ``checkpoint-every``-th step; on a resumed
-    ``query.init`` (round r > 0) load θ_r from this party's own disk and reply with its logits."""
-    mtype = message.metadata.message_type
-    if mtype != msgs.INIT and not is_step_type(mtype):
-        return call_next(message, context)
-    reply = call_next(message, context)
-    if reply.has_error():
-        return reply
-    rt = PartyRuntime(context)
-    server_round = int(message.content.config_records[msgs.ROUND]["round"])
-    if mtype == msgs.INIT and server_round > 0:  # resume: θ_r from this party's own disk
-        folder = party_dir(context.node_config, rt.cfg, rt.data.partition_id)
-        rt.load_model_state(load_party(folder, server_round, rt.who))
-        if rt.cfg.optimizer_in_use == "adagrad":
-            optimizer = load_party(folder, server_round, rt.who, "optim")
-            if not optimizer:  # fresh sums would restart with full-length steps: not the run it continues
-                raise CheckpointError(f"{rt.who}: the checkpoint of round {server_round} in {folder} holds no "
-                                      "AdaGrad sums; resume it with the optimizer it was trained with")
-            rt.load_optimizer_state(optimizer)
-        return rt.reply(message, rt.party(), steps=0)
-    every = rt.cfg.checkpoint_every
-    if every > 0 and server_round % every == 0:
-        state = rt.model_state()
-        if state is not None:
-            folder = party_dir(context.node_config, rt.cfg, rt.data.partition_id)
-            save_party(folder, server_round, state, rt.optimizer_state())
-    return reply
+    return meta, state

@@ -4,8 +4,8 @@ Server (:class:`DivergenceGuard`, a round hook): after every round the objective
 multiplier and the summed logits must be finite, or the run stops naming the round
 (before a checkpoint could save the diverged state: add this hook first).
 
-Party (:func:`guard_mod`, a ClientApp mod): every ``query.init``, ``query.rejoin`` and
-``train.*`` message must carry an integer round number; a re-sent message (same type, round
+Party (:func:`guard_mod`, a ClientApp mod): every start (``query.init``) and ``train.*``
+message must carry an integer round number; a re-sent message (same type, round
 and content as the last one answered: a digest over every record but secure aggregation's
 view, confirmations and key relay) is answered again instead of being processed twice, and a
 message of the same type and round with other content is refused. For a step message
@@ -51,7 +51,9 @@ class DivergenceGuard(RoundHook):
 def guard_mod(message: Message, context, call_next) -> Message:
     """Round-number check and duplicate suppression (see the module doc)."""
     mtype = message.metadata.message_type
-    restart = (*msgs.START_TYPES, msgs.REJOIN)  # the party (re)starts: nothing before it is re-sent
+    # the party starts afresh: nothing before it is re-sent. A rejoin is no restart here: a party
+    # moves back only by a restore (flower/store.py), which drops the copy kept below itself.
+    restart = msgs.START_TYPES
     if mtype not in restart and not mtype.startswith("train."):
         return call_next(message, context)
     rc = message.content.config_records.get(msgs.ROUND)

@@ -45,14 +45,19 @@ POLL_SECONDS = 0.5  # how often the server looks for a returning node
 # -- the party's side -------------------------------------------------------------------
 def rejoin_mod(message: Message, context: Context, call_next) -> Message:
     """After a reply that follows a step (or the first logits), keep this round's state on this
-    party's own disk, when the run waits for parties that drop out."""
+    party's own disk: every round when the run waits for parties that drop out, and the
+    checkpoint rounds (round 0 and every ``checkpoint-every``-th) when it checkpoints. A
+    rejoin and a resume restore from the same files (flower/store.py)."""
     mtype = message.metadata.message_type
-    if mtype not in (msgs.INIT, msgs.NEWTON_INIT) and not mtype.startswith("train."):
+    if (mtype not in msgs.START_TYPES and not mtype.startswith("train.")) or mtype in msgs.FINAL_TYPES:
         return call_next(message, context)
     reply = call_next(message, context)
-    if reply.has_error() or party.run_config(tuple(sorted(context.run_config.items()))).rejoin_timeout <= 0:
+    if reply.has_error():
         return reply
-    save_state(state_dir(context, PartyRuntime(context)), round_of(message)[0], context.state)
+    cfg = party.run_config(tuple(sorted(context.run_config.items())))
+    server_round, every = round_of(message)[0], cfg.checkpoint_every
+    if cfg.rejoin_wait > 0 or (every > 0 and server_round % every == 0):
+        save_state(state_dir(context, PartyRuntime(context)), server_round, context.state, every)
     return reply
 
 

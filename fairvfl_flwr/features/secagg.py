@@ -374,6 +374,9 @@ class SecureAggregation(RoundHook):
     parties sent with their last masked replies (flower/roundview.py).
     """
 
+    def __init__(self, resume: int | None = None) -> None:
+        self.resume = resume  # a resumed run: its first set-up moves every party back to this round
+
     views: roundview.ServerViews | None = None
     asked: str | None = None  # the session whose keys the discovery messages asked for
     offered: dict[str, bytes] | None = None  # every party's signed key of that session, from its discovery reply
@@ -393,6 +396,7 @@ class SecureAggregation(RoundHook):
         The keys the discovery replies brought ride on round 0's messages, under their view;
         otherwise (a rejoin's fresh session, every party moving back to round ``rollback``) the
         set-up is its own two messages."""
+        rollback, self.resume = (self.resume if rollback is None else rollback), None
         if self.offered is not None and rollback is None:
             self.relay, session = self.offered, self.asked
         else:

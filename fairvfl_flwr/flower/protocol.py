@@ -78,6 +78,8 @@ ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up th
 REJOIN = "query.rejoin"  # after a party dropped out: every party restores its state of a round from its own disk
 #: Messages that start a party's model afresh: answered only before anything else in a run (flower/history.py).
 START_TYPES = (INIT, NEWTON_INIT, SPLIT_INIT)
+#: Messages after the last round (the last step applied): no run continues from the state they leave.
+FINAL_TYPES = (NEWTON_APPLY,)
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends

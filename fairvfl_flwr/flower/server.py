@@ -391,32 +391,25 @@ class VFLServer:
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue after the last recorded round (keyed by partition
-        id: node ids change when a SuperNode restarts)."""
+        """Everything needed to continue after the last recorded round: :meth:`snapshot` with its
+        per-node entries keyed by partition id (node ids change when a SuperNode restarts, and a
+        resumed run is a new run)."""
         pid = {nid: node.partition_id for nid, node in self.nodes.items()}
-        return {
-            "round": int(self.history[-1]["round"]) if self.history else 0,
-            "lambda": [float(v) for v in self.lam],
-            "history": list(self.history),
-            "sq-norms": {str(pid[n]): v for n, v in self.sq_norms.items()},
-            "steps": {str(pid[n]): v for n, v in self.steps.items()},
-            "u_train": {pid[n]: u for n, u in self.u_train.items()},
-            "stop": self.stop.state_dict(),
-        }
+        snapshot = self.snapshot()
+        for name in self.node_keyed:
+            snapshot[name] = {pid[n]: v for n, v in snapshot[name].items()}
+        return {"round": int(self.history[-1]["round"]) if self.history else 0, "snapshot": snapshot}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict` (after :meth:`discover`: needs the nodes)."""
+        """Continue from :meth:`state_dict` (after :meth:`discover`: needs the nodes). The round
+        training ends with stays this run's (``num-server-rounds`` may change on resume)."""
         by_pid = {node.partition_id: nid for nid, node in self.nodes.items()}
-        self.lam = np.array(state["lambda"], dtype=np.float64)
-        self.history = list(state["history"])
-        for pid, nid in by_pid.items():
-            self.u_train[nid] = np.asarray(state["u_train"][pid], dtype=np.float64)
-            self.sq_norms[nid] = float(state["sq-norms"][str(pid)])
-            self.steps[nid] = int(state["steps"][str(pid)])
-        self.stop.load_state_dict(state.get("stop", {}))
-        self.u_test.clear()
-        self.held_rows = None
-        self.stats = train_stats(self.labels.y_train, self.z("train"), self.groups)
+        snapshot = dict(state["snapshot"])
+        for name in self.node_keyed:
+            snapshot[name] = {by_pid[p]: v for p, v in snapshot[name].items()}
+        last_round = self.last_round
+        self.restore(snapshot)
+        self.last_round = last_round
 
     def snapshot(self) -> dict:
         """A copy of everything a round changes (:attr:`round_state`): :meth:`restore` returns the

@@ -4,10 +4,13 @@ After every reply that follows a step (and the first logits) a party writes ever
 of its node state that carries the run from one round to the next
 (``flower.party.mark_round_state``: θ, a step's own state, Newton's directions and moves,
 the aligned block's key, the secure-aggregation sessions it joined, its history's round and
-head) to ``round-<r>.npz`` under its state folder. Where: node config ``state-dir``, else
-``rejoin/`` under the party's data cache (node config ``cache-dir``,
-``$FAIRVFL_CACHE_DIR``); per run (Flower's run id, the same before and after a SuperNode
-restarts) and partition, the last :data:`KEEP` rounds. Nothing of it is ever sent.
+head) to ``round-<r>.npz`` under its state folder, when the run waits for parties that
+drop out (every round) or checkpoints (its checkpoint rounds). Where: node config
+``state-dir``, else the run config's ``reliability.checkpoint-dir``, else ``state/`` under
+the party's data cache (node config ``cache-dir``, ``$FAIRVFL_CACHE_DIR``); per run key
+(:func:`run_key`: the settings that determine θ, so a resumed run, a new Flower run, finds
+the states of the run it continues) and partition; the last :data:`KEEP` rounds and the
+last :data:`KEEP` checkpoint rounds. Nothing of it is ever sent.
 
 A restore (:func:`restore`) puts a round's records back, closes that round in the party's
 history (nothing of it is answered again) and drops what described the last message
@@ -17,9 +20,11 @@ answered. Under secure aggregation only a key set-up every party signed moves a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
@@ -29,7 +34,20 @@ from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower.party import PartyRuntime, answer_records, round_state
 
 STATE_DIR = "state-dir"  # node config: where this party keeps its state of the last rounds
-KEEP = 3  # rounds of state kept per party (the last completed round is among the last two)
+KEEP = 3  # rounds of state kept per party (the last completed round is among the last two), and checkpoint rounds
+# Keys that do not change θ_r: they may differ between a run and its resumption.
+OPERATIONAL = frozenset({
+    "num-server-rounds", "reliability.round-timeout", "reliability.round-retries", "reliability.checkpoint-every",
+    "reliability.checkpoint-dir", "reliability.resume-from", "reliability.rejoin-timeout", "output-dir", "eval-every",
+    "privacy.record-view", "privacy.record-every", "privacy.record-first", "privacy.transcript-dir", "server-labels",
+    "csv.path",
+})
+
+
+def run_key(run_config: Mapping[str, Any]) -> str:
+    """Hash of every θ-relevant run-config key (server and parties compute the same)."""
+    items = {k: v for k, v in sorted(run_config.items()) if k not in OPERATIONAL}
+    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class StateStoreError(RuntimeError):
@@ -37,16 +55,22 @@ class StateStoreError(RuntimeError):
 
 
 def state_dir(context: Context, rt: PartyRuntime) -> Path:
-    """This party's state folder for this run: node config ``state-dir``, else ``rejoin/`` under its
-    data cache; then ``run-<run id>/partition-<k>``."""
-    root = context.node_config.get(STATE_DIR)
-    base = Path(str(root)).expanduser() if root else cache_dir(rt.spec) / "rejoin"
-    return base / f"run-{context.run_id}" / f"partition-{rt.spec.partition_id}"
+    """This party's state folder for this run: node config ``state-dir``, else the run config's
+    ``reliability.checkpoint-dir``, else ``state/`` under its data cache; then
+    ``run-<run key>/partition-<k>``."""
+    root = context.node_config.get(STATE_DIR) or rt.cfg.checkpoint_dir
+    return run_dir(Path(str(root)).expanduser() if root else cache_dir(rt.spec) / "state", rt.cfg, rt.spec.partition_id)
 
 
-def save_state(folder: Path, server_round: int, state: RecordDict) -> Path:
+def run_dir(base: Path, cfg, partition_id: int) -> Path:
+    """The folder under ``base`` of partition ``partition_id``'s states of runs with ``cfg``'s run key."""
+    return Path(base) / f"run-{run_key(cfg.to_flower())}" / f"partition-{partition_id}"
+
+
+def save_state(folder: Path, server_round: int, state: RecordDict, checkpoint_every: int = 0) -> Path:
     """Write the registered round-state records of ``state`` as ``round-<r>.npz``; keep the last
-    :data:`KEEP` rounds (a later round's file is of a round this run is about to run again)."""
+    :data:`KEEP` rounds and the last :data:`KEEP` checkpoint rounds (multiples of
+    ``checkpoint_every``); a later round's file is of a round this run is about to run again."""
     arrays: dict[str, np.ndarray] = {}
     meta: dict = {"round": server_round, "arrays": {}, "configs": {}}
     for name in round_state():
@@ -68,8 +92,11 @@ def save_state(folder: Path, server_round: int, state: RecordDict) -> Path:
     for old in folder.glob("round-*.npz"):
         if int(old.stem.split("-")[1]) > server_round:
             old.unlink(missing_ok=True)
-    for old in sorted(folder.glob("round-*.npz"))[:-KEEP]:
-        old.unlink(missing_ok=True)
+    rounds = sorted(int(p.stem.split("-")[1]) for p in folder.glob("round-*.npz"))
+    pinned = [r for r in rounds if checkpoint_every > 0 and r % checkpoint_every == 0][-KEEP:]
+    for r in rounds[:-KEEP]:
+        if r not in pinned:
+            (folder / f"round-{r:08d}.npz").unlink(missing_ok=True)
     return path
 
 
@@ -87,7 +114,7 @@ def load_state(folder: Path, server_round: int, who: str) -> dict[str, ArrayReco
             stored = iter(sorted((k for k in f.files if k != "meta"), key=lambda k: int(k[1:])))
             records: dict[str, ArrayRecord | ConfigRecord] = {}
             for name, keys in meta["arrays"].items():
-                records[name] = ArrayRecord({key: Array(np.ascontiguousarray(f[next(stored)])) for key in keys})
+                records[name] = ArrayRecord({key: Array(np.array(f[next(stored)], order="C")) for key in keys})  # 0-d stays 0-d
     except Exception as exc:  # noqa: BLE001  (a damaged file is reported, never half-used)
         raise StateStoreError(f"{who}: its state of round {server_round} in {path} cannot be read: {exc}") from exc
     if int(meta["round"]) != server_round:
