@@ -1,7 +1,7 @@
 """Faults on the real deployment runtime: a SuperNode stops mid-run, is restarted, the run resumes.
 
 A loopback SuperLink and 6 SuperNodes (exported Crime party files, each party with its own
-checkpoint-dir, i.e. its own disk). Party 3's SuperNode is stopped (SIGTERM to its process
+state-dir, i.e. its own disk; masked, as an export's run config is). Party 3's SuperNode is stopped (SIGTERM to its process
 group: the SuperNode and its ClientApp processes) as soon as the server has written a
 checkpoint; the run must end as failed, with the party named, history and checkpoint on
 disk. Then that SuperNode is started again (it gets a new node id) and ``reliability.resume-from``
@@ -32,8 +32,6 @@ VICTIM = 3
 # round-timeout: longer than one deployed round on a busy 2-core machine; a stopped SuperNode
 # is reported unavailable by Flower at once, so the run does not wait this long.
 TIMEOUT = float(os.environ.get("FAIRVFL_TEST_ROUND_TIMEOUT", "90"))
-# gd named: optimizer='auto' resolves to gd with checkpoints but to block Newton without, and the
-# uninterrupted reference runs without them
 BASE = {"dataset": "crime", "num-server-rounds": ROUNDS, "eval-every": ROUNDS, "epsilon": 0.05, "optimizer": "gd",
         "reliability.checkpoint-every": 1, "reliability.round-timeout": TIMEOUT, "reliability.round-retries": 1}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
@@ -59,11 +57,9 @@ def test_killed_party_stops_the_run_then_restart_and_resume_equals_uninterrupted
     started = time.monotonic()
     parties = tmp_path / "parties"
     manifest = export(RunConfig.from_flower(BASE), parties, demo_keys=True)
-    # allow-unmasked: each party's operator accepts this unmasked run (resuming needs per-party logits)
-    nodes = [{**cfg, "checkpoint-dir": str(tmp_path / f"party{i}-disk"), "allow-unmasked": True}
-             for i, cfg in enumerate(manifest["node_configs"])]
-    # checkpoints need the per-party logits that secure aggregation (the export's default) hides
-    run_config = {**BASE, **manifest["run_config"], "privacy.secure-aggregation": False,
+    nodes = [{**cfg, "state-dir": str(tmp_path / f"party{i}-disk")} for i, cfg in enumerate(manifest["node_configs"])]
+    # rejoin-timeout 0: the run stops when the party goes, and resume-from continues it
+    run_config = {**BASE, **manifest["run_config"], "reliability.rejoin-timeout": 0.0,
                   "output-dir": str(tmp_path / "runs")}
     reference, _ = run_inprocess({**run_config, "reliability.checkpoint-every": 0, "output-dir": str(tmp_path / "reference")})
 
