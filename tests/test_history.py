@@ -116,3 +116,12 @@ def test_a_view_confirmation_binds_the_head_not_only_the_round():
     assert roundview.confirmation(key, 1, a) != roundview.confirmation(key, 1, b)
     assert roundview.bound_key(key, a) != roundview.bound_key(key, b)
     assert isinstance(roundview.confirmations(a, 0, {1: key}), ConfigRecord)
+
+
+def test_an_aligned_block_that_changed_under_a_history_is_refused():
+    h = history.History(-1, history.genesis(7))
+    h, _ = h.advance(msgs.INIT, 0, "query.init/passive", "i" * 64, {"query.init/passive": "i" * 64}, "p", "rows-a")
+    nxt, _ = h.advance(msgs.TRAIN_PASSIVE, 1, PART, "1" * 64, {PART: "1" * 64}, "p", "rows-a")
+    assert nxt.block == "rows-a"
+    with pytest.raises(FederationError, match="aligned block changed since its history began"):
+        h.advance(msgs.TRAIN_PASSIVE, 1, PART, "1" * 64, {PART: "1" * 64}, "p", "rows-b")

@@ -67,13 +67,16 @@ class History:
 
     ``round``: the latest round it answered (−1: none); ``head``: the chain after it;
     ``part`` and ``digest``: the last exchange's part and the digest of the message answered
-    (a re-send must match it); ``answered``: the parts answered in ``round``."""
+    (a re-send must match it); ``answered``: the parts answered in ``round``; ``block``: the key of
+    the aligned block the party answered its first exchange with (its rows: they may not change
+    under a history, since no peer would see it)."""
 
     round: int
     head: bytes
     part: str = ""
     digest: str = ""
     answered: tuple[str, ...] = ()
+    block: str = ""
 
     @classmethod
     def held(cls, state: RecordDict, run_id: int) -> "History":
@@ -82,12 +85,13 @@ class History:
         if record is None:
             return cls(-1, genesis(run_id))
         return cls(int(record["round"]), bytes.fromhex(str(record["head"])), str(record["part"]),
-                   str(record["digest"]), tuple(str(p) for p in record["answered"]))
+                   str(record["digest"]), tuple(str(p) for p in record["answered"]), str(record.get("block", "")))
 
     def save(self, state: RecordDict) -> None:
         """Keep this history in the node state (a restore brings it back with the round's state)."""
         state.config_records[STATE] = ConfigRecord({"round": self.round, "head": self.head.hex(), "part": self.part,
-                                                    "digest": self.digest, "answered": list(self.answered)})
+                                                    "digest": self.digest, "answered": list(self.answered),
+                                                    "block": self.block})
 
     def closed(self) -> "History":
         """This history as restored from disk: its round is over, no message of it is answered again
@@ -95,10 +99,16 @@ class History:
         return dataclasses.replace(self, part=CLOSED, digest="", answered=(CLOSED,))
 
     def advance(self, message_type: str, server_round: int, part: str, digest: str, parts: dict[str, str],
-                who: str) -> tuple["History", bool]:
+                who: str, block: str = "") -> tuple["History", bool]:
         """The history after answering ``message_type`` of ``server_round`` (own part ``part``,
-        its digest ``digest``; every part's digest ``parts``), and whether it is a re-send of the
-        last exchange. Anything that would move the party back or answer a round twice is refused."""
+        its digest ``digest``; every part's digest ``parts``; ``block``: the key of the aligned
+        block it holds now), and whether it is a re-send of the last exchange. Anything that would
+        move the party back, answer a round twice or answer from other rows is refused."""
+        if self.round >= 0 and block != self.block:
+            raise FederationError(
+                f"{who}: {message_type} of round {server_round}: this party's aligned block changed since its "
+                "history began (a new alignment mid-run); its replies would be of other rows than its peers "
+                "expect; refused")
         if server_round == self.round and part == self.part:
             if digest != self.digest:
                 raise FederationError(
@@ -117,7 +127,7 @@ class History:
                 f"(history head {self.head.hex()[:12]}…): a party's history never moves back outside a rollback "
                 "every party signs; refused")
         answered = (*self.answered, part) if server_round == self.round else (part,)
-        return History(server_round, link(self.head, server_round, parts), part, digest, answered), False
+        return History(server_round, link(self.head, server_round, parts), part, digest, answered, block), False
 
 
 mark_round_state(STATE)  # a restored party continues from the head of the round it restored

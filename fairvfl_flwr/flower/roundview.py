@@ -46,7 +46,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import VIEW_STATE
+from fairvfl_flwr.flower.party import ALIGNED_STATE, VIEW_STATE
 
 VIEW = "secagg-view"  # ConfigRecord on a server message: round, part digests
 #: ConfigRecord on a training run's first bound messages: every party's signed key of the set-up
@@ -206,7 +206,9 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
         if parts.get(name) != digest:
             raise FederationError(f"{who}: the view of round {server_round} lists another {name} message than this "
                                   "party received; refused (the server sent different parties different values)")
-        now, _ = past.advance(mtype, server_round, name, digest, parts, who)
+        aligned = state.config_records.get(ALIGNED_STATE)
+        block = "" if aligned is None else str(aligned["key"])
+        now, _ = past.advance(mtype, server_round, name, digest, parts, who, block)
     pending = None if held is None or not held["pending"] else bytes.fromhex(str(held["pending"]))
     if pending is not None and pending != now.head:
         confirm_peers(message, pending, who, pair_keys, int(held["round"]))
