@@ -61,7 +61,7 @@ message = message_from_proto(PM.FromString(open(case + "/message.pb", "rb").read
 context = context_from_proto(PC.FromString(open(case + "/context.pb", "rb").read()))
 out["decode"] = pt() - t
 t = pt()
-from fairvfl_flwr.features import ckks, checkpoint, guards, rejoin, secagg, straggler, timing, transcripts
+from fairvfl_flwr.features import ckks, guards, rejoin, secagg, straggler, timing, transcripts
 from fairvfl_flwr.jobs import scoring
 own, inner = {}, {}
 def timed(name, mod):
@@ -71,7 +71,7 @@ def timed(name, mod):
         s = pt(); r = mod(message, context, deeper); own[name] = own.get(name, 0.0) + pt() - s; return r
     return wrapper
 MODS = ((timing, "timing_mod"), (guards, "refusal_mod"), (scoring, "settings_mod"), (secagg, "mask_mod"),
-                     (guards, "guard_mod"), (ckks, "ckks_mod"), (checkpoint, "checkpoint_mod"), (rejoin, "rejoin_mod"),
+                     (guards, "guard_mod"), (ckks, "ckks_mod"), (rejoin, "rejoin_mod"),
                      (transcripts, "transcript_mod"), (straggler, "delay_mod"))
 for module, attr in MODS:
     setattr(module, attr, timed(attr.removesuffix("_mod"), getattr(module, attr)))
@@ -128,8 +128,10 @@ def capture(folder: Path, dataset: str, parties: int, rounds: int, round_: int, 
     for masked in (True, False):
         manifest = export(RunConfig.from_flower(base), folder / f"export-{int(masked)}", demo_keys=True,
                           secure_aggregation=masked)
-        nodes = manifest["node_configs"] if masked else [{**n, "allow-unmasked": True} for n in
-                                                         manifest["node_configs"]]
+        # unmasked: nodes without identity keys, whose operators accept unmasked runs
+        nodes = manifest["node_configs"] if masked else [
+            {**{k: v for k, v in n.items() if k not in ("identity-key", "peers")}, "allow-unmasked": True}
+            for n in manifest["node_configs"]]
         run_config = {**base, **manifest["run_config"], "output-dir": str(folder / "runs")}
         kept = {}
 

@@ -66,7 +66,10 @@ def measure(kind: str, home: Path, manifest: dict, rounds: int, poll: str | None
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = poll
     nodes = manifest["node_configs"]
     if kind in ("fairvfl", "variant") and not {**manifest["run_config"], **(extra or {})}.get("privacy.secure-aggregation"):
-        nodes = [{**n, "allow-unmasked": True} for n in nodes]  # the parties' operators accept an unmasked run
+        # the parties' operators accept an unmasked run, on nodes without identity keys (a node
+        # that holds them refuses unmasked jobs)
+        nodes = [{**{k: v for k, v in n.items() if k not in ("identity-key", "peers")}, "allow-unmasked": True}
+                 for n in nodes]
     if kind == "before":
         nodes = [{"partition-id": i, "num-partitions": len(nodes)} for i in range(len(nodes))]
     started = time.perf_counter()
