@@ -160,3 +160,4 @@ def test_a_rejoin_between_a_round_and_its_identical_resend_gives_no_second_step(
     ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
     got = malicious.rejoin_resend(rc, tmp_path, target=TARGET, probes=3, stop_at=STOP, identities=ids)
     assert got.gram_error >= 0.99, got.summary(TARGET)
+    assert got.repeated == got.decoded  # each re-send decoded to the sum of the exchange it repeated

@@ -389,6 +389,7 @@ class Breach:
     refusals: list[str] = field(default_factory=list)
     refused_by: set[int] = field(default_factory=set)
     logits_error: float | None = None  # the init role: the target's real partial logits, read off two sums
+    repeated: int = 0  # decoded sums identical to one the server already held (nothing new)
 
     @property
     def refused(self) -> bool:
@@ -398,6 +399,9 @@ class Breach:
     def summary(self, target: int = 2) -> str:
         """One line for the audit page: refused (by whom, the first reason), or what was learned."""
         got = f"party {target}'s Gram error {self.gram_error:.3g}, {self.decoded} of {self.probes} probe sums decoded"
+        if self.decoded and self.repeated == self.decoded:
+            got = f"party {target}'s Gram error {self.gram_error:.3g}: each of the {self.decoded} sums decoded is one " \
+                "the server already held"
         if self.logits_error is not None:
             got += f"; its partial logits' error {self.logits_error:.3g}"
         if not self.refusals:
@@ -546,7 +550,7 @@ def rejoin_resend(run_config: dict, folder: Path, target: int = 2, probes: int |
     X = _target_block(cfg, target)
     n = len(X)
     nus = probe_vectors(n, probes or X.shape[1], seed)
-    R, V, decoded = [], [], 0
+    R, V, decoded, repeated = [], [], 0, 0
     server.session()
     for t, nu in enumerate(nus, start=stop_at):
         messages = []
@@ -563,11 +567,12 @@ def rejoin_resend(run_config: dict, folder: Path, target: int = 2, probes: int |
         if first is None or again is None:
             continue
         decoded += 1
+        repeated += int(np.array_equal(first, again))
         R.append(cfg.eta * (first - again))
         V.append(nu.astype(np.float64))
     return Breach(f"round t to every party, query.rejoin of round t to party {target} alone, a fresh session, round t "
                   "again byte for byte", _score(cfg, target, R, V), len(nus), decoded, server.refusals,
-                  server.refused_by)
+                  server.refused_by, repeated=repeated)
 
 
 def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | None = None, stop_at: int = 4,
