@@ -349,10 +349,10 @@ def test_it_finds_a_resend_recognised_by_type_and_round_only(started, monkeypatc
     not shrunk)."""
     advance = history.History.advance
 
-    def by_type_and_round(self, message_type, server_round, part, digest, parts, who):
+    def by_type_and_round(self, message_type, server_round, part, *rest, **named):
         if server_round == self.round and part == self.part:
             return self, True
-        return advance(self, message_type, server_round, part, digest, parts, who)
+        return advance(self, message_type, server_round, part, *rest, **named)
 
     monkeypatch.setattr(history.History, "advance", by_type_and_round)
     monkeypatch.setattr(guards, "roundview", _ByTypeAndRound())
