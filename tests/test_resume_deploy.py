@@ -49,16 +49,26 @@ def _checkpoint_round(out: Path) -> int:
 
 
 def _serverapps(superlink_pid: int) -> list[int]:
-    """The SuperLink's ``flwr-serverapp`` processes (its process group's)."""
+    """The ``flwr-serverapp`` processes descended from the SuperLink (through its SuperExec)."""
+
+    def parent(pid: int) -> int:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"flwr-serverapp" in cmdline and os.getpgid(int(entry.name)) == superlink_pid:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[:2]
+            if not any(os.path.basename(a) == b"flwr-serverapp" for a in argv):
+                continue
+            pid = int(entry.name)
+            while pid > 1 and pid != superlink_pid:
+                pid = parent(pid)
+            if pid == superlink_pid:
                 pids.append(int(entry.name))
-        except (OSError, ProcessLookupError):
+        except (OSError, ValueError, IndexError):
             continue
     return pids
 
