@@ -34,7 +34,7 @@ from fairvfl_flwr.algorithms.split import SplitVFL
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.run import resolve_optimizer
 from fairvfl_flwr.data.partydata import server_labels_for
-from fairvfl_flwr.data.problem import ServerLabels, load_data, party_columns
+from fairvfl_flwr.data.problem import ServerLabels, columns_note, load_data, party_columns
 from fairvfl_flwr.jobs.alignment import align_tables
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features import ckks
@@ -148,6 +148,9 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
         ds = load_data(cfg)
         columns = party_columns(cfg, ds)  # validates num-parties / active-columns against the table
         labels = server_labels_for(cfg, ds)
+        fitted = columns_note(cfg, ds)
+        if fitted:  # every party fits the same split on its own; the server says it once
+            log(INFO, "FairVFL: %s", fitted)
     resume = load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
     folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
     extra: dict[str, Any] = {} if cfg.mode == "fairvfl" else {"mode": cfg.mode}

@@ -112,8 +112,9 @@ class RunConfig:
     num_parties: int = S(6, "K: parties, one per SuperNode", rule=at_least(1), why="must be at least 1")
     num_active: int = S(1, "active parties (they hold the labels and the sensitive attribute)",
                         rule=lambda v, c: 1 <= v <= c.num_parties, why="must be between 1 and num-parties ({num_parties})")
-    active_columns: int = S(0, "columns of the active parties; 0: the paper's (Adult 19, COMPAS 16, Crime 49) "
-                            "or an even share", rule=at_least(0), why="must be >= 0 (0 = the dataset's default)")
+    active_columns: int = S(0, "columns of the active parties; 0: the paper's (Adult 19, COMPAS 16, Crime 49), "
+                            "fewer where it would leave a passive party no column, or an even share",
+                            rule=at_least(0), why="must be >= 0 (0 = the dataset's default)")
     seed: int = S(0, "fixes the train/test split, the model initialisation and every random draw")
     eval_every: int = S(50, "test-set evaluation period in rounds (the last round is always evaluated)",
                         rule=at_least(1), why="must be at least 1")

@@ -13,7 +13,7 @@ import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.config.run import RunConfig
-from fairvfl_flwr.data.partition import split_columns
+from fairvfl_flwr.data.partition import PartitionError, fit_active_columns, split_columns
 from fairvfl_flwr.data.tables import FairDataset, ids_digest, load_csv, load_dataset
 
 
@@ -93,9 +93,28 @@ def _load_table(cfg: RunConfig) -> FairDataset:
 
 def party_columns(cfg: RunConfig, ds: FairDataset) -> list[np.ndarray]:
     """Each party's column indices into the dataset's features: the active parties' share first
-    (``active-columns`` or the dataset's default), the rest split evenly."""
-    active = cfg.active_columns or ds.default_active_columns
-    return split_columns(ds.n_features, cfg.num_parties, cfg.num_active, active)
+    (``active-columns`` or the dataset's default, fitted to the federation: :func:`columns_note`),
+    the rest split evenly. A split that cannot be made is a :class:`PartitionError` (a ConfigError)
+    naming the table's column count and the setting to change."""
+    active, _ = fit_active_columns(ds.n_features, cfg.num_parties, cfg.num_active, cfg.active_columns,
+                                   ds.default_active_columns)
+    try:
+        return split_columns(ds.n_features, cfg.num_parties, cfg.num_active, active)
+    except PartitionError as exc:
+        raise PartitionError(f"run config for dataset {ds.name!r} ({ds.n_features} feature columns"
+                             f"{_inputs_note(ds)}): {exc}") from None
+
+
+def columns_note(cfg: RunConfig, ds: FairDataset) -> str | None:
+    """What the log says once when the dataset's default active columns gave way to the federation."""
+    return fit_active_columns(ds.n_features, cfg.num_parties, cfg.num_active, cfg.active_columns,
+                              ds.default_active_columns)[1]
+
+
+def _inputs_note(ds: FairDataset) -> str:
+    left_out = ds.extra.get("sensitive-left-out")
+    return (f"; the sensitive attribute's {len(left_out)} column(s) are not inputs: sensitive-as-input=false"
+            if left_out else "")
 
 
 def is_active(cfg: RunConfig, partition_id: int) -> bool:
