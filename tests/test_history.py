@@ -3,6 +3,7 @@ key set-up binds the round and head every party enters it with (features/secagg.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
@@ -125,3 +126,50 @@ def test_an_aligned_block_that_changed_under_a_history_is_refused():
     assert nxt.block == "rows-a"
     with pytest.raises(FederationError, match="aligned block changed since its history began"):
         h.advance(msgs.TRAIN_PASSIVE, 1, PART, "1" * 64, {PART: "1" * 64}, "p", "rows-b")
+
+
+def _guard_context() -> Context:
+    from fairvfl_flwr.config import RunConfig
+
+    return Context(run_id=7, node_id=102, node_config={"partition-id": 2, "num-partitions": 6}, state=RecordDict(),
+                   run_config=RunConfig(secure_nu="ckks").to_flower())
+
+
+def _leg(mtype: str, server_round: int, value: float):
+    from flwr.app import Message
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, default in (("run_id", 1), ("node_id", 0), ("task_id", 1)):  # as the in-process grid sets them
+        try:
+            getattr(TaskIdentity, name)
+        except RuntimeError:
+            setattr(TaskIdentity, name, default)
+    content = RecordDict({msgs.PAYLOAD: msgs.array_record(x=np.array([value])),
+                          msgs.ROUND: msgs.round_config(server_round, False)})
+    return Message(content, dst_node_id=102, message_type=mtype, group_id=str(server_round))
+
+
+def test_the_guard_remembers_every_leg_of_a_round_not_only_the_last():
+    """A round of two legs (encrypted ν): the first leg re-sent after the second is answered from
+    its kept reply, never run again (a run again would let a server step one party alone)."""
+    from flwr.app import Message
+
+    from fairvfl_flwr.features.guards import guard_mod
+
+    ran = []
+
+    def handler(message, context):
+        ran.append(message.metadata.message_type)
+        return Message(RecordDict({"out": msgs.array_record(v=np.array([len(ran)], dtype=np.float64))}),
+                       reply_to=message)
+
+    ctx = _guard_context()
+    first = guard_mod(_leg(msgs.TRAIN_PASSIVE_ENC, 3, 1.0), ctx, handler)
+    guard_mod(_leg("train.other_leg", 3, 2.0), ctx, handler)
+    again = guard_mod(_leg(msgs.TRAIN_PASSIVE_ENC, 3, 1.0), ctx, handler)
+    assert ran == [msgs.TRAIN_PASSIVE_ENC, "train.other_leg"]  # the first leg did not run again
+    assert again.content["out"]["v"].numpy().tolist() == first.content["out"]["v"].numpy().tolist()
+    with pytest.raises(FederationError, match=r"train.passive_enc of round 3 differs from the one this party answered"):
+        guard_mod(_leg(msgs.TRAIN_PASSIVE_ENC, 3, 9.0), ctx, handler)
+    guard_mod(_leg(msgs.TRAIN_PASSIVE_ENC, 4, 1.0), ctx, handler)  # the next round: a new leg
+    assert ran[-1] == msgs.TRAIN_PASSIVE_ENC and len(ran) == 3

@@ -11,7 +11,8 @@ view, confirmations and key relay) is answered again instead of being processed 
 message of the same type and round with other content is refused. For a step message
 (``flower.party.is_step_type``) the answer is rebuilt from the θ the party already has, so
 nothing steps twice; for other messages the reply itself is kept. Either way the answer goes
-out only if it is the reply already sent (its digest is kept).
+out only if it is the reply already sent (its digest is kept). Every type answered in the
+latest round is remembered, so no leg of a round of several legs runs twice.
 The algorithm's own handlers check the payload (its length, dtype, finiteness).
 """
 
@@ -32,7 +33,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, is_step_type, mark_answer_record
 
-LAST = "fairvfl.last-reply"  # ConfigRecord: type, round, record names of the last reply
+LAST = "fairvfl.last-reply"  # ConfigRecord: the latest round, and per type answered in it: digests, record names
 LAST_PREFIX = "fairvfl.last-reply."
 mark_answer_record(LAST)  # a copy of a round's reply: a party restored to another round drops it
 
@@ -62,8 +63,8 @@ def guard_mod(message: Message, context, call_next) -> Message:
     server_round = int(rc["round"])
     digest = roundview.content_digest(message.content, mtype, "")
     last = context.state.config_records.get(LAST)
-    if last is not None and last["type"] == mtype and last["round"] == server_round:
-        if last["digest"] != digest:
+    if last is not None and last["round"] == server_round and mtype in last["types"]:
+        if last[f"{mtype}|digest"] != digest:
             raise FederationError(f"{PartyRuntime(context).who}: {mtype} of round {server_round} differs from the one "
                                   "this party answered; only a byte-identical re-send is answered again; refused")
         return _again(message, context, last, is_step_type(mtype))
@@ -75,16 +76,21 @@ def guard_mod(message: Message, context, call_next) -> Message:
     reply = call_next(message, context)
     if reply.has_error():
         return reply
-    _forget(context)
+    if last is not None and last["round"] != server_round:
+        _forget(context)
+        last = None
     # Keep a copy of the reply only where it cannot be rebuilt: logits would double the
-    # state sent with every message.
+    # state sent with every message. Every type answered in the round is remembered, not only
+    # the last: a round of two legs re-sent leg by leg must not run its first leg again.
     names = [] if step else list(reply.content.keys())
     for name in names:
-        context.state[LAST_PREFIX + name] = reply.content[name]
+        context.state[f"{LAST_PREFIX}{mtype}|{name}"] = reply.content[name]
     stats = reply.content.metric_records.get(msgs.STATS)
-    context.state.config_records[LAST] = ConfigRecord(
-        {"type": mtype, "round": server_round, "digest": digest, "names": names, "reply": _reply_digest(reply),
-         "steps": int(stats["steps"]) if stats else 0})
+    held = {} if last is None else dict(last)
+    held.update({"round": server_round, "types": [*held.get("types", []), mtype], f"{mtype}|digest": digest,
+                 f"{mtype}|names": names, f"{mtype}|reply": _reply_digest(reply),
+                 f"{mtype}|steps": int(stats["steps"]) if stats else 0})
+    context.state.config_records[LAST] = ConfigRecord(held)
     return reply
 
 
@@ -92,16 +98,17 @@ def _again(message: Message, context, last: ConfigRecord, step: bool) -> Message
     """The answer to a re-sent message: the reply rebuilt from the θ the party holds (a step
     message: logits would double the state kept) or the one kept, only if it is the reply
     already sent: a party whose state moved since would otherwise reveal a new value."""
+    mtype = message.metadata.message_type
     if step:
         rt = PartyRuntime(context)
-        reply = rt.reply(message, rt.party(), steps=int(last["steps"]))
+        reply = rt.reply(message, rt.party(), steps=int(last[f"{mtype}|steps"]))
     else:
-        reply = Message(RecordDict({name: context.state[LAST_PREFIX + name] for name in last["names"]}),
-                        reply_to=message)
-    if _reply_digest(reply) != last["reply"]:
-        raise FederationError(f"{PartyRuntime(context).who}: the answer to a re-sent "
-                              f"{message.metadata.message_type} of round {last['round']} would differ from the reply "
-                              "this party sent (its state moved since); refused")
+        reply = Message(RecordDict({name: context.state[f"{LAST_PREFIX}{mtype}|{name}"]
+                                    for name in last[f"{mtype}|names"]}), reply_to=message)
+    if _reply_digest(reply) != last[f"{mtype}|reply"]:
+        raise FederationError(f"{PartyRuntime(context).who}: the answer to a re-sent {mtype} of round "
+                              f"{last['round']} would differ from the reply this party sent (its state moved since); "
+                              "refused")
     return reply
 
 
@@ -111,10 +118,9 @@ def _reply_digest(reply: Message) -> str:
 
 
 def _forget(context) -> None:
-    last = context.state.config_records.pop(LAST, None)
-    if last is not None:
-        for name in last["names"]:
-            context.state.pop(LAST_PREFIX + name, None)
+    context.state.config_records.pop(LAST, None)
+    for name in [n for n in context.state.keys() if n.startswith(LAST_PREFIX)]:
+        context.state.pop(name, None)
 
 
 def refusal_mod(message: Message, context, call_next) -> Message:
