@@ -8,6 +8,7 @@ import pytest
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.app.server import run_server
@@ -52,10 +53,12 @@ def test_delay_settings():
     assert parse_delays("") == {}
     assert parse_delays("2=0.3~0.1, 4=0.05") == {2: (0.3, 0.1), 4: (0.05, 0.0)}
     cfg = RunConfig(dataset="crime", straggler_delays="2=0.3")
-    assert delay_for({"partition-id": 2}, cfg) == (0.3, 0.0)
-    assert delay_for({"partition-id": 1}, cfg) == (0.0, 0.0)
+    node = NodeConfig.from_flower
+    assert delay_for(node({"partition-id": 2}), cfg) == (0.3, 0.0)
+    assert delay_for(node({"partition-id": 1}), cfg) == (0.0, 0.0)
     # a node's own node-config wins over the run config
-    assert delay_for({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}, cfg) == (0.1, 0.2)
+    assert delay_for(node({"partition-id": 2, "delay-seconds": 0.1, "delay-jitter": 0.2}), cfg) == (0.1, 0.2)
+    assert delay_for(node({"partition-id": 2, "delay-jitter": 0.0}), cfg) == (0.0, 0.0)
 
 
 def test_a_delayed_party_slows_synchronous_rounds_but_not_the_result(out_dir, run_app):

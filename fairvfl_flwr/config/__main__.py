@@ -1,5 +1,6 @@
 """Check or rewrite what the setting declarations generate: pyproject.toml's run config, the
-key tables of docs/configuration.md and the scoring job's adopted keys in docs/scoring.md.
+key tables of docs/configuration.md, the scoring job's adopted keys in docs/scoring.md and the
+node-config table of docs/deploy.md.
 
     python -m fairvfl_flwr.config           # exit 1, naming the file, if either has drifted
     python -m fairvfl_flwr.config --write   # rewrite both from the declarations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fairvfl_flwr.config import scoring, sections, settings
+from fairvfl_flwr.config import node, scoring, sections, settings
 from fairvfl_flwr.config.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +22,7 @@ def generated(root: Path = ROOT) -> dict[Path, str]:
     """Each generated file's text as the declarations say it should be."""
     decl = RunConfig.settings()
     pyproject, docs, score = root / "pyproject.toml", root / "docs" / "configuration.md", root / "docs" / "scoring.md"
+    deploy = root / "docs" / "deploy.md"
     return {
         pyproject: settings.replace_between(pyproject.read_text(), settings.PYPROJECT_BEGIN, settings.PYPROJECT_END,
                                             settings.render_pyproject(decl), str(pyproject)),
@@ -28,6 +30,8 @@ def generated(root: Path = ROOT) -> dict[Path, str]:
                                        settings.render_docs(decl, sections.refused_with(RunConfig.key_of)), str(docs)),
         score: settings.replace_between(score.read_text(), scoring.DOCS_BEGIN, scoring.DOCS_END, scoring.render_docs(),
                                         str(score)),
+        deploy: settings.replace_between(deploy.read_text(), node.DOCS_BEGIN, node.DOCS_END, node.render_docs(),
+                                         str(deploy)),
     }
 
 

@@ -55,6 +55,7 @@ class Setting:
     rule: Callable[[Any, Any], bool] | None = None  # (value, whole config) -> allowed?
     why: str = ""  # the error when ``rule`` fails
     allowed: str = ""  # the docs' short form of ``rule`` (a :class:`Rule`'s text)
+    who: str = ""  # node config: which parties give it (the docs' "who" column)
 
     @property
     def key(self) -> str:
@@ -104,7 +105,7 @@ def within(low: float, high: float, *, open_: bool = False) -> Rule:
 
 
 def setting(default: Any, help: str, *, section: str = "", choices: Iterable[Any] = (),
-            rule: Callable[..., bool] | None = None, why: str = "") -> Any:
+            rule: Callable[..., bool] | None = None, why: str = "", who: str = "") -> Any:
     """Declare a RunConfig field as a setting (a ``dataclasses.field`` carrying its declaration).
 
     ``rule(value)`` or ``rule(value, cfg)`` says whether a value is allowed; ``why`` is the
@@ -119,7 +120,7 @@ def setting(default: Any, help: str, *, section: str = "", choices: Iterable[Any
         raise ValueError(f"help of a setting is one line of at most {HELP_MAX} characters: {help!r}")
     # a Sequence is kept as given: a live one (the registered constraint kinds) stays live
     meta = {"section": section, "help": help, "choices": choices if isinstance(choices, Sequence) else tuple(choices),
-            "rule": rule, "why": why, "allowed": allowed}
+            "rule": rule, "why": why, "allowed": allowed, "who": who}
     return dataclasses.field(default=default, metadata={"setting": meta})
 
 
@@ -131,16 +132,19 @@ def declared(cls: type) -> list[Setting]:
     out = []
     for f in dataclasses.fields(cls):
         meta = f.metadata.get("setting")
+        if meta is None and f.metadata.get("not-a-setting"):  # e.g. what the reader records about the input
+            continue
         if meta is None:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with settings.setting()")
         typ = _TYPES.get(f.type, f.type) if isinstance(f.type, str) else f.type
         out.append(Setting(f.name, meta["section"], typ, f.default, meta["help"], meta["choices"], meta["rule"],
-                           meta["why"], meta["allowed"]))
+                           meta["why"], meta["allowed"], meta["who"]))
     return out
 
 
-def coerce(key: str, raw: Any, typ: type) -> Any:
-    """A run-config value as the setting's type (Flower hands TOML values; --run-config may give strings)."""
+def coerce(key: str, raw: Any, typ: type, what: str = "run config") -> Any:
+    """A run-config (or node-config, ``what``) value as the setting's type (Flower hands TOML
+    values; --run-config may give strings)."""
     try:
         if typ is bool:
             if isinstance(raw, bool):
@@ -160,7 +164,7 @@ def coerce(key: str, raw: Any, typ: type) -> Any:
             return "true" if raw else "false"
         return str(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"run config {key}={raw!r}: expected {typ.__name__}") from None
+        raise ConfigError(f"{what} {key}={raw!r}: expected {typ.__name__}") from None
 
 
 # -- what the declarations generate ---------------------------------------------------
@@ -199,7 +203,8 @@ DOCS_BEGIN = "<!-- settings: generated from fairvfl_flwr/config/run.py (python -
 DOCS_END = "<!-- end of settings -->"
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as a docs table shows it (its TOML form, as code)."""
     return f"`{_toml(value)}`"
 
 
@@ -218,12 +223,12 @@ def render_docs(settings: list[Setting], refused_with: dict[str, list[str]]) -> 
             out += [(intro + more).strip(), ""]
         out += ["| key | default | allowed | meaning |", "|---|---|---|---|"]
         for s in items:
-            allowed = ", ".join(_cell(c) for c in s.choices) if s.choices else (
+            allowed = ", ".join(cell(c) for c in s.choices) if s.choices else (
                 s.allowed or s.why.split(" (")[0] or s.type.__name__)
             meaning = s.help
             if refused_with.get(s.field):
                 meaning += ("" if meaning.endswith(".") else ".") + " Not with " + ", ".join(f"`{k}`" for k in refused_with[s.field]) + "."
-            out.append(f"| `{s.key}` | {_cell(s.default)} | {allowed} | {meaning} |")
+            out.append(f"| `{s.key}` | {cell(s.default)} | {allowed} | {meaning} |")
     return "\n".join(out + ["", DOCS_END])
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, PartySpec, aligned_files, cache_dir, known_digest, load_party,
                                         write_atomically)
 from fairvfl_flwr.data.tables import read_csv
@@ -176,12 +177,11 @@ def party_preprocessing(spec: PartySpec, cfg: Any) -> Preprocessing:
 
 
 # -- the rows a party scores ----------------------------------------------------------------
-def score_file(spec: PartySpec, node_config: Any, cfg: Any) -> tuple[str, str]:
+def score_file(spec: PartySpec, node: NodeConfig, cfg: Any) -> tuple[str, str]:
     """(path, where it was named) of the file this party scores: a deployed party only the
     file its node config's ``score-path`` names; a simulated one run config ``score.path``."""
-    node_path = str(node_config.get("score-path", "") or "")
-    if node_path or spec.data_path or node_config.get("table-path"):
-        return node_path, "node config score-path"
+    if node.score_path or node.has_table:
+        return node.score_path, "node config score-path"
     return cfg.score_path.replace("{partition}", str(spec.partition_id)), f"run config score.path={cfg.score_path!r}"
 
 

@@ -29,11 +29,11 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import CACHE_ENV
+from fairvfl_flwr.config.node import NodeConfig
 
 BLOCK = "block.npz"
 BLOCK_META = "block.json"
@@ -64,21 +64,19 @@ def checkpoint_part(checkpoint: int | None) -> Path:
     return Path() if checkpoint is None else Path(CHECKPOINTS) / f"round-{int(checkpoint)}"
 
 
-def block_folder(node_config: Mapping[str, Any], run_folder: str, run_id: str, partition_id: int,
-                 deployed: bool, checkpoint: int | None = None) -> Path:
+def block_folder(node: NodeConfig, run_folder: str, run_id: str, partition_id: int,
+                 checkpoint: int | None = None) -> Path:
     """Where this party keeps its block of run ``run_id`` (see the module doc); ``checkpoint``:
     the round of a checkpoint's block, None for the final one.
 
-    Deployment without ``model-dir``: ``<cache-dir>/models/<run id>/partition-<k>`` on the party's disk.
+    A node that trains on a file of its own without ``model-dir``: ``models/<run id>/partition-<k>``
+    in its own folder (node config ``cache-dir``).
     """
     part = checkpoint_part(checkpoint)
-    model_dir = str(node_config.get("model-dir", "") or "")
-    if model_dir:
-        return Path(model_dir).expanduser() / run_id / part / f"partition-{partition_id}"
-    if deployed:
-        base = (str(node_config.get("cache-dir", "") or "") or os.environ.get(CACHE_ENV)
-                or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr")
-        return Path(base).expanduser() / "models" / run_id / part / f"partition-{partition_id}"
+    if node.model_dir:
+        return Path(node.model_dir).expanduser() / run_id / part / f"partition-{partition_id}"
+    if node.has_table:
+        return node.folder / "models" / run_id / part / f"partition-{partition_id}"
     if not run_folder:
         raise BlockError(f"partition {partition_id}: no model-dir in the node config and no run folder in the message")
     return Path(run_folder) / part / PARTIES / f"partition-{partition_id}"

@@ -14,7 +14,7 @@ digest is what the server compares before round 1. The server's labels come the
 same way from the server label file (run config ``server-labels``) or the packaged
 data, through :func:`parse_label_table`.
 
-Parsed party files are cached on the node's disk (``cache-dir``, default
+Parsed party files are cached on the node's disk (its folder: ``cache-dir``, default
 ``~/.cache/fairvfl-flwr``) keyed by the file's SHA-256 (remembered per version of the
 file: :func:`known_digest`) and the parse options: in
 deployment every message runs in a fresh ``flwr-clientapp`` process, which then loads
@@ -37,6 +37,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
 
+from fairvfl_flwr.config.node import CACHE_ENV, NodeConfig, NodeConfigError, party_folder  # noqa: F401  (CACHE_ENV, NodeConfigError: imported from here)
 from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
 from fairvfl_flwr.data.tables import (DATASETS, DataError, Finding, as_text, examples, norm_value, parse_markers,
                                       read_csv, row_numbers, sensitive_columns, sensitive_encodings)
@@ -48,12 +49,7 @@ SPLIT_COLUMN = "split"
 TRAIN, TEST = "train", "test"
 #: The server label file's columns (besides the id and split columns).
 LABEL_Y, LABEL_GROUP, LABEL_PROTECTED = "y", "group", "protected"
-CACHE_ENV = "FAIRVFL_CACHE_DIR"
 CACHE_VERSION = 2
-
-
-class NodeConfigError(ValueError):
-    """The SuperNode's node config does not fit this run."""
 
 
 @dataclass(frozen=True)
@@ -107,30 +103,24 @@ class PartyArrays:
 
 
 # -- node config ------------------------------------------------------------------------
-_ACTIVE_KEYS = ("label-column", "label-positive", "sensitive-column", "group-a", "group-b", "protected-label")
-
-
-def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int) -> PartySpec:
-    """Read and check this node's config: deployment (``data-path``) or simulation."""
-    node = dict(node_config)
-    if "partition-id" not in node:
+def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, num_active: int) -> PartySpec:
+    """Read and check this node's config (:class:`NodeConfig`): deployment (``data-path``,
+    ``table-path``) or simulation."""
+    node = NodeConfig.from_flower(node_config)
+    if "partition-id" not in node.given:
         raise NodeConfigError(
-            f"node config has no 'partition-id' (got keys {sorted(node)}); start the SuperNode with "
+            f"node config has no 'partition-id' (got keys {sorted(node.given)}); start the SuperNode with "
             "--node-config 'partition-id=<k> ...' (python -m fairvfl_flwr.tools.export prints the exact lines)"
         )
-    try:
-        pid = int(node["partition-id"])
-    except (TypeError, ValueError):
-        raise NodeConfigError(f"node config partition-id={node['partition-id']!r}: expected an integer") from None
-    if "num-partitions" in node and int(node["num-partitions"]) != num_parties:
+    pid = node.partition_id
+    if "num-partitions" in node.given and node.num_partitions != num_parties:
         raise NodeConfigError(
-            f"the federation has {node['num-partitions']} SuperNodes but the run asks for num-parties={num_parties}; "
+            f"the federation has {node.num_partitions} SuperNodes but the run asks for num-parties={num_parties}; "
             f"start it with num-supernodes={num_parties}"
         )
     if not 0 <= pid < num_parties:
         raise NodeConfigError(f"partition-id={pid} is outside 0..{num_parties - 1} (num-parties={num_parties})")
-    data_path = str(node.get("data-path", "") or "")
-    table_path = str(node.get("table-path", "") or "")
+    data_path, table_path = node.data_path, node.table_path
     if data_path and table_path:
         raise NodeConfigError(f"party {pid}: node config names both data-path (an exported party file) and "
                               "table-path (the party's own raw table); give one")
@@ -138,43 +128,35 @@ def party_spec(node_config: Mapping[str, Any], num_parties: int, num_active: int
         role = ROLE_ACTIVE if pid < num_active else ROLE_PASSIVE
         return PartySpec(partition_id=pid, role=role)
     data_path = data_path or table_path
-    role = str(node.get("role", "")).strip().lower()
+    role = node.role
     if role not in (ROLE_ACTIVE, ROLE_PASSIVE):
         raise NodeConfigError(
-            f"party {pid} ({data_path}): node config role={node.get('role')!r}; give role=\"active\" or role=\"passive\""
+            f"party {pid} ({data_path}): node config role={role!r}; give role=\"active\" or role=\"passive\""
         )
     kwargs: dict[str, Any] = {}
     if role == ROLE_ACTIVE:
         # an own table may name no groups: every value (combination) of its sensitive column(s) is one
         optional = ("group-a", "group-b") if table_path else ()
-        missing = [k for k in _ACTIVE_KEYS if str(node.get(k, "")) == "" and k not in optional]
-        if optional and bool(str(node.get("group-a", ""))) != bool(str(node.get("group-b", ""))):
+        values = {"label-column": node.label_column, "label-positive": node.label_positive,
+                  "sensitive-column": node.sensitive_column, "group-a": node.group_a, "group-b": node.group_b,
+                  "protected-label": node.protected_label or ""}
+        missing = [k for k, v in values.items() if str(v) == "" and k not in optional]
+        if optional and bool(node.group_a) != bool(node.group_b):
             raise NodeConfigError(f"party {pid} ({data_path}): give both group-a and group-b (two groups) or "
                                   "neither (every value of sensitive-column is a group)")
         if missing:
             raise NodeConfigError(f"party {pid} ({data_path}): the active party's node config needs {', '.join(missing)}")
-        try:
-            protected = int(node["protected-label"])
-        except (TypeError, ValueError):
-            protected = 0
-        if protected not in (-1, 1):
-            raise NodeConfigError(
-                f"party {pid} ({data_path}): protected-label={node['protected-label']!r}; give 1 (the positive "
-                "label is the protected one) or -1"
-            )
         kwargs = dict(
-            label_column=str(node["label-column"]), label_positive=str(node["label-positive"]),
-            label_negative=str(node.get("label-negative", "") or ""),
-            sensitive_column=str(node["sensitive-column"]), group_a=str(node.get("group-a", "")),
-            group_b=str(node.get("group-b", "")), protected_label=protected,
+            label_column=node.label_column, label_positive=node.label_positive, label_negative=node.label_negative,
+            sensitive_column=node.sensitive_column, group_a=node.group_a, group_b=node.group_b,
+            protected_label=node.protected_label,
         )
     path = str(Path(data_path).expanduser())
-    columns = tuple(c.strip() for c in str(node.get("columns", "")).split(",") if c.strip())
+    columns = tuple(c.strip() for c in node.columns.split(",") if c.strip())
     return PartySpec(
         partition_id=pid, role=role, data_path="" if table_path else path, table_path=path if table_path else "",
-        id_column=str(node.get("id-column", ID_COLUMN)), split_column=str(node.get("split-column", SPLIT_COLUMN)),
-        cache_dir=str(node.get("cache-dir", "")), columns=columns,
-        missing_values=parse_markers(node.get("missing-values", "")), **kwargs,
+        id_column=node.id_column, split_column=node.split_column, cache_dir=node.cache_dir, columns=columns,
+        missing_values=parse_markers(node.missing_values), **kwargs,
     )
 
 
@@ -566,13 +548,9 @@ def known_digest(path: Path, cache: Path) -> str:
 
 
 def cache_dir(spec: PartySpec) -> Path:
-    """Where the party keeps its parsed tables: its node config's cache-dir, else FAIRVFL_CACHE_DIR,
-    else the user's cache folder."""
-    if spec.cache_dir:
-        return Path(spec.cache_dir).expanduser()
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairvfl-flwr"
+    """Where the party keeps its parsed tables: its own folder (config/node.party_folder: its node
+    config's cache-dir, else FAIRVFL_CACHE_DIR, else the user's cache folder)."""
+    return party_folder(spec.cache_dir)
 
 
 def _cache_key(spec: PartySpec, file_hash: str) -> str:

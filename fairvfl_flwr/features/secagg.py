@@ -94,7 +94,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fairvfl_flwr.data.partydata import NodeConfigError
+from fairvfl_flwr.config.node import NodeConfig, NodeConfigError
 from fairvfl_flwr.flower import history, roundview, store
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
@@ -111,8 +111,6 @@ NONCE_STATE = "fairvfl.secagg-nonces"  # ConfigRecord on the party: the last rou
 SESSIONS_STATE = "fairvfl.secagg-sessions"  # ConfigRecord on the party: every session it has joined in this run
 IDENTITY_KEY = "identity-key"  # node config: this party's Ed25519 private key (PEM file)
 PEERS = "peers"  # node config: JSON file, partition id -> every party's Ed25519 public key (hex)
-#: Node config keys by which a node reads its own data: such a node is deployed (not a simulation).
-DEPLOYED_KEYS = ("data-path", "table-path", "score-path")
 #: Node config: true lets a deployed party *without identity keys* answer unmasked rounds. It
 #: authenticates nothing less: such a node cannot sign, so it takes no part in a masked run or a
 #: private alignment, and a node that holds identity keys refuses unmasked jobs whatever it says.
@@ -512,9 +510,10 @@ def _private(context: Context) -> X25519PrivateKey:
 
 
 def _partition(context: Context) -> int:
-    if "partition-id" not in context.node_config:
+    node = NodeConfig.of(context)
+    if "partition-id" not in node.given:
         raise NodeConfigError("privacy.secure-aggregation: node config has no partition-id to sign its key with")
-    return int(context.node_config["partition-id"])
+    return node.partition_id
 
 
 def _demo_key(partition_id: int) -> Ed25519PrivateKey:
@@ -525,15 +524,16 @@ def identity(context: Context) -> Ed25519PrivateKey:
     """This party's identity key: node config ``identity-key``; without one (simulation,
     packaged data) a key derived from the partition id, which anyone can derive. A deployed
     node without one has none to sign with, whatever it waives."""
-    path = context.node_config.get(IDENTITY_KEY)
+    node = NodeConfig.of(context)
+    path = node.identity_key
     if not path:
-        if deployed(context.node_config) or context.node_config.get(PEERS):
+        if node.deployed or node.peers:
             raise NodeConfigError(f"privacy.secure-aggregation: node config names no '{IDENTITY_KEY}' (this party's "
                                   f"Ed25519 private key file) next to '{PEERS}' and its data; a deployment needs both "
                                   f"(make them with {KEY_TOOL}); {ALLOW_UNMASKED} allows unmasked rounds only")
         return _demo_key(_partition(context))
     try:
-        key = serialization.load_pem_private_key(Path(str(path)).read_bytes(), password=None)
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError) as err:
         raise NodeConfigError(f"node config {IDENTITY_KEY}={path}: cannot read an Ed25519 private key ({err})") from err
     if not isinstance(key, Ed25519PrivateKey):
@@ -543,14 +543,15 @@ def identity(context: Context) -> Ed25519PrivateKey:
 
 def peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey]:
     """Every party's pinned identity key: node config ``peers`` (or the simulation's derived keys)."""
-    path = context.node_config.get(PEERS)
+    node = NodeConfig.of(context)
+    path = node.peers
     if not path:
-        if context.node_config.get(IDENTITY_KEY):
+        if node.identity_key:
             raise NodeConfigError(f"privacy.secure-aggregation: node config names '{IDENTITY_KEY}' but no '{PEERS}' "
                                   "file with every party's public identity key")
         return {j: _demo_key(j).public_key() for j in range(num_parties)}
     try:
-        parties = {int(j): v for j, v in json.loads(Path(str(path)).read_text()).items()}
+        parties = {int(j): v for j, v in json.loads(Path(path).read_text()).items()}
     except (OSError, ValueError, AttributeError) as err:
         raise NodeConfigError(f"node config {PEERS}={path}: not a JSON object of partition id -> Ed25519 public key "
                               f"hex ({err})") from err
@@ -566,7 +567,7 @@ def _check_own_pin(context: Context, identities: dict[int, Ed25519PublicKey], ow
     identity-key) is wrong, which would otherwise surface as some other party's bad signature."""
     raw = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     if identities[own].public_bytes(*raw) != identity(context).public_key().public_bytes(*raw):
-        raise NodeConfigError(f"{who}: node config {PEERS}={context.node_config.get(PEERS)} pins another key for this "
+        raise NodeConfigError(f"{who}: node config {PEERS}={NodeConfig.of(context).peers} pins another key for this "
                               f"party (partition {own}) than its own {IDENTITY_KEY}: the peers file is not this "
                               f"federation's, or {IDENTITY_KEY} is not this party's key; refusing the run")
 
@@ -680,12 +681,12 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
             "party's own disk", rt.who, int(held["rollback"]), entered[1].hex()[:12])
     keys = {f"k-{j}": msgs.blob_array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
     context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
-    if context.node_config.get(PEERS):  # the party's own log: what it checked, for its operator
+    if rt.node.peers:  # the party's own log: what it checked, for its operator
         raw = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         log(LOG_INFO, "%s: secure aggregation session %s…: signed with node config %s=%s (fingerprint %s); the keys "
             "of parties %s verified against the pinned %s=%s", rt.who, session[:8], IDENTITY_KEY,
-            context.node_config.get(IDENTITY_KEY), fingerprint(identities[own].public_bytes(*raw).hex()),
-            ", ".join(map(str, sorted(peers))), PEERS, context.node_config.get(PEERS))
+            rt.node.identity_key, fingerprint(identities[own].public_bytes(*raw).hex()),
+            ", ".join(map(str, sorted(peers))), PEERS, rt.node.peers)
 
 
 def check_histories(entered: tuple[int, bytes], rounds: dict[int, int], heads: dict[int, bytes], who: str) -> None:
@@ -722,24 +723,13 @@ def _label(name: str, key: str) -> str:
     return "dir" if key == "dir" else f"dir-{key}"
 
 
-def deployed(node_config) -> bool:
-    """Whether a node reads its own data (a deployed party), not the packaged tables of a simulation."""
-    return any(node_config.get(k) for k in DEPLOYED_KEYS)
-
-
-def allows_unmasked(node_config) -> bool:
-    """Node config ``allow-unmasked=true``: this node's operator accepts unmasked, unauthenticated runs."""
-    value = node_config.get(ALLOW_UNMASKED, False)
-    return value is True or str(value).strip().lower() == "true"
-
-
 def check_deployment(context: Context, rt: PartyRuntime) -> None:
     """A deployed party is authenticated and masked, or refuses before any value leaves it:
     its node config names its identity key and the pinned peers file, and the run (or
     scoring job) is masked. ``allow-unmasked=true`` in a keyless node's config lets it answer
     unmasked jobs; a node that holds identity keys refuses them, whatever its data."""
-    node = context.node_config
-    keyed = bool(node.get(IDENTITY_KEY))
+    node = rt.node
+    keyed = bool(node.identity_key)
     what = "scoring job" if rt.cfg.mode == "score" else "run"
     if keyed and not rt.cfg.masked:
         raise NodeConfigError(
@@ -747,10 +737,10 @@ def check_deployment(context: Context, rt: PartyRuntime) -> None:
             f"key (node config {IDENTITY_KEY}): the server would receive its partial logits in the clear; refused "
             f"before any value left this party ({ALLOW_UNMASKED} does not apply to a node with keys). Submit it with "
             "privacy.secure-aggregation=true")
-    if not deployed(node) or allows_unmasked(node):
+    if not node.deployed or node.allow_unmasked:
         return
-    reads = ", ".join(f"{k}" for k in DEPLOYED_KEYS if node.get(k))
-    missing = [k for k in (IDENTITY_KEY, PEERS) if not node.get(k)]
+    reads = ", ".join(node.data_keys)
+    missing = [k for k, v in ((IDENTITY_KEY, node.identity_key), (PEERS, node.peers)) if not v]
     if missing:
         raise NodeConfigError(
             f"{rt.who}: this node reads its own data (node config {reads}) but its node config names no "
@@ -773,7 +763,8 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     that view. New records replace the reply's: the guard may hold the plain ones to answer
     a re-sent message, which is then masked again to the same words."""
     runtime = functools.cache(lambda: PartyRuntime(context))  # built at most once, only where needed
-    if deployed(context.node_config) or context.node_config.get(IDENTITY_KEY):
+    node = NodeConfig.of(context)
+    if node.deployed or node.identity_key:
         check_deployment(context, runtime())
     held = context.state.config_records.get(SESSION_STATE)
     if held is None or message.metadata.message_type in roundview.UNBOUND:

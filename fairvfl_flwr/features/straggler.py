@@ -24,23 +24,22 @@ import time
 from typing import TYPE_CHECKING
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.sections import DelayError, parse_delays
+from fairvfl_flwr.config.node import NodeConfig
+from fairvfl_flwr.config.sections import parse_delays
 from fairvfl_flwr.flower.party import PartyRuntime
 
 if TYPE_CHECKING:
     from flwr.app import Message
 
 
-def delay_for(node_config, cfg: RunConfig) -> tuple[float, float]:
-    """(fixed seconds, jitter seconds) for this node; (0, 0) when it is not a straggler."""
-    if "delay-seconds" in node_config or "delay-jitter" in node_config:
-        base, jitter = float(node_config.get("delay-seconds", 0.0)), float(node_config.get("delay-jitter", 0.0))
-        if base < 0 or jitter < 0:
-            raise DelayError(f"node config delay-seconds={base}, delay-jitter={jitter}: must be >= 0")
-        return base, jitter
+def delay_for(node: NodeConfig, cfg: RunConfig) -> tuple[float, float]:
+    """(fixed seconds, jitter seconds) for this node; (0, 0) when it is not a straggler. A node
+    config delay (either key given) wins over the run config's ``staleness.straggler-delays``."""
+    if node.given & {"delay-seconds", "delay-jitter"}:
+        return node.delay_seconds, node.delay_jitter
     text = cfg.straggler_delays
-    if text and "partition-id" in node_config:
-        return parse_delays(text).get(int(node_config["partition-id"]), (0.0, 0.0))
+    if text and "partition-id" in node.given:
+        return parse_delays(text).get(node.partition_id, (0.0, 0.0))
     return 0.0, 0.0
 
 
@@ -49,7 +48,8 @@ def delay_mod(message: Message, context, call_next) -> Message:
     reply = call_next(message, context)
     if not message.metadata.message_type.startswith("train"):
         return reply
-    base, jitter = delay_for(context.node_config, PartyRuntime(context).cfg)
+    rt = PartyRuntime(context)
+    base, jitter = delay_for(rt.node, rt.cfg)
     if base > 0 or jitter > 0:
         extra = random.Random(f"{context.node_id}/{message.metadata.group_id}").uniform(0.0, jitter) if jitter else 0.0
         time.sleep(base + extra)

@@ -34,6 +34,9 @@ from typing import Any, Iterable
 IMPORT_STARTED = time.time()
 IMPORT_STARTED_CPU = time.process_time()  # CPU seconds this process spent before: Flower's start-up
 
+# after the clock above: reading the node config is part of the app's import it times
+from fairvfl_flwr.config.node import NodeConfig, NodeConfigError  # noqa: E402
+
 ENV = "FAIRVFL_TIMING_LOG"
 
 _state: dict[str, Any] = {"import_done": None, "import_done_cpu": None, "messages": 0}
@@ -90,6 +93,16 @@ def array_bytes(content) -> int:
     return sum(len(arr.data) for record in content.array_records.values() for arr in record.values())
 
 
+def _partition(context) -> int | None:
+    """The node's partition id for the log, or None where its node config gives none or cannot
+    be read (the handler has already refused that; the log line still records the message)."""
+    try:
+        config = NodeConfig.of(context)
+    except NodeConfigError:
+        return None
+    return config.partition_id if "partition-id" in config.given else None
+
+
 def timing_mod(message, context, call_next):
     """ClientApp mod: time the mods and handler of this message, and this process's start-up."""
     if folder() is None:
@@ -105,7 +118,7 @@ def timing_mod(message, context, call_next):
     _write("clientapp", {
         "event": "message", "pid": os.getpid(), "first": _state["messages"] == 1,
         "message_id": meta.message_id, "node_id": context.node_id, "type": meta.message_type,
-        "group": meta.group_id, "partition": context.node_config.get("partition-id"),
+        "group": meta.group_id, "partition": _partition(context),
         "created": meta.created_at, "delivered": _epoch(meta.delivered_at),
         "process_start": process_started(), "import_start": IMPORT_STARTED, "import_done": _state["import_done"],
         "handler_start": started, "handler_end": ended, "error": reply.has_error(),

@@ -17,6 +17,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.config.scoring import ScoringJob
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.constraints import ConstraintSet
@@ -95,7 +96,7 @@ def scoring_job(context: Context) -> ScoringJob | None:
     kept = context.state.config_records.get(TRAINED_STATE)
     if kept is None:
         return None
-    where = f"partition {context.node_config.get('partition-id', '?')} (node {context.node_id})"
+    where = f"{NodeConfig.of(context).where} (node {context.node_id})"
     return _scoring_job(tuple(sorted(context.run_config.items())), tuple(sorted(kept.items())), where)
 
 
@@ -113,7 +114,9 @@ class PartyRuntime:
         #: the run's settings: a scoring job's with its model's training settings adopted
         self.job = scoring_job(context)
         self.cfg = self.job.cfg if self.job is not None else run_config(tuple(sorted(context.run_config.items())))
-        self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
+        #: this node's config (config/node.py: every key typed and checked; an unknown one refused)
+        self.node = NodeConfig.of(context)
+        self.spec = party_spec(self.node, self.cfg.num_parties, self.cfg.num_active)
         if self.cfg.tables_own:
             kept = context.state.config_records.get(ALIGNED_STATE)
             self.spec = dataclasses.replace(own_table_spec(self.spec, self.cfg), aligned=str(kept["key"]) if kept else "")

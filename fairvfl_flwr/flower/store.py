@@ -58,8 +58,8 @@ def state_dir(context: Context, rt: PartyRuntime) -> Path:
     """This party's state folder for this run: node config ``state-dir``, else the run config's
     ``reliability.checkpoint-dir``, else ``state/`` under its data cache; then
     ``run-<run key>/partition-<k>``."""
-    root = context.node_config.get(STATE_DIR) or rt.cfg.checkpoint_dir
-    return run_dir(Path(str(root)).expanduser() if root else cache_dir(rt.spec) / "state", rt.cfg, rt.spec.partition_id)
+    root = rt.node.state_dir or rt.cfg.checkpoint_dir
+    return run_dir(Path(root).expanduser() if root else cache_dir(rt.spec) / "state", rt.cfg, rt.spec.partition_id)
 
 
 def run_dir(base: Path, cfg, partition_id: int) -> Path:

@@ -81,6 +81,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.own_table import id_pattern
 from fairvfl_flwr.data.partydata import NodeConfigError, PartySpec, own_table_spec, party_spec
@@ -568,11 +569,12 @@ STEPS = {msgs.ALIGN_SIZE: _size, msgs.ALIGN_BLIND: _blind, msgs.ALIGN_RAISE: _ra
 
 def handle(message: Message, context: Context) -> Message:
     """One step of the alignment on this party's side, by its message type (:data:`STEPS`)."""
-    cfg = PartyRuntime(context).cfg  # a scoring job's, with its model's training settings
-    spec = own_table_spec(party_spec(context.node_config, cfg.num_parties, cfg.num_active), cfg)
+    rt = PartyRuntime(context)
+    cfg = rt.cfg  # a scoring job's, with its model's training settings
+    spec = own_table_spec(party_spec(rt.node, cfg.num_parties, cfg.num_active), cfg)
     purpose = str(message.content.config_records[STEP].get("purpose", TRAIN))
     if purpose == SCORE:  # the same passes over the file this party scores
-        spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, context.node_config, cfg)[0])))
+        spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, rt.node, cfg)[0])))
     keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
     fields = message.content.config_records[STEP]
     session = str(fields.get("session", ""))
@@ -641,9 +643,9 @@ class _Signer:
         """A deployed party signs with its own identity key and checks every peer against its pinned
         peers file, whatever its node config says about masking: the demo keys anyone can derive
         would let a server forge the lists it acts on (a dictionary test of its ids)."""
-        node = self.context.node_config
-        missing = [k for k in (secagg.IDENTITY_KEY, secagg.PEERS) if not node.get(k)]
-        if secagg.deployed(node) and missing:
+        node = NodeConfig.of(self.context)
+        missing = [k for k, v in ((secagg.IDENTITY_KEY, node.identity_key), (secagg.PEERS, node.peers)) if not v]
+        if node.deployed and missing:
             raise NodeConfigError(
                 f"{self.spec.name}: private alignment: this node reads its own data but its node config names no "
                 f"{' and no '.join(repr(k) for k in missing)}: every list of the alignment is signed with the "
@@ -652,7 +654,7 @@ class _Signer:
                 f"config {secagg.IDENTITY_KEY} and {secagg.PEERS}; make them with {secagg.KEY_TOOL} (docs/deploy.md, "
                 "section 0); refused before any id was read")
         if _raw(self._peers[self.spec.partition_id]) != _raw(self._identity.public_key()):
-            raise NodeConfigError(f"{self.spec.name}: node config {secagg.PEERS}={node.get(secagg.PEERS)} pins another "
+            raise NodeConfigError(f"{self.spec.name}: node config {secagg.PEERS}={node.peers} pins another "
                                   f"key for this party than its own {secagg.IDENTITY_KEY}: the peers file is not this "
                                   f"federation's, or {secagg.IDENTITY_KEY} is not this party's key; refused")
 
@@ -671,9 +673,9 @@ class _Signer:
     def peers_digest(self) -> str:
         """SHA-256 of the node config's peers file (of the demo keys in simulation): a kept
         alignment is bound to it."""
-        path = self.context.node_config.get(secagg.PEERS)
+        path = NodeConfig.of(self.context).peers
         if path:
-            return hashlib.sha256(Path(str(path)).read_bytes()).hexdigest()
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
         raw = {str(j): _raw(k) for j, k in sorted(self._peers.items())}
         return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
@@ -719,7 +721,7 @@ def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> st
     config ``unscored-path``, this party's other ids (not held by every party, so not scored)
     go to that file on its own disk."""
     context.state.array_records[SCORE_COMMON_STATE] = msgs.array_record(ids=np.sort(common))
-    path = str(context.node_config.get(UNSCORED_PATH, "") or "")
+    path = NodeConfig.of(context).unscored_path
     if path:
         unscored = np.sort(np.setdiff1d(ids, common))
         target = Path(path).expanduser()

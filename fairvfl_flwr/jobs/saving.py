@@ -302,8 +302,8 @@ def save(message: Message, context: Context) -> Message:
                                 f"has {n_features}")
     run_id = str(rc["run-id"])
     server_round, checkpoint = int(rc["round"]), bool(rc.get("checkpoint", False))
-    folder = model_files.block_folder(context.node_config, str(rc["run-folder"]), run_id, spec.partition_id,
-                                 deployed=bool(spec.data_path or context.node_config.get("table-path")), checkpoint=server_round if checkpoint else None)
+    folder = model_files.block_folder(rt.node, str(rc["run-folder"]), run_id, spec.partition_id,
+                                      checkpoint=server_round if checkpoint else None)
     meta = {
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
         "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": server_round,

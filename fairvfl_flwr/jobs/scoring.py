@@ -355,20 +355,19 @@ class PartyScorer:
     """One party's block and rows for a scoring message (cached between the job's messages)."""
 
     def __init__(self, message: Message, context: Context) -> None:
-        self.cfg = PartyRuntime(context).cfg
-        self.spec = party_spec(context.node_config, self.cfg.num_parties, self.cfg.num_active)
-        deployed = bool(self.spec.data_path or context.node_config.get("table-path"))
+        rt = PartyRuntime(context)
+        self.cfg, node = rt.cfg, rt.node
+        self.spec = party_spec(node, self.cfg.num_parties, self.cfg.num_active)
         if self.cfg.tables_own:  # a model trained on own tables: the id column is the party's (tables.id-column)
             self.spec = own_table_spec(self.spec, self.cfg)
-        elif not deployed and self.cfg.dataset == "csv" and self.cfg.csv_id_column:  # the user's table's id column
+        elif not node.has_table and self.cfg.dataset == "csv" and self.cfg.csv_id_column:  # the user's table's id column
             self.spec = dataclasses.replace(self.spec, id_column=self.cfg.csv_id_column)
         job = message.content.config_records[RECORD]
         self.run_id = str(job["run-id"])
         self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
         checkpoint = int(job.get("checkpoint", -1))
-        folder = model_files.block_folder(context.node_config, str(job["run-folder"]), self.run_id,
-                                     self.spec.partition_id, deployed=deployed,
-                                     checkpoint=None if checkpoint < 0 else checkpoint)
+        folder = model_files.block_folder(node, str(job["run-folder"]), self.run_id, self.spec.partition_id,
+                                          checkpoint=None if checkpoint < 0 else checkpoint)
         meta_file = folder / model_files.BLOCK_META
         if not meta_file.is_file():
             what = "" if checkpoint < 0 else f" (checkpoint of round {checkpoint})"
@@ -387,7 +386,7 @@ class PartyScorer:
                                     "this scoring job is not masked (privacy.secure-aggregation off): its partial "
                                     "logits would reach the server in the clear; refused")
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
-        path, source = score_file(self.spec, context.node_config, self.cfg)
+        path, source = score_file(self.spec, node, self.cfg)
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
         common = context.state.array_records.get(SCORE_COMMON_STATE)
         if common is not None:  # tables.own: the rows every party holds, found by private alignment

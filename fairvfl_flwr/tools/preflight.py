@@ -20,25 +20,21 @@ import argparse
 import sys
 
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.data.partydata import NodeConfigError, own_table_spec, party_spec
+from fairvfl_flwr.config.node import NodeConfig, NodeConfigError
+from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.preflight import Report, Rules, check_party
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config
 
 
 def run(node_config: str, run_config: str = "", table: str = "", score: str = "", block: str = "") -> Report:
     """The report of one party (see the module doc); a bad argument raises ValueError."""
-    node = parse_run_config(node_config, "--node-config")
-    if table:
-        node["table-path"] = table
-    if not node.get("table-path"):
+    given = parse_run_config(node_config, "--node-config")
+    node = NodeConfig.from_flower({**given, **({"table-path": table} if table else {})})
+    if not node.table_path:
         raise NodeConfigError("the node config names no table-path (or give --table)")
     cfg = RunConfig.from_flower({"tables.own": True, **parse_run_config(run_config, "--run-config")})
-    try:
-        pid = int(node.get("partition-id", 0))
-    except (TypeError, ValueError):
-        pid = 0
-    spec = own_table_spec(party_spec(node, max(cfg.num_parties, pid + 1), cfg.num_active), cfg)
-    return check_party(spec, Rules.of(cfg), score or str(node.get("score-path", "") or ""), block)
+    spec = own_table_spec(party_spec(node, max(cfg.num_parties, node.partition_id + 1), cfg.num_active), cfg)
+    return check_party(spec, Rules.of(cfg), score or node.score_path, block)
 
 
 def main(argv: list[str] | None = None) -> int:
