@@ -89,7 +89,11 @@ class NodeConfig:
                              rule=Rule(_label_choice, "1 or -1"),
                              why="give 1 (the positive label is the protected one) or -1", who=_ACTIVE)
     missing_values: str = N("", "markers that mean a missing value in this party's table and score file, e.g. "
-                            "'?,NA' (empty: run config tables.missing-values)", who=_OPTIONAL)
+                            "'?,NA,<blank>' (<blank>: cells of spaces; empty: run config tables.missing-values)",
+                            who=_OPTIONAL)
+    real_categories: str = N("", "values of text columns that look like missing markers (?, NA, unknown, -, ...) "
+                             "but are real categories, 'column:value,...'; such a value declared neither here nor in "
+                             "missing-values is refused", who=_OWN)
     cache_dir: str = N("", "the party's own folder: parsed tables, aligned blocks, state and models (empty: "
                        "$FAIRVFL_CACHE_DIR, else ~/.cache/fairvfl-flwr)", who=_OPTIONAL)
     model_dir: str = N("", "where the party keeps its trained blocks, <model-dir>/<run id>/partition-<k>/ (empty: "

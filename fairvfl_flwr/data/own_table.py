@@ -33,10 +33,12 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.encoding import Preprocessing
-from fairvfl_flwr.data.tables import (DataError, Finding, blank_markers, examples, normalise_ids, read_party_file,
-                                      row_numbers)
+from fairvfl_flwr.data.tables import (BLANK, DataError, Finding, blank_markers, examples, normalise_ids,
+                                      read_party_file, row_numbers)
 
 NUMBER, CATEGORY = "number", "category"
+#: Text that usually means "missing" (compared stripped, in any case); "" is a cell of spaces.
+LIKELY_MARKERS = ("?", "", "na", "n/a", "null", "unknown", "-")
 FILL_RULES = ("mean", "median", "mode")
 
 
@@ -115,6 +117,37 @@ def number_like(col: Any) -> tuple[Any, Any]:
 
     as_num = pd.to_numeric(col, errors="coerce")
     return as_num, col[as_num.isna() & col.notna()]
+
+
+def likely_markers(col: Any, real: set[str] = frozenset()) -> dict[str, np.ndarray]:
+    """The values of a text column that usually mean a missing value (:data:`LIKELY_MARKERS`,
+    as written once stripped) and the rows (positions) of each, except those declared real
+    categories (``real``, compared in any case). A marker nobody declared would otherwise be
+    trained as a category of its own."""
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(col):
+        return {}
+    text = col.astype(str).str.strip().where(col.notna())
+    low = text.str.lower()
+    real = {r.lower() for r in real}
+    hit = low.isin(LIKELY_MARKERS) & ~low.isin(real) & col.notna()
+    return {str(v): np.flatnonzero((text == v).to_numpy() & hit.to_numpy()) for v in pd.unique(text[hit])}
+
+
+def marker_finding(column: str, found: dict[str, np.ndarray]) -> Finding | None:
+    """The problem of :func:`likely_markers`'s ``found`` in ``column``: each marker with its
+    count, and the two ways to declare it; None when nothing was found."""
+    if not found:
+        return None
+    ordered = sorted(found.items(), key=lambda kv: -len(kv[1]))
+    shown = ", ".join(f"{v!r} in {len(rows)} cells" for v, rows in ordered)
+    markers = ",".join(BLANK if v == "" else v for v, _ in ordered)
+    real = ",".join(f"{column}:{v}" for v, _ in ordered)
+    return Finding("undeclared marker", f"column {column!r} holds values that usually mean missing: {shown}; if they "
+                   f"do, declare them (node config missing-values=\"{markers}\") and name a rule in tables.missing "
+                   f"(e.g. '{column}=mode'); if they are real categories, say so (node config real-categories="
+                   f"\"{real}\")", "; ".join(f"{v!r} in rows {row_numbers(rows)}" for v, rows in ordered))
 
 
 def parse_rules(text: str, key: str) -> dict[str, str]:

@@ -39,7 +39,7 @@ import numpy as np
 
 from fairvfl_flwr.config.node import CACHE_ENV, NodeConfig, NodeConfigError, party_folder  # noqa: F401  (CACHE_ENV, NodeConfigError: imported from here)
 from fairvfl_flwr.data.problem import ServerLabels, group_options, load_data, party_columns
-from fairvfl_flwr.data.tables import (DATASETS, DataError, Finding, as_text, examples, norm_value, parse_markers,
+from fairvfl_flwr.data.tables import (BLANK, DATASETS, DataError, Finding, as_text, examples, norm_value, parse_markers,
                                       read_csv, row_numbers, sensitive_columns, sensitive_encodings)
 
 ROLE_ACTIVE = "active"
@@ -73,6 +73,8 @@ class PartySpec:
     aligned: str = ""  # key of its prepared block after private alignment (data/psi.py)
     missing_values: tuple[str, ...] = ()  # cells equal to one of these are missing (node config missing-values)
     label_negative: str = ""  # the label's other value; empty: whichever one other value the column holds
+    #: (column, value) pairs that look like missing markers but are real categories (node config real-categories)
+    real_categories: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -156,8 +158,23 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
     return PartySpec(
         partition_id=pid, role=role, data_path="" if table_path else path, table_path=path if table_path else "",
         id_column=node.id_column, split_column=node.split_column, cache_dir=node.cache_dir, columns=columns,
-        missing_values=parse_markers(node.missing_values), **kwargs,
+        missing_values=parse_markers(node.missing_values),
+        real_categories=real_categories(node.real_categories, f"party {pid} ({path})"), **kwargs,
     )
+
+
+def real_categories(text: str, who: str) -> tuple[tuple[str, str], ...]:
+    """Node config ``real-categories``: ``"workclass:?,city:unknown"`` -> ``(("workclass", "?"),
+    ("city", "unknown"))`` (``<blank>``: a cell of spaces); an item without its column is refused,
+    naming ``who``."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        column, sep, value = item.partition(":")
+        if not sep or not column.strip():
+            raise NodeConfigError(f"{who}: node config real-categories={text!r}: item {item!r} is not "
+                                  "'column:value'")
+        out.append((column.strip(), "" if value.strip() == BLANK else value.strip()))
+    return tuple(out)
 
 
 def own_table_spec(spec: PartySpec, cfg) -> PartySpec:

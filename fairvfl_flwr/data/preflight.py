@@ -12,6 +12,10 @@ What is checked, for the table of a node config (``--node-config`` syntax):
 * the id column: present, no missing ids, no duplicate ids;
 * the declared missing markers (node config ``missing-values``, run config
   ``tables.missing-values``): how many cells each column loses to them;
+* every text column (features, the sensitive columns): values that usually mean missing
+  (``?``, a cell of spaces, ``NA``, ``N/A``, ``null``, ``unknown``, ``-``, in any case) that the
+  party declared neither missing nor a real category (node config ``real-categories``), each
+  with its count: found, not assumed, so that no marker is trained as a category;
 * every feature column with missing values: the rule it needs in ``tables.missing``, by its
   type (a number: mean, median or a number; a category: mode or a value), and a rule that
   does not fit the type; a column of numbers with a few text values (an undeclared marker)
@@ -42,10 +46,10 @@ import numpy as np
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.constraints import ConstraintSet, GroupSizeError, SensitiveGroups
-from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, group_values, label_codes, label_findings,
-                                         reserved_columns)
-from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, number_like, parse_rules, raw_table,
-                                         type_finding)
+from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, group_columns, group_values, label_codes,
+                                         label_findings, reserved_columns)
+from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, likely_markers, marker_finding, number_like,
+                                         parse_rules, raw_table, type_finding)
 from fairvfl_flwr.data.encoding import Preprocessing
 from fairvfl_flwr.data.tables import DataError, Finding, examples, norm_value, row_numbers
 
@@ -132,8 +136,13 @@ def check_party(spec: PartySpec, rules: Rules = Rules(), score_path: str = "", b
     features = None
     if df is not None:
         features = _feature_columns(report, df, spec)
+        text = []  # the text columns a marker may hide in, where no other check names it already
         for c in features:
-            _check_column(report, df[c], c, type_rules.get(c), fill_rules.get(c))
+            if not _check_column(report, df[c], c, type_rules.get(c), fill_rules.get(c)):
+                text.append(c)
+        if spec.role == ROLE_ACTIVE:
+            text += [c for c in group_columns(df, spec) if c in df.columns]
+        _check_markers(report, df, spec, text)
         if spec.role == ROLE_ACTIVE:
             _check_labels(report, df, spec, rules)
         report.notes.append(f"table: {len(df)} rows, {len(features)} feature columns "
@@ -180,17 +189,36 @@ def _feature_columns(report: Report, df: Any, spec: PartySpec) -> list[str]:
     return columns
 
 
-def _check_column(report: Report, col: Any, name: str, declared: str | None, rule: str | None) -> None:
-    """A feature column: its type, the text among numbers, its missing values and their rule."""
+def _check_markers(report: Report, df: Any, spec: PartySpec, columns: list[str]) -> None:
+    """Every text column among ``columns``: values that usually mean missing (own_table.likely_markers)
+    that the party declared neither missing nor real categories; and a real category named for
+    a column the table does not have."""
+    real: dict[str, set[str]] = {}
+    for column, value in spec.real_categories:
+        real.setdefault(column, set()).add(value)
+    absent = sorted(set(real) - {str(c) for c in df.columns})
+    if absent:
+        report.add("columns not found", f"node config real-categories names column(s) {absent[:5]}, not in the table")
+    for c in columns:
+        found = marker_finding(c, likely_markers(df[c], real.get(c, set())))
+        if found is not None:
+            report.found([found])
+
+
+def _check_column(report: Report, col: Any, name: str, declared: str | None, rule: str | None) -> bool:
+    """A feature column: its type, the text among numbers, its missing values and their rule.
+    True when it named text the column should not hold (its markers are then named already)."""
     import pandas as pd
 
     if declared is not None and (bad_type := type_finding(name, declared)) is not None:
         report.found([bad_type])
         declared = None
     kind = declared or (NUMBER if pd.api.types.is_numeric_dtype(col) else CATEGORY)
+    flagged = False
     if not pd.api.types.is_numeric_dtype(col) and declared != CATEGORY:
         _, bad = number_like(col)
         share = 1 - len(bad) / max(1, int(col.notna().sum()))
+        flagged = bool(len(bad)) and (declared == NUMBER or share >= MOSTLY_NUMBERS)
         if declared == NUMBER and len(bad):
             report.add("text in a number column", f"column {name!r} (tables.types number) holds {len(bad)} values "
                        f"that are not numbers, e.g. {examples(pd.unique(bad))} (rows "
@@ -209,6 +237,7 @@ def _check_column(report: Report, col: Any, name: str, declared: str | None, rul
                else f"'{name}=mode' or '{name}=value:unknown'")
         report.add("missing values without a rule", f"column {name!r} ({kind}) has {len(rows)} missing values "
                    f"(rows {row_numbers(rows)}); name a rule in tables.missing: {fix}")
+    return flagged
 
 
 def _check_labels(report: Report, df: Any, spec: PartySpec, rules: Rules) -> None:

@@ -326,11 +326,22 @@ def read_csv(path: str | Path, what: str = "") -> pd.DataFrame:
 PARQUET = ".parquet"
 
 
+#: How a node config declares cells holding only spaces as missing (an empty CSV cell already is).
+BLANK = "<blank>"
+
+
 def parse_markers(text: Any) -> tuple[str, ...]:
-    """The declared missing-value markers: ``"?,NA"`` -> ``("?", "NA")`` (surrounding spaces dropped)."""
-    if isinstance(text, (tuple, list)):
-        return tuple(str(m).strip() for m in text if str(m).strip())
-    return tuple(m.strip() for m in str(text or "").split(",") if m.strip())
+    """The declared missing-value markers: ``"?,NA"`` -> ``("?", "NA")`` (surrounding spaces
+    dropped); :data:`BLANK` is the empty text, which a cell of spaces is once stripped."""
+    items = text if isinstance(text, (tuple, list)) else str(text or "").split(",")
+    out = []
+    for m in map(str, items):
+        m = m.strip()
+        if m == BLANK:
+            out.append("")
+        elif m:
+            out.append(m)
+    return tuple(out)
 
 
 def blank_markers(df: pd.DataFrame, markers: tuple[str, ...], keep_text: tuple[str, ...] = ()) -> dict[str, int]:
