@@ -115,6 +115,9 @@ def test_own_tables_run_equals_the_joint_table_run_on_the_common_rows(own_tables
     assert "-bank-retail-linear" in run_folder.name and summary["dataset"] == "bank-retail"
     card = (run_folder / "model-card.md").read_text()
     assert "`bank-retail`" in card and "adult" not in card and "income = >50K" not in card
+    # the label owner's group values reach the card and the summary; its column's name does not
+    assert "- groups: a = group = Female, b = group = Male" in card and "group a" not in card
+    assert list(summary["groups"]) == ["Female", "Male"]
     common = sorted(set.intersection(*held))
     ds, (ref, ref_folder) = joint_reference(raw, common, tmp_path)
     for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):

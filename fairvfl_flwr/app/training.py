@@ -185,7 +185,7 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
          # from the ServerApp's start (alignment, set-up) to the first training round's start
          "seconds_to_round_1": None if server.first_round_started is None else server.first_round_started - started,
          "batch_size": server.batch_size,  # 0: full batch (also when batch-size >= the training rows)
-         **server.train_differences()}
+         **server.train_differences(), **server.fairness_groups()}
     )
     if cfg.mode != "split":
         save_blocks(server.view, grid, folder, {**summary, **described}, cfg.round_timeout)

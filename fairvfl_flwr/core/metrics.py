@@ -12,6 +12,11 @@ metrics of the same names (``method="between_groups"``), written in numpy so tha
 reports them without fairlearn installed; they follow fairlearn where a group has no rows of
 a label value: its rate counts as 0 there (tests/test_metrics.py checks both against
 fairlearn on random data).
+
+:func:`constrained_metrics` measures them over the groups a run constrained (small groups
+pooled into one), with the data's own groups' differences beside them (``*_raw``) where
+pooling made the two differ: a group of one test row (COMPAS's Asian people) would
+otherwise decide the figure a user reads.
 """
 
 from __future__ import annotations
@@ -112,3 +117,27 @@ def fairness_metrics(y: np.ndarray, s: np.ndarray, z: np.ndarray) -> dict[str, f
     return {"acc": acc, "dfp": _spread(fpr), "dfn": _spread(fnr),
             "dfp_overall": _to_overall(fpr, everyone["fpr"]), "dfn_overall": _to_overall(fnr, everyone["fnr"]),
             **fairlearn}
+
+
+#: The differences :func:`constrained_metrics` also gives over the data's own groups, as ``<name>_raw``.
+RAW_METRICS = ("dfp", "dfn", "dp_diff", "eo_diff")
+
+
+def constrained_metrics(y: np.ndarray, s: np.ndarray, z: np.ndarray,
+                        constrained: np.ndarray | None = None) -> dict[str, float]:
+    """:func:`fairness_metrics` of sign(z) over the groups the run constrained: ``constrained``
+    holds each row's constrained group code, None where they are the data's groups ``s``.
+    Where they differ (pooling), the data's own groups' differences follow as ``<name>_raw``."""
+    if constrained is None:
+        return fairness_metrics(y, s, z)
+    out = fairness_metrics(y, constrained, z)
+    raw = fairness_metrics(y, s, z)
+    return {**out, **{f"{k}_raw": raw[k] for k in RAW_METRICS}}
+
+
+def group_counts(codes: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
+    """Rows of each named group (``codes``: indices into ``names``; a bool column: a, b)."""
+    codes = np.asarray(codes)
+    if codes.dtype == bool:
+        codes = np.where(codes, 0, 1)
+    return {str(name): int((codes == k).sum()) for k, name in enumerate(names)}

@@ -210,7 +210,8 @@ class Common:
     protected_label: int
     digest: str  # rows_digest of the training and evaluation rows
     key: str  # the leader's prepared block
-    group_names: tuple[str, ...] | None = None  # several groups: the names s indexes; two groups: none
+    #: several groups: the names s indexes; two groups: (group-a, group-b), the values s is True and False for
+    group_names: tuple[str, ...] | None = None
 
 
 def blind_step(ids: np.ndarray, shuffle: bool) -> tuple[bytes, bytes, np.ndarray | None]:
@@ -277,8 +278,11 @@ def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
     y, s = label_arrays(used, spec, f"{spec.name}: {spec.table_path}")
     save_aligned(spec, key, arrays, pre)
     several = not (spec.group_a or spec.group_b)  # every value (combination) a group, coded as label_arrays does
+    # the groups' values, not the column's name, reach the server: its model card and figures name the
+    # groups by them, as a packaged table's run does (the server already holds each row's group)
+    names = tuple(sorted(set(group_values(used, spec)))) if several else (str(spec.group_a), str(spec.group_b))
     return Common(split=split, y=y, s=s, protected_label=int(spec.protected_label), digest=arrays.ids_digest,
-                  key=key, group_names=tuple(sorted(set(group_values(used, spec)))) if several else None)
+                  key=key, group_names=names)
 
 
 def member_step(spec: PartySpec, cfg: Any, positions: np.ndarray, order: np.ndarray,

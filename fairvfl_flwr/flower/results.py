@@ -4,10 +4,12 @@ Layout of ``<output-dir>/<run name>/``::
 
     config.json     the resolved run config (every key, defaults included)
     history.csv     one row per round: L, the largest gap, every gap by name, the multipliers,
-                    test ACC/DFP/DFN and fairlearn's DP/EO differences, seconds (DEO adds
-                    the paper's DEO, D, λ1, λ2); gaps and multipliers as JSON in the CSV
+                    test ACC/DFP/DFN and fairlearn's DP/EO differences over the groups the run
+                    constrained, seconds (DEO adds the paper's DEO, D, λ1, λ2; pooled small
+                    groups add the differences over the data's own groups, ``*_raw``); gaps
+                    and multipliers as JSON in the CSV
     history.json    the same rows as JSON
-    summary.json    final metrics, rounds, wall time, dataset sizes
+    summary.json    final metrics, rounds, wall time, dataset sizes, the groups the figures are over
     convergence.png L(θ) and the largest gap against rounds, with the ε line
 
 The history is rewritten at every evaluation round, so a long run shows its progress
@@ -28,7 +30,7 @@ from fairvfl_flwr.config.run import RunConfig
 
 # One schema for every constraint (docs/fairness-constraints.md, "History and summary"):
 # max_gap = max_c |D_c|, gaps = {name: D_c}, lambdas = [λ_1+, λ_1-, ...]; dp_diff, eo_diff:
-# fairlearn's differences on the test rows.
+# fairlearn's differences on the test rows, over the groups the run constrained.
 COLUMNS = ["round", "loss", "max_gap", "gaps", "lambdas", "acc", "dfp", "dfn", "dp_diff", "eo_diff", "seconds"]
 #: constraint = "deo" only: the paper's names (|D|, D and the first gap's two multipliers)
 DEO_COLUMNS = ["deo", "gap", "lambda1", "lambda2"]
@@ -38,6 +40,9 @@ ASYNC_COLUMNS = ["fresh", "stale"]
 BATCH_COLUMNS = ["train_rows"]
 #: Rows of runs with a privacy accountant: the ε spent after the row's round.
 PRIVACY_COLUMNS = ["dp_epsilon"]
+#: Runs that pooled small groups: the test differences over the data's own groups, beside COLUMNS' over the
+#: constrained ones (a member with one test row would otherwise decide the figure).
+RAW_COLUMNS = ["dfp_raw", "dfn_raw", "dp_diff_raw", "eo_diff_raw"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
@@ -85,7 +90,7 @@ class RunRecorder:
     def write_history(self) -> None:
         # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
         """Write every row so far to history.json, whole, with the columns the run's features add."""
-        optional = DEO_COLUMNS + ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS
+        optional = DEO_COLUMNS + ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS + RAW_COLUMNS
         columns = COLUMNS + [k for k in optional if any(k in r for r in self.rows)]
         rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
         _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")
@@ -118,6 +123,7 @@ class RunRecorder:
             **({"train_deo": last["deo"], "lambda": [last["lambda1"], last["lambda2"]]} if "deo" in last else {}),
             "evaluated_on": "validation" if self.cfg.validation_fraction > 0 else "test",
             **{f"test_{k}": final_eval.get(k) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")},
+            **{f"test_{k}": final_eval.get(k) for k in RAW_COLUMNS if k in final_eval},
             "seconds": last["seconds"],
             "seconds_per_round": last["seconds"] / max(1, last["round"]),
             **(extra or {}),
@@ -166,6 +172,9 @@ def format_summary(summary: dict, folder: Path) -> str:
     def f(v, fmt):
         return "n/a" if v is None else format(v, fmt)
 
+    groups = summary.get("groups") or {}
+    over = f", over the {len(groups)} constrained groups" if summary.get("raw_groups") else ""
+
     lines = [
         "",
         f"FairVFL run finished: {summary['dataset']} / {summary['model']} / "
@@ -175,7 +184,7 @@ def format_summary(summary: dict, folder: Path) -> str:
         f"  train {gap_label(summary):<12}{summary['train_max_gap']:.4f}  ({summary['constraint']} on "
         f"{summary['constraint_measure']}, largest of {len(summary['train_gaps'])} gap(s))",
         *([f"  train DP diff     {summary['train_dp_diff']:.4f}, EO diff {summary['train_eo_diff']:.4f}  "
-           "(fairlearn's, hard predictions on the training rows)"]
+           f"(fairlearn's, hard predictions on the training rows{over})"]
           if summary.get("train_dp_diff") is not None else []),
         *([f"  lambda            ({', '.join(f'{v:.4f}' for v in summary['lambdas'][:6])}"
            f"{', ...' if len(summary['lambdas']) > 6 else ''})"]
@@ -183,11 +192,31 @@ def format_summary(summary: dict, folder: Path) -> str:
         f"  test ACC          {f(None if summary['test_acc'] is None else 100 * summary['test_acc'], '.2f')}%",
         f"  test DFP          {f(summary['test_dfp'], '.4f')}",
         f"  test DFN          {f(summary['test_dfn'], '.4f')}",
-        f"  test DP diff      {f(summary.get('test_dp_diff'), '.4f')}  (fairlearn's demographic_parity_difference)",
-        f"  test EO diff      {f(summary.get('test_eo_diff'), '.4f')}  (fairlearn's equalized_odds_difference)",
+        f"  test DP diff      {f(summary.get('test_dp_diff'), '.4f')}  (fairlearn's demographic_parity_difference{over})",
+        f"  test EO diff      {f(summary.get('test_eo_diff'), '.4f')}  (fairlearn's equalized_odds_difference{over})",
+        *group_lines(summary, f),
         f"  wall time         {summary['seconds']:.1f} s ({1000 * summary['seconds_per_round']:.1f} ms/round)",
         *([f"  to round 1        {summary['seconds_to_round_1']:.1f} s (alignment, set-up)"]
           if summary.get("seconds_to_round_1") is not None else []),
         f"  results           {folder}",
     ]
     return "\n".join(lines)
+
+
+def group_lines(summary: dict, f) -> list[str]:
+    """The final table's lines on the groups: each constrained group's test rows and, where small
+    groups were pooled, the differences over the data's own groups, labelled, with their test rows."""
+    groups, raw = summary.get("groups") or {}, summary.get("raw_groups")
+    if not groups:
+        return []
+    lines = ["  groups (test rows) " + ", ".join(f"{name} {c['test_rows']}" for name, c in groups.items())]
+    if raw:
+        lines += [
+            f"  raw groups        test DP diff {f(summary.get('test_dp_diff_raw'), '.4f')}, EO diff "
+            f"{f(summary.get('test_eo_diff_raw'), '.4f')}"
+            + (f"; train DP diff {summary['train_dp_diff_raw']:.4f}, EO diff {summary['train_eo_diff_raw']:.4f}"
+               if summary.get("train_dp_diff_raw") is not None else "")
+            + f"  (over the data's {len(raw)} groups before pooling, not constrained one by one)",
+            "  raw (test rows)   " + ", ".join(f"{name} {c['test_rows']}" for name, c in raw.items()),
+        ]
+    return lines

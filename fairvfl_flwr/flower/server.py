@@ -35,8 +35,8 @@ from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
-from fairvfl_flwr.core.constraints import ConstraintSet
-from fairvfl_flwr.core.metrics import fairness_metrics
+from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
+from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, group_counts
 from fairvfl_flwr.core.objective import TrainStats, train_stats
 from fairvfl_flwr.core.stopping import StopRule
 from fairvfl_flwr.data.problem import ServerLabels
@@ -47,8 +47,11 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
 
 
-#: The test metrics of an evaluated round (NaN in the others): core/metrics.fairness_metrics.
+#: The test metrics of an evaluated round (NaN in the others): core/metrics.fairness_metrics, over
+#: the groups the run constrained.
 TEST_METRICS = ("acc", "dfp", "dfn", "dp_diff", "eo_diff")
+#: Beside them where small groups were pooled: the same differences over the data's own groups.
+RAW_TEST_METRICS = tuple(f"{k}_raw" for k in RAW_METRICS)
 
 
 class SyncRounds:
@@ -108,6 +111,11 @@ class VFLServer:
         self.cfg = config
         self.labels = labels
         self.groups: ConstraintSet = labels.groups_for(config.constraint, config.measure)
+        # with pooled groups, each row's constrained group: the figures a user reads are over the
+        # groups ε holds for, not over a member of one test row (None: the data's groups are those)
+        pooled = self.groups.pooling is not None
+        self.constrained_test = self.groups.coded(labels.s_test, labels.group_names) if pooled else None
+        self.constrained_train = self.groups.coded(labels.s_train, labels.group_names) if pooled else None
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.view = ServerView(self)  # what the hooks see of this server
@@ -348,7 +356,7 @@ class VFLServer:
             "gaps": self.groups.gaps_by_name(self.stats.gaps),  # every D_c by name
             "lambdas": [float(v) for v in self.lam],  # all multipliers [λ_1+, λ_1-, λ_2+, λ_2-, ...]
             **self.groups.own_columns(self.stats.gaps, self.lam),
-            **dict.fromkeys(TEST_METRICS, np.nan),
+            **dict.fromkeys(TEST_METRICS + (RAW_TEST_METRICS if self.constrained_test is not None else ()), np.nan),
             "seconds": time.perf_counter() - self._t0,
         }
         if self.batch_size:
@@ -356,7 +364,8 @@ class VFLServer:
         row.update(extra or {})
         evaluated = bool(self.u_test) and (server_round == 0 or self.evaluates(server_round))
         if evaluated:
-            row.update(fairness_metrics(self.labels.y_test, self.labels.s_test, self.z("test")))
+            row.update(constrained_metrics(self.labels.y_test, self.labels.s_test, self.z("test"),
+                                           self.constrained_test))
         self.hooks.record(server_round, row)
         if evaluated:
             self.u_test.clear()
@@ -372,10 +381,30 @@ class VFLServer:
         constrained gaps in the run's measure (soft rates or losses); these are what a bound on
         hard rates, fairlearn's, would hold, so a run shows both (docs/newton.md, "Rates").
         None while the server holds only a batch's scores."""
+        keys = ("dp_diff", "eo_diff") + (("dp_diff_raw", "eo_diff_raw") if self.constrained_train is not None else ())
         if self.held_rows is not None:
-            return {"train_dp_diff": None, "train_eo_diff": None}
-        hard = fairness_metrics(self.labels.y_train, self.labels.s_train, self.z("train"))
-        return {"train_dp_diff": hard["dp_diff"], "train_eo_diff": hard["eo_diff"]}
+            return dict.fromkeys((f"train_{k}" for k in keys), None)
+        hard = constrained_metrics(self.labels.y_train, self.labels.s_train, self.z("train"), self.constrained_train)
+        return {f"train_{k}": hard[k] for k in keys}
+
+    def fairness_groups(self) -> dict[str, dict]:
+        """The groups the fairness figures are over, by their values: ``groups``, those the run
+        constrained (a pooled one named by its members joined with " + "), each with its training
+        and test rows; where pooling made them differ, ``raw_groups``: the data's own groups with
+        theirs and the group each was pooled into (what the ``*_raw`` figures are over)."""
+        if self.groups.groups is None:
+            return {}
+        names = self.groups.groups.names
+        raw = SensitiveGroups.of(self.labels.s_train, self.labels.group_names)
+        if self.constrained_test is None:
+            train, test = raw.codes, SensitiveGroups.of(self.labels.s_test, self.labels.group_names).codes
+            return {"groups": _counted(names, train, test)}
+        out = {"groups": _counted(names, self.constrained_train, self.constrained_test)}
+        raw_test = SensitiveGroups.of(self.labels.s_test, self.labels.group_names).codes
+        into = self.groups.coded(np.arange(len(raw.names)), raw.names)
+        out["raw_groups"] = {name: {**counts, "pooled_into": names[into[k]] if into[k] == len(names) - 1 else None}
+                             for k, (name, counts) in enumerate(_counted(raw.names, raw.codes, raw_test).items())}
+        return out
 
     def round_line(self, row: dict) -> str:
         """The log line of an evaluated round: L, the largest gap (named for the constraint),
@@ -385,9 +414,11 @@ class VFLServer:
         multipliers = (f"lambda=({lam[0]:.4f}, {lam[1]:.4f})" if len(lam) == 2
                        else f"max lambda={max(lam):.4f} of {len(lam)}")
         fair = f" (eps {self.cfg.epsilon:.3g}) {multipliers}" if self.cfg.fairness else ""
+        raw = (f" (unpooled groups: DP diff={row['dp_diff_raw']:.3f} EO diff={row['eo_diff_raw']:.3f})"
+               if "dp_diff_raw" in row else "")
         return (f"L={row['loss']:.4f} {self.groups.gap_label}={row['max_gap']:.4f}{fair} | test "
                 f"ACC={100 * row['acc']:.2f}% DFP={row['dfp']:.3f} DFN={row['dfn']:.3f} "
-                f"DP diff={row['dp_diff']:.3f} EO diff={row['eo_diff']:.3f} | {row['seconds']:.1f} s")
+                f"DP diff={row['dp_diff']:.3f} EO diff={row['eo_diff']:.3f}{raw} | {row['seconds']:.1f} s")
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -454,3 +485,8 @@ class VFLServer:
         elif not np.array_equal(self.held_rows, rows):
             raise FederationError("internal: the parties' logits are not on this round's batch rows")
         return self.labels.y_train[rows], z, self.groups.restrict(rows)
+
+
+def _counted(names: tuple[str, ...], train: np.ndarray, test: np.ndarray) -> dict[str, dict[str, int]]:
+    train, test = group_counts(train, names), group_counts(test, names)
+    return {name: {"train_rows": train[name], "test_rows": test[name]} for name in names}

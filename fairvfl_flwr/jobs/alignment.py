@@ -507,7 +507,7 @@ def _common(step: _Step, ids: np.ndarray) -> None:
         return
     common = psi.leader_step(step.spec, step.cfg, rows)
     step.out = {"digest": common.digest, "protected-label": common.protected_label}
-    if common.group_names:  # several groups: the server names them, as a label file does
+    if common.group_names:  # the server names the groups by their values (two groups: a's, then b's)
         step.out["group-names"] = list(common.group_names)
     step.records[LABELS] = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})

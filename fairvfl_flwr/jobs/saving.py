@@ -80,22 +80,34 @@ def group_labels(cfg, names: list | None) -> dict:
     return {str(name): f"{column} = {name}" for name in names}  # several groups: by name, not by code
 
 
-def final_intervals(labels, z_test: np.ndarray | None, seed: int) -> dict:
-    """Bootstrap intervals of the final test ACC/DFP/DFN/DEO (empty without test scores)."""
+def final_intervals(labels, z_test: np.ndarray | None, seed: int, groups=None) -> dict:
+    """Bootstrap intervals of the final test ACC/DFP/DFN/DEO (empty without test scores), over the
+    groups the run constrained (``groups``, the run's ConstraintSet: its pooled groups as one)."""
     if z_test is None or len(z_test) == 0:
         return {}
     s = np.asarray(labels.s_test)
+    if groups is not None and groups.pooling is not None:
+        s = groups.coded(s, labels.group_names)
     group, names = (np.where(s, "a", "b"), ["a", "b"]) if s.dtype == bool else (s, sorted(set(s.tolist())))
     counts = cell_counts(labels.y_test == 1, group, z_test >= 0, names)
     return {k: list(v) for k, v in bootstrap(counts, BOOTSTRAP_REPLICATES, seed).items()}
 
 
 def per_group(labels, z_test: np.ndarray | None, names: list | None) -> dict:
-    """Each group's test rows and error rates, with several groups (empty with two: DFP and DFN say it)."""
+    """Each data group's test rows and error rates (two groups: a, then b)."""
     s = np.asarray(labels.s_test)
-    if z_test is None or len(z_test) == 0 or s.dtype == bool:
+    if z_test is None or len(z_test) == 0:
         return {}
+    if s.dtype == bool:
+        s = np.where(s, 0, 1)
+        names = names or ["a", "b"]
     return group_rates(labels.y_test, s, predict(z_test), tuple(names) if names else None)
+
+
+#: What a card shows of the groups the figures are over: the constrained groups' figures come
+#: under the summary's names; where small groups were pooled, the data's own groups' beside them.
+RAW_FIGURES = ("test_dfp_raw", "test_dfn_raw", "test_dp_diff_raw", "test_eo_diff_raw", "train_dp_diff_raw",
+               "train_eo_diff_raw")
 
 
 def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
@@ -103,8 +115,12 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, tim
     hook = server.hook(FinalTest)
     metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_max_gap", "train_gaps", "evaluated_on",
                                            "test_acc", "test_dfp", "test_dfn", "test_dp_diff", "test_eo_diff",
-                                           "train_dp_diff", "train_eo_diff")}
-    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed)
+                                           "train_dp_diff", "train_eo_diff") + RAW_FIGURES
+               if k in summary or not k.endswith("_raw")}
+    metrics["constrained-groups"] = summary.get("groups")
+    if summary.get("raw_groups"):
+        metrics["raw-groups"] = summary["raw_groups"]
+    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed, server.groups)
     metrics["groups"] = per_group(server.labels, hook.z_test if hook else None, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
 
@@ -133,10 +149,13 @@ class CheckpointBlocks(RoundHook):
         metrics = {"rounds": server_round, "train_loss": _number(row["loss"]),
                    "train_max_gap": _number(row["max_gap"]), "train_gaps": row["gaps"],
                    "evaluated_on": "validation" if server.cfg.validation_fraction > 0 else "test",
-                   **{f"test_{k}": _number(row.get(k)) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")}}
+                   **{f"test_{k}": _number(row.get(k)) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")},
+                   **{f"test_{k}": _number(row[k]) for k in ("dfp_raw", "dfn_raw", "dp_diff_raw", "eo_diff_raw")
+                      if k in row}}
         test = server.hook(FinalTest)
         evaluated = test is not None and test.round == server_round
-        metrics["intervals"] = final_intervals(server.labels, test.z_test if evaluated else None, server.cfg.seed)
+        metrics["intervals"] = final_intervals(server.labels, test.z_test if evaluated else None, server.cfg.seed,
+                                               server.groups)
         _save(server, grid, self.folder, server_round, server_round, metrics, self.described, timeout)
 
 
@@ -205,9 +224,20 @@ def _fmt(v: Any, pct: bool = False) -> str:
     return f"{100 * v:.2f}%" if pct else f"{v:.4f}"
 
 
+def constrained_line(met: dict) -> list[str]:
+    """The card's line naming the groups its fairness figures are over, with their test rows."""
+    groups = met.get("constrained-groups")
+    if not groups:
+        return []
+    what = "the groups the run constrained" if met.get("raw-groups") else "the groups"
+    return [f"- fairness figures over {what}: "
+            + ", ".join(f"{name} ({c['test_rows']} test rows)" for name, c in groups.items())]
+
+
 def run_card(m: dict, summary: dict) -> str:
     """The run's model card (markdown)."""
     c, met = m["config"], m["metrics"]
+    over = f", over the {len(met['constrained-groups'])} constrained groups" if met.get("raw-groups") else ""
     iv = met.get("intervals", {})
 
     def with_iv(key: str, value: Any, pct: bool = False) -> str:
@@ -228,6 +258,7 @@ def run_card(m: dict, summary: dict) -> str:
          else "- none (fairness = false: the FedBCD baseline)"),
         "- groups: " + ", ".join(f"{k} = {v}" if k in ("a", "b") else v for k, v in m["groups"].items()),
         *([f"- {m['pooled-groups']}"] if m.get("pooled-groups") else []),
+        *constrained_line(met),
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
         "z = Σ_k u_k the sum of the parties' partial logits; the group column is not read to predict",
         sensitive_line(c, summary.get("dataset-summary") or {}),
@@ -240,17 +271,26 @@ def run_card(m: dict, summary: dict) -> str:
         f"| accuracy | {with_iv('acc', met.get('test_acc'), pct=True)} |",
         f"| DFP = abs(FPR_a − FPR_b) | {with_iv('dfp', met.get('test_dfp'))} |",
         f"| DFN = abs(FNR_a − FNR_b) | {with_iv('dfn', met.get('test_dfn'))} |",
-        f"| demographic parity difference (fairlearn's) | {_fmt(met.get('test_dp_diff'))} |",
-        f"| equalized odds difference (fairlearn's) | {_fmt(met.get('test_eo_diff'))} |",
+        f"| demographic parity difference (fairlearn's{over}) | {_fmt(met.get('test_dp_diff'))} |",
+        f"| equalized odds difference (fairlearn's{over}) | {_fmt(met.get('test_eo_diff'))} |",
+        *([f"| raw groups (before pooling, not constrained one by one): DFP / DFN | "
+           f"{_fmt(met.get('test_dfp_raw'))} / {_fmt(met.get('test_dfn_raw'))} |",
+           f"| raw groups: demographic parity / equalized odds difference (fairlearn's) | "
+           f"{_fmt(met.get('test_dp_diff_raw'))} / {_fmt(met.get('test_eo_diff_raw'))} |"]
+          if met.get("test_dp_diff_raw") is not None else []),
         f"| train: largest constrained gap ({m['constraint']} on {m['constraint-measure']}) | "
         f"{_fmt(met.get('train_max_gap'))} |",
         *([f"| train: demographic parity / equalized odds difference (fairlearn's, hard predictions) | "
            f"{_fmt(met['train_dp_diff'])} / {_fmt(met.get('train_eo_diff'))} |"] if met.get("train_dp_diff") is not None
           else []),
+        *([f"| train, raw groups: demographic parity / equalized odds difference (fairlearn's, hard predictions) | "
+           f"{_fmt(met['train_dp_diff_raw'])} / {_fmt(met.get('train_eo_diff_raw'))} |"]
+          if met.get("train_dp_diff_raw") is not None else []),
         "",
     ]
     if met.get("groups"):
-        lines += ["Per group (several groups: DFP and DFN above are the largest pairwise gaps):", "",
+        lines += [("Per data group" + (" (the raw groups)" if met.get("raw-groups") else "")
+                   + (": DFP and DFN above are the largest pairwise gaps" if len(met["groups"]) > 2 else "") + ":"), "",
                   "| group | test rows | error | FPR | FNR |", "|---|---|---|---|---|"]
         lines += [f"| {g} | {r['rows']} | {_fmt(r['error'])} | {_fmt(r['fpr'])} | {_fmt(r['fnr'])} |"
                   for g, r in met["groups"].items()]

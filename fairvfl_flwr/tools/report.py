@@ -13,6 +13,12 @@ pairwise gap, and ``dfp_overall`` / ``dfn_overall`` the largest gap to the overa
 ``fairvfl-export`` writes (``row_id``, ``y`` = 1 / -1, ``group``), so
 ``--outcomes server_labels.csv --groups server_labels.csv`` works as is.
 
+Where the training run pooled small groups into one (``pool-small-groups``), the gaps are
+over the groups it constrained, the pooled one named by its members joined with " + ", and
+the data's own groups' gaps and counts follow under ``raw``, labelled: a group of one scored
+row would otherwise decide the figure. The pooling is the training run's (its
+``summary.json``, found through the scoring run's ``score.model-from``, or ``--run``).
+
 Writes ``report.json``, ``report-groups.csv`` and ``report.png`` next to the predictions
 (or in ``--out``). Needs the ``baselines`` extra (fairlearn).
 """
@@ -91,9 +97,41 @@ def metric_frame(y: np.ndarray, decision: np.ndarray, group: np.ndarray):
     )
 
 
+def pooled_groups(predictions: str, run: str | None = None) -> dict[str, str]:
+    """Each data group the training run pooled, with the group it was pooled into (empty: none).
+    The training run is ``run``, or the model the scoring run next to ``predictions`` scored
+    with (its config.json's ``score.model-from``)."""
+    if run is None:
+        config = Path(predictions).resolve().parent / "config.json"
+        if not config.exists():
+            return {}
+        run = json.loads(config.read_text()).get("score.model-from") or None
+        if run is None:
+            return {}
+    summary = Path(run).expanduser() / "summary.json"
+    if not summary.exists():
+        raise DataError(f"training run {run}: no summary.json, so the groups it constrained are unknown")
+    raw = json.loads(summary.read_text()).get("raw_groups") or {}
+    return {name: c["pooled_into"] for name, c in raw.items() if c.get("pooled_into")}
+
+
 def report(y: np.ndarray, decision: np.ndarray, group: np.ndarray, replicates: int = 1000, seed: int = 0,
-           level: float = 0.95) -> dict:
-    """Per-group metrics (MetricFrame), gaps and their bootstrap intervals."""
+           level: float = 0.95, pooled: dict[str, str] | None = None) -> dict:
+    """Per-group metrics (MetricFrame), gaps and their bootstrap intervals; with ``pooled``
+    (data group → the group the run pooled it into), over the run's constrained groups, and
+    the data's own groups' under ``raw``."""
+    if pooled:
+        group = np.asarray(group)
+        out = report(y, decision, np.array([pooled.get(str(g), str(g)) for g in group]), replicates, seed, level)
+        raw = _gaps(y, decision, group)
+        out["raw"] = {"what": "the data's own groups, before the training run pooled "
+                              f"{', '.join(sorted(pooled))}: not constrained one by one", **raw}
+        return out
+    return _gaps(y, decision, group, replicates, seed, level)
+
+
+def _gaps(y: np.ndarray, decision: np.ndarray, group: np.ndarray, replicates: int = 0, seed: int = 0,
+          level: float = 0.95) -> dict:
     mf = metric_frame(y, decision, group)
     names = [str(g) for g in mf.by_group.index]
     if len(names) < 2:
@@ -103,7 +141,9 @@ def report(y: np.ndarray, decision: np.ndarray, group: np.ndarray, replicates: i
     to_overall = mf.difference(method="to_overall")
     counts = cell_counts(y, group, decision, sorted(names))
     check = from_counts(counts)  # the bootstrap's metrics must be MetricFrame's on the observed rows
-    if not (np.isclose(check["dfp"], dfp) and np.isclose(check["dfn"], dfn)):
+    # a group without rows of a label has no rate there: cell counts leave it out, MetricFrame counts 0
+    defined = all(((group == g) & y).any() and ((group == g) & ~y).any() for g in np.unique(group))
+    if defined and not (np.isclose(check["dfp"], dfp) and np.isclose(check["dfn"], dfn)):
         raise RuntimeError(f"internal: gaps from cell counts ({check['dfp']}, {check['dfn']}) differ from "
                            f"MetricFrame's ({dfp}, {dfn})")
     return {
@@ -112,8 +152,9 @@ def report(y: np.ndarray, decision: np.ndarray, group: np.ndarray, replicates: i
                     "fpr": float(mf.overall["fpr"]), "selection_rate": float(mf.overall["selection_rate"])},
         "groups": {g: {k: (int(v) if k == "count" else float(v)) for k, v in row.items()}
                    for g, row in zip(names, mf.by_group.to_dict("records"))},
-        "gaps": {"dfp": dfp, "dfn": dfn, "deo": max(dfp, dfn), "dfp_overall": float(to_overall["fpr"]),
-                 "dfn_overall": float(to_overall["tpr"])},
+        # deo is fairlearn's equalized_odds_difference; dp_diff its demographic_parity_difference
+        "gaps": {"dfp": dfp, "dfn": dfn, "deo": max(dfp, dfn), "dp_diff": float(diff["selection_rate"]),
+                 "dfp_overall": float(to_overall["fpr"]), "dfn_overall": float(to_overall["tpr"])},
         "intervals": bootstrap(counts, replicates, seed, level) if replicates > 0 else {},
         "bootstrap": {"replicates": replicates, "seed": seed, "level": level},
     }
@@ -166,9 +207,15 @@ def format_report(rep: dict, notes: list[str]) -> str:
     for k in ("dfp", "dfn", "deo"):
         iv = rep["intervals"].get(k)
         lines.append(f"  {k.upper()} {rep['gaps'][k]:.4f}" + (f"  [{iv[0]:.4f}, {iv[1]:.4f}]" if iv else ""))
+    lines.append(f"  DP diff {rep['gaps']['dp_diff']:.4f}, EO diff {rep['gaps']['deo']:.4f} (fairlearn's)")
     if len(rep["groups"]) > 2:
         lines.append(f"  largest gap to the overall rate: DFP {rep['gaps']['dfp_overall']:.4f}, "
                      f"DFN {rep['gaps']['dfn_overall']:.4f}")
+    raw = rep.get("raw")
+    if raw:
+        lines.append(f"  raw groups ({raw['what']}): DP diff {raw['gaps']['dp_diff']:.4f}, EO diff "
+                     f"{raw['gaps']['deo']:.4f}, DFP {raw['gaps']['dfp']:.4f}, DFN {raw['gaps']['dfn']:.4f}; counts "
+                     + ", ".join(f"{g} {m['count']}" for g, m in raw["groups"].items()))
     return "\n".join(lines)
 
 
@@ -183,12 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-column", default="group", help="group column (group)")
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals (0: none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
+    ap.add_argument("--run", help="the training run folder whose pooled groups the gaps are over (default: the "
+                    "scoring run's score.model-from, read from the config.json next to the predictions)")
     ap.add_argument("--out", help="folder for report.json/report-groups.csv/report.png (default: the predictions')")
     a = ap.parse_args(argv)
     try:
         _, y, decision, group, notes = load_joined(a.predictions, a.outcomes, a.groups or a.outcomes, a.id_column,
                                                    a.outcome_column, a.positive, a.group_column)
-        rep = report(y, decision, group, a.bootstrap, a.seed)
+        rep = report(y, decision, group, a.bootstrap, a.seed, pooled=pooled_groups(a.predictions, a.run))
     except DataError as exc:
         print(f"fairvfl-report: {exc}", file=sys.stderr)
         return 2

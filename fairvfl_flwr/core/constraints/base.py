@@ -314,6 +314,21 @@ class ConstraintSet:
                                 tuple((groups.names[k], smallest(groups, k)) for k in members if k not in small),
                                 smallest(merged, len(merged) - 1), min_size, cls.kind, rows)
 
+    def coded(self, s: np.ndarray, names: tuple[str, ...] | None = None) -> np.ndarray:
+        """Each row's constrained group (an index into ``groups.names``) from its group ``s`` as
+        the labels hold it (bool a/b, or codes into ``names``): the rows of every pooled member
+        go to the pooled group, so other rows (the test rows) are measured over the groups this
+        constraint holds for."""
+        raw = SensitiveGroups.of(s, names)
+        if self.pooling is None or self.groups is None:
+            return raw.codes
+        members = {name for name, _ in (*self.pooling.small, *self.pooling.joined)}
+        pooled = len(self.groups.names) - 1
+        index = {name: k for k, name in enumerate(self.groups.names)}
+        to_constrained = np.array([pooled if name in members else index[name] for name in raw.names],
+                                  dtype=np.int64)
+        return to_constrained[raw.codes] if len(raw.codes) else raw.codes
+
     def restrict(self, rows: np.ndarray | None) -> "ConstraintSet":
         """The same constraint on the rows ``rows`` (a batch: sizes and the 1/n weight become the batch's)."""
         if rows is None:
