@@ -20,7 +20,7 @@ from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.party import PartyRuntime, mark_step_type
+from fairvfl_flwr.flower.party import PartyRuntime
 from fairvfl_flwr.flower.server import VFLServer
 
 
@@ -118,6 +118,4 @@ def train_passive(message: Message, context: Context) -> Message:
 
 #: FairVFL's party handlers: part of the training job (app/training.py).
 HANDLERS = {msgs.INIT: init, msgs.TRAIN_ACTIVE: train_active, msgs.TRAIN_PASSIVE: train_passive}
-mark_step_type(msgs.TRAIN_ACTIVE)
-mark_step_type(msgs.TRAIN_PASSIVE)
 

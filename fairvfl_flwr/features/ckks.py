@@ -60,7 +60,7 @@ from flwr.serverapp import Grid
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import GRADIENT_STATE, PartyRuntime, mark_step_type
+from fairvfl_flwr.flower.party import GRADIENT_STATE, PartyRuntime
 
 TRAIN_PASSIVE_ENC = msgs.TRAIN_PASSIVE_ENC
 TRAIN_PASSIVE_UNMASK = msgs.TRAIN_PASSIVE_UNMASK
@@ -350,7 +350,7 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
     leave X_kᵀν in the node's state (``GRADIENT_STATE``) for the training method's handler."""
     mtype = message.metadata.message_type
     arrays = message.content.array_records
-    if mtype in (msgs.INIT, msgs.NEWTON_INIT) and CONTEXT_RECORD in arrays:
+    if msgs.kind_of(mtype) is msgs.Kind.START and CONTEXT_RECORD in arrays:
         context.state.array_records[CONTEXT_RECORD] = arrays[CONTEXT_RECORD]
     elif msgs.second_leg(mtype, arrays.get(msgs.PAYLOAD, {})):
         rt = PartyRuntime(context)
@@ -397,4 +397,3 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
 
 #: The passive party's handlers for encrypted ν (with :func:`ckks_mod`): part of the training job (app/training.py).
 HANDLERS = {msgs.TRAIN_PASSIVE_ENC: train_passive_enc, msgs.TRAIN_PASSIVE_UNMASK: train_passive_unmask}
-mark_step_type(TRAIN_PASSIVE_UNMASK)

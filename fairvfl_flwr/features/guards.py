@@ -4,12 +4,12 @@ Server (:class:`DivergenceGuard`, a round hook): after every round the objective
 multiplier and the summed logits must be finite, or the run stops naming the round
 (before a checkpoint could save the diverged state: add this hook first).
 
-Party (:func:`guard_mod`, a ClientApp mod): every start (``query.init``) and ``train.*``
-message must carry an integer round number; a re-sent message (same type, round
+Party (:func:`guard_mod`, a ClientApp mod): every message of a round (``protocol.IN_ROUNDS``)
+must carry an integer round number; a re-sent message (same type, round
 and content as the last one answered: a digest over every record but secure aggregation's
 view, confirmations and key relay) is answered again instead of being processed twice, and a
 message of the same type and round with other content is refused. For a step message
-(``flower.party.is_step_type``) the answer is rebuilt from the θ the party already has, so
+(``protocol.Kind.STEP``) the answer is rebuilt from the θ the party already has, so
 nothing steps twice; for other messages the reply itself is kept. Either way the answer goes
 out only if it is the reply already sent (its digest is kept). Every type answered in the
 latest round is remembered, so no leg of a round of several legs runs twice.
@@ -31,7 +31,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, is_step_type, mark_answer_record
+from fairvfl_flwr.flower.party import PartyRuntime, mark_answer_record
 
 LAST = "fairvfl.last-reply"  # ConfigRecord: the latest round, and per type answered in it: digests, record names
 LAST_PREFIX = "fairvfl.last-reply."
@@ -54,8 +54,8 @@ def guard_mod(message: Message, context, call_next) -> Message:
     mtype = message.metadata.message_type
     # the party starts afresh: nothing before it is re-sent. A rejoin is no restart here: a party
     # moves back only by a restore (flower/store.py), which drops the copy kept below itself.
-    restart = msgs.START_TYPES
-    if mtype not in restart and not mtype.startswith("train."):
+    kind = msgs.kind_of(mtype)
+    if kind not in msgs.IN_ROUNDS:
         return call_next(message, context)
     rc = message.content.config_records.get(msgs.ROUND)
     if rc is None or not isinstance(rc.get("round"), int):
@@ -67,12 +67,12 @@ def guard_mod(message: Message, context, call_next) -> Message:
         if last[f"{mtype}|digest"] != digest:
             raise FederationError(f"{PartyRuntime(context).who}: {mtype} of round {server_round} differs from the one "
                                   "this party answered; only a byte-identical re-send is answered again; refused")
-        return _again(message, context, last, is_step_type(mtype))
-    if mtype in restart:
+        return _again(message, context, last, kind is msgs.Kind.STEP)
+    if kind is msgs.Kind.START:
         reply = call_next(message, context)
         _forget(context)
         return reply
-    step = is_step_type(mtype)
+    step = kind is msgs.Kind.STEP
     reply = call_next(message, context)
     if reply.has_error():
         return reply

@@ -49,7 +49,7 @@ def rejoin_mod(message: Message, context: Context, call_next) -> Message:
     checkpoint rounds (round 0 and every ``checkpoint-every``-th) when it checkpoints. A
     rejoin and a resume restore from the same files (flower/store.py)."""
     mtype = message.metadata.message_type
-    if (mtype not in msgs.START_TYPES and not mtype.startswith("train.")) or mtype in msgs.FINAL_TYPES:
+    if msgs.kind_of(mtype) not in msgs.IN_ROUNDS or msgs.kind_of(mtype) is msgs.Kind.FINAL:
         return call_next(message, context)
     reply = call_next(message, context)
     if reply.has_error():

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.config.sections import parse_delays
+from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.party import PartyRuntime
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def delay_for(node: NodeConfig, cfg: RunConfig) -> tuple[float, float]:
 def delay_mod(message: Message, context, call_next) -> Message:
     """Compute the reply, then hold it back for this node's delay (train messages only)."""
     reply = call_next(message, context)
-    if not message.metadata.message_type.startswith("train"):
+    if msgs.kind_of(message.metadata.message_type) not in (msgs.Kind.STEP, msgs.Kind.ROUND, msgs.Kind.FINAL):
         return reply
     rt = PartyRuntime(context)
     base, jitter = delay_for(rt.node, rt.cfg)

@@ -157,7 +157,7 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     """ClientApp mod: a party's own transcript of what it received (and its own reply's logits)."""
     reply = call_next(message, context)
     mtype = message.metadata.message_type
-    if reply.has_error() or not (mtype in (msgs.INIT, msgs.NEWTON_INIT) or mtype.startswith("train.")):
+    if reply.has_error() or not msgs.in_rounds(mtype):
         return reply
     rt = PartyRuntime(context)
     server_round = round_of(message)[0]

@@ -116,7 +116,7 @@ class History:
                     f"answered in that round (history head {self.head.hex()[:12]}…); only a byte-identical re-send "
                     "is answered again, in any session; refused")
             return self, True
-        if message_type in msgs.START_TYPES and self.round >= 0:
+        if msgs.kind_of(message_type) is msgs.Kind.START and self.round >= 0:
             raise FederationError(
                 f"{who}: {message_type} after this party answered round {self.round}: a party never starts over "
                 "alone (a rollback is one set-up every party signs); refused")

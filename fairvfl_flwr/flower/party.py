@@ -239,22 +239,6 @@ def info(message: Message, context: Context) -> Message:
 HANDLERS = {msgs.INFO: info}
 
 
-# Message types whose reply is the party's new logits after a step on θ: a re-sent one
-# is answered from θ without stepping again (features.guards). Algorithms register theirs.
-_STEP_TYPES: set[str] = set()
-
-
-def mark_step_type(message_type: str) -> None:
-    """Register ``message_type`` as one whose reply follows a step on θ: a re-sent one is answered
-    without stepping again."""
-    _STEP_TYPES.add(message_type)
-
-
-def is_step_type(message_type: str) -> bool:
-    """Whether a re-sent ``message_type`` must be answered from the kept reply (see :func:`mark_step_type`)."""
-    return message_type in _STEP_TYPES
-
-
 # Records of a node's state that carry a run from one round to the next (θ, a step's own
 # state, the aligned block's key, ...): a party that restarts restores them from its own
 # disk (features/rejoin.py). Name -> whether a restore merges the record's lists with the

@@ -46,40 +46,78 @@ tests inspect real messages to hold this line.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-INFO = "query.info"
-INIT = "query.init"
-TRAIN_ACTIVE = "train.active"
-TRAIN_PASSIVE = "train.passive"
-TRAIN_PASSIVE_ENC = "train.passive_enc"  # encrypted ν, first leg
-TRAIN_PASSIVE_UNMASK = "train.passive_unmask"  # encrypted ν, second leg
-SECAGG_KEYS = "query.sakeys"  # secure aggregation set-up: each party's X25519 public key
-SECAGG_PEERS = "query.sapeers"  # secure aggregation set-up: every party's public key to all
-SPLIT_INIT = "query.splitinit"
-SPLIT_TRAIN = "train.split"
-NEWTON_INIT = "query.newtoninit"
-NEWTON_ACTIVE = "train.newton_active"
-NEWTON_PASSIVE = "train.newton_passive"
-NEWTON_APPLY = "train.newton_apply"  # after the last round: apply the last step lengths, reply the logits
-SAVE = "query.save"  # after the last round: each party saves its block on its own disk, replies its digest
-SCORE_INFO = "query.scoreinfo"  # scoring job: which block and how many rows to score (digests only)
-SCORE = "query.score"  # scoring job: partial logits of a chunk of rows, with their ids
+class Kind(enum.Enum):
+    """What a message is to a party, declared with its type: every mod asks this, never a name."""
+
+    SETUP = "set-up"  # outside the rounds: discovery, key agreement, alignment, a scoring job's set-up
+    START = "start"  # round 0: the party's model afresh (answered only before anything else in a run)
+    STEP = "step"  # a round's message whose reply follows a step on θ (a re-send: rebuilt from θ)
+    ROUND = "round"  # a round's message whose reply the guard keeps (a re-send: the kept reply)
+    FINAL = "final"  # after the last round: the last step applied; no run continues from its state
+    QUERY = "query"  # outside the rounds, about the model or the run: save, score, rejoin
+
+
+#: The kinds of a round's messages: the guard, the state store, transcripts and delays act on these.
+IN_ROUNDS = frozenset({Kind.START, Kind.STEP, Kind.ROUND, Kind.FINAL})
+_KINDS: dict[str, Kind] = {}
+
+
+def declare(message_type: str, kind: Kind) -> str:
+    """Declare ``message_type``'s kind (where the type is named: its module, imported wherever its
+    handler runs, a simulation worker included); returns the type, for a module constant."""
+    held = _KINDS.setdefault(message_type, kind)
+    if held is not kind:
+        raise ValueError(f"message type {message_type!r} is declared {held.value!r} already")
+    return message_type
+
+
+def kind_of(message_type: str) -> Kind | None:
+    """The declared kind of ``message_type`` (None: undeclared, which no mod acts on)."""
+    return _KINDS.get(message_type)
+
+
+def in_rounds(message_type: str) -> bool:
+    """Whether ``message_type`` is one of a round's messages (start, step, round or final)."""
+    return kind_of(message_type) in IN_ROUNDS
+
+
+INFO = declare("query.info", Kind.SETUP)
+INIT = declare("query.init", Kind.START)
+TRAIN_ACTIVE = declare("train.active", Kind.STEP)
+TRAIN_PASSIVE = declare("train.passive", Kind.STEP)
+TRAIN_PASSIVE_ENC = declare("train.passive_enc", Kind.ROUND)  # encrypted ν, first leg
+TRAIN_PASSIVE_UNMASK = declare("train.passive_unmask", Kind.STEP)  # encrypted ν, second leg
+SECAGG_KEYS = declare("query.sakeys", Kind.SETUP)  # secure aggregation set-up: each party's X25519 public key
+SECAGG_PEERS = declare("query.sapeers", Kind.SETUP)  # secure aggregation set-up: every party's public key to all
+SPLIT_INIT = declare("query.splitinit", Kind.START)
+SPLIT_TRAIN = declare("train.split", Kind.ROUND)
+NEWTON_INIT = declare("query.newtoninit", Kind.START)
+NEWTON_ACTIVE = declare("train.newton_active", Kind.ROUND)
+NEWTON_PASSIVE = declare("train.newton_passive", Kind.ROUND)
+# after the last round: apply the last step lengths, reply the logits
+NEWTON_APPLY = declare("train.newton_apply", Kind.FINAL)
+# after the last round: each party saves its block on its own disk, replies its digest
+SAVE = declare("query.save", Kind.QUERY)
+# scoring job: which block and how many rows to score (digests only)
+SCORE_INFO = declare("query.scoreinfo", Kind.SETUP)
+SCORE = declare("query.score", Kind.QUERY)  # scoring job: partial logits of a chunk of rows, with their ids
 # tables.own: private alignment, one message type a step (blinded ids, counts; jobs/alignment.py)
-ALIGN_SIZE = "query.align_size"  # every party: its number of ids and their shape
-ALIGN_BLIND = "query.align_blind"  # every party: its ids blinded with its own key
-ALIGN_RAISE = "query.align_raise"  # every other party: the leader's blinded ids raised to its key
+ALIGN_SIZE = declare("query.align_size", Kind.SETUP)  # every party: its number of ids and their shape
+ALIGN_BLIND = declare("query.align_blind", Kind.SETUP)  # every party: its ids blinded with its own key
+ALIGN_RAISE = declare("query.align_raise", Kind.SETUP)  # every other party: the leader's blinded ids raised to its key
 # the leader, as few times as a byte budget allows: which of its ids each party holds; the last also the
 # common rows (training: their split and labels)
-ALIGN_INTERSECT = "query.align_intersect"
-ALIGN_FINISH = "query.align_finish"  # every other party: its common rows
-ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up the alignment it kept of these tables
-REJOIN = "query.rejoin"  # after a party dropped out: every party restores its state of a round from its own disk
-#: Messages that start a party's model afresh: answered only before anything else in a run (flower/history.py).
-START_TYPES = (INIT, NEWTON_INIT, SPLIT_INIT)
-#: Messages after the last round (the last step applied): no run continues from the state they leave.
-FINAL_TYPES = (NEWTON_APPLY,)
+ALIGN_INTERSECT = declare("query.align_intersect", Kind.SETUP)
+ALIGN_FINISH = declare("query.align_finish", Kind.SETUP)  # every other party: its common rows
+# instead of the PSI, every party: take up the alignment it kept of these tables
+ALIGN_REUSE = declare("query.align_reuse", Kind.SETUP)
+# after a party dropped out: every party checks it holds its state of a round on its own disk
+REJOIN = declare("query.rejoin", Kind.QUERY)
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
@@ -96,7 +134,7 @@ ROLE_PASSIVE = "passive"
 def second_leg(message_type: str, payload) -> bool:
     """Whether a training message is the second leg of an encrypted-ν round: it carries the
     party's masked slot sums (``MASKED_SUM``) instead of ν; its first leg held the ciphertext."""
-    return message_type.startswith("train.") and payload is not None and MASKED_SUM in payload
+    return kind_of(message_type) in IN_ROUNDS and payload is not None and MASKED_SUM in payload
 
 
 def array_record(**arrays: np.ndarray) -> ArrayRecord:

@@ -43,6 +43,10 @@ from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.export import export
 
 
+#: A round's training messages (what the real ServerApp sends after round 0).
+_TRAINING = (msgs.Kind.STEP, msgs.Kind.ROUND)
+
+
 class LyingGrid(InProcessGrid):
     """The server's wire: :meth:`tamper` rewrites each outgoing message, :meth:`reseal`
     makes its view agree with what it carries; every reply is kept as it arrived."""
@@ -234,7 +238,7 @@ class Hijack(LyingGrid):
 
     def push_messages(self, messages):
         messages = list(messages)
-        if not self.by_hand and any(m.metadata.message_type.startswith("train.")
+        if not self.by_hand and any(msgs.kind_of(m.metadata.message_type) in _TRAINING
                                     and m.metadata.group_id == str(self.stop_at) for m in messages):
             self.by_hand, self.honest_replies = True, len(self.received)
             raise Takeover(f"round {self.stop_at}")
@@ -245,7 +249,7 @@ class Hijack(LyingGrid):
         """The training message the real ServerApp sent ``node_id`` in ``server_round`` (its first leg)."""
         return next(m for m in self.sent if m.metadata.dst_node_id == node_id
                     and m.metadata.group_id == str(server_round)
-                    and m.metadata.message_type.startswith("train."))
+                    and msgs.kind_of(m.metadata.message_type) in _TRAINING)
 
     def honest_sum(self, server_round: int, record: str = msgs.LOGITS, key: str = "train") -> np.ndarray:
         """The sum the real ServerApp decoded in ``server_round`` (from the masked words it received)."""
