@@ -89,8 +89,11 @@ class NodeConfig:
                              rule=Rule(_label_choice, "1 or -1"),
                              why="give 1 (the positive label is the protected one) or -1", who=_ACTIVE)
     missing_values: str = N("", "markers that mean a missing value in this party's table and score file, e.g. "
-                            "'?,NA,<blank>' (<blank>: cells of spaces; empty: run config tables.missing-values)",
+                            "'?,NA' (`<blank>`: cells of spaces; empty: run config tables.missing-values)",
                             who=_OPTIONAL)
+    protected_columns: str = N("", "the party's protected columns, e.g. 'race,age': never model inputs unless run "
+                               "config sensitive-as-input, and listed on its model card (fairvfl-preflight suggests "
+                               "likely ones)", who=_OWN)
     real_categories: str = N("", "values of text columns that look like missing markers (?, NA, unknown, -, ...) "
                              "but are real categories, 'column:value,...'; such a value declared neither here nor in "
                              "missing-values is refused", who=_OWN)

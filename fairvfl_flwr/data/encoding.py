@@ -22,6 +22,7 @@ value that is not a number, a category training never saw, and missing or duplic
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -54,6 +55,9 @@ class Preprocessing:
     std: tuple[float, ...]
     categories: dict[str, tuple[str, ...]]  # every category training saw, per text column
     fill: dict[str, Any] = field(default_factory=dict)  # raw column -> what its missing values become
+    #: the party's protected columns (its sensitive ones, node config protected-columns), each with
+    #: whether it is a model input: the model card says so
+    protected: tuple[str, ...] = ()
 
     @property
     def raw_columns(self) -> list[str]:
@@ -66,7 +70,8 @@ class Preprocessing:
                 "mean": list(self.mean), "std": list(self.std),
                 "categories": {k: list(v) for k, v in self.categories.items()},
                 # only when set: a block saved without fill rules keeps its digest
-                **({"fill": dict(self.fill)} if self.fill else {})}
+                **({"fill": dict(self.fill)} if self.fill else {}),
+                **({"protected": {c: c in self.raw for c in self.protected}} if self.protected else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Preprocessing":
@@ -78,11 +83,13 @@ class Preprocessing:
                    category=tuple(None if c is None else str(c) for c in d["category"]),
                    mean=tuple(float(v) for v in d["mean"]), std=tuple(float(v) for v in d["std"]),
                    categories={k: tuple(map(str, v)) for k, v in d.get("categories", {}).items()},
-                   fill=dict(d.get("fill", {})))
+                   fill=dict(d.get("fill", {})), protected=tuple(d.get("protected", {})))
 
     def digest(self) -> str:
         """A short hash of the preparation: two parties or runs with the same digest prepare rows alike."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        # which columns are protected does not change how rows are prepared
+        what = {k: v for k, v in self.to_dict().items() if k != "protected"}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
     def apply(self, df: Any, where: str, order: np.ndarray | None = None) -> np.ndarray:
         """The feature block of the rows of ``df`` (a pandas DataFrame of raw columns), in the
@@ -151,14 +158,22 @@ def sidecar_path(data_path: str | Path) -> Path:
     return p.with_name(p.name.removesuffix(".gz").removesuffix(".csv") + SIDECAR_SUFFIX)
 
 
+def protected_columns(spec: PartySpec) -> tuple[str, ...]:
+    """A party's protected columns: the label owner's sensitive column(s), then those its node
+    config declares (``protected-columns``)."""
+    own = tuple(c.strip() for c in spec.sensitive_column.split(",") if c.strip()) if spec.role == "active" else ()
+    return tuple(dict.fromkeys((*own, *spec.protected_columns)))
+
+
 def party_preprocessing(spec: PartySpec, cfg: Any) -> Preprocessing:
     """This party's preprocessing (see the module doc)."""
     if spec.aligned:  # prepared from the party's own table after alignment (data/own_table.py)
         side = aligned_files(spec, spec.aligned)[1]
         try:
-            return Preprocessing.from_dict(json.loads(side.read_text()))
+            pre = Preprocessing.from_dict(json.loads(side.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{spec.name}: {side} cannot be read as preprocessing ({exc})") from None
+        return dataclasses.replace(pre, protected=protected_columns(spec))
     if not spec.data_path:
         ds = load_data(cfg)
         return for_columns(ds, party_columns(cfg, ds)[spec.partition_id])

@@ -163,6 +163,10 @@ def party_card(meta: dict, arrays: Mapping[str, np.ndarray]) -> str:
         "- parameters: " + ", ".join(f"{k} {list(np.shape(v))}" for k, v in arrays.items()),
         "",
     ]
+    if pre.get("protected"):
+        lines += ["Protected columns (the sensitive column, node config protected-columns) and whether each was a "
+                  "model input (run config sensitive-as-input):", "", "| protected column | model input |", "|---|---|",
+                  *(f"| {c} | {'yes' if used else 'no'} |" for c, used in pre["protected"].items()), ""]
     if meta["model"] == "linear":
         w = np.asarray(arrays["weight"], dtype=np.float64)
         lines += ["Weights on the standardised features (feature = (raw − mean) / std), largest first:", "",

@@ -75,6 +75,7 @@ class PartySpec:
     label_negative: str = ""  # the label's other value; empty: whichever one other value the column holds
     #: (column, value) pairs that look like missing markers but are real categories (node config real-categories)
     real_categories: tuple[tuple[str, str], ...] = ()
+    protected_columns: tuple[str, ...] = ()  # never features unless sensitive-as-input (node config protected-columns)
 
     @property
     def name(self) -> str:
@@ -159,7 +160,8 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
         partition_id=pid, role=role, data_path="" if table_path else path, table_path=path if table_path else "",
         id_column=node.id_column, split_column=node.split_column, cache_dir=node.cache_dir, columns=columns,
         missing_values=parse_markers(node.missing_values),
-        real_categories=real_categories(node.real_categories, f"party {pid} ({path})"), **kwargs,
+        real_categories=real_categories(node.real_categories, f"party {pid} ({path})"),
+        protected_columns=tuple(c.strip() for c in node.protected_columns.split(",") if c.strip()), **kwargs,
     )
 
 
@@ -235,12 +237,17 @@ def _text(values) -> np.ndarray:
 def reserved_columns(df, spec: PartySpec, sensitive_as_input: bool = False) -> set[str]:
     """The columns of a party's raw table that are not its features: its id; for the label
     owner the label, and the sensitive column(s) with any one-hot copy of them
-    (``race_White``, ...) unless ``sensitive_as_input`` (run config) makes them inputs."""
+    (``race_White``, ...); for any party its declared protected columns (node config
+    ``protected-columns``) with theirs; the last two unless ``sensitive_as_input`` (run
+    config) makes them inputs."""
     reserved = {spec.id_column}
     if spec.role == ROLE_ACTIVE:
         reserved.add(spec.label_column)
         if not sensitive_as_input:
             reserved |= {spec.sensitive_column, *group_columns(df, spec), *sensitive_encodings(list(df.columns), spec)}
+    if spec.protected_columns and not sensitive_as_input:
+        declared = dataclasses.replace(spec, sensitive_column=",".join(spec.protected_columns))
+        reserved |= {*spec.protected_columns, *sensitive_encodings(list(df.columns), declared)}
     return reserved
 
 

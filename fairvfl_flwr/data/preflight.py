@@ -26,6 +26,8 @@ What is checked, for the table of a node config (``--node-config`` syntax):
   constraint compares (``min-group-size``): the groups pooled into one (``pool-small-groups``,
   decided as the run decides it: ConstraintSet.pooled_members) with their counts, or every
   group that pooling does not fix, with its count;
+* likely protected columns (race, sex, age, ... by name or values) the party did not declare in
+  node config ``protected-columns``: suggested in the notes (declared ones are not model inputs);
 * a score file (node config ``score-path``): its id column and ids, and with a saved block
   (``block.json``) every raw column the block needs, missing values without a fill rule and
   categories training never saw.
@@ -143,6 +145,7 @@ def check_party(spec: PartySpec, rules: Rules = Rules(), score_path: str = "", b
         if spec.role == ROLE_ACTIVE:
             text += [c for c in group_columns(df, spec) if c in df.columns]
         _check_markers(report, df, spec, text)
+        _suggest_protected(report, df, spec)
         if spec.role == ROLE_ACTIVE:
             _check_labels(report, df, spec, rules)
         report.notes.append(f"table: {len(df)} rows, {len(features)} feature columns "
@@ -187,6 +190,61 @@ def _feature_columns(report: Report, df: Any, spec: PartySpec) -> list[str]:
     if not columns:
         report.add("no feature columns", f"no feature columns besides {sorted(reserved)}")
     return columns
+
+
+#: Words that name a protected attribute (a column name's words are compared) ...
+PROTECTED_NAMES = {"race": "race", "sex": "sex", "gender": "sex", "age": "age", "ethnicity": "ethnicity",
+                   "ethnic": "ethnicity", "religion": "religion", "nationality": "nationality"}
+#: ... and the values that give one away whatever the column is called.
+PROTECTED_VALUES = {
+    "sex": {"female", "male", "woman", "man", "women", "men", "non-binary"},
+    "race": {"white", "black", "asian", "hispanic", "latino", "african-american", "caucasian",
+             "amer-indian-eskimo", "asian-pac-islander", "native american"},
+    "religion": {"christian", "muslim", "jewish", "hindu", "buddhist", "catholic", "protestant", "atheist"},
+}
+
+
+def likely_protected(df: Any) -> dict[str, str]:
+    """The columns of ``df`` that likely hold a protected attribute, and why: a word of their name
+    (race, sex, gender, age, ethnicity, religion, nationality), or values of which at least two
+    distinct ones, covering half its cells, are those of sex, race or religion."""
+    import pandas as pd
+
+    out: dict[str, str] = {}
+    for c in df.columns:
+        words = [w for w in "".join(ch if ch.isalpha() else " " for ch in str(c).lower()).split()]
+        named = next((PROTECTED_NAMES[w] for w in words if w in PROTECTED_NAMES), None)
+        if named is not None:
+            out[str(c)] = f"its name ({named})"
+            continue
+        col = df[c]
+        if pd.api.types.is_numeric_dtype(col) or not col.notna().any():
+            continue
+        low = col.dropna().astype(str).str.strip().str.lower()
+        for what, vocabulary in PROTECTED_VALUES.items():
+            hit = low.isin(vocabulary)
+            if len(set(low[hit])) >= 2 and hit.mean() >= 0.5:
+                out[str(c)] = f"its values ({what}: {examples(sorted(set(col.dropna().astype(str).str.strip()[hit.values]))[:3])})"
+                break
+    return out
+
+
+def _suggest_protected(report: Report, df: Any, spec: PartySpec) -> None:
+    """Note the table's likely protected columns that the party did not declare (a suggestion:
+    only the party knows which of its columns are protected), and a declared one not there."""
+    declared = set(spec.protected_columns)
+    if spec.role == ROLE_ACTIVE:
+        declared |= set(group_columns(df, spec))
+    absent = sorted(set(spec.protected_columns) - {str(c) for c in df.columns})
+    if absent:
+        report.add("columns not found", f"node config protected-columns names {absent[:5]}, not in the table")
+    likely = {c: why for c, why in likely_protected(df).items() if c not in declared and c != spec.id_column}
+    if likely:
+        report.notes.append("likely protected columns, not declared: " + "; ".join(f"{c!r} by {why}" for c, why in
+                            likely.items()) + "; declare them in node config protected-columns (they are then not "
+                            "model inputs unless sensitive-as-input, and the model card lists them)")
+    if spec.protected_columns:
+        report.notes.append(f"protected columns, not model inputs: {', '.join(spec.protected_columns)}")
 
 
 def _check_markers(report: Report, df: Any, spec: PartySpec, columns: list[str]) -> None:
