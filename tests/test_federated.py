@@ -79,7 +79,7 @@ def test_passive_parties_receive_only_nu(out_dir, run_app):
 
 def test_replies_carry_logits_not_models(out_dir):
     replies = []
-    cfg = RunConfig(dataset="crime", model="mlp", num_server_rounds=2, eval_every=1, output_dir=out_dir)
+    cfg = RunConfig(dataset="crime", model="mlp", optimizer="gd", num_server_rounds=2, eval_every=1, output_dir=out_dir)
     grid = InProcessGrid(client_app, cfg.to_flower(), cfg.num_parties)
     original = grid.pull_messages
 

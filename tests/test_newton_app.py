@@ -94,7 +94,7 @@ def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
     assert history == golden["history"]
 
 
-ON = {"model": "mlp", "batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": "true",
+ON = {"batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": "true",
       "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split"}
 
 
@@ -106,8 +106,8 @@ def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
         pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {RunConfig.key_of(field)}=.*: \S"):
         RunConfig(optimizer="newton", **{field: ON[field]}).validate()
-    # an MLP falls back to AdaGrad (docs/adagrad.md); the others keep the linear model, which AdaGrad refuses
-    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == ("adagrad" if field == "model" else "gd")
+    # the linear model stays, which AdaGrad refuses
+    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == "gd"
 
 
 def test_auto_is_newton_for_linear_full_batch_runs():
@@ -119,7 +119,7 @@ def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="auto", constraint="demographic-parity").optimizer_in_use == "newton"
     for kind in ("equalized-odds", "demographic-parity"):
         assert RunConfig(optimizer="auto", constraint=kind, constraint_measure="loss").optimizer_in_use == "newton"
-    assert RunConfig(optimizer="auto", constraint="equalized-odds", model="mlp").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="auto", constraint="equalized-odds", model="mlp").optimizer_in_use == "newton"
     assert RunConfig(optimizer="auto", constraint="equalized-odds", batch_size=256).optimizer_in_use == "gd"
     assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
     with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, gd, newton, adagrad"):

@@ -35,9 +35,11 @@ from flwr.supercore import log
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
+    constrained_step,
     newton_server_step,
     party_curvature,
     search_step,
+    subspace_step,
     with_bias,
 )
 from fairvfl_flwr.flower import checks
@@ -52,6 +54,13 @@ PASSIVE_CURVATURE = "nu"
 #: linear in ν, so the party uses the fixed 1/(4n), and the direction is linear in X_kᵀν.
 ENCRYPTED_NU_CURVATURE = "const"
 NEWTON_STATE = "newton.state"  # a party's directions awaiting their α, and its last moves
+#: A non-linear round's step is kept when the true F fell by at least this share of the decrease
+#: the linearised logits predicted (a trust-region ratio test); else it is taken back.
+ACCEPT = 0.1
+#: A kept step whose true largest gap ends further above ε than this (and than the round
+#: started) halves the next step: the linearised search held the gaps within ε, the true
+#: step left them out by more than the stop rule's slack.
+VIOLATION_SLACK = 1e-3
 
 
 def sq_norm_after(reply: dict, alpha: np.ndarray) -> float:
@@ -63,8 +72,9 @@ class NewtonVFL(VFLServer):
     """The server of a FairVFL run trained by block Newton steps (linear parties, full batch)."""
 
     init_type = msgs.NEWTON_INIT
-    round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner")
-    node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves")
+    round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner",
+                                           "trust", "moves_held", "gap_error")
+    node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves", "moves_held")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -75,6 +85,12 @@ class NewtonVFL(VFLServer):
         self.du_moves: dict[int, list[np.ndarray]] = {}  # each party's last moves' change of logits, newest first
         self.grid: Grid | None = None
         self.owner = np.zeros(0, dtype=np.int64)  # the party of each direction of the last search
+        # Non-linear (MLP) parties: their logits are not linear in θ_k, so each round's step is
+        # applied at once and checked on the true logits (aggregate_nonlinear).
+        self.nonlinear = self.cfg.model != "linear"
+        self.trust = 1.0  # the share of the search's step lengths a non-linear round applies
+        self.moves_held: dict[int, int] = {}  # non-linear: the moves each party keeps (it sends their images)
+        self.gap_error = 0.0  # non-linear: how far the last kept step's true gaps fell from the linearised ones
 
     def summary(self) -> None:
         """Log the run's settings once before round 0, with how many earlier moves each search keeps."""
@@ -96,8 +112,12 @@ class NewtonVFL(VFLServer):
         self.grid = grid  # the last round's apply message goes out from aggregate_train
         c = self.cfg
         y, z = self.labels.y_train, self.z("train")
-        self.lam, nu, self.previous = newton_server_step(self.lam, y, z, self.groups, self.jac, self.previous,
-                                                         epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
+        if self.nonlinear:  # the constrained search sets λ (aggregate_nonlinear): no dual step between rounds
+            nu = self.groups.masked_weights(y, z, self.lam)
+        else:
+            self.lam, nu, self.previous = newton_server_step(self.lam, y, z, self.groups, self.jac, self.previous,
+                                                             epsilon=c.epsilon, beta=c.beta, c=c.c,
+                                                             fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
         out = []
@@ -134,6 +154,8 @@ class NewtonVFL(VFLServer):
         for reply in replies:
             nid = reply.metadata.src_node_id
             got[nid] = self.check_directions(reply, self.width_of(nid))
+        if self.nonlinear:
+            return self.aggregate_nonlinear(server_round, got)
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
@@ -149,8 +171,81 @@ class NewtonVFL(VFLServer):
         row = self.record(server_round)
         return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
+    def aggregate_nonlinear(self, server_round: int, got: dict[int, dict]
+                            ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """A round of Gauss–Newton blocks (MLP parties): the constrained search
+        (core/newton.constrained_step, whatever the constraint) on the linearised logits
+        z + Σ_j α_j J_k d_j, the step (scaled by the trust share) applied at once, and the
+        parties' true new logits checked against it.
+
+        Every constraint takes the constrained search here, `deo` on two groups too: the dual
+        Newton step between rounds measures the gaps' sensitivity on the linearised subspace,
+        which a non-linear block's true step does not follow, and the gaps oscillated; the
+        search instead holds the linearised gaps within ε and the check below the true ones.
+        The step is kept when F at the round's λ fell by at least :data:`ACCEPT` of what the
+        linearisation predicted; then the trust share halves if the true largest violation of ε
+        rose above both :data:`VIOLATION_SLACK` and the round's starting one (the next search
+        starts there and pulls the gaps back), and doubles back toward 1 if the step delivered
+        most of the predicted decrease. Otherwise the server returns to the round's start (its
+        logits, ‖θ‖² and λ), halves the share, and the next message tells each party to take
+        its step back (α = −α_k on the same
+        directions). The last round keeps its step: the parties hold it and the final
+        scores must be theirs."""
+        du, a, gram, sq_norm = self.subspace(got)
+        y, z, c = self.labels.y_train, self.z("train"), self.cfg
+        rcond = WIRE_RCOND[c.wire_dtype]
+        lam_before = self.lam
+        if c.fairness:  # aimed inside ε by the linearisation's last error, so that the true gaps land within it
+            aim = max(c.epsilon - self.gap_error, 0.5 * c.epsilon)
+            alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=aim,
+                                               rcond=rcond)
+        else:
+            alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond)
+        alpha = self.trust * alpha
+        violation_before = self.violation(z)
+        f_before = self.objective(z, sq_norm)
+        before = {name: dict(getattr(self, name)) for name in ("u_train", "u_test", "sq_norms")}
+        self.take(got, du, alpha)
+        f_predicted = self.objective()
+        gaps_predicted = self.groups.gaps(y, self.z("train"))
+        self.apply_step(server_round, self.evaluates(server_round))
+        f_after = self.objective()
+        scale = 1.0 + abs(f_before)
+        predicted, achieved = f_before - f_predicted, f_before - f_after
+        kept = (achieved >= ACCEPT * predicted if predicted > 1e-12 * scale else achieved >= -1e-12 * scale)
+        if kept or server_round == self.last_round:
+            self.gap_error = float(np.max(np.abs(self.groups.gaps(y, self.z("train")) - gaps_predicted)))
+            if predicted > 1e-12 * scale and achieved >= 0.75 * predicted:
+                self.trust = min(1.0, 2.0 * self.trust)
+            for nid, al in self.computed_alpha.items():
+                self.moves_held[nid] = min(self.moves_held.get(nid, 0) + int(np.any(al != 0)), c.newton_moves)
+            self.alpha = {nid: np.zeros(len(al)) for nid, al in self.computed_alpha.items()}
+            if self.stops and self.converged(f_before, self.z("train")):
+                self.last_round = server_round if self.evaluates(server_round) else server_round + 1
+                self.log_stop(server_round)
+        else:
+            log(INFO, "[round %d] Gauss-Newton step taken back: F would rise from %.6g to %.6g (the linearised "
+                "logits predicted %.6g); trust share %.3g -> %.3g", server_round, f_before, f_after, f_predicted,
+                self.trust, 0.5 * self.trust)
+            self.trust *= 0.5
+            for name, value in before.items():
+                setattr(self, name, value)
+            self.lam = lam_before
+            self.alpha = {nid: -al for nid, al in self.computed_alpha.items()}
+            self.stop.quiet_rounds = 0
+        row = self.record(server_round)
+        return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def violation(self, z: np.ndarray) -> float:
+        """How far the largest gap at ``z`` is above ε (0 within it, and without the fairness term)."""
+        if not self.cfg.fairness:
+            return 0.0
+        return max(float(np.max(np.abs(self.groups.gaps(self.labels.y_train, z)))) - self.cfg.epsilon, 0.0)
+
     def width_of(self, nid: int) -> int:
         """Directions in party ``nid``'s reply: its new one and its last moves."""
+        if self.nonlinear:
+            return 1 + self.moves_held.get(nid, 0)
         return 1 + len(self.du_moves.get(nid, []))
 
     def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -158,7 +253,7 @@ class NewtonVFL(VFLServer):
         nodes = [n.node_id for n in self.ordered_nodes()]
         du, a, owner = [], [], []
         for nid in nodes:
-            du += [got[nid]["dir"], *self.du_moves.get(nid, [])]
+            du += list(got[nid]["dir"].T) if self.nonlinear else [got[nid]["dir"], *self.du_moves.get(nid, [])]
             a.append(got[nid]["a"])
             owner += [nid] * len(got[nid]["a"])
         du, a, self.owner = np.column_stack(du), np.concatenate(a), np.array(owner)
@@ -175,7 +270,8 @@ class NewtonVFL(VFLServer):
             al = alpha[sel]
             move = du[:, sel] @ al
             self.u_train[nid] = self.u_train[nid] + move
-            self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:self.cfg.newton_moves]
+            if not self.nonlinear:  # a non-linear party sends its moves' images again each round
+                self.du_moves[nid] = [move, *self.du_moves.get(nid, [])][:self.cfg.newton_moves]
             self.sq_norms[nid] = sq_norm_after(got[nid], al)
             self.steps[nid] = 1
             self.alpha[nid] = al
@@ -185,8 +281,14 @@ class NewtonVFL(VFLServer):
 
     def apply_last(self, server_round: int) -> None:
         """The parties take the last round's step; their replies become the server's final logits."""
+        self.apply_step(server_round, True)
+        self.alpha = {}
+
+    def apply_step(self, server_round: int, evaluate: bool) -> None:
+        """The parties take the step lengths ``self.alpha``; their replies (partial logits, test ones
+        when ``evaluate``) become the server's logits."""
         messages = [
-            Message(msgs.newton_content(server_round, True, self.alpha.get(nid, np.zeros(0)), self.wire_dtype),
+            Message(msgs.newton_content(server_round, evaluate, self.alpha.get(nid, np.zeros(0)), self.wire_dtype),
                     dst_node_id=nid, message_type=msgs.NEWTON_APPLY, group_id=f"{server_round}-apply")
             for nid in self.nodes
         ]
@@ -195,7 +297,6 @@ class NewtonVFL(VFLServer):
         for reply in self.hooks.incoming(self.grid, server_round, self.exchange(self.grid, messages, timeout),
                                          timeout):
             self.fold(reply)
-        self.alpha = {}
 
     def computed(self) -> dict[int, dict[str, np.ndarray]]:
         """The step lengths α_k of the round just folded, per party (sent with its next message)."""
@@ -215,8 +316,13 @@ class NewtonVFL(VFLServer):
             for key in ("dir", "a", "gram"):
                 if key not in record:
                     raise checks.ReplyError(f"{who}: Newton reply has no '{key}' (got {sorted(record)})")
+            if self.nonlinear:  # every direction's image J_k d_j, the kept moves' too
+                images = checks.check_vector(record["dir"].numpy().reshape(-1), "the directions' images J_k d_j",
+                                             n * width, who).astype(np.float64).reshape(n, width)
+            else:
+                images = checks.check_vector(record["dir"].numpy(), "X_k s_k", n, who).astype(np.float64)
             out = {
-                "dir": checks.check_vector(record["dir"].numpy(), "X_k s_k", n, who).astype(np.float64),
+                "dir": images,
                 "a": checks.check_vector(record["a"].numpy(), "θ_k·d_j", width, who).astype(np.float64),
                 "gram": checks.check_vector(record["gram"].numpy().reshape(-1), "the directions' Gram matrix",
                                             width * width, who).astype(np.float64).reshape(width, width),
@@ -267,6 +373,8 @@ class SharedNewtonVFL(NewtonVFL):
 
     def width_of(self, nid: int) -> int:
         """Columns of each party's reply: the new direction plus the shared kept moves (the same for every party)."""
+        if self.nonlinear:
+            return 1 + self.moves_held.get(nid, 0)
         return 1 + len(self.dz_moves)
 
     def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -274,7 +382,7 @@ class SharedNewtonVFL(NewtonVFL):
         leaves): the moves' logits, θᵀD, DᵀD and ‖θ‖²."""
         nodes = [n.node_id for n in self.ordered_nodes()]
         self.totals = {key: sum(got[nid][key] for nid in nodes) for key in got[nodes[0]]}
-        du = np.column_stack([self.totals["dir"], *self.dz_moves])
+        du = self.totals["dir"] if self.nonlinear else np.column_stack([self.totals["dir"], *self.dz_moves])
         return du, self.totals["a"], self.totals["gram"], self.totals["sq-norm"]
 
     def take(self, got: dict[int, dict], du: np.ndarray, alpha: np.ndarray) -> None:
@@ -283,7 +391,8 @@ class SharedNewtonVFL(NewtonVFL):
         move = du @ alpha
         z = self.z("train") + move
         first = self.ordered_nodes()[0].node_id
-        self.dz_moves = [move, *self.dz_moves][:self.cfg.newton_moves]
+        if not self.nonlinear:  # non-linear parties send their moves' images again each round
+            self.dz_moves = [move, *self.dz_moves][:self.cfg.newton_moves]
         for nid in self.nodes:
             mine = nid == first
             self.u_train[nid] = z if mine else np.zeros_like(z)
@@ -320,11 +429,19 @@ def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
     return pending, moves
 
 
-def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarray]) -> None:
+def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarray],
+              applied: np.ndarray | None = None) -> None:
     arrays = {f"move-{i}": Array(np.ascontiguousarray(m)) for i, m in enumerate(moves)}
     if pending is not None:
         arrays["pending"] = Array(np.ascontiguousarray(pending))
+    if applied is not None:  # a non-linear party took these step lengths already (train.newton_apply)
+        arrays["applied"] = Array(np.ascontiguousarray(applied))
     rt.context.state.array_records[NEWTON_STATE] = ArrayRecord(arrays)
+
+
+def _applied(rt: PartyRuntime) -> np.ndarray | None:
+    record = rt.context.state.array_records.get(NEWTON_STATE)
+    return record["applied"].numpy() if record is not None and "applied" in record else None
 
 
 def _take_step(rt: PartyRuntime, message: Message, pending: np.ndarray | None, alpha: np.ndarray,
@@ -359,6 +476,8 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     rt = PartyRuntime(context)
     if rt.data.role != role:
         raise checks.ReplyError(f"{rt.who}: got {message.metadata.message_type}, but this party is {rt.data.role}")
+    if rt.cfg.model != "linear":
+        return _gauss_newton_direction(message, rt, role)
     data, n = rt.data, rt.n_train
     pending, moves = _memory(rt)
     xt_nu = None
@@ -392,6 +511,43 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)
 
 
+def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Message:
+    """A non-linear party's round: settle last round's step (it took it on ``train.newton_apply``;
+    the α here is the server's correction, −α to take it back or 0 to keep it), then the
+    Gauss–Newton direction of its block and the images J_k d_j of it and of its last moves
+    at the current θ_k (the linearisation moves with θ_k, so the moves' images are sent anew)."""
+    from fairvfl_flwr.core.gauss_newton import GaussNewton  # torch: MLP parties only
+
+    data, n = rt.data, rt.n_train
+    pending, moves = _memory(rt)
+    applied = _applied(rt)
+    if role == msgs.ROLE_ACTIVE:
+        got = _alpha(rt, message, pending, z=n, lam=data.groups.num_multipliers)
+    else:
+        got = _alpha(rt, message, pending, nu=n)
+    party = rt.party()
+    gn = GaussNewton(party.block.model, np.asarray(data.X_train))
+    theta = gn.flat()
+    if pending is not None:
+        theta = theta + pending @ got["alpha"]
+        total = (np.zeros(pending.shape[1]) if applied is None else applied) + got["alpha"]
+        if np.any(total != 0):  # a step taken back leaves no move (the server counts the same way)
+            moves = [pending @ total, *moves][:rt.cfg.newton_moves]
+        gn.set_flat(theta)
+    if role == msgs.ROLE_ACTIVE:
+        nu = data.groups.masked_weights(data.y, got["z"], got["lam"])
+        h = data.groups.curvature(data.y, got["z"], got["lam"])
+    else:
+        nu = got["nu"]
+        h = party_curvature(nu, n, PASSIVE_CURVATURE)
+    s = gn.direction(nu, h, party.mu)
+    D = np.column_stack([s, *moves])
+    arrays = {"dir": gn.images(D).astype(rt.cfg.wire_dtype), "a": theta @ D, "gram": D.T @ D}
+    rt.save(party)
+    _remember(rt, D, moves)
+    return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)
+
+
 def train_active(message: Message, context: Context) -> Message:
     """Last round's step, then the active party's block Newton direction (exact curvature)."""
     return _direction(message, context, msgs.ROLE_ACTIVE)
@@ -408,6 +564,16 @@ def apply(message: Message, context: Context) -> Message:
     pending, moves = _memory(rt)
     got = _alpha(rt, message, pending)
     party = rt.party()
+    if rt.cfg.model != "linear":  # every round: the step now, its move kept once the server keeps it
+        from fairvfl_flwr.core.gauss_newton import GaussNewton
+
+        if pending is not None:
+            applied = _applied(rt)
+            gn = GaussNewton(party.block.model, np.asarray(rt.data.X_train))
+            gn.set_flat(gn.flat() + pending @ (got["alpha"] - (0.0 if applied is None else applied)))
+            rt.save(party)
+            _remember(rt, pending, moves, got["alpha"])
+        return rt.reply(message, party, steps=0)
     theta, moves = _take_step(rt, message, pending, got["alpha"], _params(party.block), moves)
     _set_params(party.block, theta)
     rt.save(party)

@@ -149,7 +149,8 @@ class RunConfig:
                         why="choose float32 (default: n×4 bytes per vector) or float64")
     mode: str = S("fairvfl", "fairvfl; fairvfl-scores (also saves the final scores); split (the split-learning "
                   "baseline); score (score rows with a trained model: score.*)", choices=MODES)
-    optimizer: str = S("auto", "gd (the paper's steps), newton (block Newton: linear, full batch), adagrad (MLP) "
+    optimizer: str = S("auto", "gd (the paper's steps), newton (block Newton, full batch; Gauss-Newton blocks for "
+                       "MLP parties), adagrad (MLP) "
                        "or auto (resolve_optimizer: the log says what it chose and why)", choices=OPTIMIZERS)
     stop_tolerance: float = S(5e-6, "training ends after stop-window rounds in a row in which F decreased by less "
                               "than this (relative to 1 + abs(F)), every gap within epsilon + 0.001 when fairness is on; "
@@ -436,14 +437,18 @@ def resolve_optimizer(cfg: RunConfig) -> Choice:
                  "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
     if cfg.optimizer == "gd":
         return Choice("gd", "gradient descent (the paper's steps)")
+    blocks = ("Gauss-Newton blocks (MLP parties send the images J_k d of their directions; the server checks each "
+              "step on their true logits)" if cfg.model != "linear" else "")
     if cfg.optimizer == "newton":
-        return Choice("newton", f"block Newton{shared} (docs/newton.md){encrypted}")
+        return Choice("newton", f"block Newton{shared} (docs/newton.md){encrypted}" if not blocks
+                      else f"block Newton{shared}: {blocks} (docs/newton.md)")
     if cfg.optimizer == "adagrad":
         return Choice("adagrad", "AdaGrad steps kept by each party (docs/adagrad.md)")
     kind = ConstraintSet.kind_named(cfg.constraint)
     newton_no = sections.newton_refusal(cfg)
     if newton_no is None:
-        return Choice("newton", f"block Newton{shared} (linear parties, full batch, "
+        parties = f"{blocks}, full batch" if blocks else "linear parties, full batch"
+        return Choice("newton", f"block Newton{shared} ({parties}, "
                                 f"constraint={cfg.constraint!r} on the {cfg.measure}; docs/newton.md){encrypted}")
     why_not_newton = f"block Newton does not run with {cfg.key_of(newton_no[0])}={getattr(cfg, newton_no[0])!r}"
     adagrad_no = sections.adagrad_refusal(cfg) or (None if kind.adagrad_by_default else ("constraint", ""))

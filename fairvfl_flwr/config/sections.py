@@ -118,13 +118,9 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
 ]
 
 
-_NEWTON = "optimizer='newton' is block Newton for linear parties on full batches (docs/newton.md); use optimizer='gd'"
-
 #: What optimizer='newton' cannot run with: (setting, is it on?, why). optimizer='auto'
 #: falls back to gradient descent where one of these holds (:func:`newton_refusal`).
 NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("model", lambda c: c.model != "linear",
-     "a block Newton direction is computed for a linear block (an MLP would need its Jacobian); " + _NEWTON),
     ("batch_size", lambda c: c.batch_size > 0,
      "the subspace search evaluates the objective on every training row, and the last moves it searches along "
      "lose their meaning when the rows change each round; use batching.batch-size=0 or optimizer='gd'"),

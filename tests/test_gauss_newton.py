@@ -1,0 +1,103 @@
+"""Gauss–Newton blocks for MLP parties (``model = "mlp"`` under block Newton, docs/newton.md):
+the images J_k d and the direction, the server's check of each step on the true logits, and
+the masked run."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fairvfl_flwr.app import training as app_training
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.algorithms import newton
+from fairvfl_flwr.core.gauss_newton import GaussNewton
+from fairvfl_flwr.core.models import build_model
+from fairvfl_flwr.core.newton import SHARED_MEMORY
+
+
+def _tiny(seed=0):
+    rng = np.random.default_rng(seed)
+    model = build_model("mlp", 3, hidden=4, bias=True, seed=seed)
+    return model, rng.normal(size=(40, 3))
+
+
+def test_images_are_the_jacobian_times_the_directions():
+    model, x = _tiny()
+    gn = GaussNewton(model, x)
+    theta = gn.flat()
+    d = np.random.default_rng(1).normal(size=(len(theta), 2))
+    got = gn.images(d)
+    for j in range(2):  # central differences: J d to O(h²)
+        h = 1e-6
+        gn.set_flat(theta + h * d[:, j])
+        up = model(torch.from_numpy(x)).detach().numpy()
+        gn.set_flat(theta - h * d[:, j])
+        down = model(torch.from_numpy(x)).detach().numpy()
+        np.testing.assert_allclose(got[:, j], (up - down) / (2 * h), rtol=1e-5, atol=1e-7)
+    gn.set_flat(theta)
+    np.testing.assert_array_equal(gn.flat(), theta)
+
+
+def test_the_direction_is_the_gauss_newton_step_once_cg_has_run_its_course():
+    model, x = _tiny()
+    gn = GaussNewton(model, x)
+    theta = gn.flat()
+    jac = gn.images(np.eye(len(theta)))  # n × P, formed here only to check against
+    rng = np.random.default_rng(2)
+    nu, h, mu = rng.normal(size=len(x)) / len(x), rng.uniform(0.0, 0.25, size=len(x)) / len(x), 0.05
+    exact = -np.linalg.solve(jac.T @ (h[:, None] * jac) + mu * np.eye(len(theta)), jac.T @ nu + mu * theta)
+    np.testing.assert_allclose(gn.direction(nu, h, mu, steps=4 * len(theta)), exact, rtol=1e-6, atol=1e-9)
+    one = gn.direction(nu, h, mu, steps=1)  # one CG step: along the negative gradient, a descent direction
+    grad = jac.T @ nu + mu * theta
+    assert float(one @ grad) < 0 and abs(float(one @ grad)) == pytest.approx(np.linalg.norm(one) * np.linalg.norm(grad))
+
+
+def _history(folder):
+    return json.loads((folder / "history.json").read_text())
+
+
+def test_an_mlp_under_newton_never_raises_f_from_one_kept_step_to_the_next(tmp_path):
+    """Fairness off: λ = 0, so the history's L is F itself. Every round either keeps a step
+    that lowered the true F or takes it back (F as before); gradient steps go far slower."""
+    base = {"dataset": "crime", "model": "mlp", "fairness": False, "num-server-rounds": 12, "eval-every": 4,
+            "stop-tolerance": 0.0}
+    summary, folder = run_inprocess({**base, "optimizer": "newton", "output-dir": str(tmp_path / "n")}, quiet=True)
+    losses = [r["loss"] for r in _history(folder)]
+    assert all(b <= a + 1e-9 * (1 + abs(a)) for a, b in zip(losses, losses[1:])), losses
+    gd, _ = run_inprocess({**base, "optimizer": "gd", "output-dir": str(tmp_path / "g")}, quiet=True)
+    assert summary["train_loss"] < gd["train_loss"] - 0.05
+    assert summary["test_acc"] > 0.8
+
+
+def test_an_mlp_under_auto_pulls_a_parity_gap_toward_epsilon_with_gauss_newton_blocks(tmp_path):
+    """COMPAS equalized odds starts at a gap of 0.024; the constrained search on the linearised
+    logits pulls it to within 2ε and keeps it there. (Within ε + 0.002 every round it is not
+    yet: each true step moves the gaps off their linearisation by a few thousandths; and the
+    cap's last round keeps its step unchecked, since the parties already hold it.)"""
+    summary, folder = run_inprocess({"dataset": "compas", "model": "mlp", "constraint": "equalized-odds",
+                                     "num-server-rounds": 15, "eval-every": 5, "stop-tolerance": 0.0,
+                                     "output-dir": str(tmp_path)}, quiet=True)
+    history = _history(folder)
+    assert history[0]["max_gap"] > 0.02
+    assert max(r["max_gap"] for r in history[-6:-1]) <= 0.02
+    assert summary["test_acc"] > 0.6
+
+
+def test_the_masked_mlp_run_is_the_plain_shared_step_run_and_sends_only_words(tmp_path, monkeypatch):
+    from tests.test_secnewton import _history as sec_history
+    from tests.test_secnewton import _secure_run
+
+    masked, m_folder, grid = _secure_run(tmp_path, "masked", model="mlp")
+    for mtype, _, _, arrays, _, _ in grid.received:
+        for record in arrays.values():
+            for key, words in record.items():
+                if mtype.startswith("train."):
+                    assert words.dtype == np.uint64, (mtype, key)
+    monkeypatch.setattr(app_training, "NewtonVFL", newton.SharedNewtonVFL)
+    plain, p_folder, _ = _secure_run(tmp_path, "plain", model="mlp",
+                                     **{"privacy.secure-aggregation": False, "newton-memory": SHARED_MEMORY})
+    for key in ("train_loss", "train_deo", "test_acc"):
+        assert masked[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-9), key
+    for a, b in zip(sec_history(m_folder), sec_history(p_folder), strict=True):
+        np.testing.assert_allclose(a["lambdas"], b["lambdas"], rtol=1e-6, atol=1e-9)
