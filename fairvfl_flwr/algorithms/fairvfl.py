@@ -55,7 +55,9 @@ class FairVFL(VFLServer):
         else:
             y, z, groups = self.batch_view(rows)
         c = self.cfg
-        self.lam, nu = server_step(self.lam, y, z, groups, epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
+        # the stop rule's working bound: ε, or tighter where ε bounds the hard gap (core/stopping.py)
+        self.lam, nu = server_step(self.lam, y, z, groups, epsilon=self.stop.epsilon, beta=c.beta, c=c.c,
+                                   fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
         out = []

@@ -116,7 +116,7 @@ class NewtonVFL(VFLServer):
             nu = self.groups.masked_weights(y, z, self.lam)
         else:
             self.lam, nu, self.previous = newton_server_step(self.lam, y, z, self.groups, self.jac, self.previous,
-                                                             epsilon=c.epsilon, beta=c.beta, c=c.c,
+                                                             epsilon=self.stop.epsilon, beta=c.beta, c=c.c,
                                                              fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
@@ -159,8 +159,8 @@ class NewtonVFL(VFLServer):
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
-        alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=c.epsilon,
-                                                fairness=c.fairness, rcond=rcond)
+        alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.groups, self.mu,
+                                                epsilon=self.stop.epsilon, fairness=c.fairness, rcond=rcond)
         f_before = self.objective(z, sq_norm)  # at the λ the search ends with (a searching rule moves it)
         self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):  # the apply message evaluates this round
@@ -196,7 +196,8 @@ class NewtonVFL(VFLServer):
         rcond = WIRE_RCOND[c.wire_dtype]
         lam_before = self.lam
         if c.fairness:  # aimed inside ε by the linearisation's last error, so that the true gaps land within it
-            aim = max(c.epsilon - self.gap_error, 0.5 * c.epsilon)
+            bound = self.stop.epsilon  # ε, or the tighter bound a hard-gap target has set (core/stopping.py)
+            aim = max(bound - self.gap_error, 0.5 * bound)
             alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=aim,
                                                rcond=rcond)
         else:
@@ -240,7 +241,7 @@ class NewtonVFL(VFLServer):
         """How far the largest gap at ``z`` is above ε (0 within it, and without the fairness term)."""
         if not self.cfg.fairness:
             return 0.0
-        return max(float(np.max(np.abs(self.groups.gaps(self.labels.y_train, z)))) - self.cfg.epsilon, 0.0)
+        return max(float(np.max(np.abs(self.groups.gaps(self.labels.y_train, z)))) - self.stop.epsilon, 0.0)
 
     def width_of(self, nid: int) -> int:
         """Directions in party ``nid``'s reply: its new one and its last moves."""

@@ -9,6 +9,16 @@ fairness term λ stays 0 and the gaps are not the run's business, so only F coun
 
 The rule sees numbers only (F before and after, the gaps, λ): each algorithm measures
 them its own way, and the rule's state round-trips through a checkpoint.
+
+A rate constraint's gaps compare smooth rates (mean σ(z)), which is what the optimizer can
+differentiate, while ε is read as fairlearn's difference of the hard predictions sign(z).
+The two differ (COMPAS, demographic parity at ε = 0.02: smooth gap 0.020, hard 0.109), so
+with a ``target`` the rule holds the smooth gaps within a working bound (:attr:`StopRule.epsilon`)
+and, each time it would stop with the largest hard gap above the target, tightens that bound
+by the excess and keeps going from where the run is (θ and λ stay). When the bound would
+fall below :data:`MIN_BOUND_SHARE` of the target, the smooth rates cannot carry the hard gap
+down without giving up the predictions, and the rule stops and says so
+(docs/fairness-constraints.md, "What ε bounds").
 """
 
 from __future__ import annotations
@@ -18,27 +28,80 @@ import numpy as np
 #: How far a gap may sit above ε in a converged run: the reproduction target
 #: (bench/rounds.py) allows ε + 0.005 and the final-quality bar ε + 0.002.
 GAP_SLACK = 1e-3
+#: The smallest working bound, as a share of the target, that tightening may reach: below it the
+#: smooth gaps are all but zero, and a hard gap still above the target is one the smooth rates
+#: do not control (a constant classifier would meet it, at the cost of every prediction).
+MIN_BOUND_SHARE = 0.05
 
 
 class StopRule:
     """``window`` quiet rounds in a row end training; ``tolerance`` 0 never stops."""
 
-    def __init__(self, tolerance: float, window: int, epsilon: float, fairness: bool) -> None:
+    def __init__(self, tolerance: float, window: int, epsilon: float, fairness: bool,
+                 target: float | None = None) -> None:
         self.tolerance = tolerance
         self.window = window
-        self.epsilon = epsilon
+        self.epsilon = epsilon  # the bound the smooth gaps are held within (the working bound)
         self.fairness = fairness
+        # what the largest hard gap must meet before training may end (None: the smooth gaps are what ε bounds)
+        self.target = target if fairness else None
         self.quiet_rounds = 0  # quiet rounds in a row so far
         self.last_decrease = float("nan")  # the last round's relative decrease of F
+        self.tightenings = 0  # times the working bound was lowered
+        self.gave_up = False  # stopped with the hard gap above the target at the smallest working bound
+        self.best: dict | None = None  # the round with the smallest hard gap seen: round, hard gap, accuracy
+        self.last_hard: float | None = None  # the largest hard gap of the last round fed
+        self.converged_at: tuple[float, float] | None = None  # (working bound, hard gap) at the last tightening
 
-    def update(self, f_before: float, f_after: float, gaps: np.ndarray, lam: np.ndarray) -> bool:
-        """Feed one round; True once training should end with it."""
+    def update(self, f_before: float, f_after: float, gaps: np.ndarray, lam: np.ndarray,
+               hard: float | None = None) -> bool:
+        """Feed one round; True once training should end with it. ``hard``: the round's largest
+        hard gap, which decides, with a target, whether a converged run may end or must tighten."""
         self.last_decrease = (f_before - f_after) / (1.0 + abs(f_after))
+        self.last_hard = hard
         if self.tolerance <= 0:
             return False
         quiet = self.last_decrease <= self.tolerance and (not self.fairness or self.at_rest(gaps, lam))
         self.quiet_rounds = self.quiet_rounds + 1 if quiet else 0
-        return self.quiet_rounds >= self.window
+        if self.quiet_rounds < self.window:
+            return False
+        if self.target is None or hard is None or hard <= self.target + GAP_SLACK:
+            return True
+        return not self.tighten(hard)
+
+    def observe(self, server_round: int, hard: float, accuracy: float) -> None:
+        """Note a round's largest hard gap and training accuracy (the smallest gap is what a run
+        that cannot meet the target reports)."""
+        if self.best is None or hard < self.best["hard_gap"]:
+            self.best = {"round": server_round, "hard_gap": hard, "accuracy": accuracy}
+
+    def tighten(self, hard: float) -> bool:
+        """Lower the working bound toward where the hard gap meets the target; False (and
+        :attr:`gave_up`) when that would take it below :data:`MIN_BOUND_SHARE` of the target.
+
+        The first step scales the bound by target / hard: the hard gap is several times the
+        smooth one (COMPAS: 0.109 at a smooth 0.020), so lowering it by the excess alone would
+        overshoot below zero. Later steps take the secant through the last two converged
+        (bound, hard gap) pairs, which also fits a hard gap that does not vanish with the
+        smooth one; the proportional step stands in where the secant does not point down."""
+        bound = self.epsilon * self.target / hard
+        if self.converged_at is not None:
+            b0, h0 = self.converged_at
+            slope = (hard - h0) / (self.epsilon - b0) if self.epsilon != b0 else 0.0
+            if slope > 0:
+                bound = min(self.epsilon - (hard - self.target) / slope, self.epsilon)
+        self.converged_at = (self.epsilon, hard)
+        if bound < MIN_BOUND_SHARE * self.target:
+            self.gave_up = True
+            return False
+        self.epsilon = bound
+        self.tightenings += 1
+        self.quiet_rounds = 0
+        return True
+
+    def met(self) -> bool:
+        """Whether the last round fed meets the target (no target: always)."""
+        return self.target is None or (self.last_hard is not None and self.last_hard <= self.target + GAP_SLACK)
 
     def at_rest(self, gaps: np.ndarray, lam: np.ndarray) -> bool:
         """Every gap within ε, and a multiplier in use only where its gap is at ε."""
@@ -51,14 +114,23 @@ class StopRule:
     def describe(self) -> str:
         """The rule in words, for the log line of a run it ended."""
         fair = f" with every gap within epsilon + {GAP_SLACK:g}" if self.fairness else ""
+        if self.target is not None:
+            fair = (f" with every smooth gap within the working bound {self.epsilon:.4g} + {GAP_SLACK:g} and the "
+                    f"largest hard gap within epsilon + {GAP_SLACK:g}")
         return (f"F decreased by less than stop-tolerance={self.tolerance:g} (relative) for "
                 f"stop-window={self.window} round(s) in a row{fair}")
 
     def state_dict(self) -> dict:
         """The count of quiet rounds so far, which a checkpoint keeps: a resumed run stops where the
         uninterrupted one did."""
-        return {"quiet-rounds": self.quiet_rounds}
+        return {"quiet-rounds": self.quiet_rounds, "bound": self.epsilon, "tightenings": self.tightenings,
+                "converged-at": list(self.converged_at or ())}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the count of quiet rounds from a checkpoint (0 for one that holds none)."""
+        """Continue the count of quiet rounds and the working bound from a checkpoint (0 and the
+        run's ε for one that holds none)."""
         self.quiet_rounds = int(state.get("quiet-rounds", 0))
+        self.epsilon = float(state.get("bound", self.epsilon))
+        self.tightenings = int(state.get("tightenings", 0))
+        at = state.get("converged-at") or ()
+        self.converged_at = (float(at[0]), float(at[1])) if len(at) == 2 else None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, Callable
 
 import numpy as np
@@ -36,9 +36,9 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
-from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, group_counts
+from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, group_counts, predict
 from fairvfl_flwr.core.objective import TrainStats, train_stats
-from fairvfl_flwr.core.stopping import StopRule
+from fairvfl_flwr.core.stopping import GAP_SLACK, StopRule
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
@@ -137,7 +137,11 @@ class VFLServer:
         # The round training ends with: num-server-rounds, unless an algorithm finds itself
         # converged sooner and says so by lowering it (it then evaluates that round).
         self.last_round = config.num_server_rounds
-        self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness)
+        # a rate constraint's ε is read as fairlearn's hard difference: the stop rule tightens the
+        # smooth gaps' bound until the hard ones meet it (the loss measure, the paper's, has no hard gap)
+        hard_target = config.epsilon if config.hard_epsilon and self.groups.q.hard else None
+        self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness,
+                             target=hard_target)
         self.setup_seconds = 0.0
         self.first_round_started: float | None = None  # perf_counter when the first training round began
         self._t0 = time.perf_counter()
@@ -327,7 +331,18 @@ class VFLServer:
     def converged(self, f_before: float, z_after: np.ndarray) -> bool:
         """Feed the round just folded (F before its steps, the logits after) to the stop rule."""
         f_after = self.objective(z_after)
-        return self.stop.update(f_before, f_after, self.groups.gaps(self.labels.y_train, z_after), self.lam)
+        y = self.labels.y_train
+        hard = None
+        if self.stop.target is not None:  # the server holds y, s and z: the hard gaps cost no message
+            hard = float(np.max(np.abs(self.groups.hard_gaps(y, z_after))))
+            self.stop.observe(len(self.history), hard, float(np.mean(predict(z_after) == y)))
+        bound, tightenings = self.stop.epsilon, self.stop.tightenings
+        done = self.stop.update(f_before, f_after, self.groups.gaps(y, z_after), self.lam, hard)
+        if self.stop.tightenings > tightenings:
+            log(INFO, "[round %d] converged with the largest hard gap %.4f above epsilon %.3g: the smooth gaps' "
+                "bound goes from %.4g to %.4g; training continues from this model and lambda",
+                len(self.history), hard, self.cfg.epsilon, bound, self.stop.epsilon)
+        return done
 
     def log_stop(self, server_round: int) -> None:
         """Log why training stops and with which round it ends (one more, evaluated, round when this one was not)."""
@@ -385,7 +400,44 @@ class VFLServer:
         if self.held_rows is not None:
             return dict.fromkeys((f"train_{k}" for k in keys), None)
         hard = constrained_metrics(self.labels.y_train, self.labels.s_train, self.z("train"), self.constrained_train)
-        return {f"train_{k}": hard[k] for k in keys}
+        return {f"train_{k}": hard[k] for k in keys} | self.epsilon_outcome()
+
+    def epsilon_outcome(self) -> dict:
+        """What ε bounded and how the run got there, logged once and returned for the summary:
+        ``epsilon_bounds`` ("hard": fairlearn's difference on the training rows; "smooth": the
+        soft rates or losses the gaps compare), and with a hard target ``train_hard_gap`` (the
+        largest hard gap of the constraint), ``epsilon_met``, ``surrogate_bound`` (the smooth gaps'
+        final bound), ``tightenings``; where the target was not met, the round with the smallest
+        hard gap and the training accuracy there."""
+        if not self.cfg.fairness:
+            return {}
+        stop = self.stop
+        if stop.target is None:
+            log(INFO, "FairVFL: epsilon=%g bounds the constraint's %s gaps (train: %.4f); fairlearn's hard-prediction "
+                "differences are reported beside them", self.cfg.epsilon, self.cfg.measure,
+                self.history[-1]["max_gap"] if self.history else float("nan"))
+            return {"epsilon_bounds": "smooth"}
+        y, z = self.labels.y_train, self.z("train")
+        hard = float(np.max(np.abs(self.groups.hard_gaps(y, z))))
+        met = hard <= stop.target + GAP_SLACK
+        out = {"epsilon_bounds": "hard", "train_hard_gap": hard, "epsilon_met": met,
+               "surrogate_bound": stop.epsilon, "tightenings": stop.tightenings}
+        how = (f"{stop.tightenings} tightening(s) of the smooth gaps' bound, final bound {stop.epsilon:.4g}"
+               if stop.tightenings else f"no tightening, the smooth gaps' bound stayed {stop.epsilon:.4g}")
+        if met:
+            log(INFO, "FairVFL: epsilon=%g bounds fairlearn's hard-prediction difference of the %s gaps on the "
+                "training rows: %.4f, reached with %s", self.cfg.epsilon, self.cfg.constraint, hard, how)
+            return out
+        best = stop.best or {"round": self.history[-1]["round"] if self.history else 0, "hard_gap": hard,
+                             "accuracy": float(np.mean(predict(z) == y))}
+        why = ("the smooth gaps cannot bring it lower without giving up the predictions (a constant classifier "
+               "meets any epsilon)" if stop.gave_up else "the rounds ran out first")
+        log(WARNING, "FairVFL: epsilon=%g (fairlearn's hard-prediction difference of the %s gaps on the training "
+            "rows) NOT met: %.4f at the end, after %s; %s. The smallest hard gap reached was %.4f (round %d, "
+            "training accuracy %.2f%%)", self.cfg.epsilon, self.cfg.constraint, hard, how, why, best["hard_gap"],
+            best["round"], 100 * best["accuracy"])
+        return out | {"smallest_hard_gap": best["hard_gap"], "smallest_hard_gap_round": best["round"],
+                      "train_acc_at_smallest_hard_gap": best["accuracy"]}
 
     def fairness_groups(self) -> dict[str, dict]:
         """The groups the fairness figures are over, by their values: ``groups``, those the run

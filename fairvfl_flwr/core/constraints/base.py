@@ -391,6 +391,14 @@ class ConstraintSet:
         """D_c at scores ``z`` for every gap, in multiplier order."""
         return self.gaps_of(self.values(y, z))
 
+    def hard_gaps(self, y: np.ndarray, z: np.ndarray) -> np.ndarray | None:
+        """D_c of every gap with the hard prediction in place of the measure's smooth value: under
+        the rate measure, fairlearn's parity differences over the gaps' groups (the largest is
+        ``demographic_parity_difference`` or ``equalized_odds_difference`` in the pairwise
+        form). None for the loss measure, whose gaps have no hard counterpart."""
+        q = self.q.hard_values(y, z)
+        return None if q is None else self.gaps_of(q)
+
     # -- multipliers: dual step and projection ------------------------------------------
     def check_multipliers(self, lam: np.ndarray) -> np.ndarray:
         """``lam`` as float64, refused unless it has two multipliers per gap."""

@@ -50,6 +50,14 @@ class Measure:
         """q_i at scores z (``losses``: the rows' logistic losses, when the caller has them)."""
         raise NotImplementedError
 
+    #: Does :meth:`hard_values` give the hard prediction's values?
+    hard = False
+
+    def hard_values(self, y: np.ndarray, z: np.ndarray) -> np.ndarray | None:
+        """q_i of the hard prediction, whose gaps are what fairlearn reports; None where the
+        measure has none (a gap in mean loss is not a rate)."""
+        return None
+
     def slope(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
         """dq_i/dz_i."""
         raise NotImplementedError
@@ -110,10 +118,15 @@ class Rate(Measure):
 
     name = "rate"
     slope_bound = 0.25  # σ' <= 1/4
+    hard = True
 
     def values(self, y, z, losses=None):
         """q_i = σ(z_i), whatever the label."""
         return sigmoid(z)
+
+    def hard_values(self, y, z):
+        """1[z_i ≥ 0]: the prediction core/metrics.predict makes (z = 0 counts as positive)."""
+        return (np.asarray(z) >= 0).astype(np.float64)
 
     def slope(self, y, z):
         """σ'(z_i) = σ(z_i)(1 − σ(z_i)), at most 1/4."""
