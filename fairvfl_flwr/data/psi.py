@@ -327,41 +327,58 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
 
 # -- align once, run many: each party keeps its alignment on its own disk ---------------------
 KEPT = "alignments"  # under the party's cache dir
-KEPT_VERSION = 2
+KEPT_VERSION = 3
 
 
-def _alignment_settings(spec: PartySpec, cfg: Any) -> str:
-    """A digest of everything besides the table that decides a party's alignment and block:
-    who it is among how many parties, how its table is read and prepared, and the split."""
-    settings = {
-        "v": KEPT_VERSION, "partition": spec.partition_id, "role": spec.role, "parties": cfg.num_parties,
-        "id": spec.id_column, "columns": list(spec.columns), "markers": list(spec.missing_values),
-        "label": [spec.label_column, spec.label_positive, spec.label_negative, spec.sensitive_column, spec.group_a,
-                  spec.group_b, spec.protected_label],
-        "prep": [cfg.tables_types, cfg.tables_missing, cfg.sensitive_as_input],
-        "split": [cfg.seed, cfg.tables_train_fraction, cfg.validation_fraction],
+def _alignment_fields(spec: PartySpec, cfg: Any) -> dict[str, Any]:
+    """Everything besides the table that decides a party's alignment and block, by the name its
+    owner sets it under (a node-config or run-config key): who it is among how many parties, how
+    its table is read and prepared, and the split. A changed one is named in the log."""
+    return {
+        "node config partition-id": spec.partition_id, "node config role": spec.role, "num-parties": cfg.num_parties,
+        "node config id-column": spec.id_column, "node config columns": list(spec.columns),
+        "missing-value markers (node config missing-values, tables.missing-values)": list(spec.missing_values),
+        "node config label-column": spec.label_column, "node config label-positive": spec.label_positive,
+        "node config label-negative": spec.label_negative, "node config sensitive-column": spec.sensitive_column,
+        "node config group-a": spec.group_a, "node config group-b": spec.group_b,
+        "node config protected-columns": list(spec.protected_columns),
+        "node config real-categories": [list(pair) for pair in spec.real_categories],
+        "protected-label": spec.protected_label, "tables.types": cfg.tables_types,
+        "tables.missing": cfg.tables_missing, "sensitive-as-input": cfg.sensitive_as_input, "seed": cfg.seed,
+        "tables.train-fraction": cfg.tables_train_fraction, "validation-fraction": cfg.validation_fraction,
     }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _kept_paths(spec: PartySpec, cfg: Any) -> tuple[Path, Path, str, str]:
-    """(this table's and settings' record, the party's last-alignment note, table digest, settings digest)."""
+def _alignment_settings(fields: dict[str, Any]) -> str:
+    """A digest of a party's alignment settings (:func:`_alignment_fields`)."""
+    return hashlib.sha256(json.dumps({"v": KEPT_VERSION, **fields}, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _kept_paths(spec: PartySpec, cfg: Any) -> tuple[Path, Path, str, str, dict[str, Any]]:
+    """(this table's and settings' record, the party's last-alignment note, table digest, settings
+    digest, the settings themselves)."""
     table = known_digest(Path(spec.table_path), cache_dir(spec))  # remembered per file version: cheap
-    settings = _alignment_settings(spec, cfg)
+    fields = _alignment_fields(spec, cfg)
+    settings = _alignment_settings(fields)
     base = cache_dir(spec) / KEPT
     key = hashlib.sha256(f"{table}|{settings}".encode()).hexdigest()[:32]
-    return base / f"{key}.json", base / f"last-{spec.partition_id}-of-{cfg.num_parties}.json", table, settings
+    return base / f"{key}.json", base / f"last-{spec.partition_id}-of-{cfg.num_parties}.json", table, settings, fields
+
+
+def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The names of the alignment settings whose values differ between ``before`` and ``now``."""
+    return [name for name in now if before.get(name) != now[name]] + [name for name in before if name not in now]
 
 
 def keep_alignment(spec: PartySpec, cfg: Any, record: dict, labels: dict[str, np.ndarray] | None = None) -> None:
     """Keep this party's alignment (its digest, its block's key, its size; the label owner also
     the split and labels it sends the server) for the next run on the same table and settings."""
-    path, last, table, settings = _kept_paths(spec, cfg)
+    path, last, table, settings, fields = _kept_paths(spec, cfg)
     try:
         if labels is not None:
             write_atomically(path.with_suffix(".npz"), lambda fh: np.savez(fh, **labels))
         write_atomically(path, lambda fh: fh.write(json.dumps(record, sort_keys=True).encode()))
-        write_atomically(last, lambda fh: fh.write(json.dumps({"table": table, "settings": settings}).encode()))
+        write_atomically(last, lambda fh: fh.write(json.dumps({"table": table, "settings": settings, "fields": fields}).encode()))
     except OSError:
         pass  # a read-only cache only costs the next run an alignment
 
@@ -369,7 +386,7 @@ def keep_alignment(spec: PartySpec, cfg: Any, record: dict, labels: dict[str, np
 def kept_alignment(spec: PartySpec, cfg: Any) -> tuple[dict | None, str]:
     """This party's kept alignment of its current table and settings, or None and why not
     (words for the log: no id, no value)."""
-    path, last, table, settings = _kept_paths(spec, cfg)
+    path, last, table, _, fields = _kept_paths(spec, cfg)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -379,7 +396,14 @@ def kept_alignment(spec: PartySpec, cfg: Any) -> tuple[dict | None, str]:
             return None, "no alignment kept on its side"
         if before.get("table") != table:
             return None, "its table changed since its last alignment"
-        return None, "the run's table settings (tables.*, seed, split, its node config) changed since its last alignment"
+        # the names, not the values: these words reach the server's log, and a value may be a column's name
+        if not isinstance(before.get("fields"), dict):  # a note kept by an earlier version holds no settings
+            return None, ("the run's table settings (tables.*, seed, split, its node config) changed since its last "
+                          "alignment")
+        changed = changed_settings(before["fields"], fields)
+        if not changed:
+            return None, "its kept alignment is gone from its cache"
+        return None, f"the run's table settings changed since its last alignment: {', '.join(changed)}"
     if not aligned_files(spec, str(record.get("key", "")))[0].is_file():
         return None, "the block of its kept alignment is gone from its cache"
     if record.get("labels") and not path.with_suffix(".npz").is_file():

@@ -21,7 +21,8 @@ from __future__ import annotations
 from logging import ERROR
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -29,7 +30,7 @@ from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower import roundview
-from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.errors import REFUSALS, REFUSED, FederationError, one_paragraph
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, mark_answer_record
 
@@ -124,13 +125,17 @@ def _forget(context) -> None:
 
 
 def refusal_mod(message: Message, context, call_next) -> Message:
-    """ClientApp mod (outermost): a refusal that names the party's data (example ids or
-    values, ``DataError.local``) is logged here in full and sent without them: the server
-    receives why, never the data."""
+    """ClientApp mod (outermost but the timing log): a refusal (a bad node config, table or
+    setting, a message that does not fit; :data:`REFUSALS`) is this party's answer, not a crash.
+    It is logged here as one paragraph and answered as an error reply whose reason is that
+    paragraph; raised, Flower would log its traceback and send "<class '...'>:<'...'>". A
+    refusal that names the party's data (example ids or values, ``DataError.local``) keeps
+    them in this log only: the server receives why, never the data."""
     try:
         return call_next(message, context)
-    except DataError as exc:
-        if exc.public == str(exc):
-            raise
-        log(ERROR, "FairVFL: %s", exc)  # this party's own log keeps the examples
-        raise DataError(exc.public) from None
+    except REFUSALS as exc:
+        public = exc.public if isinstance(exc, DataError) else str(exc)
+        log(ERROR, "FairVFL: this party refused the run (%s message): %s", message.metadata.message_type,
+            one_paragraph(str(exc)))
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=REFUSED + one_paragraph(public)),
+                       reply_to=message)

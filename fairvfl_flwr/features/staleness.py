@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
-from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
+from fairvfl_flwr.flower.errors import PartyUnavailable, party_failed
 from fairvfl_flwr.flower.exchange import POLL_SECONDS, check_envelope
 from fairvfl_flwr.flower.server import VFLServer
 
@@ -106,7 +106,7 @@ class StaleRounds:
             return  # not ours, or already folded
         nid, r, _ = entry
         if reply.has_error():
-            raise FederationError(f"{self.s.who(nid)} failed: {reply.error.reason}")
+            raise party_failed(self.s.who(nid), reply.error.reason)
         check_envelope(reply, self.sent, self.s.who(nid))
         self.sent.pop(reply.metadata.reply_to_message_id, None)
         self.s.fold(reply)

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.flower import checks
-from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
+from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable, party_failed
 
 # An empty pull waits POLL_SECONDS, then half as long again after each further empty one, up to
 # POLL_MAX_SECONDS: a reply that comes within milliseconds (simulation) is picked up at once, and
@@ -88,7 +88,7 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: i
                             gone.add(nid)
                             log(WARNING, "FairVFL: %s is unavailable: %s", who(nid), reply.error.reason)
                         continue
-                    raise FederationError(f"{who(nid)} failed: {reply.error.reason}")
+                    raise party_failed(who(nid), reply.error.reason)
                 if nid in replies:
                     continue  # a late answer to an earlier try: the first one counts
                 check_envelope(reply, sent, who(nid))
