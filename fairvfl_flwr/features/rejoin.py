@@ -36,7 +36,7 @@ from fairvfl_flwr.flower.discovery import joined_nodes
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 from fairvfl_flwr.flower.hooks import Node, RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.party import ALIGNED_STATE, PartyRuntime, round_of
 from fairvfl_flwr.flower.store import load_state, restore, save_state, state_dir
 
 POLL_SECONDS = 0.5  # how often the server looks for a returning node
@@ -71,6 +71,10 @@ def rejoin(message: Message, context: Context) -> Message:
     records = load_state(state_dir(context, rt), server_round, rt.who)
     if not rt.cfg.masked:
         restore(context, records)
+    elif ALIGNED_STATE in records and ALIGNED_STATE not in context.state.config_records:
+        # a restarted party knows its rows only from its disk: which prepared block is its own moves no
+        # model, and its discovery answer needs it
+        context.state[ALIGNED_STATE] = records[ALIGNED_STATE]
     reply = party.info(message, context)
     reply.content.config_records["info"]["round"] = server_round
     return reply
