@@ -83,13 +83,15 @@ class StopRule:
         smooth one (COMPAS: 0.109 at a smooth 0.020), so lowering it by the excess alone would
         overshoot below zero. Later steps take the secant through the last two converged
         (bound, hard gap) pairs, which also fits a hard gap that does not vanish with the
-        smooth one; the proportional step stands in where the secant does not point down."""
+        smooth one; the proportional step stands in where the secant does not point down or
+        would end below the smallest bound."""
         bound = self.epsilon * self.target / hard
         if self.converged_at is not None:
             b0, h0 = self.converged_at
             slope = (hard - h0) / (self.epsilon - b0) if self.epsilon != b0 else 0.0
-            if slope > 0:
-                bound = min(self.epsilon - (hard - self.target) / slope, self.epsilon)
+            secant = self.epsilon - (hard - self.target) / slope if slope > 0 else -1.0
+            if secant >= MIN_BOUND_SHARE * self.target:  # two noisy hard gaps can make the secant too steep
+                bound = min(secant, self.epsilon)
         self.converged_at = (self.epsilon, hard)
         if bound < MIN_BOUND_SHARE * self.target:
             self.gave_up = True
