@@ -517,8 +517,6 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     the α here is the server's correction, −α to take it back or 0 to keep it), then the
     Gauss–Newton direction of its block and the images J_k d_j of it and of its last moves
     at the current θ_k (the linearisation moves with θ_k, so the moves' images are sent anew)."""
-    from fairvfl_flwr.core.gauss_newton import GaussNewton  # torch: MLP parties only
-
     data, n = rt.data, rt.n_train
     pending, moves = _memory(rt)
     applied = _applied(rt)
@@ -527,7 +525,7 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     else:
         got = _alpha(rt, message, pending, nu=n)
     party = rt.party()
-    gn = GaussNewton(party.block.model, np.asarray(data.X_train))
+    gn = party.block.gauss_newton(np.asarray(data.X_train))  # an MLP's TorchBlock: torch only here
     theta = gn.flat()
     if pending is not None:
         theta = theta + pending @ got["alpha"]
@@ -566,11 +564,9 @@ def apply(message: Message, context: Context) -> Message:
     got = _alpha(rt, message, pending)
     party = rt.party()
     if rt.cfg.model != "linear":  # every round: the step now, its move kept once the server keeps it
-        from fairvfl_flwr.core.gauss_newton import GaussNewton
-
         if pending is not None:
             applied = _applied(rt)
-            gn = GaussNewton(party.block.model, np.asarray(rt.data.X_train))
+            gn = party.block.gauss_newton(np.asarray(rt.data.X_train))
             gn.set_flat(gn.flat() + pending @ (got["alpha"] - (0.0 if applied is None else applied)))
             rt.save(party)
             _remember(rt, pending, moves, got["alpha"])
