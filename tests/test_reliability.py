@@ -236,11 +236,13 @@ def test_lost_reply_is_resent_and_not_applied_twice(tmp_path, uninterrupted):
         assert summary[key] == uninterrupted[0][key], key  # the party answered the re-send from its cache
 
 
-@pytest.mark.parametrize("optimizer", ["newton", "gd"])
-def test_a_masked_run_that_stops_resumes_to_the_uninterrupted_model_bit_for_bit(tmp_path, caplog, optimizer):
+@pytest.mark.parametrize("optimizer, model", [("newton", "linear"), ("gd", "linear"),
+                                              pytest.param("newton", "mlp", marks=pytest.mark.slow)])
+def test_a_masked_run_that_stops_resumes_to_the_uninterrupted_model_bit_for_bit(tmp_path, caplog, optimizer, model):
     """Under secure aggregation (and block Newton, whose parties continue from their directions and
-    last moves): every party restores the checkpoint's round at the resumed run's signed set-up."""
-    extra = {"privacy.secure-aggregation": True, "optimizer": optimizer}
+    last moves; Gauss-Newton blocks, whose round ends with its move): every party restores the
+    checkpoint's round at the resumed run's signed set-up."""
+    extra = {"privacy.secure-aggregation": True, "optimizer": optimizer, "model": model}
     full_rc = _rc(tmp_path / "full", **{**extra, "reliability.checkpoint-every": 0})
     full, full_folder = run_server(_grid(full_rc), full_rc)
     rc = _rc(tmp_path, **extra)

@@ -209,7 +209,7 @@ class NewtonVFL(VFLServer):
         self.take(got, du, alpha)
         f_predicted = self.objective()
         gaps_predicted = self.groups.gaps(y, self.z("train"))
-        self.apply_step(server_round, self.evaluates(server_round))
+        self.apply_step(server_round, self.evaluates(server_round), final=False)
         f_after = self.objective()
         scale = 1.0 + abs(f_before)
         predicted, achieved = f_before - f_predicted, f_before - f_after
@@ -285,12 +285,14 @@ class NewtonVFL(VFLServer):
         self.apply_step(server_round, True)
         self.alpha = {}
 
-    def apply_step(self, server_round: int, evaluate: bool) -> None:
+    def apply_step(self, server_round: int, evaluate: bool, final: bool = True) -> None:
         """The parties take the step lengths ``self.alpha``; their replies (partial logits, test ones
-        when ``evaluate``) become the server's logits."""
+        when ``evaluate``) become the server's logits. ``final``: after the last round (no run
+        continues from it); else a round's own move, which the parties' stored round state holds."""
+        kind = msgs.NEWTON_APPLY if final else msgs.NEWTON_MOVE
         messages = [
             Message(msgs.newton_content(server_round, evaluate, self.alpha.get(nid, np.zeros(0)), self.wire_dtype),
-                    dst_node_id=nid, message_type=msgs.NEWTON_APPLY, group_id=f"{server_round}-apply")
+                    dst_node_id=nid, message_type=kind, group_id=f"{server_round}-apply")
             for nid in self.nodes
         ]
         timeout = self.cfg.round_timeout
@@ -581,8 +583,8 @@ def apply(message: Message, context: Context) -> Message:
 mark_round_state(NEWTON_STATE)  # a restarted party continues from its directions and last moves
 
 
-#: The Newton party handlers: part of the training job (app/training.py). Not step types of the
-#: guard (flower.party.mark_step_type): a re-sent message is answered with the kept reply,
+#: The Newton party handlers: part of the training job (app/training.py). Their kinds are round
+#: and final, not step (flower/protocol.py): a re-sent message is answered with the kept reply,
 #: never by applying α twice.
 HANDLERS = {msgs.NEWTON_INIT: init, msgs.NEWTON_ACTIVE: train_active, msgs.NEWTON_PASSIVE: train_passive,
-            msgs.NEWTON_APPLY: apply}
+            msgs.NEWTON_APPLY: apply, msgs.NEWTON_MOVE: apply}

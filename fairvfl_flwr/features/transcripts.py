@@ -178,7 +178,7 @@ def transcript_mod(message: Message, context, call_next) -> Message:
         arrays["nu"] = payload["nu"].numpy()
     if mtype in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE):
         arrays["alpha"] = payload["alpha"].numpy()
-    elif mtype == msgs.NEWTON_APPLY:
+    elif mtype in (msgs.NEWTON_APPLY, msgs.NEWTON_MOVE):
         arrays["alpha-last"] = payload["alpha"].numpy()
     view = context.state.config_records.get(VIEW_STATE)
     if view is not None and int(view["round"]) == server_round:  # secure aggregation: the history head the masks are bound to (a coalition peels with it)
@@ -189,8 +189,8 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     directions = reply.content.array_records.get(msgs.DIRECTIONS)
     if directions is not None:
         arrays["own-dir"] = directions["dir"].numpy()
-    # CKKS second leg: keep the first leg's ν; the Newton apply message: keep the last round's view
-    merge = msgs.second_leg(mtype, payload) or mtype == msgs.NEWTON_APPLY
+    # CKKS second leg: keep the first leg's ν; a Newton apply or move: keep what the round's first message left
+    merge = msgs.second_leg(mtype, payload) or mtype in (msgs.NEWTON_APPLY, msgs.NEWTON_MOVE)
     for folder in folders if arrays else ():
         path = role_dir(folder, rt.data.partition_id) / f"r{server_round:06d}.npz"
         kept = {}

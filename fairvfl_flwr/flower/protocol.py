@@ -101,6 +101,9 @@ NEWTON_ACTIVE = declare("train.newton_active", Kind.ROUND)
 NEWTON_PASSIVE = declare("train.newton_passive", Kind.ROUND)
 # after the last round: apply the last step lengths, reply the logits
 NEWTON_APPLY = declare("train.newton_apply", Kind.FINAL)
+# Gauss-Newton blocks (MLP parties): every round's step lengths, applied within the round; the
+# round's state is after it, so a rejoin or resume continues from there
+NEWTON_MOVE = declare("train.newton_move", Kind.ROUND)
 # after the last round: each party saves its block on its own disk, replies its digest
 SAVE = declare("query.save", Kind.QUERY)
 # scoring job: which block and how many rows to score (digests only)
