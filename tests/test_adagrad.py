@@ -170,16 +170,18 @@ def test_each_adagrad_refusal_names_the_key_and_why_and_auto_falls_back(field):
         assert RunConfig(optimizer="auto", **base, **{field: ON[field]}).optimizer_in_use in ("gd", "newton")
 
 
-def test_auto_picks_newton_for_an_mlp_and_adagrad_where_newton_is_refused():
+def test_auto_picks_adagrad_for_an_mlp_and_says_why():
+    """Gauss-Newton blocks are opt-in (optimizer='newton'): auto keeps the measured steps for MLPs."""
     cfg = RunConfig(optimizer="auto", model="mlp")
-    assert cfg.optimizer_in_use == "newton"  # Gauss-Newton blocks (docs/newton.md), every constraint
-    assert "Gauss-Newton blocks" in resolve_optimizer(cfg).reason
-    assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds").optimizer_in_use == "newton"
-    assert RunConfig(optimizer="auto", model="mlp", checkpoint_every=5).optimizer_in_use == "newton"
+    assert cfg.optimizer_in_use == "adagrad"
+    assert "AdaGrad" in resolve_optimizer(cfg).reason and "optimizer='newton'" in resolve_optimizer(cfg).reason
+    assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="auto", model="mlp", checkpoint_every=5).optimizer_in_use == "adagrad"
     batched = RunConfig(optimizer="auto", model="mlp", batch_size=256)  # mini-batches: Newton refused
     assert batched.optimizer_in_use == "adagrad"
-    assert "AdaGrad" in resolve_optimizer(batched).reason and "batching.batch-size=256" in resolve_optimizer(batched).reason
-    assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds", batch_size=256).optimizer_in_use == "gd"
+    assert "batching.batch-size=256" in resolve_optimizer(batched).reason
+    assert RunConfig(optimizer="newton", model="mlp").optimizer_in_use == "newton"
+    assert "Gauss-Newton blocks" in resolve_optimizer(RunConfig(optimizer="newton", model="mlp")).reason
     fallback = RunConfig(optimizer="auto", batch_size=256)  # linear: neither Newton nor AdaGrad
     assert fallback.optimizer_in_use == "gd"
     assert resolve_optimizer(fallback).reason == ("gradient descent: block Newton does not run with batching.batch-size=256, "

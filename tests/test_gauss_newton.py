@@ -70,13 +70,13 @@ def test_an_mlp_under_newton_never_raises_f_from_one_kept_step_to_the_next(tmp_p
     assert summary["test_acc"] > 0.8
 
 
-def test_an_mlp_under_auto_pulls_a_parity_gap_toward_epsilon_with_gauss_newton_blocks(tmp_path):
+def test_an_mlp_under_newton_pulls_a_parity_gap_toward_epsilon_with_gauss_newton_blocks(tmp_path):
     """COMPAS equalized odds starts at a gap of 0.024; the constrained search on the linearised
     logits pulls it to within 2ε and keeps it there. (Within ε + 0.002 every round it is not
     yet: each true step moves the gaps off their linearisation by a few thousandths; and the
     cap's last round keeps its step unchecked, since the parties already hold it.)"""
     summary, folder = run_inprocess({"dataset": "compas", "model": "mlp", "constraint": "equalized-odds",
-                                     "num-server-rounds": 15, "eval-every": 5, "stop-tolerance": 0.0,
+                                     "optimizer": "newton", "num-server-rounds": 15, "eval-every": 5, "stop-tolerance": 0.0,
                                      "output-dir": str(tmp_path)}, quiet=True)
     history = _history(folder)
     assert history[0]["max_gap"] > 0.02
