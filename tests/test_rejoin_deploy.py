@@ -54,8 +54,9 @@ def _restart(fed: LocalFederation, k: int, node: dict, attempt: int) -> None:
                env={**fed.env, "FLWR_HOME": str(fed.home / f"node{k}-again{attempt}")})
 
 
-def test_a_passive_party_and_the_label_owner_restart_mid_training_and_the_run_ends_undisturbed(tmp_path):
-    started = time.monotonic()
+def own_federation(tmp_path: Path) -> tuple[Path, list[dict], dict]:
+    """Four organisations' own tables (Adult, each with its own id column name), each party's node
+    config with its identity key and its own state folder, and the federation's environment."""
     tables = tmp_path / "tables"
     tables.mkdir()
     write_own_tables(adult_raw(), tables)
@@ -66,6 +67,12 @@ def test_a_passive_party_and_the_label_owner_restart_mid_training_and_the_run_en
         pd.read_csv(tables / f"party{k}.csv").rename(columns={ID: id_name}).to_csv(path, index=False)
         nodes.append(own_node(k, path, id_name, **{"state-dir": str(tmp_path / f"disk{k}")}, **identities[k]))
     env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    return tables, nodes, env
+
+
+def test_a_passive_party_and_the_label_owner_restart_mid_training_and_the_run_ends_undisturbed(tmp_path):
+    started = time.monotonic()
+    tables, nodes, env = own_federation(tmp_path)
     out = tmp_path / "dep"
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
         run_id = fed.submit({**BASE, **RUN, "tables.own": True, "output-dir": str(out)})

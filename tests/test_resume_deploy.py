@@ -16,15 +16,14 @@ import signal
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.features import secagg
 from fairvfl_flwr.features.checkpoint import SERVER_FILE, load_server
 from fairvfl_flwr.tools.localfed import LocalFederation
 
-from .test_align import BASE, ID, adult_raw, own_config, own_node, write_own_tables
+from .test_align import BASE, own_config
+from .test_rejoin_deploy import own_federation
 
 # A deployed run, a crash and a second deployed run: minutes on a 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.deploy_long]
@@ -35,7 +34,6 @@ KILL_AFTER = 2  # the server's checkpoint round when its process is killed
 RUN = {"num-server-rounds": ROUNDS, "eval-every": ROUNDS, "optimizer": "newton", "stop-tolerance": 0.0,
        "privacy.secure-aggregation": True, "reliability.round-timeout": 90.0, "reliability.checkpoint-every": 1}
 KEYS = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn", "rounds")
-ID_NAMES = ["customer", "client_no", "kundennummer", "policy holder"]
 
 
 def _checkpoint_round(out: Path) -> int:
@@ -75,16 +73,7 @@ def _serverapps(superlink_pid: int) -> list[int]:
 
 def test_the_serverapp_dies_mid_training_and_the_resumed_run_ends_as_an_undisturbed_one(tmp_path):
     started = time.monotonic()
-    tables = tmp_path / "tables"
-    tables.mkdir()
-    write_own_tables(adult_raw(), tables)
-    identities = secagg.generate_identities(tmp_path / "identities", len(ID_NAMES))
-    nodes = []
-    for k, id_name in enumerate(ID_NAMES):
-        path = tmp_path / f"own{k}.csv"
-        pd.read_csv(tables / f"party{k}.csv").rename(columns={ID: id_name}).to_csv(path, index=False)
-        nodes.append(own_node(k, path, id_name, **{"state-dir": str(tmp_path / f"disk{k}")}, **identities[k]))
-    env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05", "FAIRVFL_CACHE_DIR": str(tmp_path / "party-cache")}
+    tables, nodes, env = own_federation(tmp_path)
     out = tmp_path / "dep"
     run_config = {**BASE, **RUN, "tables.own": True, "output-dir": str(out)}
     with LocalFederation(tmp_path / "fed", nodes, env=env) as fed:
