@@ -42,12 +42,14 @@ label once, or again for the bit-identical vector. A server relabelling a later 
 earlier one (where θ = 0 made a reply its bare mask) is refused; a re-sent request gets its
 identical masked reply. A scoring chunk's round is its first row.
 
-Sessions: after a party dropped out and came back (features/rejoin.py) every party joins a
-fresh session: a new key pair and pair keys, so its nonces start afresh, and the old
-session's view awaiting confirmation ends with it (its confirmations were under keys that
-are gone; masks of differing views never cancel, so nothing was revealed). A party keeps
-every session it has joined in this run (on its own disk too) and refuses one it has
-already left: a replayed set-up never brings back old keys.
+Sessions: a fresh session is a new key pair and pair keys, so nonces start afresh; the old
+session's view awaiting confirmation ends with it, and what stands for it is the round and
+history head every party signs into the set-up (flower/history.py): a party refuses a
+session any peer entered at another round or head, so a session never moves one party
+alone. A rollback (a rejoin's fresh session, a resumed run's first) is a set-up in which
+every party signs the round and head it stored, and restores only once all signed the same.
+A party keeps every session it has joined in this run (on its own disk too) and refuses one
+it has already left: a replayed set-up never brings back old keys.
 
 Every reply's logits (training and test, round 0 included) are encoded in fixed point,
 q = round(u · 2^48) as 64-bit words, and party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji

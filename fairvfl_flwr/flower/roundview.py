@@ -14,10 +14,11 @@ alike from what they can check:
   every record's wire bytes except the view's own records: every value it acts on) and
   refuses the message unless the view lists exactly that digest for its part. The other
   parts' digests it takes from the view;
-* view = SHA-256(session ‖ round ‖ every part name and digest); the pair key of the round is
-  SHA-256(k_ij ‖ view) (:func:`bound_key`). Parties that were sent different parts hold
+* view = SHA-256(session ‖ round ‖ every part name and digest); the party's history head
+  links the view's parts to every exchange before them (flower/history.py), and the pair key
+  of the round is SHA-256(k_ij ‖ head) (:func:`bound_key`). Parties that were sent different parts hold
   different views, their masks do not cancel, and the server decodes noise;
-* each masked reply carries, for every peer j, HMAC(k_ij, sender ‖ view) (a
+* each masked reply carries, for every peer j, HMAC(k_ij, sender ‖ head) (a
   *confirmation*); the server relays them with the next message. A party that masked a
   reply refuses any later message (but the identical re-send) unless every peer's
   confirmation of the same view comes with it, naming the peer whose view differed. The
