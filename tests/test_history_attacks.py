@@ -15,6 +15,7 @@ from flwr.app import Message, RecordDict
 
 from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower.party import MODEL_STATE
 from fairvfl_flwr.tools import malicious
 from fairvfl_flwr.tools.malicious import HandServer, replay_round, replayed
@@ -161,3 +162,55 @@ def test_a_rejoin_between_a_round_and_its_identical_resend_gives_no_second_step(
     got = malicious.rejoin_resend(rc, tmp_path, target=TARGET, probes=3, stop_at=STOP, identities=ids)
     assert got.gram_error >= 0.99, got.summary(TARGET)
     assert got.repeated == got.decoded  # each re-send decoded to the sum of the exchange it repeated
+
+
+def test_a_replayed_rollback_relay_moves_no_party_a_second_time(federation):
+    """A signed rollback, the round after it, then the rollback's own relay once more: a party
+    restores only at the first relay of its session, so the replay moves nothing and the round
+    with other content is still refused."""
+    grid, server = federation
+    nodes = grid.node_ids
+    parties = [(nid, server.pid(nid), f"party {server.pid(nid)}") for nid in nodes]
+    session = secagg.new_session()
+    asks = [Message(RecordDict({"secagg": secagg.key_request(session, LAST - 1)}), dst_node_id=nid,
+                    message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
+    signed = secagg.signed_keys(parties, server.send(asks), session)
+    secagg.relay_keys(parties, signed, server.send)
+    assert not server.refusals
+    server.views = roundview.ServerViews(session)
+    again = server.exchange([replayed(grid.honest(LAST, nid)) for nid in nodes])
+    np.testing.assert_array_equal(server.decode(again), grid.honest_sum(LAST))  # the one move, then round 3
+    after = _theta(grid, TARGET)
+    secagg.relay_keys(parties, signed, server.send)  # the rollback's relay, replayed
+    assert _same(_theta(grid, TARGET), after)
+    replies = replay_round(server, grid, LAST, _probe(grid))
+    assert server.decode(replies) is None and set(_refusals(server, replies)) == _passive(grid)
+
+
+@pytest.mark.slow  # Gauss-Newton MLP rounds on the real ClientApps
+def test_a_newton_move_resent_with_other_step_lengths_or_to_one_party_decodes_nothing(tmp_path):
+    """Gauss-Newton's per-round move (train.newton_move): byte for byte to every party it gives
+    the sum the honest round gave; with other step lengths to the target it is refused; to the
+    target alone its masks cannot cancel."""
+    rc = {**malicious._config("compas", 10, str(tmp_path / "runs"), optimizer="newton"), "model": "mlp"}
+    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    grid = malicious.take_over(rc, STOP, tmp_path, ids)
+    server = HandServer(grid)
+    group = f"{LAST}-apply"
+
+    def move(nid):
+        return next(m for m in grid.sent if m.metadata.dst_node_id == nid and m.metadata.group_id == group
+                    and m.metadata.message_type == msgs.NEWTON_MOVE)
+
+    assert server.session()
+    same = server.exchange([replayed(move(nid)) for nid in grid.node_ids])
+    np.testing.assert_array_equal(server.decode(same), grid.honest_sum(group))
+    target = grid.node_ids[TARGET]
+    alpha = move(target).content.array_records[msgs.PAYLOAD]["alpha"].numpy()
+    changed = [replayed(move(nid), alpha=alpha * 2.0) if nid == target else replayed(move(nid))
+               for nid in grid.node_ids]
+    replies = server.exchange(changed)
+    assert server.decode(replies) is None
+    assert "differs from the train.newton_move" in _refusals(server, replies)[TARGET]
+    alone = server.exchange([replayed(move(target))])
+    assert server.decode(alone) is None  # one party's words: the pair masks do not cancel
