@@ -359,3 +359,23 @@ def test_it_finds_a_resend_recognised_by_type_and_round_only(started, monkeypatc
     found = settings(RUNS, phases=[Phase.generate])
     with pytest.raises(Violation, match="a sum decoded over parties whose histories differ"):
         run_state_machine_as_test(machine(started), settings=found)
+
+
+def test_it_finds_a_session_unbound_to_the_history(started, monkeypatch):
+    """The other weakness of old: a fresh session that starts the party's state afresh (its
+    history, as the round counter and pending view once were) and a set-up that checks no
+    peer's round and head, so a rollback asked of one party moves it alone. Planted, the
+    machine finds a sum decoded over parties whose histories differ."""
+    signed_key = secagg.signed_key
+
+    def unbound(asked, context):
+        held = context.state.config_records.get(secagg.SESSION_STATE)
+        if held is None or held["session"] != str(asked["session"]):
+            context.state.config_records.pop(history.STATE, None)
+        return signed_key(asked, context)
+
+    monkeypatch.setattr(secagg, "signed_key", unbound)
+    monkeypatch.setattr(secagg, "check_histories", lambda *args: None)
+    found = settings(RUNS, phases=[Phase.generate])
+    with pytest.raises(Violation, match="a sum decoded over parties whose histories differ"):
+        run_state_machine_as_test(machine(started), settings=found)
