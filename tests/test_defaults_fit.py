@@ -3,14 +3,11 @@ config layer refuses reaches the user as one paragraph, before any message is se
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-from logging import ERROR
 
 import numpy as np
 import pytest
-from flwr.supercore import log
 
 import fairvfl_flwr.app.server  # noqa: F401  (installs the refusal filter, as the ServerApp's process does)
 from fairvfl_flwr.app.client import app as client_app
@@ -21,6 +18,8 @@ from fairvfl_flwr.config.run import BY_FIELD
 from fairvfl_flwr.config.sections import REFUSED
 from fairvfl_flwr.data.tables import DATASETS, load_dataset
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+from .test_refusals import flower_log
 
 KINDS = ("deo", "demographic-parity", "equalized-odds")
 #: Adult's tables (48,842 rows, up to ten groups) take most of the minutes; the fast loop runs the rest.
@@ -54,22 +53,6 @@ def test_every_packaged_table_runs_under_the_defaults_with_six_parties(dataset, 
         assert not fitted and columns[0] == ds.default_active_columns
 
 
-def _flower_log(exc: BaseException) -> str:
-    """What Flower's ServerApp runner logs when the ServerApp raises ``exc``."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    logger = logging.getLogger("flwr")
-    logger.addHandler(handler)
-    try:
-        try:
-            raise exc
-        except Exception as ex:  # noqa: BLE001
-            log(ERROR, "%s raised an exception", "ServerApp", exc_info=ex)
-    finally:
-        logger.removeHandler(handler)
-    return stream.getvalue()
-
-
 class CountingGrid(InProcessGrid):
     """The in-process grid, counting what the server sends."""
 
@@ -90,7 +73,7 @@ def _refused(run_config: dict, tmp_path, *names: str) -> str:
     assert grid.sent == 0
     exc = info.value
     assert is_refusal(exc)
-    text = _flower_log(exc)
+    text = flower_log(exc)
     assert "Traceback" not in text and text.count("\n") == 1, text
     assert text.startswith("FairVFL refused the run: run config ")
     for name in names:

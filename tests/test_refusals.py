@@ -14,8 +14,9 @@ from fairvfl_flwr.app.refusals import RefusalFilter
 from fairvfl_flwr.flower.errors import FederationError
 
 
-def _flower_log(exc: BaseException) -> str:
-    """What Flower's ServerApp runner logs when main raises ``exc`` (superlink/runtime/run_serverapp.py)."""
+def flower_log(exc: BaseException, *then: str) -> str:
+    """What Flower's ServerApp runner logs when main raises ``exc`` (superlink/runtime/run_serverapp.py),
+    and ``then`` the lines it logs after (the exit banner)."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     logger = logging.getLogger("flwr")
@@ -25,6 +26,8 @@ def _flower_log(exc: BaseException) -> str:
             raise exc
         except Exception as ex:  # noqa: BLE001
             log(ERROR, "%s raised an exception", "ServerApp", exc_info=ex)
+        for line in then:
+            log(ERROR, line)
     finally:
         logger.removeHandler(handler)
     return stream.getvalue()
@@ -32,14 +35,14 @@ def _flower_log(exc: BaseException) -> str:
 
 def test_a_refusal_is_one_paragraph_without_a_traceback():
     assert any(isinstance(f, RefusalFilter) for f in logging.getLogger("flwr").filters)
-    text = _flower_log(FederationError("party 2: 3 problems in its own table; fix them"))
+    text = flower_log(FederationError("party 2: 3 problems in its own table; fix them"))
     assert "Traceback" not in text and "raised an exception" not in text
     assert text.count("\n") == 1 and text.startswith("FairVFL refused the run: party 2: 3 problems")
     assert "status is failed" in text
 
 
 def test_a_bug_keeps_its_traceback():
-    text = _flower_log(KeyError("a bug"))
+    text = flower_log(KeyError("a bug"))
     assert "Traceback" in text and "ServerApp raised an exception" in text
 
 
@@ -50,19 +53,7 @@ def test_the_exit_banner_after_a_refusal_is_dropped_and_a_bugs_is_kept():
     banner = f"Exit Code: {ExitCode.SERVERAPP_EXCEPTION}\n{EXIT_CODE_HELP[ExitCode.SERVERAPP_EXCEPTION]}"
 
     def logged(exc):
-        stream = io.StringIO()
-        handler = logging.StreamHandler(stream)
-        logger = logging.getLogger("flwr")
-        logger.addHandler(handler)
-        try:
-            try:
-                raise exc
-            except Exception as ex:  # noqa: BLE001
-                log(ERROR, "%s raised an exception", "ServerApp", exc_info=ex)
-            log(ERROR, banner)  # as flwr_exit logs it
-        finally:
-            logger.removeHandler(handler)
-        return stream.getvalue()
+        return flower_log(exc, banner)  # as flwr_exit logs it
 
     refused = logged(FederationError("party 2: its table has no id column 'client_no'"))
     assert "Exit Code" not in refused and "unhandled exception" not in refused
@@ -75,7 +66,7 @@ def test_a_party_that_dropped_out_is_called_a_drop_out():
     from fairvfl_flwr.app.refusals import paragraph
     from fairvfl_flwr.flower.errors import PartyUnavailable
 
-    text = _flower_log(PartyUnavailable("party 3 (passive, node 17) left the federation or is reported unavailable "
+    text = flower_log(PartyUnavailable("party 3 (passive, node 17) left the federation or is reported unavailable "
                                         "by Flower; no reply after 3 tries", frozenset({17})))
     assert "refused" not in text and "Traceback" not in text
     assert text.startswith("FairVFL stopped the run: a party dropped out: party 3 (passive, node 17) left")
