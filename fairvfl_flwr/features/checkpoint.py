@@ -32,6 +32,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from fairvfl_flwr.data.partydata import write_atomically
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -54,15 +55,6 @@ def labels_fingerprint(labels: Any) -> str:
     return h.hexdigest()
 
 
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 # -- server ---------------------------------------------------------------------------
 def save_server(folder: Path, meta: dict, state: dict) -> Path:
     """``meta``: JSON-able (round, config, fingerprint, ...); ``state``: the server's ``state_dict``,
@@ -70,7 +62,12 @@ def save_server(folder: Path, meta: dict, state: dict) -> Path:
     The server's own file in its own run folder; only its operator's resume-from reads it back."""
     blob = np.frombuffer(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     path = Path(folder) / SERVER_FILE
-    _atomic(path, lambda fh: np.savez(fh, meta=np.array(json.dumps(meta)), state=blob))
+    def write(fh) -> None:
+        np.savez(fh, meta=np.array(json.dumps(meta)), state=blob)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+    write_atomically(path, write)
     return path
 
 
