@@ -36,6 +36,7 @@ within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c−)``; the multiplier v
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -50,21 +51,63 @@ FORMS = ("pairwise", "overall")
 
 @dataclass(frozen=True)
 class Gap:
-    """One gap: rows of ``in_a`` against rows of ``in_b`` (the masks may overlap)."""
+    """One gap: rows of ``in_a`` against rows of ``in_b`` (the masks may overlap).
+
+    Groups known only through a noisy release (:class:`SensitiveGroups` with ``weights``) give
+    each side a soft membership: ``weight_a[i]`` is row i's weight in side a (it may be
+    negative), and a side's mean is the weighted mean ``Σ w_i q_i / Σ w_i``; the masks then
+    hold every row whose weight is not 0. None: the exact case, weight 1 on the mask.
+    """
 
     name: str
     in_a: np.ndarray
     in_b: np.ndarray
+    weight_a: np.ndarray | None = None
+    weight_b: np.ndarray | None = None
 
     @property
-    def size_a(self) -> int:
-        """Rows on the gap's first side (its mean is compared with side b's)."""
-        return int(self.in_a.sum())
+    def size_a(self) -> int | float:
+        """Rows on the gap's first side (its mean is compared with side b's); soft: their estimated count."""
+        return int(self.in_a.sum()) if self.weight_a is None else float(self.weight_a.sum())
 
     @property
-    def size_b(self) -> int:
-        """Rows on the gap's second side."""
-        return int(self.in_b.sum())
+    def size_b(self) -> int | float:
+        """Rows on the gap's second side; soft: their estimated count."""
+        return int(self.in_b.sum()) if self.weight_b is None else float(self.weight_b.sum())
+
+    def value(self, q: np.ndarray) -> float:
+        """D = mean q over side a − mean q over side b."""
+        return _side_mean(q, self.in_a, self.weight_a) - _side_mean(q, self.in_b, self.weight_b)
+
+    def add_to(self, w: np.ndarray, d: float) -> None:
+        """w += d ∂D/∂q, in place: d/|A| on side a's rows, −d/|B| on side b's (soft: scaled by each row's weight)."""
+        for mask, weight, size, sign in ((self.in_a, self.weight_a, self.size_a, 1.0),
+                                         (self.in_b, self.weight_b, self.size_b, -1.0)):
+            if weight is None:
+                if sign > 0:
+                    w[mask] += d / size
+                else:
+                    w[mask] -= d / size
+            else:
+                w += (sign * d / size) * weight
+
+    def rows_on(self) -> np.ndarray:
+        """Per row, how many of this gap's terms it enters (exact: its sides; soft: 1 where it enters the gap)."""
+        if self.weight_a is None and self.weight_b is None:
+            return self.in_a.astype(np.int64) + self.in_b
+        return (self.in_a | self.in_b).astype(np.int64)
+
+    def restrict(self, rows: np.ndarray) -> "Gap":
+        """The same gap on the rows ``rows``."""
+        return Gap(self.name, self.in_a[rows], self.in_b[rows],
+                   None if self.weight_a is None else self.weight_a[rows],
+                   None if self.weight_b is None else self.weight_b[rows])
+
+
+def _side_mean(q: np.ndarray, mask: np.ndarray, weight: np.ndarray | None) -> float:
+    if weight is None:
+        return q[mask].mean()
+    return float(weight @ q) / float(weight.sum())
 
 
 @dataclass(frozen=True)
@@ -73,38 +116,71 @@ class SensitiveGroups:
 
     A boolean column is the two-group case of the paper: True is group a (index 0),
     False group b (index 1).
+
+    ``weights`` (m × G): the groups are known only through a noisy release (a group
+    registry's randomized response, core/constraints/release.py): ``codes[i]`` is row i's
+    released value 0..m-1 and ``weights[codes[i], g]`` its membership weight in group g, chosen
+    so that a weighted sum over the rows estimates the sum over group g's true rows without
+    bias. None: the codes are the groups (weight 1 in its own group, 0 elsewhere).
     """
 
     codes: np.ndarray
     names: tuple[str, ...]
+    weights: np.ndarray | None = None
 
     @classmethod
-    def of(cls, s: np.ndarray, names: tuple[str, ...] | None = None) -> "SensitiveGroups":
+    def of(cls, s: np.ndarray, names: tuple[str, ...] | None = None,
+           weights: np.ndarray | None = None) -> "SensitiveGroups":
         """The groups of a sensitive column: a boolean column is the paper's two groups (True is a), an
-        integer column holds group codes 0..k-1."""
+        integer column holds group codes 0..k-1 (with ``weights``: released values, see the class)."""
+        if isinstance(s, SensitiveGroups):
+            return s
         s = np.asarray(s)
         names = None if names is None else tuple(map(str, names))  # a table's values may be numpy strings
         if s.dtype == bool:
-            return cls(np.where(s, 0, 1), names or ("a", "b"))
+            return cls(np.where(s, 0, 1), names or ("a", "b"), weights)
         codes = s.astype(np.int64)
-        count = int(codes.max()) + 1 if len(codes) else 0
-        return cls(codes, names or tuple(str(k) for k in range(count)))
+        count = weights.shape[1] if weights is not None else int(codes.max()) + 1 if len(codes) else 0
+        return cls(codes, names or tuple(str(k) for k in range(count)), weights)
 
     def __len__(self) -> int:
         return len(self.names)
 
+    @property
+    def exact(self) -> bool:
+        """Whether each row's group is known (not only a noisy release of it)."""
+        return self.weights is None
+
     def mask(self, k: int) -> np.ndarray:
-        """The rows of group ``k``."""
-        return self.codes == k
+        """The rows of group ``k`` (from a noisy release: every row with a weight in it)."""
+        return self.codes == k if self.weights is None else self.weights[self.codes, k] != 0
+
+    def weight(self, k: int) -> np.ndarray:
+        """Each row's membership weight in group ``k`` (exact: 1 in its group, else 0)."""
+        return self.mask(k).astype(np.float64) if self.weights is None else self.weights[self.codes, k]
+
+    def count(self, rows: np.ndarray, k: int) -> int:
+        """Group ``k``'s rows among ``rows`` (from a noisy release: the estimate, rounded)."""
+        if self.weights is None:
+            return int((rows & self.mask(k)).sum())
+        return int(round(float(self.weight(k)[rows].sum())))
+
+    def take(self, rows: np.ndarray) -> "SensitiveGroups":
+        """The groups of the rows ``rows``."""
+        return dataclasses.replace(self, codes=self.codes[rows])
 
     def pooled(self, small: list[int]) -> "SensitiveGroups":
         """The groups with those in ``small`` merged into one (placed last), named after its
-        members joined by " + " ('Female & Amer-Indian-Eskimo + Female & Other')."""
+        members joined by " + " ('Female & Amer-Indian-Eskimo + Female & Other'); from a noisy
+        release, the merged group's weights are the sum of its members'."""
         keep = [k for k in range(len(self.names)) if k not in small]
+        names = (*(self.names[k] for k in keep), " + ".join(self.names[k] for k in small))
+        if self.weights is not None:
+            merged = np.column_stack([self.weights[:, keep], self.weights[:, small].sum(axis=1)])
+            return SensitiveGroups(self.codes, names, merged)
         new = np.empty(len(self.names), dtype=np.int64)
         new[keep] = np.arange(len(keep))
         new[small] = len(keep)
-        names = (*(self.names[k] for k in keep), " + ".join(self.names[k] for k in small))
         return SensitiveGroups(new[self.codes], names)
 
 
@@ -215,8 +291,8 @@ class ConstraintSet:
     @classmethod
     def build(cls, y: np.ndarray, s: np.ndarray, protected_label: int, measure: str = "loss", *,
               form: str = "pairwise", names: tuple[str, ...] | None = None, min_group_size: int = 1,
-              pool_small_groups: bool = False, whole: tuple[np.ndarray, np.ndarray] | None = None
-              ) -> "ConstraintSet":
+              pool_small_groups: bool = False, whole: tuple[np.ndarray, np.ndarray] | None = None,
+              weights: np.ndarray | None = None) -> "ConstraintSet":
         """The constraint on rows with labels ``y`` and groups ``s`` (bool: a/b, or int codes
         into ``names``). A group with fewer than ``min_group_size`` rows in a subset is refused
         (:class:`GroupSizeError`), or with ``pool_small_groups`` merged with the other small ones.
@@ -224,21 +300,25 @@ class ConstraintSet:
         ``whole``: (labels, groups) of every row of the table (training and test), coded as
         ``s``. Which groups are small, and which are pooled, is decided on those counts, so a
         run's groups do not depend on the seed's split; default: the rows given.
+
+        ``weights``: ``s`` (and ``whole``'s groups) are a noisy release of the groups, with these
+        membership weights (:class:`SensitiveGroups`): every gap compares the weighted means,
+        which estimate the true groups' means.
         """
         y = np.asarray(y)
-        groups = SensitiveGroups.of(s, names)
+        groups = SensitiveGroups.of(s, names, weights)
         if form not in FORMS:
             raise ValueError(f"unknown constraint form {form!r}: choose one of {', '.join(FORMS)}")
         measure_named(measure)  # refuse an unknown measure before any gap is built
         subsets = cls.subsets(y, protected_label)
         table = (y, s) if whole is None else (np.asarray(whole[0]), np.asarray(whole[1]))
-        pooling = cls.pooled_members(SensitiveGroups.of(table[1], names), cls.subsets(table[0], protected_label),
+        pooling = cls.pooled_members(SensitiveGroups.of(table[1], names, weights), cls.subsets(table[0], protected_label),
                                      min_group_size, pool_small_groups, whole is not None)
         if pooling is not None:
             groups = groups.pooled(pooling[0])
         cons = tuple(cls._gaps(groups, subsets, form))
         for c in cons:
-            if c.size_a == 0 or c.size_b == 0:
+            if c.size_a <= 0 or c.size_b <= 0:
                 protected = cls.label_subsets and c.name.startswith(subsets[0][0] + ":")
                 what = "the protected label" if protected else c.name
                 raise ValueError(f"both groups need rows with {what} ({cls.kind}): |A|={c.size_a}, |B|={c.size_b}")
@@ -248,15 +328,22 @@ class ConstraintSet:
     @staticmethod
     def _gaps(groups: SensitiveGroups, subsets, form: str):
         G = len(groups)
+
+        def side(rows: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray | None]:
+            if groups.exact:
+                return rows & groups.mask(g), None
+            return rows & groups.mask(g), np.where(rows, groups.weight(g), 0.0)
+
         for label, rows in subsets:
             if form == "pairwise":
                 for g in range(G):
                     for h in range(g + 1, G):
-                        yield Gap(f"{label}: {groups.names[g]} vs {groups.names[h]}",
-                                  rows & groups.mask(g), rows & groups.mask(h))
+                        (in_a, w_a), (in_b, w_b) = side(rows, g), side(rows, h)
+                        yield Gap(f"{label}: {groups.names[g]} vs {groups.names[h]}", in_a, in_b, w_a, w_b)
             else:
                 for g in range(G):
-                    yield Gap(f"{label}: {groups.names[g]} vs all", rows & groups.mask(g), rows.copy())
+                    in_a, w_a = side(rows, g)
+                    yield Gap(f"{label}: {groups.names[g]} vs all", in_a, rows.copy(), w_a)
 
     @classmethod
     def pooled_members(cls, groups: SensitiveGroups, subsets, min_size: int, pool: bool,
@@ -265,7 +352,7 @@ class ConstraintSet:
         and ``subsets``; refuses (:class:`GroupSizeError`, naming every small group and its
         count, and a pooled group's members with theirs) what pooling does not fix."""
         def smallest(gr: SensitiveGroups, k: int) -> tuple[str, int]:
-            return min(((label, int((rows & gr.mask(k)).sum())) for label, rows in subsets), key=lambda t: t[1])
+            return min(((label, gr.count(rows, k)) for label, rows in subsets), key=lambda t: t[1])
 
         def small_ones(gr: SensitiveGroups) -> dict[int, tuple[str, int]]:
             # an empty gap side is refused by build; min_size 1 turns the check off
@@ -283,7 +370,8 @@ class ConstraintSet:
                 if not small_ones(merged) or len(members) >= len(groups) - 1:
                     break
                 rest = [k for k in range(len(groups)) if k not in members]
-                members.append(min(rest, key=lambda k: int(groups.mask(k).sum())))
+                everyone = np.ones(len(groups.codes), dtype=bool)
+                members.append(min(rest, key=lambda k: groups.count(everyone, k)))
             if len(members) < 2:  # two groups: nothing to pool with
                 members, merged = [], groups
         still = small_ones(merged)
@@ -333,8 +421,8 @@ class ConstraintSet:
         """The same constraint on the rows ``rows`` (a batch: sizes and the 1/n weight become the batch's)."""
         if rows is None:
             return self
-        cons = tuple(Gap(c.name, c.in_a[rows], c.in_b[rows]) for c in self.constraints)
-        groups = None if self.groups is None else SensitiveGroups(self.groups.codes[rows], self.groups.names)
+        cons = tuple(c.restrict(rows) for c in self.constraints)
+        groups = None if self.groups is None else self.groups.take(rows)
         return type(self)(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(rows), constraints=cons,
                           measure=self.measure, groups=groups, form=self.form, pooling=self.pooling)
 
@@ -362,8 +450,7 @@ class ConstraintSet:
         """The most gap sides one row sits on (1 for two groups; G−1 pairwise, G+1 overall)."""
         count = np.zeros(self.n, dtype=np.int64)
         for c in self.constraints:
-            count += c.in_a
-            count += c.in_b
+            count += c.rows_on()
         return int(count.max()) if self.n else 0
 
     # -- what a history row names ----------------------------------------------------------
@@ -385,7 +472,7 @@ class ConstraintSet:
 
     def gaps_of(self, q: np.ndarray) -> np.ndarray:
         """D_c of every gap, in multiplier order, from the per-row values q."""
-        return np.array([q[c.in_a].mean() - q[c.in_b].mean() for c in self.constraints])
+        return np.array([c.value(q) for c in self.constraints])
 
     def gaps(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
         """D_c at scores ``z`` for every gap, in multiplier order."""
@@ -413,9 +500,7 @@ class ConstraintSet:
         lam = self.check_multipliers(lam)
         w = np.full(self.n, 1.0 / self.n)
         for k, con in enumerate(self.constraints):
-            d = float(lam[2 * k] - lam[2 * k + 1])
-            w[con.in_a] += d / con.size_a
-            w[con.in_b] -= d / con.size_b
+            con.add_to(w, float(lam[2 * k] - lam[2 * k + 1]))
         return w
 
     def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
@@ -441,11 +526,20 @@ class ConstraintSet:
         in θ (up to the tiny μ-term): the primal has no minimiser and a descent method diverges.
         A row on P gap sides gets P terms ±d_c/|side|; keeping each above −1/(nP) keeps
         the sum above −1/n: −|A_c|/(nP) <= d_c <= |B_c|/(nP). With two groups P = 1 and
-        these are the exact bounds.
+        these are the exact bounds. Groups from a noisy release give rows coefficients
+        ∂w_i/∂d_c of either sign on every gap they enter (:meth:`gap_weights`): then
+        −1/(nP max_i col_ic) <= d_c <= 1/(nP max_i(−col_ic)).
         """
         per_row = max(self.gaps_per_row(), 1)
-        lo = np.array([-c.size_a / self.n for c in self.constraints])
-        hi = np.array([c.size_b / self.n for c in self.constraints])
+        if self.groups is not None and not self.groups.exact:
+            # soft sides: the rows' coefficients ∂w_i/∂d_c are the gap's column, of either sign
+            cols = self.gap_weights()
+            top = np.maximum(cols.max(axis=0, initial=0.0), 1e-300)
+            bottom = np.maximum((-cols).max(axis=0, initial=0.0), 1e-300)
+            lo, hi = -1.0 / (self.n * top), 1.0 / (self.n * bottom)
+        else:
+            lo = np.array([-c.size_a / self.n for c in self.constraints])
+            hi = np.array([c.size_b / self.n for c in self.constraints])
         return (lo, hi) if per_row == 1 else (lo / per_row, hi / per_row)
 
     def project(self, lam: np.ndarray) -> np.ndarray:
@@ -486,8 +580,7 @@ class ConstraintSet:
         if cols is None:
             cols = np.zeros((self.n, len(self.constraints)))
             for k, con in enumerate(self.constraints):
-                cols[con.in_a, k] += 1.0 / con.size_a
-                cols[con.in_b, k] -= 1.0 / con.size_b
+                con.add_to(cols[:, k], 1.0)
             cols.setflags(write=False)
             self.__dict__["_gap_weights"] = cols
         return cols

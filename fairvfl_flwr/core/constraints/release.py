@@ -1,0 +1,82 @@
+"""Groups released through k-ary randomized response: the flip matrix, the release, the correction.
+
+A group registry (docs/privacy.md, "A registry holds the groups") releases each row's
+group g ∈ {0..k−1} through k-ary randomized response at ε_S: it keeps g with probability
+``p = e^ε / (e^ε + k − 1)`` and otherwise reports one of the k − 1 other groups uniformly.
+Whatever anyone computes from the released value of a row is ε_S-locally differentially
+private about that row's group, so the guarantee needs no trust in who receives it.
+
+The flip matrix ``P[i, j] = Pr(released = j | true = i)`` is public (it depends on ε_S and k
+only). Over any set of rows, the expected sum of a per-row value q over the rows released
+as j is ``Σ_i P[i, j] · (sum of q over the rows truly in i)``, so the true groups' sums are
+``P^{-T}`` times the released groups' sums (the mutually-contaminated-classes correction).
+Row by row this is a membership weight: row r counts in group g with weight
+``(P^{-1})[released(r), g]``, and every weighted sum Σ_r W[r, g] q_r is an unbiased
+estimate of the true group's sum (:func:`membership_weights`; ``SensitiveGroups`` with
+``weights`` carries them into every gap, ν weight and metric).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The only release mechanism built: k-ary randomized response.
+RANDOMIZED_RESPONSE = "randomized-response"
+
+
+@dataclass(frozen=True)
+class RandomizedResponse:
+    """k-ary randomized response at ``epsilon`` (ε_S) over ``k`` groups."""
+
+    epsilon: float
+    k: int
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"randomized response needs a finite epsilon > 0, got {self.epsilon!r}")
+        if self.k < 2:
+            raise ValueError(f"randomized response needs two groups or more, got {self.k}")
+
+    @property
+    def keep(self) -> float:
+        """The probability that a row's released group is its true one, e^ε/(e^ε + k − 1): also the
+        best accuracy anyone can have guessing a row's true group from its release (uniform prior)."""
+        e = math.exp(self.epsilon)
+        return e / (e + self.k - 1)
+
+    def matrix(self) -> np.ndarray:
+        """P[i, j] = Pr(released = j | true = i)."""
+        other = (1.0 - self.keep) / (self.k - 1)
+        return np.full((self.k, self.k), other) + np.eye(self.k) * (self.keep - other)
+
+    def correction(self) -> np.ndarray:
+        """P^{-1}: row j is the membership weights, one per true group, of a row released as j."""
+        return np.linalg.inv(self.matrix())
+
+    def release(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Each row's released group: its own with probability :attr:`keep`, else one of the k − 1
+        others uniformly."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if len(codes) and (codes.min() < 0 or codes.max() >= self.k):
+            raise ValueError(f"group codes must lie in 0..{self.k - 1}")
+        flip = rng.random(len(codes)) >= self.keep
+        shift = rng.integers(1, self.k, size=len(codes))  # to one of the others, uniformly
+        return np.where(flip, (codes + shift) % self.k, codes)
+
+
+def membership_weights(rr: RandomizedResponse, released: np.ndarray) -> np.ndarray:
+    """n × k: W[r, g] = (P^{-1})[released(r), g], each row's weight in each true group."""
+    return rr.correction()[np.asarray(released, dtype=np.int64)]
+
+
+def release_rng(secret: bytes, ids_digest: str, rr: RandomizedResponse, split: str) -> np.random.Generator:
+    """The generator of one release, from the registry's own secret and what is released: the
+    same secret, rows and ε_S give the same release, so asking again learns nothing new (no
+    averaging over fresh draws); nobody without the secret can reproduce it."""
+    tag = f"fairvfl.groups-release|{ids_digest}|{rr.epsilon!r}|{rr.k}|{split}".encode()
+    seed = hashlib.sha256(secret + b"|" + tag).digest()
+    return np.random.default_rng(np.frombuffer(seed, dtype=np.uint32))

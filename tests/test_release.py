@@ -1,0 +1,121 @@
+"""Groups released through randomized response: the flip matrix, and the correction that makes
+every group sum, gap and ν weight computed from the release an unbiased estimate of the true one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
+from fairvfl_flwr.core.constraints.release import RandomizedResponse, membership_weights, release_rng
+
+
+@pytest.mark.parametrize("epsilon,k", [(1.0, 2), (2.0, 3), (4.0, 6)])
+def test_flip_matrix_rows_sum_to_one_and_keep_is_the_diagonal(epsilon, k):
+    rr = RandomizedResponse(epsilon, k)
+    P = rr.matrix()
+    np.testing.assert_allclose(P.sum(axis=1), 1.0)
+    np.testing.assert_allclose(np.diag(P), np.exp(epsilon) / (np.exp(epsilon) + k - 1))
+    # the LDP ratio: no released value is more than e^ε likelier under one true group than another
+    assert P.max(axis=0).max() / P.min(axis=0).min() == pytest.approx(np.exp(epsilon))
+    np.testing.assert_allclose(rr.correction() @ P, np.eye(k), atol=1e-12)
+
+
+def test_release_keeps_each_group_at_the_declared_rate():
+    rr = RandomizedResponse(1.0, 3)
+    codes = np.repeat(np.arange(3), 20_000)
+    out = rr.release(codes, np.random.default_rng(0))
+    observed = np.array([[np.mean(out[codes == i] == j) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(observed, rr.matrix(), atol=0.01)
+
+
+def test_release_is_a_function_of_the_secret():
+    rr = RandomizedResponse(2.0, 2)
+    codes = np.arange(1000) % 2
+    one = rr.release(codes, release_rng(b"registry secret", "digest", rr, "train"))
+    again = rr.release(codes, release_rng(b"registry secret", "digest", rr, "train"))
+    other = rr.release(codes, release_rng(b"another secret", "digest", rr, "train"))
+    assert np.array_equal(one, again)  # asking again draws nothing new
+    assert not np.array_equal(one, other)
+
+
+@pytest.mark.parametrize("epsilon,k", [(1.0, 2), (1.0, 4), (4.0, 3)])
+def test_corrected_group_sums_are_unbiased(epsilon, k):
+    """Monte Carlo: the mean over releases of Σ_r W[r, g] q_r and Σ_r W[r, g] is group g's true sum
+    and count, within 4 standard errors; the uncorrected sums over the released groups are not."""
+    rng = np.random.default_rng(1)
+    n, draws = 3000, 600
+    s = rng.integers(0, k, n)
+    q = rng.random(n) + 0.5 * s
+    rr = RandomizedResponse(epsilon, k)
+    sums, counts, naive = [], [], []
+    for _ in range(draws):
+        released = rr.release(s, rng)
+        W = membership_weights(rr, released)
+        sums.append(W.T @ q)
+        counts.append(W.sum(axis=0))
+        naive.append(np.array([q[released == g].sum() for g in range(k)]))
+    true_sums = np.array([q[s == g].sum() for g in range(k)])
+    true_counts = np.bincount(s, minlength=k)
+    for est, truth in ((np.array(sums), true_sums), (np.array(counts), true_counts)):
+        se = est.std(axis=0) / np.sqrt(draws)
+        assert np.all(np.abs(est.mean(axis=0) - truth) < 4 * se + 1e-9)
+    naive = np.array(naive)
+    assert np.any(np.abs(naive.mean(axis=0) - true_sums) > 10 * naive.std(axis=0) / np.sqrt(draws))
+
+
+@pytest.mark.parametrize("kind,measure", [("deo", "loss"), ("demographic-parity", "rate"),
+                                          ("equalized-odds", "rate")])
+def test_corrected_gaps_track_the_true_gaps(kind, measure):
+    """Every kind's gaps from the release, averaged over releases, are the true groups' gaps;
+    the soft constraint's ν is ∂(its own f̃)/∂z, as the exact one's is."""
+    rng = np.random.default_rng(2)
+    n, k = 6000, 3
+    s = rng.integers(0, k, n)
+    y = np.where(rng.random(n) < 0.4 + 0.1 * s, 1, -1)
+    z = rng.normal(size=n) + 0.4 * s
+    rr = RandomizedResponse(2.0, k)
+    exact = ConstraintSet.from_labels(y, s, 1, kind, measure)
+    gaps = []
+    for _ in range(200):
+        soft = ConstraintSet.from_labels(y, rr.release(s, rng), 1, kind, measure, weights=rr.correction())
+        gaps.append(soft.gaps(y, z))
+    gaps = np.array(gaps)
+    # ratio estimates: unbiased up to O(1/n), far below the spread of one release
+    np.testing.assert_allclose(gaps.mean(axis=0), exact.gaps(y, z), atol=4 * gaps.std(axis=0).max() / np.sqrt(200) + 2e-3)
+    lam = rng.random(soft.num_multipliers) * 0.01
+    nu = soft.masked_weights(y, z, lam)
+    h = 1e-6
+    for i in rng.choice(n, 5, replace=False):
+        dz = np.zeros(n)
+        dz[i] = h
+        numeric = (soft.smooth_part(y, z + dz, lam) - soft.smooth_part(y, z - dz, lam)) / (2 * h)
+        assert nu[i] == pytest.approx(numeric, rel=1e-5, abs=1e-10)
+
+
+def test_exact_groups_have_no_weights_and_pooling_merges_released_weights():
+    s = np.array([0, 1, 2, 2, 1, 0])
+    exact = SensitiveGroups.of(s, ("a", "b", "c"))
+    assert exact.exact and np.array_equal(exact.weight(1), (s == 1).astype(float))
+    rr = RandomizedResponse(1.0, 3)
+    soft = SensitiveGroups.of(s, ("a", "b", "c"), rr.correction())
+    pooled = soft.pooled([1, 2])
+    assert pooled.names == ("a", "b + c")
+    np.testing.assert_allclose(pooled.weight(1), soft.weight(1) + soft.weight(2))
+    # the weights of every group sum to 1 on each row: the estimated group sizes add up to n
+    np.testing.assert_allclose(sum(soft.weight(g) for g in range(3)), 1.0)
+
+
+def test_weight_bounds_keep_every_row_weight_non_negative_under_soft_groups():
+    rng = np.random.default_rng(3)
+    n = 2000
+    s = rng.integers(0, 2, n)
+    y = np.where(rng.random(n) < 0.5, 1, -1)
+    rr = RandomizedResponse(1.0, 2)
+    soft = ConstraintSet.from_labels(y, rr.release(s, rng), 1, "deo", "loss", weights=rr.correction())
+    lo, hi = soft.weight_bounds()
+    for d in (lo[0], hi[0]):
+        lam = np.array([max(d, 0.0), max(-d, 0.0)])
+        assert soft.signed_weights(lam).min() >= -1e-15
+    beyond = np.array([hi[0] * 1.5, 0.0])
+    assert soft.signed_weights(beyond).min() < 0
