@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
 
     from fairvfl_flwr.app.run import run_inprocess
     from fairvfl_flwr.config import RunConfig
-    from fairvfl_flwr.features import secagg
+    from fairvfl_flwr.secure import ring
 
     runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     cpu: dict[bool, list[float]] = {False: [], True: []}
@@ -84,18 +84,18 @@ def main(argv=None) -> dict:
     u = rng.normal(size=n).astype(np.float32)
     t0 = time.perf_counter()
     for t in range(50):
-        words = secagg.masked(u, 0, keys, t, "train", 6, "bench")
+        words = ring.masked(u, 0, keys, t, "train", 6, "bench")
     mask_ms = 1000 * (time.perf_counter() - t0) / 50
     t0 = time.perf_counter()
     for _ in range(50):
-        secagg.decode(np.sum([words] * 6, axis=0, dtype=np.uint64))
+        ring.decode(np.sum([words] * 6, axis=0, dtype=np.uint64))
     sum_ms = 1000 * (time.perf_counter() - t0) / 50
     t0 = time.perf_counter()
     small = rng.normal(size=3 + 9)
     for t in range(50):  # one Newton reply: X_k s_k, then a and the Gram matrix, then ‖θ_k‖²
-        secagg.masked(u, 0, keys, t, "dir", 6, "bench")
-        secagg.masked_wide(small, 0, keys, t, "dir-gram", 6, "bench", "gram")
-        secagg.masked_wide(small[:1], 0, keys, t, "dir-sq-norm", 6, "bench", "sq-norm")
+        ring.masked(u, 0, keys, t, "dir", 6, "bench")
+        ring.masked_wide(small, 0, keys, t, "dir-gram", 6, "bench", "gram")
+        ring.masked_wide(small[:1], 0, keys, t, "dir-sq-norm", 6, "bench", "sq-norm")
     newton_mask_ms = 1000 * (time.perf_counter() - t0) / 50
 
     def stats(on: bool) -> tuple[float, float]:

@@ -48,7 +48,7 @@ from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 from bench.deploy_time import NOOP_APP, TIMING_ENV, deploy, history, poll_env, read_logs  # noqa: E402
 from bench.rounds import rounds_to_target  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
-from fairvfl_flwr.features import secagg  # noqa: E402
+from fairvfl_flwr.secure import identity  # noqa: E402
 from fairvfl_flwr.tools import owntables  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
 from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
@@ -95,7 +95,7 @@ def own_federation(tmp: Path, sensitive: str) -> tuple[dict, dict]:
     """Four organisations' own tables, each with its own identity key and the pinned peers (a
     manifest as ``export`` gives), and the run config that trains on them."""
     nodes = owntables.organisations(tmp / "tables", sensitive)
-    identities = secagg.generate_identities(tmp / "identities", len(nodes))
+    identities = identity.generate_identities(tmp / "identities", len(nodes))
     return ({"node_configs": [{**node, **identities[k]} for k, node in enumerate(nodes)]},
             {"tables.own": True, "num-parties": len(nodes)})
 

@@ -147,14 +147,14 @@ def measure_alignment(home: Path, ids: int, parties: int, rtt_ms: float, mbit: f
     from wan_proxy import WanProxy  # noqa: PLC0415
 
     from fairvfl_flwr.data.psi import KEPT  # noqa: PLC0415
-    from fairvfl_flwr.features import secagg  # noqa: PLC0415
+    from fairvfl_flwr.secure import identity  # noqa: PLC0415
     from fairvfl_flwr.tools.localfed import LocalFederation  # noqa: PLC0415
     from fairvfl_flwr.tools.owntables import own_node  # noqa: PLC0415
 
     tables = home / "tables"
     tables.mkdir(parents=True)
     common = write_tables(tables, ids, parties, overlap=0.9)
-    keys = secagg.generate_identities(home / "identities", parties)
+    keys = identity.generate_identities(home / "identities", parties)
     nodes = [own_node(k, tables / f"party{k}.csv", "customer", ALIGN_LABEL_OWNER, **keys[k]) for k in range(parties)]
     env = {"FAIRVFL_CACHE_DIR": str(home / "cache")}
     if poll:

@@ -16,13 +16,13 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.run import resolve_optimizer
+from fairvfl_flwr.config.algorithms import resolve
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.psi import TRAIN_CODE, split_common
 from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.own_table import normalise_ids, prepare_block
 from fairvfl_flwr.data.tables import DataError, load_csv, packaged_file
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -135,7 +135,7 @@ def test_the_default_optimizer_meets_the_constraint_on_a_small_own_table(own_tab
     folder, _, _ = own_tables
     config = own_config(folder, optimizer="auto", **{"num-server-rounds": 40, "eval-every": 40,
                                                    "output-dir": str(tmp_path)})
-    assert resolve_optimizer(RunConfig.from_flower(config)).name == "newton"
+    assert resolve(RunConfig.from_flower(config)).name == "newton"
     summary, _ = run_inprocess(config, quiet=True)
     assert summary["train_deo"] <= 0.01 + 0.002
     assert summary["rounds"] < 40
@@ -292,7 +292,7 @@ def test_deployed_parties_name_their_own_files_and_id_columns(own_tables, tmp_pa
     label owner, the label and groups; the run config only says tables.own."""
     folder, _, _ = own_tables
     nodes = []
-    identities = secagg.generate_identities(tmp_path / "identities", 4)  # deployed: signed, so masked
+    identities = identity.generate_identities(tmp_path / "identities", 4)  # deployed: signed, so masked
     for k in range(4):
         df = pd.read_csv(folder / f"party{k}.csv")
         id_name = ["customer", "client_no", "kundennummer", "policy holder"][k]
@@ -420,7 +420,7 @@ def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tm
                 df.to_csv(d / f"party{k}.csv", index=False)
                 score.to_csv(d / f"score{k}.csv", index=False)
     rc = {"num-server-rounds": 3, "eval-every": 3}
-    identities = secagg.generate_identities(tmp_path / "identities", 4)  # deployed: signed, so masked
+    identities = identity.generate_identities(tmp_path / "identities", 4)  # deployed: signed, so masked
     nodes = [[{"partition-id": k, "num-partitions": 4, **identities[k], "table-path": str(tmp_path / fmt / (
         f"party{k}.parquet" if k == 2 and fmt == "parquet" else f"party{k}.csv")), "id-column": ID,
         "score-path": str(tmp_path / fmt / (f"score{k}.parquet" if k == 2 and fmt == "parquet" else f"score{k}.csv")),

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.tools.localfed import LocalFederation
 
 from .test_align import BASE, ID, PARTY_COLUMNS, adult_raw, own_config, own_node, write_own_tables
@@ -44,7 +44,7 @@ def own_federation(tmp_path_factory):
     held = write_own_tables(adult_raw(), tables, columns=THREE)
     fresh = sorted(set.intersection(*held))[:300]  # rows whose categories training saw
     nodes = []
-    identities = secagg.generate_identities(tmp / "identities", len(ID_NAMES))  # deployed: signed and masked
+    identities = identity.generate_identities(tmp / "identities", len(ID_NAMES))  # deployed: signed and masked
     for k, id_name in enumerate(ID_NAMES):
         path = tmp / f"own{k}.csv"
         df = pd.read_csv(tables / f"party{k}.csv")

@@ -17,7 +17,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.own_table import normalise_ids
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -168,7 +168,7 @@ def _deployed(tables, identities: list[dict] | None, **extra) -> list[dict]:
 
 def test_a_kept_alignment_under_another_peers_file_or_label_owner_is_not_taken_up(tables, tmp_path, caplog):
     caplog.set_level("INFO", logger="flwr")
-    identities = secagg.generate_identities(tmp_path / "keys", 4)
+    identities = identity.generate_identities(tmp_path / "keys", 4)
     nodes = _deployed(tables, identities)
     cfg = _cfg(tables, masked=True)
     align_tables(_grid(cfg, nodes=nodes), cfg)
@@ -183,7 +183,7 @@ def test_a_kept_alignment_under_another_peers_file_or_label_owner_is_not_taken_u
     assert "reuse" not in _steps(sent) and "blind" in _steps(sent)
     for k in range(4):
         assert f"party {k}: its kept alignment was made under another peers file (node config peers)" in caplog.text
-    rotated = secagg.generate_identities(tmp_path / "other-keys", 4)  # another label owner (and parties)
+    rotated = identity.generate_identities(tmp_path / "other-keys", 4)  # another label owner (and parties)
     caplog.clear()
     sent.clear()
     align_tables(_grid(cfg, sent, nodes=_deployed(tables, rotated)), cfg)
@@ -199,7 +199,7 @@ class DemoSigned(InProcessGrid):
         super().__init__(*a, **kw)
         self.blinded, _, _ = psi.blind_step(normalise_ids(np.asarray(chosen)), shuffle=False)
         demo = Context(run_id=1, node_id=0, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
-        self.demo = secagg.identity(demo)  # a node naming no key file and reading no data of its own: the demo key
+        self.demo = identity.identity(demo)  # a node naming no key file and reading no data of its own: the demo key
         self.raised: list[Message] = []
 
     def push_messages(self, messages):
@@ -227,7 +227,7 @@ def test_psi_messages_to_an_unmasked_waiver_node_signed_with_a_demo_key_are_refu
         align_tables(grid, cfg)  # the leader then finds the raised list is not of its ids
     assert len(grid.raised) == 3
     # deployed parties that name their keys: refused, whatever allow-unmasked says
-    nodes = _deployed(tables, secagg.generate_identities(tmp_path / "keys", 4), **{"allow-unmasked": True})
+    nodes = _deployed(tables, identity.generate_identities(tmp_path / "keys", 4), **{"allow-unmasked": True})
     masked = _cfg(tables, masked=True)  # a node with keys refuses unmasked jobs
     grid = _grid(masked, nodes=nodes, cls=DemoSigned, chosen=chosen)
     with pytest.raises(FederationError, match=r"party [123] \(passive.*\): alignment step 'raise': the label owner's "

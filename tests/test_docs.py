@@ -102,7 +102,7 @@ def test_a_pages_command_carries_no_folder_of_the_machine_it_ran_on(monkeypatch)
 
 
 CODE_PATH = re.compile(
-    r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|features|jobs|algorithms|data|tools|config)/[\w/]+\.py)")
+    r"`((?:fairvfl_flwr|bench|scripts|tests|core|app|flower|secure|features|jobs|algorithms|data|tools|config)/[\w/]+\.py)")
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if "results" not in p.parts], ids=lambda p: str(p.relative_to(REPO)))

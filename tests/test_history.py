@@ -1,5 +1,5 @@
 """A party's history (flower/history.py): what it answers again, what it refuses, and how a
-key set-up binds the round and head every party enters it with (features/secagg.py)."""
+key set-up binds the round and head every party enters it with (secure/agreement.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
-from fairvfl_flwr.features import secagg
-from fairvfl_flwr.flower import history, roundview
+from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.secure import agreement, identity, view
 from fairvfl_flwr.flower.errors import FederationError
 
 PARTS = {"train.passive/passive": "a" * 64, "train.active/active": "b" * 64}
@@ -91,32 +91,32 @@ def test_a_setup_where_one_party_entered_at_another_head_is_refused_naming_it():
     """Party 2 stepped back alone (one round less): every party refuses the session, naming party 2."""
     heads = {0: _answered(3), 1: _answered(3), 2: _answered(2)}
     contexts = {pid: _context(pid, h) for pid, h in heads.items()}
-    session = secagg.new_session()
+    session = agreement.new_session()
     relay = {}
     for pid, ctx in contexts.items():
-        signed = secagg.signed_key(secagg.key_request(session), ctx)
+        signed = agreement.signed_key(agreement.key_request(session), ctx)
         assert signed["round"] == heads[pid].round and signed["head"] == heads[pid].head
         relay.update({f"pk-{pid}": signed["public"], f"sig-{pid}": signed["signature"],
                       f"round-{pid}": signed["round"], f"head-{pid}": signed["head"]})
-    held = contexts[0].state.config_records[secagg.SESSION_STATE]
+    held = contexts[0].state.config_records[agreement.SESSION_STATE]
     entered = (int(held["round"]), bytes(held["head"]))
     rounds = {j: relay[f"round-{j}"] for j in range(3)}
     heads_relayed = {j: relay[f"head-{j}"] for j in range(3)}
     with pytest.raises(FederationError, match=r"party 0 \(.*\): party 2 entered this secure-aggregation session at "
                                               r"round 2 .* this party at round 3"):
-        secagg.check_histories(entered, rounds, heads_relayed, "party 0 (passive)")
+        agreement.check_histories(entered, rounds, heads_relayed, "party 0 (passive)")
     # a relay that claims party 2 is at round 3 does not verify against party 2's signature
-    text = secagg.signed_text(session, 2, relay["pk-2"], 3, heads[0].head)
+    text = agreement.signed_text(session, 2, relay["pk-2"], 3, heads[0].head)
     with pytest.raises(Exception):
-        secagg.peer_keys(contexts[0], 3)[2].verify(relay["sig-2"], text)  # the demo keys of a simulation
+        identity.peer_keys(contexts[0], 3)[2].verify(relay["sig-2"], text)  # the demo keys of a simulation
 
 
 def test_a_view_confirmation_binds_the_head_not_only_the_round():
     key = bytes(32)
     a, b = _answered(3).head, _answered(2).head
-    assert roundview.confirmation(key, 1, a) != roundview.confirmation(key, 1, b)
-    assert roundview.bound_key(key, a) != roundview.bound_key(key, b)
-    assert isinstance(roundview.confirmations(a, 0, {1: key}), ConfigRecord)
+    assert view.confirmation(key, 1, a) != view.confirmation(key, 1, b)
+    assert view.bound_key(key, a) != view.bound_key(key, b)
+    assert isinstance(view.confirmations(a, 0, {1: key}), ConfigRecord)
 
 
 def test_an_aligned_block_that_changed_under_a_history_is_refused():

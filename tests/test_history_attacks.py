@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
 
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import agreement, identity, view
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower.party import MODEL_STATE
 from fairvfl_flwr.tools import malicious
 from fairvfl_flwr.tools.malicious import HandServer, replay_round, replayed
@@ -31,7 +30,7 @@ def _config(tmp_path, optimizer="gd"):
 
 def _take_over(tmp_path, optimizer="gd"):
     rc = _config(tmp_path, optimizer)
-    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    ids = identity.generate_identities(tmp_path / "identities", rc["num-parties"])
     grid = malicious.take_over(rc, STOP, tmp_path, ids)
     return grid, HandServer(grid)
 
@@ -147,7 +146,7 @@ def test_a_resend_with_other_content_is_refused_in_the_same_session_and_in_a_new
                          ids=["rejoin", "restart"])
 def test_the_roles_that_isolated_a_party_across_sessions_decode_nothing(tmp_path, attack, step, optimizer):
     rc = _config(tmp_path, optimizer)
-    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    ids = identity.generate_identities(tmp_path / "identities", rc["num-parties"])
     got = attack(rc, tmp_path, target=TARGET, probes=2, stop_at=STOP, identities=ids)
     assert got.decoded == 0 and got.gram_error >= 0.99
     assert got.refused and TARGET in got.refused_by
@@ -158,7 +157,7 @@ def test_a_rejoin_between_a_round_and_its_identical_resend_gives_no_second_step(
     """Round t to every party (one probe ν), query.rejoin to the target, a fresh session, round t
     again byte for byte: every sum decoded is one the honest exchange gave, so nothing is fitted."""
     rc = _config(tmp_path)
-    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    ids = identity.generate_identities(tmp_path / "identities", rc["num-parties"])
     got = malicious.rejoin_resend(rc, tmp_path, target=TARGET, probes=3, stop_at=STOP, identities=ids)
     assert got.gram_error >= 0.99, got.summary(TARGET)
     assert got.repeated == got.decoded  # each re-send decoded to the sum of the exchange it repeated
@@ -171,17 +170,17 @@ def test_a_replayed_rollback_relay_moves_no_party_a_second_time(federation):
     grid, server = federation
     nodes = grid.node_ids
     parties = [(nid, server.pid(nid), f"party {server.pid(nid)}") for nid in nodes]
-    session = secagg.new_session()
-    asks = [Message(RecordDict({"secagg": secagg.key_request(session, LAST - 1)}), dst_node_id=nid,
+    session = agreement.new_session()
+    asks = [Message(RecordDict({"secagg": agreement.key_request(session, LAST - 1)}), dst_node_id=nid,
                     message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
-    signed = secagg.signed_keys(parties, server.send(asks), session)
-    secagg.relay_keys(parties, signed, server.send)
+    signed = agreement.signed_keys(parties, server.send(asks), session)
+    agreement.relay_keys(parties, signed, server.send)
     assert not server.refusals
-    server.views = roundview.ServerViews(session)
+    server.views = view.ServerViews(session)
     again = server.exchange([replayed(grid.honest(LAST, nid)) for nid in nodes])
     np.testing.assert_array_equal(server.decode(again), grid.honest_sum(LAST))  # the one move, then round 3
     after = _theta(grid, TARGET)
-    secagg.relay_keys(parties, signed, server.send)  # the rollback's relay, replayed
+    agreement.relay_keys(parties, signed, server.send)  # the rollback's relay, replayed
     assert _same(_theta(grid, TARGET), after)
     replies = replay_round(server, grid, LAST, _probe(grid))
     assert server.decode(replies) is None and set(_refusals(server, replies)) == _passive(grid)
@@ -193,7 +192,7 @@ def test_a_newton_move_resent_with_other_step_lengths_or_to_one_party_decodes_no
     the sum the honest round gave; with other step lengths to the target it is refused; to the
     target alone its masks cannot cancel."""
     rc = {**malicious._config("compas", 10, str(tmp_path / "runs"), optimizer="newton"), "model": "mlp"}
-    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    ids = identity.generate_identities(tmp_path / "identities", rc["num-parties"])
     grid = malicious.take_over(rc, STOP, tmp_path, ids)
     server = HandServer(grid)
     group = f"{LAST}-apply"

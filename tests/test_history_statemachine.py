@@ -38,8 +38,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.partydata import party_spec
-from fairvfl_flwr.features import guards, secagg
-from fairvfl_flwr.flower import history, roundview
+from fairvfl_flwr.features import guards
+from fairvfl_flwr.secure import agreement, identity, view
+from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import MODEL_STATE, OPTIMIZER_STATE, party_data
@@ -95,7 +96,7 @@ def federation():
     n, m = len(active.y), active.groups.num_multipliers
     probes = [(rng.choice([-1.0, 1.0], n) * (0.5 + rng.random(n)) / n).astype(np.float32) for _ in range(3)]
     pairs = [(rng.standard_normal(n).astype(np.float32), np.abs(rng.standard_normal(m)) * t) for t in (0.0, 0.1)]
-    yield Federation(rc.to_flower(), secagg.generate_identities(folder / "identities", K), folder, n, m, probes,
+    yield Federation(rc.to_flower(), identity.generate_identities(folder / "identities", K), folder, n, m, probes,
                      pairs)
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -211,13 +212,13 @@ class Play:
             if reply.has_error():
                 continue
             server_round = int(content[msgs.ROUND]["round"])
-            view = tuple(sorted(message.content.config_records[roundview.VIEW]["parts"]))
+            parts = tuple(sorted(message.content.config_records[view.VIEW]["parts"]))
             seen, theta = (server_round, mtype, _digest(mtype, content)), self.theta(p)
             stepped = theta != (self.entries[p][-1][2] if self.entries[p] else None)
             if mtype == msgs.INIT:
-                self.entries[p] = [(server_round, view, theta)]
+                self.entries[p] = [(server_round, parts, theta)]
             elif seen != self.last[p] or stepped:  # a re-send that moved θ was no re-send
-                self.entries[p].append((server_round, view, theta))
+                self.entries[p].append((server_round, parts, theta))
             self.last[p] = seen
         if len(contents) < K:
             return None
@@ -329,16 +330,16 @@ def test_every_decodable_sum_is_over_one_common_history_or_a_party_refused(start
 
 
 class _ByTypeAndRound:
-    """roundview for the guard alone, with a message's digest its round only: the guard's
+    """secure/view.py for the guard alone, with a message's digest its round only: the guard's
     re-send is then recognised by (type, round), as before the history (its reply check too)."""
 
     def __getattr__(self, name):
-        return getattr(roundview, name)
+        return getattr(view, name)
 
     @staticmethod
     def content_digest(content, message_type, role):
         rc = content.get(msgs.ROUND)
-        return repr(None if rc is None else rc.get("round")) if role == "" else roundview.content_digest(
+        return repr(None if rc is None else rc.get("round")) if role == "" else view.content_digest(
             content, message_type, role)
 
 
@@ -355,7 +356,7 @@ def test_it_finds_a_resend_recognised_by_type_and_round_only(started, monkeypatc
         return advance(self, message_type, server_round, part, *rest, **named)
 
     monkeypatch.setattr(history.History, "advance", by_type_and_round)
-    monkeypatch.setattr(guards, "roundview", _ByTypeAndRound())
+    monkeypatch.setattr(guards, "view", _ByTypeAndRound())
     found = settings(RUNS, phases=[Phase.generate])
     with pytest.raises(Violation, match="a sum decoded over parties whose histories differ"):
         run_state_machine_as_test(machine(started), settings=found)
@@ -366,16 +367,16 @@ def test_it_finds_a_session_unbound_to_the_history(started, monkeypatch):
     history, as the round counter and pending view once were) and a set-up that checks no
     peer's round and head, so a rollback asked of one party moves it alone. Planted, the
     machine finds a sum decoded over parties whose histories differ."""
-    signed_key = secagg.signed_key
+    signed_key = agreement.signed_key
 
     def unbound(asked, context):
-        held = context.state.config_records.get(secagg.SESSION_STATE)
+        held = context.state.config_records.get(agreement.SESSION_STATE)
         if held is None or held["session"] != str(asked["session"]):
             context.state.config_records.pop(history.STATE, None)
         return signed_key(asked, context)
 
-    monkeypatch.setattr(secagg, "signed_key", unbound)
-    monkeypatch.setattr(secagg, "check_histories", lambda *args: None)
+    monkeypatch.setattr(agreement, "signed_key", unbound)
+    monkeypatch.setattr(agreement, "check_histories", lambda *args: None)
     found = settings(RUNS, phases=[Phase.generate])
     with pytest.raises(Violation, match="a sum decoded over parties whose histories differ"):
         run_state_machine_as_test(machine(started), settings=found)

@@ -12,7 +12,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -54,7 +54,7 @@ def _logits(grid):
 @pytest.mark.parametrize("reads", ["data-path", "table-path", "score-path"])
 def test_a_node_reading_its_own_data_without_keys_refuses_naming_the_settings_and_the_key_tool(exported, tmp_path,
                                                                                               reads):
-    nodes = [{k: v for k, v in n.items() if k not in (secagg.IDENTITY_KEY, secagg.PEERS)}
+    nodes = [{k: v for k, v in n.items() if k not in (identity.IDENTITY_KEY, identity.PEERS)}
              for n in exported["node_configs"]]
     if reads != "data-path":  # the check reads the node config only: the file need not be a table of that kind
         nodes[1][reads] = nodes[1]["data-path"]
@@ -101,7 +101,7 @@ def test_a_deployment_is_masked_unless_its_run_config_says_otherwise(exported, t
 
 def test_demo_keys_are_refused_where_a_node_reads_its_own_data(exported, tmp_path):
     """allow-unmasked waives masking, never authentication: a masked run still needs its own key."""
-    nodes = [{**{k: v for k, v in n.items() if k != secagg.IDENTITY_KEY}, "allow-unmasked": True}
+    nodes = [{**{k: v for k, v in n.items() if k != identity.IDENTITY_KEY}, "allow-unmasked": True}
              for n in exported["node_configs"]]
     _, run = _run(exported, tmp_path, nodes)
     with pytest.raises(FederationError, match=r"names no 'identity-key'.*fairvfl-keys new"):
@@ -118,9 +118,9 @@ def test_the_logs_say_whether_a_run_is_authenticated_and_masked(exported, tmp_pa
     assert sum("secure aggregation on" in m and "every party signed its key with its own identity key, none with a "
                "demo key" in m for m in said) == 1
     for k, node in enumerate(exported["node_configs"]):
-        fp = secagg.fingerprint(json.loads(Path(node[secagg.PEERS]).read_text())[str(k)])
+        fp = identity.fingerprint(json.loads(Path(node[identity.PEERS]).read_text())[str(k)])
         assert any(m.startswith(f"party {k} (") and f"(fingerprint {fp})" in m and
-                   f"verified against the pinned peers={node[secagg.PEERS]}" in m for m in said), k
+                   f"verified against the pinned peers={node[identity.PEERS]}" in m for m in said), k
     caplog.clear()
     run_inprocess({"dataset": "crime", "num-parties": 3, "num-server-rounds": 1, "output-dir": str(tmp_path / "sim"),
                    "privacy.secure-aggregation": True})
@@ -143,7 +143,7 @@ def test_keys_new_peers_and_fingerprints(tmp_path, capsys):
         printed = capsys.readouterr().out
         public = printed.split("public key:")[1].split()[0]
         assert (tmp_path / f"party{k}.key.pub").read_text().strip() == public
-        assert f"fingerprint: {secagg.fingerprint(public)}" in printed
+        assert f"fingerprint: {identity.fingerprint(public)}" in printed
         assert (tmp_path / f"party{k}.key").stat().st_mode & 0o777 == 0o600
         publics.append(public)
     assert keys_main(["new", "--out", str(tmp_path / "party0.key")]) == 2  # never overwrites a pinned identity
@@ -153,7 +153,7 @@ def test_keys_new_peers_and_fingerprints(tmp_path, capsys):
     assert json.loads((tmp_path / "peers.json").read_text()) == {str(k): p for k, p in enumerate(publics)}
     capsys.readouterr()
     assert keys_main(["fingerprints", str(tmp_path / "peers.json")]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"party {k}: {secagg.fingerprint(p)}" for k, p in enumerate(publics)]
+    assert capsys.readouterr().out.splitlines() == [f"party {k}: {identity.fingerprint(p)}" for k, p in enumerate(publics)]
     # a key that is not one, a party missing, one key twice: refused, naming it
     assert keys_main(["peers", "0=abcd", f"1={publics[1]}", "--out", str(tmp_path / "x.json")]) == 2
     assert "party 0" in capsys.readouterr().err

@@ -41,6 +41,20 @@ def test_the_independence_contract_lists_every_feature():
     assert set(listed) == features
 
 
+def test_only_the_apps_assembly_imports_secure_aggregations_feature():
+    """Its pieces are the secure layer's (identity keys, ring, view, nonces, key agreement): a job,
+    tool or other feature that needs one imports it from there, never the round hook's module."""
+    importing = set()
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""]
+                     if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "fairvfl_flwr.features.secagg" or n.startswith("fairvfl_flwr.features.secagg.") for n in names):
+                importing.add(str(path.relative_to(PACKAGE)))
+    assert importing and all(p.startswith("app/") for p in importing), sorted(importing)
+
+
 def test_nodes_are_listed_only_by_discovery_and_the_exchanges_online_check():
     """One node discovery (flower/discovery.py) for the rounds and every job; the exchange
     asks which nodes are still online; the in-process grid answers."""

@@ -16,7 +16,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.own_table import likely_markers
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools import preflight
@@ -41,7 +41,7 @@ def telco_tables(folder) -> list[dict]:
                   "tenure": tenure}).to_csv(folder / "owner.csv", index=False)
     pd.DataFrame({"account": ids, "contract": contract, "payment": payment,
                   "monthly": rng.normal(70, 20, ROWS).round(2)}).to_csv(folder / "billing.csv", index=False)
-    keys = secagg.generate_identities(folder / "identities", 2)
+    keys = identity.generate_identities(folder / "identities", 2)
     owner = {"partition-id": 0, "role": "active", "table-path": str(folder / "owner.csv"), "id-column": "customer",
              "label-column": "churn", "label-positive": "Yes", "sensitive-column": "sex", "group-a": "Female",
              "group-b": "Male", "protected-label": 1, "cache-dir": str(folder / "cache0"), **keys[0]}

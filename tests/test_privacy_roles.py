@@ -7,7 +7,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import agreement, ring
+from fairvfl_flwr.jobs import key_agreement
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.errors import FederationError
@@ -30,30 +31,30 @@ def test_masks_cancel_exactly_and_the_sum_is_plain_z_at_the_wire_dtype():
     u = [rng.normal(scale=3.0, size=n).astype(np.float32) for _ in range(k)]
     u[0][:10] = 0.0
     keys = _pair_keys(k)
-    words = [secagg.masked(u[i], i, keys[i], 7, "train", k, f"party {i}") for i in range(k)]
+    words = [ring.masked(u[i], i, keys[i], 7, "train", k, f"party {i}") for i in range(k)]
     total = np.sum(words, axis=0, dtype=np.uint64)  # wraps mod 2^64, as the server sums
     # the integer sum is exactly the sum of the fixed-point encodings: the masks cancel
-    assert np.array_equal(total, np.sum([secagg.encode(x, k, "") for x in u], axis=0, dtype=np.uint64))
+    assert np.array_equal(total, np.sum([ring.encode(x, k, "") for x in u], axis=0, dtype=np.uint64))
     plain = np.sum([x.astype(np.float64) for x in u], axis=0)
-    assert np.array_equal(secagg.decode(total).astype(np.float32), plain.astype(np.float32))
-    assert np.max(np.abs(secagg.decode(total) - plain)) < 1e-12
+    assert np.array_equal(ring.decode(total).astype(np.float32), plain.astype(np.float32))
+    assert np.max(np.abs(ring.decode(total) - plain)) < 1e-12
     # each party's words on their own are far from its logits (uniform 64-bit words)
     for i in range(k):
-        assert np.median(np.abs(secagg.decode(words[i]) - u[i])) > 100.0
+        assert np.median(np.abs(ring.decode(words[i]) - u[i])) > 100.0
 
 
 def test_masks_depend_on_round_and_split_only():
     keys = _pair_keys(3)
     u = np.linspace(-1, 1, 100).astype(np.float32)
-    a = secagg.masked(u, 1, keys[1], 4, "train", 3, "p")
-    assert np.array_equal(a, secagg.masked(u, 1, keys[1], 4, "train", 3, "p"))  # a re-send: the same words
-    assert not np.array_equal(a, secagg.masked(u, 1, keys[1], 5, "train", 3, "p"))
-    assert not np.array_equal(a, secagg.masked(u, 1, keys[1], 4, "test", 3, "p"))
+    a = ring.masked(u, 1, keys[1], 4, "train", 3, "p")
+    assert np.array_equal(a, ring.masked(u, 1, keys[1], 4, "train", 3, "p"))  # a re-send: the same words
+    assert not np.array_equal(a, ring.masked(u, 1, keys[1], 5, "train", 3, "p"))
+    assert not np.array_equal(a, ring.masked(u, 1, keys[1], 4, "test", 3, "p"))
 
 
 def test_out_of_range_logits_are_refused_naming_the_party():
     with pytest.raises(ValueError, match="party 3.*beyond the secure-aggregation range"):
-        secagg.encode(np.array([0.0, 1e6]), 6, "party 3")
+        ring.encode(np.array([0.0, 1e6]), 6, "party 3")
 
 
 def test_refused_combinations():
@@ -117,7 +118,7 @@ def test_secure_aggregation_same_run_server_sees_noise_and_a_lost_reply_is_resen
     for t in (1, 3, 6):
         assert np.array_equal(m[t]["z"], p[t]["z"])  # the summed logits the active party gets: bit for bit
         assert m[t]["u-2"].dtype == np.uint64
-        assert np.median(np.abs(secagg.decode(m[t]["u-2"]) - p[t]["u-2"])) > 100.0
+        assert np.median(np.abs(ring.decode(m[t]["u-2"]) - p[t]["u-2"])) > 100.0
     # the lost reply of round 3 was re-sent and came back as the same masked words
     assert grid.lost is not None
     lost = grid.lost.content.array_records["logits"]["train"].numpy()
@@ -187,7 +188,7 @@ def test_a_resent_key_request_gets_the_same_key_and_a_new_setup_a_new_one():
         m = Message(RecordDict({"secagg": ConfigRecord({"session": session})}), dst_node_id=5,
                     message_type="query.sakeys")
         m.metadata.__dict__["_message_id"] = f"m-{session}"
-        return secagg.sakeys(m, ctx).content.config_records["secagg"]["public"]
+        return key_agreement.sakeys(m, ctx).content.config_records["secagg"]["public"]
 
     first = ask("a")
     assert ask("a") == first and ask("b") != first
@@ -196,12 +197,12 @@ def test_a_resent_key_request_gets_the_same_key_and_a_new_setup_a_new_one():
 def test_masks_that_do_not_cancel_stop_the_run_without_revealing_anyone(tmp_path, monkeypatch):
     rc = RunConfig.from_flower({**RunConfig().to_flower(), "dataset": "crime", "num-server-rounds": 2,
                                 "output-dir": str(tmp_path), "privacy.secure-aggregation": True}).to_flower()
-    derive = secagg.pair_key
+    derive = agreement.pair_key
 
     def lost(private, peer_public, a, b, session=""):  # party 3 holds another key for party 0 than party 0 does
         return bytes(32) if (a, b) == (3, 0) else derive(private, peer_public, a, b, session)
 
-    monkeypatch.setattr(secagg, "pair_key", lost)
+    monkeypatch.setattr(agreement, "pair_key", lost)
     with pytest.raises(FederationError, match="round 0: the masks of the .* logits did not cancel"):
         run_server(InProcessGrid(client_app, rc, rc["num-parties"]), rc)
 

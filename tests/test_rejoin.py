@@ -19,7 +19,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.flower.party import MODEL_STATE
-from fairvfl_flwr.features import rejoin, secagg
+from fairvfl_flwr.features import rejoin
+from fairvfl_flwr.secure import agreement
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower import store
 from fairvfl_flwr.flower.errors import FederationError
@@ -148,14 +149,14 @@ def test_a_party_refuses_a_session_it_has_left_even_after_it_restarted(run_app, 
     cfg = {**BASE, "optimizer": "gd", "output-dir": str(tmp_path / "runs")}
     run = run_app(cfg, grid_cls=DropGrid, victim=1, at=3)
     back = run.grid.returned[0]
-    sessions = list(run.grid.contexts[back].state.config_records[secagg.SESSIONS_STATE]["sessions"])
+    sessions = list(run.grid.contexts[back].state.config_records[agreement.SESSIONS_STATE]["sessions"])
     assert len(sessions) == 2  # the first set-up (restored from its disk) and the fresh one after it came back
-    current = run.grid.contexts[back].state.config_records[secagg.SESSION_STATE]["session"]
+    current = run.grid.contexts[back].state.config_records[agreement.SESSION_STATE]["session"]
     assert current == sessions[-1]
     assert not _sakeys(run.grid, back, current).has_error()  # a re-sent request of the current set-up
     replayed = _sakeys(run.grid, back, sessions[0])
     assert replayed.has_error() and "already left" in replayed.error.reason
     for nid in run.grid.node_ids:  # every other party too
-        old = run.grid.contexts[nid].state.config_records[secagg.SESSIONS_STATE]["sessions"][0]
+        old = run.grid.contexts[nid].state.config_records[agreement.SESSIONS_STATE]["sessions"][0]
         reply = _sakeys(run.grid, nid, old)
         assert reply.has_error() and "replayed session is refused" in reply.error.reason

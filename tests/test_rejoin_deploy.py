@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.tools.cli import config_text
 from fairvfl_flwr.tools.localfed import BIN, HOST, LocalFederation, free_port
 
@@ -60,7 +60,7 @@ def own_federation(tmp_path: Path) -> tuple[Path, list[dict], dict]:
     tables = tmp_path / "tables"
     tables.mkdir()
     write_own_tables(adult_raw(), tables)
-    identities = secagg.generate_identities(tmp_path / "identities", len(ID_NAMES))
+    identities = identity.generate_identities(tmp_path / "identities", len(ID_NAMES))
     nodes = []
     for k, id_name in enumerate(ID_NAMES):
         path = tmp_path / f"own{k}.csv"

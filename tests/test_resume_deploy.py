@@ -6,7 +6,7 @@ checkpoints every round. Once the server has checkpointed round 2 its ``flwr-ser
 process is killed (SIGKILL: a crash, nothing flushed). A second ``flwr run`` with
 ``reliability.resume-from`` continues it: every party returns to its stored state of the
 checkpoint's round at the resumed run's first key set-up, a rollback every party signs
-(features/secagg.py), and the run ends with the model of an undisturbed run on the same
+(secure/agreement.py), and the run ends with the model of an undisturbed run on the same
 tables, bit for bit (the in-process run: test_align_deploy.py shows a deployment equals it).
 """
 

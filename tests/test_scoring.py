@@ -182,10 +182,10 @@ class RecordingGrid(InProcessGrid):
 def test_a_masked_model_is_scored_masked_by_a_job_naming_only_the_model(tmp_path):
     """A model trained under secure aggregation: the job's run config leaves it out, the
     job takes it from the model, and the parties mask their partial logits."""
-    from fairvfl_flwr.features import secagg
+    from fairvfl_flwr.secure import identity
 
     nodes = [{"partition-id": i, "num-partitions": 4, **keys}
-             for i, keys in enumerate(secagg.generate_identities(tmp_path / "identities", 4))]
+             for i, keys in enumerate(identity.generate_identities(tmp_path / "identities", 4))]
     train = RunConfig.from_flower({**BASE, "num-server-rounds": 4, "privacy.secure-aggregation": True,
                                    "output-dir": str(tmp_path / "train")}).to_flower()
     _, folder = run_server(InProcessGrid(client_app, train, 4, node_configs=nodes), train)

@@ -15,7 +15,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.features import secagg
-from fairvfl_flwr.flower import roundview
+from fairvfl_flwr.secure import agreement, identity, ring, view
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.tools import malicious
@@ -38,7 +38,7 @@ def _config(tmp_path, **extra):
 
 def _grid(cls, tmp_path, rc, keys=True):
     k = rc["num-parties"]
-    ids = secagg.generate_identities(tmp_path / "identities", k)  # each party's own key file, every public key pinned
+    ids = identity.generate_identities(tmp_path / "identities", k)  # each party's own key file, every public key pinned
     return cls(client_app, rc, k, node_configs=[{"partition-id": i, "num-partitions": k, **(ids[i] if keys else {})}
                                                 for i in range(k)])
 
@@ -47,7 +47,7 @@ def relayed(msg):
     """The relay of every party's signed key a message carries (round 0's messages), or None."""
     if msg.metadata.message_type == msgs.SECAGG_PEERS:
         return msg.content.config_records["secagg"]
-    return msg.content.config_records.get(secagg.RELAY)
+    return msg.content.config_records.get(view.RELAY)
 
 
 def relay_replies(grid):
@@ -114,7 +114,7 @@ class SplitSession(Wire):
 
     def tamper(self, msg):
         if msg.metadata.message_type == msgs.INFO and msg.metadata.dst_node_id == self.node_ids[2]:
-            msg.content.config_records["secagg"] = secagg.key_request(secagg.new_session())
+            msg.content.config_records["secagg"] = agreement.key_request(agreement.new_session())
 
 
 def test_a_key_asked_for_another_session_on_discovery_is_refused_by_every_party(tmp_path):
@@ -196,14 +196,14 @@ def test_a_scoring_job_under_secure_aggregation_gives_the_server_masked_words_an
     assert logits and all(w.dtype == np.uint64 for w in logits)  # only masked words, no float partial logit
     clear = [u for u in plain if u.dtype.kind == "f"]
     for w, u in zip(logits, clear):  # same party, same chunk: the words are nothing like its partial logits
-        assert np.median(np.abs(secagg.decode(w) - u)) > 100.0
+        assert np.median(np.abs(ring.decode(w) - u)) > 100.0
 
 
 def test_a_wrong_peers_file_is_named_as_such_not_as_party_0s_key(tmp_path):
     rc = _config(tmp_path)
     k = rc["num-parties"]
-    ids = secagg.generate_identities(tmp_path / "identities", k)
-    other = secagg.generate_identities(tmp_path / "another-federation", k)
+    ids = identity.generate_identities(tmp_path / "identities", k)
+    other = identity.generate_identities(tmp_path / "another-federation", k)
     nodes = [{"partition-id": i, "num-partitions": k, **ids[i]} for i in range(k)]
     nodes[2] = {**nodes[2], "peers": other[2]["peers"]}  # party 2 was handed another federation's peers file
     grid = Wire(client_app, rc, k, node_configs=nodes)
@@ -223,7 +223,7 @@ def _isolation_config(tmp_path, rounds):
 @pytest.mark.parametrize("probe", [True, False], ids=["probe-nu", "real-nu-to-one"])
 def test_different_nu_per_party_decodes_noise_and_every_party_refuses_the_next_round(tmp_path, probe):
     rc = _isolation_config(tmp_path, 10)
-    ids = secagg.generate_identities(tmp_path / "identities", rc["num-parties"])
+    ids = identity.generate_identities(tmp_path / "identities", rc["num-parties"])
     got = malicious.isolate(rc, target=2, probe=probe, identities=ids)
     assert got.refused_round == 2 and got.rounds_decoded == 2  # round 0 (one view) and round 1 (noise)
     assert got.noise > 100.0  # a true sum of logits is O(1); uncancelled masks are uniform over ±2^15
@@ -236,7 +236,7 @@ def test_different_nu_per_party_decodes_noise_and_every_party_refuses_the_next_r
 @pytest.mark.parametrize("rounds", [10, *(pytest.param(r, marks=pytest.mark.slow) for r in (30, 100))])
 def test_masks_bound_to_the_view_alone_leave_the_server_noise_over_many_rounds(tmp_path, monkeypatch, rounds):
     """Parties that never compared confirmations (the check off): the masks still do not cancel."""
-    monkeypatch.setattr(roundview, "confirm_peers", lambda *a, **kw: None)
+    monkeypatch.setattr(view, "confirm_peers", lambda *a, **kw: None)
     got = malicious.isolate(_isolation_config(tmp_path, rounds), target=2)
     assert got.refused_round is None and got.rounds_decoded == rounds + 1
     assert got.gram_error >= 0.9
@@ -244,8 +244,8 @@ def test_masks_bound_to_the_view_alone_leave_the_server_noise_over_many_rounds(t
 
 def test_without_the_binding_the_isolation_attack_reads_the_target(tmp_path, monkeypatch):
     """What the tests above guard against: masks not bound to the view cancel for any ν."""
-    monkeypatch.setattr(roundview, "confirm_peers", lambda *a, **kw: None)
-    monkeypatch.setattr(roundview, "bound_key", lambda key, view: key)
+    monkeypatch.setattr(view, "confirm_peers", lambda *a, **kw: None)
+    monkeypatch.setattr(view, "bound_key", lambda key, view: key)
     got = malicious.isolate(_isolation_config(tmp_path, 30), target=2)
     assert got.gram_error < 1e-3
 
@@ -254,16 +254,16 @@ def test_without_the_binding_the_isolation_attack_reads_the_target(tmp_path, mon
 def test_a_confirmation_that_is_not_the_peers_hmac_is_refused_naming_the_peer(tag):
     """The confirmations ride in one config record (t-<party> -> 32 bytes); anything else in party
     1's place, or the old per-peer arrays, is party 1's view differing or missing."""
-    keys, view = {1: bytes(range(32)), 2: bytes(range(1, 33))}, b"v" * 32
-    good = roundview.confirmations(view, 1, {0: keys[1]})["t-0"], roundview.confirmations(view, 2, {0: keys[2]})["t-0"]
-    assert roundview.confirmations(view, 0, keys).keys() == {"t-1", "t-2"}
-    carrying = lambda record: SimpleNamespace(content=RecordDict({roundview.CONFIRM: record}))  # what it reads
-    roundview.confirm_peers(carrying(ConfigRecord({"t-1": good[0], "t-2": good[1]})), view, "party 0", keys, 3)
+    keys, head = {1: bytes(range(32)), 2: bytes(range(1, 33))}, b"v" * 32
+    good = view.confirmations(head, 1, {0: keys[1]})["t-0"], view.confirmations(head, 2, {0: keys[2]})["t-0"]
+    assert view.confirmations(head, 0, keys).keys() == {"t-1", "t-2"}
+    carrying = lambda record: SimpleNamespace(content=RecordDict({view.CONFIRM: record}))  # what it reads
+    view.confirm_peers(carrying(ConfigRecord({"t-1": good[0], "t-2": good[1]})), head, "party 0", keys, 3)
     record = (ArrayRecord({"t-1": msgs.blob_array(good[0]), "t-2": msgs.blob_array(good[1])}) if tag is None
               else ConfigRecord({"t-1": tag, "t-2": good[1]}))
     with pytest.raises(FederationError, match="no confirmation from party 1" if tag is None else
                        "party 1's view of round 3 differs"):
-        roundview.confirm_peers(carrying(record), view, "party 0", keys, 3)
+        view.confirm_peers(carrying(record), head, "party 0", keys, 3)
 
 
 def test_a_resent_round_with_changed_nu_is_refused(tmp_path):

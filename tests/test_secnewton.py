@@ -21,7 +21,7 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.features import secagg
-from fairvfl_flwr.flower import roundview
+from fairvfl_flwr.secure import ring, view
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import PartyUnavailable
@@ -52,30 +52,30 @@ def test_masked_sums_equal_the_plain_sums_at_the_fixed_point_encoding():
     dirs = [rng.normal(scale=2.0, size=n).astype(np.float32) for _ in range(k)]
     # a and the Gram matrix: float64 of any scale, down to the tiny values near convergence
     small = [rng.normal(size=w + w * w) * 10.0 ** rng.integers(-14, 4, size=w + w * w) for _ in range(k)]
-    words = [secagg.masked(dirs[i], i, keys[i], 5, "dir", k, f"party {i}") for i in range(k)]
+    words = [ring.masked(dirs[i], i, keys[i], 5, "dir", k, f"party {i}") for i in range(k)]
     total = np.sum(words, axis=0, dtype=np.uint64)
-    assert np.array_equal(total, np.sum([secagg.encode(d, k, "") for d in dirs], axis=0, dtype=np.uint64))
+    assert np.array_equal(total, np.sum([ring.encode(d, k, "") for d in dirs], axis=0, dtype=np.uint64))
     plain = np.sum([d.astype(np.float64) for d in dirs], axis=0)
-    assert np.array_equal(secagg.decode(total).astype(np.float32), plain.astype(np.float32))
-    wide = [secagg.masked_wide(small[i], i, keys[i], 5, "dir-gram", k, f"party {i}", "gram") for i in range(k)]
-    encodings = [secagg.encode_wide(s, k, "", "") for s in small]
-    assert secagg.sum_wide(wide) == [sum(col) % 2**128 for col in zip(*encodings)]  # bit for bit
-    np.testing.assert_allclose(secagg.decode_wide(secagg.sum_wide(wide)), np.sum(small, axis=0), rtol=1e-15,
+    assert np.array_equal(ring.decode(total).astype(np.float32), plain.astype(np.float32))
+    wide = [ring.masked_wide(small[i], i, keys[i], 5, "dir-gram", k, f"party {i}", "gram") for i in range(k)]
+    encodings = [ring.encode_wide(s, k, "", "") for s in small]
+    assert ring.sum_wide(wide) == [sum(col) % 2**128 for col in zip(*encodings)]  # bit for bit
+    np.testing.assert_allclose(ring.decode_wide(ring.sum_wide(wide)), np.sum(small, axis=0), rtol=1e-15,
                                atol=1e-19)
     for i in range(k):  # one party's words alone are noise
-        assert np.median(np.abs(secagg.decode(words[i]) - dirs[i])) > 100.0
-        assert np.median(np.abs(secagg.decode_wide(secagg.sum_wide([wide[i]])))) > 1e6
+        assert np.median(np.abs(ring.decode(words[i]) - dirs[i])) > 100.0
+        assert np.median(np.abs(ring.decode_wide(ring.sum_wide([wide[i]])))) > 1e6
 
 
 def test_every_vector_of_a_round_has_its_own_mask():
     keys = _pair_keys(2)[0]
-    streams = [secagg.mask(keys[1], 7, label, 4).tobytes() for label in secagg.SPLITS]
-    assert len(set(streams)) == len(secagg.SPLITS)
+    streams = [ring.mask(keys[1], 7, label, 4).tobytes() for label in ring.SPLITS]
+    assert len(set(streams)) == len(ring.SPLITS)
 
 
 def test_a_wide_value_out_of_range_is_refused_naming_the_party():
     with pytest.raises(ValueError, match="party 2: Newton 'gram'.*not finite or beyond"):
-        secagg.masked_wide(np.array([1.0, np.nan]), 2, _pair_keys(3)[2], 1, "dir-gram", 3, "party 2", "Newton 'gram'")
+        ring.masked_wide(np.array([1.0, np.nan]), 2, _pair_keys(3)[2], 1, "dir-gram", 3, "party 2", "Newton 'gram'")
 
 
 # -- whole runs --------------------------------------------------------------------------------
@@ -140,14 +140,14 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
         assert set(arrays) in ({msgs.LOGITS}, {msgs.DIRECTIONS}), (mtype, arrays)
         assert len(configs[secagg.SQ_NORM]["sq-norm"]) == 16  # ‖θ_k‖²: one masked 128-bit word
         assert metrics[msgs.STATS]["sq-norm"] == 0.0  # ‖θ_k‖² travels masked
-        confirmations = configs[roundview.CONFIRM]  # one 32-byte HMAC of the round's view per peer
+        confirmations = configs[view.CONFIRM]  # one 32-byte HMAC of the round's view per peer
         assert len(confirmations) == 2 and all(isinstance(t, bytes) and len(t) == 32 for t in confirmations.values())
         for record in arrays.values():
             for key, words in record.items():
                 assert words.dtype == np.uint64, (mtype, key)
         if msgs.DIRECTIONS in arrays:
             assert set(arrays[msgs.DIRECTIONS]) <= {"dir", "a", "gram", "test", "test-dirs"}
-            assert np.median(np.abs(secagg.decode(arrays[msgs.DIRECTIONS]["dir"]))) > 100.0  # X_k s_k is O(1)
+            assert np.median(np.abs(ring.decode(arrays[msgs.DIRECTIONS]["dir"]))) > 100.0  # X_k s_k is O(1)
     # every party gets the same step lengths: one α shared by all
     for t in range(2, 6):
         alphas = [m.content.array_records[msgs.PAYLOAD]["alpha"].numpy() for m in grid.sent if m.metadata.group_id == str(t)]
@@ -207,7 +207,7 @@ def test_a_lost_reply_is_resent_as_the_same_words_and_nobody_is_unmasked(tmp_pat
     assert np.array_equal(lost["gram"].numpy(), server[3]["gram-2"])
     round3 = [r for r in grid.received if r[1] == "3" and r[0] != msgs.NEWTON_APPLY]
     assert len(round3) == 3  # the lost reply never arrived; the re-sent one did, nothing else
-    assert all(set(r[3]) == {msgs.DIRECTIONS} and {roundview.CONFIRM, secagg.SQ_NORM} <= set(r[5]) for r in round3)
+    assert all(set(r[3]) == {msgs.DIRECTIONS} and {view.CONFIRM, secagg.SQ_NORM} <= set(r[5]) for r in round3)
 
 
 def test_auto_picks_shared_step_newton_under_secure_aggregation():

@@ -10,11 +10,10 @@ A new job is its module (its message types, party handlers, server entry and mod
 from __future__ import annotations
 
 from fairvfl_flwr.app import training
-from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower.jobs import Job, register
-from fairvfl_flwr.jobs import alignment, saving, scoring
+from fairvfl_flwr.jobs import alignment, key_agreement, saving, scoring
 
 #: The app's jobs: training (its modes fairvfl, fairvfl-scores, split), the scoring job
 #: (mode score), and the jobs that run inside them.
-JOBS: tuple[Job, ...] = (training.JOB, scoring.JOB, alignment.JOB, saving.JOB, secagg.JOB)
+JOBS: tuple[Job, ...] = (training.JOB, scoring.JOB, alignment.JOB, saving.JOB, key_agreement.JOB)
 register(*JOBS)

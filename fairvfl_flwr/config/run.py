@@ -381,7 +381,7 @@ class RunConfig:
         where ``auto`` means on wherever the parties read their own data (a deployment: own
         tables, or exported party files with the server's label file). Server and parties
         resolve it alike from the same run config; a deployed party also refuses an unmasked
-        job on its own (features/secagg.py)."""
+        job on its own (secure/identity.check_deployment)."""
         if self.secure_aggregation == "auto":
             return self.tables_own or bool(self.server_labels)
         return self.secure_aggregation == "true"

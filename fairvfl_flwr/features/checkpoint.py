@@ -13,7 +13,7 @@ rounds, keyed by a hash of the settings that determine θ (:func:`~fairvfl_flwr.
 so a resumed run, a new Flower run, finds them. A resume is a rejoin of every party at once:
 without secure aggregation each party restores round r on ``query.rejoin``; under it the
 key set-up that opens the resumed run is a rollback every party signs
-(features/secagg.py), so a resumed masked or block-Newton run continues bit for bit.
+(secure/agreement.py), so a resumed masked or block-Newton run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Checkpoints(RoundHook):
     """Write the server's state every ``every`` rounds (and round 0); restore ``resume``.
 
     ``resume``: (meta, state) from :func:`load_resume`, or None; ``masked``: the run is under
-    secure aggregation, whose signed set-up moves the parties back (features/secagg.py); the
+    secure aggregation, whose signed set-up moves the parties back (secure/agreement.py); the
     others are sent ``query.rejoin``.
     """
 

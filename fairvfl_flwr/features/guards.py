@@ -29,7 +29,7 @@ from flwr.supercore import log
 from fairvfl_flwr.data.tables import DataError
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower import roundview
+from fairvfl_flwr.secure import view
 from fairvfl_flwr.flower.errors import REFUSALS, REFUSED, FederationError, one_paragraph
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, mark_answer_record
@@ -62,7 +62,7 @@ def guard_mod(message: Message, context, call_next) -> Message:
     if rc is None or not isinstance(rc.get("round"), int):
         raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
     server_round = int(rc["round"])
-    digest = roundview.content_digest(message.content, mtype, "")
+    digest = view.content_digest(message.content, mtype, "")
     last = context.state.config_records.get(LAST)
     if last is not None and last["round"] == server_round and mtype in last["types"]:
         if last[f"{mtype}|digest"] != digest:
@@ -115,7 +115,7 @@ def _again(message: Message, context, last: ConfigRecord, step: bool) -> Message
 
 def _reply_digest(reply: Message) -> str:
     """SHA-256 of a reply's values (its logits or directions and statistics): what a re-send must repeat."""
-    return roundview.content_digest(reply.content, "reply", "")
+    return view.content_digest(reply.content, "reply", "")
 
 
 def _forget(context) -> None:

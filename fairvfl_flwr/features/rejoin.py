@@ -16,7 +16,7 @@ that round. The server checks the party's role, rows and row-id digest as at dis
 takes the new node in place of the old, and every hook re-establishes its set-up. Without
 secure aggregation each party restores round r on the rejoin message; under it, the fresh
 signed session is the move: every party signs the round and history head it restores, and
-restores only once every peer signed the same (features/secagg.py, flower/history.py), so
+restores only once every peer signed the same (secure/agreement.py, flower/history.py), so
 no party ever steps back alone. Round r + 1 then runs again. The server never holds a
 party's block; a party that cannot restore round r (no state, another run's) refuses,
 naming its folder.
@@ -65,7 +65,7 @@ def rejoin(message: Message, context: Context) -> Message:
     """Answer as to discovery (role, rows, row-id digest) with the round to continue from, once this
     party holds its state of that round on its own disk. Without secure aggregation it restores
     that state now; under it the party moves only at the set-up that follows, once every party
-    signed the same round and history head (features/secagg.py): a party alone never steps back."""
+    signed the same round and history head (secure/agreement.py): a party alone never steps back."""
     rt = PartyRuntime(context)
     server_round = round_of(message)[0]
     records = load_state(state_dir(context, rt), server_round, rt.who)

@@ -1,6 +1,6 @@
 """One history per run: a party moves only along the chain every party holds.
 
-Secure aggregation binds each round's masks to the round's view (flower/roundview.py), so
+Secure aggregation binds each round's masks to the round's view (secure/view.py), so
 parties sent different values in one round produce a sum that does not decode. A view
 alone says nothing of what came *before* the round: a server that steps one party back
 (a restart, a fresh session, a re-sent start message) and then sends every party the same
@@ -13,14 +13,14 @@ one link per exchange (the view's parts: what every role was sent, which every p
 checks for its own part). The chain leaves the session out, so a fresh key set-up at the
 same round keeps the head, and the head is what the set-up signs:
 
-* masks and view confirmations are bound to the head (:func:`roundview.bound_key`), so two
+* masks and view confirmations are bound to the head (secure/view.bound_key), so two
   parties whose histories differ anywhere produce masks that never cancel;
 * a message of a round and part already answered is answered again only when it is
   byte-identical to the one answered (a re-send, by content), in any session; any other
   message of an earlier round, or of a part already answered, is refused;
 * a start message (``query.init``) is refused once the party answered anything;
 * each key set-up carries every party's signed (round, head), and a party refuses a set-up
-  in which any peer's differs (features/secagg.py); a rollback is one such set-up in which
+  in which any peer's differs (secure/agreement.py); a rollback is one such set-up in which
   every party signs the round and head it restores from its own disk, and none moves
   before all have signed (flower/store.py holds the states).
 

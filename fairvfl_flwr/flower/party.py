@@ -35,7 +35,7 @@ GRADIENT_STATE = "fairvfl.gradient"
 OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
 #: tables.own: the key of the block this node prepared at alignment (jobs/alignment.py writes it).
 ALIGNED_STATE = "fairvfl.aligned"
-#: Secure aggregation: the view of the round this party accepted (flower/roundview.py writes
+#: Secure aggregation: the view of the round this party accepted (secure/view.py writes
 #: it before the message's handler runs; a transcript keeps its digest).
 VIEW_STATE = "fairvfl.secagg-view"
 #: tables.own, a scoring job: the ids of the party's score file that every party holds (its own ids).

@@ -15,7 +15,7 @@ last :data:`KEEP` checkpoint rounds. Nothing of it is ever sent.
 A restore (:func:`restore`) puts a round's records back, closes that round in the party's
 history (nothing of it is answered again) and drops what described the last message
 answered. Under secure aggregation only a key set-up every party signed moves a party
-(features/secagg.py); without it the run's restart message does (features/rejoin.py).
+(secure/agreement.py); without it the run's restart message does (features/rejoin.py).
 """
 
 from __future__ import annotations

@@ -89,13 +89,13 @@ from fairvfl_flwr.data.preflight import Rules, check_party
 from fairvfl_flwr.data.encoding import score_file
 from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
-from fairvfl_flwr.features import secagg
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, PartyRuntime
+from fairvfl_flwr.secure import identity
 
 STEP = "align"  # ConfigRecord of a request: the step's fields (its message type says which step)
 REPLY = "aligned"  # ConfigRecord of a reply
@@ -614,7 +614,7 @@ def signed_text(session: str, purpose: str, made_at: str, about: int, payload: b
 
 class _Signer:
     """A party's signatures of the lists it sends and its checks of those it acts on (the
-    identity keys secure aggregation pins: features/secagg.py), within one session that the
+    identity keys secure aggregation pins: secure/identity.py), within one session that the
     party never took part in before."""
 
     def __init__(self, context: Context, cfg: RunConfig, spec: PartySpec, message_type: str, purpose: str,
@@ -644,30 +644,30 @@ class _Signer:
         peers file, whatever its node config says about masking: the demo keys anyone can derive
         would let a server forge the lists it acts on (a dictionary test of its ids)."""
         node = NodeConfig.of(self.context)
-        missing = [k for k, v in ((secagg.IDENTITY_KEY, node.identity_key), (secagg.PEERS, node.peers)) if not v]
+        missing = [k for k, v in ((identity.IDENTITY_KEY, node.identity_key), (identity.PEERS, node.peers)) if not v]
         if node.deployed and missing:
             raise NodeConfigError(
                 f"{self.spec.name}: private alignment: this node reads its own data but its node config names no "
                 f"{' and no '.join(repr(k) for k in missing)}: every list of the alignment is signed with the "
                 f"party's own identity key and checked against the pinned peers file, and "
-                f"{secagg.ALLOW_UNMASKED}=true does not waive that (demo keys exist only in simulation). Set node "
-                f"config {secagg.IDENTITY_KEY} and {secagg.PEERS}; make them with {secagg.KEY_TOOL} (docs/deploy.md, "
+                f"{identity.ALLOW_UNMASKED}=true does not waive that (demo keys exist only in simulation). Set node "
+                f"config {identity.IDENTITY_KEY} and {identity.PEERS}; make them with {identity.KEY_TOOL} (docs/deploy.md, "
                 "section 0); refused before any id was read")
         if _raw(self._peers[self.spec.partition_id]) != _raw(self._identity.public_key()):
-            raise NodeConfigError(f"{self.spec.name}: node config {secagg.PEERS}={node.peers} pins another "
-                                  f"key for this party than its own {secagg.IDENTITY_KEY}: the peers file is not this "
-                                  f"federation's, or {secagg.IDENTITY_KEY} is not this party's key; refused")
+            raise NodeConfigError(f"{self.spec.name}: node config {identity.PEERS}={node.peers} pins another "
+                                  f"key for this party than its own {identity.IDENTITY_KEY}: the peers file is not this "
+                                  f"federation's, or {identity.IDENTITY_KEY} is not this party's key; refused")
 
     def _text(self, made_at: str, about: int, payload: bytes) -> bytes:
         return signed_text(self.session, self.purpose, made_at, about, payload)
 
     @functools.cached_property
     def _identity(self):
-        return secagg.identity(self.context)
+        return identity.identity(self.context)
 
     @functools.cached_property
     def _peers(self):
-        return secagg.peer_keys(self.context, self.cfg.num_parties)
+        return identity.peer_keys(self.context, self.cfg.num_parties)
 
     @functools.cached_property
     def peers_digest(self) -> str:

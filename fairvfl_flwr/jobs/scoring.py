@@ -51,15 +51,16 @@ from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.encoding import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.data.tables import ids_digest
-from fairvfl_flwr.features import secagg
 from fairvfl_flwr.jobs.alignment import align_score_rows
-from fairvfl_flwr.flower import checks, exchange, roundview
+from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, TRAINED_STATE, PartyRuntime, scoring_job
 from fairvfl_flwr.flower.results import run_folder
+from fairvfl_flwr.secure import agreement, ring, view
+from fairvfl_flwr.secure.nonces import mask_round
 
 RECORD = "score"  # the ConfigRecord every scoring message carries
 TRAINING = "trained-settings"  # the ConfigRecord of the training settings every message of a scoring job carries
@@ -183,9 +184,9 @@ def run_scoring(grid: Grid, scoring: ScoringRun, run_id: int | str | None = None
     ordered = [info[pid]["node"] for pid in sorted(info)]
     views = None
     if cfg.masked:  # each chunk's replies masked: the server learns the per-row totals only
-        session = secagg.agree_keys([(nid, pid, parties.name(nid)) for pid, nid in zip(sorted(info), ordered)],
+        session = agreement.agree_keys([(nid, pid, parties.name(nid)) for pid, nid in zip(sorted(info), ordered)],
                                     parties.exchange)
-        views = roundview.ServerViews(session)  # every chunk one view of all parties
+        views = view.ServerViews(session)  # every chunk one view of all parties
     n_rows = int(info[min(info)]["n-rows"])
     ids, z = _score_chunks(parties, cfg, ordered, job, n_rows, views)
     folder = run_folder(cfg, run_id)
@@ -235,7 +236,7 @@ def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Map
 
 
 def _score_chunks(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dict, n_rows: int,
-                  views: roundview.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
+                  views: view.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
     """Every row's id and summed logit z, asked for in chunks of ``score.chunk-rows``
     (under secure aggregation, each chunk one view of all parties: ``views``)."""
     chunk = cfg.score_chunk_rows
@@ -256,14 +257,14 @@ def _score_chunks(parties: _Parties, cfg: RunConfig, ordered: list[int], job: di
 
 
 def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dict,
-                 views: roundview.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
+                 views: view.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
     """One chunk (rows ``job["start"]`` up to ``job["stop"]``): its ids, equal across parties,
     and the sum of the parties' partial logits (unmasked under secure aggregation)."""
     start, stop = job["start"], job["stop"]
     messages = [_message(nid, msgs.SCORE, job, f"score-{start}") for nid in ordered]
     if views is not None:
         parties.grid.stamp(messages)
-        views.attach(messages, parties.role, parties.partition, secagg.mask_round)
+        views.attach(messages, parties.role, parties.partition, mask_round)
     got = {r.metadata.src_node_id: r for r in parties.exchange(messages)}
     if views is not None:
         views.collect(got.values(), parties.partition)
@@ -278,7 +279,7 @@ def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dic
                              f"{parties.name(ordered[0])}'s; refused")
         parts.append(u)
     if cfg.masked:
-        return chunk_ids, secagg.unmask_sum(parts, f"rows {start}..{stop - 1}")
+        return chunk_ids, ring.unmask_sum(parts, f"rows {start}..{stop - 1}")
     return chunk_ids, np.sum(parts, axis=0)
 
 

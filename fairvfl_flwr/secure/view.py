@@ -51,7 +51,10 @@ from fairvfl_flwr.flower.party import ALIGNED_STATE, VIEW_STATE
 
 VIEW = "secagg-view"  # ConfigRecord on a server message: round, part digests
 #: ConfigRecord on a training run's first bound messages: every party's signed key of the set-up
-#: (features/secagg.py). Set-up, not content: a re-sent message's digest leaves it out.
+#: (secure/agreement.py: ``pk-<party>``, ``sig-<party>`` -> bytes; ``round-<party>``, ``head-<party>``:
+#: the history it signed). Set-up, not content: a re-sent message's digest leaves it out. Config
+#: records, not arrays, here and in the set-up's messages: Flower moves every array of a message
+#: as objects of their own, in a request each at every hop.
 RELAY = "secagg-peers"
 #: ConfigRecord of confirmations, ``t-<party>`` -> 32 bytes (on a masked reply: to each peer; on a
 #: message: from each peer). One record, not an array per peer: Flower moves every array of a

@@ -53,8 +53,8 @@ import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.newton import party_curvature
-from fairvfl_flwr.flower.roundview import bound_key
-from fairvfl_flwr.features.secagg import decode, mask
+from fairvfl_flwr.secure.view import bound_key
+from fairvfl_flwr.secure.ring import decode, mask
 
 #: Singular values kept, relative to the largest: below it is the float32 wire's rounding (6e-8
 #: relative per value), not a direction (the Newton equations' R, the column-space attack).
@@ -406,7 +406,7 @@ def peel_masks(words: np.ndarray, pid: int, keys: dict[int, bytes], server_round
     party → key) removed; ``head``: the history head the round's masks are bound to
     (flower/history.py), which the holder of the keys computed itself.
 
-    Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (features/secagg.py); a coalition holding
+    Party i sends q_i + Σ_{j>i} m_ij − Σ_{j<i} m_ji (secure/ring.py); a coalition holding
     k_ij for some j undoes those terms. With every pair key of the word (one passive party and
     the active party's keys) this is q_i: the party's logits in the clear.
     """

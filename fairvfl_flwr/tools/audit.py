@@ -84,7 +84,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partydata import party_spec, server_labels_for
 from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data, whole_table
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import agreement
 from fairvfl_flwr.features import transcripts
 from fairvfl_flwr.features.checkpoint import labels_fingerprint
 from fairvfl_flwr.features.noise import NuNoise
@@ -323,7 +323,7 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
 
 def active_pair_keys(grid: InProcessGrid, active: int = 0) -> dict[int, bytes] | None:
     """The pair keys the active party's node holds after a run under secure aggregation (None without it)."""
-    record = grid.contexts[grid.node_ids[active]].state.array_records.get(secagg.KEYS_STATE)
+    record = grid.contexts[grid.node_ids[active]].state.array_records.get(agreement.KEYS_STATE)
     if record is None:
         return None
     return {int(k.split("-", 1)[1]): record[k].numpy().tobytes() for k in record if k.startswith("k-")}

@@ -37,7 +37,7 @@ from fairvfl_flwr.data.partydata import (
 from fairvfl_flwr.data.encoding import for_columns, sidecar_path
 from fairvfl_flwr.data.problem import load_data, party_columns
 from fairvfl_flwr.data.tables import DataError
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 from fairvfl_flwr.tools.cli import config_text
 
 #: Run-config keys that shape the problem and the models: a deployment run must use the
@@ -68,9 +68,9 @@ def export(cfg: RunConfig, out: Path, superlink: str = "127.0.0.1:9092", first_p
     columns = party_columns(cfg, ds)
     node_configs = []
     if demo_keys:  # every private key in one folder: for a trial on one machine, never a deployment
-        identities = secagg.generate_identities(out / "identities", cfg.num_parties)
+        identities = identity.generate_identities(out / "identities", cfg.num_parties)
     else:  # where each party's own key (fairvfl-keys new) and the pinned peers file will be
-        identities = [{secagg.IDENTITY_KEY: str(out / f"party{k}.key"), secagg.PEERS: str(out / "peers.json")}
+        identities = [{identity.IDENTITY_KEY: str(out / f"party{k}.key"), identity.PEERS: str(out / "peers.json")}
                       for k in range(cfg.num_parties)]
     for k in range(cfg.num_parties):
         path = out / f"party{k}.csv"
@@ -133,13 +133,13 @@ def instructions(manifest: dict, tls: bool = False) -> str:
     if not manifest.get("demo_keys"):
         nodes = manifest["node_configs"]
         lines += ["# 1c. Each party makes its identity key on its own machine (the private key never leaves it)",
-                  *(f"fairvfl-keys new --out {shlex.quote(n[secagg.IDENTITY_KEY])}   # party {k}"
+                  *(f"fairvfl-keys new --out {shlex.quote(n[identity.IDENTITY_KEY])}   # party {k}"
                     for k, n in enumerate(nodes)),
                   "#     and sends the printed public key; whoever assembles the federation pins them all",
                   "fairvfl-keys peers " + " ".join(f"{k}=<party {k}'s public key>" for k in range(len(nodes)))
-                  + f" --out {shlex.quote(nodes[0][secagg.PEERS])}",
+                  + f" --out {shlex.quote(nodes[0][identity.PEERS])}",
                   "#     gives every party that file, and each checks the fingerprints by phone or in person:",
-                  f"fairvfl-keys fingerprints {shlex.quote(nodes[0][secagg.PEERS])}"]
+                  f"fairvfl-keys fingerprints {shlex.quote(nodes[0][identity.PEERS])}"]
     lines += ["# 2. On each party's machine (pip install the app's dependencies there, copy its CSV there",
               "#    and fix data-path if it moves); a 50 ms task poll instead of 1 s starts each message sooner:"]
     for k, node in enumerate(manifest["node_configs"]):

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from fairvfl_flwr.data.partydata import NodeConfigError
-from fairvfl_flwr.features import secagg
+from fairvfl_flwr.secure import identity
 
 
 def new(out: Path) -> str:
@@ -34,11 +34,11 @@ def new(out: Path) -> str:
     if out.exists():
         raise NodeConfigError(f"{out} exists; a new identity would orphan the one your peers pinned. "
                               "Choose another path, or delete it on purpose first")
-    public = secagg.new_identity(out)
+    public = identity.new_identity(out)
     out.with_name(out.name + ".pub").write_text(public + "\n")
-    return (f"private key: {out} (mode 0600: it never leaves this machine; node config {secagg.IDENTITY_KEY}=\"{out}\")\n"
+    return (f"private key: {out} (mode 0600: it never leaves this machine; node config {identity.IDENTITY_KEY}=\"{out}\")\n"
             f"public key:  {public}\n"
-            f"fingerprint: {secagg.fingerprint(public)}\n"
+            f"fingerprint: {identity.fingerprint(public)}\n"
             f"Send the public key (or {out.name}.pub) to whoever assembles the peers file; check the fingerprint "
             "with them by another channel.")
 
@@ -52,7 +52,7 @@ def peers(entries: list[str], out: Path) -> str:
             raise NodeConfigError(f"{entry!r}: give each party as <partition id>=<public key hex or .pub file>")
         if Path(value).expanduser().is_file():
             value = Path(value).expanduser().read_text().strip()
-        secagg.public_key(value, f"party {pid}")
+        identity.public_key(value, f"party {pid}")
         if pid.strip() in table:
             raise NodeConfigError(f"party {pid} is given twice")
         table[str(int(pid))] = value.strip().lower()
@@ -64,7 +64,7 @@ def peers(entries: list[str], out: Path) -> str:
     out = out.expanduser().resolve()
     out.write_text(json.dumps(table, indent=1) + "\n")
     return (f"wrote {out} ({len(table)} parties): give every party this file; each names its copy in its node "
-            f"config ({secagg.PEERS}=\"<its path>\") and reads these fingerprints out to the others\n" + fingerprints(out))
+            f"config ({identity.PEERS}=\"<its path>\") and reads these fingerprints out to the others\n" + fingerprints(out))
 
 
 def fingerprints(path: Path) -> str:
@@ -75,8 +75,8 @@ def fingerprints(path: Path) -> str:
         raise NodeConfigError(f"{path}: not a peers file ({err})") from None
     lines = []
     for pid in sorted(table, key=int):
-        secagg.public_key(table[pid], f"{path}: party {pid}")
-        lines.append(f"party {pid}: {secagg.fingerprint(table[pid])}")
+        identity.public_key(table[pid], f"{path}: party {pid}")
+        lines.append(f"party {pid}: {identity.fingerprint(table[pid])}")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fairvfl_flwr"
 DOC = ROOT / "docs" / "architecture.md"
 #: The layers, in the order imports go (pyproject.toml's import-linter contract).
-LAYERS = ("core", "config", "data", "flower", "algorithms", "features", "jobs", "app", "tools")
+LAYERS = ("core", "config", "data", "flower", "secure", "algorithms", "features", "jobs", "app", "tools")
 #: Folders described but not listed module by module (their own section below the layout).
 FOLDED = {"tools": "command-line tools and their helpers: the table under Tools below"}
 BEGIN = "<!-- layout: generated from the module docstrings (python -m fairvfl_flwr.tools.layout --write) -->"

@@ -2,7 +2,7 @@
 
 The real ServerApp runs; :class:`LyingGrid` rewrites what it sends before the parties get
 it (:meth:`LyingGrid.tamper`) and then covers its tracks: each message's view of the round
-(flower/roundview.py) lists the part that message carries, so every party's own check
+(secure/view.py) lists the part that message carries, so every party's own check
 passes whatever it was sent. The server also ignores its own cancellation check and keeps
 every sum it decodes (:func:`decoded_sums`). What the parties do about it is theirs.
 
@@ -32,12 +32,12 @@ from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.data.tables import normalise_ids, packaged_file
-from fairvfl_flwr.features import secagg
-from fairvfl_flwr.flower import roundview
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import MODEL_STATE, party_data
+from fairvfl_flwr.secure import agreement, identity, ring, view
+from fairvfl_flwr.secure.nonces import mask_round
 from fairvfl_flwr.jobs import alignment
 from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.export import export
@@ -80,20 +80,20 @@ class LyingGrid(InProcessGrid):
     def reseal(self, messages: list[Message]) -> None:
         """Each message's view lists the part that message carries (the first such
         message's digest for the other parts): every party's own check passes."""
-        bound = [m for m in messages if roundview.VIEW in m.content.config_records]
+        bound = [m for m in messages if view.VIEW in m.content.config_records]
         digests = {}
         for m in bound:
             mtype, role = m.metadata.message_type, self.role(m.metadata.dst_node_id)
-            digests[id(m)] = (roundview.part_name(mtype, role), roundview.content_digest(m.content, mtype, role))
+            digests[id(m)] = (view.part_name(mtype, role), view.content_digest(m.content, mtype, role))
         common: dict[str, str] = {}
         for name, digest in digests.values():
             common.setdefault(name, digest)
         for m in bound:
             name, digest = digests[id(m)]
             rc = m.content.config_records.get(msgs.ROUND)
-            r = int(rc["round"]) if rc is not None else int(m.content.config_records[roundview.VIEW]["round"])
+            r = int(rc["round"]) if rc is not None else int(m.content.config_records[view.VIEW]["round"])
             parts = {**common, name: digest}
-            m.content.config_records[roundview.VIEW] = ConfigRecord(
+            m.content.config_records[view.VIEW] = ConfigRecord(
                 {"round": r, "parts": [f"{k}={v}" for k, v in sorted(parts.items())]})
 
     def replies(self, mtype: str | None = None) -> list[Message]:
@@ -146,7 +146,7 @@ def decoded_sums() -> Iterator[dict[int, np.ndarray]]:
             sums[int(masks.split()[1].rstrip(":"))] = np.array(total)
         return np.abs(total) if "sq-norm" in masks else total  # ‖θ‖² must look like one to go on
 
-    with mock.patch.object(secagg, "cancelled", keep):
+    with mock.patch.object(ring, "cancelled", keep):
         yield sums
 
 
@@ -257,11 +257,11 @@ class Hijack(LyingGrid):
                  and r.metadata.group_id == str(server_round) and record in arrays]
         if len(words) != len(self.node_ids):
             raise ValueError(f"round {server_round}: {len(words)} of {len(self.node_ids)} replies carry {record}")
-        return secagg.decode(np.sum(words, axis=0, dtype=np.uint64))
+        return ring.decode(np.sum(words, axis=0, dtype=np.uint64))
 
 
 #: Records of an honest message that belong to its exchange, not to what it asks: a replay drops them.
-EXCHANGE_RECORDS = (roundview.VIEW, roundview.CONFIRM, secagg.RELAY)
+EXCHANGE_RECORDS = (view.VIEW, view.CONFIRM, view.RELAY)
 
 
 def replayed(msg: Message, **payload: np.ndarray) -> Message:
@@ -276,14 +276,14 @@ def replayed(msg: Message, **payload: np.ndarray) -> Message:
 
 class HandServer:
     """A malicious server that sends what it likes, when it likes, to whom it likes, with the
-    protocol's own pieces: each set-up a signed session (secagg's request and relay), each
-    exchange bound to the session's view (roundview's :class:`ServerViews`, which also
+    protocol's own pieces: each set-up a signed session (secure/agreement.py's request and relay), each
+    exchange bound to the session's view (secure/view.py's :class:`ServerViews`, which also
     relays the parties' confirmations). It keeps every refusal it gets and decodes what
     it can (:meth:`decode`: None where the masks did not cancel)."""
 
     def __init__(self, grid: InProcessGrid) -> None:
         self.grid = grid
-        self.views: roundview.ServerViews | None = None
+        self.views: view.ServerViews | None = None
         self.refusals: list[str] = []  # every error reply's reason, in order
         self.refused_by: set[int] = set()  # the partitions that sent them
 
@@ -308,10 +308,10 @@ class HandServer:
         """A fresh signed set-up of every party; ``request``: more of the key request (e.g.
         ``rollback=r``), to the node ids ``to`` only (default: every party), the others get the
         plain one. False where any party refused it (the server then holds no session)."""
-        session = secagg.new_session()
+        session = agreement.new_session()
         nodes = self.grid.node_ids
         parties = [(nid, self.pid(nid), f"party {self.pid(nid)}") for nid in nodes]
-        asks = [Message(RecordDict({"secagg": ConfigRecord({**secagg.key_request(session),
+        asks = [Message(RecordDict({"secagg": ConfigRecord({**agreement.key_request(session),
                                                             **(request if to is None or nid in to else {})})}),
                         dst_node_id=nid, message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
         replies = self.send(asks)
@@ -320,13 +320,13 @@ class HandServer:
             return False
         before = len(self.refusals)
         try:
-            secagg.relay_keys(parties, secagg.signed_keys(parties, replies, session), self.send)
+            agreement.relay_keys(parties, agreement.signed_keys(parties, replies, session), self.send)
         except FederationError as exc:
             self.refusals.append(str(exc))
             return False
         if len(self.refusals) > before:
             return False
-        self.views = roundview.ServerViews(session)
+        self.views = view.ServerViews(session)
         return True
 
     def exchange(self, messages: list[Message]) -> list[Message]:
@@ -336,7 +336,7 @@ class HandServer:
         part, so each party's own check passes."""
         if self.views is not None:
             try:
-                self.views.attach(messages, self.role, self.pid, secagg.mask_round)
+                self.views.attach(messages, self.role, self.pid, mask_round)
             except FederationError:
                 self._attach_each(messages)
         replies = self.send(messages)
@@ -345,20 +345,20 @@ class HandServer:
         return replies
 
     def _attach_each(self, messages: list[Message]) -> None:
-        bound = [m for m in messages if m.metadata.message_type not in roundview.UNBOUND]
+        bound = [m for m in messages if m.metadata.message_type not in view.UNBOUND]
         named = []
         for m in bound:
             mtype, role = m.metadata.message_type, self.role(m.metadata.dst_node_id)
-            named.append((m, roundview.part_name(mtype, role), roundview.content_digest(m.content, mtype, role)))
+            named.append((m, view.part_name(mtype, role), view.content_digest(m.content, mtype, role)))
         common: dict[str, str] = {}
         for _, name, digest in named:
             common.setdefault(name, digest)
         for m, name, digest in named:
             parts = {**common, name: digest}
             tags = self.views.relay.get(self.pid(m.metadata.dst_node_id), {})
-            m.content.config_records[roundview.VIEW] = ConfigRecord(
-                {"round": secagg.mask_round(m), "parts": [f"{k}={v}" for k, v in sorted(parts.items())]})
-            m.content.config_records[roundview.CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
+            m.content.config_records[view.VIEW] = ConfigRecord(
+                {"round": mask_round(m), "parts": [f"{k}={v}" for k, v in sorted(parts.items())]})
+            m.content.config_records[view.CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
 
     def rejoin(self, node_ids: list[int], server_round: int) -> list[Message]:
         """``query.rejoin`` of ``server_round`` to ``node_ids`` only."""
@@ -371,8 +371,8 @@ class HandServer:
         if not replies or any(r.has_error() or record not in r.content.array_records for r in replies):
             return None
         words = [r.content.array_records[record][key].numpy() for r in replies]
-        total = secagg.decode(np.sum(words, axis=0, dtype=np.uint64))
-        return total if np.all(np.abs(total) < secagg.LIMIT / 2) else None
+        total = ring.decode(np.sum(words, axis=0, dtype=np.uint64))
+        return total if np.all(np.abs(total) < ring.LIMIT / 2) else None
 
 
 def rejoin_message(node_id: int, server_round: int) -> Message:
@@ -688,7 +688,7 @@ def across_sessions(dataset: str, folder: Path, target: int = 2) -> list[dict]:
                           f"{target} alone, a fresh session, round t again byte for byte"}
     for optimizer, attacks_ in roles_of.items():
         rc = _config(dataset, 10, str(folder / "runs"), optimizer=optimizer)
-        ids = secagg.generate_identities(folder / "identities", rc["num-parties"])
+        ids = identity.generate_identities(folder / "identities", rc["num-parties"])
         for attack in attacks_:
             got = attack(rc, folder / f"{optimizer}-{attack.__name__}", target=target, identities=ids)
             out.append({"role": f"{how[attack]} ({'block Newton' if optimizer == 'newton' else 'gradient descent'}, "
@@ -719,7 +719,7 @@ def roles(dataset: str, rounds: int, folder: Path) -> list[dict]:
     deployed = manifest["node_configs"]
     cases = (
         ("forged demo keys (deployed nodes without their own keys)",
-         [{n: v for n, v in node.items() if n not in (secagg.IDENTITY_KEY, secagg.PEERS)} for node in deployed], {}),
+         [{n: v for n, v in node.items() if n not in (identity.IDENTITY_KEY, identity.PEERS)} for node in deployed], {}),
         ("an unmasked run config against deployed nodes", deployed, {"privacy.secure-aggregation": False}),
     )
     for role, nodes, extra in cases:
