@@ -14,9 +14,9 @@ import torch
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
-from fairvfl_flwr.config.run import resolve_optimizer
+from fairvfl_flwr.config.algorithms import resolve
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.sections import ADAGRAD_REFUSED
+from fairvfl_flwr.algorithms.fairvfl import ADAGRAD
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
 from fairvfl_flwr.core.reference import PartyFloor, lagrangian
@@ -159,10 +159,10 @@ def test_a_resumed_run_continues_with_each_partys_sums(tmp_path):
 ON = {"model": "linear", "mode": "split"}
 
 
-@pytest.mark.parametrize("field", [row[0] for row in ADAGRAD_REFUSED])
+@pytest.mark.parametrize("field", [row[0] for row in ADAGRAD.refuses])
 def test_each_adagrad_refusal_names_the_key_and_why_and_auto_falls_back(field):
     base = {} if field == "model" else {"model": "mlp"}
-    on = next(row[1] for row in ADAGRAD_REFUSED if row[0] == field)
+    on = next(row[1] for row in ADAGRAD.refuses if row[0] == field)
     assert on(RunConfig(**base, **{field: ON[field]}))
     with pytest.raises(ConfigError, match=rf"run config optimizer='adagrad': not supported with {RunConfig.key_of(field)}=.*: \S"):
         RunConfig(optimizer="adagrad", **base, **{field: ON[field]}).validate()
@@ -174,15 +174,15 @@ def test_auto_picks_adagrad_for_an_mlp_and_says_why():
     """Gauss-Newton blocks are opt-in (optimizer='newton'): auto keeps the measured steps for MLPs."""
     cfg = RunConfig(optimizer="auto", model="mlp")
     assert cfg.optimizer_in_use == "adagrad"
-    assert "AdaGrad" in resolve_optimizer(cfg).reason and "optimizer='newton'" in resolve_optimizer(cfg).reason
+    assert "AdaGrad" in resolve(cfg).reason and "optimizer='newton'" in resolve(cfg).reason
     assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds").optimizer_in_use == "gd"
     assert RunConfig(optimizer="auto", model="mlp", checkpoint_every=5).optimizer_in_use == "adagrad"
     batched = RunConfig(optimizer="auto", model="mlp", batch_size=256)  # mini-batches: Newton refused
     assert batched.optimizer_in_use == "adagrad"
-    assert "batching.batch-size=256" in resolve_optimizer(batched).reason
+    assert "batching.batch-size=256" in resolve(batched).reason
     assert RunConfig(optimizer="newton", model="mlp").optimizer_in_use == "newton"
-    assert "Gauss-Newton blocks" in resolve_optimizer(RunConfig(optimizer="newton", model="mlp")).reason
+    assert "Gauss-Newton blocks" in resolve(RunConfig(optimizer="newton", model="mlp")).reason
     fallback = RunConfig(optimizer="auto", batch_size=256)  # linear: neither Newton nor AdaGrad
     assert fallback.optimizer_in_use == "gd"
-    assert resolve_optimizer(fallback).reason == ("gradient descent: block Newton does not run with batching.batch-size=256, "
+    assert resolve(fallback).reason == ("gradient descent: block Newton does not run with batching.batch-size=256, "
                                         "and AdaGrad does not run with model='linear'")

@@ -12,7 +12,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config.__main__ import generated
 from fairvfl_flwr.config.run import BY_FIELD
-from fairvfl_flwr.config.sections import REFUSED
+from fairvfl_flwr.config.sections import refused_combinations
 from fairvfl_flwr.config.settings import HELP_MAX, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +87,9 @@ ON = {"batch_size": 64, "max_staleness": 1, "secure_nu": "ckks", "checkpoint_eve
 
 
 OTHER_VALUES = {"mode": ("split", "score"), "optimizer": ("adagrad",), "model": ("linear",)}
+
+
+REFUSED = refused_combinations()  # config/sections.REFUSED and the registered algorithms' refusals
 
 
 @pytest.mark.parametrize("row", range(len(REFUSED)))

@@ -15,7 +15,7 @@ from fairvfl_flwr.app.refusals import is_refusal
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config.run import BY_FIELD
-from fairvfl_flwr.config.sections import REFUSED
+from fairvfl_flwr.config.sections import refused_combinations
 from fairvfl_flwr.data.tables import DATASETS, load_dataset
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
@@ -86,13 +86,14 @@ ON = {"batch_size": 64, "max_staleness": 1, "secure_nu": "ckks", "checkpoint_eve
       "mode": "split", "nu_noise": 1.0, "transcript_dir": "/tmp/t", "secure_aggregation": "true", "optimizer": "newton",
       "local_time_budget": 1.0, "label_dp_epsilon": 1.0, "rejoin_timeout": 10.0}
 OTHER_VALUES = {"mode": ("split", "score"), "optimizer": ("adagrad",), "model": ("linear",)}
+REFUSED = refused_combinations()  # config/sections.REFUSED and the registered algorithms' refusals
 
 
 @pytest.mark.parametrize("row", range(len(REFUSED)),
                          ids=[f"{a}-{b}" for a, _, b, _, _ in REFUSED])
 def test_every_refused_combination_reaches_the_user_as_one_paragraph(row, tmp_path):
-    """REFUSED, block Newton's and AdaGrad's refusals included (sections.NEWTON_REFUSED and
-    ADAGRAD_REFUSED are rows of it), through the ServerApp's job from Flower's run config."""
+    """REFUSED and every registered algorithm's refusals (sections.refused_combinations), through
+    the ServerApp's job from Flower's run config."""
     pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     field, on, other, other_on, _ = REFUSED[row]
     values = {name: next(v for v in (ON[name], *OTHER_VALUES.get(name, ())) if is_on(RunConfig(**{name: v})))

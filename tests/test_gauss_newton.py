@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from fairvfl_flwr.app import training as app_training
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.core.gauss_newton import GaussNewton
@@ -94,7 +93,7 @@ def test_the_masked_mlp_run_is_the_plain_shared_step_run_and_sends_only_words(tm
             for key, words in record.items():
                 if mtype.startswith("train."):
                     assert words.dtype == np.uint64, (mtype, key)
-    monkeypatch.setattr(app_training, "NewtonVFL", newton.SharedNewtonVFL)
+    monkeypatch.setattr(newton, "NewtonVFL", newton.SharedNewtonVFL)
     plain, p_folder, _ = _secure_run(tmp_path, "plain", model="mlp",
                                      **{"privacy.secure-aggregation": False, "newton-memory": SHARED_MEMORY})
     for key in ("train_loss", "train_deo", "test_acc"):

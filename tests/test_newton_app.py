@@ -14,7 +14,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.sections import NEWTON_REFUSED
+from fairvfl_flwr.algorithms.newton import NEWTON
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.newton import CentralisedNewton
 from fairvfl_flwr.core.reference import NewtonFloor
@@ -98,16 +98,17 @@ ON = {"batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_ag
       "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split"}
 
 
-@pytest.mark.parametrize("field", [row[0] for row in NEWTON_REFUSED])
+@pytest.mark.parametrize("field", [row[0] for row in NEWTON.refuses])
 def test_each_refusal_names_the_key_and_why_and_auto_falls_back_to_gd(field):
-    on = next(row[1] for row in NEWTON_REFUSED if row[0] == field)
+    on = next(row[1] for row in NEWTON.refuses if row[0] == field)
     assert on(RunConfig(**{field: ON[field]}))
     if field == "secure_nu":
         pytest.importorskip("tenseal")  # secure-nu='ckks' alone is refused without it
     with pytest.raises(ConfigError, match=rf"run config optimizer='newton': not supported with {RunConfig.key_of(field)}=.*: \S"):
         RunConfig(optimizer="newton", **{field: ON[field]}).validate()
-    # the linear model stays, which AdaGrad refuses
-    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == "gd"
+    # the linear model stays, which AdaGrad refuses (split's mode selects the split-learning algorithm)
+    expected = "split" if field == "mode" else "gd"
+    assert RunConfig(optimizer="auto", **{field: ON[field]}).optimizer_in_use == expected
 
 
 def test_auto_is_newton_for_linear_full_batch_runs():
@@ -122,7 +123,7 @@ def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="auto", constraint="equalized-odds", model="mlp").optimizer_in_use == "gd"
     assert RunConfig(optimizer="auto", constraint="equalized-odds", batch_size=256).optimizer_in_use == "gd"
     assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
-    with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, gd, newton, adagrad"):
+    with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, newton, adagrad, gd"):
         RunConfig.from_flower({"optimizer": "sgd"})
 
 

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.algorithms import newton
-from fairvfl_flwr.app import training as app_training
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
-from fairvfl_flwr.config.run import resolve_optimizer
+from fairvfl_flwr.config.algorithms import resolve
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.newton import SHARED_MEMORY, CentralisedNewton
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
@@ -162,7 +161,7 @@ def test_the_masked_run_is_the_plain_shared_step_run(tmp_path, monkeypatch):
     """Secure aggregation changes nothing but what the server sees: the same λ, and the same z
     at the wire dtype for the active party, as the shared-step method summing plain replies."""
     masked, m_folder, m_grid = _secure_run(tmp_path, "masked")
-    monkeypatch.setattr(app_training, "NewtonVFL", newton.SharedNewtonVFL)  # the shared steps without the masks
+    monkeypatch.setattr(newton, "NewtonVFL", newton.SharedNewtonVFL)  # the shared steps without the masks
     # the same number of combined moves as the masked run keeps (newton-shared-memory)
     plain, p_folder, p_grid = _secure_run(tmp_path, "plain", **{"privacy.secure-aggregation": False,
                                                                 "newton-memory": SHARED_MEMORY})
@@ -214,8 +213,8 @@ def test_auto_picks_shared_step_newton_under_secure_aggregation():
     cfg = RunConfig(optimizer="auto", secure_aggregation="true")
     cfg.validate()
     assert cfg.optimizer_in_use == "newton"
-    assert "shared step lengths" in resolve_optimizer(cfg).reason
-    assert "shared step lengths" not in resolve_optimizer(RunConfig(optimizer="auto")).reason
+    assert "shared step lengths" in resolve(cfg).reason
+    assert "shared step lengths" not in resolve(RunConfig(optimizer="auto")).reason
     RunConfig(optimizer="newton", secure_aggregation="true").validate()  # not refused: the steps are shared
 
 

@@ -2,8 +2,12 @@
 
 The server (:class:`FairVFL`) runs the dual step and sends z and λ to active parties and
 ν, through whatever ν channel the run's hooks provide, to passive ones. The handlers
-(:func:`register`) are the algorithm's steps only: checks of what arrives, duplicate
+(:data:`HANDLERS`) are the algorithm's steps only: checks of what arrives, duplicate
 re-sends, checkpoints, transcripts and delays are client mods (``features/``).
+
+Two algorithms share these rounds (config/algorithms.py): :data:`GD`, the paper's gradient
+steps (``optimizer = "gd"``), and :data:`ADAGRAD`, whose MLP blocks take AdaGrad steps
+(``optimizer = "adagrad"``: its step rule, core/models.AdaGrad, kept by each party with θ).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from fairvfl_flwr.config.algorithms import Algorithm
 from fairvfl_flwr.core import batching
+from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
@@ -99,9 +105,9 @@ def init(message: Message, context: Context) -> Message:
 def train_active(message: Message, context: Context) -> Message:
     """Q local steps on z̃ (own logits fresh, the others' stale): One round, step 5."""
     rt = PartyRuntime(context)
-    groups = rt.data.groups
+    groups = rt.constraint(message)
     got = _payload(rt, message, msgs.ROLE_ACTIVE, z=None, lam=groups.num_multipliers if groups else None)
-    party = rt.party()
+    party = rt.party(groups)
     steps = party.local_steps(got["z"], got["lam"], rt.cfg.local_steps, rt.cfg.local_time_budget,
                               rows=rt.rows(message))
     rt.save(party)
@@ -118,6 +124,41 @@ def train_passive(message: Message, context: Context) -> Message:
     return rt.reply(message, party, steps=1)
 
 
-#: FairVFL's party handlers: part of the training job (app/training.py).
+#: FairVFL's party handlers (routed on the ClientApp as its algorithms are registered).
 HANDLERS = {msgs.INIT: init, msgs.TRAIN_ACTIVE: train_active, msgs.TRAIN_PASSIVE: train_passive}
+
+
+def _gd_reason(cfg, passed: tuple[str, ...] | None) -> str:
+    return "gradient descent: " + ", and ".join(passed) if passed else "gradient descent (the paper's steps)"
+
+
+#: The paper's method: gradient steps; ``auto``'s last resort, it runs with every setting.
+GD = Algorithm("gd", server=FairVFL, handlers=HANDLERS, reason=_gd_reason, auto=lambda cfg: None)
+
+_ADAGRAD = "optimizer='adagrad' is per-coordinate adaptive steps for MLP parties (docs/adagrad.md); use optimizer='gd'"
+
+
+def _adagrad_auto(cfg) -> str | None:
+    """Why ``auto`` does not take AdaGrad: a setting it cannot run with, or a constraint kind
+    it was not measured to reach the target on (a kind's ``adagrad_by_default``)."""
+    refused = ADAGRAD.refusal(cfg)
+    if refused is None and not ConstraintSet.kind_named(cfg.constraint).adagrad_by_default:
+        refused = ("constraint", "")
+    return None if refused is None else f"AdaGrad does not run with {cfg.key_of(refused[0])}={getattr(cfg, refused[0])!r}"
+
+
+def _adagrad_reason(cfg, passed: tuple[str, ...] | None) -> str:
+    return f"AdaGrad steps kept by each party ({'; '.join((*(passed or ()), 'docs/adagrad.md'))})"
+
+
+#: FairVFL's rounds with AdaGrad steps on MLP blocks (core/models.AdaGrad; docs/adagrad.md).
+ADAGRAD = Algorithm(
+    "adagrad", server=FairVFL, handlers=HANDLERS, reason=_adagrad_reason, auto=_adagrad_auto, step_rule="adagrad",
+    refuses=(
+        ("model", lambda c: c.model == "linear",
+         "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
+         "(or 'auto') for a linear model, or optimizer='gd'"),
+        ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAGRAD),
+    ),
+)
 

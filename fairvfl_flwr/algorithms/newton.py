@@ -19,7 +19,7 @@ One message per party and round, as for gradient descent:
 After the last round the parties get ``train.newton_apply`` with their last α_k and reply
 their partial logits, so the final scores, the history's last row and the blocks each
 party saves (``query.save``) are the same model. Full batch and linear parties only: the
-config refuses the rest (``config/sections.NEWTON_REFUSED``).
+algorithm refuses the rest (:data:`NEWTON`, config/algorithms.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.core.newton import (
+from fairvfl_flwr.config.algorithms import Algorithm
     WIRE_RCOND,
     block_direction,
     constrained_step,
@@ -583,8 +584,62 @@ def apply(message: Message, context: Context) -> Message:
 mark_round_state(NEWTON_STATE)  # a restarted party continues from its directions and last moves
 
 
-#: The Newton party handlers: part of the training job (app/training.py). Their kinds are round
+#: The Newton party handlers (routed on the ClientApp as :data:`NEWTON` is registered). Their kinds are round
 #: and final, not step (flower/protocol.py): a re-sent message is answered with the kept reply,
 #: never by applying α twice.
 HANDLERS = {msgs.NEWTON_INIT: init, msgs.NEWTON_ACTIVE: train_active, msgs.NEWTON_PASSIVE: train_passive,
             msgs.NEWTON_APPLY: apply, msgs.NEWTON_MOVE: apply}
+
+
+def _server(cfg, labels, **kwargs) -> NewtonVFL:
+    """Secure aggregation hides each party's X_k s_k: the search over step lengths every party shares."""
+    return (SharedNewtonVFL if cfg.masked else NewtonVFL)(cfg, labels, **kwargs)
+
+
+def _auto(cfg) -> str | None:
+    """Why ``auto`` does not take block Newton: a setting it cannot run with, or MLP parties
+    (measured: a Gauss-Newton MLP run's gaps still swing around ε and the stop rule does not
+    end it near its target, so ``auto`` keeps the measured steps; ``optimizer = "newton"``
+    runs the blocks)."""
+    refused = NEWTON.refusal(cfg)
+    if refused is not None:
+        return f"block Newton does not run with {cfg.key_of(refused[0])}={getattr(cfg, refused[0])!r}"
+    if cfg.model != "linear":
+        return ("Gauss-Newton blocks for MLP parties are opt-in (optimizer='newton': they do not yet stop near their "
+                "target)")
+    return None
+
+
+def _reason(cfg, passed: tuple[str, ...] | None) -> str:
+    """The constraint, its measure, the group count and ``constraint-form`` do not enter
+    ``auto``'s choice: the constrained search meets several groups' gaps as it meets two
+    (docs/newton.md), so a deployment, whose server learns the groups only from the label
+    file, decides as its simulation does."""
+    shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
+              "parties)" if cfg.masked else "")
+    encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
+                 "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
+    if cfg.model != "linear":
+        return (f"block Newton{shared}: Gauss-Newton blocks (MLP parties send the images J_k d of their directions; "
+                "the server checks each step on their true logits) (docs/newton.md)")
+    if passed is None:
+        return f"block Newton{shared} (docs/newton.md){encrypted}"
+    return (f"block Newton{shared} (linear parties, full batch, constraint={cfg.constraint!r} on the {cfg.measure}; "
+            f"docs/newton.md){encrypted}")
+
+
+#: Block Newton (``optimizer = "newton"``), ``auto``'s first choice for linear parties.
+NEWTON = Algorithm(
+    "newton", server=_server, handlers=HANDLERS, reason=_reason, auto=_auto,
+    refuses=(
+        ("batch_size", lambda c: c.batch_size > 0,
+         "the subspace search evaluates the objective on every training row, and the last moves it searches along "
+         "lose their meaning when the rows change each round; use batching.batch-size=0 or optimizer='gd'"),
+        ("max_staleness", lambda c: c.max_staleness > 0,
+         "the subspace search combines every party's direction of the same round; use staleness.max-staleness=0"),
+        ("local_time_budget", lambda c: c.local_time_budget > 0,
+         "the active party computes one Newton direction per round, not a number of gradient steps; "
+         "use staleness.local-time-budget=0"),
+        ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
+    ),
+)

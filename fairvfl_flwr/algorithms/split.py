@@ -23,7 +23,8 @@ client part is ``nn.Linear(m_k, d)`` as in the example; ``"mlp"``: two hidden Re
 layers then ``d`` outputs. Full batch, every round, as in the example.
 
 :class:`SplitVFL` is a sibling of FairVFL on the shared server base (no multipliers, no
-ν); :data:`HANDLERS` are the parties' handlers (of the training job). Torch is
+ν); :data:`HANDLERS` are the parties' handlers; :data:`SPLIT` declares the algorithm
+(``mode = "split"`` selects it; config/algorithms.py). Torch is
 imported where this baseline runs, not at module import: the ClientApp routes to these
 handlers in every run, and a linear FairVFL party must not pay torch's import.
 """
@@ -37,6 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.algorithms import Algorithm
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.party import PartyRuntime, round_of
@@ -109,7 +111,7 @@ def split_train(message: Message, context: Context) -> Message:
     return _split_reply(message, rt, model, steps=1)
 
 
-#: The split-learning baseline's party handlers: part of the training job (app/training.py).
+#: The split-learning baseline's party handlers (routed on the ClientApp as :data:`SPLIT` is registered).
 HANDLERS = {msgs.SPLIT_INIT: split_init, msgs.SPLIT_TRAIN: split_train}
 
 
@@ -174,3 +176,27 @@ class SplitVFL(VFLServer):
             })
             out.append(Message(content, dst_node_id=nid, message_type=msgs.SPLIT_TRAIN, group_id=str(server_round)))
         return out
+
+
+_PLAIN = "the split-learning baseline runs plain, synchronous, full-batch rounds"
+
+#: The split-learning baseline as an algorithm: ``mode = "split"`` selects it; its parties save
+#: no blocks (nothing scores them later) and the server keeps its final scores.
+SPLIT = Algorithm(
+    "split", server=SplitVFL, handlers=HANDLERS, mode="split", saves_blocks=False, keeps_scores=True,
+    reason=lambda cfg, passed: "split learning as in Flower's vertical-FL example (the parties' SGD steps)",
+    summary=lambda cfg: {"split.embedding": cfg.split_embedding, "split.lr": cfg.split_step},
+    refuses=tuple((field, on, _PLAIN) for field, on in (
+        ("batch_size", lambda c: c.batch_size > 0),
+        ("secure_nu", lambda c: c.secure_nu != "none"),
+        ("nu_noise", lambda c: c.nu_noise > 0),
+        ("max_staleness", lambda c: c.max_staleness > 0),
+        ("checkpoint_every", lambda c: c.checkpoint_every > 0),
+        ("resume_from", lambda c: bool(c.resume_from)),
+        ("record_view", lambda c: bool(c.record_view)),
+        ("transcript_dir", lambda c: bool(c.transcript_dir)),
+        ("label_dp_epsilon", lambda c: c.label_dp_epsilon > 0),
+        ("secure_aggregation", lambda c: c.masked),
+        ("rejoin_timeout", lambda c: c.rejoin_wait > 0),
+    )),
+)

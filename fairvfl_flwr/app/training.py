@@ -1,19 +1,21 @@
 """The training job's server side: config → labels → server (algorithm + features) → run folder.
 
-This is the one place on the server side that reads feature flags: it picks the
-algorithm by ``mode``, and turns each enabled feature into a round hook or a scheduler
-(:data:`ROUND_FEATURES`). Its modes (run config ``mode``):
+This is the one place on the server side that reads feature flags: it looks the run's
+algorithm up in the registry (config/algorithms.resolve) and turns each enabled feature
+into a round hook or a scheduler (:data:`ROUND_FEATURES`). Its modes (run config ``mode``):
 
-* ``fairvfl`` (default): FairVFL, or FedBCD with ``fairness = false``;
+* ``fairvfl`` (default): the algorithm ``optimizer`` names or ``auto`` picks (FairVFL, or
+  FedBCD with ``fairness = false``);
 * ``fairvfl-scores``: the same, and the server's final scores go to ``scores.npz`` (the
   post-processing baselines of ``tools/compare.py`` start from them);
-* ``split``: split-learning VFL as in Flower's vertical-FL example (``algorithms/split.py``),
-  scores saved too.
+* an algorithm's own mode: ``split``, split-learning VFL as in Flower's vertical-FL example
+  (``algorithms/split.py``), which keeps its scores too.
 
-After a FairVFL run (``fairvfl``, ``fairvfl-scores``), and at each of its checkpoints, every
+After the rounds of an algorithm that saves blocks, and at each of its checkpoints, every
 party saves its block on its own disk and the server writes the manifest and model card
 (``jobs/saving.py``). :data:`JOB` is the training job of the registry (app/jobs.py): these
-modes, this server entry and the parties' handlers of every algorithm.
+modes, this server entry and the parties' handlers of discovery, encrypted ν and a rejoin;
+each algorithm's handlers are routed as it is registered (flower/jobs.py).
 """
 
 from __future__ import annotations
@@ -27,12 +29,9 @@ from typing import Any, Callable, Mapping
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fairvfl_flwr.algorithms import fairvfl, newton, split
-from fairvfl_flwr.algorithms.fairvfl import FairVFL
-from fairvfl_flwr.algorithms.newton import NewtonVFL, SharedNewtonVFL
-from fairvfl_flwr.algorithms.split import SplitVFL
+from fairvfl_flwr import algorithms  # noqa: F401  (registers every algorithm of the app)
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.config.run import resolve_optimizer
+from fairvfl_flwr.config.algorithms import Algorithm, registered, resolve
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, columns_note, load_data, party_columns
 from fairvfl_flwr.jobs.alignment import align_tables
@@ -63,6 +62,7 @@ class RunSetup:
     cfg: RunConfig
     labels: ServerLabels
     folder: Path  # the run folder
+    algorithm: Algorithm  # the run's (config/algorithms.resolve)
     resume: tuple[dict, dict] | None  # a checkpoint to continue from: (meta, state) of features/checkpoint.load_resume
     described: dict | None  # what the model cards say about the data (dataset summary, group names)
 
@@ -102,11 +102,11 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
     (SecureAggregation, lambda s: SecureAggregation(int(s.resume[0]["round"]) if s.resume else None)
      if s.cfg.masked else None),
     (Checkpoints, _checkpoints),
-    (KeepScores, lambda s: KeepScores() if s.cfg.mode != "fairvfl" else None),
-    (FinalTest, lambda s: FinalTest() if s.cfg.mode != "split" else None),
+    (KeepScores, lambda s: KeepScores() if keeps_scores(s.cfg, s.algorithm) else None),
+    (FinalTest, lambda s: FinalTest() if s.algorithm.saves_blocks else None),
     # after the guard and FinalTest: a checkpoint's block is of a sound θ, with its test scores
     (CheckpointBlocks, lambda s: CheckpointBlocks(s.folder, s.cfg.checkpoint_every, s.described)
-     if s.cfg.mode != "split" and s.cfg.checkpoint_every > 0 else None),
+     if s.algorithm.saves_blocks and s.cfg.checkpoint_every > 0 else None),
     # last: its copy of the server's state is of a round every other hook has ended
     (Rejoin, lambda s: Rejoin(s.cfg.rejoin_wait) if s.cfg.rejoin_wait > 0 else None),
 )
@@ -116,22 +116,24 @@ HOOK_ORDER: tuple[type[RoundHook], ...] = tuple(kind for kind, _ in ROUND_FEATUR
 
 def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
                  resume: tuple[dict, dict] | None = None, described: dict | None = None) -> VFLServer:
-    """The run's server: the algorithm of ``mode`` with the hooks its features need
-    (:data:`ROUND_FEATURES`), in their declared order.
+#: The training job's modes: whether each keeps the server's final scores (an algorithm's own
+#: mode selects that algorithm, whose declaration says so).
+MODES = {"fairvfl": False, "fairvfl-scores": True}
+
+
+def keeps_scores(cfg: RunConfig, algorithm: Algorithm) -> bool:
+    """Whether the run keeps the server's final scores: its algorithm does, or its mode asks."""
+    return algorithm.keeps_scores or MODES.get(cfg.mode, False)
+    """The run's server: its algorithm's (config/algorithms.resolve) with the hooks its features
+    need (:data:`ROUND_FEATURES`), in their declared order.
 
     ``described``: what the model cards say about the data (dataset summary, group names).
     """
-    setup = RunSetup(cfg, labels, folder, resume, described)
+    setup = RunSetup(cfg, resolve(cfg).algorithm, labels, folder, resume, described)
     hooks = [hook for _, make in ROUND_FEATURES if (hook := make(setup)) is not None]
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
-    if cfg.mode == "split":
-        algorithm = SplitVFL
-    elif cfg.optimizer_in_use == "newton":  # secure aggregation hides X_k s_k: the search over shared step lengths
-        algorithm = SharedNewtonVFL if cfg.masked else NewtonVFL
-    else:
-        algorithm = FairVFL
     order = tuple(kind for kind, _ in ROUND_FEATURES)
-    return algorithm(cfg, labels, on_round=on_round, hooks=in_order(hooks, order), scheduler=scheduler)
+    return setup.algorithm.server(cfg, labels, on_round=on_round, hooks=in_order(hooks, order), scheduler=scheduler)
 
 
 def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) -> tuple[dict, Path]:
@@ -154,13 +156,14 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
     resume = load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
     folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
     extra: dict[str, Any] = {} if cfg.mode == "fairvfl" else {"mode": cfg.mode}
-    if cfg.mode == "split":
-        extra.update({"split.embedding": cfg.split_embedding, "split.lr": cfg.split_step})
+    if choice.algorithm.summary is not None:
+        extra.update(choice.algorithm.summary(cfg))
     recorder = RunRecorder(folder, cfg, extra={**extra, "party-columns": [len(c) for c in columns],
                                                "dataset-summary": ds.summary() if ds else None})
     log(INFO, "FairVFL%s: writing results to %s%s", f" ({cfg.mode})" if extra else "", folder, _where(cfg.output_dir))
-    if cfg.mode != "split":
-        log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, resolve_optimizer(cfg).reason)
+    choice = resolve(cfg)
+    if not choice.algorithm.mode:  # an algorithm its mode selects has no optimizer to report
+        log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, choice.reason)
     names = ds.group_names if ds else labels.group_names  # a deployment's label file names several groups
     described = {"dataset-summary": ds.summary() if ds else None, "group-names": list(names) if names else None}
     server = build_server(cfg, labels, folder, on_round=recorder.add, resume=resume, described=described)
@@ -187,7 +190,7 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
          "batch_size": server.batch_size,  # 0: full batch (also when batch-size >= the training rows)
          **server.train_differences(), **server.fairness_groups()}
     )
-    if cfg.mode != "split":
+    if choice.algorithm.saves_blocks:
         save_blocks(server.view, grid, folder, {**summary, **described}, cfg.round_timeout)
     log(INFO, "%s", format_summary(summary, folder))
     return summary, folder
@@ -215,8 +218,7 @@ def _stopped(server: VFLServer, recorder: RunRecorder, folder: Path, exc: BaseEx
         exc, folder, " | ".join(notes))
 
 
-#: The training job: selected by its modes; the parties' handlers of discovery, every
-#: algorithm, encrypted ν and a rejoin.
-JOB = Job("training", {**party.HANDLERS, **fairvfl.HANDLERS, **newton.HANDLERS, **split.HANDLERS, **ckks.HANDLERS,
-                      **rejoin.HANDLERS},
-          run=run_training, modes=("fairvfl", "fairvfl-scores", "split"))
+#: The training job: selected by its modes and the registered algorithms' own; the parties'
+#: handlers of discovery, encrypted ν and a rejoin (each algorithm's are routed as it is registered).
+JOB = Job("training", {**party.HANDLERS, **ckks.HANDLERS, **rejoin.HANDLERS}, run=run_training,
+          modes=(*MODES, *(alg.mode for alg in registered() if alg.mode)))

@@ -16,9 +16,10 @@ import difflib
 import importlib.util
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from fairvfl_flwr.config import presets, sections
+from fairvfl_flwr.config.algorithms import OPTIMIZERS, resolve
 from fairvfl_flwr.config.settings import Setting, above, at_least, coerce, declared, setting, within
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports neither pandas nor torch
@@ -151,7 +152,8 @@ class RunConfig:
                   "baseline); score (score rows with a trained model: score.*)", choices=MODES)
     optimizer: str = S("auto", "gd (the paper's steps), newton (block Newton, full batch; Gauss-Newton blocks for "
                        "MLP parties), adagrad (MLP) "
-                       "or auto (resolve_optimizer: the log says what it chose and why)", choices=OPTIMIZERS)
+                       "or auto (the first registered algorithm the run's settings allow: the log says which and why)",
+                       choices=OPTIMIZERS)
     stop_tolerance: float = S(5e-6, "training ends after stop-window rounds in a row in which F decreased by less "
                               "than this (relative to 1 + abs(F)), every gap within epsilon + 0.001 when fairness is on; "
                               "0: run every round", rule=at_least(0),
@@ -372,8 +374,9 @@ class RunConfig:
 
     @property
     def optimizer_in_use(self) -> str:
-        """``gd``, ``newton`` or ``adagrad``: what :func:`resolve_optimizer` chose."""
-        return resolve_optimizer(self).name
+        """The name of the algorithm the run trains with (config/algorithms.resolve: the one
+        ``mode`` selects, the one ``optimizer`` names, or what ``auto`` picked)."""
+        return resolve(self).name
 
     @property
     def masked(self) -> bool:
@@ -418,54 +421,3 @@ SETTINGS: list[Setting] = declared(RunConfig)
 BY_FIELD: dict[str, Setting] = {s.field: s for s in SETTINGS}
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
-
-class Choice(NamedTuple):
-    """What ``optimizer`` resolved to, and why (the run's log says both)."""
-
-    name: str
-    reason: str
-
-
-def resolve_optimizer(cfg: RunConfig) -> Choice:
-    """The one place ``optimizer = "auto"`` is resolved: newton unless a setting of the run rules
-    it out (sections.NEWTON_REFUSED), then adagrad unless one rules that out
-    (sections.ADAGRAD_REFUSED), else gd; gd too where Newton is not measured to reach the
-    target (AdaGrad: a kind's ``adagrad_by_default``). The constraint, its measure, the group
-    count and ``constraint-form`` do not enter Newton's choice: block Newton's constrained search meets several groups'
-    gaps as it meets two (docs/newton.md), so a deployment, whose server learns the groups
-    only from the label file, decides as its simulation does."""
-    shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
-              "parties)" if cfg.masked else "")
-    encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
-                 "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
-    if cfg.optimizer == "gd":
-        return Choice("gd", "gradient descent (the paper's steps)")
-    blocks = ("Gauss-Newton blocks (MLP parties send the images J_k d of their directions; the server checks each "
-              "step on their true logits)" if cfg.model != "linear" else "")
-    if cfg.optimizer == "newton":
-        return Choice("newton", f"block Newton{shared} (docs/newton.md){encrypted}" if not blocks
-                      else f"block Newton{shared}: {blocks} (docs/newton.md)")
-    if cfg.optimizer == "adagrad":
-        return Choice("adagrad", "AdaGrad steps kept by each party (docs/adagrad.md)")
-    kind = ConstraintSet.kind_named(cfg.constraint)
-    newton_no = sections.newton_refusal(cfg)
-    if newton_no is None and blocks:
-        # measured: a Gauss-Newton MLP run's gaps still swing around epsilon and the stop rule does not
-        # end it near its target, so auto keeps the measured steps; optimizer='newton' runs the blocks
-        return _steps_without_newton(cfg, kind, "Gauss-Newton blocks for MLP parties are opt-in (optimizer='newton': they do "
-                                     "not yet stop near their target)")
-    if newton_no is None:
-        parties = f"{blocks}, full batch" if blocks else "linear parties, full batch"
-        return Choice("newton", f"block Newton{shared} ({parties}, "
-                                f"constraint={cfg.constraint!r} on the {cfg.measure}; docs/newton.md){encrypted}")
-    return _steps_without_newton(cfg, kind, f"block Newton does not run with {cfg.key_of(newton_no[0])}="
-                                 f"{getattr(cfg, newton_no[0])!r}")
-
-
-def _steps_without_newton(cfg: RunConfig, kind, why_not_newton: str) -> Choice:
-    """AdaGrad where it runs and the constraint's kind takes it by default, else gradient descent."""
-    adagrad_no = sections.adagrad_refusal(cfg) or (None if kind.adagrad_by_default else ("constraint", ""))
-    if adagrad_no is None:
-        return Choice("adagrad", f"AdaGrad steps kept by each party ({why_not_newton}; docs/adagrad.md)")
-    return Choice("gd", f"gradient descent: {why_not_newton}, and AdaGrad does not run with "
-                        f"{cfg.key_of(adagrad_no[0])}={getattr(cfg, adagrad_no[0])!r}")

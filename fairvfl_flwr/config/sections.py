@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fairvfl_flwr.config import algorithms
 from fairvfl_flwr.core.errors import ConfigError
 
 def bad(cfg: Any, field: str, why: str) -> ConfigError:
@@ -73,10 +74,10 @@ def check_conditional(c: Any) -> None:
 
 _FULL_BATCH = "use batching.batch-size=0 (full batch) with it"
 _SYNC = "(a stale party's θ and the server's round differ); use staleness.max-staleness=0"
-_SPLIT = "the split-learning baseline runs plain, synchronous, full-batch rounds"
 
 #: Refused combinations: (setting, is it on?, other setting, is it on?, why). The error
-#: names the first setting and its value, then the other.
+#: names the first setting and its value, then the other. What an algorithm cannot run
+#: with is its own declaration's (config/algorithms.refused adds those rows).
 REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]] = [
     ("batch_size", lambda c: c.batch_size > 0, "max_staleness", lambda c: c.max_staleness > 0, _FULL_BATCH),
     ("batch_size", lambda c: c.batch_size > 0, "secure_nu", lambda c: c.secure_nu != "none", _FULL_BATCH),
@@ -92,81 +93,30 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
     ("validation_fraction", lambda c: c.validation_fraction > 0, "server_labels", lambda c: bool(c.server_labels),
      "deployed party files carry only a train/test split; choose epsilon in simulation with "
      "python -m fairvfl_flwr.tools.epsweep"),
-    ("batch_size", lambda c: c.batch_size > 0, "mode", lambda c: c.mode == "split", _SPLIT),
-    ("secure_nu", lambda c: c.secure_nu != "none", "mode", lambda c: c.mode == "split", _SPLIT),
-    ("nu_noise", lambda c: c.nu_noise > 0, "mode", lambda c: c.mode == "split", _SPLIT),
-    ("max_staleness", lambda c: c.max_staleness > 0, "mode", lambda c: c.mode == "split", _SPLIT),
-    ("checkpoint_every", lambda c: c.checkpoint_every > 0, "mode", lambda c: c.mode == "split", _SPLIT),
-    ("resume_from", lambda c: bool(c.resume_from), "mode", lambda c: c.mode == "split", _SPLIT),
-    ("record_view", lambda c: bool(c.record_view), "mode", lambda c: c.mode == "split", _SPLIT),
     ("batch_size", lambda c: c.batch_size > 0, "transcript_dir", lambda c: bool(c.transcript_dir), _FULL_BATCH),
-    ("transcript_dir", lambda c: bool(c.transcript_dir), "mode", lambda c: c.mode == "split", _SPLIT),
     ("label_dp_epsilon", lambda c: c.label_dp_epsilon > 0, "batch_size", lambda c: c.batch_size > 0,
      "the sensitivity and the accountant assume every round releases ν on all rows; " + _FULL_BATCH),
-    ("label_dp_epsilon", lambda c: c.label_dp_epsilon > 0, "mode", lambda c: c.mode == "split", _SPLIT),
     ("secure_aggregation", lambda c: c.masked, "max_staleness", lambda c: c.max_staleness > 0,
      "masks cancel only in the sum of every party's reply to the same round; use staleness.max-staleness=0"),
-    ("secure_aggregation", lambda c: c.masked, "mode", lambda c: c.mode == "split", _SPLIT),
     ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "max_staleness", lambda c: c.max_staleness > 0, _SYNC),
     ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "batch_size", lambda c: c.batch_size > 0, _FULL_BATCH),
     ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "secure_nu", lambda c: c.secure_nu != "none",
      "an encrypted round's second leg is not restored when a party comes back; use privacy.secure-nu='none' "
      "(secure aggregation rejoins)"),
-    ("rejoin_timeout", lambda c: c.rejoin_wait > 0, "mode", lambda c: c.mode == "split", _SPLIT),
     ("resume_from", lambda c: bool(c.resume_from), "secure_nu", lambda c: c.secure_nu != "none",
      "an encrypted round's second leg is not part of a party's stored state; use privacy.secure-nu='none'"),
 ]
 
 
-#: What optimizer='newton' cannot run with: (setting, is it on?, why). optimizer='auto'
-#: falls back to gradient descent where one of these holds (:func:`newton_refusal`).
-NEWTON_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("batch_size", lambda c: c.batch_size > 0,
-     "the subspace search evaluates the objective on every training row, and the last moves it searches along "
-     "lose their meaning when the rows change each round; use batching.batch-size=0 or optimizer='gd'"),
-    ("max_staleness", lambda c: c.max_staleness > 0,
-     "the subspace search combines every party's direction of the same round; use staleness.max-staleness=0"),
-    ("local_time_budget", lambda c: c.local_time_budget > 0,
-     "the active party computes one Newton direction per round, not a number of gradient steps; "
-     "use staleness.local-time-budget=0"),
-    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
-]
-REFUSED += [("optimizer", lambda c: c.optimizer == "newton", other, on, why) for other, on, why in NEWTON_REFUSED]
-
-
-_ADAGRAD = "optimizer='adagrad' is per-coordinate adaptive steps for MLP parties (docs/adagrad.md); use optimizer='gd'"
-
-#: What optimizer='adagrad' cannot run with: (setting, is it on?, why). optimizer='auto'
-#: falls back to gradient descent where one of these holds (:func:`adagrad_refusal`).
-ADAGRAD_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("model", lambda c: c.model == "linear",
-     "a linear party's problem is convex and block Newton solves it in tens of rounds; use optimizer='newton' "
-     "(or 'auto') for a linear model, or optimizer='gd'"),
-    ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; " + _ADAGRAD),
-]
-REFUSED += [("optimizer", lambda c: c.optimizer == "adagrad", other, on, why) for other, on, why in ADAGRAD_REFUSED]
-
-
-def _first(table: list[tuple[str, Callable[[Any], bool], str]], c: Any) -> tuple[str, str] | None:
-    for other, on, why in table:
-        if on(c):
-            return other, why
-    return None
-
-
-def newton_refusal(c: Any) -> tuple[str, str] | None:
-    """(setting, why) of the first setting of ``c`` that rules block Newton out, or None."""
-    return _first(NEWTON_REFUSED, c)
-
-
-def adagrad_refusal(c: Any) -> tuple[str, str] | None:
-    """(setting, why) of the first setting of ``c`` that rules AdaGrad out, or None."""
-    return _first(ADAGRAD_REFUSED, c)
+def refused_combinations() -> list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]]:
+    """:data:`REFUSED` and every registered algorithm's refusals (config/algorithms.py)."""
+    return REFUSED + algorithms.refused()
 
 
 def check_combinations(c: Any) -> None:
-    """Refuse the first pair of settings that cannot run together (``REFUSED``), naming both keys and why."""
-    for field, on, other, other_on, why in REFUSED:
+    """Refuse the first pair of settings that cannot run together (:func:`refused_combinations`),
+    naming both keys and why."""
+    for field, on, other, other_on, why in refused_combinations():
         if on(c) and other_on(c):
             raise bad(c, field, f"not supported with {c.key_of(other)}={getattr(c, other)!r}: {why}")
 
@@ -174,7 +124,7 @@ def check_combinations(c: Any) -> None:
 def refused_with(key_of: Callable[[str], str]) -> dict[str, list[str]]:
     """field -> the keys it cannot run with, both ways round (the docs list them under each key)."""
     out: dict[str, list[str]] = {}
-    for field, _, other, _, _ in REFUSED:
+    for field, _, other, _, _ in refused_combinations():
         for a, b in ((field, other), (other, field)):
             if key_of(b) not in out.setdefault(a, []):
                 out[a].append(key_of(b))

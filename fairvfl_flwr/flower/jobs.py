@@ -7,9 +7,10 @@ line in the :func:`register` call of ``app/jobs.py`` (docs/architecture.md, "Add
 job"); everything else derives from the registry:
 
 * the protocol's message list (:func:`message_types`): a type is declared by exactly one
-  job, so every type has exactly one handler;
-* the ClientApp's handlers (:func:`attach`): each type is routed to its job's handler,
-  also for a job registered after the app was built (a plug-in, a test);
+  job or by the training algorithms (config/algorithms.py: two algorithms may share a
+  handler), so every type has exactly one handler;
+* the ClientApp's handlers (:func:`attach`): each type is routed to its job's or its
+  algorithm's handler, also for one registered after the app was built (a plug-in, a test);
 * the ServerApp's dispatch (:func:`run`): the job whose modes hold the run config's
   ``mode``;
 * the run config's ``mode`` choices (``config/run.MODES``).
@@ -28,7 +29,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
-from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config import RunConfig, algorithms
 from fairvfl_flwr.config.run import MODES
 
 Handler = Callable[[Message, Context], Message]
@@ -59,15 +60,49 @@ class Job:
 _JOBS: dict[str, Job] = {}
 _BY_TYPE: dict[str, Job] = {}
 _BY_MODE: dict[str, Job] = {}
+#: The registered algorithms' message types: type -> (its handler, the algorithms that declare it).
+_BY_ALGORITHM_TYPE: dict[str, tuple[Handler, set[str]]] = {}
 _APPS: list[tuple[ClientApp, set[str]]] = []  # every attached ClientApp and the types routed on it
 
 
-def _check_type(job: Job, message_type: str) -> None:
+def _check_format(who: str, message_type: str) -> None:
     category, dot, action = message_type.partition(".")
     if category not in CATEGORIES or not dot or not action.isidentifier():
-        raise ValueError(f"job {job.name!r}: message type {message_type!r} is not '<query|train>.<name>'")
+        raise ValueError(f"{who}: message type {message_type!r} is not '<query|train>.<name>'")
+
+
+def _check_type(job: Job, message_type: str) -> None:
+    _check_format(f"job {job.name!r}", message_type)
     if message_type in _BY_TYPE:
         raise ValueError(f"job {job.name!r}: message type {message_type!r} is job {_BY_TYPE[message_type].name!r}'s")
+    if message_type in _BY_ALGORITHM_TYPE:
+        raise ValueError(f"job {job.name!r}: message type {message_type!r} is algorithm "
+                         f"{sorted(_BY_ALGORITHM_TYPE[message_type][1])[0]!r}'s")
+
+
+def _algorithm_changed(alg: algorithms.Algorithm, added: bool) -> None:
+    """An algorithm was registered (``added``) or removed: its handlers join the routing, or
+    leave the protocol's list where no other algorithm declares them."""
+    who = f"algorithm {alg.name!r}"
+    if not added:
+        for message_type in alg.handlers:
+            handler, names = _BY_ALGORITHM_TYPE[message_type]
+            names.discard(alg.name)
+            if not names:
+                del _BY_ALGORITHM_TYPE[message_type]
+        return
+    for message_type, handler in alg.handlers.items():
+        _check_format(who, message_type)
+        if message_type in _BY_TYPE:
+            raise ValueError(f"{who}: message type {message_type!r} is job {_BY_TYPE[message_type].name!r}'s")
+        held = _BY_ALGORITHM_TYPE.get(message_type)
+        if held is not None and held[0] is not handler:
+            raise ValueError(f"{who}: message type {message_type!r} has another handler (algorithm "
+                             f"{sorted(held[1])[0]!r}'s)")
+    for message_type, handler in alg.handlers.items():
+        _BY_ALGORITHM_TYPE.setdefault(message_type, (handler, set()))[1].add(alg.name)
+    for app, routed in _APPS:
+        _route_on(app, routed)
 
 
 def register(*jobs: Job) -> None:
@@ -111,8 +146,14 @@ def registered() -> tuple[Job, ...]:
 
 
 def message_types() -> tuple[str, ...]:
-    """Every message type a party answers: the registered jobs' types, each declared once."""
-    return tuple(_BY_TYPE)
+    """Every message type a party answers: the registered jobs' and algorithms' types, each declared once."""
+    return (*_BY_TYPE, *_BY_ALGORITHM_TYPE)
+
+
+def handler_of(message_type: str) -> Handler:
+    """The party handler that answers ``message_type`` (its job's, or its algorithms')."""
+    job = _BY_TYPE.get(message_type)
+    return job.handlers[message_type] if job is not None else _BY_ALGORITHM_TYPE[message_type][0]
 
 
 def _route_on(app: ClientApp, routed: set[str]) -> None:
@@ -120,15 +161,15 @@ def _route_on(app: ClientApp, routed: set[str]) -> None:
     # Flower's simulation engine pickles the ClientApp into its worker processes, which
     # import a handler's own module but never the module that registered the jobs, so a
     # registry lookup there finds nothing.
-    for message_type in _BY_TYPE.keys() - routed:
+    for message_type in [t for t in message_types() if t not in routed]:
         category, _, action = message_type.partition(".")
-        getattr(app, category)(action)(_BY_TYPE[message_type].handlers[message_type])  # wrapped in the app's mods
+        getattr(app, category)(action)(handler_of(message_type))  # wrapped in the app's mods
         routed.add(message_type)
 
 
 def attach(app: ClientApp) -> None:
-    """Route every registered job's message types on ``app`` to the job's handler, now and for
-    jobs registered later."""
+    """Route every registered job's and algorithm's message types on ``app`` to their handlers,
+    now and for those registered later."""
     routed: set[str] = set()
     _APPS.append((app, routed))
     _route_on(app, routed)
@@ -147,3 +188,6 @@ def run(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = No
     """The ServerApp's dispatch: the selected job's settings, read once, and its server entry."""
     job = selected(run_config)
     return job.run(grid, job.read(run_config), run_id)
+
+
+algorithms.subscribe(_algorithm_changed)  # every algorithm's handlers, registered before this module or after

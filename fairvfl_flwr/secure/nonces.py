@@ -46,6 +46,7 @@ class Nonces:
         self.used = dict(u.split("=", 1) for u in held["used"]) if held is not None and server_round == last else {}
 
     def claim(self, label: str, values: np.ndarray) -> None:
+        """Use the nonce of ``label`` in this round for ``values``: refused if it masked other values."""
         digest = hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
         if self.used.get(label, digest) != digest:
             raise FederationError(f"{self.who}: {self.mtype} asks to mask a different '{label}' vector in round "
@@ -54,5 +55,6 @@ class Nonces:
         self.used[label] = digest
 
     def save(self) -> None:
+        """Keep what this reply used (once every vector of it passed) in the node state."""
         self.context.state.config_records[NONCE_STATE] = ConfigRecord(
             {"round": self.round, "used": [f"{k}={v}" for k, v in self.used.items()]})
