@@ -10,7 +10,9 @@ PSI, the split and every party's local preparation) over the in-process grid, wi
 party answering on its own thread as over a SuperLink. ``--workers`` caps the processes a
 party's PSI work is spread over (0: every core; data/psi.py). Prints the alignment's wall
 time and CPU time (this process and the PSI worker processes), the bytes the server
-relayed, and checks the common rows against the truth.
+relayed, the time left the server's log said at 25%, 50% and 75% of the alignment's
+seconds over the seconds in fact left (bench/progress_check.py; 1 is exact), and checks the
+common rows against the truth.
 
 The floor, measured in the same run on one core: the protocol's exponentiations (every
 party blinds its N ids once, hash onto P-256 and one multiplication; each of the K-1 pairs
@@ -36,6 +38,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.progress_check import Estimates, ratios  # noqa: E402
 
 
 def write_tables(folder: Path, ids: int, parties: int, overlap: float, seed: int = 0) -> int:
@@ -65,15 +68,7 @@ def library_costs(n: int) -> dict:
     raising (one multiplication), through data/psi.py's wrappers, in one process."""
     from fairvfl_flwr.data import psi
 
-    os.environ[psi.WORKERS_ENV] = "1"
-    ids = np.char.add("cust-", np.arange(n).astype(str))
-    key, other = psi.psi_key(), psi.psi_key()
-    t0 = time.process_time()
-    blinded = psi.psi_blind(ids, key)
-    blind = (time.process_time() - t0) / n
-    t0 = time.process_time()
-    psi.psi_raise(blinded, other)
-    return {"blind": blind, "raise": (time.process_time() - t0) / n}
+    return psi.cost_per_id(n)
 
 
 def x25519_cost(n: int) -> float:
@@ -134,9 +129,10 @@ def main(argv: list[str] | None = None) -> None:
 
         grid = InProcessGrid(client_app, cfg.to_flower(), a.parties, tap=tap, async_replies=True)
         try:
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            labels = align_tables(grid, cfg)
-            seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            with Estimates("private alignment") as said:  # the server's time left, held against what happened
+                t0, c0 = time.perf_counter(), cpu_seconds()
+                labels = align_tables(grid, cfg)
+                seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
         finally:
             grid.close()
         again = None
@@ -157,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     row = {"parties": a.parties, "ids per party": a.ids, "common": common, "seconds": round(seconds, 1),
            "CPU seconds": round(cpu, 1), "floor CPU seconds": round(floor, 1), "CPU / floor": round(cpu / floor, 2),
            "µs CPU per id": round(1e6 * cpu / (a.parties * a.ids), 1), "cores": cores, "workers": a.workers or "all",
-           "MB relayed": round(sum(relayed) / 1e6, 1),
+           "MB relayed": round(sum(relayed) / 1e6, 1), **ratios(said.seen, t0, t0 + seconds),
            **({"second run seconds (kept alignment)": round(again, 2)} if again is not None else {})}
     per_million = (a.parties * cost["blind"] + 2 * (a.parties - 1) * cost["raise"]) * 1e6
     floor_line = (f"library floor: {blinds:,} blindings × {1e6 * cost['blind']:.0f} µs + {raises:,} raisings × "

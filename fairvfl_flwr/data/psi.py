@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,26 +75,50 @@ CHUNK = 50_000
 WORKERS_ENV = "FAIRVFL_PSI_WORKERS"
 
 
-def _workers(n: int) -> int:
+def cores() -> int:
+    """The cores a party spreads its PSI work over: its usable cores, or ``FAIRVFL_PSI_WORKERS``."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS
-    cores = int(os.environ.get(WORKERS_ENV, 0)) or usable
-    return max(1, min(cores, -(-n // CHUNK)))
+    return int(os.environ.get(WORKERS_ENV, 0)) or usable
+
+
+def workers(n: int, of_cores: int | None = None) -> int:
+    """The processes a party's PSI work on ``n`` ids runs on, of its ``of_cores`` (default :func:`cores`)."""
+    return max(1, min(cores() if of_cores is None else of_cores, -(-n // CHUNK)))
+
+
+def _parts(n: int) -> tuple[int, int]:
+    """(processes, parts) for ``n`` ids: the parts are a multiple of the processes, so that each
+    wave of parts keeps every process busy and the party's progress moves a wave at a time."""
+    w = workers(n)
+    return w, w * -(-n // (w * CHUNK)) if n else 1
 
 
 def _chunks(items: list, parts: int) -> list[list]:
-    step = -(-len(items) // parts)
-    return [items[i:i + step] for i in range(0, len(items), step)]
+    step = max(1, -(-len(items) // parts))
+    return [items[i:i + step] for i in range(0, len(items), step)] or [items]
 
 
-def _spread(fn, *args_per_chunk: list) -> list:
-    """``fn`` over the chunks, one process each (the chunks are independent: one key, any order)."""
-    if len(args_per_chunk[0]) == 1:
-        return [fn(*(a[0] for a in args_per_chunk))]
-    from concurrent.futures import ProcessPoolExecutor
+def _spread(fn, key: bytes, parts: list, processes: int, done=None) -> list:
+    """``fn(key, part)`` for every part, on ``processes`` processes (the parts are independent:
+    one key, any order), the results in the parts' order; ``done(i)`` once part ``i`` is."""
+    if processes == 1 or len(parts) == 1:
+        out = []
+        for i, part in enumerate(parts):
+            out.append(fn(key, part))
+            if done is not None:
+                done(i)
+        return out
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    with ProcessPoolExecutor(len(args_per_chunk[0]), mp_context=get_context("fork")) as pool:
-        return list(pool.map(fn, *args_per_chunk))
+    out = [b""] * len(parts)
+    with ProcessPoolExecutor(processes, mp_context=get_context("fork")) as pool:
+        futures = {pool.submit(fn, key, part): i for i, part in enumerate(parts)}
+        for future in as_completed(futures):
+            out[futures[future]] = future.result()
+            if done is not None:
+                done(futures[future])
+    return out
 
 
 def _blind_part(key: bytes, ids: list[str]) -> bytes:
@@ -113,10 +138,11 @@ def psi_key() -> bytes:
     return psi_library().client.CreateWithNewKey(True).GetPrivateKeyBytes()
 
 
-def psi_blind(ids: np.ndarray, key: bytes) -> bytes:
-    """``H(id)^key`` for every id, in their order, ``POINT`` bytes each."""
-    parts = _chunks(ids.tolist(), _workers(len(ids)))
-    return b"".join(_spread(_blind_part, [key] * len(parts), parts))
+def psi_blind(ids: np.ndarray, key: bytes, done=None) -> bytes:
+    """``H(id)^key`` for every id, in their order, ``POINT`` bytes each; ``done(k)``: k more ids are."""
+    processes, n_parts = _parts(len(ids))
+    parts = _chunks(ids.tolist(), n_parts)
+    return b"".join(_spread(_blind_part, key, parts, processes, done and (lambda i: done(len(parts[i])))))
 
 
 def points(blinded: bytes, who: str) -> np.ndarray:
@@ -126,13 +152,41 @@ def points(blinded: bytes, who: str) -> np.ndarray:
     return np.frombuffer(blinded, dtype=f"S{POINT}")
 
 
-def psi_raise(blinded: bytes, key: bytes) -> bytes:
+def psi_raise(blinded: bytes, key: bytes, done=None) -> bytes:
     """Another party's blinded ids raised to ``key`` too, in their order (the cipher commutes:
-    ``(H(x)^a)^b == (H(x)^b)^a``)."""
+    ``(H(x)^a)^b == (H(x)^b)^a``); ``done(k)``: k more ids are."""
     n = len(points(blinded, "psi_raise"))
-    per = -(-n // _workers(n)) * POINT
+    processes, n_parts = _parts(n)
+    per = -(-n // n_parts) * POINT
     parts = [blinded[i:i + per] for i in range(0, len(blinded), per)] or [b""]
-    return b"".join(_spread(_raise_part, [key] * len(parts), parts))
+    return b"".join(_spread(_raise_part, key, parts, processes, done and (lambda i: done(len(parts[i]) // POINT))))
+
+
+#: What a raise costs for a blinding's one: a raise is one multiplication, a blinding a hash
+#: onto the curve and one (bench/align.py times both).
+RAISE_PER_BLIND = 0.7
+
+
+def cost_per_id(n: int, clock=time.process_time) -> dict[str, float]:
+    """Seconds of one process (by ``clock``) per id to blind (hash onto the curve and one
+    multiplication) and to raise (one multiplication), timed on ``n`` made-up ids."""
+    ids = [f"cost-{i}" for i in range(n)]
+    key, other = psi_key(), psi_key()
+    t0 = clock()
+    blinded = _blind_part(key, ids)
+    blind = (clock() - t0) / n
+    t0 = clock()
+    _raise_part(other, blinded)
+    return {"blind": blind, "raise": (clock() - t0) / n}
+
+
+def work_units(lanes: list[list[int]], of_cores: int, shared: bool) -> float:
+    """A PSI step's work in seconds of one core per id: ``lanes`` are the parties that work at
+    once, each the id counts it takes in turn (the label owner raises one party's list after
+    another). A list of n ids runs on :func:`workers` processes of ``of_cores``; parties on one
+    machine (``shared``) also share its cores, so their work adds up."""
+    own = max((sum(n / workers(n, of_cores) for n in lane) for lane in lanes), default=0.0)
+    return max(own, sum(map(sum, lanes)) / of_cores) if shared else own
 
 
 def positions_in(mine: bytes, theirs: bytes) -> np.ndarray:
@@ -214,22 +268,23 @@ class Common:
     group_names: tuple[str, ...] | None = None
 
 
-def blind_step(ids: np.ndarray, shuffle: bool) -> tuple[bytes, bytes, np.ndarray | None]:
+def blind_step(ids: np.ndarray, shuffle: bool, done=None) -> tuple[bytes, bytes, np.ndarray | None]:
     """The party's ids blinded with a fresh key: (blinded, key, order). With ``shuffle``, in a
     secret random order (``order[j]``: the row of blinded id j), so that the positions the
-    leader learns say nothing about the party's row order."""
+    leader learns say nothing about the party's row order. ``done(k)``: k more ids are blinded."""
     key = psi_key()
     order = np.random.default_rng(secrets.randbits(128)).permutation(len(ids)) if shuffle else None
-    return psi_blind(ids if order is None else ids[order], key), key, order
+    return psi_blind(ids if order is None else ids[order], key, done), key, order
 
 
 def peer_positions(spec: PartySpec, ids: np.ndarray, peer: int, n_peer: int, pattern: str, blinded: bytes,
-                   raised: bytes, key: bytes) -> np.ndarray:
+                   raised: bytes, key: bytes, done=None) -> np.ndarray:
     """The leader with party ``peer``: for each of its ids, the position in the party's
     ``blinded`` list of the same id (-1: the party lacks it). ``raised`` is the leader's own
-    blinded ids raised to the party's key; the leader raises the party's to its own key and
-    compares. An empty intersection is refused, showing both sides' id shapes (never an id)."""
-    theirs = psi_raise(blinded, key)
+    blinded ids raised to the party's key; the leader raises the party's to its own key
+    (``done(k)``: k more are) and compares. An empty intersection is refused, showing both
+    sides' id shapes (never an id)."""
+    theirs = psi_raise(blinded, key, done)
     if len(points(theirs, f"party {peer}")) != n_peer or len(points(raised, f"party {peer}")) != len(ids):
         raise DataError(f"party {peer} sent {len(theirs) // POINT} blinded ids for {n_peer} and raised "
                         f"{len(raised) // POINT} of the label owner's {len(ids)}; refused")

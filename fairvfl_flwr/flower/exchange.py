@@ -34,12 +34,13 @@ TRANSIENT_ERROR_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILA
 
 
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: int,
-             who: Callable[[int], str]) -> list[Message]:
+             who: Callable[[int], str], on_reply: Callable[[int], None] | None = None) -> list[Message]:
     """Push, poll (from every 10 ms to every 100 ms); re-send to silent nodes up to ``retries``
     times; check replies.
 
-    ``who(node_id)`` names a node in log lines and errors. Returns the replies in the
-    order of ``messages``.
+    ``who(node_id)`` names a node in log lines and errors; ``on_reply(node_id)`` is told of
+    each node's reply as it comes (a job's progress). Returns the replies in the order of
+    ``messages``.
     """
     messages = list(messages)
     by_node = {m.metadata.dst_node_id: m for m in messages}
@@ -94,6 +95,8 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float, retries: i
                 check_envelope(reply, sent, who(nid))
                 replies[nid] = reply
                 waiting.discard(nid)
+                if on_reply is not None:
+                    on_reply(nid)
             if got:
                 pause = POLL_SECONDS
             elif waiting:

@@ -95,6 +95,7 @@ from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, PartyRuntime
+from fairvfl_flwr.flower.progress import Estimate, Progress, Step
 from fairvfl_flwr.secure import identity
 
 STEP = "align"  # ConfigRecord of a request: the step's fields (its message type says which step)
@@ -113,6 +114,24 @@ POSITIONS = "positions"  # ArrayRecord: each party's common positions (leader's 
 #: party did before lists were folded. Flower's gRPC limit (flwr.common.GRPC_MAX_MESSAGE_LENGTH)
 #: is 2 GiB: this stays 64 times under it, and under a 1M-id party's 66 MB, which go alone.
 INTERSECT_BUDGET = 32 * 2**20
+
+
+#: The server's time left (flower/progress.py): a kind of step's cost per unit as a multiple of
+#: another's, until one of its own is done. Preparing a common row costs about half of reading
+#: and checking one (the table is read once, at the size step).
+RELATIVE = {"raise": ("blind", psi.RAISE_PER_BLIND), "prepare": ("read", 0.5)}
+#: Ids in all before the server times the PSI library on CALIBRATION_IDS of its own, for a time
+#: left before the first blinding is done (smaller alignments are over in seconds).
+CALIBRATE_FROM = 100_000
+CALIBRATION_IDS = 500
+
+
+def _ids(counts) -> str:
+    """Id counts in the log's words: "200,000 ids each" or "1,000/2,000 ids"."""
+    counts = list(counts)
+    if len(set(counts)) == 1:
+        return f"{counts[0]:,} ids" + (" each" if len(counts) > 1 else "")
+    return "/".join(f"{c:,}" for c in counts) + " ids"
 
 
 def fold(sizes: dict[int, int], budget: int) -> list[list[int]]:
@@ -140,24 +159,25 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     passes = _Passes(grid, cfg, TRAIN, discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "alignment"))
     if passes.kept:  # every party holds the same alignment of these tables: no PSI
         signed = {k: v for nid in passes.sizes for k, v in passes.signed_size(nid).items()}
-        replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept, **signed) for nid in passes.sizes})
+        with passes.progress.step(len(passes.sizes)):
+            replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept, **signed)
+                                                     for nid in passes.sizes})
         passes.check(replies, ConfigRecord({"digest": passes.kept}))
         result = replies[passes.lead]
         common = _reply(result)
-        passes.progress.step("every party took up its kept alignment")
     else:
         common, result, positions = passes.intersect()
     arrays = result.content.array_records[LABELS]
     split = arrays["split"].numpy()
     if not passes.kept:
-        done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({
-                                                                    "purpose": TRAIN, "session": passes.session,
-                                                                    "signature": passes.signature(common, nid)}),
-                                                                LABELS: msgs.array_record(split=split),
-                                                                POSITIONS: positions[nid]})
-                                               for nid in passes.others})
+        with passes.progress.step(len(passes.others)):
+            done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({
+                                                                        "purpose": TRAIN, "session": passes.session,
+                                                                        "signature": passes.signature(common, nid)}),
+                                                                    LABELS: msgs.array_record(split=split),
+                                                                    POSITIONS: positions[nid]})
+                                                   for nid in passes.others})
         passes.check(done, common)
-        passes.progress.step("every other party prepared its block on the common rows")
     used = split[split != psi.UNUSED_CODE]
     y, s = arrays["y"].numpy(), arrays["s"].numpy()
     tr, te = used == psi.TRAIN_CODE, used == psi.TEST_CODE
@@ -178,13 +198,13 @@ def align_score_rows(grid: Grid, cfg: RunConfig, nodes: list[int]) -> int:
     t0 = time.perf_counter()
     passes = _Passes(grid, cfg, SCORE, nodes)
     common, _, positions = passes.intersect()
-    done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": SCORE,
-                                                            "n-common": int(common["n-common"]),
-                                                            "session": passes.session,
-                                                            "signature": passes.signature(common, nid)}),
-                                        POSITIONS: positions[nid]}) for nid in passes.others})
+    with passes.progress.step(len(passes.others)):
+        done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": SCORE,
+                                                                "n-common": int(common["n-common"]),
+                                                                "session": passes.session,
+                                                                "signature": passes.signature(common, nid)}),
+                                            POSITIONS: positions[nid]}) for nid in passes.others})
     passes.check(done, common)
-    passes.progress.step("every other party kept its common rows")
     n_common = int(common["n-common"])
     log(INFO, "FairVFL: private alignment of the rows to score: %s ids per party, %d common in %.1f s",
         passes.sizes_by_partition(), n_common, time.perf_counter() - t0)
@@ -205,21 +225,28 @@ class _Passes:
             raise FederationError(f"tables.own=true needs one label owner (num-active=1), got "
                                   f"num-active={cfg.num_active}")
         self.session = secrets.token_hex(16)  # every signature of this alignment is bound to it
-        self.sizes = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_SIZE, {nid: self.step() for nid in nodes}).items()}
-        self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
-        refuse_problems({self.pid[nid]: int(r["problems"]) for nid, r in self.sizes.items() if "problems" in r})
-        leader = [nid for nid, r in self.sizes.items() if r["role"] == msgs.ROLE_ACTIVE]
-        if len(leader) != 1:
-            raise FederationError(f"alignment needs exactly one active party (the label owner), found {len(leader)}")
-        self.lead = leader[0]
-        self.others = [nid for nid in nodes if nid != self.lead]
-        kept = {str(r.get("kept", "")) for r in self.sizes.values()}
-        self.kept = kept.pop() if len(kept) == 1 and "" not in kept else ""
-        # size, blind, raise, intersect (more than one when the lists exceed the budget), finish;
-        # a kept alignment: size, reuse
-        self.progress = _Progress("private alignment" if purpose == TRAIN else "private alignment of the rows to "
-                                  "score", 2 if self.kept else 5, started)
-        self.progress.step(f"{len(nodes)} parties checked their tables and sent their sizes")
+        # the parties' tables are read on this machine in simulation (tables.path, score.path): their work adds up
+        self.shared = bool(cfg.tables_path if purpose == TRAIN else cfg.score_path)
+        self.progress = Progress("private alignment" if purpose == TRAIN else "private alignment of the rows to score",
+                                 Estimate(relative=RELATIVE, steps=[Step("the parties checked their tables and sent their sizes", None,
+                                                counts=f"{len(nodes)} parties", doing="waiting for the parties to "
+                                                "check their tables and send their sizes")]), started)
+        with self.progress.step(len(nodes)):
+            self.sizes = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_SIZE, {nid: self.step()
+                                                                                    for nid in nodes}).items()}
+            self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
+            refuse_problems({self.pid[nid]: int(r["problems"]) for nid, r in self.sizes.items() if "problems" in r})
+            leader = [nid for nid, r in self.sizes.items() if r["role"] == msgs.ROLE_ACTIVE]
+            if len(leader) != 1:
+                raise FederationError(f"alignment needs exactly one active party (the label owner), found "
+                                      f"{len(leader)}")
+            self.lead = leader[0]
+            self.others = [nid for nid in nodes if nid != self.lead]
+            kept = {str(r.get("kept", "")) for r in self.sizes.values()}
+            self.kept = kept.pop() if len(kept) == 1 and "" not in kept else ""
+            self.n = {nid: int(r["n"]) for nid, r in self.sizes.items()}
+            self.progress.estimate.plan(self.plan())
+            self.progress.estimate.priors.update(self.priors())
         if purpose == TRAIN and not self.kept:
             self.why_again()
 
@@ -241,45 +268,97 @@ class _Passes:
         ``contents``; their replies by node."""
         out = [Message(c, dst_node_id=nid, message_type=message_type, group_id="align") for nid, c in contents.items()]
         replies = exchange.exchange(self.grid, out, self.cfg.round_timeout, self.cfg.round_retries,
-                                    lambda nid: f"node {nid}")
+                                    lambda nid: f"node {nid}", on_reply=self.progress.replied)
         return {r.metadata.src_node_id: r for r in replies}
+
+    def plan(self, batches: list[list[int]] | None = None, common: int | None = None) -> list[Step]:
+        """Every step of this alignment with its work (:func:`psi.work_units`, in seconds of one core
+        per id): size, then reuse, or blind, raise, the intersect messages (``batches``, else as the
+        sizes fold them) and finish (on ``common`` rows, else on as many as the smallest table has)."""
+        n, lead = self.n, self.n[self.lead]
+        cores = psi.cores()  # the parties' machine in simulation; a stand-in for each party's in a deployment
+
+        def units(lanes: list[list[int]]) -> float:
+            return psi.work_units(lanes, cores, self.shared)
+
+        size = Step("the parties checked their tables and sent their sizes", "read",
+                    sum(n.values()) if self.shared else max(n.values()), counts=f"{len(n)} parties, {_ids(n.values())}")
+        if self.kept:
+            return [size, Step("every party took up its kept alignment", None,
+                               doing="waiting for the parties to take up their kept alignment")]
+        others = [n[o] for o in self.others]
+        if batches is None:  # honest lists are as long as the sizes say
+            batches = fold({o: psi.POINT * (n[o] + lead) for o in self.others}, INTERSECT_BUDGET)
+        common = min(n.values()) if common is None else common
+        steps = [size,
+                 Step("every party blinded its ids", "blind", units([[k] for k in n.values()]),
+                      counts=f"{len(n)} parties, {_ids(n.values())}", doing="waiting for the parties to blind their ids"),
+                 Step("the other parties raised the label owner's ids", "raise", units([[lead]] * len(others)),
+                      counts=f"{len(others)} × {lead:,} ids",
+                      doing="waiting for the other parties to raise the label owner's ids")]
+        for i, batch in enumerate(batches):
+            whose = (f"part{'ies' if len(batch) > 1 else 'y'} " + ", ".join(str(self.pid[o]) for o in batch)
+                     if batch else "no other party")
+            found = (", found the common rows" + (" and prepared its block" if self.purpose == TRAIN else "")
+                     if i == len(batches) - 1 else "")
+            steps.append(Step(f"the label owner matched {whose}{found}", "raise", units([[n[o] for o in batch]]),
+                              counts=_ids([n[o] for o in batch]) if batch else "",
+                              doing=f"waiting for the label owner to raise and match the lists of {whose}"))
+        steps.append(Step("every other party prepared its block on the common rows" if self.purpose == TRAIN
+                          else "every other party kept its common rows", "prepare",
+                          common * len(others) if self.shared else common, counts=f"{common:,} common rows",
+                          doing="waiting for the other parties to take their common rows"))
+        return steps
+
+    def replan(self, batches: list[list[int]], common: int | None = None) -> None:
+        """The steps from the current one on, now that the intersect messages (and the common rows) are known."""
+        self.progress.estimate.plan(self.plan(batches, common)[self.progress.estimate.done:])
+
+    def priors(self) -> dict[str, float]:
+        """Seconds of one core per id to blind and to raise, timed here before a PSI long enough to
+        want a time left before its first step is done (simulation: the parties' own machine; a
+        deployment: a stand-in for theirs); none without the PSI library."""
+        if self.kept or sum(self.n.values()) < CALIBRATE_FROM:
+            return {}
+        try:
+            return psi.cost_per_id(CALIBRATION_IDS, time.perf_counter)
+        except ImportError:  # a deployment's ServerApp need not have openmined-psi
+            return {}
 
     def intersect(self) -> tuple[ConfigRecord, Message, dict[int, ArrayRecord]]:
         """The leader's common rows: (its reply to the last ``intersect``, that message, each other
         party's common positions). Each intersect message carries as many parties' lists as fit in
         :data:`INTERSECT_BUDGET` bytes (:func:`fold`); the last one also finds the common rows."""
-        n = {nid: int(r["n"]) for nid, r in self.sizes.items()}
-        left = lambda per_id, *parts: per_id * sum(parts)  # noqa: E731  (seconds: ids still to raise)
-        blinds = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
-                                                                             for nid in self.sizes}).items()}
-        # the parties blind at once, so the largest list sets the pace; a raise costs about a blinding
-        per_id = self.progress.step("every party blinded its ids") / max(n.values())
-        self.progress.left(left(per_id, n[self.lead], *(n[o] for o in self.others)))
-        raised = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_RAISE, {
-            nid: self.step(blinded=blinds[self.lead]["blinded"], signature=blinds[self.lead]["signature"])
-            for nid in self.others}).items()}
-        per_id = self.progress.step("the parties raised the label owner's ids") / max(1, n[self.lead])
+        with self.progress.step(len(self.sizes)):
+            blinds = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
+                                                                                 for nid in self.sizes}).items()}
+        with self.progress.step(len(self.others)):
+            raised = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_RAISE, {
+                nid: self.step(blinded=blinds[self.lead]["blinded"], signature=blinds[self.lead]["signature"])
+                for nid in self.others}).items()}
         batches = fold({nid: len(blinds[nid]["blinded"]) + len(raised[nid]["raised"]) for nid in self.others},
                        INTERSECT_BUDGET)
-        self.progress.steps = 4 + len(batches)  # size, blind, raise, the intersect messages, finish
-        todo = [sum(n[o] for o in batch) for batch in batches]
-        self.progress.left(left(per_id, *todo))
+        self.replan(batches)
         for i, batch in enumerate(batches):  # the leader raises the lists of a batch's parties in turn
             last = i == len(batches) - 1
             lists = {k: v for nid in batch for k, v in self.lists(nid, blinds[nid], raised[nid]).items()}
-            result = self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
-                peers=[self.pid[nid] for nid in batch], last=last, **lists)})[self.lead]
-            matched = f"the label owner matched part{'ies' if len(batch) > 1 else 'y'} " + \
-                ", ".join(str(self.pid[nid]) for nid in batch)
-            if last:
-                self.progress.step(f"{matched}, found the common rows" + (" and prepared its block"
-                                                                         if self.purpose == TRAIN else ""))
-            else:
-                per_id = self.progress.step(matched) / max(1, todo[i])
-                self.progress.left(left(per_id, *todo[i + 1:]))
+            with self.progress.step(1) as step:
+                result = self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
+                    peers=[self.pid[nid] for nid in batch], last=last, **lists)})[self.lead]
+                common = self.common_count(result) if last else None
+                if common is not None:
+                    step.found = f"{common:,} rows common to every party"
+                    self.replan(batches, common)
         found = result.content.array_records[POSITIONS]
         positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
         return _reply(result), result, positions
+
+    def common_count(self, result: Message) -> int | None:
+        """The number of common rows the leader's last reply says (None: it says none; it is checked later)."""
+        if self.purpose == SCORE:
+            return int(_reply(result).get("n-common", -1)) if "n-common" in _reply(result) else None
+        labels = result.content.array_records.get(LABELS)
+        return int(labels["split"].numpy().size) if labels is not None and "split" in labels else None
 
     def lists(self, nid: int, blind: ConfigRecord, raised: ConfigRecord) -> dict:
         """Party ``nid``'s fields of an intersect message: its size answer, its blinded ids and its
@@ -306,26 +385,6 @@ class _Passes:
 
     def sizes_by_partition(self) -> dict[int, int]:
         return {self.pid[n]: int(r["n"]) for n, r in sorted(self.sizes.items(), key=lambda kv: self.pid[kv[0]])}
-
-
-class _Progress:
-    """One log line per alignment step: which, how long it took, and an estimate of the time left."""
-
-    def __init__(self, what: str, steps: int, started: float) -> None:
-        self.what, self.steps, self.done = what, steps, 0
-        self.last = started
-
-    def step(self, name: str) -> float:
-        """Log step ``name`` as done; return its seconds."""
-        now = time.perf_counter()
-        took, self.last = now - self.last, now
-        self.done += 1
-        log(INFO, "FairVFL: %s, step %d/%d: %s (%.1f s)", self.what, self.done, self.steps, name, took)
-        return took
-
-    def left(self, seconds: float) -> None:
-        """Log the estimate of the PSI's time left (the parties' preparation comes on top)."""
-        log(INFO, "FairVFL: %s: about %.0f s left for the PSI, then the parties' preparation", self.what, seconds)
 
 
 def refuse_problems(problems: dict[int, int]) -> None:
@@ -372,11 +431,34 @@ class _Step:
         return self.context.state
 
 
+#: A party's seconds per id of each kind of its own alignment work so far (its time left).
+PACE_STATE = "fairvfl.align-pace"
+
+
+def _progress(step: _Step, *plan: Step, started: float | None = None) -> Progress:
+    """This party's log of a message's work (``plan``), its time left from its own pace in the
+    alignment's earlier messages (its node state)."""
+    priors = {k: float(v) for k, v in (step.state.config_records.get(PACE_STATE) or {}).items()}
+    crypto = max((s.units for s in plan if s.kind in ("blind", "raise")), default=0)
+    if crypto >= psi.CHUNK and "blind" not in priors:  # its first PSI work: this machine's cost, timed
+        priors.update({k: v / psi.workers(int(crypto)) for k, v in psi.cost_per_id(CALIBRATION_IDS,
+                                                                                   time.perf_counter).items()})
+    return Progress(f"alignment, party {step.spec.partition_id} ({step.spec.role}), step {step.signer.step!r}",
+                    Estimate(plan, priors=priors, relative=RELATIVE), started)
+
+
+def _keep_pace(step: _Step, progress: Progress) -> None:
+    """Keep this party's pace of the message's work, for the time left of its next messages."""
+    pace = dict(step.state.config_records.get(PACE_STATE) or {})
+    step.state.config_records[PACE_STATE] = ConfigRecord({**pace, **progress.estimate.measured()})
+
+
 def _size(step: _Step) -> None:
     """Check this party's own table (training), reply its number of ids and their shape (or
     the alignment it kept of these tables), signed for this session, and forget what an
     earlier alignment left."""
     spec, cfg = step.spec, step.cfg
+    started = time.perf_counter()
     kept, why = (None, "")
     if step.purpose == TRAIN:
         kept, why = _kept(step) if cfg.tables_reuse_alignment else (None, "")
@@ -402,6 +484,14 @@ def _size(step: _Step) -> None:
     step.state.array_records.pop(ORDER_STATE, None)
     step.keys = ConfigRecord({"session": step.signer.session})
     step.state.config_records[SIZE_STATE] = ConfigRecord({**step.out, "session": step.signer.session})
+    step.state.config_records.pop(PACE_STATE, None)  # a new alignment: its pace is measured afresh
+    if "n" in step.out:
+        n = int(step.out["n"])
+        what = "its file to score" if step.purpose == SCORE else "its table"
+        progress = _progress(step, Step(f"checked {what}" if kept is None else "holds a kept alignment of its table",
+                                        "read", n if kept is None else 0, counts=f"{n:,} ids"), started=started)
+        progress.finish(why)
+        _keep_pace(step, progress)
 
 
 #: The fields of a party's size answer that it signs (:func:`size_blob`).
@@ -441,7 +531,12 @@ def _kept(step: _Step) -> tuple[dict | None, str]:
 def _blind(step: _Step) -> None:
     """This party's ids blinded with a new key: the leader's in its row order, the others' shuffled."""
     ids, _ = psi.own_table(step.spec)
-    step.out["blinded"], step.keys["key"], order = psi.blind_step(ids, shuffle=step.spec.role != msgs.ROLE_ACTIVE)
+    shuffle = step.spec.role != msgs.ROLE_ACTIVE
+    progress = _progress(step, Step("blinded its ids with a fresh key" + (", in a secret order" if shuffle else ""),
+                                    "blind", len(ids), counts=f"{len(ids):,} ids", doing="blinding its ids"))
+    with progress.step():
+        step.out["blinded"], step.keys["key"], order = psi.blind_step(ids, shuffle, progress.advance)
+    _keep_pace(step, progress)
     step.out["signature"] = step.signer.sign("blind", step.spec.partition_id, step.out["blinded"])
     if order is not None:
         step.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
@@ -452,7 +547,12 @@ def _raise(step: _Step) -> None:
     for this session (no dictionary test of this party's ids)."""
     rc = step.fields
     step.signer.verify("blind", LEADER, rc["blinded"], rc.get("signature", b""), "the label owner's blinded ids")
-    step.out["raised"] = psi.psi_raise(rc["blinded"], step.keys["key"])
+    n = len(rc["blinded"]) // psi.POINT
+    progress = _progress(step, Step("raised the label owner's blinded ids to its key", "raise", n,
+                                    counts=f"{n:,} ids", doing="raising the label owner's blinded ids"))
+    with progress.step():
+        step.out["raised"] = psi.psi_raise(rc["blinded"], step.keys["key"], progress.advance)
+    _keep_pace(step, progress)
     step.out["signature"] = step.signer.sign("raise", step.spec.partition_id, step.out["raised"])
 
 
@@ -460,14 +560,29 @@ def _intersect(step: _Step) -> None:
     """The leader with the parties whose lists this message carries: keep which of its ids each
     holds too, and where; the last message: the common rows too (:func:`_common`)."""
     ids, _ = psi.own_table(step.spec)
-    for peer in step.fields.get("peers", []):
-        _match(step, ids, int(peer))
-    if step.fields.get("last", False):
-        _common(step, ids)
+    peers = [int(peer) for peer in step.fields.get("peers", [])]
+    last = bool(step.fields.get("last", False))
+    sizes = {peer: len(step.fields.get(f"blinded-{peer}", b"")) // psi.POINT for peer in peers}
+    plan = [Step(f"matched party {peer}", "raise", sizes[peer], counts=f"{sizes[peer]:,} ids",
+                 doing=f"raising party {peer}'s blinded ids") for peer in peers]
+    if last:
+        plan.append(Step("found the rows every party holds" + (" and prepared its block on them"
+                                                                if step.purpose == TRAIN else ""), "prepare", len(ids),
+                         doing="finding the common rows"))
+    progress = _progress(step, *plan)
+    for peer in peers:
+        with progress.step():
+            found = _match(step, ids, peer, progress.advance)
+            progress.found = f"{found:,} of its {len(ids):,} ids also party {peer}'s"
+    if last:
+        with progress.step():
+            progress.found = f"{_common(step, ids):,} rows common to every party"
+    _keep_pace(step, progress)
 
 
-def _match(step: _Step, ids: np.ndarray, peer: int) -> None:
-    """The leader with party ``peer``: its lists, once the party's signatures of them check out."""
+def _match(step: _Step, ids: np.ndarray, peer: int, done=None) -> int:
+    """The leader with party ``peer``: its lists, once the party's signatures of them check out
+    (``done(k)``: k more of its ids are raised); how many of the leader's ids it holds."""
     rc = step.fields
     blinded, raised = rc.get(f"blinded-{peer}", b""), rc.get(f"raised-{peer}", b"")
     step.signer.verify("blind", peer, blinded, rc.get(f"blind-signature-{peer}", b""), f"party {peer}'s blinded ids")
@@ -475,19 +590,20 @@ def _match(step: _Step, ids: np.ndarray, peer: int) -> None:
                        f"party {peer}'s raising of this party's ids")
     size = _signed_size(step, peer)
     found = psi.peer_positions(step.spec, ids, peer, int(size.get("n", -1)), str(size.get("pattern", "")), blinded,
-                               raised, step.keys["key"])
+                               raised, step.keys["key"], done)
     step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
     kept = step.state.array_records.get(HITS_STATE)
     held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
     held["hits"] = held["hits"] & (found >= 0)
     held[f"at-{peer}"] = found
     step.state.array_records[HITS_STATE] = msgs.array_record(**held)
+    return int(step.keys[f"pairwise-{peer}"])
 
 
-def _common(step: _Step, ids: np.ndarray) -> None:
+def _common(step: _Step, ids: np.ndarray) -> int:
     """The leader, once every other party's lists came: the rows every party holds, and where
     each party has them; in training, the split and the labels of those rows, and its own
-    prepared block."""
+    prepared block. Returns their number."""
     record = step.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
     at = {int(k.split("-", 1)[1]): v.numpy() for k, v in (record.items() if record else []) if k.startswith("at-")}
     missing = sorted(set(range(step.cfg.num_parties)) - {step.spec.partition_id} - set(at))
@@ -504,7 +620,7 @@ def _common(step: _Step, ids: np.ndarray) -> None:
     if step.purpose == SCORE:
         step.out = {"n-common": len(rows), "digest": _keep_score_ids(step.context, ids[rows], ids)}
         _sign_positions(step, found, None)
-        return
+        return len(rows)
     common = psi.leader_step(step.spec, step.cfg, rows)
     step.out = {"digest": common.digest, "protected-label": common.protected_label}
     if common.group_names:  # the server names the groups by their values (two groups: a's, then b's)
@@ -513,6 +629,7 @@ def _common(step: _Step, ids: np.ndarray) -> None:
     step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
     _keep(step, ids, common.key, {"split": common.split, "y": common.y.astype(np.int8), "s": common.s})
     _sign_positions(step, found, common.split)
+    return len(rows)
 
 
 def _sign_positions(step: _Step, found: dict[str, np.ndarray], split: np.ndarray | None) -> None:
@@ -531,15 +648,21 @@ def _finish(step: _Step) -> None:
                        step.fields.get("signature", b""), "this party's common positions", signer_pid=LEADER)
     order = step.state.array_records.pop(ORDER_STATE)["order"].numpy()
     step.done = True
-    if step.purpose == SCORE:
-        rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
-        step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
-        return
-    split = step.message.content.array_records[LABELS]["split"].numpy()
-    member, key = psi.member_step(step.spec, step.cfg, positions, order, split)
-    step.out = {"digest": member.ids_digest}
-    step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
-    _keep(step, ids, key)
+    progress = _progress(step, Step("kept its common rows" if step.purpose == SCORE else
+                                    "prepared its block on the common rows", "prepare", len(positions),
+                                    counts=f"{len(positions):,} of its {len(ids):,} ids are common to every party",
+                                    doing="preparing its block on the common rows"))
+    with progress.step():
+        if step.purpose == SCORE:
+            rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
+            step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
+            return
+        split = step.message.content.array_records[LABELS]["split"].numpy()
+        member, key = psi.member_step(step.spec, step.cfg, positions, order, split)
+        step.out = {"digest": member.ids_digest}
+        step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
+        _keep(step, ids, key)
+        progress.found = f"{member.n_train:,} training and {member.n_test:,} evaluation rows"
 
 
 def _reuse(step: _Step) -> None:
@@ -560,6 +683,7 @@ def _reuse(step: _Step) -> None:
     step.out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
     if kept.get("labels"):
         step.records[LABELS] = msgs.array_record(**psi.kept_labels(step.spec, step.cfg))
+    _progress(step, Step("took up its kept alignment", None, counts=f"{int(kept['n']):,} ids")).finish()
 
 
 #: Each alignment message type and the step that answers it on a party's side.
