@@ -73,6 +73,7 @@ class NewtonVFL(VFLServer):
     """The server of a FairVFL run trained by block Newton steps (linear parties, full batch)."""
 
     init_type = msgs.NEWTON_INIT
+    sharpens = True  # the parties send directions' images; every fairness term is the server's
     round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner",
                                            "trust", "moves_held", "gap_error")
     node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves", "moves_held")

@@ -12,12 +12,17 @@ them its own way, and the rule's state round-trips through a checkpoint.
 
 A rate constraint's gaps compare smooth rates (mean σ(z)), which is what the optimizer can
 differentiate, while ε is read as fairlearn's difference of the hard predictions sign(z).
-The two differ (COMPAS, demographic parity at ε = 0.02: smooth gap 0.020, hard 0.109), so
-with a ``target`` the rule holds the smooth gaps within a working bound (:attr:`StopRule.epsilon`)
-and, each time it would stop with the largest hard gap above the target, tightens that bound
-by the excess and keeps going from where the run is (θ and λ stay). When the bound would
-fall below :data:`MIN_BOUND_SHARE` of the target, the smooth rates cannot carry the hard gap
-down without giving up the predictions, and the rule stops and says so
+The two differ both ways (COMPAS, demographic parity at ε = 0.02: smooth gap 0.020, hard
+0.109; Adult: smooth 0.020, hard 0.001), so with a ``target`` the rule holds the smooth gaps
+within a working bound (:attr:`StopRule.epsilon`) and calibrates that bound until the hard gap
+meets the target without giving away accuracy. Each time the run converges with the largest
+hard gap above the target the bound is tightened; with it well below the target while a
+multiplier is in use (the bound, not the loss, holds the model back) the bound is loosened.
+Either move keeps going from where the run is (θ and λ stay). When the bound would fall below
+:data:`MIN_BOUND_SHARE` of the target, the smooth rates at their temperature cannot carry the
+hard gap down: a rule that may ``sharpen`` halves the rates' temperature τ (σ(z/τ) is closer
+to the step 1[z ≥ 0]), sets the bound back to the target and keeps going; at
+:data:`MIN_TEMPERATURE`, or where it may not, the rule stops and says so
 (docs/fairness-constraints.md, "What ε bounds").
 """
 
@@ -32,13 +37,27 @@ GAP_SLACK = 1e-3
 #: smooth gaps are all but zero, and a hard gap still above the target is one the smooth rates
 #: do not control (a constant classifier would meet it, at the cost of every prediction).
 MIN_BOUND_SHARE = 0.05
+#: The sharpest temperature of the smooth rates: a sharper σ(z/τ) has slopes of 1/(4τ) on a few rows
+#: near the threshold, which the second-order steps see as noise.
+MIN_TEMPERATURE = 0.125
+#: A converged hard gap above this multiple of the target, on a bound not yet calibrated, sharpens the rates
+#: before it tightens the bound: the smooth rates are then too flat at the threshold to follow the hard
+#: ones (COMPAS: hard 5x the smooth gap at τ = 1), and a bound tightened by that much costs accuracy.
+SHARPEN_ABOVE = 3.0
+#: A converged hard gap below this share of the target, with a multiplier in use, loosens the bound:
+#: the run gives up accuracy for fairness it was not asked for.
+LOOSEN_BELOW = 0.6
+#: At most this many loosenings per run, each by at most :data:`MAX_LOOSEN` times: every one costs
+#: a few rounds, and the hard gap of a looser bound is known only once the run converges again.
+MAX_LOOSENINGS = 2
+MAX_LOOSEN = 4.0
 
 
 class StopRule:
     """``window`` quiet rounds in a row end training; ``tolerance`` 0 never stops."""
 
     def __init__(self, tolerance: float, window: int, epsilon: float, fairness: bool,
-                 target: float | None = None) -> None:
+                 target: float | None = None, sharpen: bool = False) -> None:
         self.tolerance = tolerance
         self.window = window
         self.epsilon = epsilon  # the bound the smooth gaps are held within (the working bound)
@@ -48,6 +67,12 @@ class StopRule:
         self.quiet_rounds = 0  # quiet rounds in a row so far
         self.last_decrease = float("nan")  # the last round's relative decrease of F
         self.tightenings = 0  # times the working bound was lowered
+        self.loosenings = 0  # times the working bound was raised
+        # may the rates' temperature fall? (only where every fairness term is the server's to compute)
+        self.sharpen = sharpen
+        self.temperature = 1.0  # the smooth rates' temperature τ
+        self.sharpenings = 0  # times τ was halved
+        self.met_at: float | None = None  # the largest working bound whose converged hard gap met the target
         self.gave_up = False  # stopped with the hard gap above the target at the smallest working bound
         self.best: dict | None = None  # the round with the smallest hard gap seen: round, hard gap, accuracy
         self.last_hard: float | None = None  # the largest hard gap of the last round fed
@@ -65,8 +90,10 @@ class StopRule:
         self.quiet_rounds = self.quiet_rounds + 1 if quiet else 0
         if self.quiet_rounds < self.window:
             return False
-        if self.target is None or hard is None or hard <= self.target + GAP_SLACK:
+        if self.target is None or hard is None:
             return True
+        if hard <= self.target + GAP_SLACK:
+            return not self.loosen(hard, lam)
         return not self.tighten(hard)
 
     def observe(self, server_round: int, hard: float, accuracy: float) -> None:
@@ -85,19 +112,64 @@ class StopRule:
         (bound, hard gap) pairs, which also fits a hard gap that does not vanish with the
         smooth one; the proportional step stands in where the secant does not point down or
         would end below the smallest bound."""
+        if hard > SHARPEN_ABOVE * self.target and self.converged_at is None and self.sharpened(give_up=False):
+            return True
         bound = self.epsilon * self.target / hard
+        if self.met_at is not None:  # a looser bound overshot: go back between it and one that met
+            bound = max(bound, 0.5 * (self.met_at + self.epsilon)) if self.met_at < self.epsilon else self.met_at
         if self.converged_at is not None:
             b0, h0 = self.converged_at
             slope = (hard - h0) / (self.epsilon - b0) if self.epsilon != b0 else 0.0
             secant = self.epsilon - (hard - self.target) / slope if slope > 0 else -1.0
-            if secant >= MIN_BOUND_SHARE * self.target:  # two noisy hard gaps can make the secant too steep
-                bound = min(secant, self.epsilon)
+            if secant < max(MIN_BOUND_SHARE * self.target, self.met_at or 0.0):
+                # the hard gap no longer follows the bound (or the secant is too steep to trust)
+                self.converged_at = (self.epsilon, hard)
+                return self.sharpened()
+            bound = min(secant, self.epsilon)
         self.converged_at = (self.epsilon, hard)
         if bound < MIN_BOUND_SHARE * self.target:
-            self.gave_up = True
-            return False
+            return self.sharpened()
         self.epsilon = bound
         self.tightenings += 1
+        self.quiet_rounds = 0
+        return True
+
+    def sharpened(self, give_up: bool = True) -> bool:
+        """Halve the smooth rates' temperature and start the bound's calibration again at the target;
+        False (and, with ``give_up``, :attr:`gave_up`) where the rule may not or τ is at
+        :data:`MIN_TEMPERATURE`."""
+        if not self.sharpen or self.temperature / 2 < MIN_TEMPERATURE:
+            self.gave_up = give_up
+            return False
+        self.temperature /= 2
+        self.sharpenings += 1
+        self.epsilon = self.target
+        self.converged_at = self.met_at = None
+        self.quiet_rounds = 0
+        return True
+
+    def loosen(self, hard: float, lam: np.ndarray) -> bool:
+        """Raise the working bound toward where the hard gap meets the target, when the run converged
+        with it below :data:`LOOSEN_BELOW` of the target and a multiplier in use; False (the run may
+        end) otherwise, or after :data:`MAX_LOOSENINGS`, or once a looser bound has overshot.
+
+        The step is the secant through the last two converged (bound, hard gap) pairs where one
+        exists, else proportional (target / hard), at most :data:`MAX_LOOSEN` times the bound."""
+        self.met_at = max(self.met_at or 0.0, self.epsilon)
+        lam = np.asarray(lam, dtype=np.float64)
+        in_use = bool(np.any((lam[0::2] - lam[1::2]) != 0))
+        if (not in_use or hard >= LOOSEN_BELOW * self.target or self.loosenings >= MAX_LOOSENINGS
+                or (self.tightenings and self.converged_at is not None and self.converged_at[0] > self.epsilon)):
+            return False
+        bound = self.epsilon * min(self.target / max(hard, 1e-12), MAX_LOOSEN)
+        if self.converged_at is not None:
+            b0, h0 = self.converged_at
+            slope = (hard - h0) / (self.epsilon - b0) if self.epsilon != b0 else 0.0
+            if slope > 0:
+                bound = min(self.epsilon + (self.target - hard) / slope, bound)
+        self.converged_at = (self.epsilon, hard)
+        self.epsilon = bound
+        self.loosenings += 1
         self.quiet_rounds = 0
         return True
 
@@ -117,8 +189,9 @@ class StopRule:
         """The rule in words, for the log line of a run it ended."""
         fair = f" with every gap within epsilon + {GAP_SLACK:g}" if self.fairness else ""
         if self.target is not None:
-            fair = (f" with every smooth gap within the working bound {self.epsilon:.4g} + {GAP_SLACK:g} and the "
-                    f"largest hard gap within epsilon + {GAP_SLACK:g}")
+            hard = ("the largest hard gap still above epsilon, which the smooth gaps no longer move" if self.gave_up
+                    else f"the largest hard gap within epsilon + {GAP_SLACK:g}")
+            fair = f" with every smooth gap within the working bound {self.epsilon:.4g} + {GAP_SLACK:g} and {hard}"
         return (f"F decreased by less than stop-tolerance={self.tolerance:g} (relative) for "
                 f"stop-window={self.window} round(s) in a row{fair}")
 
@@ -126,7 +199,8 @@ class StopRule:
         """The count of quiet rounds so far, which a checkpoint keeps: a resumed run stops where the
         uninterrupted one did."""
         return {"quiet-rounds": self.quiet_rounds, "bound": self.epsilon, "tightenings": self.tightenings,
-                "converged-at": list(self.converged_at or ())}
+                "loosenings": self.loosenings, "met-at": self.met_at, "converged-at": list(self.converged_at or ()),
+                "temperature": self.temperature, "sharpenings": self.sharpenings}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the count of quiet rounds and the working bound from a checkpoint (0 and the
@@ -134,5 +208,9 @@ class StopRule:
         self.quiet_rounds = int(state.get("quiet-rounds", 0))
         self.epsilon = float(state.get("bound", self.epsilon))
         self.tightenings = int(state.get("tightenings", 0))
+        self.loosenings = int(state.get("loosenings", 0))
+        self.temperature = float(state.get("temperature", 1.0))
+        self.sharpenings = int(state.get("sharpenings", 0))
+        self.met_at = None if state.get("met-at") is None else float(state["met-at"])
         at = state.get("converged-at") or ()
         self.converged_at = (float(at[0]), float(at[1])) if len(at) == 2 else None

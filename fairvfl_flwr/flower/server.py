@@ -22,6 +22,7 @@ server's state through :meth:`VFLServer.fold`, and the whole state round-trips t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
@@ -94,6 +95,9 @@ class VFLServer:
     init_type = msgs.INIT
     #: Whether the stop rule (``stop-tolerance``, ``stop-window``) may end training early.
     stops = True
+    #: Whether this algorithm computes every fairness term on the server (no party's own steps use the
+    #: constraint), so that the stop rule may sharpen the smooth rates mid-run (core/stopping.py).
+    sharpens = False
     #: The attributes a round changes: what :meth:`snapshot` keeps (an algorithm adds its own).
     round_state: tuple[str, ...] = ("lam", "u_train", "u_test", "sq_norms", "steps", "stats", "history",
                                     "held_rows", "last_round", "stop")
@@ -110,12 +114,12 @@ class VFLServer:
     ) -> None:
         self.cfg = config
         self.labels = labels
-        self.groups: ConstraintSet = labels.groups_for(config.constraint, config.measure)
+        self.constraint = labels.groups_for(config.constraint, config.measure)  # at temperature 1
         # with pooled groups, each row's constrained group: the figures a user reads are over the
         # groups ε holds for, not over a member of one test row (None: the data's groups are those)
-        pooled = self.groups.pooling is not None
-        self.constrained_test = self.groups.coded(labels.s_test, labels.group_names) if pooled else None
-        self.constrained_train = self.groups.coded(labels.s_train, labels.group_names) if pooled else None
+        pooled = self.constraint.pooling is not None
+        self.constrained_test = self.constraint.coded(labels.s_test, labels.group_names) if pooled else None
+        self.constrained_train = self.constraint.coded(labels.s_train, labels.group_names) if pooled else None
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.view = ServerView(self)  # what the hooks see of this server
@@ -124,9 +128,9 @@ class VFLServer:
         self.wire_dtype = np.dtype(config.wire_dtype)
         # 0: full batch (also when batch-size >= the training rows); b: rounds train on b rows
         self.batch_size = batching.effective_batch(config.batch_size, len(labels.y_train))
-        batching.check_batches(self.groups, config.seed, self.batch_size, config.num_server_rounds)
+        batching.check_batches(self.constraint, config.seed, self.batch_size, config.num_server_rounds)
         self.held_rows: np.ndarray | None = None  # training rows the held partial logits are on (None: all)
-        self.lam = np.zeros(self.groups.num_multipliers)  # multipliers; stay 0 without a fairness term
+        self.lam = np.zeros(self.constraint.num_multipliers)  # multipliers; stay 0 without a fairness term
         self.nodes: dict[int, Node] = {}
         self.u_train: dict[int, np.ndarray] = {}
         self.u_test: dict[int, np.ndarray] = {}
@@ -139,12 +143,22 @@ class VFLServer:
         self.last_round = config.num_server_rounds
         # a rate constraint's ε is read as fairlearn's hard difference: the stop rule tightens the
         # smooth gaps' bound until the hard ones meet it (the loss measure, the paper's, has no hard gap)
-        hard_target = config.epsilon if config.hard_epsilon and self.groups.q.hard else None
+        hard_target = config.epsilon if config.hard_epsilon and self.constraint.q.hard else None
+        # sharper rates change every fairness term: only where the server computes them all, and not
+        # under label DP, whose noise is calibrated to the rates' slope at the start
         self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness,
-                             target=hard_target)
+                             target=hard_target, sharpen=self.sharpens and config.label_dp_epsilon <= 0)
         self.setup_seconds = 0.0
         self.first_round_started: float | None = None  # perf_counter when the first training round began
         self._t0 = time.perf_counter()
+
+    @property
+    def groups(self) -> ConstraintSet:
+        """The run's constraint at the stop rule's temperature of the smooth rates (1 unless sharpened)."""
+        temperature = self.stop.temperature
+        if self.constraint.temperature != temperature:
+            self.constraint = dataclasses.replace(self.constraint, temperature=temperature)
+        return self.constraint
 
     # -- what an algorithm writes ---------------------------------------------------
     def configure_train(
@@ -336,12 +350,18 @@ class VFLServer:
         if self.stop.target is not None:  # the server holds y, s and z: the hard gaps cost no message
             hard = float(np.max(np.abs(self.groups.hard_gaps(y, z_after))))
             self.stop.observe(len(self.history), hard, float(np.mean(predict(z_after) == y)))
-        bound, tightenings = self.stop.epsilon, self.stop.tightenings
+        bound, temperature = self.stop.epsilon, self.stop.temperature
         done = self.stop.update(f_before, f_after, self.groups.gaps(y, z_after), self.lam, hard)
-        if self.stop.tightenings > tightenings:
-            log(INFO, "[round %d] converged with the largest hard gap %.4f above epsilon %.3g: the smooth gaps' "
+        if self.stop.temperature != temperature:
+            log(INFO, "[round %d] converged with the largest hard gap %.4f above epsilon %.3g, which the smooth gaps "
+                "cannot carry lower at temperature %.3g: the smooth rates sharpen to sigma(z / %.3g) and their bound "
+                "starts again at %.4g; training continues from this model and lambda", len(self.history), hard,
+                self.cfg.epsilon, temperature, self.stop.temperature, self.stop.epsilon)
+        elif self.stop.epsilon != bound:
+            where = "above" if self.stop.epsilon < bound else "well below"
+            log(INFO, "[round %d] converged with the largest hard gap %.4f %s epsilon %.3g: the smooth gaps' "
                 "bound goes from %.4g to %.4g; training continues from this model and lambda",
-                len(self.history), hard, self.cfg.epsilon, bound, self.stop.epsilon)
+                len(self.history), hard, where, self.cfg.epsilon, bound, self.stop.epsilon)
         return done
 
     def log_stop(self, server_round: int) -> None:
@@ -421,9 +441,14 @@ class VFLServer:
         hard = float(np.max(np.abs(self.groups.hard_gaps(y, z))))
         met = hard <= stop.target + GAP_SLACK
         out = {"epsilon_bounds": "hard", "train_hard_gap": hard, "epsilon_met": met,
-               "surrogate_bound": stop.epsilon, "tightenings": stop.tightenings}
-        how = (f"{stop.tightenings} tightening(s) of the smooth gaps' bound, final bound {stop.epsilon:.4g}"
-               if stop.tightenings else f"no tightening, the smooth gaps' bound stayed {stop.epsilon:.4g}")
+               "surrogate_bound": stop.epsilon, "tightenings": stop.tightenings, "loosenings": stop.loosenings,
+               "temperature": stop.temperature}
+        moves = " and ".join(f"{k} {what}(s)" for k, what in ((stop.tightenings, "tightening"),
+                                                             (stop.loosenings, "loosening")) if k)
+        how = (f"{moves} of the smooth gaps' bound, final bound {stop.epsilon:.4g}" if moves
+               else f"no change of the smooth gaps' bound, which stayed {stop.epsilon:.4g}")
+        if stop.sharpenings:
+            how += f", the smooth rates sharpened {stop.sharpenings} time(s) to temperature {stop.temperature:g}"
         if met:
             log(INFO, "FairVFL: epsilon=%g bounds fairlearn's hard-prediction difference of the %s gaps on the "
                 "training rows: %.4f, reached with %s", self.cfg.epsilon, self.cfg.constraint, hard, how)

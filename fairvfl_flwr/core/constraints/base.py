@@ -241,6 +241,8 @@ class ConstraintSet:
     form: str = "pairwise"
     #: the groups pooled into one (pool-small-groups), and why; None: none were
     pooling: Pooling | None = field(default=None, compare=False)
+    #: the rate measure's temperature (core/stopping.py sharpens it; the loss measure has none)
+    temperature: float = 1.0
     q: Measure = field(init=False, repr=False, compare=False)
 
     #: registry name (run-config ``constraint``)
@@ -267,7 +269,7 @@ class ConstraintSet:
     def __post_init__(self) -> None:
         if not self.constraints:
             object.__setattr__(self, "constraints", (Gap(self.kind or "deo", self.in_a, self.in_b),))
-        object.__setattr__(self, "q", measure_named(self.measure))
+        object.__setattr__(self, "q", measure_named(self.measure, self.temperature))
 
     # -- building (fairlearn's load_data) ----------------------------------------------
     @classmethod
@@ -424,7 +426,8 @@ class ConstraintSet:
         cons = tuple(c.restrict(rows) for c in self.constraints)
         groups = None if self.groups is None else self.groups.take(rows)
         return type(self)(in_a=cons[0].in_a, in_b=cons[0].in_b, n=len(rows), constraints=cons,
-                          measure=self.measure, groups=groups, form=self.form, pooling=self.pooling)
+                          measure=self.measure, groups=groups, form=self.form, pooling=self.pooling,
+                          temperature=self.temperature)
 
     # -- sizes ---------------------------------------------------------------------------
     @property

@@ -3,7 +3,7 @@ group means the constraints hold within ε.
 
 * ``loss`` (the paper): q_i = l_i, the logistic loss; then ν_i = w_i o_i with the signed row
   weight w_i = 1/n + m_i (core/objective.py);
-* ``rate``: q_i = σ(z_i), the soft positive prediction, so a gap over label-y rows is a smooth
+* ``rate``: q_i = σ(z_i/τ), the soft positive prediction at temperature τ (1 unless sharpened), so a gap over label-y rows is a smooth
   true/false-positive-rate gap (the quantity DFN/DFP measure with a hard threshold); then
   ν_i = o_i/n + m_i σ'(z_i).
 
@@ -109,53 +109,61 @@ class Loss(Measure):
 
 
 class Rate(Measure):
-    """q_i = σ(z_i), the soft positive prediction: a gap over the rows of one label is a
+    """q_i = σ(z_i / τ), the soft positive prediction: a gap over the rows of one label is a
     smooth true-positive (y = +1) or false-positive (y = −1) rate gap.
 
-    dq_i/dz_i = σ'(z_i) = σ(1 − σ) <= 1/4, so ν_i = o_i/n + m_i σ'(z_i); the constraint
-    term is bounded in z, so no weight bound is needed.
+    The temperature τ (1 unless the stop rule sharpens it, core/stopping.py) sets how close the
+    smooth rate is to the hard one 1[z ≥ 0]. dq_i/dz_i = σ'(z_i/τ)/τ <= 1/(4τ), so
+    ν_i = o_i/n + m_i σ'(z_i/τ)/τ; the constraint term is bounded in z, so no weight bound is
+    needed.
     """
 
     name = "rate"
-    slope_bound = 0.25  # σ' <= 1/4
     hard = True
 
+    def __init__(self, temperature: float = 1.0) -> None:
+        if not 0.0 < temperature <= 1.0:
+            raise ValueError(f"a rate's temperature must be in (0, 1], got {temperature!r}")
+        self.temperature = float(temperature)
+        self.slope_bound = 0.25 / self.temperature  # σ' <= 1/4
+
     def values(self, y, z, losses=None):
-        """q_i = σ(z_i), whatever the label."""
-        return sigmoid(z)
+        """q_i = σ(z_i/τ), whatever the label."""
+        return sigmoid(z / self.temperature)
 
     def hard_values(self, y, z):
         """1[z_i ≥ 0]: the prediction core/metrics.predict makes (z = 0 counts as positive)."""
         return (np.asarray(z) >= 0).astype(np.float64)
 
     def slope(self, y, z):
-        """σ'(z_i) = σ(z_i)(1 − σ(z_i)), at most 1/4."""
-        p = sigmoid(z)
-        return p * (1.0 - p)
+        """σ'(z_i/τ)/τ, at most 1/(4τ)."""
+        p = sigmoid(z / self.temperature)
+        return p * (1.0 - p) / self.temperature
 
     def nu(self, y, z, w, n):
-        """ν_i = o_i/n + m_i σ'(z_i): the loss term's slope plus the multiplier weight's rate slope."""
-        p = sigmoid(z)
-        return loss_derivative(y, z) / n + (w - 1.0 / n) * p * (1.0 - p)
+        """ν_i = o_i/n + m_i σ'(z_i/τ)/τ: the loss term's slope plus the multiplier weight's rate slope."""
+        return loss_derivative(y, z) / n + (w - 1.0 / n) * self.slope(y, z)
 
     def curvature(self, y, z, w, n):
-        """The second derivative of f̃ in z_i, o_i'/n + m_i σ''(z_i), clipped at 0."""
-        p = sigmoid(z)
-        dp = p * (1.0 - p)
-        return np.maximum(dp / n + (w - 1.0 / n) * dp * (1.0 - 2.0 * p), 0.0)
+        """The second derivative of f̃ in z_i, o_i'/n + m_i σ''(z_i/τ)/τ², clipped at 0."""
+        p0 = sigmoid(z)
+        p = sigmoid(z / self.temperature)
+        rate = p * (1.0 - p) * (1.0 - 2.0 * p) / self.temperature ** 2
+        return np.maximum(p0 * (1.0 - p0) / n + (w - 1.0 / n) * rate, 0.0)
 
     def row_bound(self, n, weight_bound):
-        # |Δo_j|/n + |Δm_j| σ', with m_j moving between ±weight_bound and σ' <= 1/4
-        """1/n + half the weight bound: Δo_j/n plus |Δm_j| σ' with σ' <= 1/4."""
-        return 1.0 / n + weight_bound / 2.0
+        # |Δo_j|/n + |Δm_j| σ'/τ, with m_j moving between ±weight_bound and σ' <= 1/4
+        """1/n + the weight bound / (2τ): Δo_j/n plus |Δm_j| σ'/τ with σ' <= 1/4."""
+        return 1.0 / n + weight_bound / (2.0 * self.temperature)
 
 
 MEASURE_TYPES: dict[str, type[Measure]] = {m.name: m for m in (Loss, Rate)}
 MEASURES = tuple(MEASURE_TYPES)
 
 
-def measure(name: str) -> Measure:
-    """The measure named ``name`` (run config ``constraint-measure``), or a clear refusal."""
+def measure(name: str, temperature: float = 1.0) -> Measure:
+    """The measure named ``name`` (run config ``constraint-measure``), or a clear refusal; a rate
+    at ``temperature`` (a measure without one takes none)."""
     if name not in MEASURE_TYPES:
         raise ValueError(f"unknown constraint measure {name!r}: choose one of {', '.join(MEASURES)}")
-    return MEASURE_TYPES[name]()
+    return MEASURE_TYPES[name](temperature) if temperature != 1.0 else MEASURE_TYPES[name]()
