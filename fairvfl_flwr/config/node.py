@@ -18,9 +18,11 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import parse_qs, urlsplit
 
 from fairvfl_flwr.config.settings import Rule, Setting, at_least, cell as _cell, coerce, declared, setting
 from fairvfl_flwr.core.errors import ConfigError
@@ -29,7 +31,7 @@ from fairvfl_flwr.core.errors import ConfigError
 CACHE_ENV = "FAIRVFL_CACHE_DIR"
 ROLES = ("active", "passive")
 #: The node-config keys that name the party's own files: a node giving one is a deployed party.
-DATA_KEYS = ("data-path", "table-path", "score-path")
+DATA_KEYS = ("data-path", "table-path", "table-sql", "score-path")
 
 
 class NodeConfigError(ValueError):
@@ -59,6 +61,42 @@ def _label_choice(value: int) -> bool:
     return value in (-1, 0, 1)
 
 
+def url_password(url: str) -> bool:
+    """Whether a database URL holds a password (``user:secret@host``, or ``?password=``): a node
+    config is shown in logs and process lists, so the password comes from the environment."""
+    try:
+        parts = urlsplit(url)
+        return bool(parts.password) or any(k.lower() == "password" for k in parse_qs(parts.query))
+    except ValueError:  # not a URL at all: the driver names the problem when it is read
+        return False
+
+
+def redacted(value: Any) -> Any:
+    """``value`` as a log line may show it: a database URL's password replaced by ``***``."""
+    if not isinstance(value, str) or not url_password(value):
+        return value
+    parts = urlsplit(value)
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1) if parts.password else parts.netloc
+    query = "&".join("password=***" if q.split("=", 1)[0].lower() == "password" else q for q in parts.query.split("&"))
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
+def _one_table(path: str, node: Any) -> bool:
+    return not (path and node.table_sql)
+
+
+def _sql_url(url: str, node: Any) -> bool:
+    return not url_password(url)
+
+
+def _sql_query(query: str, node: Any) -> bool:
+    return bool(query.strip()) == bool(node.table_sql)
+
+
+def _env_name(name: str, node: Any) -> bool:
+    return not name or (bool(node.table_sql) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None)
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """Every key of one SuperNode's ``--node-config`` (defaults: a simulated node)."""
@@ -71,7 +109,19 @@ class NodeConfig:
                   "own data", choices=("", *ROLES), why='give role="active" or role="passive"', who="deployed")
     data_path: str = N("", "the party's exported CSV (fairvfl-export), absolute path", who="exported files")
     table_path: str = N("", "the party's own raw table (CSV, or Parquet by the .parquet suffix, which needs pyarrow) "
-                        "instead of data-path; its score-path may be Parquet too", who="`tables.own`")
+                        "instead of data-path; its score-path may be Parquet too", rule=_one_table,
+                        why="give table-path or table-sql, not both", who="`tables.own`")
+    table_sql: str = N("", "the party's own table in its database instead of table-path: a SQLAlchemy URL "
+                       "(postgresql+psycopg://user@host/db, sqlite:////data/crm.db) without a password; needs the sql "
+                       "extra", rule=_sql_url, why="a database URL holds no password: name the environment variable "
+                       "that holds it in table-sql-password-env", who="`tables.own`, optional")
+    table_sql_query: str = N("", "with table-sql: the table's name (schema.table) or a SELECT query whose rows are "
+                             "the party's table", rule=_sql_query, why="give table-sql-query (a table name or a "
+                             "SELECT query) with table-sql, and only with it", who="with table-sql")
+    table_sql_password_env: str = N("", "with table-sql: the environment variable of the SuperNode that holds the "
+                                    "database password (empty: none, or the driver's own, e.g. ~/.pgpass)",
+                                    rule=_env_name, why="give the name of an environment variable (letters, digits, "
+                                    "_), with table-sql", who="with table-sql, optional")
     columns: str = N("", "the raw columns it contributes, comma-separated (default: all but the id, label and "
                      "sensitive columns)", who=_OWN)
     id_column: str = N("row_id", "the row id column", who=_ALL)
@@ -152,8 +202,8 @@ class NodeConfig:
 
     @property
     def has_table(self) -> bool:
-        """Whether this node trains on a file of its own (data-path or table-path)."""
-        return bool(self.data_path or self.table_path)
+        """Whether this node trains on a table of its own (data-path, table-path or table-sql)."""
+        return bool(self.data_path or self.table_path or self.table_sql)
 
     @property
     def folder(self) -> Path:
@@ -195,7 +245,7 @@ def _parsed(items: tuple) -> NodeConfig:
         if s is None:
             close = difflib.get_close_matches(key, BY_KEY, n=2, cutoff=0.6)
             hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            raise NodeConfigError(f"{who}node config {key}={raw!r}: unknown key{hint}; the keys are listed in "
+            raise NodeConfigError(f"{who}node config {key}={redacted(raw)!r}: unknown key{hint}; the keys are listed in "
                                   "docs/deploy.md (Node config keys)")
         try:
             values[s.field] = coerce(key, raw, s.type, "node config")
@@ -206,13 +256,13 @@ def _parsed(items: tuple) -> NodeConfig:
     if "role" in values:
         values["role"] = values["role"].strip().lower()
     node = NodeConfig(**values, given=frozenset(k for k, _ in items))
-    path = node.data_path or node.table_path
+    path = node.data_path or node.table_path or node.table_sql
     if who and path:
-        who = f"party {node.partition_id} ({path}): "
+        who = f"party {node.partition_id} ({redacted(path)}): "
     for s in SETTINGS:
         why = s.refusal(node)
         if why is not None:
-            raise NodeConfigError(f"{who}node config {s.key}={getattr(node, s.field)!r}: {why}")
+            raise NodeConfigError(f"{who}node config {s.key}={redacted(getattr(node, s.field))!r}: {why}")
     return node
 
 

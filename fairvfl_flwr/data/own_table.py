@@ -24,7 +24,6 @@ its block, which the scoring path applies to new rows.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.encoding import Preprocessing
-from fairvfl_flwr.data.tables import (BLANK, DataError, Finding, blank_markers, examples, normalise_ids,
-                                      read_party_file, row_numbers)
+from fairvfl_flwr.data.sources import FileTable, SqlTable, as_source
+from fairvfl_flwr.data.tables import BLANK, DataError, Finding, blank_markers, examples, normalise_ids, row_numbers
 
 NUMBER, CATEGORY = "number", "category"
 #: Text that usually means "missing" (compared stripped, in any case); "" is a cell of spaces.
@@ -49,44 +48,59 @@ def id_pattern(value: str) -> str:
 
 @dataclass(frozen=True)
 class RawTable:
-    """A party's raw file as read: the frame, what its declared missing markers blanked, and
+    """A party's raw table as read: the frame, what its declared missing markers blanked, and
     its id column's problems (or its normalised ids when it has none)."""
 
     frame: Any  # callers must not change it: it is shared by every reader in this process
     blanked: dict  # column -> cells made missing by a declared marker
     id_problems: tuple[Finding, ...]
     ids: np.ndarray | None  # None when id_problems is not empty
+    digest: str = ""  # a database table's SHA-256 of its rows as read (a file's: the source's digest)
 
 
-def raw_table(path: str | Path, id_column: str, who: str, missing_values: tuple[str, ...] = ()) -> RawTable:
-    """A party's raw table or score file (CSV, or Parquet by suffix), every cell equal to one
-    of ``missing_values`` made missing (tables.blank_markers); read once per process and file
-    version, so that the pre-flight check and the alignment that follows it parse it once.
-    Refuses, naming ``who`` and the file, a file that is missing or cannot be read."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise DataError(f"{who}: {p}: file not found")
-    st = os.stat(p)
-    return _raw_table(str(p), id_column, who, (st.st_size, st.st_mtime_ns), tuple(missing_values))
+def raw_table(source: FileTable | SqlTable | str | Path, id_column: str, who: str,
+              missing_values: tuple[str, ...] = ()) -> RawTable:
+    """A party's raw table or score file (a path, or the source of data/sources.py), every cell
+    equal to one of ``missing_values`` made missing (tables.blank_markers); read once per
+    process and version of the table, so that the pre-flight check and the alignment that
+    follows it read it once. Refuses, naming ``who`` and the table, one that is missing or
+    cannot be read."""
+    source = as_source(source)
+    stamp = source.stamp(who)
+    if stamp is None:  # nothing tells a changed table from the one read before: read it again
+        return _read_raw(source, id_column, who, tuple(missing_values))
+    return _raw_table(source, id_column, who, stamp, tuple(missing_values))
 
 
 @functools.lru_cache(maxsize=4)
-def _raw_table(path: str, id_column: str, who: str, stamp: tuple, markers: tuple[str, ...]) -> RawTable:
-    df = read_party_file(path, f"{who}: {path}", id_column)
+def _raw_table(source: FileTable | SqlTable, id_column: str, who: str, stamp: Any,
+               markers: tuple[str, ...]) -> RawTable:
+    return _read_raw(source, id_column, who, markers)
+
+
+def _read_raw(source: FileTable | SqlTable, id_column: str, who: str, markers: tuple[str, ...]) -> RawTable:
+    df, digest = source.read(who, id_column)
     blanked = blank_markers(df, markers, keep_text=(id_column,))
     problems = tuple(id_findings(df, id_column))
-    return RawTable(df, blanked, problems, None if problems else normalise_ids(df[id_column].to_numpy()))
+    return RawTable(df, blanked, problems, None if problems else normalise_ids(df[id_column].to_numpy()), digest)
 
 
-def read_table(path: str | Path, id_column: str, who: str, missing_values: tuple[str, ...] = ()
-               ) -> tuple[np.ndarray, Any]:
+def read_table(source: FileTable | SqlTable | str | Path, id_column: str, who: str,
+               missing_values: tuple[str, ...] = ()) -> tuple[np.ndarray, Any]:
     """A party's raw table: its normalised ids and the frame (:func:`raw_table`; callers must
-    not change the frame). Refuses, naming ``who`` and the file, the first of
+    not change the frame). Refuses, naming ``who`` and the table, the first of
     :func:`id_findings`."""
-    raw = raw_table(path, id_column, who, missing_values)
+    raw = raw_table(source, id_column, who, missing_values)
     if raw.id_problems:
-        raise raw.id_problems[0].error(f"{who}: {Path(path).expanduser()}")
+        raise raw.id_problems[0].error(f"{who}: {as_source(source).name}")
     return raw.ids, raw.frame
+
+
+def table_digest(source: FileTable | SqlTable, id_column: str, who: str, missing_values: tuple[str, ...],
+                 cache: Path) -> str:
+    """The digest a kept alignment of the table is keyed by: a file's bytes (hashed once per
+    version of the file), a database table's rows as :func:`raw_table` read them."""
+    return source.digest(cache) or raw_table(source, id_column, who, missing_values).digest
 
 
 def id_findings(df: Any, id_column: str) -> list[Finding]:

@@ -76,11 +76,14 @@ class PartySpec:
     #: (column, value) pairs that look like missing markers but are real categories (node config real-categories)
     real_categories: tuple[tuple[str, str], ...] = ()
     protected_columns: tuple[str, ...] = ()  # never features unless sensitive-as-input (node config protected-columns)
+    table_sql: str = ""  # the party's own table in its database instead (data/sources.py): its URL, no password
+    table_sql_query: str = ""  # the table's name or a SELECT query
+    table_sql_password_env: str = ""  # the environment variable that holds the database's password
 
     @property
     def name(self) -> str:
-        """The party as errors name it: partition, role and the file it reads."""
-        path = self.data_path or self.table_path
+        """The party as errors name it: partition, role and the file (or database) it reads."""
+        path = self.data_path or self.table_path or self.table_sql
         where = f", {path}" if path else ""
         return f"party {self.partition_id} ({self.role}{where})"
 
@@ -108,7 +111,7 @@ class PartyArrays:
 # -- node config ------------------------------------------------------------------------
 def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, num_active: int) -> PartySpec:
     """Read and check this node's config (:class:`NodeConfig`): deployment (``data-path``,
-    ``table-path``) or simulation."""
+    ``table-path``, ``table-sql``) or simulation."""
     node = NodeConfig.from_flower(node_config)
     if "partition-id" not in node.given:
         raise NodeConfigError(
@@ -124,13 +127,14 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
     if not 0 <= pid < num_parties:
         raise NodeConfigError(f"partition-id={pid} is outside 0..{num_parties - 1} (num-parties={num_parties})")
     data_path, table_path = node.data_path, node.table_path
-    if data_path and table_path:
+    own = table_path or node.table_sql  # the party's own raw table, in a file or in its database
+    if data_path and own:
         raise NodeConfigError(f"party {pid}: node config names both data-path (an exported party file) and "
-                              "table-path (the party's own raw table); give one")
-    if not data_path and not table_path:  # simulation: role from the partition
+                              f"{'table-path' if table_path else 'table-sql'} (the party's own raw table); give one")
+    if not data_path and not own:  # simulation: role from the partition
         role = ROLE_ACTIVE if pid < num_active else ROLE_PASSIVE
         return PartySpec(partition_id=pid, role=role)
-    data_path = data_path or table_path
+    data_path = data_path or table_path or node.table_sql  # what the refusals below name
     role = node.role
     if role not in (ROLE_ACTIVE, ROLE_PASSIVE):
         raise NodeConfigError(
@@ -139,7 +143,7 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
     kwargs: dict[str, Any] = {}
     if role == ROLE_ACTIVE:
         # an own table may name no groups: every value (combination) of its sensitive column(s) is one
-        optional = ("group-a", "group-b") if table_path else ()
+        optional = ("group-a", "group-b") if own else ()
         values = {"label-column": node.label_column, "label-positive": node.label_positive,
                   "sensitive-column": node.sensitive_column, "group-a": node.group_a, "group-b": node.group_b,
                   "protected-label": node.protected_label or ""}
@@ -154,10 +158,12 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
             sensitive_column=node.sensitive_column, group_a=node.group_a, group_b=node.group_b,
             protected_label=node.protected_label,
         )
-    path = str(Path(data_path).expanduser())
+    path = data_path if node.table_sql else str(Path(data_path).expanduser())
     columns = tuple(c.strip() for c in node.columns.split(",") if c.strip())
     return PartySpec(
-        partition_id=pid, role=role, data_path="" if table_path else path, table_path=path if table_path else "",
+        partition_id=pid, role=role, data_path="" if own else path, table_path=path if table_path else "",
+        table_sql=node.table_sql, table_sql_query=node.table_sql_query,
+        table_sql_password_env=node.table_sql_password_env,
         id_column=node.id_column, split_column=node.split_column, cache_dir=node.cache_dir, columns=columns,
         missing_values=parse_markers(node.missing_values),
         real_categories=real_categories(node.real_categories, f"party {pid} ({path})"),
@@ -182,14 +188,14 @@ def real_categories(text: str, who: str) -> tuple[tuple[str, str], ...]:
 def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
     """The spec of a party that brings its own raw table (run config ``tables.own``).
 
-    Deployment: the node config's ``table-path``. Simulation: ``tables.path`` with
+    Deployment: the node config's ``table-path`` or ``table-sql``. Simulation: ``tables.path`` with
     ``{partition}`` replaced, ``tables.id-column``, and for the label owner the label and
     groups of the run's dataset (``csv.*`` with ``dataset = "csv"``)."""
     if spec.data_path:
         raise NodeConfigError(f"{spec.name}: run config tables.own=true reads the party's own raw table: give "
                               "node config table-path instead of data-path (an exported party file)")
     markers = spec.missing_values or parse_markers(getattr(cfg, "tables_missing_values", ""))
-    if spec.table_path:
+    if spec.table_path or spec.table_sql:
         return dataclasses.replace(spec, missing_values=markers)
     if not cfg.tables_path:
         raise NodeConfigError(f"party {spec.partition_id}: tables.own=true in simulation needs tables.path, e.g. "
@@ -657,7 +663,7 @@ def load_party(spec: PartySpec, cfg=None) -> PartyArrays:
         if not npz.is_file():
             raise DataError(f"{spec.name}: the block prepared at alignment ({npz}) is gone; restart the run")
         return _load(npz)
-    if spec.table_path:
+    if spec.table_path or spec.table_sql:
         raise DataError(f"{spec.name}: its own table is read only after private alignment, the run's first step")
     if spec.data_path:
         return load_party_file(spec)

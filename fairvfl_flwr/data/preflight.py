@@ -53,6 +53,7 @@ from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, group_columns, 
 from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, likely_markers, marker_finding, number_like,
                                          parse_rules, raw_table, type_finding)
 from fairvfl_flwr.data.encoding import Preprocessing
+from fairvfl_flwr.data.sources import FileTable, SqlTable, as_source, table_source
 from fairvfl_flwr.data.tables import DataError, Finding, examples, norm_value, row_numbers
 
 #: The run config's defaults, which the check's rules default to.
@@ -126,15 +127,16 @@ class Rules:
 
 
 def check_party(spec: PartySpec, rules: Rules = Rules(), score_path: str = "", block: str | Path = "") -> Report:
-    """Every problem of the party's own table (``spec.table_path``) and, if given, of its
-    score file against its saved ``block`` folder (module doc). Never raises on bad data."""
+    """Every problem of the party's own table (its file or database table: data/sources.py)
+    and, if given, of its score file against its saved ``block`` folder (module doc). Never
+    raises on bad data."""
     report = Report(spec.name)
     try:
         type_rules, fill_rules = parse_rules(rules.types, "tables.types"), parse_rules(rules.missing, "tables.missing")
     except DataError as exc:
         report.add("a setting", str(exc))
         type_rules, fill_rules = {}, {}
-    df = _read(report, spec.table_path, spec, "table")
+    df = _read(report, table_source(spec), spec, "table")
     features = None
     if df is not None:
         features = _feature_columns(report, df, spec)
@@ -155,15 +157,15 @@ def check_party(spec: PartySpec, rules: Rules = Rules(), score_path: str = "", b
     return report
 
 
-def _read(report: Report, path: str, spec: PartySpec, what: str) -> Any:
-    """The file as the run reads it (own_table.raw_table: markers blanked, their counts noted,
+def _read(report: Report, source: str | FileTable | SqlTable, spec: PartySpec, what: str) -> Any:
+    """The table as the run reads it (own_table.raw_table: markers blanked, their counts noted,
     its id column's problems reported), or None (a problem)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        report.add(f"{what} not found", f"{what} {p}: file not found")
+    source = as_source(source)
+    if source.missing:
+        report.add(f"{what} not found", f"{what} {source.name}: file not found")
         return None
     try:
-        raw = raw_table(p, spec.id_column, spec.name, spec.missing_values)
+        raw = raw_table(source, spec.id_column, spec.name, spec.missing_values)
     except DataError as exc:
         report.add(f"{what} unreadable", str(exc))
         return None

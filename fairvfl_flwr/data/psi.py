@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir, known_digest,
+from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir,
                                          group_values, label_arrays, rows_digest, save_aligned,
                                          reserved_columns, aligned_files, write_atomically)
-from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table
+from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table, table_digest
+from fairvfl_flwr.data.sources import table_source
 from fairvfl_flwr.data.tables import DataError
 
 try:  # POSIX; elsewhere the session check still holds, only two claims at the same instant could race
@@ -226,10 +227,16 @@ def split_common(n: int, train_fraction: float, seed: int, validation_fraction: 
     return codes
 
 
-# -- a party's table, read once per process and file version (own_table.raw_table) ------------
+# -- a party's table, read once per process and version of the table (own_table.raw_table) ----
 def own_table(spec: PartySpec) -> tuple[np.ndarray, Any]:
-    """The party's normalised ids and raw frame (callers must not change the frame)."""
-    return read_table(spec.table_path, spec.id_column, spec.name, spec.missing_values)
+    """The party's normalised ids and raw frame, from its file or its database (callers must not
+    change the frame)."""
+    return read_table(table_source(spec), spec.id_column, spec.name, spec.missing_values)
+
+
+def own_digest(spec: PartySpec) -> str:
+    """The digest of the party's table that its kept alignments are keyed by (own_table.table_digest)."""
+    return table_digest(table_source(spec), spec.id_column, spec.name, spec.missing_values, cache_dir(spec))
 
 
 def feature_columns(spec: PartySpec, df: Any, sensitive_as_input: bool = False) -> list[str]:
@@ -330,7 +337,7 @@ def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
     split = split_common(len(rows), cfg.tables_train_fraction, cfg.seed, cfg.validation_fraction)
     arrays, key, pre = prepare_party(spec, cfg, ids, df, rows, split)
     used = df.iloc[rows[split != UNUSED_CODE]]
-    y, s = label_arrays(used, spec, f"{spec.name}: {spec.table_path}")
+    y, s = label_arrays(used, spec, f"{spec.name}: {table_source(spec).name}")
     save_aligned(spec, key, arrays, pre)
     several = not (spec.group_a or spec.group_b)  # every value (combination) a group, coded as label_arrays does
     # the groups' values, not the column's name, reach the server: its model card and figures name the
@@ -354,7 +361,8 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
                   split: np.ndarray) -> tuple[PartyArrays, str, dict]:
     """The party's block on its aligned ``rows`` (agreed order) split by ``split``."""
     train, test = rows[split == TRAIN_CODE], rows[split == TEST_CODE]
-    where = f"{spec.name}: {spec.table_path}"
+    source = table_source(spec).name
+    where = f"{spec.name}: {source}"
     prepared = prepare_block(df, feature_columns(spec, df, cfg.sensitive_as_input), train, test, cfg.tables_types, cfg.tables_missing, where)
     digest = rows_digest(ids[train], ids[test])
     y = s = None
@@ -368,9 +376,9 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
     arrays = PartyArrays(
         partition_id=spec.partition_id, role=spec.role, feature_names=prepared.pre.features,
         X_train=prepared.X_train, X_test=prepared.X_test, ids_digest=digest, n_train=len(train), n_test=len(test),
-        y_train=y, s_train=s, protected_label=int(spec.protected_label), source=spec.table_path,
+        y_train=y, s_train=s, protected_label=int(spec.protected_label), source=source,
         y_test=y_test, s_test=s_test)
-    content = known_digest(Path(spec.table_path), cache_dir(spec))
+    content = own_digest(spec)
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "file": content, "digest": digest, "spec": [spec.partition_id, spec.role, spec.id_column,
                                                                       list(spec.columns), spec.label_column],
@@ -412,7 +420,7 @@ def _alignment_settings(fields: dict[str, Any]) -> str:
 def _kept_paths(spec: PartySpec, cfg: Any) -> tuple[Path, Path, str, str, dict[str, Any]]:
     """(this table's and settings' record, the party's last-alignment note, table digest, settings
     digest, the settings themselves)."""
-    table = known_digest(Path(spec.table_path), cache_dir(spec))  # remembered per file version: cheap
+    table = own_digest(spec)  # a file's remembered per version of the file, a database table's from its rows
     fields = _alignment_fields(spec, cfg)
     settings = _alignment_settings(fields)
     base = cache_dir(spec) / KEPT

@@ -33,6 +33,7 @@ from fairvfl_flwr.core.bootstrap import bootstrap, cell_counts
 from fairvfl_flwr.core.metrics import group_rates, predict
 from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.encoding import party_preprocessing
+from fairvfl_flwr.data.sources import table_source
 from fairvfl_flwr.data.tables import DATASETS
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
@@ -348,7 +349,8 @@ def save(message: Message, context: Context) -> Message:
         "run-id": run_id, "partition-id": spec.partition_id, "role": rt.data.role, "model": cfg.model,
         "hidden": cfg.hidden, "dtype": cfg.dtype, "n-features": n_features, "round": server_round,
         "checkpoint": checkpoint, "secure-aggregation": cfg.masked,
-        "data-digest": rt.data.ids_digest, "source": spec.data_path or spec.table_path or f"{cfg.data_name} (packaged)",
+        "data-digest": rt.data.ids_digest, "source": spec.data_path or (table_source(spec).name if spec.table_path or spec.table_sql
+                                                      else f"{cfg.data_name} (packaged)"),
         "preprocessing": pre.to_dict(),
     }
     digest = model_files.save_block(folder, arrays, meta, model_files.party_card({**meta, "block-digest": model_files.block_digest(arrays)}, arrays))

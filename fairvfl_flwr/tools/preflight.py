@@ -29,9 +29,11 @@ from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config
 def run(node_config: str, run_config: str = "", table: str = "", score: str = "", block: str = "") -> Report:
     """The report of one party (see the module doc); a bad argument raises ValueError."""
     given = parse_run_config(node_config, "--node-config")
-    node = NodeConfig.from_flower({**given, **({"table-path": table} if table else {})})
-    if not node.table_path:
-        raise NodeConfigError("the node config names no table-path (or give --table)")
+    if table:  # the file given instead of the node config's table, in a file or a database
+        given = {**{k: v for k, v in given.items() if not k.startswith("table-sql")}, "table-path": table}
+    node = NodeConfig.from_flower(given)
+    if not (node.table_path or node.table_sql):
+        raise NodeConfigError("the node config names no table-path or table-sql (or give --table)")
     cfg = RunConfig.from_flower({"tables.own": True, **parse_run_config(run_config, "--run-config")})
     spec = own_table_spec(party_spec(node, max(cfg.num_parties, node.partition_id + 1), cfg.num_active), cfg)
     return check_party(spec, Rules.of(cfg), score or node.score_path, block)
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-config", required=True, help="the party's SuperNode --node-config text")
     p.add_argument("--run-config", default="", help="the run's settings the check reads (tables.*, min-group-size, "
                    "pool-small-groups, constraint), in flwr run --run-config syntax")
-    p.add_argument("--table", default="", help="the table to check instead of the node config's table-path")
+    p.add_argument("--table", default="", help="the table file to check instead of the node config's table-path")
     p.add_argument("--score", default="", help="a file of rows to score (default: the node config's score-path)")
     p.add_argument("--block", default="", help="the party's saved block folder (block.json): check the score file "
                    "against the raw columns it needs")
