@@ -32,8 +32,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from fairvfl_flwr.core.newton import (
 from fairvfl_flwr.config.algorithms import Algorithm
+from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
     constrained_step,

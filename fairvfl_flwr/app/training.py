@@ -60,9 +60,9 @@ class RunSetup:
     """What a round feature may read to build its hook for a run."""
 
     cfg: RunConfig
+    algorithm: Algorithm  # the run's (config/algorithms.resolve)
     labels: ServerLabels
     folder: Path  # the run folder
-    algorithm: Algorithm  # the run's (config/algorithms.resolve)
     resume: tuple[dict, dict] | None  # a checkpoint to continue from: (meta, state) of features/checkpoint.load_resume
     described: dict | None  # what the model cards say about the data (dataset summary, group names)
 
@@ -112,10 +112,6 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
 )
 #: The order the server's hooks run in (ROUND_FEATURES' order): a hook class not listed is refused.
 HOOK_ORDER: tuple[type[RoundHook], ...] = tuple(kind for kind, _ in ROUND_FEATURES)
-
-
-def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
-                 resume: tuple[dict, dict] | None = None, described: dict | None = None) -> VFLServer:
 #: The training job's modes: whether each keeps the server's final scores (an algorithm's own
 #: mode selects that algorithm, whose declaration says so).
 MODES = {"fairvfl": False, "fairvfl-scores": True}
@@ -124,6 +120,10 @@ MODES = {"fairvfl": False, "fairvfl-scores": True}
 def keeps_scores(cfg: RunConfig, algorithm: Algorithm) -> bool:
     """Whether the run keeps the server's final scores: its algorithm does, or its mode asks."""
     return algorithm.keeps_scores or MODES.get(cfg.mode, False)
+
+
+def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: Callable[[dict], None] | None = None,
+                 resume: tuple[dict, dict] | None = None, described: dict | None = None) -> VFLServer:
     """The run's server: its algorithm's (config/algorithms.resolve) with the hooks its features
     need (:data:`ROUND_FEATURES`), in their declared order.
 
@@ -155,13 +155,13 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
             log(INFO, "FairVFL: %s", fitted)
     resume = load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
     folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
+    choice = resolve(cfg)
     extra: dict[str, Any] = {} if cfg.mode == "fairvfl" else {"mode": cfg.mode}
     if choice.algorithm.summary is not None:
         extra.update(choice.algorithm.summary(cfg))
     recorder = RunRecorder(folder, cfg, extra={**extra, "party-columns": [len(c) for c in columns],
                                                "dataset-summary": ds.summary() if ds else None})
     log(INFO, "FairVFL%s: writing results to %s%s", f" ({cfg.mode})" if extra else "", folder, _where(cfg.output_dir))
-    choice = resolve(cfg)
     if not choice.algorithm.mode:  # an algorithm its mode selects has no optimizer to report
         log(INFO, "FairVFL: optimizer=%r: %s", cfg.optimizer, choice.reason)
     names = ds.group_names if ds else labels.group_names  # a deployment's label file names several groups

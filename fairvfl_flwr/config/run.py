@@ -56,7 +56,6 @@ class Modes(Sequence):
 
 
 MODES = Modes(("fairvfl", "fairvfl-scores", "split", "score"))
-OPTIMIZERS = ("auto", "gd", "newton", "adagrad")
 
 
 def _mu_ok(text: str) -> bool:
