@@ -486,8 +486,9 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     data, n = rt.data, rt.n_train
     pending, moves = _memory(rt)
     xt_nu = None
+    groups = rt.constraint(message)
     if role == msgs.ROLE_ACTIVE:
-        got = _alpha(rt, message, pending, z=n, lam=data.groups.num_multipliers)
+        got = _alpha(rt, message, pending, z=n, lam=groups.num_multipliers)
     else:
         xt_nu = rt.take_gradient()  # encrypted ν: X_kᵀν only, unmasked by the feature's mod
         got = _alpha(rt, message, pending) if xt_nu is not None else _alpha(rt, message, pending, nu=n)
@@ -497,8 +498,8 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     x_test = np.asarray(data.X_test, dtype=np.float64)
     if role == msgs.ROLE_ACTIVE:
         x, x_test = with_bias(x), with_bias(x_test)
-        nu = data.groups.masked_weights(data.y, got["z"], got["lam"])
-        h = data.groups.curvature(data.y, got["z"], got["lam"])
+        nu = groups.masked_weights(data.y, got["z"], got["lam"])
+        h = groups.curvature(data.y, got["z"], got["lam"])
     elif xt_nu is None:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)
@@ -524,8 +525,9 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     data, n = rt.data, rt.n_train
     pending, moves = _memory(rt)
     applied = _applied(rt)
+    groups = rt.constraint(message)
     if role == msgs.ROLE_ACTIVE:
-        got = _alpha(rt, message, pending, z=n, lam=data.groups.num_multipliers)
+        got = _alpha(rt, message, pending, z=n, lam=groups.num_multipliers)
     else:
         got = _alpha(rt, message, pending, nu=n)
     party = rt.party()
@@ -538,8 +540,8 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
             moves = [pending @ total, *moves][:rt.cfg.newton_moves]
         gn.set_flat(theta)
     if role == msgs.ROLE_ACTIVE:
-        nu = data.groups.masked_weights(data.y, got["z"], got["lam"])
-        h = data.groups.curvature(data.y, got["z"], got["lam"])
+        nu = groups.masked_weights(data.y, got["z"], got["lam"])
+        h = groups.curvature(data.y, got["z"], got["lam"])
     else:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)

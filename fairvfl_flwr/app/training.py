@@ -35,12 +35,14 @@ from fairvfl_flwr.config.algorithms import Algorithm, registered, resolve
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, columns_note, load_data, party_columns
 from fairvfl_flwr.jobs.alignment import align_tables
+from fairvfl_flwr.jobs.groups import release_groups
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features import ckks
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.noise import NuNoise
+from fairvfl_flwr.features.registry import LabelOwnerWeights
 from fairvfl_flwr.features import rejoin
 from fairvfl_flwr.features.rejoin import Rejoin
 from fairvfl_flwr.jobs.saving import CheckpointBlocks, FinalTest, save_blocks
@@ -95,6 +97,8 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
      else None),
     # encrypts ν as the channels before it left it; its second leg's replies are what hooks after it see
     (CkksChannel, lambda s: CkksChannel(len(s.labels.y_train)) if s.cfg.secure_nu == "ckks" else None),
+    # the label owner's row weights where a registry holds the groups: in its messages before they are recorded
+    (LabelOwnerWeights, lambda s: LabelOwnerWeights() if s.cfg.registry else None),
     # after the ν channels (ν as sent), before secure aggregation (replies as received)
     (ServerTranscript, lambda s: ServerTranscript(s.cfg.transcript_dir, s.cfg.record_first, s.cfg.record_every)
      if s.cfg.transcript_dir else None),
@@ -153,6 +157,8 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None) ->
         fitted = columns_note(cfg, ds)
         if fitted:  # every party fits the same split on its own; the server says it once
             log(INFO, "FairVFL: %s", fitted)
+    if cfg.registry:  # a registry holds the groups: the server continues with their noisy release
+        labels = release_groups(grid, cfg, labels)
     resume = load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
     folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
     choice = resolve(cfg)

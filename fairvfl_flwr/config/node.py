@@ -29,7 +29,7 @@ from fairvfl_flwr.core.errors import ConfigError
 
 #: The environment variable naming a party's folder where its node config names no cache-dir.
 CACHE_ENV = "FAIRVFL_CACHE_DIR"
-ROLES = ("active", "passive")
+ROLES = ("active", "passive", "registry")
 #: The node-config keys that name the party's own files: a node giving one is a deployed party.
 DATA_KEYS = ("data-path", "table-path", "table-sql", "score-path")
 
@@ -55,6 +55,7 @@ def party_folder(cache_dir: str) -> Path:
 N = setting  # the declarations below read as a table
 _ALL, _ACTIVE, _OPTIONAL = "all", "active", "optional"
 _OWN = "optional, `tables.own`"
+_HOLDER = "active, or registry"
 
 
 def _label_choice(value: int) -> bool:
@@ -105,8 +106,10 @@ class NodeConfig:
                           "sets it", rule=at_least(0), why="must be >= 0", who=_ALL)
     num_partitions: int = N(0, "set by Flower's simulation engine: its SuperNodes, which must be num-parties",
                             rule=at_least(0), why="must be >= 0", who="simulation")
-    role: str = N("", "active (holds the label and the sensitive column) or passive; read where the node names its "
-                  "own data", choices=("", *ROLES), why='give role="active" or role="passive"', who="deployed")
+    role: str = N("", "active (holds the label and the sensitive column), passive, or registry (holds the sensitive "
+                  "column instead of the label owner: run config groups.holder); read where the node names its own "
+                  "data", choices=("", *ROLES), why='give role="active" or role="passive" (or role="registry")',
+                  who="deployed")
     data_path: str = N("", "the party's exported CSV (fairvfl-export), absolute path", who="exported files")
     table_path: str = N("", "the party's own raw table (CSV, or Parquet by the .parquet suffix, which needs pyarrow) "
                         "instead of data-path; its score-path may be Parquet too", rule=_one_table,
@@ -131,10 +134,10 @@ class NodeConfig:
     label_negative: str = N("", "the label's other value; empty: the column must hold exactly one other value, and "
                             "any third value is refused", who="active, optional")
     sensitive_column: str = N("", "the sensitive column; with table-path several may be named (sex,race: every "
-                              "combination is a group)", who=_ACTIVE)
+                              "combination is a group)", who=_HOLDER)
     group_a: str = N("", "the sensitive column's first group value; with table-path leave group-a and group-b out "
-                     "to make every value a group", who=_ACTIVE)
-    group_b: str = N("", "the sensitive column's second group value", who=_ACTIVE)
+                     "to make every value a group", who=_HOLDER)
+    group_b: str = N("", "the sensitive column's second group value", who=_HOLDER)
     protected_label: int = N(0, "1: N^a/N^b are the rows with the positive label, -1: the negative one (0: not given)",
                              rule=Rule(_label_choice, "1 or -1"),
                              why="give 1 (the positive label is the protected one) or -1", who=_ACTIVE)
@@ -162,6 +165,12 @@ class NodeConfig:
                    "fingerprints", who="deployed")
     allow_unmasked: bool = N(False, "true: this keyless node answers unmasked jobs (default: refused); it never "
                              "waives authentication", who=_OPTIONAL)
+    release_secret: str = N("", "a file of 32+ random bytes made on the registry's machine: seeds its randomized "
+                            "response, the same rows and epsilon_S get the same release (simulation: drawn per run)",
+                            who="registry")
+    release_epsilon: float = N(0.0, "the largest groups.epsilon-s this registry releases its groups at: a run asking "
+                               "for more is refused (0: the run config's)", rule=at_least(0), why="must be >= 0",
+                               who="registry, optional")
     delay_seconds: float = N(0.0, "a simulated straggler: seconds each train reply is held back (given here, it "
                              "overrides run config staleness.straggler-delays for this node)", rule=at_least(0),
                              why="must be >= 0 seconds", who="optional, testing")

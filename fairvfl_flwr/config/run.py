@@ -27,6 +27,7 @@ from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
+from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE
 
 class Modes(Sequence):
     """The run config's ``mode`` choices: the app's own jobs' modes, declared here so that a
@@ -56,6 +57,8 @@ class Modes(Sequence):
 
 
 MODES = Modes(("fairvfl", "fairvfl-scores", "split", "score"))
+#: Who may hold the sensitive attribute (run config groups.holder).
+GROUP_HOLDERS = ("label-owner", "registry")
 
 
 def _mu_ok(text: str) -> bool:
@@ -283,6 +286,16 @@ class RunConfig:
                          "(the dataset key names only the packaged data)", section="tables")
     tables_missing_values: str = S("", "markers that mean a missing value in every party's table and score file, "
                                    "e.g. '?,NA' (a party's node config missing-values wins)", section="tables")
+    # -- groups ----------------------------------------------------------------------
+    groups_holder: str = S("label-owner", "who holds the sensitive attribute: label-owner (the active party, and the "
+                           "server) or registry (a party of its own, in simulation the last; privacy.md#a-registry-"
+                           "holds-the-groups)", section="groups", choices=GROUP_HOLDERS)
+    groups_release: str = S(RANDOMIZED_RESPONSE, "how a registry releases each row's group: randomized-response "
+                            "(k-ary, at groups.epsilon-s; the server corrects the constraint for the known flip rates)",
+                            section="groups", choices=(RANDOMIZED_RESPONSE,))
+    groups_epsilon_s: float = S(2.0, "epsilon_S of the registry's randomized response: each row's group is "
+                                "epsilon_S-locally private against every other role, whatever they compute",
+                                section="groups", rule=above(0), why="must be > 0")
 
     # -- construction ------------------------------------------------------------
     @classmethod
@@ -376,6 +389,12 @@ class RunConfig:
         """The name of the algorithm the run trains with (config/algorithms.resolve: the one
         ``mode`` selects, the one ``optimizer`` names, or what ``auto`` picked)."""
         return resolve(self).name
+
+    @property
+    def registry(self) -> bool:
+        """Whether a registry party holds the sensitive attribute (``groups.holder``): the label
+        owner and the server then hold none, and the server receives only its noisy release."""
+        return self.groups_holder == "registry"
 
     @property
     def masked(self) -> bool:

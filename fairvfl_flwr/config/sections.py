@@ -64,6 +64,9 @@ def check_conditional(c: Any) -> None:
         if bool(c.csv_group_a) != bool(c.csv_group_b):
             raise bad(c, "csv_group_b" if c.csv_group_a else "csv_group_a",
                       "give both group values (two groups) or neither (every value of csv.sensitive is a group)")
+    if c.registry and c.num_parties <= c.num_active:
+        raise bad(c, "num_parties", f"groups.holder='registry' needs a party besides the {c.num_active} active "
+                  "one(s): the registry is the last partition, a feature holder that also holds the groups")
     if c.mode == "score" and not c.score_model_from:
         raise bad(c, "score_model_from", "mode='score' needs the training run folder whose model scores "
                   "(the folder with model.json)")
@@ -105,6 +108,19 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
      "(secure aggregation rejoins)"),
     ("resume_from", lambda c: bool(c.resume_from), "secure_nu", lambda c: c.secure_nu != "none",
      "an encrypted round's second leg is not part of a party's stored state; use privacy.secure-nu='none'"),
+    ("groups_holder", lambda c: c.registry, "batch_size", lambda c: c.batch_size > 0,
+     "the label owner's row weights and the corrected group sizes are over every training row; " + _FULL_BATCH),
+    ("groups_holder", lambda c: c.registry, "label_dp_epsilon", lambda c: c.label_dp_epsilon > 0,
+     "label DP's sensitivity assumes exact groups (row weights 1/|group|); the released groups' corrected weights "
+     "are larger: use privacy.label-dp-epsilon=0"),
+    ("groups_holder", lambda c: c.registry, "mode", lambda c: c.mode == "split",
+     "the split-learning baseline has no fairness constraint to hold on the registry's groups"),
+    ("groups_holder", lambda c: c.registry, "tables_own", lambda c: c.tables_own,
+     "a registry's own table is not aligned yet: run it in simulation on a packaged dataset or dataset='csv'"),
+    ("groups_holder", lambda c: c.registry, "sensitive_as_input", lambda c: c.sensitive_as_input,
+     "the sensitive attribute is the registry's alone: no party's features may carry it"),
+    ("groups_holder", lambda c: c.registry, "server_labels", lambda c: bool(c.server_labels),
+     "the server's label file holds every row's group, which a registry run keeps from the server"),
 ]
 
 

@@ -36,6 +36,8 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
     "split": ("Split learning", "compare.md", "Read with `mode = \"split\"`, the split-learning baseline."),
     "score": ("Scoring", "scoring.md", "Read with `mode = \"score\"`."),
     "tables": ("Each party's own table", "deploy.md", "Private alignment and local preparation of raw tables."),
+    "groups": ("Who holds the groups", "privacy.md#a-registry-holds-the-groups",
+               "A registry party may hold the sensitive attribute instead of the label owner."),
 }
 
 #: A help text is one line of the docs table and one comment in pyproject.toml.

@@ -135,6 +135,30 @@ def constrained_metrics(y: np.ndarray, s: np.ndarray, z: np.ndarray,
     return {**out, **{f"{k}_raw": raw[k] for k in RAW_METRICS}}
 
 
+def _weighted_rate(hit: np.ndarray, rows: np.ndarray, weight: np.ndarray) -> float:
+    total = float(weight[rows].sum())
+    return float(weight[rows] @ hit[rows]) / total if total > 0 else float("nan")
+
+
+def estimated_metrics(y: np.ndarray, weights: np.ndarray, z: np.ndarray) -> dict[str, float]:
+    """:func:`fairness_metrics`' ACC, DFP, DFN and fairlearn's two differences where the groups are
+    known only through a noisy release: ``weights`` (n × G) holds each row's membership weight
+    in each group (core/constraints/release.py), and a group's rate over a row set is the
+    weighted share ``Σ w_i hit_i / Σ w_i``, an estimate of the true group's rate (NaN where the
+    estimated count is not positive). Differences are the largest minus the smallest rate."""
+    pred = predict(z)
+    y, weights = np.asarray(y), np.asarray(weights, dtype=np.float64)
+    wrong, positive = (pred != y).astype(np.float64), (pred == 1).astype(np.float64)
+    everyone = np.ones(len(y), dtype=bool)
+
+    def spread(hit: np.ndarray, rows: np.ndarray) -> float:
+        return _spread([_weighted_rate(hit, rows, weights[:, g]) for g in range(weights.shape[1])])
+
+    tpr, fpr = spread(positive, y == 1), spread(positive, y == -1)
+    return {"acc": float((pred == y).mean()), "dfp": fpr, "dfn": spread(wrong, y == 1),
+            "dp_diff": spread(positive, everyone), "eo_diff": float(np.nanmax([tpr, fpr]))}
+
+
 def group_counts(codes: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
     """Rows of each named group (``codes``: indices into ``names``; a bool column: a, b)."""
     codes = np.asarray(codes)

@@ -44,6 +44,9 @@ from fairvfl_flwr.data.tables import (BLANK, DATASETS, DataError, Finding, as_te
 
 ROLE_ACTIVE = "active"
 ROLE_PASSIVE = "passive"
+#: A party that holds the sensitive column (and features) instead of the label owner (run config
+#: groups.holder = "registry"); it trains as a passive party.
+ROLE_REGISTRY = "registry"
 ID_COLUMN = "row_id"
 SPLIT_COLUMN = "split"
 TRAIN, TEST = "train", "test"
@@ -106,10 +109,12 @@ class PartyArrays:
     y_test: np.ndarray | None = None  # the test rows' labels and groups: small groups are decided on every row
     s_test: np.ndarray | None = None
     source: str = ""
+    group_names: tuple[str, ...] = ()  # a registry's groups, in the order of its codes
 
 
 # -- node config ------------------------------------------------------------------------
-def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, num_active: int) -> PartySpec:
+def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, num_active: int,
+               registry: bool = False) -> PartySpec:
     """Read and check this node's config (:class:`NodeConfig`): deployment (``data-path``,
     ``table-path``, ``table-sql``) or simulation."""
     node = NodeConfig.from_flower(node_config)
@@ -132,7 +137,8 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
         raise NodeConfigError(f"party {pid}: node config names both data-path (an exported party file) and "
                               f"{'table-path' if table_path else 'table-sql'} (the party's own raw table); give one")
     if not data_path and not own:  # simulation: role from the partition
-        role = ROLE_ACTIVE if pid < num_active else ROLE_PASSIVE
+        # with groups.holder = "registry" the last partition holds the groups
+        role = ROLE_ACTIVE if pid < num_active else ROLE_REGISTRY if registry and pid == num_parties - 1 else ROLE_PASSIVE
         return PartySpec(partition_id=pid, role=role)
     data_path = data_path or table_path or node.table_sql  # what the refusals below name
     role = node.role
@@ -307,7 +313,8 @@ def label_findings(df, spec: PartySpec) -> tuple[list[Finding], np.ndarray]:
     values beyond the two (without label-negative, the most frequent other value is then
     taken as the negative one for the rows kept), group values beyond group-a and group-b."""
     found: list[Finding] = []
-    columns = (("label", spec.label_column), *(("sensitive", c) for c in group_columns(df, spec)))
+    groups_here = bool(spec.sensitive_column)  # a registry run's label owner holds none
+    columns = (("label", spec.label_column), *(("sensitive", c) for c in (group_columns(df, spec) if groups_here else ())))
     for role, col in columns:
         if col not in df.columns:
             found.append(Finding(f"{role} column not found", f"{role} column {col!r} (node config {role}-column) "
@@ -334,7 +341,7 @@ def label_findings(df, spec: PartySpec) -> tuple[list[Finding], np.ndarray]:
         if not spec.label_negative:  # undeclared: the most frequent other value is taken as the negative one
             del extra[max(extra, key=lambda v: len(extra[v]))]
         valid &= ~np.isin(labels, list(extra))
-    if spec.group_a or spec.group_b:
+    if groups_here and (spec.group_a or spec.group_b):
         groups = group_values(df, spec)
         a, b = norm_value(spec.group_a), norm_value(spec.group_b)
         odd = valid & ~np.isin(groups, [a, b])
@@ -348,15 +355,43 @@ def label_findings(df, spec: PartySpec) -> tuple[list[Finding], np.ndarray]:
     return found, valid
 
 
-def label_codes(df, spec: PartySpec) -> tuple[np.ndarray, np.ndarray]:
+def label_codes(df, spec: PartySpec) -> tuple[np.ndarray, np.ndarray | None]:
     """y (±1) and group of every row of ``df``, whose rows :func:`label_findings` kept: True =
     group a, or with neither group named, each value's (or combination's) index among the
-    sorted values (the server label file's order)."""
+    sorted values (the server label file's order); no groups where the party holds none."""
     y = np.where(_text(df[spec.label_column]) == norm_value(spec.label_positive), 1.0, -1.0)
+    return y, (group_codes(df, spec)[0] if spec.sensitive_column else None)
+
+
+def group_codes(df, spec: PartySpec) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Each row's group (True = group a, or each value's index among the sorted values) and the
+    groups' names in that order."""
     groups = group_values(df, spec)
     if not (spec.group_a or spec.group_b):
-        return y, np.searchsorted(np.asarray(sorted(set(groups))), groups).astype(np.int64)
-    return y, groups == norm_value(spec.group_a)
+        names = tuple(sorted(set(groups.tolist())))
+        return np.searchsorted(np.asarray(names), groups).astype(np.int64), names
+    return groups == norm_value(spec.group_a), (norm_value(spec.group_a), norm_value(spec.group_b))
+
+
+def registry_groups(df, spec: PartySpec, where: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    """A registry's groups of every row of ``df`` and their names; refuses, naming ``where``, a
+    sensitive column not there, with missing values, or with a value beyond group-a and group-b."""
+    columns = group_columns(df, spec)
+    for col in columns:
+        if col not in df.columns:
+            raise DataError(f"{where}: sensitive column {col!r} (node config sensitive-column) not found")
+        if df[col].isna().any():
+            rows = np.flatnonzero(df[col].isna().to_numpy())
+            raise DataError(f"{where}: sensitive column {col!r} has {len(rows)} missing values (e.g. rows "
+                            f"{row_numbers(rows)}); fix or drop those rows")
+    codes, names = group_codes(df, spec)
+    if spec.group_a or spec.group_b:
+        odd = ~np.isin(group_values(df, spec), names)
+        if odd.any():
+            raise DataError(f"{where}: sensitive column {spec.sensitive_column!r} holds values other than "
+                            f"group-a={names[0]!r} and group-b={names[1]!r} in {int(odd.sum())} rows (e.g. rows "
+                            f"{row_numbers(np.flatnonzero(odd))})")
+    return codes, names
 
 
 def label_arrays(df, spec: PartySpec, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -389,9 +424,13 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         raise DataError(f"{where}: split column {spec.split_column!r} must say 'train' or 'test', found {bad[:5]}")
     reserved = [spec.id_column, spec.split_column]
     y = s = None
+    names: tuple[str, ...] = ()
     if spec.role == ROLE_ACTIVE:
         y, s = label_arrays(df, spec, where)
         reserved += [spec.label_column, spec.sensitive_column]
+    elif spec.role == ROLE_REGISTRY:
+        s, names = registry_groups(df, spec, where)
+        reserved += [spec.sensitive_column]
     features = df[[c for c in df.columns if c not in reserved]]
     if features.shape[1] == 0:
         raise DataError(f"{where}: no feature columns besides {reserved}")
@@ -420,7 +459,7 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         ids_digest=rows_digest(ids_arr[tr], ids_arr[te]), n_train=len(tr), n_test=len(te),
         y_train=None if y is None else y[tr], s_train=None if s is None else s[tr],
         y_test=None if y is None else y[te], s_test=None if s is None else s[te],
-        protected_label=spec.protected_label, source=source,
+        protected_label=spec.protected_label, source=source, group_names=names,
     )
 
 
@@ -434,15 +473,24 @@ def party_table(cfg, ds, partition_id: int):
     frame = {ID_COLUMN: ids, SPLIT_COLUMN: [TRAIN] * len(ds.ids_train) + [TEST] * len(ds.ids_test)}
     X = np.concatenate([ds.X_train[:, cols], ds.X_test[:, cols]])
     names = [ds.feature_names[c] for c in cols]
+    label, sensitive = active_columns(cfg, ds)
     if partition_id < cfg.num_active:
-        label, sensitive = active_columns(cfg, ds)
         frame[label] = np.concatenate([ds.y_train, ds.y_test]).astype(int)
+    if holds_groups(cfg, partition_id):
         frame[sensitive] = group_column(ds)
     clash = sorted(set(names) & set(frame))
     if clash:
         raise DataError(f"{ds.source}: feature columns {clash} clash with the row id/split/label/sensitive column names")
     df = pd.DataFrame(frame)
     return pd.concat([df, pd.DataFrame(X, columns=names)], axis=1)
+
+
+def holds_groups(cfg, partition_id: int) -> bool:
+    """Whether party ``partition_id`` of a simulated run holds the sensitive column: the label owner,
+    or with groups.holder = "registry" the last party instead."""
+    if getattr(cfg, "registry", False):
+        return partition_id == cfg.num_parties - 1
+    return partition_id < cfg.num_active
 
 
 def active_columns(cfg, ds) -> tuple[str, str]:
@@ -593,7 +641,7 @@ def _cache_key(spec: PartySpec, file_hash: str) -> str:
 
 def _save(arrays: PartyArrays, path: Path) -> None:
     meta = {k: getattr(arrays, k) for k in ("partition_id", "role", "feature_names", "ids_digest",
-                                             "n_train", "n_test", "protected_label", "source")}
+                                             "n_train", "n_test", "protected_label", "source", "group_names")}
     data = {"X_train": arrays.X_train, "X_test": arrays.X_test, "meta": np.array(json.dumps(meta))}
     for k in ("y_train", "s_train", "y_test", "s_test"):
         if getattr(arrays, k) is not None:
@@ -614,6 +662,7 @@ def _load(path: Path) -> PartyArrays:
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
         meta["feature_names"] = tuple(meta["feature_names"])
+        meta["group_names"] = tuple(meta.get("group_names", ()))
         extra = {k: z[k] for k in ("y_train", "s_train", "y_test", "s_test") if k in z}
         return PartyArrays(X_train=z["X_train"], X_test=z["X_test"], **meta, **extra)
 
@@ -670,6 +719,11 @@ def load_party(spec: PartySpec, cfg=None) -> PartyArrays:
 
     ds = load_data(cfg)
     table = party_table(cfg, ds, spec.partition_id)
-    if spec.role == ROLE_ACTIVE:
-        spec = dataclasses.replace(spec, **{k.replace("-", "_"): v for k, v in active_node_config(cfg, ds).items()})
+    if spec.role in (ROLE_ACTIVE, ROLE_REGISTRY):
+        given = {k.replace("-", "_"): v for k, v in active_node_config(cfg, ds).items()}
+        if spec.role == ROLE_REGISTRY:  # the groups without the label
+            given = {k: v for k, v in given.items() if k in ("sensitive_column", "group_a", "group_b")}
+        elif not holds_groups(cfg, spec.partition_id):  # the label without the groups
+            given.update(sensitive_column="", group_a="", group_b="")
+        spec = dataclasses.replace(spec, **given)
     return parse_party_table(table, spec, f"{ds.name} (packaged, partition {spec.partition_id})")

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
+from fairvfl_flwr.core.constraints.release import RandomizedResponse
+from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, estimated_metrics
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partition import PartitionError, fit_active_columns, split_columns
 from fairvfl_flwr.data.tables import FairDataset, ids_digest, load_csv, load_dataset
@@ -124,7 +126,12 @@ def is_active(cfg: RunConfig, partition_id: int) -> bool:
 
 @dataclass(frozen=True)
 class ServerLabels:
-    """What the server holds: labels and groups of the training and test rows, no features."""
+    """What the server holds: labels and groups of the training and test rows, no features.
+
+    Where a registry holds the groups (``release``), ``s_train`` and ``s_test`` are its noisy
+    release of them, and every group figure the server computes is corrected for the
+    release's known flip rates (core/constraints/release.py).
+    """
 
     y_train: np.ndarray
     s_train: np.ndarray
@@ -135,6 +142,37 @@ class ServerLabels:
     group_names: tuple[str, ...] | None = None
     #: constraint-form, min-group-size, pool-small-groups (:func:`group_options`); none: two groups as given
     options: dict | None = None
+    #: how the groups were released to the server (None: the server holds them as they are)
+    release: RandomizedResponse | None = None
+
+    @property
+    def weights(self):
+        """The released groups' membership weights (m × G), or None where the groups are exact."""
+        return None if self.release is None else self.release.correction()
+
+    def sensitive(self, split: str) -> SensitiveGroups:
+        """The groups of ``split`` ("train" or "test") as the server holds them (released: with weights)."""
+        s = self.s_train if split == "train" else self.s_test
+        return SensitiveGroups.of(s, self.group_names, self.weights)
+
+    def metrics(self, split: str, z: np.ndarray, constraint: ConstraintSet) -> dict[str, float]:
+        """ACC, DFP, DFN and fairlearn's differences of sign(z) on ``split``'s rows over the groups
+        ``constraint`` holds (pooled ones merged), with the data's own groups' beside them
+        (``*_raw``) where pooling made them differ (core/metrics.constrained_metrics); from a
+        released column, the corrected estimates (core/metrics.estimated_metrics)."""
+        y, s = (self.y_train, self.s_train) if split == "train" else (self.y_test, self.s_test)
+        pooled = constraint.pooling is not None
+        if self.release is None:
+            return constrained_metrics(y, s, z, constraint.coded(s, self.group_names) if pooled else None)
+        # the constraint's groups (pooled: merged weights) of these rows' released values
+        groups = (self.sensitive(split) if constraint.groups is None
+                  else dataclasses.replace(constraint.groups, codes=np.asarray(s, dtype=np.int64)))
+        out = estimated_metrics(y, np.column_stack([groups.weight(g) for g in range(len(groups))]), z)
+        if pooled:
+            raw = self.sensitive(split)
+            out.update({f"{k}_raw": v for k, v in estimated_metrics(
+                y, np.column_stack([raw.weight(g) for g in range(len(raw))]), z).items() if k in RAW_METRICS})
+        return out
 
     @property
     def groups(self) -> ConstraintSet:
@@ -146,7 +184,7 @@ class ServerLabels:
         group options (form, small groups)."""
         return ConstraintSet.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
                                          whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
-                                         names=self.group_names, **(self.options or {}))
+                                         names=self.group_names, weights=self.weights, **(self.options or {}))
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

@@ -21,10 +21,12 @@ from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.config.scoring import ScoringJob
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints.release import RowWeights
 from fairvfl_flwr.core.blocks import as_dtype, build_block
 from fairvfl_flwr.core.parties import ActiveParty, Party
-from fairvfl_flwr.data.partydata import PartySpec, load_party, own_table_spec, party_spec
+from fairvfl_flwr.data.partydata import ROLE_REGISTRY, PartySpec, load_party, own_table_spec, party_spec
 from fairvfl_flwr.data.problem import constraint_groups, whole_table
+from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
 
 MODEL_STATE = "fairvfl.model"
@@ -46,8 +48,18 @@ TRAINED_STATE = "fairvfl.trained-settings"
 
 
 @dataclass(frozen=True)
+class HeldGroups:
+    """A registry's sensitive column: each training and test row's group code, and the groups' names."""
+
+    train: np.ndarray
+    test: np.ndarray
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PartyData:
-    """One party's view of the table: its columns, and y/s only if it is active."""
+    """One party's view of the table: its columns, and y/s only if it is active (s: unless a
+    registry holds the groups, which trains as a passive party with ``held``)."""
 
     partition_id: int
     role: str
@@ -56,6 +68,7 @@ class PartyData:
     ids_digest: str
     y: np.ndarray | None = None
     groups: ConstraintSet | None = None
+    held: HeldGroups | None = None
 
 
 @functools.lru_cache(maxsize=16)
@@ -71,9 +84,14 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
         ids_digest=ds.ids_digest,
     )
     if ds.role == msgs.ROLE_ACTIVE:
-        groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
-                                   whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
+        # a registry run's label owner holds no groups: the server sends its rows' weights
+        groups = None if ds.s_train is None else constraint_groups(
+            cfg, ds.y_train, ds.s_train, ds.protected_label,
+            whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
         return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
+    if ds.role == ROLE_REGISTRY:
+        held = HeldGroups(ds.s_train, ds.s_test, ds.group_names)
+        return PartyData(role=msgs.ROLE_PASSIVE, held=held, **common)
     return PartyData(role=msgs.ROLE_PASSIVE, **common)
 
 
@@ -116,7 +134,7 @@ class PartyRuntime:
         self.cfg = self.job.cfg if self.job is not None else run_config(tuple(sorted(context.run_config.items())))
         #: this node's config (config/node.py: every key typed and checked; an unknown one refused)
         self.node = NodeConfig.of(context)
-        self.spec = party_spec(self.node, self.cfg.num_parties, self.cfg.num_active)
+        self.spec = party_spec(self.node, self.cfg.num_parties, self.cfg.num_active, registry=self.cfg.registry)
         if self.cfg.tables_own:
             kept = context.state.config_records.get(ALIGNED_STATE)
             self.spec = dataclasses.replace(own_table_spec(self.spec, self.cfg), aligned=str(kept["key"]) if kept else "")
@@ -137,8 +155,19 @@ class PartyRuntime:
         """The party's training rows."""
         return int(self.data.X_train.shape[0])
 
-    def party(self) -> Party:
-        """Rebuild the party from its data and the model state kept on this node."""
+    def constraint(self, message: Message) -> ConstraintSet | RowWeights | None:
+        """The constraint an active party's steps take: its own groups', or where it holds none (a
+        registry holds them) the rows' weights the server sent with ``message`` (checked: one
+        finite value per training row). None for a passive party."""
+        if self.data.groups is not None or self.data.role != msgs.ROLE_ACTIVE:
+            return self.data.groups
+        w = checks.check_payload(message.content, self.who, {"weights": (self.n_train, False)})["weights"]
+        lam = message.content.array_records[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
+        return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(lam.numpy().size))
+
+    def party(self, constraint: ConstraintSet | RowWeights | None = None) -> Party:
+        """Rebuild the party from its data and the model state kept on this node (an active party's
+        constraint: ``constraint``, default its own groups')."""
         cfg, data = self.cfg, self.data
         block = build_block(
             cfg.model,
@@ -157,7 +186,8 @@ class PartyRuntime:
             block.load_optimizer_state(optimizer)
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
-            return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y, groups=data.groups)
+            return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y,
+                               groups=constraint if constraint is not None else data.groups)
         return Party(block, data.X_train, data.X_test, cfg.lr, mu)
 
     def save(self, party: Party) -> None:
@@ -232,6 +262,8 @@ def info(message: Message, context: Context) -> Message:
             "ids-digest": rt.data.ids_digest,
         }
     )
+    if rt.data.held is not None:  # a registry: the server asks it for the groups' release (jobs/groups.py)
+        record["holds-groups"] = True
     return Message(RecordDict({"info": record}), reply_to=message)
 
 

@@ -42,6 +42,12 @@ answers each type, and so the list of every type a party answers, is the job reg
 A passive party's ``train.passive`` message holds the array ``nu`` and the config
 ``round``/``evaluate`` and nothing else: no labels, groups, summed logits or λ. The
 tests inspect real messages to hold this line.
+
+Where a registry holds the groups (run config ``groups.holder = "registry"``), the server
+first asks it for their release (``query.groups_release``: ε_S asked; the reply holds each
+training and test row's randomized group), and the label owner, which holds no groups,
+finds ``weights`` (its rows' signed weights w = 1/n + m) beside z and λ in its training
+messages (features/registry.py).
 """
 
 from __future__ import annotations
@@ -121,6 +127,8 @@ ALIGN_FINISH = declare("query.align_finish", Kind.SETUP)  # every other party: i
 ALIGN_REUSE = declare("query.align_reuse", Kind.SETUP)
 # after a party dropped out: every party checks it holds its state of a round on its own disk
 REJOIN = declare("query.rejoin", Kind.QUERY)
+# groups.holder = "registry": the registry releases every row's group, noisy, once per run (jobs/groups.py)
+GROUPS_RELEASE = declare("query.groups_release", Kind.SETUP)
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
 PAYLOAD = "payload"  # ArrayRecord the server sends

@@ -37,7 +37,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
 from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
-from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, group_counts, predict
+from fairvfl_flwr.core.metrics import RAW_METRICS, group_counts, predict
 from fairvfl_flwr.core.objective import TrainStats, train_stats
 from fairvfl_flwr.core.stopping import GAP_SLACK, StopRule
 from fairvfl_flwr.data.problem import ServerLabels
@@ -399,8 +399,7 @@ class VFLServer:
         row.update(extra or {})
         evaluated = bool(self.u_test) and (server_round == 0 or self.evaluates(server_round))
         if evaluated:
-            row.update(constrained_metrics(self.labels.y_test, self.labels.s_test, self.z("test"),
-                                           self.constrained_test))
+            row.update(self.labels.metrics("test", self.z("test"), self.groups))
         self.hooks.record(server_round, row)
         if evaluated:
             self.u_test.clear()
@@ -419,7 +418,7 @@ class VFLServer:
         keys = ("dp_diff", "eo_diff") + (("dp_diff_raw", "eo_diff_raw") if self.constrained_train is not None else ())
         if self.held_rows is not None:
             return dict.fromkeys((f"train_{k}" for k in keys), None)
-        hard = constrained_metrics(self.labels.y_train, self.labels.s_train, self.z("train"), self.constrained_train)
+        hard = self.labels.metrics("train", self.z("train"), self.groups)
         return {f"train_{k}": hard[k] for k in keys} | self.epsilon_outcome()
 
     def epsilon_outcome(self) -> dict:
@@ -472,6 +471,8 @@ class VFLServer:
         if self.groups.groups is None:
             return {}
         names = self.groups.groups.names
+        if not self.groups.groups.exact:  # a registry's noisy release: the server knows estimated counts only
+            return {"groups": _estimated(self.groups.groups, self.labels.s_test), "groups_released": True}
         raw = SensitiveGroups.of(self.labels.s_train, self.labels.group_names)
         if self.constrained_test is None:
             train, test = raw.codes, SensitiveGroups.of(self.labels.s_test, self.labels.group_names).codes
@@ -562,6 +563,13 @@ class VFLServer:
         elif not np.array_equal(self.held_rows, rows):
             raise FederationError("internal: the parties' logits are not on this round's batch rows")
         return self.labels.y_train[rows], z, self.groups.restrict(rows)
+
+
+def _estimated(train: SensitiveGroups, s_test: np.ndarray) -> dict[str, dict[str, int]]:
+    test = dataclasses.replace(train, codes=np.asarray(s_test, dtype=np.int64))
+    every_train, every_test = np.ones(len(train.codes), dtype=bool), np.ones(len(test.codes), dtype=bool)
+    return {name: {"train_rows": train.count(every_train, k), "test_rows": test.count(every_test, k)}
+            for k, name in enumerate(train.names)}
 
 
 def _counted(names: tuple[str, ...], train: np.ndarray, test: np.ndarray) -> dict[str, dict[str, int]]:

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fairvfl_flwr.core.constraints.measures import Measure
+from fairvfl_flwr.core.constraints.measures import measure as measure_named
+
 #: The only release mechanism built: k-ary randomized response.
 RANDOMIZED_RESPONSE = "randomized-response"
 
@@ -80,3 +83,44 @@ def release_rng(secret: bytes, ids_digest: str, rr: RandomizedResponse, split: s
     tag = f"fairvfl.groups-release|{ids_digest}|{rr.epsilon!r}|{rr.k}|{split}".encode()
     seed = hashlib.sha256(secret + b"|" + tag).digest()
     return np.random.default_rng(np.frombuffer(seed, dtype=np.uint32))
+
+
+@dataclass(frozen=True)
+class RowWeights:
+    """The constraint as a label owner that holds no groups takes it: the signed row weights
+    w = 1/n + m the server computed from λ and the released groups, sent with the round's
+    message. ν = ∂f̃/∂z and the curvature of f̃ in z follow from w alone (w does not depend
+    on z), so the label owner's local steps take the fairness term the server's ν carries,
+    without a group column of its own."""
+
+    weights: np.ndarray
+    measure: str
+    num_multipliers: int
+
+    @property
+    def q(self) -> Measure:
+        """The gaps' measure (core/constraints/measures.py)."""
+        return measure_named(self.measure)
+
+    @property
+    def n(self) -> int:
+        """The rows the weights are of."""
+        return len(self.weights)
+
+    def restrict(self, rows: np.ndarray | None) -> "RowWeights":
+        """The weights arrive for the round's rows: only a full batch is known to the label owner."""
+        if rows is not None and len(rows) != self.n:
+            raise ValueError("a label owner without groups takes full-batch rounds only (batching.batch-size = 0)")
+        return self
+
+    def signed_weights(self, lam: np.ndarray) -> np.ndarray:
+        """w as received (the server computed it at the λ the message carries)."""
+        return self.weights
+
+    def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """ν = ∂f̃/∂z at scores ``z`` from the received w."""
+        return self.q.nu(y, z, self.weights, self.n)
+
+    def curvature(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """φ''(z_i) clipped at 0, from the received w (ConstraintSet.curvature)."""
+        return self.q.curvature(y, z, self.weights, self.n)

@@ -1,0 +1,250 @@
+"""A registry holds the groups (run config groups.holder = "registry"): its node config, its
+release, a whole run that holds ε on the true groups, and what every role receives."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.config import ConfigError, RunConfig
+from fairvfl_flwr.config.node import NodeConfig, NodeConfigError
+from fairvfl_flwr.core.constraints import SensitiveGroups
+from fairvfl_flwr.core.constraints.release import RandomizedResponse
+from fairvfl_flwr.data.partydata import ROLE_REGISTRY, party_spec
+from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table
+from fairvfl_flwr.features.final_logits import load_scores
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.inprocess import InProcessGrid
+
+REGISTRY = {"groups.holder": "registry"}
+
+
+# -- settings ---------------------------------------------------------------------------------
+def test_node_config_declares_the_registry_role_and_its_keys(tmp_path):
+    node = NodeConfig.from_flower({"partition-id": 5, "role": "Registry", "release-secret": "/k", "release-epsilon": 2})
+    assert (node.role, node.release_secret, node.release_epsilon) == ("registry", "/k", 2.0)
+    with pytest.raises(NodeConfigError, match="node config release-epsilon=-1.0: must be >= 0"):
+        NodeConfig.from_flower({"partition-id": 5, "release-epsilon": -1})
+    # in simulation the last party is the registry where the run config says so, a passive one otherwise
+    assert party_spec({"partition-id": 5}, 6, 1, registry=True).role == ROLE_REGISTRY
+    assert party_spec({"partition-id": 5}, 6, 1).role == "passive"
+
+
+def test_run_config_refuses_what_a_registry_run_cannot_do():
+    cfg = RunConfig.from_flower({**REGISTRY, "groups.epsilon-s": 1.5})
+    assert cfg.registry and cfg.groups_epsilon_s == 1.5 and not RunConfig().registry
+    for bad, why in (({"num-parties": 1}, "needs a party besides the 1 active"),
+                     ({"batching.batch-size": 64}, "not supported with batching.batch-size"),
+                     ({"privacy.label-dp-epsilon": 2.0}, "not supported with privacy.label-dp-epsilon"),
+                     ({"sensitive-as-input": True}, "the registry's alone"),
+                     ({"groups.epsilon-s": 0.0}, "must be > 0")):
+        with pytest.raises(ConfigError, match=why):
+            RunConfig.from_flower({**REGISTRY, **bad})
+
+
+# -- the registry's side of the release ---------------------------------------------------------
+def _registry(tmp_path, eps_s=2.0, **node) -> tuple[InProcessGrid, int]:
+    """A COMPAS federation (6 parties, the last the registry with ``node`` config) and the registry's node id."""
+    rc = RunConfig.from_flower({**REGISTRY, "dataset": "compas", "groups.epsilon-s": eps_s}).to_flower()
+    configs = [{"partition-id": k, "num-partitions": 6} for k in range(6)]
+    configs[-1].update(node)
+    grid = InProcessGrid(client_app, rc, 6, node_configs=configs)
+    return grid, grid.node_ids[-1]
+
+
+def _ask(registry, eps_s=2.0, mechanism="randomized-response") -> Message:
+    grid, node_id = registry
+    request = ConfigRecord({"mechanism": mechanism, "epsilon-s": eps_s})
+    message = Message(RecordDict({"release": request}), dst_node_id=node_id, message_type=msgs.GROUPS_RELEASE,
+                      group_id="groups")
+    (reply,) = grid.send_and_receive([message])
+    return reply
+
+
+def test_registry_releases_once_and_refuses_another_epsilon(tmp_path):
+    registry = _registry(tmp_path)
+    first, again = _ask(registry), _ask(registry)
+    codes = first.content.array_records["codes"]["train"].numpy()
+    assert np.array_equal(codes, again.content.array_records["codes"]["train"].numpy())  # nothing new to average
+    truth = SensitiveGroups.of(load_data(RunConfig.from_flower({**REGISTRY, "dataset": "compas"})).s_train).codes
+    kept = np.mean(codes == truth)
+    assert abs(kept - RandomizedResponse(2.0, 2).keep) < 0.03
+    for reply, why in ((_ask(registry, eps_s=8.0), "epsilon_S=8.*groups.epsilon-s=2: refused"),
+                       (_ask(registry, mechanism="none"), "by randomized-response only"),
+                       (_ask(_registry(tmp_path, eps_s=8.0, **{"release-epsilon": 4.0}), eps_s=8.0),
+                        "release-epsilon=4: refused")):
+        assert reply.has_error() and re.search(why, reply.error.reason), reply.error.reason
+
+
+def test_a_registry_with_its_secret_file_draws_from_it(tmp_path):
+    key = tmp_path / "secret"
+    key.write_bytes(b"\x01" * 32)
+    one = _ask(_registry(tmp_path, **{"release-secret": str(key)}))
+    two = _ask(_registry(tmp_path, **{"release-secret": str(key)}))  # another node state, the same secret
+    assert np.array_equal(one.content.array_records["codes"]["test"].numpy(),
+                          two.content.array_records["codes"]["test"].numpy())
+    key.write_bytes(b"short")
+    assert "at least 32" in _ask(_registry(tmp_path, **{"release-secret": str(key)})).error.reason
+
+
+# -- a whole run -----------------------------------------------------------------------------------
+def _secret_configs(num_parties: int, folder, seed: int = 0) -> list[dict]:
+    key = folder / f"registry-{seed}"
+    key.write_bytes(hashlib.sha256(f"test registry {seed}".encode()).digest())
+    configs = [{"partition-id": k, "num-partitions": num_parties} for k in range(num_parties)]
+    configs[-1]["release-secret"] = str(key)
+    return configs
+
+
+def test_adult_at_epsilon_s_4_holds_epsilon_on_the_true_groups(tmp_path):
+    """Adult, DEO at ε = 0.01, the registry's release at ε_S = 4: the largest loss gap on the
+    TRUE groups of the training rows is within ε + 0.01, as with the label owner's groups."""
+    rc = {"dataset": "adult", "mode": "fairvfl-scores", "output-dir": str(tmp_path), **REGISTRY,
+          "groups.epsilon-s": 4.0}
+    summary, folder = run_inprocess(rc, quiet=True, node_configs=_secret_configs(6, tmp_path))
+    cfg = RunConfig.from_flower(rc)
+    ds = load_data(cfg)
+    truth = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
+                              whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
+    z_train, _ = load_scores(folder)
+    gap = float(np.max(np.abs(truth.gaps(ds.y_train, z_train))))
+    assert summary["groups_released"] and summary["train_max_gap"] <= cfg.epsilon + 1e-3  # the server's estimate
+    assert gap <= cfg.epsilon + 0.01
+    assert summary["test_acc"] > 0.84
+
+
+# -- what every role receives ------------------------------------------------------------------------
+class Recording(InProcessGrid):
+    """Keeps every message the server sends and every reply it receives."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+        super().__init__(*args, tap=self.sent.append, **kwargs)
+
+    def _answer(self, msg: Message) -> Message:
+        reply = super()._answer(msg)
+        self.received.append(reply)
+        return reply
+
+    def partition(self, node_id: int) -> int:
+        return int(self.contexts[node_id].node_config["partition-id"])
+
+
+def _arrays(message: Message) -> dict[str, np.ndarray]:
+    if message.has_error():
+        return {}
+    return {f"{name}/{key}": array.numpy() for name, record in message.content.array_records.items()
+            for key, array in record.items()}
+
+
+def recorded_run(tmp_path, eps_s: float, may_fail: bool = False) -> tuple[Recording, RunConfig]:
+    rc = RunConfig.from_flower({"dataset": "adult", "optimizer": "gd", "num-server-rounds": 3, "eval-every": 3,
+                                "output-dir": str(tmp_path), **REGISTRY, "groups.epsilon-s": eps_s})
+    grid = Recording(client_app, rc.to_flower(), rc.num_parties, node_configs=_secret_configs(6, tmp_path))
+    try:
+        run_inprocess(rc.to_flower(), quiet=True, grid=grid)
+    except Exception:
+        if not may_fail:
+            raise
+    return grid, rc
+
+
+def guessing_accuracy(arrays: list[np.ndarray], truth: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
+    """The best guess of a row's true group from any one array a role received (one value per
+    training row, few distinct values per label, as a group code or a group weight is): the
+    attacker learns which group each (label, value) cell holds most on one half of the rows,
+    with every group equally often (a uniform prior, under which ε_S-LDP caps any guess at
+    e^ε/(e^ε + k − 1)), and is scored on the other half."""
+    rng = np.random.default_rng(seed)
+    k = int(truth.max()) + 1
+    per_group = min(np.bincount(truth, minlength=k))
+    rows = np.concatenate([rng.choice(np.flatnonzero(truth == g), per_group, replace=False) for g in range(k)])
+    rng.shuffle(rows)
+    fit, score = rows[: len(rows) // 2], rows[len(rows) // 2:]
+    best = 1.0 / k
+    for a in arrays:
+        if a.shape != truth.shape or any(len(np.unique(a[y == v])) > 4 * k for v in (-1, 1)):
+            continue  # not a per-row categorical array: ν, logits (post-processing all the same)
+        cells = {}
+        for r in fit:
+            cells.setdefault((y[r], a[r]), np.zeros(k))[truth[r]] += 1
+        guess = np.array([np.argmax(cells.get((y[r], a[r]), np.ones(k))) for r in score])
+        best = max(best, float(np.mean(guess == truth[score])))
+    return best
+
+
+def _received(grid: Recording, rc: RunConfig) -> dict[str, list[np.ndarray]]:
+    """Every array each role received: the server (every reply), the label owner, the passive
+    parties and the registry (every message sent to them)."""
+    roles = {0: "label owner", rc.num_parties - 1: "registry"}
+    out: dict[str, list[np.ndarray]] = {"server": [], "label owner": [], "passive": [], "registry": []}
+    for reply in grid.received:
+        out["server"] += _arrays(reply).values()
+    for message in grid.sent:
+        out[roles.get(grid.partition(message.metadata.dst_node_id), "passive")] += _arrays(message).values()
+    return out
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    return recorded_run(tmp_path_factory.mktemp("honest"), eps_s=1.0)
+
+
+def test_no_role_but_the_registry_receives_a_true_group(honest):
+    grid, rc = honest
+    ds = load_data(rc)
+    truth = SensitiveGroups.of(ds.s_train).codes
+    received = _received(grid, rc)
+    for role, arrays in received.items():
+        for a in arrays:
+            assert not (a.shape == truth.shape and np.array_equal(a, truth)), role
+    # the label owner gets z, λ and its rows' weights; passive parties ν; nobody a group column
+    keys = {role: set() for role in ("label owner", "passive")}
+    for message in grid.sent:
+        role = {0: "label owner"}.get(grid.partition(message.metadata.dst_node_id), "passive")
+        if message.metadata.message_type in (msgs.TRAIN_ACTIVE, msgs.TRAIN_PASSIVE):
+            keys[role] |= set(message.content.array_records[msgs.PAYLOAD])
+    assert keys == {"label owner": {"z", "lam", "weights"}, "passive": {"nu"}}
+    # the server's only group data: the release, which keeps each row's group at the RR rate
+    (release,) = [r for r in grid.received if not r.has_error() and "codes" in r.content.array_records]
+    codes = release.content.array_records["codes"]["train"].numpy()
+    assert abs(np.mean(codes == truth) - RandomizedResponse(1.0, 2).keep) < 0.02
+
+
+def test_guessing_a_true_group_from_what_any_role_received_stays_within_the_rr_bound(honest):
+    grid, rc = honest
+    ds = load_data(rc)
+    truth, y = SensitiveGroups.of(ds.s_train).codes, np.asarray(ds.y_train)
+    bound = RandomizedResponse(1.0, 2).keep  # 0.731
+    received = _received(grid, rc)
+    for role in ("server", "label owner", "passive"):
+        accuracy = guessing_accuracy(received[role], truth, y)
+        assert accuracy <= bound + 0.02, role  # 4 standard errors on ~2,900 scored rows
+    # the attack is not blind: from the release it gets the RR rate itself
+    assert guessing_accuracy(received["server"], truth, y) > bound - 0.03
+
+
+def test_a_registry_that_sends_the_true_groups_is_caught(tmp_path, monkeypatch):
+    """A planted leak: the registry's randomized response keeps every group (the server, correcting
+    for flips that did not happen, may then refuse the groups as too small: what it received is
+    what counts)."""
+    monkeypatch.setattr(RandomizedResponse, "release", lambda self, codes, rng: np.asarray(codes, dtype=np.int64))
+    grid, rc = recorded_run(tmp_path, eps_s=1.0, may_fail=True)
+    ds = load_data(rc)
+    truth, y = SensitiveGroups.of(ds.s_train).codes, np.asarray(ds.y_train)
+    assert guessing_accuracy(_received(grid, rc)["server"], truth, y) > RandomizedResponse(1.0, 2).keep + 0.2
+
+
+def test_the_server_refuses_a_release_that_does_not_fit(monkeypatch, tmp_path):
+    """The server checks what the registry sent: a code beyond the groups is refused, naming the registry."""
+    monkeypatch.setattr(RandomizedResponse, "release", lambda self, codes, rng: np.asarray(codes) + 5)
+    with pytest.raises(Exception, match="the registry .*release holds codes outside 0..1"):
+        run_inprocess({"dataset": "compas", "num-server-rounds": 2, "output-dir": str(tmp_path), **REGISTRY},
+                      quiet=True)
