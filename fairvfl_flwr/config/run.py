@@ -163,8 +163,8 @@ class RunConfig:
     stop_window: int = S(3, "consecutive quiet rounds the stop rule needs (configuration.md#when-training-stops)", rule=at_least(1),
                          why="must be at least 1")
     hard_epsilon: bool = S(True, "rate constraints: epsilon bounds fairlearn's difference of the hard predictions on "
-                           "the training rows (the smooth rates' bound is tightened until it does); false: epsilon bounds "
-                           "the smooth rates")
+                           "the training rows (the smooth rates are calibrated until it does: fairness-constraints.md); false: "
+                           "epsilon bounds the smooth rates")
     newton_memory: int = S(NEWTON_MEMORY, "newton: earlier moves of each party searched with its new direction "
                            "(newton.md#how-many-moves)", rule=within(0, 16),
                            why="must be 0..16 (moves kept per party; each adds an entry to every reply's a and "
