@@ -16,7 +16,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config.algorithms import resolve
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.algorithms.fairvfl import ADAGRAD
+from fairvfl_flwr.algorithms import fairvfl
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.core.models import AdaGrad, TorchBlock, build_model
 from fairvfl_flwr.core.reference import PartyFloor, lagrangian
@@ -159,10 +159,10 @@ def test_a_resumed_run_continues_with_each_partys_sums(tmp_path):
 ON = {"model": "linear", "mode": "split"}
 
 
-@pytest.mark.parametrize("field", [row[0] for row in ADAGRAD.refuses])
+@pytest.mark.parametrize("field", [row[0] for row in fairvfl.ADAGRAD.refuses])
 def test_each_adagrad_refusal_names_the_key_and_why_and_auto_falls_back(field):
     base = {} if field == "model" else {"model": "mlp"}
-    on = next(row[1] for row in ADAGRAD.refuses if row[0] == field)
+    on = next(row[1] for row in fairvfl.ADAGRAD.refuses if row[0] == field)
     assert on(RunConfig(**base, **{field: ON[field]}))
     with pytest.raises(ConfigError, match=rf"run config optimizer='adagrad': not supported with {RunConfig.key_of(field)}=.*: \S"):
         RunConfig(optimizer="adagrad", **base, **{field: ON[field]}).validate()
