@@ -1,27 +1,31 @@
 """Accuracy against the hard-rate test gap: FairVFL over a grid of ε, fairlearn's
-ExponentiatedGradient over a grid of bounds, and ThresholdOptimizer, compared on their curves.
+ExponentiatedGradient over a grid of bounds in expectation, and ThresholdOptimizer, on their curves.
 
-Each row is a dataset and a constraint (:data:`ROWS`): Adult with demographic parity, Crime
-with equalized odds, COMPAS race with equalized odds (six races, the small ones pooled), and
-an own CSV with four groups (Adult's table with a column ``age_band``, sex × age band, written
-to a temporary folder and run as ``dataset = "csv"``, as a user's own table is). On each seed's
-split, with the groups the run constrains (small groups pooled on the whole table, so every
-method is scored on the same groups):
+Each row is a dataset, a constraint and its groups (:data:`ROWS`): COMPAS race with equalized
+odds (six races, the small ones pooled), race not an input and race an input; an own CSV with
+four groups (Adult's table with a column ``age_band``, sex × age band, written to a temporary
+folder and run as ``dataset = "csv"``, as a user's own table is); COMPAS and Adult with
+demographic parity; Crime with equalized odds. On each seed's split, with the groups the run
+constrains (small groups pooled on the whole table, so every method is scored on the same groups):
 
 * FairVFL over ``--epsilons`` and with ``fairness = false`` (the curve's unconstrained end),
   through the in-process engine, with the defaults a user gets (``constraint-measure =
-  "auto"``: rates for both kinds; ``sensitive-as-input = false``; ``optimizer = "auto"``),
-  3 parties and at most ``--rounds`` rounds;
-* fairlearn's ExponentiatedGradient (LogisticRegression on the same columns, the sensitive
-  attribute not among them) with the constraint's moment at each difference bound of
-  ``--bounds``, and the plain LogisticRegression as its unconstrained end;
-* fairlearn's ThresholdOptimizer on that LogisticRegression: one point, and it reads each
-  test row's group at prediction time, which the other two do not.
+  "auto"``: rates; ``hard-epsilon = true``: ε bounds the hard training gap; ``optimizer =
+  "auto"``; the sensitive attribute an input only where the row says so), 3 parties and at
+  most ``--rounds`` rounds;
+* fairlearn's ExponentiatedGradient (LogisticRegression on the same columns) with the
+  constraint's moment at each difference bound of ``--bounds``, scored in expectation over
+  its randomised classifier (tools/baselines.eg_expected, expected_metrics: never one draw),
+  and the plain LogisticRegression as its unconstrained end;
+* fairlearn's ThresholdOptimizer on that LogisticRegression, in expectation too: one point,
+  and it reads each test row's group at prediction time, which the other two do not.
 
-Every method's test accuracy is paired with its hard-rate test gap, fairlearn's
-``demographic_parity_difference`` or ``equalized_odds_difference`` (core/metrics.py) on the
-constraint's groups. The curves are then read at common gaps (tools/tradeoff.py): linear
-interpolation between a method's non-dominated points, nothing below its smallest gap.
+Every point is a test accuracy, a hard-rate test gap (fairlearn's ``demographic_parity_difference``
+or ``equalized_odds_difference`` on the constraint's groups) and the same gap on the training
+rows. Each setting's figures are averaged over the seeds; the curves of those means are read at
+common gaps (tools/tradeoff.py: linear between non-dominated points, nothing below the smallest
+gap), and beside each common gap the per-seed difference: on each seed, the setting's own point
+against the other method's curve of the same seed at that point's gap.
 
 ``--quick`` is a smoke run (two ε, two bounds). ``--set KEY=VALUE`` (flwr run's
 --run-config syntax) overrides a run-config key of every FairVFL run. The page is published
@@ -51,33 +55,41 @@ from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table 
 from fairvfl_flwr.data.tables import packaged_file, read_csv  # noqa: E402
 from fairvfl_flwr.features.final_logits import SCORES  # noqa: E402
 from fairvfl_flwr.tools.baselines import (  # noqa: E402
-    eg_predict, group_metrics, plain_predict, regroup, threshold_predict)
+    eg_predictors, expected_metrics, plain_predict, regroup, threshold_expected)
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
 from fairvfl_flwr.tools.results import commit, include, this_command  # noqa: E402
-from fairvfl_flwr.tools.tradeoff import accuracy_at_gap, frontier, matched_gaps  # noqa: E402
+from fairvfl_flwr.tools.tradeoff import accuracy_at_gap, frontier  # noqa: E402
 
 FAIRVFL, EG, THRESHOLD = "FairVFL", "fairlearn EG", "ThresholdOptimizer (group at prediction time)"
 METHODS = (FAIRVFL, EG, THRESHOLD)
-#: which hard-rate test gap a constraint is read by: fairlearn's metric of the same meaning
+#: which hard-rate gap a constraint is read by: fairlearn's metric of the same meaning
 GAP = {"demographic-parity": "dp_diff", "equalized-odds": "eo_diff"}
 GAP_NAME = {"dp_diff": "demographic_parity_difference", "eo_diff": "equalized_odds_difference"}
 OWN_CSV = "adult-sex-age.csv"
 ROWS = {
-    "adult-dp": {"dataset": "adult", "constraint": "demographic-parity"},
-    "crime-eo": {"dataset": "crime", "constraint": "equalized-odds"},
     "compas-race-eo": {"dataset": "compas-race", "constraint": "equalized-odds", "pool-small-groups": True},
+    "compas-race-eo-input": {"dataset": "compas-race", "constraint": "equalized-odds", "pool-small-groups": True,
+                             "sensitive-as-input": True},
     "own-csv-eo": {"dataset": "csv", "constraint": "equalized-odds", "csv.label": "income",
                    "csv.positive": ">50K", "csv.sensitive": "sex,age_band", "csv.id-column": "row_id"},
+    "compas-dp": {"dataset": "compas", "constraint": "demographic-parity"},
+    "adult-dp": {"dataset": "adult", "constraint": "demographic-parity"},
+    "crime-eo": {"dataset": "crime", "constraint": "equalized-odds"},
 }
-TITLES = {"adult-dp": "Adult, demographic parity (sex)",
-          "crime-eo": "Crime, equalized odds (black share > 0.06)",
-          "compas-race-eo": "COMPAS race, equalized odds (six races; race not an input)",
-          "own-csv-eo": "Own CSV, equalized odds (Adult's table, four groups: sex × age band)"}
+TITLES = {"compas-race-eo": "COMPAS race, equalized odds (six races; race not an input)",
+          "compas-race-eo-input": "COMPAS race, equalized odds (six races; race an input of every model)",
+          "own-csv-eo": "Own CSV, equalized odds (Adult's table, four groups: sex × age band)",
+          "compas-dp": "COMPAS, demographic parity (African-American, Caucasian; race not an input)",
+          "adult-dp": "Adult, demographic parity (sex; sex not an input)",
+          "crime-eo": "Crime, equalized odds (black share > 0.06)"}
 BASE = {"num-parties": 3, "eval-every": 1000, "mode": "fairvfl-scores"}
-EPSILONS, BOUNDS = (0.005, 0.01, 0.02, 0.05, 0.1), (0.005, 0.01, 0.02, 0.05, 0.1)
+EPSILONS = BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1)
 QUICK = (0.01, 0.05)
 #: the payload keys a kept row must share with the run that adds rows to its page
 SETTINGS = ("rounds", "epsilons", "bounds", "seeds", "overrides")
+#: what a setting's figures are averaged over the seeds for (min and max beside each mean)
+FIGURES = ("acc", "gap", "train_gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "tightenings", "gap_apart",
+           "train_gap_apart")
 
 
 def own_csv(folder: Path) -> Path:
@@ -102,7 +114,8 @@ def run_config(row: str, seed: int, rounds: int, overrides: dict, csv_folder: Pa
 
 
 def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, csv_folder: Path) -> tuple[list, dict]:
-    """Every method's test points (accuracy, hard-rate gaps) on one row and seed, and the groups."""
+    """Every method's points (test accuracy, hard-rate test and training gaps) on one row and
+    seed, and the groups."""
     base = run_config(row, seed, rounds, overrides, csv_folder)
     cfg = RunConfig.from_flower(base)
     constraint = cfg.constraint
@@ -110,15 +123,16 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
     groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label, ds.group_names,
                                whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test)).groups
     test_codes = regroup(ds.s_train, groups.codes, ds.s_test)
-    info = {"groups": list(groups.names),
+    info = {"groups": list(groups.names), "columns": int(ds.X_train.shape[1]),
             "test_rows": {n: int((test_codes == k).sum()) for k, n in enumerate(groups.names)}}
     out = []
 
-    def add(method, setting, pred, seconds, **extra):
-        m = group_metrics(ds.y_test, test_codes, pred)
-        out.append({"row": row, "seed": seed, "method": method, "setting": setting, "acc": m["acc"],
-                    "gap": m[GAP[constraint]], "dp_diff": m["dp_diff"], "eo_diff": m["eo_diff"],
-                    "seconds": seconds, **extra})
+    def add(method, setting, p_test, p_train, seconds, **extra):
+        """A point from each row's probability of a +1 (0 or 1 for a deterministic classifier)."""
+        test, train = expected_metrics(ds.y_test, test_codes, p_test), expected_metrics(ds.y_train, groups.codes, p_train)
+        out.append({"row": row, "seed": seed, "method": method, "setting": setting, "acc": test["acc"],
+                    "gap": test[GAP[constraint]], "dp_diff": test["dp_diff"], "eo_diff": test["eo_diff"],
+                    "train_gap": train[GAP[constraint]], "train_acc": train["acc"], "seconds": seconds, **extra})
 
     for eps in (*epsilons, None):
         run = {**base, "epsilon": eps} if eps is not None else {**base, "fairness": False}
@@ -127,24 +141,33 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
             summary, run_dir = run_inprocess({**run, "output-dir": folder}, quiet=True)
             with np.load(Path(run_dir) / SCORES) as f:
                 z, z_train = f["z_test"], f["z_train"]
-        train = group_metrics(ds.y_train, groups.codes, predict(z_train))
-        add(FAIRVFL, "off" if eps is None else f"ε={eps:g}", predict(z), time.perf_counter() - t, epsilon=eps,
-            rounds=summary["rounds"], train_max_gap=summary["train_max_gap"], train_gap=train[GAP[constraint]],
-            optimizer=RunConfig.from_flower(run).optimizer_in_use, measure=summary.get("constraint_measure"))
+        add(FAIRVFL, "off" if eps is None else f"ε={eps:g}", predict(z) > 0, predict(z_train) > 0,
+            time.perf_counter() - t, epsilon=eps, rounds=summary["rounds"], train_max_gap=summary["train_max_gap"],
+            tightenings=summary.get("tightenings"), met=summary.get("epsilon_met"),
+            optimizer=RunConfig.from_flower(run).optimizer_in_use)
     for bound in (*bounds, None):
         t = time.perf_counter()
         if bound is None:
-            pred = plain_predict(ds.X_train, ds.y_train, ds.X_test)
+            both = plain_predict(ds.X_train, ds.y_train, np.vstack([ds.X_test, ds.X_train])) > 0
+            p_test, p_train = both[:len(ds.y_test)], both[len(ds.y_test):]
+            apart = {"gap_apart": None, "train_gap_apart": None}
         else:
-            pred = eg_predict(ds.X_train, ds.y_train, groups.codes, ds.X_test, ds.protected_label, constraint,
-                              seed=seed, bound=bound)
-        add(EG, "off (plain LR)" if bound is None else f"bound={bound:g}", pred, time.perf_counter() - t, bound=bound)
+            weights, (h_test, h_train) = eg_predictors(ds.X_train, ds.y_train, groups.codes, [ds.X_test, ds.X_train],
+                                                       ds.protected_label, constraint, bound=bound)
+            p_test, p_train = weights @ h_test, weights @ h_train
+            # the gap EG would have if its predictors' gaps did not cancel: the weighted mean of their own
+            apart = {f"{k}gap_apart": float(sum(w * expected_metrics(y, c, h)[GAP[constraint]]
+                                                for w, h in zip(weights, hs)))
+                     for k, y, c, hs in (("", ds.y_test, test_codes, h_test), ("train_", ds.y_train, groups.codes, h_train))}
+        add(EG, "off (plain LR)" if bound is None else f"bound={bound:g}", p_test, p_train, time.perf_counter() - t,
+            bound=bound, **apart)
     t = time.perf_counter()
-    pred = threshold_predict(ds.X_train, ds.y_train, groups.codes, ds.X_test, test_codes, ds.protected_label,
-                             constraint, seed=seed)
-    add(THRESHOLD, "thresholds per group", pred, time.perf_counter() - t)
-    print(f"  {row} seed {seed}: " + "; ".join(f"{p['method']} {p['setting']} acc {p['acc']:.4f} gap {p['gap']:.3f}"
-                                               for p in out), flush=True)
+    p_test, p_train = threshold_expected(ds.X_train, ds.y_train, groups.codes, [ds.X_test, ds.X_train],
+                                         [test_codes, groups.codes], ds.protected_label, constraint)
+    add(THRESHOLD, "thresholds per group", p_test, p_train, time.perf_counter() - t)
+    print(f"  {row} seed {seed}: " + "; ".join(
+        f"{p['method']} {p['setting']} acc {p['acc']:.4f} gap {p['gap']:.3f} train {p['train_gap']:.3f}"
+        for p in out), flush=True)
     return out, info
 
 
@@ -161,42 +184,96 @@ def kept_rows(previous: Path, rows: list[str], settings: dict) -> tuple[list[dic
         print(f"[groups] not keeping the rows of {previous}: its {', '.join(differ)} differ from this run's", flush=True)
         return [], {}
     info = {row: {"command": old.get("command", ""), "commit": old.get("commit", ""), **i}
-            for row, i in old.get("groups", {}).items() if row not in rows}
+            for row, i in old.get("groups", {}).items() if row not in rows and row in ROWS}
     return [p for p in old.get("points", []) if p["row"] in info], info
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """One point per (row, method, setting): accuracy and gap averaged over the seeds (min, max)."""
+    """One point per (row, method, setting): its figures averaged over the seeds (min, max)."""
     out = []
     for key in dict.fromkeys((r["row"], r["method"], r["setting"]) for r in rows):
         mine = [r for r in rows if (r["row"], r["method"], r["setting"]) == key]
         agg = {"row": key[0], "method": key[1], "setting": key[2], "seeds": [r["seed"] for r in mine]}
-        for m in ("acc", "gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "train_gap"):
+        for m in FIGURES:
             v = np.array([np.nan if r.get(m) is None else r[m] for r in mine], dtype=float)
             have = v[~np.isnan(v)]
             agg[m] = float(have.mean()) if len(have) else None
             agg[f"{m}_min"], agg[f"{m}_max"] = (float(have.min()), float(have.max())) if len(have) else (None, None)
         agg["optimizer"] = ",".join(sorted({r["optimizer"] for r in mine if r.get("optimizer")})) or None
+        met = [r["met"] for r in mine if r.get("met") is not None]
+        agg["met"] = f"{sum(met)}/{len(met)}" if met else None
         agg["epsilon"] = mine[0].get("epsilon")
         out.append(agg)
     return out
 
 
-def curve(summary: list[dict], row: str, method: str) -> list[tuple[float, float]]:
-    """A method's (gap, accuracy) points on a row, means over the seeds."""
-    return [(p["gap"], p["acc"]) for p in summary if p["row"] == row and p["method"] == method]
+def curve(points: list[dict], row: str, method: str, seed: int | None = None) -> list[tuple[float, float]]:
+    """A method's (gap, accuracy) points on a row: of the seed means (``points`` a summary),
+    or of one seed."""
+    return [(p["gap"], p["acc"]) for p in points
+            if p["row"] == row and p["method"] == method and (seed is None or p["seed"] == seed)]
 
 
-def matched(summary: list[dict]) -> list[dict]:
-    """Per row, the gaps of FairVFL's and EG's frontier points (tools/tradeoff.matched_gaps) and
-    every method's accuracy there, with FairVFL − EG where both have one."""
+def apart_curve(summary: list[dict], row: str) -> list[tuple[float, float]]:
+    """EG's seed-mean accuracy against the weighted mean of its predictors' own test gaps: its
+    curve were the draws' gaps not to cancel (a deterministic classifier's cannot)."""
+    return [(p["gap"] if p.get("gap_apart") is None else p["gap_apart"], p["acc"]) for p in summary
+            if p["row"] == row and p["method"] == EG]
+
+
+def matched(summary: list[dict], points: list[dict]) -> list[dict]:
+    """Per row, one entry at the gap of each frontier point of FairVFL's and EG's seed-mean
+    curves: every method's accuracy there (read off its seed-mean curve), FairVFL − EG, and
+    ``per_seed``: on each seed, that setting's own point against the other method's curve of
+    the same seed at the point's gap (FairVFL − EG; None where that curve does not reach it)."""
     out = []
     for row in dict.fromkeys(p["row"] for p in summary):
         curves = {m: curve(summary, row, m) for m in METHODS}
-        for g in matched_gaps([curves[FAIRVFL], curves[EG]]):
+        seeds = sorted({p["seed"] for p in points if p["row"] == row})
+        anchors = []
+        for m in (FAIRVFL, EG):
+            front = set(frontier(curves[m]))
+            anchors += [(p["gap"], m, p["setting"]) for p in summary
+                        if p["row"] == row and p["method"] == m and (p["gap"], p["acc"]) in front]
+        for g, anchor, setting in sorted(anchors):
+            other = EG if anchor == FAIRVFL else FAIRVFL
             acc = {m: accuracy_at_gap(curves[m], g) for m in METHODS}
             diff = None if acc[FAIRVFL] is None or acc[EG] is None else acc[FAIRVFL] - acc[EG]
-            out.append({"row": row, "gap": g, "acc": acc, "fairvfl_minus_eg": diff})
+            apart = accuracy_at_gap(apart_curve(summary, row), g)
+            per_seed = []
+            for s in seeds:
+                own = next((p for p in points if (p["row"], p["method"], p["setting"], p["seed"])
+                            == (row, anchor, setting, s)), None)
+                theirs = None if own is None else accuracy_at_gap(curve(points, row, other, s), own["gap"])
+                per_seed.append(None if theirs is None else (own["acc"] - theirs) * (1 if anchor == FAIRVFL else -1))
+            out.append({"row": row, "gap": g, "point": f"{anchor}: {setting}", "acc": acc,
+                        "fairvfl_minus_eg": diff, "per_seed": per_seed, "eg_apart": apart})
+    return out
+
+
+def verdicts(summary: list[dict], at: list[dict]) -> list[dict]:
+    """Per row: FairVFL − EG at the matched gap where it is lowest, with that gap's per-seed
+    range, and each method's smallest seed-mean training and test gap (with its setting)."""
+    out = []
+    for row in dict.fromkeys(a["row"] for a in at):
+        both = [a for a in at if a["row"] == row and a["fairvfl_minus_eg"] is not None]
+        worst = min(both, key=lambda a: a["fairvfl_minus_eg"], default=None)
+        v = {"row": row, "worst": worst}
+        for m, key in ((FAIRVFL, "fairvfl"), (EG, "eg")):
+            mine = [p for p in summary if p["row"] == row and p["method"] == m]
+            v[f"{key}_train_floor"] = min(((p["train_gap"], p["setting"]) for p in mine), default=None)
+            v[f"{key}_test_floor"] = min(((p["gap"], p["setting"]) for p in mine), default=None)
+        if worst is None:
+            v["reading"] = "no common gap"
+        elif worst["fairvfl_minus_eg"] >= 0:
+            v["reading"] = "at or above"
+        else:
+            seeds = [d for d in worst["per_seed"] if d is not None]
+            v["reading"] = "below, within the seed spread" if seeds and max(seeds) >= 0 else "below"
+            fair = worst["acc"][FAIRVFL]
+            if worst["eg_apart"] is None or fair >= worst["eg_apart"]:
+                v["reading"] += "; at or above EG without its draws' cancelling"
+        out.append(v)
     return out
 
 
@@ -204,25 +281,61 @@ def _pct(v) -> str:
     return "—" if v is None else f"{100 * v:.2f}%"
 
 
+def _pt(v) -> str:
+    return "" if v is None else f"{100 * v:+.2f}"
+
+
 def _num(v, spec=".3f") -> str:
     return "" if v is None else format(v, spec)
 
 
+def _seeds(per_seed: list) -> str:
+    have = [d for d in per_seed if d is not None]
+    if not have:
+        return "—"
+    span = f"{_pt(min(have))} to {_pt(max(have))}"
+    return span if len(have) == len(per_seed) else f"{span} ({len(have)}/{len(per_seed)} seeds)"
+
+
+def verdict_table(rows: list[dict]) -> str:
+    """One line per row: the lowest FairVFL − EG over the matched gaps and the smallest gaps."""
+    lines = ["| row | lowest FairVFL − EG (pt) at gap | per seed (pt) | reading | FairVFL smallest train / test gap "
+             "| EG smallest train / test gap |", "|---|---|---|---|---|---|"]
+    for v in rows:
+        w = v["worst"]
+        at = "—" if w is None else f"{_pt(w['fairvfl_minus_eg'])} at {w['gap']:.3f} ({w['point']})"
+
+        def floors(key):
+            tr, te = v[f"{key}_train_floor"], v[f"{key}_test_floor"]
+            return "—" if tr is None else f"{tr[0]:.3f} ({tr[1]}) / {te[0]:.3f} ({te[1]})"
+
+        lines.append(f"| {v['row']} | {at} | {'' if w is None else _seeds(w['per_seed'])} | {v['reading']} | "
+                     f"{floors('fairvfl')} | {floors('eg')} |")
+    return "\n".join(lines)
+
+
 def matched_table(at: list[dict]) -> str:
-    """The accuracy of every method at the common gaps, one line per row and gap."""
-    lines = [f"| row | gap ≤ | {FAIRVFL} | {EG} | {THRESHOLD} | FairVFL − EG |", "|---|---|---|---|---|---|"]
+    """Every method's accuracy at the common gaps, one line per row and gap."""
+    lines = [f"| row | gap ≤ | point | {FAIRVFL} | {EG} (expected) | FairVFL − EG (pt) | per seed (pt) | "
+             f"EG without cancelling | {THRESHOLD} |", "|---|---|---|---|---|---|---|---|---|"]
     for a in at:
-        diff = "" if a["fairvfl_minus_eg"] is None else f"{100 * a['fairvfl_minus_eg']:+.2f} pt"
-        lines.append(f"| {a['row']} | {a['gap']:.3f} | {_pct(a['acc'][FAIRVFL])} | {_pct(a['acc'][EG])} | "
-                     f"{_pct(a['acc'][THRESHOLD])} | {diff} |")
+        lines.append(f"| {a['row']} | {a['gap']:.3f} | {a['point']} | {_pct(a['acc'][FAIRVFL])} | "
+                     f"{_pct(a['acc'][EG])} | {_pt(a['fairvfl_minus_eg'])} | {_seeds(a['per_seed'])} | "
+                     f"{_pct(a.get('eg_apart'))} | {_pct(a['acc'][THRESHOLD])} |")
     return "\n".join(lines)
 
 
 def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) -> str:
-    """The page: the matched-gap table, then every row's points."""
-    parts = ["## Accuracy at matched gaps", "",
-             "Each method's test accuracy read off its curve at a common hard-rate test gap (a mean over the "
-             "seeds; how: see the notes). \"—\": the method never got a gap that small.", "",
+    """The page: the per-row reading, the matched-gap table, then every row's points."""
+    parts = ["## Per row", "",
+             "FairVFL − EG at the matched gap where it is lowest (a mean over the seeds), the per-seed range "
+             "there, and each method's smallest training and test gap (seed means, with the setting). "
+             "\"within the seed spread\": on some seed FairVFL is at or above EG there.", "",
+             verdict_table(verdicts(summary, at)), "",
+             "## Accuracy at matched gaps", "",
+             "Each method's test accuracy read off its seed-mean curve at the gap of a frontier point "
+             "(\"point\"); \"per seed\": on each seed, that point against the other method's curve of the "
+             "same seed. \"—\": the method's curve never got a gap that small.", "",
              matched_table(at), ""]
     if plot:
         parts += [f"![test accuracy against the hard-rate test gap]({plot})", ""]
@@ -230,24 +343,29 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) 
         constraint = ROWS[row]["constraint"]
         groups = info[row]
         parts += [f"### {row}: {TITLES[row]}", "",
-                  f"Gap: `{GAP_NAME[GAP[constraint]]}` on the test rows over the constraint's groups "
+                  f"Gap: `{GAP_NAME[GAP[constraint]]}` over the constraint's groups "
                   f"{', '.join(groups['groups'])} (test rows, seed {groups['seed']}: "
-                  + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + ")."
-                  + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}." if "command" in groups else ""),
+                  + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + f"; {groups.get('columns', '?')} "
+                  "input columns)." + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}."
+                                       if "command" in groups else ""),
                   "",
-                  "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | DP diff | EO diff | "
-                  "FairVFL: optimizer, rounds, train max gap (soft) / train gap (hard) | on the frontier |",
+                  "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | train gap (min–max) | "
+                  "FairVFL: optimizer, rounds, tightenings, ε met, train soft gap | EG: its predictors' test / train "
+                  "gap | on the frontier |",
                   "|---|---|---|---|---|---|---|---|"]
         for m in METHODS:
             mine = [p for p in summary if p["row"] == row and p["method"] == m]
             front = set(frontier(curve(summary, row, m)))
             for p in mine:
                 run = "" if m != FAIRVFL else (f"{p['optimizer']}, {_num(p['rounds'], '.0f')}, "
-                                               f"{_num(p['train_max_gap'], '.4f')} / {_num(p['train_gap'])}")
+                                               f"{_num(p['tightenings'], '.1f')}, {p['met'] or ''}, "
+                                               f"{_num(p['train_max_gap'], '.4f')}")
+                apart = "" if p.get("gap_apart") is None else f"{p['gap_apart']:.3f} / {p['train_gap_apart']:.3f}"
                 parts.append(
                     f"| {m} | {p['setting']} | {100 * p['acc']:.2f}% ({100 * p['acc_min']:.2f}–{100 * p['acc_max']:.2f}) | "
-                    f"{p['gap']:.3f} ({p['gap_min']:.3f}–{p['gap_max']:.3f}) | {_num(p['dp_diff'])} | "
-                    f"{_num(p['eo_diff'])} | {run} | {'yes' if (p['gap'], p['acc']) in front else ''} |")
+                    f"{p['gap']:.3f} ({p['gap_min']:.3f}–{p['gap_max']:.3f}) | "
+                    f"{p['train_gap']:.3f} ({p['train_gap_min']:.3f}–{p['train_gap_max']:.3f}) | {run} | {apart} | "
+                    f"{'yes' if (p['gap'], p['acc']) in front else ''} |")
         parts.append("")
     return "\n".join(parts)
 
@@ -255,18 +373,21 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) 
 NOTES = """\
 **Methods.** FairVFL: the in-process engine, linear parties, 3 parties, the constraint of the
 row at each ε with every other setting its default (`constraint-measure = "auto"`, i.e. soft
-rates for equalized odds and demographic parity; `sensitive-as-input = false`; `optimizer =
-"auto"`; `constraint-form = "pairwise"`), at most the page's round cap (`--rounds`; the stop
-rule may end a run sooner); "off" is `fairness = false`. Its "train max gap (soft)" is the
-largest constrained gap on the training rows in the run's own measure (soft rates, pairwise),
-which ε bounds: a value above ε + 0.002 is a run that had not reached ε within the cap; its
-"train gap (hard)" is the page's hard-rate gap on the training rows. fairlearn EG:
-`ExponentiatedGradient(LogisticRegression(max_iter=1000), max_iter=50)` with the constraint's
-moment (`DemographicParity`, `EqualizedOdds`) at `difference_bound` = the bound (each group
-against the overall rate, on training rows), randomised predictions with the seed; "off" is
-the plain LogisticRegression. Both see the same columns: the sensitive attribute and its
-one-hot copies are not inputs. ThresholdOptimizer: fairlearn's post-processing of that
-LogisticRegression (`predict_proba`), one randomised threshold per group: it needs each test
+rates; `hard-epsilon = true`, i.e. ε bounds the hard-rate gap on the training rows and the
+run tightens its smooth surrogate until it does; `optimizer = "auto"`; `constraint-form =
+"pairwise"`), at most the page's round cap (`--rounds`; the stop rule ends a run sooner);
+"off" is `fairness = false`. Its columns: rounds, tightenings of the surrogate's bound, on
+how many seeds the hard training gap met ε (+ 0.001), and the smooth training gap the
+surrogate holds. fairlearn EG: `ExponentiatedGradient(LogisticRegression(max_iter=1000),
+max_iter=50)` with the constraint's moment (`DemographicParity`, `EqualizedOdds`) at
+`difference_bound` = the bound (each group against the overall rate, on training rows). Its
+classifier is randomised: its figures are expectations over its draws (every row's
+probability of a +1 is its predictors' predictions weighted by `weights_`; accuracy and
+each group's rates are means of those probabilities, the gap the largest difference of the
+expected rates), never one draw. "off" is the plain LogisticRegression. Every model sees the
+same columns: the sensitive attribute and its one-hot copies are inputs only where the row
+says so. ThresholdOptimizer: fairlearn's post-processing of that LogisticRegression
+(`predict_proba`), randomised thresholds per group, in expectation too; it needs each test
 row's group when it predicts, so it is not a model of the same inputs; shown for reference.
 
 **Groups.** Every method is trained and scored on the groups FairVFL's run constrains (COMPAS
@@ -277,18 +398,30 @@ packaged table with `age_band = "<40" | "40+"` from `age`, run as `dataset = "cs
 
 **Matched gaps.** The gap on the x-axis is the hard-rate test gap (fairlearn's
 `demographic_parity_difference` or `equalized_odds_difference`, the largest difference over
-the groups). Per method, the points are the seed means of each setting; only non-dominated
-points count (no other point has a smaller or equal gap and a higher accuracy), and between
-two of them the accuracy is interpolated linearly in the gap: predicting with one of the two
-at random attains that accuracy with a gap no larger. Above a method's largest frontier gap
-its accuracy stays that point's; below its smallest it has none ("—"). The common gaps are
-the gaps of FairVFL's and EG's frontier points (shown to 3 decimals): each method's own points
-against the other's curve at the same gap; a gap one method reaches and the other does not
-shows as "—". FairVFL − EG is in percentage points."""
+the groups); the training gap is the same on the training rows. Per method, each setting's
+figures are averaged over the seeds; only non-dominated means count (no other has a smaller
+or equal gap and a higher accuracy), and between two of them the accuracy is interpolated
+linearly in the gap: predicting with one of the two at random attains that accuracy with a
+gap no larger. Above a method's largest frontier gap its accuracy stays that point's; below
+its smallest it has none ("—"). The common gaps are the gaps of FairVFL's and EG's frontier
+points (shown to 3 decimals). "per seed" pairs each such point's own seed figures with the
+other method's curve of that seed at the seed's gap. FairVFL − EG is in percentage points.
+
+**EG without cancelling.** EG's classifier draws one of a few deterministic predictors (each a
+LogisticRegression on reweighted rows); its expected group rates are the weighted means of
+theirs, so one predictor's lean toward a group can cancel another's lean against it, and the
+mixture's gap is often far below every one of its predictors' (COMPAS race: a training gap of
+0.002 from predictors with gaps of 0.05 to 0.15). No deterministic classifier, FairVFL's
+sign(z) included, can cancel gaps that way. "EG: its predictors' test / train gap" is the
+weighted mean of their own gaps, the gap the mixture would have without cancelling (and what
+the curves' linear reading grants FairVFL between two of its models); "EG without cancelling"
+reads EG's accuracy at that gap. A row whose reading says "at or above EG without its draws'
+cancelling" is below EG only by what its randomisation cancels."""
 
 
-def plot_curves(summary: list[dict], rows: list[str], path: Path) -> bool:
-    """Test accuracy against the hard-rate test gap, one panel per row; False without matplotlib."""
+def plot_curves(summary: list[dict], points: list[dict], rows: list[str], path: Path) -> bool:
+    """Test accuracy against the hard-rate test gap, one panel per row: the seed-mean curves and,
+    faint, each seed's points; False without matplotlib."""
     try:
         import matplotlib
 
@@ -296,9 +429,11 @@ def plot_curves(summary: list[dict], rows: list[str], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.8), squeeze=False)
+    cols = min(len(rows), 3)
+    fig, axes = plt.subplots((len(rows) + cols - 1) // cols, cols, figsize=(4.4 * cols, 3.8 * ((len(rows) + cols - 1) // cols)),
+                             squeeze=False)
     style = {FAIRVFL: ("C0", "o"), EG: ("C1", "s"), THRESHOLD: ("C2", "*")}
-    for ax, row in zip(axes[0], rows):
+    for ax, row in zip(axes.flat, rows):
         for m in METHODS:
             pts = sorted(curve(summary, row, m))
             if not pts:
@@ -308,14 +443,18 @@ def plot_curves(summary: list[dict], rows: list[str], path: Path) -> bool:
             ax.plot(*zip(*front), color=color, lw=1.2)
             ax.scatter(*zip(*pts), color=color, marker=marker, s=60 if marker == "*" else 22,
                        label=m.replace(" (group at prediction time)", "\n(group at prediction)"))
+            seeds = curve(points, row, m)
+            ax.scatter(*zip(*seeds), color=color, marker=marker, s=8, alpha=0.3)
         gap = GAP_NAME[GAP[ROWS[row]["constraint"]]]
         ax.set_title(row, fontsize=10)
         ax.set_xlabel(f"test {gap}")
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 
@@ -324,10 +463,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the rows and publish the page (and the plot) after each."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
-    ap.add_argument("--seeds", default="0", help="comma list of seeds")
+    ap.add_argument("--seeds", default="0,1,2", help="comma list of seeds")
     ap.add_argument("--epsilons", default=",".join(map(str, EPSILONS)), help="FairVFL's ε grid")
     ap.add_argument("--bounds", default=",".join(map(str, BOUNDS)), help="fairlearn EG's difference bounds")
-    ap.add_argument("--rounds", type=int, default=30, help="FairVFL's round cap (num-server-rounds)")
+    ap.add_argument("--rounds", type=int, default=100, help="FairVFL's round cap (num-server-rounds)")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: ε and bounds {QUICK} only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="run-config override of every FairVFL run, flwr run's --run-config syntax (repeatable)")
@@ -358,20 +497,23 @@ def main(argv: list[str] | None = None) -> None:
                 pts, groups = points(row, seed, epsilons, bounds, a.rounds, overrides, Path(csv_folder))
                 results += pts
                 info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed})
+            done = [r for r in ROWS if r in info]  # the page's rows in the bench's order
+            results.sort(key=lambda p: done.index(p["row"]))
             summary = summarise(results)
-            at = matched(summary)
-            done = list(info)  # the kept rows in their order, then this run's
-            plot = f"{a.name}.png" if plot_curves(summary, done, Path(a.out) / f"{a.name}.png") else None
+            at = matched(summary, results)
+            plot = f"{a.name}.png" if plot_curves(summary, results, done, Path(a.out) / f"{a.name}.png") else None
             missing = rows[i + 1:]
             notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
             notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
-            write(a.out, a.name, {**settings, "groups": info, "matched": at,
+            write(a.out, a.name, {**settings, "groups": info, "matched": at, "verdicts": verdicts(summary, at),
                                   "summary": summary, "points": results},
                   markdown(summary, at, info, plot),
-                  title="Accuracy against the hard-rate test gap: FairVFL, fairlearn EG and ThresholdOptimizer",
+                  title="Accuracy against the hard-rate gap: FairVFL, fairlearn EG (expected) and ThresholdOptimizer",
                   notes=notes)
-            if Path(a.out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference page shows the same table
-                include(REPO / "docs" / "fairness-constraints.md", a.name, matched_table(at))
+            if Path(a.out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference pages show the same tables
+                tables = verdict_table(verdicts(summary, at)) + "\n\n" + matched_table(at)
+                include(REPO / "docs" / "fairness-constraints.md", a.name, tables)
+                include(REPO / "docs" / "compare.md", a.name, verdict_table(verdicts(summary, at)))
 
 
 if __name__ == "__main__":

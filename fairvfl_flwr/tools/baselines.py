@@ -15,10 +15,12 @@ aif360, scikit-learn).
   with ``TruePositiveRateParity`` on a logistic regression over all columns at once;
   :func:`eg_predict` is the same with the moment matching a run's ``constraint``
   (:data:`EG_MOMENTS`) and any difference bound, and :func:`group_metrics` measures any
-  predictions on group codes.
+  predictions on group codes. :func:`eg_expected` gives the probabilities its randomised
+  classifier draws with, which :func:`expected_metrics` scores in expectation
+  (:func:`eg_predictors`: the predictors it draws from, and their weights).
 * :func:`threshold_predict`: fairlearn's ``ThresholdOptimizer`` (a threshold per group, so it
-  needs the group of every row it predicts); :func:`plain_predict`: the unconstrained
-  logistic regression both start from.
+  needs the group of every row it predicts; :func:`threshold_expected` in expectation);
+  :func:`plain_predict`: the unconstrained logistic regression both start from.
 
 Every function returns the paper's test metrics (ACC, DFP, DFN), computed by
 ``metrics.fairness_metrics`` like FairVFL's own numbers. Labels are in {-1, +1}; ``s`` is
@@ -247,21 +249,77 @@ def _from_target(hit: np.ndarray, protected_label: int) -> np.ndarray:
     return np.where(np.asarray(hit) == 1, protected_label, -protected_label)
 
 
-@_single_threaded
-def eg_predict(X_train, y_train, s_train, X_test, protected_label: int = 1, constraint: str = "deo",
-               seed: int = 0, max_iter: int = 50, bound: float | None = None) -> np.ndarray:
-    """Test predictions in {-1, +1} of ExponentiatedGradient(LogisticRegression, the moment of
-    ``constraint`` with ``difference_bound`` ``bound``) trained on all columns, groups ``s_train``
-    (codes or a boolean column); labels recoded as :func:`_protected_target` says, predictions
-    mapped back to {-1, +1}."""
+def _eg_fit(X_train, y_train, s_train, protected_label: int, constraint: str, max_iter: int, bound: float | None):
+    """ExponentiatedGradient(LogisticRegression, the moment of ``constraint``) fitted on rows
+    recoded as :func:`_protected_target` says."""
     target = _protected_target(y_train, protected_label)
     moment = eg_moment(constraint, bound)
     from fairlearn.reductions import ExponentiatedGradient
     from sklearn.linear_model import LogisticRegression
 
     eg = ExponentiatedGradient(LogisticRegression(max_iter=1000), constraints=moment, max_iter=max_iter)
-    eg.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
+    return eg.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
+
+
+@_single_threaded
+def eg_predict(X_train, y_train, s_train, X_test, protected_label: int = 1, constraint: str = "deo",
+               seed: int = 0, max_iter: int = 50, bound: float | None = None) -> np.ndarray:
+    """Test predictions in {-1, +1} of ExponentiatedGradient(LogisticRegression, the moment of
+    ``constraint`` with ``difference_bound`` ``bound``) trained on all columns, groups ``s_train``
+    (codes or a boolean column); labels recoded as :func:`_protected_target` says, predictions
+    mapped back to {-1, +1}: one draw of its randomised classifier (:func:`eg_expected` gives
+    the probabilities the draw is made with)."""
+    eg = _eg_fit(X_train, y_train, s_train, protected_label, constraint, max_iter, bound)
     return _from_target(eg.predict(np.asarray(X_test), random_state=seed), protected_label)
+
+
+def _positive_share(p_target: np.ndarray, protected_label: int) -> np.ndarray:
+    """P(prediction = +1) from P(prediction = the protected label)."""
+    return p_target if protected_label == 1 else 1.0 - p_target
+
+
+@_single_threaded
+def eg_predictors(X_train, y_train, s_train, X_eval: list, protected_label: int = 1, constraint: str = "deo",
+                  max_iter: int = 50, bound: float | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """ExponentiatedGradient's randomised classifier (:func:`eg_predict`'s) taken apart: the
+    weights of the predictors it draws from (those above 0, summing to 1) and, for each matrix
+    of ``X_eval``, each predictor's hard predictions as P(+1) in {0, 1} (predictors × rows)."""
+    eg = _eg_fit(X_train, y_train, s_train, protected_label, constraint, max_iter, bound)
+    used = eg.weights_[eg.weights_ > 0]
+    hits = [np.array([_positive_share(np.asarray(eg.predictors_[t].predict(np.asarray(X)), dtype=float),
+                                      protected_label) for t in used.index]) for X in X_eval]
+    return used.to_numpy(dtype=float), hits
+
+
+def eg_expected(X_train, y_train, s_train, X_eval: list, protected_label: int = 1, constraint: str = "deo",
+                max_iter: int = 50, bound: float | None = None) -> list[np.ndarray]:
+    """For each matrix of ``X_eval``, every row's probability that ExponentiatedGradient's
+    randomised classifier predicts +1: its predictors' predictions weighted by its ``weights_``
+    (:func:`eg_predictors`). Scored by :func:`expected_metrics`, these are the accuracy and the
+    rates in expectation over the classifier's draws, which are what its difference bound
+    holds; one draw (``predict``) scatters around them."""
+    weights, hits = eg_predictors(X_train, y_train, s_train, X_eval, protected_label, constraint, max_iter, bound)
+    return [np.clip(weights @ h, 0.0, 1.0) for h in hits]
+
+
+def expected_metrics(y: np.ndarray, codes: np.ndarray, p_positive: np.ndarray) -> dict[str, float]:
+    """ACC and fairlearn's demographic parity and equalized odds differences of a randomised
+    classifier that predicts +1 on row i with probability ``p_positive[i]``, in expectation over
+    its draws: each rate is the mean probability over its rows, and each difference the largest
+    minus the smallest of those expected rates over the groups in ``codes`` (a group with no rows
+    of a label value counts that rate as 0, as fairlearn does). With probabilities in {0, 1} it
+    is :func:`group_metrics`' ``acc``, ``dp_diff`` and ``eo_diff``."""
+    y, p = np.asarray(y), np.clip(np.asarray(p_positive, dtype=float), 0.0, 1.0)
+    codes = SensitiveGroups.of(codes).codes
+    pos = y == 1
+
+    def spread(rows: np.ndarray) -> float:
+        rates = [float(p[rows & (codes == k)].mean()) if (rows & (codes == k)).any() else 0.0
+                 for k in np.unique(codes)]
+        return max(rates) - min(rates)
+
+    return {"acc": float(np.where(pos, p, 1.0 - p).mean()), "dp_diff": spread(np.ones(len(y), dtype=bool)),
+            "eo_diff": max(spread(pos), spread(~pos))}
 
 
 @_single_threaded
@@ -279,13 +337,7 @@ THRESHOLD_CONSTRAINTS = {"deo": "true_positive_rate_parity", "equalized-odds": "
                          "demographic-parity": "demographic_parity"}
 
 
-@_single_threaded
-def threshold_predict(X_train, y_train, s_train, X_test, s_test, protected_label: int = 1,
-                      constraint: str = "equalized-odds", seed: int = 0) -> np.ndarray:
-    """Test predictions in {-1, +1} of fairlearn's ThresholdOptimizer over a LogisticRegression
-    on all columns, one randomised threshold per group for ``constraint``
-    (:data:`THRESHOLD_CONSTRAINTS`). It needs each test row's group (``s_test``) at prediction
-    time: a model that does not take the sensitive attribute as input cannot do this."""
+def _threshold_fit(X_train, y_train, s_train, protected_label: int, constraint: str):
     if constraint not in THRESHOLD_CONSTRAINTS:
         raise ValueError(f"constraint {constraint!r} has no ThresholdOptimizer constraint here; choose one of "
                          f"{', '.join(THRESHOLD_CONSTRAINTS)}")
@@ -296,9 +348,30 @@ def threshold_predict(X_train, y_train, s_train, X_test, s_test, protected_label
 
     opt = ThresholdOptimizer(estimator=LogisticRegression(max_iter=1000), constraints=THRESHOLD_CONSTRAINTS[constraint],
                              predict_method="predict_proba")
-    opt.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
+    return opt.fit(np.asarray(X_train), target, sensitive_features=np.asarray(s_train, dtype=int))
+
+
+@_single_threaded
+def threshold_predict(X_train, y_train, s_train, X_test, s_test, protected_label: int = 1,
+                      constraint: str = "equalized-odds", seed: int = 0) -> np.ndarray:
+    """Test predictions in {-1, +1} of fairlearn's ThresholdOptimizer over a LogisticRegression
+    on all columns, one randomised threshold per group for ``constraint``
+    (:data:`THRESHOLD_CONSTRAINTS`). It needs each test row's group (``s_test``) at prediction
+    time: a model that does not take the sensitive attribute as input cannot do this."""
+    opt = _threshold_fit(X_train, y_train, s_train, protected_label, constraint)
     hit = opt.predict(np.asarray(X_test), sensitive_features=np.asarray(s_test, dtype=int), random_state=seed)
     return _from_target(hit, protected_label)
+
+
+@_single_threaded
+def threshold_expected(X_train, y_train, s_train, X_eval: list, s_eval: list, protected_label: int = 1,
+                       constraint: str = "equalized-odds") -> list[np.ndarray]:
+    """:func:`threshold_predict`'s classifier in expectation: for each (rows, groups) pair of
+    ``X_eval`` and ``s_eval``, every row's probability of a +1 (fairlearn's probability mass of
+    its randomised thresholds; :func:`expected_metrics` scores them)."""
+    opt = _threshold_fit(X_train, y_train, s_train, protected_label, constraint)
+    return [_positive_share(opt._pmf_predict(np.asarray(X), sensitive_features=np.asarray(s, dtype=int))[:, 1],
+                            protected_label) for X, s in zip(X_eval, s_eval)]
 
 
 def centralised_reference(X_train, y_train, s_train, X_test, y_test, s_test, protected_label: int = 1,
