@@ -151,15 +151,15 @@ class StopRule:
     def loosen(self, hard: float, lam: np.ndarray) -> bool:
         """Raise the working bound toward where the hard gap meets the target, when the run converged
         with it below :data:`LOOSEN_BELOW` of the target and a multiplier in use; False (the run may
-        end) otherwise, or after :data:`MAX_LOOSENINGS`, or once a looser bound has overshot.
+        end) otherwise, or after :data:`MAX_LOOSENINGS`.
 
         The step is the secant through the last two converged (bound, hard gap) pairs where one
-        exists, else proportional (target / hard), at most :data:`MAX_LOOSEN` times the bound."""
+        exists (after a tightening that overshot, it lands between the two bounds), else
+        proportional (target / hard), at most :data:`MAX_LOOSEN` times the bound."""
         self.met_at = max(self.met_at or 0.0, self.epsilon)
         lam = np.asarray(lam, dtype=np.float64)
         in_use = bool(np.any((lam[0::2] - lam[1::2]) != 0))
-        if (not in_use or hard >= LOOSEN_BELOW * self.target or self.loosenings >= MAX_LOOSENINGS
-                or (self.tightenings and self.converged_at is not None and self.converged_at[0] > self.epsilon)):
+        if not in_use or hard >= LOOSEN_BELOW * self.target or self.loosenings >= MAX_LOOSENINGS:
             return False
         bound = self.epsilon * min(self.target / max(hard, 1e-12), MAX_LOOSEN)
         if self.converged_at is not None:
