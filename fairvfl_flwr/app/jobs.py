@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from fairvfl_flwr.app import training
 from fairvfl_flwr.flower.jobs import Job, register
-from fairvfl_flwr.jobs import alignment, groups, key_agreement, saving, scoring
+from fairvfl_flwr.jobs import alignment, group_release, key_agreement, saving, scoring
 
 #: The app's jobs: training (its modes fairvfl, fairvfl-scores, split), the scoring job
 #: (mode score), and the jobs that run inside them.
-JOBS: tuple[Job, ...] = (training.JOB, scoring.JOB, alignment.JOB, saving.JOB, groups.JOB, key_agreement.JOB)
+JOBS: tuple[Job, ...] = (training.JOB, scoring.JOB, alignment.JOB, saving.JOB, group_release.JOB, key_agreement.JOB)
 register(*JOBS)

@@ -35,7 +35,7 @@ from fairvfl_flwr.config.algorithms import Algorithm, registered, resolve
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import ServerLabels, columns_note, load_data, party_columns
 from fairvfl_flwr.jobs.alignment import align_tables
-from fairvfl_flwr.jobs.groups import release_groups
+from fairvfl_flwr.jobs.group_release import release_groups
 from fairvfl_flwr.features.checkpoint import Checkpoints, labels_fingerprint, load_resume
 from fairvfl_flwr.features import ckks
 from fairvfl_flwr.features.ckks import CkksChannel

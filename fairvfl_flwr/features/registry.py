@@ -2,7 +2,7 @@
 
 The label owner then holds labels but no group column, so it cannot form the fairness term
 of its local steps itself. The server, which holds the registry's noisy release of the
-groups (jobs/groups.py), puts the rows' signed weights w = 1/n + m at the message's λ
+groups (jobs/group_release.py), puts the rows' signed weights w = 1/n + m at the message's λ
 beside z and λ in every training message to an active party (``outgoing``); the party takes
 its steps from them (``PartyRuntime.constraint``, core/constraints/release.RowWeights).
 What w tells the label owner about a row's group is a function of the row's randomized

@@ -262,7 +262,7 @@ def info(message: Message, context: Context) -> Message:
             "ids-digest": rt.data.ids_digest,
         }
     )
-    if rt.data.held is not None:  # a registry: the server asks it for the groups' release (jobs/groups.py)
+    if rt.data.held is not None:  # a registry: the server asks it for the groups' release (jobs/group_release.py)
         record["holds-groups"] = True
     return Message(RecordDict({"info": record}), reply_to=message)
 

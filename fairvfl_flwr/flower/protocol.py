@@ -127,7 +127,7 @@ ALIGN_FINISH = declare("query.align_finish", Kind.SETUP)  # every other party: i
 ALIGN_REUSE = declare("query.align_reuse", Kind.SETUP)
 # after a party dropped out: every party checks it holds its state of a round on its own disk
 REJOIN = declare("query.rejoin", Kind.QUERY)
-# groups.holder = "registry": the registry releases every row's group, noisy, once per run (jobs/groups.py)
+# groups.holder = "registry": the registry releases every row's group, noisy, once per run (jobs/group_release.py)
 GROUPS_RELEASE = declare("query.groups_release", Kind.SETUP)
 ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
