@@ -313,6 +313,8 @@ class ConstraintSet:
             raise ValueError(f"unknown constraint form {form!r}: choose one of {', '.join(FORMS)}")
         measure_named(measure)  # refuse an unknown measure before any gap is built
         subsets = cls.subsets(y, protected_label)
+        if weights is not None:  # from a release: small groups are decided where the gaps divide by their estimates
+            whole = None
         table = (y, s) if whole is None else (np.asarray(whole[0]), np.asarray(whole[1]))
         pooling = cls.pooled_members(SensitiveGroups.of(table[1], names, weights), cls.subsets(table[0], protected_label),
                                      min_group_size, pool_small_groups, whole is not None)
