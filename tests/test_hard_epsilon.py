@@ -14,7 +14,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.constraints.measures import Rate
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.core.stopping import MAX_LOOSEN, MIN_TEMPERATURE, StopRule
+from fairvfl_flwr.core.stopping import MAX_LOOSEN, MIN_TEMPERATURE, SETTLE, StopRule
 
 
 def _quiet(rule: StopRule, hard: float, rounds: int, lam=(1.0, 0.0)) -> bool:
@@ -141,3 +141,14 @@ def test_adult_demographic_parity_does_not_give_accuracy_away(tmp_path):
                                 "output-dir": str(tmp_path)}, quiet=True)
     assert summary["epsilon_met"] and summary["loosenings"] >= 1
     assert 0.01 <= summary["train_dp_diff"] <= 0.025 and summary["rounds"] <= 30
+
+
+def test_a_calibration_move_does_not_wait_for_fs_tail():
+    rule = StopRule(1e-6, 2, 0.02, True, target=0.02)
+    settling = 1.0 + SETTLE * 1e-6 / 2  # F still falls by 10x the stop tolerance per round
+    for _ in range(2):
+        assert not rule.update(settling, 1.0, np.array([0.02]), np.array([1.0, 0.0]), 0.05)
+    assert rule.tightenings == 1 and rule.quiet_rounds == 0  # tightened although F is not quiet
+    for _ in range(2):  # settled at a hard gap that meets the target: only F's quiet ends the run
+        assert not rule.update(settling, 1.0, np.array([rule.epsilon]), np.array([1.0, 0.0]), 0.019)
+    assert _quiet(rule, 0.019, 2)

@@ -40,6 +40,10 @@ MIN_BOUND_SHARE = 0.05
 #: The sharpest temperature of the smooth rates: a sharper σ(z/τ) has slopes of 1/(4τ) on a few rows
 #: near the threshold, which the second-order steps see as noise.
 MIN_TEMPERATURE = 0.125
+#: A calibration move (tighten, loosen, sharpen) waits for F's relative decrease to settle below this
+#: multiple of the stop tolerance, with the gaps at rest, for stop-window rounds: the hard gap at a bound
+#: is known by then, and F's slow tail (Crime: 18 rounds from 1e-4 to the tolerance) would only delay it.
+SETTLE = 20.0
 #: A converged hard gap above this multiple of the target, on a bound not yet calibrated, sharpens the rates
 #: before it tightens the bound: the smooth rates are then too flat at the threshold to follow the hard
 #: ones (COMPAS: hard 5x the smooth gap at τ = 1), and a bound tightened by that much costs accuracy.
@@ -65,6 +69,7 @@ class StopRule:
         # what the largest hard gap must meet before training may end (None: the smooth gaps are what ε bounds)
         self.target = target if fairness else None
         self.quiet_rounds = 0  # quiet rounds in a row so far
+        self.settled_rounds = 0  # rounds in a row settled enough for a calibration move (:data:`SETTLE`)
         self.last_decrease = float("nan")  # the last round's relative decrease of F
         self.tightenings = 0  # times the working bound was lowered
         self.loosenings = 0  # times the working bound was raised
@@ -86,8 +91,17 @@ class StopRule:
         self.last_hard = hard
         if self.tolerance <= 0:
             return False
-        quiet = self.last_decrease <= self.tolerance and (not self.fairness or self.at_rest(gaps, lam))
+        rest = not self.fairness or self.at_rest(gaps, lam)
+        quiet = self.last_decrease <= self.tolerance and rest
         self.quiet_rounds = self.quiet_rounds + 1 if quiet else 0
+        settled = self.last_decrease <= SETTLE * self.tolerance and rest
+        self.settled_rounds = self.settled_rounds + 1 if settled else 0
+        if self.target is not None and hard is not None and self.settled_rounds >= self.window:
+            # the hard gap at this bound is known once the run has settled: move now, not after F's tail
+            if hard > self.target + GAP_SLACK:
+                return not self.tighten(hard)
+            if self.loosen(hard, lam):
+                return False
         if self.quiet_rounds < self.window:
             return False
         if self.target is None or hard is None:
@@ -131,7 +145,7 @@ class StopRule:
             return self.sharpened()
         self.epsilon = bound
         self.tightenings += 1
-        self.quiet_rounds = 0
+        self.quiet_rounds = self.settled_rounds = 0
         return True
 
     def sharpened(self, give_up: bool = True) -> bool:
@@ -145,7 +159,7 @@ class StopRule:
         self.sharpenings += 1
         self.epsilon = self.target
         self.converged_at = self.met_at = None
-        self.quiet_rounds = 0
+        self.quiet_rounds = self.settled_rounds = 0
         return True
 
     def loosen(self, hard: float, lam: np.ndarray) -> bool:
@@ -170,7 +184,7 @@ class StopRule:
         self.converged_at = (self.epsilon, hard)
         self.epsilon = bound
         self.loosenings += 1
-        self.quiet_rounds = 0
+        self.quiet_rounds = self.settled_rounds = 0
         return True
 
     def met(self) -> bool:
@@ -198,7 +212,7 @@ class StopRule:
     def state_dict(self) -> dict:
         """The count of quiet rounds so far, which a checkpoint keeps: a resumed run stops where the
         uninterrupted one did."""
-        return {"quiet-rounds": self.quiet_rounds, "bound": self.epsilon, "tightenings": self.tightenings,
+        return {"quiet-rounds": self.quiet_rounds, "settled-rounds": self.settled_rounds, "bound": self.epsilon, "tightenings": self.tightenings,
                 "loosenings": self.loosenings, "met-at": self.met_at, "converged-at": list(self.converged_at or ()),
                 "temperature": self.temperature, "sharpenings": self.sharpenings}
 
@@ -206,6 +220,7 @@ class StopRule:
         """Continue the count of quiet rounds and the working bound from a checkpoint (0 and the
         run's ε for one that holds none)."""
         self.quiet_rounds = int(state.get("quiet-rounds", 0))
+        self.settled_rounds = int(state.get("settled-rounds", 0))
         self.epsilon = float(state.get("bound", self.epsilon))
         self.tightenings = int(state.get("tightenings", 0))
         self.loosenings = int(state.get("loosenings", 0))
