@@ -7,6 +7,7 @@ import hashlib
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
@@ -16,11 +17,14 @@ from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config.node import NodeConfig, NodeConfigError
 from fairvfl_flwr.core.constraints import SensitiveGroups
 from fairvfl_flwr.core.constraints.release import RandomizedResponse
-from fairvfl_flwr.data.partydata import ROLE_REGISTRY, party_spec
+from fairvfl_flwr.data.partydata import ROLE_REGISTRY, PartySpec, party_spec
+from fairvfl_flwr.data.preflight import check_party
 from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table
 from fairvfl_flwr.features.final_logits import load_scores
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.tools import owntables
 
 REGISTRY = {"groups.holder": "registry"}
 
@@ -248,3 +252,75 @@ def test_the_server_refuses_a_release_that_does_not_fit(monkeypatch, tmp_path):
     with pytest.raises(Exception, match="the registry .*release holds codes outside 0..1"):
         run_inprocess({"dataset": "compas", "num-server-rounds": 2, "output-dir": str(tmp_path), **REGISTRY},
                       quiet=True)
+
+
+# -- the registry's own table: pre-flight and private alignment ----------------------------------------
+#: Adult's raw columns cut as a consortium would hold them: the label owner has income but not
+#: sex; the registry (the last party) has sex and two feature columns.
+REGISTRY_COLUMNS = [["age", "workclass", "education", "income"], ["fnlwgt", "education-num", "marital-status",
+                    "occupation"], ["capital-gain", "capital-loss", "relationship", "race"],
+                    ["hours-per-week", "native-country", "sex"]]
+
+
+@pytest.fixture(scope="module")
+def registry_tables(tmp_path_factory):
+    pytest.importorskip("private_set_intersection")
+    folder = tmp_path_factory.mktemp("registry-own")
+    raw = owntables.adult_raw(3000, 0)
+    raw.loc[raw.index[:3], "sex"] = None  # three people the registry has no group for: refused, then dropped
+    owntables.write_own_tables(raw, folder, columns=REGISTRY_COLUMNS)
+    return folder
+
+
+def _registry_spec(folder, **extra) -> PartySpec:
+    node = {"partition-id": 3, "role": "registry", "table-path": str(folder / "party3.csv"),
+            "id-column": owntables.ID, "sensitive-column": "sex", "group-a": "Female", "group-b": "Male", **extra}
+    return party_spec(node, 4, 1, registry=True)
+
+
+def _drop_missing_groups(folder) -> None:
+    table = pd.read_csv(folder / "party3.csv", dtype={owntables.ID: str})
+    table.dropna(subset=["sex"]).to_csv(folder / "party3.csv", index=False)
+
+
+def test_preflight_checks_the_registrys_sensitive_column_and_counts_its_groups(registry_tables):
+    report = check_party(_registry_spec(registry_tables))
+    if not report.ok:  # the table as written, before another test dropped the rows
+        assert re.search(r"sensitive column 'sex' has \d+ missing values", report.text())
+        _drop_missing_groups(registry_tables)
+    report = check_party(_registry_spec(registry_tables))
+    assert report.ok, report.text()
+    assert re.search(r"groups: Female: \d+ rows; Male: \d+ rows", report.text())
+    assert "'sex'" not in report.text().split("likely protected")[-1]  # its own column, declared by its role
+
+
+def test_a_deployed_registry_and_label_owner_name_what_each_holds():
+    with pytest.raises(NodeConfigError, match="a registry's node config needs sensitive-column"):
+        party_spec({"partition-id": 3, "role": "registry", "table-path": "/t.csv"}, 4, 1, registry=True)
+    owner = {"partition-id": 0, "role": "active", "table-path": "/t.csv", "label-column": "income",
+             "label-positive": ">50K", "protected-label": 1}
+    assert party_spec(owner, 4, 1, registry=True).sensitive_column == ""
+    with pytest.raises(NodeConfigError, match="the label owner holds no sensitive column"):
+        party_spec({**owner, "sensitive-column": "sex"}, 4, 1, registry=True)
+    with pytest.raises(NodeConfigError, match="needs sensitive-column"):
+        party_spec(owner, 4, 1)  # without a registry the label owner holds the groups
+
+
+def test_own_tables_with_a_registry_align_by_psi_and_train(registry_tables, tmp_path):
+    """Every party brings its own table, the registry's holds the groups: the PSI aligns all
+    four, the registry's groups of the common rows are released, and no party's block holds sex."""
+    _drop_missing_groups(registry_tables)
+    rc = {"num-parties": 4, "num-server-rounds": 30, "dataset": "adult", "privacy.secure-aggregation": False,
+          "tables.own": True, "tables.path": str(registry_tables / "party{partition}.csv"),
+          "tables.id-column": owntables.ID, "output-dir": str(tmp_path), "groups.holder": "registry",
+          "groups.epsilon-s": 4.0}
+    settings = RunConfig.from_flower(rc)
+    grid = InProcessGrid(client_app, settings.to_flower(), 4)
+    summary, _ = run_inprocess(rc, quiet=True, grid=grid)
+    assert summary["groups_released"] and set(summary["groups"]) == {"Female", "Male"}
+    assert summary["train_max_gap"] <= settings.epsilon + 1e-3
+    data = [PartyRuntime(grid.contexts[nid]).data for nid in grid.node_ids]
+    assert data[0].groups is None and data[0].y is not None  # the label owner: labels, no groups
+    assert data[3].held is not None and data[3].held.names == ("Female", "Male")
+    assert len(data[3].held.train) == data[3].X_train.shape[0] == data[0].X_train.shape[0]
+    assert data[3].X_train.shape[1] > 0  # its features: hours-per-week and native-country, never sex

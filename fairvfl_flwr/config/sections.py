@@ -115,8 +115,6 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
      "are larger: use privacy.label-dp-epsilon=0"),
     ("groups_holder", lambda c: c.registry, "mode", lambda c: c.mode == "split",
      "the split-learning baseline has no fairness constraint to hold on the registry's groups"),
-    ("groups_holder", lambda c: c.registry, "tables_own", lambda c: c.tables_own,
-     "a registry's own table is not aligned yet: run it in simulation on a packaged dataset or dataset='csv'"),
     ("groups_holder", lambda c: c.registry, "sensitive_as_input", lambda c: c.sensitive_as_input,
      "the sensitive attribute is the registry's alone: no party's features may carry it"),
     ("groups_holder", lambda c: c.registry, "server_labels", lambda c: bool(c.server_labels),

@@ -142,14 +142,28 @@ def party_spec(node_config: NodeConfig | Mapping[str, Any], num_parties: int, nu
         return PartySpec(partition_id=pid, role=role)
     data_path = data_path or table_path or node.table_sql  # what the refusals below name
     role = node.role
-    if role not in (ROLE_ACTIVE, ROLE_PASSIVE):
+    if role not in (ROLE_ACTIVE, ROLE_PASSIVE, ROLE_REGISTRY):
         raise NodeConfigError(
-            f"party {pid} ({data_path}): node config role={role!r}; give role=\"active\" or role=\"passive\""
+            f"party {pid} ({data_path}): node config role={role!r}; give role=\"active\" or role=\"passive\" (or "
+            "role=\"registry\")"
         )
     kwargs: dict[str, Any] = {}
+    if role == ROLE_REGISTRY:
+        if not node.sensitive_column:
+            raise NodeConfigError(f"party {pid} ({data_path}): a registry's node config needs sensitive-column")
+        if bool(node.group_a) != bool(node.group_b):
+            raise NodeConfigError(f"party {pid} ({data_path}): give both group-a and group-b (two groups) or "
+                                  "neither (every value of sensitive-column is a group)")
+        kwargs = dict(sensitive_column=node.sensitive_column, group_a=node.group_a, group_b=node.group_b)
     if role == ROLE_ACTIVE:
         # an own table may name no groups: every value (combination) of its sensitive column(s) is one
         optional = ("group-a", "group-b") if own else ()
+        if registry:  # the run's groups are a registry's: the label owner names its label only
+            if node.sensitive_column:
+                raise NodeConfigError(f"party {pid} ({data_path}): run config groups.holder='registry': the label "
+                                      f"owner holds no sensitive column; drop node config sensitive-column="
+                                      f"{node.sensitive_column!r}")
+            optional = ("sensitive-column", "group-a", "group-b")
         values = {"label-column": node.label_column, "label-positive": node.label_positive,
                   "sensitive-column": node.sensitive_column, "group-a": node.group_a, "group-b": node.group_b,
                   "protected-label": node.protected_label or ""}
@@ -211,7 +225,7 @@ def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
     except (KeyError, IndexError, ValueError) as exc:
         raise NodeConfigError(f"tables.path={cfg.tables_path!r}: only {{partition}} may be replaced ({exc})") from None
     kwargs: dict[str, Any] = {}
-    if spec.role == ROLE_ACTIVE:
+    if spec.role in (ROLE_ACTIVE, ROLE_REGISTRY):
         if cfg.dataset == "csv":
             kwargs = dict(label_column=cfg.csv_label, label_positive=cfg.csv_positive,
                           sensitive_column=cfg.csv_sensitive, group_a=cfg.csv_group_a, group_b=cfg.csv_group_b,
@@ -221,6 +235,11 @@ def own_table_spec(spec: PartySpec, cfg) -> PartySpec:
             kwargs = dict(label_column=d.label_column, label_positive=d.positive_value,
                           sensitive_column=d.sensitive_column, group_a=d.group_a, group_b=d.group_b,
                           protected_label=d.protected_label)
+        groups = {k: kwargs[k] for k in ("sensitive_column", "group_a", "group_b")}
+        if spec.role == ROLE_REGISTRY:  # the groups without the label
+            kwargs = groups
+        elif getattr(cfg, "registry", False):  # the label without the groups
+            kwargs.update(dict.fromkeys(groups, ""))
     return dataclasses.replace(spec, table_path=str(Path(path).expanduser()), id_column=cfg.tables_id_column,
                                missing_values=markers, **kwargs)
 
@@ -255,8 +274,8 @@ def reserved_columns(df, spec: PartySpec, sensitive_as_input: bool = False) -> s
     reserved = {spec.id_column}
     if spec.role == ROLE_ACTIVE:
         reserved.add(spec.label_column)
-        if not sensitive_as_input:
-            reserved |= {spec.sensitive_column, *group_columns(df, spec), *sensitive_encodings(list(df.columns), spec)}
+    if spec.sensitive_column and spec.role in (ROLE_ACTIVE, ROLE_REGISTRY) and not sensitive_as_input:
+        reserved |= {spec.sensitive_column, *group_columns(df, spec), *sensitive_encodings(list(df.columns), spec)}
     if spec.protected_columns and not sensitive_as_input:
         declared = dataclasses.replace(spec, sensitive_column=",".join(spec.protected_columns))
         reserved |= {*spec.protected_columns, *sensitive_encodings(list(df.columns), declared)}

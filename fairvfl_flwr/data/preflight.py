@@ -48,8 +48,8 @@ import numpy as np
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.constraints import ConstraintSet, GroupSizeError, SensitiveGroups
-from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, PartySpec, group_columns, group_values, label_codes,
-                                         label_findings, reserved_columns)
+from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, ROLE_REGISTRY, PartySpec, group_columns, group_values,
+                                         label_codes, label_findings, registry_groups, reserved_columns)
 from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, likely_markers, marker_finding, number_like,
                                          parse_rules, raw_table, type_finding)
 from fairvfl_flwr.data.encoding import Preprocessing
@@ -144,12 +144,14 @@ def check_party(spec: PartySpec, rules: Rules = Rules(), score_path: str = "", b
         for c in features:
             if not _check_column(report, df[c], c, type_rules.get(c), fill_rules.get(c)):
                 text.append(c)
-        if spec.role == ROLE_ACTIVE:
+        if spec.role in (ROLE_ACTIVE, ROLE_REGISTRY) and spec.sensitive_column:
             text += [c for c in group_columns(df, spec) if c in df.columns]
         _check_markers(report, df, spec, text)
         _suggest_protected(report, df, spec)
         if spec.role == ROLE_ACTIVE:
             _check_labels(report, df, spec, rules)
+        if spec.role == ROLE_REGISTRY:
+            _check_registry(report, df, spec, rules)
         report.notes.append(f"table: {len(df)} rows, {len(features)} feature columns "
                             f"({', '.join(map(str, features[:12]))}{'...' if len(features) > 12 else ''})")
     if score_path:
@@ -235,7 +237,7 @@ def _suggest_protected(report: Report, df: Any, spec: PartySpec) -> None:
     """Note the table's likely protected columns that the party did not declare (a suggestion:
     only the party knows which of its columns are protected), and a declared one not there."""
     declared = set(spec.protected_columns)
-    if spec.role == ROLE_ACTIVE:
+    if spec.role in (ROLE_ACTIVE, ROLE_REGISTRY) and spec.sensitive_column:
         declared |= set(group_columns(df, spec))
     absent = sorted(set(spec.protected_columns) - {str(c) for c in df.columns})
     if absent:
@@ -307,7 +309,26 @@ def _check_labels(report: Report, df: Any, spec: PartySpec, rules: Rules) -> Non
     report.found(found)
     if valid.any():
         y, s = label_codes(df[valid], spec)
-        _check_groups(report, df[valid], spec, rules, y, s)
+        if s is not None:  # a registry run's label owner holds no groups
+            _check_groups(report, df[valid], spec, rules, y, s)
+
+
+def _check_registry(report: Report, df: Any, spec: PartySpec, rules: Rules) -> None:
+    """A registry's sensitive column (partydata.registry_groups, as the run reads it), and each
+    group's rows against min-group-size: the registry sees no labels, so the run's counts in
+    the constrained row sets (which the server estimates from the release) can only be lower."""
+    try:
+        codes, names = registry_groups(df, spec, spec.name)
+    except DataError as exc:
+        report.add("sensitive column", str(exc))
+        return
+    codes = SensitiveGroups.of(codes, names).codes
+    counts = np.bincount(codes, minlength=len(names))
+    report.notes.append("groups: " + "; ".join(f"{name}: {int(c)} rows" for name, c in zip(names, counts)))
+    small = [f"{name!r} has {int(c)}" for name, c in zip(names, counts) if c < rules.min_group_size]
+    if small:
+        report.notes.append(f"groups below min-group-size = {rules.min_group_size} rows in all: {', '.join(small)}; "
+                            "the run pools them (pool-small-groups) or refuses")
 
 
 def _described(label: str, rows: np.ndarray, y: np.ndarray, protected_label: int) -> str:

@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, PartyArrays, PartySpec, cache_dir,
-                                         group_values, label_arrays, rows_digest, save_aligned,
+from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, ROLE_REGISTRY, PartyArrays, PartySpec, cache_dir,
+                                         group_values, label_arrays, registry_groups, rows_digest, save_aligned,
                                          reserved_columns, aligned_files, write_atomically)
 from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table, table_digest
 from fairvfl_flwr.data.sources import table_source
@@ -343,6 +343,8 @@ def leader_step(spec: PartySpec, cfg: Any, rows: np.ndarray) -> Common:
     # the groups' values, not the column's name, reach the server: its model card and figures name the
     # groups by them, as a packaged table's run does (the server already holds each row's group)
     names = tuple(sorted(set(group_values(used, spec)))) if several else (str(spec.group_a), str(spec.group_b))
+    if s is None:  # a registry holds the groups (jobs/group_release.py): the server gets none from the label owner
+        s, names = np.zeros(len(y), dtype=np.int64), None
     return Common(split=split, y=y, s=s, protected_label=int(spec.protected_label), digest=arrays.ids_digest,
                   key=key, group_names=names)
 
@@ -366,18 +368,23 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
     prepared = prepare_block(df, feature_columns(spec, df, cfg.sensitive_as_input), train, test, cfg.tables_types, cfg.tables_missing, where)
     digest = rows_digest(ids[train], ids[test])
     y = s = None
+    names: tuple[str, ...] = ()
+    used = split != UNUSED_CODE
+    is_train, is_test = split[used] == TRAIN_CODE, split[used] == TEST_CODE
     if spec.role == ROLE_ACTIVE:  # groups coded over all the aligned rows, as the leader sends them to the server
-        used = split != UNUSED_CODE
         y, s = label_arrays(df.iloc[rows[used]], spec, where)
-        is_train, is_test = split[used] == TRAIN_CODE, split[used] == TEST_CODE
-        y, s, y_test, s_test = y[is_train], s[is_train], y[is_test], s[is_test]
+        y, y_test = y[is_train], y[is_test]
+        s, s_test = (None, None) if s is None else (s[is_train], s[is_test])
+    elif spec.role == ROLE_REGISTRY:  # a registry: its groups of the aligned rows, coded over all of them
+        s, names = registry_groups(df.iloc[rows[used]], spec, where)
+        s, s_test, y_test = s[is_train], s[is_test], None
     else:
         y_test = s_test = None
     arrays = PartyArrays(
         partition_id=spec.partition_id, role=spec.role, feature_names=prepared.pre.features,
         X_train=prepared.X_train, X_test=prepared.X_test, ids_digest=digest, n_train=len(train), n_test=len(test),
         y_train=y, s_train=s, protected_label=int(spec.protected_label), source=source,
-        y_test=y_test, s_test=s_test)
+        y_test=y_test, s_test=s_test, group_names=names)
     content = own_digest(spec)
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "file": content, "digest": digest, "spec": [spec.partition_id, spec.role, spec.id_column,

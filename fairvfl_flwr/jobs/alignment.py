@@ -695,7 +695,7 @@ def handle(message: Message, context: Context) -> Message:
     """One step of the alignment on this party's side, by its message type (:data:`STEPS`)."""
     rt = PartyRuntime(context)
     cfg = rt.cfg  # a scoring job's, with its model's training settings
-    spec = own_table_spec(party_spec(rt.node, cfg.num_parties, cfg.num_active), cfg)
+    spec = own_table_spec(party_spec(rt.node, cfg.num_parties, cfg.num_active, registry=cfg.registry), cfg)
     purpose = str(message.content.config_records[STEP].get("purpose", TRAIN))
     if purpose == SCORE:  # the same passes over the file this party scores
         spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, rt.node, cfg)[0])))
