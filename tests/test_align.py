@@ -4,6 +4,7 @@ local preparation, against the joint-table path on the same common rows and spli
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -26,7 +27,8 @@ from fairvfl_flwr.secure import identity
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
-from fairvfl_flwr.jobs import alignment
+from fairvfl_flwr.flower import progress
+from fairvfl_flwr.jobs import alignment, scoring
 from fairvfl_flwr.jobs.alignment import align_tables
 from fairvfl_flwr.tools import owntables
 from fairvfl_flwr.tools.owntables import ID, LABEL_OWNER, PARTY_COLUMNS, own_node, write_own_tables  # noqa: F401  (the deployment tests import them from here)
@@ -380,6 +382,57 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
     assert sorted(predictions.iloc[:, 0].astype(str)) == sorted(scored)  # the rows every party holds
     truth = fresh.set_index(ID).loc[predictions.iloc[:, 0].astype(str), "income"].to_numpy() == ">50K"
     assert (predictions["decision"].to_numpy() == truth).mean() > 0.75
+
+
+def test_each_partys_own_log_says_its_alignment_and_scoring_steps_with_counts_and_time_left(
+        own_tables, trained_own, tmp_path, caplog, monkeypatch):
+    """A party's log (its SuperNode's output) shows each of its alignment steps with its counts (its
+    ids blinded, the label owner's raised, the label owner's matches, the common rows) and, while a
+    step runs, the time left; in a scoring job, the rows it read and the chunks it scored. The
+    server says each step with its counts, then the time left."""
+    folder, raw, held = own_tables
+    monkeypatch.setattr(progress, "EVERY", 0.002)  # every running step says how far it is
+    monkeypatch.setattr(scoring, "CHUNK_LINES_GAP", 0.0)  # and every chunk
+    caplog.set_level("INFO", logger="flwr")
+    _align(folder)
+    said = caplog.text
+    n, common = [len(h) for h in held], len(set.intersection(*held))
+    for k in range(4):
+        party = f"FairVFL: alignment, party {k} ({'passive' if k else 'active'}), step"
+        assert f"{party} 'size': checked its table ({n[k]:,} ids)" in said
+        assert (f"{party} 'blind': blinded its ids with a fresh key{', in a secret order' if k else ''} ({n[k]:,} ids)"
+                in said)
+        if k:
+            assert f"{party} 'raise': raised the label owner's blinded ids to its key ({n[0]:,} ids)" in said
+            assert re.search(rf"{re.escape(party)} 'raise': raising the label owner's blinded ids \({n[0]:,} ids\).* so far; "
+                             r"about \d+ s left", said)  # at its pace of blinding
+            assert (f"{party} 'finish': prepared its block on the common rows ({common:,} of its {n[k]:,} ids are "
+                    "common to every party)") in said
+            assert re.search(rf"party 0 \(active\), step 'intersect', step {k}/4: matched party {k} \({n[k]:,} ids\); "
+                             rf"{len(held[0] & held[k]):,} of its {n[0]:,} ids also party {k}'s \(\d+\.\d s\); "
+                             r"about \d+ s left", said)
+    assert f"found the rows every party holds and prepared its block on them; {common:,} rows common to every party" in said
+    assert re.search(r"private alignment, step 2/5: every party blinded its ids \(4 parties, .*\); about \d+ s left",
+                     said)
+    assert re.search(r"private alignment, step 3/5: waiting for the other parties to raise the label owner's ids "
+                     r"\(3 × [\d,]+ ids\), \d of 3 replied: \d+ s so far; about \d+ s left", said)
+
+    caplog.clear()  # scoring 300 of the common rows, in chunks of 100
+    fresh = raw[raw[ID].isin(sorted(set.intersection(*held))[:300])]
+    for k, cols in enumerate(PARTY_COLUMNS):
+        fresh[[ID, *[c for c in cols if c not in ("income", "sex")]]].to_csv(tmp_path / f"score{k}.csv", index=False)
+    rc = {"mode": "score", "score.model-from": str(trained_own[1]), "score.path": str(tmp_path / "score{partition}.csv"),
+          "score.chunk-rows": 100, "output-dir": str(tmp_path / "scored")}
+    run_inprocess(rc)
+    said = caplog.text
+    for k in range(4):
+        party = rf"FairVFL: scoring, party {k} \({'passive' if k else 'active'}, node \d+\)"
+        assert re.search(rf"{party}: loaded its block and read its rows to score; 300 rows, with its block of run", said)
+        assert re.search(rf"{party}: scored rows 100..199 of its 300; about \d+ s left", said)
+        assert re.search(rf"{party}: scored rows 200..299 of its 300; done", said)
+    assert "scoring, step 1/4: every party loaded its block and read its rows to score (4 parties); 300 rows each" in said
+    assert re.search(r"scoring, step 2/4: chunk 1 of 3: every party's partial logits of rows 0..99 \(\d+\.\d s\); "
+                     r"about \d+ s left", said)
 
 
 def test_ids_with_leading_zeros_match_between_the_training_tables_and_the_score_files(own_tables, tmp_path):

@@ -163,9 +163,10 @@ def psi_raise(blinded: bytes, key: bytes, done=None) -> bytes:
     return b"".join(_spread(_raise_part, key, parts, processes, done and (lambda i: done(len(parts[i]) // POINT))))
 
 
-#: What a raise costs for a blinding's one: a raise is one multiplication, a blinding a hash
-#: onto the curve and one (bench/align.py times both).
-RAISE_PER_BLIND = 0.7
+#: What a raise takes for a blinding's time: a raise is one multiplication, a blinding a hash
+#: onto the curve and one, and the ids' text goes to the worker processes (bench/align.py's
+#: page holds each step's seconds).
+RAISE_PER_BLIND = 0.6
 
 
 def cost_per_id(n: int, clock=time.process_time) -> dict[str, float]:

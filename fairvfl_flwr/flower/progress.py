@@ -8,8 +8,9 @@ of that kind took so far, and sums over the steps still to come their work times
 kind's rate. A kind not seen yet takes its rate from the kind it is tied to (``relative``:
 a raise costs about 0.7 of a blinding), else from a prior (``priors``: seconds per unit
 measured before the job), else the time left is not known yet. The step under way counts
-with what it has done (``done_units``), and one that has run past its estimate raises its
-kind's rate to what it has taken so far. The caller says what a unit of work is: when
+with what it has done (``done_units``); one that says nothing of it and has run past its
+estimate raises its kind's rate to what it has taken so far (a lower bound: the time left
+then grows while the step runs on). The caller says what a unit of work is: when
 parties work at once on one machine their work adds up, on machines of their own the
 largest share sets the pace.
 
@@ -146,12 +147,15 @@ class Progress:
 
     ``what``: the job in the log's words ("private alignment", "party 2's alignment");
     ``started``: when its first step began (``clock``'s time); ``every``: seconds before a
-    running step's first waiting line."""
+    running step's first waiting line (default :data:`EVERY`); ``min_gap``: a step that ends within these seconds of
+    the last line is not logged, unless it is the first or the last (many short steps)."""
 
     def __init__(self, what: str, estimate: Estimate, started: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter, every: float = EVERY) -> None:
-        self.what, self.estimate, self.clock, self.every = what, estimate, clock, every
+                 clock: Callable[[], float] = time.perf_counter, every: float | None = None, min_gap: float = 0.0) -> None:
+        self.what, self.estimate, self.clock, self.min_gap = what, estimate, clock, min_gap
+        self.every = EVERY if every is None else every
         self.step_started = clock() if started is None else started
+        self._said = float("-inf")  # when the last line was logged
         self.replies = self.expected = 0
         self.units_done = 0.0
         self.found = ""
@@ -195,6 +199,8 @@ class Progress:
             self.estimate.finished(took)
             self.units_done = 0.0
         total = len(self.estimate.steps)
+        if 1 < index < total and now - self._said < self.min_gap:
+            return took
         left = self.estimate.left() if index < total else None
         tail = "" if index >= total else self._left_words(left)
         counts = f" ({step.counts})" if step.counts else ""
@@ -226,5 +232,6 @@ class Progress:
         return "; the time left is not known yet" if left is None else f"; about {duration(left)} left"
 
     def _log(self, left: float | None, message: str, *args: object) -> None:
-        extra = None if left is None else {RECORD: {"what": self.what, "at": self.clock(), "left": left}}
+        self._said = self.clock()
+        extra = None if left is None else {RECORD: {"what": self.what, "at": self._said, "left": left}}
         log(INFO, message, *args, extra=extra)

@@ -228,7 +228,7 @@ class _Passes:
         # the parties' tables are read on this machine in simulation (tables.path, score.path): their work adds up
         self.shared = bool(cfg.tables_path if purpose == TRAIN else cfg.score_path)
         self.progress = Progress("private alignment" if purpose == TRAIN else "private alignment of the rows to score",
-                                 Estimate(relative=RELATIVE, steps=[Step("the parties checked their tables and sent their sizes", None,
+                                 Estimate(relative=RELATIVE, steps=[Step("the parties sent their sizes", None,
                                                 counts=f"{len(nodes)} parties", doing="waiting for the parties to "
                                                 "check their tables and send their sizes")]), started)
         with self.progress.step(len(nodes)):
@@ -281,7 +281,8 @@ class _Passes:
         def units(lanes: list[list[int]]) -> float:
             return psi.work_units(lanes, cores, self.shared)
 
-        size = Step("the parties checked their tables and sent their sizes", "read",
+        size = Step(f"the parties checked their {'tables' if self.purpose == TRAIN else 'files to score'} and sent "
+                    "their sizes", "read",
                     sum(n.values()) if self.shared else max(n.values()), counts=f"{len(n)} parties, {_ids(n.values())}")
         if self.kept:
             return [size, Step("every party took up its kept alignment", None,
@@ -315,13 +316,14 @@ class _Passes:
         self.progress.estimate.plan(self.plan(batches, common)[self.progress.estimate.done:])
 
     def priors(self) -> dict[str, float]:
-        """Seconds of one core per id to blind and to raise, timed here before a PSI long enough to
-        want a time left before its first step is done (simulation: the parties' own machine; a
-        deployment: a stand-in for theirs); none without the PSI library."""
+        """Seconds of one core per id to blind and to raise (this thread's CPU time: what a core
+        free for it would take), timed here before a PSI long enough to want a time left before
+        its first step is done (simulation: the parties' own machine; a deployment: a stand-in
+        for theirs); none without the PSI library."""
         if self.kept or sum(self.n.values()) < CALIBRATE_FROM:
             return {}
         try:
-            return psi.cost_per_id(CALIBRATION_IDS, time.perf_counter)
+            return psi.cost_per_id(CALIBRATION_IDS, time.thread_time)
         except ImportError:  # a deployment's ServerApp need not have openmined-psi
             return {}
 
@@ -442,7 +444,7 @@ def _progress(step: _Step, *plan: Step, started: float | None = None) -> Progres
     crypto = max((s.units for s in plan if s.kind in ("blind", "raise")), default=0)
     if crypto >= psi.CHUNK and "blind" not in priors:  # its first PSI work: this machine's cost, timed
         priors.update({k: v / psi.workers(int(crypto)) for k, v in psi.cost_per_id(CALIBRATION_IDS,
-                                                                                   time.perf_counter).items()})
+                                                                                   time.thread_time).items()})
     return Progress(f"alignment, party {step.spec.partition_id} ({step.spec.role}), step {step.signer.step!r}",
                     Estimate(plan, priors=priors, relative=RELATIVE), started)
 

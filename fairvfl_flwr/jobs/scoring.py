@@ -58,6 +58,7 @@ from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, TRAINED_STATE, PartyRuntime, scoring_job
+from fairvfl_flwr.flower.progress import Estimate, Progress, Step, duration
 from fairvfl_flwr.flower.results import run_folder
 from fairvfl_flwr.secure import agreement, ring, view
 from fairvfl_flwr.secure.nonces import mask_round
@@ -164,8 +165,8 @@ class _Parties:
     def partition(self, nid: int) -> int:
         return int(self.info[nid]["partition-id"])
 
-    def exchange(self, messages: list[Message]) -> list[Message]:
-        return exchange.exchange(self.grid, messages, self.timeout, self.retries, self.name)
+    def exchange(self, messages: list[Message], on_reply=None) -> list[Message]:
+        return exchange.exchange(self.grid, messages, self.timeout, self.retries, self.name, on_reply)
 
 
 def run_scoring(grid: Grid, scoring: ScoringRun, run_id: int | str | None = None) -> tuple[dict, Path]:
@@ -180,15 +181,22 @@ def run_scoring(grid: Grid, scoring: ScoringRun, run_id: int | str | None = None
     if cfg.tables_own:  # each party's score file holds its own ids: score the rows all of them hold
         align_score_rows(parties.grid, cfg, node_ids)
     job = {"run-id": manifest["run-id"], "run-folder": str(model_from), "checkpoint": -1 if checkpoint is None else checkpoint}
-    info = _block_info(parties, node_ids, job, manifest)
+    progress = Progress("scoring", Estimate([Step(
+        "every party loaded its block and read its rows to score", None, counts=f"{len(node_ids)} parties",
+        doing="waiting for the parties to load their blocks and read their rows to score")]), min_gap=CHUNK_LINES_GAP)
+    with progress.step(len(node_ids)):
+        info = _block_info(parties, node_ids, job, manifest, progress.replied)
+        n_rows = int(info[min(info)]["n-rows"])
+        progress.found = f"{n_rows:,} rows each"
+        progress.estimate.plan([progress.estimate.current, *_plan(cfg, n_rows)])
     ordered = [info[pid]["node"] for pid in sorted(info)]
     views = None
     if cfg.masked:  # each chunk's replies masked: the server learns the per-row totals only
-        session = agreement.agree_keys([(nid, pid, parties.name(nid)) for pid, nid in zip(sorted(info), ordered)],
-                                    parties.exchange)
+        with progress.step():
+            session = agreement.agree_keys([(nid, pid, parties.name(nid)) for pid, nid in zip(sorted(info), ordered)],
+                                           parties.exchange)
         views = view.ServerViews(session)  # every chunk one view of all parties
-    n_rows = int(info[min(info)]["n-rows"])
-    ids, z = _score_chunks(parties, cfg, ordered, job, n_rows, views)
+    ids, z = _score_chunks(parties, cfg, ordered, job, n_rows, views, progress)
     folder = run_folder(cfg, run_id)
     write_predictions(folder / PREDICTIONS, ids, z)
     summary = {"mode": "score", "model-from": str(model_from), "run-id": manifest["run-id"],
@@ -203,12 +211,33 @@ def run_scoring(grid: Grid, scoring: ScoringRun, run_id: int | str | None = None
     return summary, folder
 
 
-def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Mapping[str, Any]) -> dict[int, dict]:
-    """Ask every party which block it holds and how many rows it scores (``query.scoreinfo``);
-    by partition id, its reply and node. Refuses another run's block, a block the manifest
-    did not record, and parties that do not hold the same rows."""
+#: Seconds between the server's lines of scored chunks (and a party's): a job of many small chunks
+#: logs its first, its last and one every so often.
+CHUNK_LINES_GAP = 10.0
+
+
+def _plan(cfg: RunConfig, n_rows: int) -> list[Step]:
+    """The scoring job's steps after the parties' ``query.scoreinfo``: the masks' keys (under secure
+    aggregation), then one step per chunk (they cost alike per row)."""
+    chunk, steps = cfg.score_chunk_rows, []
+    if cfg.masked:
+        steps.append(Step("the parties agreed on the keys of their masks", None,
+                          doing="waiting for the parties to agree on the keys of their masks"))
+    chunks = -(-n_rows // chunk)
+    for i, start in enumerate(range(0, n_rows, chunk), 1):
+        rows = f"rows {start:,}..{min(n_rows, start + chunk) - 1:,}"
+        steps.append(Step(f"chunk {i} of {chunks}: every party's partial logits of {rows}", "rows",
+                          min(chunk, n_rows - start), doing=f"waiting for the parties' partial logits of {rows}"))
+    return steps
+
+
+def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Mapping[str, Any],
+                on_reply=None) -> dict[int, dict]:
+    """Ask every party which block it holds and how many rows it scores (``query.scoreinfo``;
+    ``on_reply(node)`` as each replies); by partition id, its reply and node. Refuses another
+    run's block, a block the manifest did not record, and parties that do not hold the same rows."""
     info: dict[int, dict] = {}
-    for reply in parties.exchange([_message(nid, msgs.SCORE_INFO, job, "score-info") for nid in node_ids]):
+    for reply in parties.exchange([_message(nid, msgs.SCORE_INFO, job, "score-info") for nid in node_ids], on_reply):
         nid = reply.metadata.src_node_id
         if reply.content.array_records:
             raise ScoreError(f"{parties.name(nid)}: its {msgs.SCORE_INFO} reply must hold no arrays; refused")
@@ -236,28 +265,27 @@ def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Map
 
 
 def _score_chunks(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dict, n_rows: int,
-                  views: view.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
+                  views: view.ServerViews | None, progress: Progress) -> tuple[np.ndarray, np.ndarray]:
     """Every row's id and summed logit z, asked for in chunks of ``score.chunk-rows``
-    (under secure aggregation, each chunk one view of all parties: ``views``)."""
+    (under secure aggregation, each chunk one view of all parties: ``views``), each chunk a
+    step of ``progress`` (they cost alike per row: the time left follows from the first)."""
     chunk = cfg.score_chunk_rows
     z = np.zeros(n_rows, dtype=np.float64)
     ids: list[np.ndarray] = []
-    chunks, chunks_started = -(-n_rows // chunk), time.perf_counter()
+    chunks = -(-n_rows // chunk)
     log(INFO, "FairVFL score: %d rows to score in %d chunk%s of at most %d rows (score.chunk-rows)", n_rows, chunks,
         "s" if chunks != 1 else "", chunk)
     for start in range(0, n_rows, chunk):
         stop = min(n_rows, start + chunk)
-        if start:  # the chunks cost alike: the time so far per row gives the time left
-            spent = time.perf_counter() - chunks_started
-            log(INFO, "FairVFL score: chunk %d/%d, rows %d..%d; about %.0f s left", start // chunk + 1, chunks,
-                start, stop - 1, spent / start * (n_rows - start))
-        chunk_ids, z[start:stop] = _score_chunk(parties, cfg, ordered, {**job, "start": start, "stop": stop}, views)
+        with progress.step(len(ordered)):
+            chunk_ids, z[start:stop] = _score_chunk(parties, cfg, ordered, {**job, "start": start, "stop": stop}, views,
+                                                    progress.replied)
         ids.append(chunk_ids)
     return (np.concatenate(ids) if ids else np.array([], dtype=str)), z
 
 
 def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dict,
-                 views: view.ServerViews | None) -> tuple[np.ndarray, np.ndarray]:
+                 views: view.ServerViews | None, on_reply=None) -> tuple[np.ndarray, np.ndarray]:
     """One chunk (rows ``job["start"]`` up to ``job["stop"]``): its ids, equal across parties,
     and the sum of the parties' partial logits (unmasked under secure aggregation)."""
     start, stop = job["start"], job["stop"]
@@ -265,7 +293,7 @@ def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dic
     if views is not None:
         parties.grid.stamp(messages)
         views.attach(messages, parties.role, parties.partition, mask_round)
-    got = {r.metadata.src_node_id: r for r in parties.exchange(messages)}
+    got = {r.metadata.src_node_id: r for r in parties.exchange(messages, on_reply)}
     if views is not None:
         views.collect(got.values(), parties.partition)
     chunk_ids = None
@@ -365,7 +393,7 @@ class PartyScorer:
             self.spec = dataclasses.replace(self.spec, id_column=self.cfg.csv_id_column)
         job = message.content.config_records[RECORD]
         self.run_id = str(job["run-id"])
-        self.who = f"party {self.spec.partition_id} ({self.spec.role}, node {context.node_id})"
+        self.who = _who(self.spec, context)
         checkpoint = int(job.get("checkpoint", -1))
         folder = model_files.block_folder(node, str(job["run-folder"]), self.run_id, self.spec.partition_id,
                                           checkpoint=None if checkpoint < 0 else checkpoint)
@@ -397,9 +425,24 @@ class PartyScorer:
         return self.model.forward(as_dtype(self.rows.X[start:stop], self.meta["dtype"])).astype(self.cfg.wire_dtype)
 
 
+def _who(spec, context: Context) -> str:
+    return f"party {spec.partition_id} ({spec.role}, node {context.node_id})"
+
+
+#: A party's scoring job so far, in its node state: when its first chunk came, when it last said so.
+PACE_STATE = "fairvfl.score-pace"
+
+
 def score_info(message: Message, context: Context) -> Message:
     """Which block this party holds and how many rows it scores (digests, no ids)."""
-    s = PartyScorer(message, context)
+    rt = PartyRuntime(context)
+    progress = Progress(f"scoring, {_who(party_spec(rt.node, rt.cfg.num_parties, rt.cfg.num_active), context)}",
+                        Estimate([Step("loaded its block and read its rows to score", None,
+                                       doing="reading its rows to score")]))
+    with progress.step():
+        s = PartyScorer(message, context)
+        progress.found = f"{len(s.rows.ids):,} rows, with its block of run {s.meta['run-id']}"
+    context.state.config_records.pop(PACE_STATE, None)
     return Message(RecordDict({RECORD: ConfigRecord({
         "partition-id": s.spec.partition_id, "role": s.spec.role, "run-id": str(s.meta["run-id"]),
         "block-digest": str(s.meta["block-digest"]), "n-rows": int(len(s.rows.ids)), "ids-digest": s.rows.ids_digest,
@@ -413,8 +456,27 @@ def score(message: Message, context: Context) -> Message:
     start, stop = int(job["start"]), int(job["stop"])
     if not 0 <= start < stop <= len(s.rows.ids):
         raise checks.ReplyError(f"{s.who}: rows {start}..{stop} asked, it holds {len(s.rows.ids)}")
-    return Message(RecordDict({LOGITS: msgs.array_record(logits=s.logits(start, stop), ids=s.rows.ids[start:stop])}),
-                   reply_to=message)
+    reply = Message(RecordDict({LOGITS: msgs.array_record(logits=s.logits(start, stop), ids=s.rows.ids[start:stop])}),
+                    reply_to=message)
+    _said_chunk(context, s.who, start, stop, len(s.rows.ids))
+    return reply
+
+
+def _said_chunk(context: Context, who: str, start: int, stop: int, n: int) -> None:
+    """This party's log of a chunk it scored: its first, its last and one every
+    :data:`CHUNK_LINES_GAP` seconds, with the time left at its pace since its first chunk came
+    (each chunk a message of its own: the pace is kept in its node state)."""
+    now = time.time()  # messages may be processes of their own: the wall clock they share
+    pace = context.state.config_records.get(PACE_STATE)
+    if pace is None or start == 0:
+        pace = ConfigRecord({"started": now, "said": 0.0})
+    if start == 0 or stop == n or now - float(pace["said"]) >= CHUNK_LINES_GAP:
+        left = Estimate([Step("its rows", "rows", n)]).left(now - float(pace["started"]), start) if start else None
+        tail = "done" if stop == n else "the time left is not known yet" if left is None else f"about {duration(left)} left"
+        log(INFO, "FairVFL: scoring, %s: scored rows %s..%s of its %s; %s", who, f"{start:,}", f"{stop - 1:,}",
+            f"{n:,}", tail)
+        pace["said"] = now
+    context.state.config_records[PACE_STATE] = pace
 
 
 #: The scoring job: selected by ``mode = "score"``.
