@@ -4,6 +4,7 @@ release, a whole run that holds ε on the true groups, and what every role recei
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 import numpy as np
@@ -121,6 +122,10 @@ def test_adult_at_epsilon_s_4_holds_epsilon_on_the_true_groups(tmp_path):
     assert summary["groups_released"] and summary["train_max_gap"] <= cfg.epsilon + 1e-3  # the server's estimate
     assert gap <= cfg.epsilon + 0.01
     assert summary["test_acc"] > 0.84
+    # the model card says who held the groups, and shows no per-group rates the server could not compute
+    assert "held by a registry party" in (folder / "model-card.md").read_text()
+    manifest = json.loads((folder / "model.json").read_text())
+    assert manifest["groups-release"]["epsilon-s"] == 4.0 and manifest["metrics"]["groups"] == {}
 
 
 # -- what every role receives ------------------------------------------------------------------------
