@@ -100,3 +100,65 @@ def test_the_masked_mlp_run_is_the_plain_shared_step_run_and_sends_only_words(tm
         assert masked[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-9), key
     for a, b in zip(sec_history(m_folder), sec_history(p_folder), strict=True):
         np.testing.assert_allclose(a["lambdas"], b["lambdas"], rtol=1e-6, atol=1e-9)
+
+
+def test_the_damped_search_moves_the_logits_less_and_still_meets_every_gap():
+    """The Levenberg–Marquardt term shrinks the step in logit space as δ grows, while the
+    constrained search still holds every linearised gap within ε: damping shrinks the step,
+    not the constraint (where scaling the step lengths afterwards would leave the gaps out)."""
+    from fairvfl_flwr.core.newton import constrained_step, damping
+
+    from tests.test_newton_coupled import _search_problem
+
+    y, groups, x, _ = _search_problem(1, 3, "equalized-odds", "rate")
+    n, eps, mu = len(y), 0.02, 2 / len(y)
+    z, du, a, b = np.zeros(n), x, np.zeros(x.shape[1]), np.eye(x.shape[1])
+    lam = np.zeros(groups.num_multipliers)
+    sizes = []
+    for delta in (0.0, 0.25, 4.0):
+        alpha, _ = constrained_step(y, z, du, a, b, lam, groups, mu, epsilon=eps, prox=damping(du, b, 1.0, delta))
+        assert np.abs(groups.gaps(y, z + du @ alpha)).max() <= eps + 1e-5
+        sizes.append(float(np.linalg.norm(du @ alpha)))
+    assert sizes[0] > 1.5 * sizes[1] > 1.5 * 1.5 * sizes[2] > 0
+
+
+def test_a_direction_whose_image_leaves_the_cap_is_scaled_down_exactly():
+    model, x = _tiny()
+    gn = GaussNewton(model, x)
+    rng = np.random.default_rng(3)
+    d = rng.normal(size=(len(gn.flat()), 2))
+    d[:, 0] *= 1e4 / np.max(np.abs(gn.images(d[:, :1])))  # a near-singular block's direction: image 1e4
+    d[:, 1] *= 0.5 / np.max(np.abs(gn.images(d[:, 1:])))
+    scaled, images = newton.fit_images(d, gn.images(d))
+    assert np.max(np.abs(images[:, 0])) == pytest.approx(newton.IMAGE_CAP)
+    np.testing.assert_array_equal(scaled[:, 1], d[:, 1])  # within the cap: untouched
+    np.testing.assert_allclose(images, gn.images(scaled), rtol=1e-9, atol=1e-12)  # J_k d is linear in d
+
+
+def test_an_mlp_runs_plateau_ends_it_where_a_linear_runs_tolerance_would_not():
+    """Quiet for a Gauss–Newton MLP: F fell by less than stop-plateau of its fall since round 1.
+    A network's F keeps falling by a fixed relative amount that stop-tolerance never calls quiet."""
+    from fairvfl_flwr.core.stopping import StopRule
+
+    gaps, lam = np.array([0.0]), np.zeros(2)
+    plateau = StopRule(tolerance=5e-6, window=2, epsilon=0.01, fairness=False, plateau=0.01)
+    linear = StopRule(tolerance=5e-6, window=2, epsilon=0.01, fairness=False)
+    steps = [(0.70, 0.40), (0.40, 0.398), (0.398, 0.396)]  # 0.30, then 0.002 a round: 0.7% of 0.30
+    assert [plateau.update(*f, gaps, lam) for f in steps] == [False, False, True]
+    assert not any(linear.update(*f, gaps, lam) for f in steps)
+    state = plateau.state_dict()
+    again = StopRule(tolerance=5e-6, window=2, epsilon=0.01, fairness=False, plateau=0.01)
+    again.load_state_dict(state)
+    assert again.start == plateau.start == 0.70
+
+
+def test_a_multiplier_is_at_rest_where_the_search_aimed_its_gap():
+    """The Gauss–Newton search holds a gap at its aim inside ε (the linearisation's last
+    overshoot taken off); λ in use there is where the search keeps it."""
+    from fairvfl_flwr.core.stopping import StopRule
+
+    rule = StopRule(tolerance=1e-3, window=1, epsilon=0.01, fairness=True)
+    gap, lam = np.array([0.0075]), np.array([0.3, 0.0])
+    assert not rule.update(1.0, 1.0, gap, lam)
+    rule.aim = 0.0075
+    assert rule.update(1.0, 1.0, gap, lam)

@@ -37,6 +37,7 @@ from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
     constrained_step,
+    damping,
     newton_server_step,
     party_curvature,
     search_step,
@@ -58,10 +59,34 @@ NEWTON_STATE = "newton.state"  # a party's directions awaiting their α, and its
 #: A non-linear round's step is kept when the true F fell by at least this share of the decrease
 #: the linearised logits predicted (a trust-region ratio test); else it is taken back.
 ACCEPT = 0.1
-#: A kept step whose true largest gap ends further above ε than this (and than the round
-#: started) halves the next step: the linearised search held the gaps within ε, the true
-#: step left them out by more than the stop rule's slack.
+#: The largest change of any row's logit a non-linear party's direction may show the server: a
+#: column of its directions whose image J_k d_j goes beyond it is scaled down to it. σ is flat
+#: beyond a few logits, so the linearisation says nothing there; under shared step lengths
+#: (secure aggregation) a block whose Gauss–Newton direction is near singular would otherwise
+#: swamp the combined direction, and a masked image must fit the fixed-point ring.
+IMAGE_CAP = 4.0
+#: A kept step that delivered less than this share of the predicted decrease grows the damping.
+GOOD = 0.25
+#: A kept step whose true gaps ended further than this from where the linearised search put
+#: them grows the damping: the search held them within its bound, the true step moved them
+#: off by more than the stop rule's slack.
 VIOLATION_SLACK = 1e-3
+#: The damping's factor per round (squared for a step taken back), and the δ of round 1 and
+#: the smallest δ > 0 (below it the search runs undamped): core/newton.damping's scale, where
+#: the loss's own curvature is at most 1/4.
+GROW = 2.0
+DAMPING_START = 0.25
+DAMPING_FLOOR = 1e-3
+DAMPING_MAX = 1e4
+#: The ℓ1 merit's penalty on a gap above its bound, as a multiple of the largest multiplier.
+MERIT_PENALTY = 2.0
+#: The most the search's bound is lowered below ε for the linearisation's overshoot, as a share of ε.
+AIM_MARGIN = 0.3
+
+
+def _single(v: np.ndarray) -> np.ndarray:
+    """``v`` rounded to float32, kept as float64."""
+    return np.asarray(v, dtype=np.float64).astype(np.float32).astype(np.float64)
 
 
 def sq_norm_after(reply: dict, alpha: np.ndarray) -> float:
@@ -75,7 +100,7 @@ class NewtonVFL(VFLServer):
     init_type = msgs.NEWTON_INIT
     sharpens = True  # the parties send directions' images; every fairness term is the server's
     round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner",
-                                           "trust", "moves_held", "gap_error")
+                                           "damping", "aim", "moves_held", "gap_error", "gap_errors")
     node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves", "moves_held")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -90,7 +115,11 @@ class NewtonVFL(VFLServer):
         # Non-linear (MLP) parties: their logits are not linear in θ_k, so each round's step is
         # applied at once and checked on the true logits (aggregate_nonlinear).
         self.nonlinear = self.cfg.model != "linear"
-        self.trust = 1.0  # the share of the search's step lengths a non-linear round applies
+        self.damping = DAMPING_START  # non-linear: the search's Levenberg–Marquardt δ (core/newton.damping)
+        self.gap_errors: list[float] = []  # non-linear: the last kept steps' overshoot of the gaps, newest first
+        if self.nonlinear:  # a network's F keeps falling: quiet is its plateau
+            self.stop.plateau = self.cfg.stop_plateau
+        self.aim = self.stop.epsilon  # non-linear: the bound the last search held the linearised gaps within
         self.moves_held: dict[int, int] = {}  # non-linear: the moves each party keeps (it sends their images)
         self.gap_error = 0.0  # non-linear: how far the last kept step's true gaps fell from the linearised ones
 
@@ -177,49 +206,66 @@ class NewtonVFL(VFLServer):
                             ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """A round of Gauss–Newton blocks (MLP parties): the constrained search
         (core/newton.constrained_step, whatever the constraint) on the linearised logits
-        z + Σ_j α_j J_k d_j, the step (scaled by the trust share) applied at once, and the
-        parties' true new logits checked against it.
+        z + Σ_j α_j J_k d_j with a Levenberg–Marquardt damping δ on the step's logits
+        (core/newton.damping), the step applied at once, and the parties' true new logits
+        checked against it.
 
         Every constraint takes the constrained search here, `deo` on two groups too: the dual
         Newton step between rounds measures the gaps' sensitivity on the linearised subspace,
         which a non-linear block's true step does not follow, and the gaps oscillated; the
         search instead holds the linearised gaps within ε and the check below the true ones.
+        The damping shrinks the step, not the constraint: the damped search still holds the
+        linearised gaps within its bound, where scaling its step lengths afterwards would not.
+
         The step is kept when F at the round's λ fell by at least :data:`ACCEPT` of what the
-        linearisation predicted; then the trust share halves if the true largest violation of ε
-        rose above both :data:`VIOLATION_SLACK` and the round's starting one (the next search
-        starts there and pulls the gaps back), and doubles back toward 1 if the step delivered
-        most of the predicted decrease. Otherwise the server returns to the round's start (its
-        logits, ‖θ‖² and λ), halves the share, and the next message tells each party to take
-        its step back (α = −α_k on the same
-        directions). The last round keeps its step: the parties hold it and the final
-        scores must be theirs."""
+        linearisation predicted (the trust-region ratio); δ then shrinks after a step that
+        delivered most of it with gaps where the search put them, and grows after one that
+        delivered little or moved the gaps off by more than the stop rule's slack. Otherwise the
+        server returns to the round's start (its logits, ‖θ‖² and λ), grows δ, and the next
+        message tells each party to take its step back (α = −α_k on the same directions). The
+        last round keeps its step: the parties hold it and the final scores must be theirs."""
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]
         lam_before = self.lam
-        if c.fairness:  # aimed inside ε by the linearisation's last error, so that the true gaps land within it
-            bound = self.stop.epsilon  # ε, or the tighter bound a hard-gap target has set (core/stopping.py)
-            aim = max(bound - self.gap_error, 0.5 * bound)
-            alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=aim,
-                                               rcond=rcond)
+        prox = damping(du, gram, sq_norm, self.damping)
+        bound = self.stop.epsilon  # ε, or the tighter bound a hard-gap target has set (core/stopping.py)
+        if c.fairness:  # aimed inside the bound by the linearisation's last overshoot of the gaps
+            self.aim = self.stop.aim = max(bound - self.gap_error, (1.0 - AIM_MARGIN) * bound)
+            alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=self.aim,
+                                               rcond=rcond, prox=prox)
         else:
-            alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond)
-        alpha = self.trust * alpha
-        violation_before = self.violation(z)
+            alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond, prox=prox)
+        # what the parties get, in single precision: a party's next Gauss–Newton system may be near
+        # singular, which turns a last-bit difference in α or λ (sums decoded from the fixed-point
+        # ring against float sums) into a difference of 1e-5 in its direction within a round
+        alpha, self.lam = _single(alpha), _single(self.lam)
+        # judged against the bound the search aimed at: a step that pulls a gap from above it to it
+        # is progress, though the gap was within ε already
+        bound = self.aim if c.fairness else bound
+        penalty = MERIT_PENALTY * float(np.max(self.lam, initial=0.0))
+        merit_before = self.merit(z, sq_norm, bound, penalty)
         f_before = self.objective(z, sq_norm)
         before = {name: dict(getattr(self, name)) for name in ("u_train", "u_test", "sq_norms")}
         self.take(got, du, alpha)
-        f_predicted = self.objective()
+        merit_predicted = self.merit(self.z("train"), None, bound, penalty)
         gaps_predicted = self.groups.gaps(y, self.z("train"))
         self.apply_step(server_round, self.evaluates(server_round), final=False)
-        f_after = self.objective()
-        scale = 1.0 + abs(f_before)
-        predicted, achieved = f_before - f_predicted, f_before - f_after
+        merit_after = self.merit(self.z("train"), None, bound, penalty)
+        scale = 1.0 + abs(merit_before)
+        predicted, achieved = merit_before - merit_predicted, merit_before - merit_after
         kept = (achieved >= ACCEPT * predicted if predicted > 1e-12 * scale else achieved >= -1e-12 * scale)
         if kept or server_round == self.last_round:
-            self.gap_error = float(np.max(np.abs(self.groups.gaps(y, self.z("train")) - gaps_predicted)))
-            if predicted > 1e-12 * scale and achieved >= 0.75 * predicted:
-                self.trust = min(1.0, 2.0 * self.trust)
+            gaps = self.groups.gaps(y, self.z("train"))
+            # how much further from 0 the true gaps ended than the linearised ones (a step that lands
+            # them nearer 0 than predicted asks for no margin)
+            error = float(max(np.max(np.abs(gaps) - np.abs(gaps_predicted)), 0.0))
+            self.gap_errors = [error, *self.gap_errors][:3]
+            self.gap_error = max(self.gap_errors)
+            if predicted > 1e-12 * scale and (achieved < GOOD * predicted or error > VIOLATION_SLACK):
+                self.damping = min(max(GROW * self.damping, DAMPING_FLOOR), DAMPING_MAX)
+            elif predicted > 1e-12 * scale and achieved >= 0.75 * predicted and error <= 0.5 * VIOLATION_SLACK:
+                self.damping = self.damping / GROW if self.damping > DAMPING_FLOOR else 0.0
             for nid, al in self.computed_alpha.items():
                 self.moves_held[nid] = min(self.moves_held.get(nid, 0) + int(np.any(al != 0)), c.newton_moves)
             self.alpha = {nid: np.zeros(len(al)) for nid, al in self.computed_alpha.items()}
@@ -227,10 +273,11 @@ class NewtonVFL(VFLServer):
                 self.last_round = server_round if self.evaluates(server_round) else server_round + 1
                 self.log_stop(server_round)
         else:
-            log(INFO, "[round %d] Gauss-Newton step taken back: F would rise from %.6g to %.6g (the linearised "
-                "logits predicted %.6g); trust share %.3g -> %.3g", server_round, f_before, f_after, f_predicted,
-                self.trust, 0.5 * self.trust)
-            self.trust *= 0.5
+            grown = min(max(GROW * GROW * self.damping, DAMPING_FLOOR), DAMPING_MAX)
+            log(INFO, "[round %d] Gauss-Newton step taken back: the merit would rise from %.6g to %.6g (the "
+                "linearised logits predicted %.6g); damping %.3g -> %.3g", server_round, merit_before, merit_after,
+                merit_predicted, self.damping, grown)
+            self.damping = grown
             for name, value in before.items():
                 setattr(self, name, value)
             self.lam = lam_before
@@ -239,11 +286,16 @@ class NewtonVFL(VFLServer):
         row = self.record(server_round)
         return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
-    def violation(self, z: np.ndarray) -> float:
-        """How far the largest gap at ``z`` is above ε (0 within it, and without the fairness term)."""
-        if not self.cfg.fairness:
-            return 0.0
-        return max(float(np.max(np.abs(self.groups.gaps(self.labels.y_train, z)))) - self.stop.epsilon, 0.0)
+    def merit(self, z: np.ndarray, sq_norm: float | None, bound: float, penalty: float) -> float:
+        """What a non-linear round's step is judged by: the loss with the μ-term, plus
+        ``penalty`` times how far each gap is above ``bound`` (an exact ℓ1 penalty: with
+        ``penalty`` above every multiplier, a step that lowers it moves toward the constrained
+        optimum, whatever λ the search ended with)."""
+        f = self.groups.smooth_part(self.labels.y_train, z, np.zeros_like(self.lam))
+        f += 0.5 * self.mu * (sum(self.sq_norms.values()) if sq_norm is None else sq_norm)
+        if self.cfg.fairness:
+            f += penalty * float(np.sum(np.maximum(np.abs(self.groups.gaps(self.labels.y_train, z)) - bound, 0.0)))
+        return f
 
     def width_of(self, nid: int) -> int:
         """Directions in party ``nid``'s reply: its new one and its last moves."""
@@ -449,6 +501,15 @@ def _applied(rt: PartyRuntime) -> np.ndarray | None:
     return record["applied"].numpy() if record is not None and "applied" in record else None
 
 
+def fit_images(directions: np.ndarray, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The directions and their images J_k d_j, each column whose image moves some row's logit by
+    more than :data:`IMAGE_CAP` scaled down to it. J_k d is linear in d, so the scaled image is
+    exact, and the search's step length along the column grows to match (with per-party step
+    lengths the subspace is the same; shared ones combine the parties' scaled parts)."""
+    scale = np.minimum(1.0, IMAGE_CAP / np.maximum(np.max(np.abs(images), axis=0), np.finfo(float).tiny))
+    return directions * scale, images * scale
+
+
 def _take_step(rt: PartyRuntime, message: Message, pending: np.ndarray | None, alpha: np.ndarray,
                theta: np.ndarray, moves: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """θ_k += D_k α_k for last round's directions; the move joins the memory."""
@@ -547,7 +608,8 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
         h = party_curvature(nu, n, PASSIVE_CURVATURE)
     s = gn.direction(nu, h, party.mu)
     D = np.column_stack([s, *moves])
-    arrays = {"dir": gn.images(D).astype(rt.cfg.wire_dtype), "a": theta @ D, "gram": D.T @ D}
+    D, images = fit_images(D, gn.images(D))
+    arrays = {"dir": images.astype(rt.cfg.wire_dtype), "a": theta @ D, "gram": D.T @ D}
     rt.save(party)
     _remember(rt, D, moves)
     return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)

@@ -160,6 +160,9 @@ class RunConfig:
                               "than this (relative to 1 + abs(F)), every gap within epsilon + 0.001 when fairness is on; "
                               "0: run every round", rule=at_least(0),
                               why="must be >= 0 (0 runs every round)")
+    stop_plateau: float = S(0.01, "MLP parties under Gauss-Newton blocks: a round is quiet when F fell by less than "
+                            "this share of its fall since round 1, instead of stop-tolerance (an MLP's F keeps "
+                            "falling; newton.md#when-an-mlp-run-stops)", rule=above(0), why="must be > 0")
     stop_window: int = S(3, "consecutive quiet rounds the stop rule needs (configuration.md#when-training-stops)", rule=at_least(1),
                          why="must be at least 1")
     hard_epsilon: bool = S(True, "rate constraints: epsilon bounds fairlearn's difference of the hard predictions on "

@@ -123,6 +123,7 @@ def subspace_step(
     iters: int = 20,
     tol: float = 1e-12,
     rcond: float = 1e-12,
+    prox: np.ndarray | None = None,
 ) -> np.ndarray:
     """α ∈ R^J minimising F(α) = φ(z + Δu α) + μ (a·α + αᵀBα/2) (the μ-term's change).
 
@@ -131,20 +132,22 @@ def subspace_step(
     (0 across parties), or its diagonal when each party has one direction. Damped Newton on
     the PSD model (Δuᵀ diag(h) Δu + μB) with Armijo backtracking on the true F, so
     F(α) <= F(0) always; stops when the predicted decrease is below ``tol`` · (1 + |F|).
+    ``prox``: a PSD J × J matrix P whose αᵀPα/2 is added to what is minimised (:func:`damping`).
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
     alpha = np.zeros(du.shape[1])
+    damp = _Prox(prox)
 
     def value(al: np.ndarray) -> float:
-        return groups.smooth_part(y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al)
+        return groups.smooth_part(y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
 
     f = value(alpha)
     for _ in range(iters):
         zz = z + du @ alpha
-        g = du.T @ groups.masked_weights(y, zz, lam) + mu * (a + B @ alpha)
-        H = (du * groups.curvature(y, zz, lam)[:, None]).T @ du + mu * B
+        g = du.T @ groups.masked_weights(y, zz, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
+        H = (du * groups.curvature(y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
         p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
@@ -159,6 +162,37 @@ def subspace_step(
                 return alpha
         alpha, f = alpha + t * p, f_new
     return alpha
+
+
+def damping(du: np.ndarray, gram: np.ndarray, sq_norm: float, delta: float) -> np.ndarray:
+    """The Levenberg–Marquardt term of a search over non-linear blocks:
+    P = δ (ΔuᵀΔu / n + B / ‖θ‖²), so that αᵀPα/2 charges the step δ/2 times its mean square
+    change of the logits plus its squared change of θ relative to ‖θ‖². The logit term is what
+    the linearisation gets wrong; the θ term holds the step where the images are small (a
+    flat stretch of the network, where a long step in θ moves the logits little to first order
+    and a lot beyond it). The loss's own curvature in z is at most 1/(4n) per row, so δ = 1/4
+    already halves a step the model would take in full; δ → 0 is the plain search. Both terms
+    are invariant to how a party scaled its directions."""
+    du = np.asarray(du, dtype=np.float64)
+    b = np.asarray(gram, dtype=np.float64)
+    B = np.diag(b) if b.ndim == 1 else b
+    return delta * ((du.T @ du) / du.shape[0] + B / max(sq_norm, 1.0))
+
+
+class _Prox:
+    """αᵀPα/2, its gradient and Hessian, or exact zeros without P (the plain search unchanged)."""
+
+    def __init__(self, prox: np.ndarray | None) -> None:
+        self.p = None if prox is None else np.asarray(prox, dtype=np.float64)
+
+    def value(self, al: np.ndarray) -> float:
+        return 0.0 if self.p is None else 0.5 * float(al @ self.p @ al)
+
+    def grad(self, al: np.ndarray) -> np.ndarray | float:
+        return 0.0 if self.p is None else self.p @ al
+
+    def hess(self) -> np.ndarray | float:
+        return 0.0 if self.p is None else self.p
 
 
 def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
@@ -189,6 +223,7 @@ def constrained_step(
     rcond: float = 1e-12,
     outer: int = 40,
     feasible: float = 1e-5,
+    prox: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(α, λ): the step lengths minimising L(θ + Σ_j α_j d_j) = (1/n) Σ l_i + μ-term subject to
     every |D_c| <= ε *on the subspace*, and that problem's multipliers.
@@ -202,7 +237,8 @@ def constrained_step(
     violation does not fall to a quarter. The result's gaps are within ε + ``feasible`` when
     the subspace holds such a point (α = 0 does whenever the last round's did), and λ is
     what the next round's ν and directions use. Nothing here asks the row weights to stay
-    >= 0: the augmented value is bounded below whatever λ̃ does to them.
+    >= 0: the augmented value is bounded below whatever λ̃ does to them. ``prox``: as for
+    :func:`subspace_step`, a damping term on the step (it shrinks the step, not the constraint).
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -212,6 +248,7 @@ def constrained_step(
     cols = groups.gap_weights()
     rho = 1.0 / max(epsilon, 1e-6)
     alpha = np.zeros(du.shape[1])
+    damp = _Prox(prox)
 
     def violation(g: np.ndarray) -> float:
         return float(max(np.max(np.abs(g)) - epsilon, 0.0))
@@ -225,7 +262,7 @@ def constrained_step(
         zz = z + du @ al
         pen = np.maximum(lm + r * g_of(groups.gaps(y, zz)), 0.0)
         return (groups.smooth_part(y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
-                + float(pen @ pen - lm @ lm) / (2.0 * r))
+                + float(pen @ pen - lm @ lm) / (2.0 * r) + damp.value(al))
 
     last = violation(groups.gaps(y, z))
     for _ in range(outer):
@@ -234,10 +271,11 @@ def constrained_step(
             zz = z + du @ alpha
             g = g_of(groups.gaps(y, zz))
             tilde = np.maximum(lam + rho * g, 0.0)
-            grad = du.T @ groups.masked_weights(y, zz, tilde) + mu * (a + B @ alpha)
+            grad = du.T @ groups.masked_weights(y, zz, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
             V = du.T @ (groups.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
             play = (tilde[0::2] > 0) | (tilde[1::2] > 0)
-            H = (du * groups.curvature(y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
+            H = ((du * groups.curvature(y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
+                 + damp.hess())
             p = -solve_psd(H, grad, rcond)
             slope = float(grad @ p)
             if not slope < -1e-14 * (1.0 + abs(f)):

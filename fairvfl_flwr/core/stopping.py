@@ -61,8 +61,12 @@ class StopRule:
     """``window`` quiet rounds in a row end training; ``tolerance`` 0 never stops."""
 
     def __init__(self, tolerance: float, window: int, epsilon: float, fairness: bool,
-                 target: float | None = None, sharpen: bool = False) -> None:
+                 target: float | None = None, plateau: float = 0.0, sharpen: bool = False) -> None:
         self.tolerance = tolerance
+        # > 0: F's decrease counts as quiet below this share of its decrease since the first round
+        # fed, not below ``tolerance`` (a network's F keeps falling as it fits the training rows)
+        self.plateau = plateau
+        self.start: float | None = None  # F before the first round fed
         self.window = window
         self.epsilon = epsilon  # the bound the smooth gaps are held within (the working bound)
         self.fairness = fairness
@@ -82,6 +86,9 @@ class StopRule:
         self.best: dict | None = None  # the round with the smallest hard gap seen: round, hard gap, accuracy
         self.last_hard: float | None = None  # the largest hard gap of the last round fed
         self.converged_at: tuple[float, float] | None = None  # (working bound, hard gap) at the last tightening
+        # where a search that holds the gaps inside the working bound aimed them (Gauss-Newton blocks:
+        # core/newton's search on linearised logits); a multiplier is at rest where its gap is there
+        self.aim: float | None = None
 
     def update(self, f_before: float, f_after: float, gaps: np.ndarray, lam: np.ndarray,
                hard: float | None = None) -> bool:
@@ -89,10 +96,14 @@ class StopRule:
         hard gap, which decides, with a target, whether a converged run may end or must tighten."""
         self.last_decrease = (f_before - f_after) / (1.0 + abs(f_after))
         self.last_hard = hard
+        if self.start is None:
+            self.start = f_before
         if self.tolerance <= 0:
             return False
+        small = (f_before - f_after <= self.plateau * (self.start - f_after) if self.plateau > 0
+                 else self.last_decrease <= self.tolerance)
         rest = not self.fairness or self.at_rest(gaps, lam)
-        quiet = self.last_decrease <= self.tolerance and rest
+        quiet = small and rest
         self.quiet_rounds = self.quiet_rounds + 1 if quiet else 0
         settled = self.last_decrease <= SETTLE * self.tolerance and rest
         self.settled_rounds = self.settled_rounds + 1 if settled else 0
@@ -192,12 +203,13 @@ class StopRule:
         return self.target is None or (self.last_hard is not None and self.last_hard <= self.target + GAP_SLACK)
 
     def at_rest(self, gaps: np.ndarray, lam: np.ndarray) -> bool:
-        """Every gap within ε, and a multiplier in use only where its gap is at ε."""
+        """Every gap within ε, and a multiplier in use only where its gap is at ε (or at :attr:`aim`)."""
         gaps = np.abs(np.asarray(gaps, dtype=np.float64))
         lam = np.asarray(lam, dtype=np.float64)
         in_use = (lam[0::2] - lam[1::2]) != 0
+        low = self.epsilon if self.aim is None else min(self.aim, self.epsilon)
         return bool(np.all(gaps <= self.epsilon + GAP_SLACK)
-                    and np.all(~in_use | (gaps >= self.epsilon - GAP_SLACK)))
+                    and np.all(~in_use | (gaps >= low - GAP_SLACK)))
 
     def describe(self) -> str:
         """The rule in words, for the log line of a run it ended."""
@@ -214,7 +226,7 @@ class StopRule:
         uninterrupted one did."""
         return {"quiet-rounds": self.quiet_rounds, "settled-rounds": self.settled_rounds, "bound": self.epsilon, "tightenings": self.tightenings,
                 "loosenings": self.loosenings, "met-at": self.met_at, "converged-at": list(self.converged_at or ()),
-                "temperature": self.temperature, "sharpenings": self.sharpenings}
+                "temperature": self.temperature, "sharpenings": self.sharpenings, "start": self.start}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the count of quiet rounds and the working bound from a checkpoint (0 and the
@@ -229,3 +241,5 @@ class StopRule:
         self.met_at = None if state.get("met-at") is None else float(state["met-at"])
         at = state.get("converged-at") or ()
         self.converged_at = (float(at[0]), float(at[1])) if len(at) == 2 else None
+        start = state.get("start")
+        self.start = None if start is None else float(start)
