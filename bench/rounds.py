@@ -150,7 +150,8 @@ def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, starte
     from fairvfl_flwr.core.reference import PartyFloor
     from fairvfl_flwr.core.objective import train_stats
 
-    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden, optimizer=optimizer,
+    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden,
+                    step_rule="adagrad" if optimizer == "adagrad" else "",
                     seed=cfg.seed, test_blocks=test_blocks, **kw)
     history = _floor_history(fl, cfg, ds, groups, lambda: fl.z("test"))
     objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)

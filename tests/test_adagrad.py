@@ -25,7 +25,8 @@ from fairvfl_flwr.flower import store
 from fairvfl_flwr.data.problem import constraint_groups, load_data, party_columns
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
-from fairvfl_flwr.flower.party import MODEL_STATE, OPTIMIZER_STATE
+from fairvfl_flwr.core.models import STEP_STATE
+from fairvfl_flwr.flower.party import MODEL_STATE
 
 from fairvfl_flwr.data.problem import party_problem
 
@@ -43,9 +44,9 @@ def test_no_adagrad_step_moves_a_coordinate_by_more_than_lr_whatever_the_scale_o
     for scale in (1e-6, 1.0, 1e6):
         block = TorchBlock(build_model("mlp", 5, hidden=4, bias=True, seed=1), AdaGrad())
         for t in range(3):
-            before = {k: v.copy() for k, v in block.state_dict().items()}
+            before = {k: v.copy() for k, v in block.weights().items()}
             block.step(x, scale * np.random.default_rng(t).normal(size=50), lr=0.01, mu=0.0)
-            moved = np.concatenate([np.abs(v - before[k]).ravel() for k, v in block.state_dict().items()])
+            moved = np.concatenate([np.abs(v - before[k]).ravel() for k, v in block.weights().items()])
             assert moved.max() <= 0.01 * (1 + 1e-12)
             if t == 0 and scale >= 1:
                 np.testing.assert_allclose(moved[moved > 0], 0.01, rtol=1e-5)
@@ -91,7 +92,7 @@ def test_the_app_equals_the_one_process_floor_that_the_benchmarks_use(tmp_path):
     ds, blocks, groups = party_problem(cfg)
     floor = PartyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta,
                        c=cfg.c, mu=cfg.mu_value(len(ds.y_train)), lr=cfg.lr, Q=cfg.local_steps, model="mlp",
-                       hidden=cfg.hidden, optimizer="adagrad", seed=cfg.seed)
+                       hidden=cfg.hidden, step_rule="adagrad", seed=cfg.seed)
     for t in range(1, cfg.num_server_rounds + 1):
         floor.round()
         np.testing.assert_allclose(history[t]["lambdas"], floor.lam, rtol=0, atol=1e-10)
@@ -121,10 +122,11 @@ def test_each_party_keeps_its_sums_and_passive_parties_receive_nu_only(tmp_path)
         assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
     assert len(replies) == 3 * rounds  # the same reply as under gd: logits and the stats, no sums
     assert all(set(m.content.array_records) == {msgs.LOGITS} for m in replies)
-    steps = sorted(int(ctx.state.array_records[OPTIMIZER_STATE]["t"].numpy()) for ctx in grid.contexts.values())
+    # the block's state_dict carries AdaGrad's step count and sums beside θ, under its step rule's keys
+    steps = sorted(int(ctx.state.array_records[MODEL_STATE][STEP_STATE + "t"].numpy()) for ctx in grid.contexts.values())
     assert steps == [rounds, rounds, q * rounds]  # passive: one AdaGrad step a round, active: Q
-    for ctx in grid.contexts.values():  # θ and the sums are kept apart: the saved block is θ only
-        assert not any(k.startswith("sum.") for k in ctx.state.array_records[MODEL_STATE])
+    for ctx in grid.contexts.values():
+        assert any(k.startswith(STEP_STATE + "sum.") for k in ctx.state.array_records[MODEL_STATE])
 
 
 def test_gradient_descent_on_an_mlp_is_unchanged_bit_for_bit(tmp_path):
@@ -144,8 +146,8 @@ def test_a_resumed_run_continues_with_each_partys_sums(tmp_path):
           "reliability.checkpoint-dir": str(tmp_path / "parties")}
     _, folder = run_inprocess({**rc, "num-server-rounds": 2, "output-dir": str(tmp_path / "a")}, quiet=True)
     kept = store.load_state(store.run_dir(tmp_path / "parties", RunConfig.from_flower(rc), 1), 2, "party 1")
-    saved = kept[OPTIMIZER_STATE]
-    assert int(saved["t"].numpy()) == 2 and any(k.startswith("sum.") for k in saved)
+    saved = kept[MODEL_STATE]  # θ and, under the step rule's keys, AdaGrad's step count and sums
+    assert int(saved[STEP_STATE + "t"].numpy()) == 2 and any(k.startswith(STEP_STATE + "sum.") for k in saved)
     run_inprocess({**rc, "num-server-rounds": 4, "reliability.resume-from": str(folder)}, quiet=True)
     resumed = json.loads((folder / "history.json").read_text())
     _, full = run_inprocess({**rc, "num-server-rounds": 4, "output-dir": str(tmp_path / "b")}, quiet=True)
@@ -170,16 +172,20 @@ def test_each_adagrad_refusal_names_the_key_and_why_and_auto_falls_back(field):
         assert RunConfig(optimizer="auto", **base, **{field: ON[field]}).optimizer_in_use in ("gd", "newton")
 
 
-def test_auto_picks_adagrad_for_an_mlp_and_says_why():
-    """Gauss-Newton blocks are opt-in (optimizer='newton'): auto keeps the measured steps for MLPs."""
+def test_auto_gives_an_mlp_gauss_newton_blocks_and_says_why():
+    """auto takes block Newton for MLP parties as for linear ones, as Gauss–Newton blocks, under
+    every constraint, masked, with label DP (measured: bench/mlp_rounds.py); AdaGrad where a
+    setting rules Newton out."""
     cfg = RunConfig(optimizer="auto", model="mlp")
-    assert cfg.optimizer_in_use == "adagrad"
-    assert "AdaGrad" in resolve(cfg).reason and "optimizer='newton'" in resolve(cfg).reason
-    assert RunConfig(optimizer="auto", model="mlp", constraint="equalized-odds").optimizer_in_use == "gd"
-    assert RunConfig(optimizer="auto", model="mlp", checkpoint_every=5).optimizer_in_use == "adagrad"
+    assert cfg.optimizer_in_use == "newton"
+    assert "Gauss-Newton blocks" in resolve(cfg).reason and "plateau" in resolve(cfg).reason
+    for more in ({"constraint": "equalized-odds"}, {"constraint": "demographic-parity"}, {"checkpoint_every": 5},
+                 {"dataset": "compas-race"}, {"secure_aggregation": "true"}, {"label_dp_epsilon": 2.0}):
+        assert RunConfig(optimizer="auto", model="mlp", **more).optimizer_in_use == "newton", more
     batched = RunConfig(optimizer="auto", model="mlp", batch_size=256)  # mini-batches: Newton refused
     assert batched.optimizer_in_use == "adagrad"
     assert "batching.batch-size=256" in resolve(batched).reason
+    assert RunConfig(optimizer="adagrad", model="mlp").optimizer_in_use == "adagrad"
     assert RunConfig(optimizer="newton", model="mlp").optimizer_in_use == "newton"
     assert "Gauss-Newton blocks" in resolve(RunConfig(optimizer="newton", model="mlp")).reason
     fallback = RunConfig(optimizer="auto", batch_size=256)  # linear: neither Newton nor AdaGrad

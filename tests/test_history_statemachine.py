@@ -43,7 +43,7 @@ from fairvfl_flwr.secure import agreement, identity, view
 from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
-from fairvfl_flwr.flower.party import MODEL_STATE, OPTIMIZER_STATE, party_data
+from fairvfl_flwr.flower.party import MODEL_STATE, party_data
 from fairvfl_flwr.tools.malicious import HandServer
 
 K = 3  # one active party, two passive ones
@@ -182,9 +182,8 @@ class Play:
         if MODEL_STATE not in state:
             return None
         h = hashlib.sha256()
-        for name in (MODEL_STATE, OPTIMIZER_STATE):
-            for key, value in sorted((state[name].items() if name in state else [])):
-                h.update(key.encode() + value.numpy().tobytes())
+        for key, value in sorted(state[MODEL_STATE].items()):  # θ and its step rule's state
+            h.update(key.encode() + value.numpy().tobytes())
         return h.hexdigest()
 
     def observe(self, bound: int | None) -> None:

@@ -45,25 +45,22 @@ class LinearBlock:
             self.bias = self.bias - lr * (bias_grad + mu * self.bias)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """θ (and b) as arrays, for checkpoints and the saved block."""
+        """θ (and b) as arrays, for checkpoints and the saved block (a linear block's step keeps
+        no state beyond θ)."""
         state = {"weight": self.weight}
         if self.bias is not None:
             state["bias"] = np.asarray(self.bias)
         return state
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """θ (and b): the saved block, the same as :meth:`state_dict`."""
+        return self.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Set θ (and b) from a :meth:`state_dict`, as copies in the block's dtype."""
         self.weight = np.asarray(state["weight"], dtype=self.weight.dtype).copy()
         if self.bias is not None:
             self.bias = np.asarray(state["bias"], dtype=self.weight.dtype).reshape(()).copy()
-
-    def optimizer_state(self) -> None:
-        """A linear block's step keeps no state beyond θ."""
-        return None
-
-    def load_optimizer_state(self, state: dict) -> None:
-        """Refused: a checkpoint that holds optimizer state is not a linear gradient-step block's."""
-        raise ValueError("a linear block keeps no optimizer state")
 
     def sq_norm(self) -> float:
         """‖θ‖² + b², the block's share of the μ regulariser in F."""

@@ -107,6 +107,7 @@ class AdaGrad:
     The sums never leave the node. Same arithmetic as ``torch.optim.Adagrad`` (its defaults).
     """
 
+    name = "adagrad"  # the step rule an algorithm names (config/algorithms.Algorithm.step_rule)
     eps = 1e-10
 
     def __init__(self) -> None:
@@ -139,6 +140,12 @@ class AdaGrad:
         self.sums = {k[4:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("sum.")}
 
 
+#: The step rules a torch block may take instead of the paper's gradient step, by name.
+STEP_RULES = {rule.name: rule for rule in (AdaGrad,)}
+#: Where a block's :meth:`TorchBlock.state_dict` keeps its step rule's state, beside θ.
+STEP_STATE = "step."
+
+
 def squared_norm(model: nn.Module) -> float:
     """‖θ_k‖² over every parameter of ``model``: the party's term of the μ regulariser in F."""
     return float(sum((p.detach() ** 2).sum() for p in model.parameters()))
@@ -148,12 +155,12 @@ class TorchBlock:
     """A torch model behind the block interface the parties use (``core.linear.LinearBlock``):
     numpy in, numpy out; the step backpropagates ν as the upstream gradient of u_k.
 
-    ``optimizer``: None for the paper's gradient step, or an :class:`AdaGrad` whose sums of
-    squared gradients the party keeps (``optimizer_state``)."""
+    ``rule``: None for the paper's gradient step, or a step rule of :data:`STEP_RULES` (AdaGrad)
+    whose state (its sums of squared gradients) the block's :meth:`state_dict` carries beside θ."""
 
-    def __init__(self, model: nn.Module, optimizer: AdaGrad | None = None) -> None:
+    def __init__(self, model: nn.Module, rule: AdaGrad | None = None) -> None:
         self.model = model
-        self.optimizer = optimizer
+        self.rule = rule
         self.dtype = next(model.parameters()).dtype
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
@@ -177,27 +184,31 @@ class TorchBlock:
 
     def _step(self, u: torch.Tensor, nu: np.ndarray, lr: float, mu: float) -> None:
         u.backward(torch.as_tensor(nu, dtype=u.dtype))
-        if self.optimizer is None:
+        if self.rule is None:
             gradient_step(self.model, lr, mu)
         else:
-            self.optimizer.step(self.model, lr, mu)
+            self.rule.step(self.model, lr, mu)
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """θ_k as numpy arrays (copies: a checkpoint must not change with later steps)."""
+    def weights(self) -> dict[str, np.ndarray]:
+        """θ_k as numpy arrays (copies: a checkpoint must not change with later steps): a saved block."""
         return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """θ_k and its step rule's state (keys under :data:`STEP_STATE`): what the party keeps
+        from one round to the next, never sent."""
+        rule = {} if self.rule is None else {STEP_STATE + k: v for k, v in self.rule.state_dict().items()}
+        return {**self.weights(), **rule}
+
     def load_state_dict(self, state: dict) -> None:
-        """Set θ_k from a :meth:`state_dict` (a checkpoint or a saved block)."""
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
-
-    def optimizer_state(self) -> dict[str, np.ndarray] | None:
-        """AdaGrad's sums for the party's checkpoint, or None under the paper's gradient step."""
-        return None if self.optimizer is None else self.optimizer.state_dict()
-
-    def load_optimizer_state(self, state: dict) -> None:
-        """Restore AdaGrad's sums on resume (nothing to restore under gradient steps)."""
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state)
+        """Set θ_k, and the step rule's state where ``state`` holds it, from a :meth:`state_dict`
+        (a round's state, a checkpoint) or :meth:`weights` (a saved block)."""
+        rule = {k[len(STEP_STATE):]: v for k, v in state.items() if k.startswith(STEP_STATE)}
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()
+                                    if not k.startswith(STEP_STATE)})
+        if rule and self.rule is None:
+            raise ValueError("this state holds a step rule's state, but the block takes the paper's gradient step")
+        if rule:
+            self.rule.load_state_dict(rule)
 
     def sq_norm(self) -> float:
         """‖θ_k‖², the party's share of the regulariser the server adds to F."""

@@ -148,9 +148,9 @@ class NewtonFloor(NumpyFloor):
     the server; ``nu``, ``const``: derived by the party). ``lr`` and ``Q`` are unused.
     """
 
-    def __init__(self, blocks, y, groups: ConstraintSet, *, curvature="nu", memory=MEMORY, dual="newton", **kw):
+    def __init__(self, blocks, y, groups: ConstraintSet, *, curvature="nu", memory=MEMORY, **kw):
         super().__init__(blocks, y, groups, **kw)
-        self.curvature, self.memory, self.dual = curvature, memory, dual
+        self.curvature, self.memory = curvature, memory
         self.jac, self.previous = None, None
         self.alphas: list[np.ndarray] = []
         self.moves: list[list] = [[] for _ in self.X]  # each party's last moves θ_k(t) − θ_k(t−1), newest first
@@ -165,12 +165,9 @@ class NewtonFloor(NumpyFloor):
         """One block Newton round: the dual step, each party's direction and kept moves, the server's
         subspace search over their step lengths, then every party's move."""
         z = self.z()
-        if self.dual == "newton":
-            self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac,
-                                                             self.previous, epsilon=self.epsilon, beta=self.beta,
-                                                             c=self.c, fairness=self.fairness)
-        else:
-            self.lam, nu = _dual_step(self, z)
+        self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
+                                                         epsilon=self.epsilon, beta=self.beta, c=self.c,
+                                                         fairness=self.fairness)
         n = len(z)
         h_exact = self.groups.curvature(self.y, z, self.lam)
         h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
@@ -202,12 +199,12 @@ class NewtonFloor(NumpyFloor):
 
 
 class PartyFloor:
-    """FairVFL's round for any block (``core/blocks.py``: linear, MLP; gd or adagrad) in one
+    """FairVFL's round for any block (``core/blocks.py``: linear, MLP; a step rule or none) in one
     process: the server's dual step and ν, then the parties' own step code
     (``core/parties.py``), float64, no messages. The app's parties run the same code."""
 
     def __init__(self, blocks, y, groups: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True,
-                 model="mlp", hidden=16, optimizer="gd", seed=0, test_blocks=None):
+                 model="mlp", hidden=16, step_rule="", seed=0, test_blocks=None):
         self.y, self.groups = y.astype(np.float64), groups
         self.epsilon, self.beta, self.c, self.Q, self.fairness, self.active = epsilon, beta, c, Q, fairness, active
         self.parties = []
@@ -216,7 +213,7 @@ class PartyFloor:
             xt = np.ascontiguousarray(test_blocks[k] if test_blocks is not None else x[:1], dtype=np.float64)
             # as flower/party.PartyRuntime.party builds it: same seed, same bias rule
             block = build_block(model, x.shape[1], hidden=hidden, bias=k < active or model == "mlp",
-                                seed=seed * 1000 + k, optimizer=optimizer)
+                                seed=seed * 1000 + k, step_rule=step_rule)
             if k < active:
                 self.parties.append(ActiveParty(block, x, xt, lr, mu, y=self.y, groups=groups))
             else:

@@ -17,6 +17,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.config.algorithms import resolve
 from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.config.scoring import ScoringJob
 from fairvfl_flwr.core import batching
@@ -34,7 +35,6 @@ MODEL_STATE = "fairvfl.model"
 #: mod recovers it into the node's state before the training method's handler runs, which
 #: takes it with :meth:`PartyRuntime.take_gradient`.
 GRADIENT_STATE = "fairvfl.gradient"
-OPTIMIZER_STATE = "fairvfl.optimizer"  # optimizer='adagrad': the party's sums of squared gradients, never sent
 #: tables.own: the key of the block this node prepared at alignment (jobs/alignment.py writes it).
 ALIGNED_STATE = "fairvfl.aligned"
 #: Secure aggregation: the view of the round this party accepted (secure/view.py writes
@@ -176,14 +176,11 @@ class PartyRuntime:
             bias=data.role == msgs.ROLE_ACTIVE or cfg.model == "mlp",
             dtype=cfg.dtype,
             seed=cfg.seed * 1000 + data.partition_id,
-            optimizer="adagrad" if cfg.optimizer_in_use == "adagrad" else "gd",
+            step_rule=resolve(cfg).algorithm.step_rule,
         )
         state = self.model_state()
         if state is not None:
             block.load_state_dict(state)
-        optimizer = self.optimizer_state()
-        if optimizer is not None:
-            block.load_optimizer_state(optimizer)
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
             return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y,
@@ -191,33 +188,23 @@ class PartyRuntime:
         return Party(block, data.X_train, data.X_test, cfg.lr, mu)
 
     def save(self, party: Party) -> None:
-        """Keep the party's θ (and AdaGrad's sums) in the node's state for its next message."""
+        """Keep the party's block (θ and its step rule's state: its ``state_dict``) in the node's
+        state for its next message."""
         self.load_model_state(party.block.state_dict())
-        optimizer = party.block.optimizer_state()
-        if optimizer is not None:
-            self.load_optimizer_state(optimizer)
 
     def reset(self) -> None:
-        """Forget the model: the next :meth:`party` starts from the seeded initial θ (and,
-        under AdaGrad, from fresh sums)."""
+        """Forget the model: the next :meth:`party` starts from the seeded initial θ (and its step
+        rule from a fresh state)."""
         self.context.state.array_records.pop(MODEL_STATE, None)
-        self.context.state.array_records.pop(OPTIMIZER_STATE, None)
 
     def load_model_state(self, state: dict) -> None:
-        """Keep θ (numpy arrays by parameter name) in the node's state for the next message."""
+        """Keep a block's ``state_dict`` (numpy arrays by name) in the node's state for the next message."""
         self._keep(MODEL_STATE, state)
 
     def model_state(self) -> dict[str, np.ndarray] | None:
-        """θ as kept in the node's state (numpy arrays by parameter name), or None before the first step."""
+        """The block's ``state_dict`` as kept in the node's state (θ and its step rule's state), or
+        None before the first step."""
         return self._kept(MODEL_STATE)
-
-    def load_optimizer_state(self, state: dict) -> None:
-        """Keep the step's own state (AdaGrad's sums) beside θ, for the next message."""
-        self._keep(OPTIMIZER_STATE, state)
-
-    def optimizer_state(self) -> dict[str, np.ndarray] | None:
-        """The step's own state kept on this node (AdaGrad's sums); None under gradient descent."""
-        return self._kept(OPTIMIZER_STATE)
 
     def _keep(self, name: str, state: dict) -> None:
         self.context.state.array_records[name] = ArrayRecord(
@@ -289,7 +276,7 @@ def round_state() -> dict[str, bool]:
     return dict(_ROUND_STATE)
 
 
-for _name in (MODEL_STATE, OPTIMIZER_STATE, ALIGNED_STATE):
+for _name in (MODEL_STATE, ALIGNED_STATE):
     mark_round_state(_name)
 
 

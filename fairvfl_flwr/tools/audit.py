@@ -90,7 +90,7 @@ from fairvfl_flwr.features.checkpoint import labels_fingerprint
 from fairvfl_flwr.features.noise import NuNoise
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import party_data
-from fairvfl_flwr.algorithms.newton import ENCRYPTED_NU_CURVATURE, PASSIVE_CURVATURE
+from fairvfl_flwr.algorithms.newton import ENCRYPTED_NU_CURVATURE, NEWTON, PASSIVE_CURVATURE
 from fairvfl_flwr.tools import attacks, malicious
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config
 from fairvfl_flwr.tools.results import publish, this_command
@@ -406,7 +406,7 @@ def table(rows: list[dict]) -> str:
         defence = [f"nu-noise={r['nu_noise']:g}"] if r["nu_noise"] else []
         defence += ["secure-nu=ckks"] if r.get("secure_nu") == "ckks" else []
         defence += ["secure-aggregation"] if r.get("secure_aggregation") else []
-        defence += [f"optimizer=newton ({r['rounds_run']} rounds)"] if r.get("optimizer") == "newton" else []
+        defence += [f"optimizer={NEWTON.name} ({r['rounds_run']} rounds)"] if r.get("optimizer") == NEWTON.name else []
         if r.get("label_dp_epsilon") is not None:
             defence += [f"label DP (ε={r['label_dp_epsilon']:.3g}, δ={r['label_dp_delta']:g}, "
                         f"λ ≤ {r['label_dp_lambda_bound']:g})"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fairvfl_flwr.config.run import BY_FIELD
 from fairvfl_flwr.core.constraints import MEASURES
 from fairvfl_flwr.tools.paper import fairvfl_name
 
@@ -15,6 +16,8 @@ POST_NAMES = {"eo": "FedBCD + EO", "ceo": "FedBCD + CEO"}
 FEDBCD_NAME = "FedBCD"
 SPLIT_NAME = "Split learning (Flower example)"
 CENTRAL_NAME = "Centralised ExpGrad (reference)"
+#: The paper's constraint: the run config's default (a record of another is a constraint-set row)
+PAPER = BY_FIELD["constraint"].default
 
 
 def constraint_tag(tag: str, measure: str) -> str:
@@ -34,7 +37,7 @@ def method_order(epsilons: Sequence[float], constraint_epsilons: Sequence[float]
 def rows_in_order(records: list[dict], epsilons: Sequence[float]) -> list[str]:
     """The methods present in ``records``, in table order (unknown names last)."""
     constraint_epsilons = sorted({r["epsilon"] for r in records if r.get("epsilon") is not None
-                                  and r.get("config", {}).get("constraint", "deo") != "deo"})
+                                  and r.get("config", {}).get("constraint", PAPER) != PAPER})
     present = list(dict.fromkeys(r["method"] for r in records))
     known = method_order(epsilons, constraint_epsilons)
     return [m for m in known if m in present] + [m for m in present if m not in known]

@@ -26,7 +26,9 @@ import pandas as pd
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
+from fairvfl_flwr.algorithms.newton import NEWTON
 from fairvfl_flwr.app.server import run_server
+from fairvfl_flwr.config.algorithms import resolve
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data import psi
 from fairvfl_flwr.data.partydata import party_spec
@@ -505,7 +507,7 @@ def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int |
     reference, and its probes keep the passive curvature zero). ``probes``: default the
     target's column count (discovery gives it), one equation each."""
     cfg = RunConfig.from_flower(run_config)
-    newton = cfg.optimizer_in_use == "newton"
+    newton = resolve(cfg).algorithm is NEWTON
     grid = take_over(run_config, stop_at, folder, identities)
     server, last = HandServer(grid), stop_at - 1
     target_node = grid.node_ids[target]
@@ -590,7 +592,7 @@ def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | N
     with no step lengths, as the restarted target holds no directions, and probes that keep
     its curvature zero)."""
     cfg = RunConfig.from_flower(run_config)
-    newton = cfg.optimizer_in_use == "newton"
+    newton = resolve(cfg).algorithm is NEWTON
     grid = take_over(run_config, stop_at, folder, identities)
     server, last = HandServer(grid), stop_at - 1
     target_node = grid.node_ids[target]
@@ -679,20 +681,20 @@ def across_sessions(dataset: str, folder: Path, target: int = 2) -> list[dict]:
     under gradient descent and block Newton; each with its result line, whether it was refused
     with nothing decoded, and the target's Gram error."""
     out = []
-    roles_of = {"gd": (rejoin_replay, init_replay, rejoin_resend), "newton": (rejoin_replay, init_replay)}
+    roles_of = {"gd": ("gradient descent", (rejoin_replay, init_replay, rejoin_resend)),
+                "newton": ("block Newton", (rejoin_replay, init_replay))}
     how = {rejoin_replay: f"query.rejoin of round 2 to party {target} alone, a fresh session, round 3 again with one "
                           "probe ν to every passive party",
            init_replay: f"the start message (round 0) to party {target} alone in a fresh session, round 3 again with "
                         "one probe ν to every passive party",
            rejoin_resend: "round t with one probe ν to every passive party, query.rejoin of round t to party "
                           f"{target} alone, a fresh session, round t again byte for byte"}
-    for optimizer, attacks_ in roles_of.items():
+    for optimizer, (method, attacks_) in roles_of.items():
         rc = _config(dataset, 10, str(folder / "runs"), optimizer=optimizer)
         ids = identity.generate_identities(folder / "identities", rc["num-parties"])
         for attack in attacks_:
             got = attack(rc, folder / f"{optimizer}-{attack.__name__}", target=target, identities=ids)
-            out.append({"role": f"{how[attack]} ({'block Newton' if optimizer == 'newton' else 'gradient descent'}, "
-                                "one probe per column of the party)", "result": got.summary(target),
+            out.append({"role": f"{how[attack]} ({method}, one probe per column of the party)", "result": got.summary(target),
                         "refused": got.refused, "gram_error": got.gram_error})
     return out
 
