@@ -120,7 +120,7 @@ def test_auto_is_newton_for_linear_full_batch_runs():
     assert RunConfig(optimizer="auto", constraint="demographic-parity").optimizer_in_use == "newton"
     for kind in ("equalized-odds", "demographic-parity"):
         assert RunConfig(optimizer="auto", constraint=kind, constraint_measure="loss").optimizer_in_use == "newton"
-    assert RunConfig(optimizer="auto", constraint="equalized-odds", model="mlp").optimizer_in_use == "gd"
+    assert RunConfig(optimizer="auto", constraint="equalized-odds", model="mlp").optimizer_in_use == "newton"
     assert RunConfig(optimizer="auto", constraint="equalized-odds", batch_size=256).optimizer_in_use == "gd"
     assert RunConfig(optimizer="newton", constraint="equalized-odds").optimizer_in_use == "newton"
     with pytest.raises(ConfigError, match=r"optimizer='sgd': choose one of auto, newton, adagrad, gd"):

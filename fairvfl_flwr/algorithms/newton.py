@@ -662,16 +662,11 @@ def _server(cfg, labels, **kwargs) -> NewtonVFL:
 
 
 def _auto(cfg) -> str | None:
-    """Why ``auto`` does not take block Newton: a setting it cannot run with, or MLP parties
-    (measured: a Gauss-Newton MLP run's gaps still swing around ε and the stop rule does not
-    end it near its target, so ``auto`` keeps the measured steps; ``optimizer = "newton"``
-    runs the blocks)."""
+    """Why ``auto`` does not take block Newton: a setting it cannot run with. MLP parties take
+    it too, as Gauss–Newton blocks (measured: bench/mlp_rounds.py, docs/results/mlp-rounds.md)."""
     refused = NEWTON.refusal(cfg)
     if refused is not None:
         return f"block Newton does not run with {cfg.key_of(refused[0])}={getattr(cfg, refused[0])!r}"
-    if cfg.model != "linear":
-        return ("Gauss-Newton blocks for MLP parties are opt-in (optimizer='newton': they do not yet stop near their "
-                "target)")
     return None
 
 
@@ -683,17 +678,19 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
               "parties)" if cfg.masked else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
-                 "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
+                 "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else "")
     if cfg.model != "linear":
+        why = "; auto: full batch, and the run stops at the plateau of F within tens of rounds" if passed is not None else ""
         return (f"block Newton{shared}: Gauss-Newton blocks (MLP parties send the images J_k d of their directions; "
-                "the server checks each step on their true logits) (docs/newton.md)")
+                f"the server's damped search on the linearised logits is checked on their true logits{why}; "
+                "docs/newton.md)")
     if passed is None:
         return f"block Newton{shared} (docs/newton.md){encrypted}"
     return (f"block Newton{shared} (linear parties, full batch, constraint={cfg.constraint!r} on the {cfg.measure}; "
             f"docs/newton.md){encrypted}")
 
 
-#: Block Newton (``optimizer = "newton"``), ``auto``'s first choice for linear parties.
+#: Block Newton (``optimizer = "newton"``), ``auto``'s first choice (Gauss–Newton blocks for MLP parties).
 NEWTON = Algorithm(
     "newton", server=_server, handlers=HANDLERS, reason=_reason, auto=_auto,
     refuses=(
