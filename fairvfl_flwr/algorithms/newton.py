@@ -678,9 +678,10 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
               "parties)" if cfg.masked else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
-                 "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else "")
+                 "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
     if cfg.model != "linear":
-        why = "; auto: full batch, and the run stops at the plateau of F within tens of rounds" if passed is not None else ""
+        why = ("; auto: full batch, and the run stops at the plateau of F within tens of rounds" if passed is not None
+               else "")
         return (f"block Newton{shared}: Gauss-Newton blocks (MLP parties send the images J_k d of their directions; "
                 f"the server's damped search on the linearised logits is checked on their true logits{why}; "
                 "docs/newton.md)")
