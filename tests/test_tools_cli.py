@@ -1,5 +1,5 @@
 """The tools' shared pieces: Flower's run-config syntax for --set / --run-config (bad text
-named), every console script's usage naming itself with help for each option, the job
+named), every console script's usage naming itself with help for each option, the task
 runner's progress and the table cells."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from fairvfl_flwr.tools import appsource
 from fairvfl_flwr.tools.cli import RunConfigArgError, config_text, parse_run_config
-from fairvfl_flwr.tools.jobs import Job, run_jobs
+from fairvfl_flwr.tools.tasks import Task, run_tasks
 from fairvfl_flwr.tools.tables import mean_std
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,19 +99,19 @@ def test_test_harnesses_are_modules_not_console_scripts():
 
 def test_the_runner_reports_each_job_once_in_order_with_a_cost_weighted_eta():
     stream, seen = io.StringIO(), []
-    jobs = [Job(work=lambda k=k: k * k, cost=c, data=k) for k, c in ((1, 3.0), (2, 1.0))]
-    run_jobs(jobs, lambda done: seen.append((done.job.data, done.value)) or f"job {done.job.data}", stream=stream)
+    tasks = [Task(work=lambda k=k: k * k, cost=c, data=k) for k, c in ((1, 3.0), (2, 1.0))]
+    run_tasks(tasks, lambda done: seen.append((done.task.data, done.value)) or f"task {done.task.data}", stream=stream)
     assert seen == [(1, 1), (2, 4)]
     first, second = stream.getvalue().splitlines()
-    assert first.startswith("[" + "#" * 21 + "-" * 7 + "] 1/2 ") and first.endswith("| job 1")  # 3/4 of the cost
+    assert first.startswith("[" + "#" * 21 + "-" * 7 + "] 1/2 ") and first.endswith("| task 1")  # 3/4 of the cost
     assert second.startswith("[" + "#" * 28 + "] 2/2 ") and "ETA 0:00" in second
     with pytest.raises(ValueError, match="exactly one"):
-        Job(run_config={"dataset": "crime"}, work=lambda: None)
+        Task(run_config={"dataset": "crime"}, work=lambda: None)
 
 
 def test_the_flwr_engine_stops_the_superlink_it_started_and_leaves_a_given_one_running(tmp_path, monkeypatch):
     """The runs themselves go through a real SuperLink in test_compare.py (the session's)."""
-    from fairvfl_flwr.tools import jobs as jobs_module
+    from fairvfl_flwr.tools import tasks as tasks_module
 
     class FakeLink:
         def __init__(self, home, shared_ray=False):
@@ -127,13 +127,13 @@ def test_the_flwr_engine_stops_the_superlink_it_started_and_leaves_a_given_one_r
             self.stopped = True
 
     started = []
-    monkeypatch.setattr(jobs_module, "SimulationSuperLink", FakeLink)
-    job = Job(run_config={"dataset": "crime", "num-parties": 3, "output-dir": str(tmp_path / "out")})
-    run_jobs([job], lambda done: "", engine="flwr", home=tmp_path / "home", stream=io.StringIO())
+    monkeypatch.setattr(tasks_module, "SimulationSuperLink", FakeLink)
+    task = Task(run_config={"dataset": "crime", "num-parties": 3, "output-dir": str(tmp_path / "out")})
+    run_tasks([task], lambda done: "", engine="flwr", home=tmp_path / "home", stream=io.StringIO())
     (own,) = started
     assert own.home == tmp_path / "home" and own.shared_ray is True and own.runs == [3] and own.stopped
     given = FakeLink(tmp_path / "given")
-    run_jobs([job], lambda done: "", engine="flwr", stream=io.StringIO(), link=given)
+    run_tasks([task], lambda done: "", engine="flwr", stream=io.StringIO(), link=given)
     assert len(started) == 2 and given.runs == [3] and not given.stopped
 
 

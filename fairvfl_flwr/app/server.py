@@ -1,6 +1,6 @@
 """The ServerApp: the job the run config's ``mode`` selects, from the job registry.
 
-Every job of the app is registered once in app/jobs.py (training: app/training.py; the
+Every job of the app is registered once in app/jobs.py (training: jobs/training.py; the
 scoring job, ``mode = "score"``: jobs/scoring.py); :func:`run_server` reads the selected
 job's settings from the run config once and runs its server entry (flower/jobs.run).
 """

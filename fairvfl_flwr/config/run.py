@@ -411,6 +411,12 @@ class RunConfig:
         return self.secure_aggregation == "true"
 
     @property
+    def nu_as_gradient(self) -> bool:
+        """Whether passive parties receive X_kᵀν instead of ν (encrypted ν, ``privacy.secure-nu``):
+        an algorithm's passive step then works from that gradient alone."""
+        return self.secure_nu != "none"
+
+    @property
     def rejoin_wait(self) -> float:
         """Seconds the server waits for a party that dropped out (0: the run ends): ``rejoin-timeout``,
         where ``-1`` means :data:`DEPLOYED_REJOIN_WAIT` in a deployment that can rejoin (own tables, full

@@ -395,5 +395,5 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
     return rt.reply(message, party, steps=1)
 
 
-#: The passive party's handlers for encrypted ν (with :func:`ckks_mod`): part of the training job (app/training.py).
+#: The passive party's handlers for encrypted ν (with :func:`ckks_mod`): part of the training job (jobs/training.py).
 HANDLERS = {msgs.TRAIN_PASSIVE_ENC: train_passive_enc, msgs.TRAIN_PASSIVE_UNMASK: train_passive_unmask}

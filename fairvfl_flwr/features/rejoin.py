@@ -80,7 +80,7 @@ def rejoin(message: Message, context: Context) -> Message:
     return reply
 
 
-#: The party's handler of a rejoin: part of the training job (app/training.py).
+#: The party's handler of a rejoin: part of the training job (jobs/training.py).
 HANDLERS = {msgs.REJOIN: rejoin}
 
 

@@ -254,7 +254,7 @@ def info(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=message)
 
 
-#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job (app/training.py).
+#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job (jobs/training.py).
 HANDLERS = {msgs.INFO: info}
 
 

@@ -60,7 +60,7 @@ from fairvfl_flwr.tools.compare_methods import (CENTRAL_NAME, CONSTRAINT_METHODS
 from fairvfl_flwr.tools.compare_plots import plot_convergence, plot_tradeoff
 from fairvfl_flwr.tools.compare_tables import table_markdown
 from fairvfl_flwr.tools.results import publish, this_command
-from fairvfl_flwr.tools.jobs import ENGINES, SECONDS_PER_1000_ROUNDS, Done, Job, run_jobs
+from fairvfl_flwr.tools.tasks import ENGINES, SECONDS_PER_1000_ROUNDS, Done, Task, run_tasks
 from fairvfl_flwr.tools.paper import PAPER_EPSILONS, fairvfl_name
 from fairvfl_flwr.tools.tables import hms
 
@@ -77,7 +77,7 @@ class CompareError(ValueError):
 # -- the plan -------------------------------------------------------------------------
 @dataclass
 class Row:
-    """What one job puts in the tables: its own row and those derived from it."""
+    """What one task puts in the tables: its own row and those derived from it."""
 
     method: str  # table row name of the run itself
     dataset: str
@@ -89,35 +89,35 @@ class Row:
 
 def plan(datasets, models, epsilons, seeds, methods, base: dict, out: Path,
          constraint_epsilons: list[float] = (0.01,), constraint_measure: str = "rate",
-         central_iters: int = 50) -> list[Job]:
-    jobs: list[Job] = []
+         central_iters: int = 50) -> list[Task]:
+    tasks: list[Task] = []
     for seed in seeds:  # seed-major: a sweep cut short still covers every dataset for its first seeds
         for dataset in datasets:
             for model in models:
-                def train(method: str, post=(), **kw) -> Job:
+                def train(method: str, post=(), **kw) -> Task:
                     cfg = {**base, "dataset": dataset, "model": model, "seed": seed,
                            "output-dir": str(out / "runs"), **kw}
-                    return Job(run_config=cfg, data=Row(method, dataset, model, seed, post=list(post)))
+                    return Task(run_config=cfg, data=Row(method, dataset, model, seed, post=list(post)))
 
                 post = [m for m in POST_NAMES if m in methods]
                 if "fedbcd" in methods or post:
-                    jobs.append(train(FEDBCD_NAME, post, fairness=False, mode="fairvfl-scores"))
+                    tasks.append(train(FEDBCD_NAME, post, fairness=False, mode="fairvfl-scores"))
                 if "fairvfl" in methods:
-                    jobs += [train(fairvfl_name(eps), fairness=True, epsilon=eps, mode="fairvfl-scores")
+                    tasks += [train(fairvfl_name(eps), fairness=True, epsilon=eps, mode="fairvfl-scores")
                              for eps in epsilons]
                 for method, (constraint, tag) in CONSTRAINT_METHODS.items():
                     if method in methods:
-                        jobs += [train(fairvfl_name(eps, constraint_tag(tag, constraint_measure)), fairness=True,
+                        tasks += [train(fairvfl_name(eps, constraint_tag(tag, constraint_measure)), fairness=True,
                                        epsilon=eps, constraint=constraint, mode="fairvfl-scores",
                                        **{"constraint-measure": constraint_measure})
                                  for eps in constraint_epsilons]
                 if "split" in methods:
-                    jobs.append(train(SPLIT_NAME, fairness=False, mode="split"))
+                    tasks.append(train(SPLIT_NAME, fairness=False, mode="split"))
             if "central" in methods:
                 row = Row(CENTRAL_NAME, dataset, "-", seed, models=list(models))
-                jobs.append(Job(work=partial(_central_records, row, central_iters), data=row,
+                tasks.append(Task(work=partial(_central_records, row, central_iters), data=row,
                                 cost=SECONDS_PER_1000_ROUNDS.get((dataset, "linear"), 10) / 5))
-    return jobs
+    return tasks
 
 
 # -- records --------------------------------------------------------------------------
@@ -179,11 +179,11 @@ def _record_key(r: dict) -> tuple:
     return (r["method"], r["dataset"], r["model"], r["seed"], rounds)
 
 
-def _job_done(job: Job, done: set) -> bool:
-    row = job.data
-    if job.run_config is None:
+def _task_done(task: Task, done: set) -> bool:
+    row = task.data
+    if task.run_config is None:
         return all((CENTRAL_NAME, row.dataset, m, row.seed, None) in done for m in row.models)
-    rounds = int(job.run_config.get("num-server-rounds", RunConfig().num_server_rounds))
+    rounds = int(task.run_config.get("num-server-rounds", RunConfig().num_server_rounds))
     names = [row.method] + [POST_NAMES[p] for p in row.post]
     return all((n, row.dataset, row.model, row.seed, rounds) in done for n in names)
 
@@ -194,12 +194,12 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
                 stream=None, resume: bool = False, redo_post: bool = False,
                 constraint_epsilons: list[float] = (0.01,), constraint_measure: str = "rate",
                 link=None) -> list[dict]:
-    """Run the plan, writing results and tables after every job; return all records.
+    """Run the plan, writing results and tables after every task; return all records.
 
     ``link``: with ``engine="flwr"``, a SimulationSuperLink already running to submit the
     runs to (left running) instead of one started for this comparison.
 
-    ``resume``: keep the results already in ``out/results.json`` and run only the jobs
+    ``resume``: keep the results already in ``out/results.json`` and run only the tasks
     missing there (same method, dataset, model, seed and number of rounds); the wall time
     reported adds up all sessions. ``redo_post`` (with ``resume``): recompute the EO/CEO
     rows from the saved FedBCD scores (after a change to the post-processing).
@@ -208,9 +208,9 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # the paper's tables: its gradient steps, unless the caller sets a preset or an optimizer
-    jobs = plan(datasets, models, epsilons, seeds, methods, {"preset": "paper", **(overrides or {})}, out,
+    tasks = plan(datasets, models, epsilons, seeds, methods, {"preset": "paper", **(overrides or {})}, out,
                 constraint_epsilons, constraint_measure, central_iters)
-    print(f"compare: {len(jobs)} jobs ({sum(j.run_config is not None for j in jobs)} federated trainings) -> {out}",
+    print(f"compare: {len(tasks)} tasks ({sum(j.run_config is not None for j in tasks)} federated trainings) -> {out}",
           file=stream, flush=True)
     records: list[dict] = []
     prior_wall = 0.0
@@ -218,10 +218,10 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
         saved = json.loads((out / "results.json").read_text())
         records, prior_wall = saved["runs"], float(saved.get("wall_seconds") or 0.0)
         done = {_record_key(r) for r in records}
-        jobs_left = [j for j in jobs if not _job_done(j, done)]
+        tasks_left = [j for j in tasks if not _task_done(j, done)]
         print(f"compare: --resume: {len(records)} results already in {out / 'results.json'}, "
-              f"{len(jobs) - len(jobs_left)} of {len(jobs)} jobs done", file=stream, flush=True)
-        jobs = jobs_left
+              f"{len(tasks) - len(tasks_left)} of {len(tasks)} tasks done", file=stream, flush=True)
+        tasks = tasks_left
         if redo_post:
             post = [m for m in POST_NAMES if m in methods]
             kept = [r for r in records if r["method"] not in POST_NAMES.values()]
@@ -235,17 +235,17 @@ def run_compare(datasets, models, epsilons, seeds, methods, out: Path, overrides
     t0 = time.perf_counter() - prior_wall
 
     def keep(done: Done) -> str:
-        recs = done.value if done.job.run_config is None else _train_records(done.job.data, done, engine)
+        recs = done.value if done.task.run_config is None else _train_records(done.task.data, done, engine)
         records.extend(recs)
         write_outputs(records, out, epsilons, wall=time.perf_counter() - t0, plots=False)
         r = recs[0]
         note = f"{r['method']} {r['dataset']}/{r['model']} s{r['seed']}: ACC {100 * r['acc']:.2f}% " \
                f"DFP {r['dfp']:.3f} DFN {r['dfn']:.3f}"
-        if len(recs) > 1 and done.job.run_config is not None:
+        if len(recs) > 1 and done.task.run_config is not None:
             note += " (+" + ", ".join(r["method"] for r in recs[1:]) + ")"
         return note
 
-    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet, stream=stream, link=link)
+    run_tasks(tasks, keep, engine=engine, home=out / "flwr-home", quiet=quiet, stream=stream, link=link)
     write_outputs(records, out, epsilons, wall=time.perf_counter() - t0, plots=True)
     return records
 
@@ -300,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
                    help="also publish the table as DIR/<--out's folder name>.md with this command "
                         "(docs/results refreshes the docs' results page)")
     p.add_argument("--resume", action="store_true",
-                   help="keep the results already in --out and run only the missing jobs")
+                   help="keep the results already in --out and run only the missing tasks")
     p.add_argument("--redo-post", action="store_true",
                    help="with --resume: recompute FedBCD + EO / + CEO from the saved FedBCD scores")
     p.add_argument("--verbose", action="store_true", help="show every run's round log")

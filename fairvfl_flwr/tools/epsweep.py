@@ -16,7 +16,7 @@ chosen ε is then retrained on all training rows and evaluated once on the test 
 
 Writes ``epsweep.json``, ``table.md`` and ``tradeoff.png`` into ``--out``. Every run
 goes through the real ServerApp strategy and ClientApp, over the in-process grid or with
-``--engine flwr`` through ``flwr run`` (tools/jobs.py), like ``fairvfl-sweep``; any
+``--engine flwr`` through ``flwr run`` (tools/tasks.py), like ``fairvfl-sweep``; any
 run-config key can be set with ``--set``, in flwr run's ``--run-config`` syntax.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
-from fairvfl_flwr.tools.jobs import ENGINES, Done, Job, run_jobs
+from fairvfl_flwr.tools.tasks import ENGINES, Done, Task, run_tasks
 from fairvfl_flwr.tools.results import publish, this_command
 from fairvfl_flwr.tools.tables import markdown
 
@@ -81,14 +81,14 @@ def select_epsilon(points: list[dict], rule: Rule) -> tuple[dict, bool]:
 def _record(done: Done) -> dict:
     summary = done.summary
     return {"acc": summary["test_acc"], "dfp": summary["test_dfp"], "dfn": summary["test_dfn"],
-            "train_max_gap": summary["train_max_gap"], "run_dir": str(done.folder), **done.job.data,
+            "train_max_gap": summary["train_max_gap"], "run_dir": str(done.folder), **done.task.data,
             "seconds": done.seconds}
 
 
 def _train(base: dict, epsilons: list[float], seeds: list[int], out: Path, engine: str, quiet: bool, note: str,
            **changes) -> list[dict]:
     """One run per (ε, seed); the records in that order. ``note`` names the runs in the progress lines."""
-    jobs = [Job(run_config={**base, **changes, "epsilon": eps, "seed": seed, "output-dir": str(out / "runs")},
+    tasks = [Task(run_config={**base, **changes, "epsilon": eps, "seed": seed, "output-dir": str(out / "runs")},
                 data={"epsilon": eps, "seed": seed}) for eps in epsilons for seed in seeds]
     records: list[dict] = []
 
@@ -99,7 +99,7 @@ def _train(base: dict, epsilons: list[float], seeds: list[int], out: Path, engin
                 f"DFP {rec['dfp']:.3f} DFN {rec['dfn']:.3f} | train max gap {rec['train_max_gap']:.4f} "
                 f"({rec['seconds']:.0f} s)")
 
-    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
+    run_tasks(tasks, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
     return records
 
 

@@ -1,6 +1,6 @@
 """Drive the real Flower simulation runtime: a private SuperLink and `flwr run`.
 
-Used by the tools' ``--engine flwr`` (tools/jobs.py) and the end-to-end tests. The SuperLink
+Used by the tools' ``--engine flwr`` (tools/tasks.py) and the end-to-end tests. The SuperLink
 gets its own ``FLWR_HOME``, port and in-memory database, and runtime dependency installation
 is off (offline machines, CI).
 `flwr run` exits 0 even when the ServerApp fails, so a run's status is read back from the

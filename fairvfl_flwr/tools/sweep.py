@@ -8,7 +8,7 @@
 ``off`` runs the same app with the fairness term off (FedBCD-style VFL). Each run goes
 through the real ServerApp strategy and ClientApp, over the in-process grid (the same
 messages as ``flwr run``, without Ray's per-round cost) or, with ``--engine flwr``, through
-``flwr run`` (tools/jobs.py). Writes ``results.json``, ``results.csv`` and ``table.md``
+``flwr run`` (tools/tasks.py). Writes ``results.json``, ``results.csv`` and ``table.md``
 (mean ± std over seeds) into ``--out``.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
-from fairvfl_flwr.tools.jobs import ENGINES, Done, Job, run_jobs
+from fairvfl_flwr.tools.tasks import ENGINES, Done, Task, run_tasks
 from fairvfl_flwr.tools.results import publish, this_command
 from fairvfl_flwr.tools.tables import markdown, mean_std
 
@@ -42,7 +42,7 @@ def run_grid(
 ) -> list[dict]:
     """Run every combination; return one record (config + summary) per run."""
     out.mkdir(parents=True, exist_ok=True)
-    jobs = []
+    tasks = []
     for dataset, model, eps, seed in product(datasets, models, epsilons, seeds):
         changes = {"preset": "paper", "dataset": dataset, "model": model, "seed": seed, "output-dir": str(out / "runs")}
         changes.update(overrides or {})
@@ -51,13 +51,13 @@ def run_grid(
         else:
             changes["epsilon"] = float(eps)
         cfg = RunConfig.from_flower({**RunConfig().to_flower(), **changes})
-        jobs.append(Job(run_config=cfg.to_flower(), data={"method": _method(eps, cfg.constraint), "dataset": dataset,
+        tasks.append(Task(run_config=cfg.to_flower(), data={"method": _method(eps, cfg.constraint), "dataset": dataset,
                                                            "model": model, "seed": seed,
                                                            "rounds": cfg.num_server_rounds}))
     records: list[dict] = []
 
     def keep(done: Done) -> str:
-        rec = {**done.job.data, "run_dir": str(done.folder), **{k: done.summary[k] for k in METRICS},
+        rec = {**done.task.data, "run_dir": str(done.folder), **{k: done.summary[k] for k in METRICS},
                "seconds": done.seconds}
         records.append(rec)
         _write(records, out)
@@ -65,7 +65,7 @@ def run_grid(
                 f"ACC {100 * rec['test_acc']:.2f}% DFP {rec['test_dfp']:.3f} DFN {rec['test_dfn']:.3f} "
                 f"train max gap {rec['train_max_gap']:.4f} ({rec['seconds']:.0f} s)")
 
-    run_jobs(jobs, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
+    run_tasks(tasks, keep, engine=engine, home=out / "flwr-home", quiet=quiet)
     return records
 
 

@@ -1,4 +1,4 @@
-"""Run a list of jobs, training runs of the app and other steps, with one progress line per job.
+"""Run a list of tasks, training runs of the app and other steps, with one progress line per task.
 
 The runner behind fairvfl-sweep, fairvfl-epsweep and fairvfl-compare. A training run
 goes through the real ServerApp strategy and ClientApp: over the in-process grid
@@ -38,26 +38,26 @@ def run_cost(run_config: dict) -> float:
 
 
 @dataclass
-class Job:
+class Task:
     """One training run (``run_config``) or any other step (``work``, called with no arguments)."""
 
     run_config: dict | None = None
     work: Callable[[], Any] | None = None
     cost: float | None = None  # relative run time for the ETA; default: run_cost, or 1 for ``work``
-    data: Any = None  # the caller's own description of the job
+    data: Any = None  # the caller's own description of the task
 
     def __post_init__(self) -> None:
         if (self.run_config is None) == (self.work is None):
-            raise ValueError("a job is a run config or a work step, exactly one of the two")
+            raise ValueError("a task is a run config or a work step, exactly one of the two")
         if self.cost is None:
             self.cost = run_cost(self.run_config) if self.run_config is not None else 1.0
 
 
 @dataclass
 class Done:
-    """A finished job: its run folder and summary (a training run) or what ``work`` returned."""
+    """A finished task: its run folder and summary (a training run) or what ``work`` returned."""
 
-    job: Job
+    task: Task
     seconds: float
     folder: Path | None = None
     summary: dict | None = None
@@ -95,18 +95,18 @@ class Engine:
 
 
 class Progress:
-    """One line per finished job: a bar, elapsed time and ETA (weighted by job cost), and a note."""
+    """One line per finished task: a bar, elapsed time and ETA (weighted by task cost), and a note."""
 
-    def __init__(self, jobs: Sequence[Job], stream: TextIO | None = None) -> None:
-        self.total = sum(j.cost for j in jobs) or 1.0
-        self.n = len(jobs)
+    def __init__(self, tasks: Sequence[Task], stream: TextIO | None = None) -> None:
+        self.total = sum(j.cost for j in tasks) or 1.0
+        self.n = len(tasks)
         self.done_cost, self.done = 0.0, 0
         self.t0 = time.perf_counter()
         self.stream = stream or sys.stderr
 
-    def update(self, job: Job, note: str) -> None:
+    def update(self, task: Task, note: str) -> None:
         self.done += 1
-        self.done_cost += job.cost
+        self.done_cost += task.cost
         elapsed = time.perf_counter() - self.t0
         frac = self.done_cost / self.total
         eta = elapsed / frac * (1 - frac) if frac > 0 else float("nan")
@@ -116,29 +116,29 @@ class Progress:
               f"ETA {hms(eta)} | {note}", file=self.stream, flush=True)
 
 
-def run_jobs(jobs: Sequence[Job], on_done: Callable[[Done], str], *, engine: str = "inprocess",
+def run_tasks(tasks: Sequence[Task], on_done: Callable[[Done], str], *, engine: str = "inprocess",
              home: Path | None = None, quiet: bool = True, stream: TextIO | None = None,
              link: SimulationSuperLink | None = None) -> None:
-    """Run ``jobs`` in order; after each, ``on_done`` keeps its results and returns the progress note.
+    """Run ``tasks`` in order; after each, ``on_done`` keeps its results and returns the progress note.
 
     ``engine`` runs the training runs; ``home`` is the flwr engine's SuperLink folder
     (default: a ``flwr-home`` folder in the current one), or ``link`` a SuperLink already
     running, which the flwr engine uses and leaves running. ``quiet`` keeps the runs' round
     logs off the terminal. Progress goes to ``stream`` (stderr).
     """
-    progress = Progress(jobs, stream)
-    eng = Engine(engine, home or Path("flwr-home"), quiet, link) if any(j.run_config is not None for j in jobs) else None
+    progress = Progress(tasks, stream)
+    eng = Engine(engine, home or Path("flwr-home"), quiet, link) if any(j.run_config is not None for j in tasks) else None
     try:
-        for job in jobs:
+        for task in tasks:
             started = time.perf_counter()
-            if job.run_config is not None:
-                folder = eng.run(job.run_config)
-                done = Done(job, time.perf_counter() - started, folder=folder,
+            if task.run_config is not None:
+                folder = eng.run(task.run_config)
+                done = Done(task, time.perf_counter() - started, folder=folder,
                             summary=json.loads((folder / "summary.json").read_text()))
             else:
-                value = job.work()
-                done = Done(job, time.perf_counter() - started, value=value)
-            progress.update(job, on_done(done))
+                value = task.work()
+                done = Done(task, time.perf_counter() - started, value=value)
+            progress.update(task, on_done(done))
     finally:
         if eng is not None:
             eng.close()
