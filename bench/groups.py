@@ -31,7 +31,8 @@ against the other method's curve of the same seed at that point's gap.
 --run-config syntax) overrides a run-config key of every FairVFL run. The page is published
 after every finished row, so an interrupted run leaves the rows it finished. A run of some
 rows keeps the page's other rows (:func:`kept_rows`) when they were run with the same
-settings, and each row's section names the command and commit it came from.
+settings, and each row's section names the command and commit it came from; ``--keep-from``
+adds the rows of other pages (runs of other rows side by side, each into its own ``--out``).
 """
 
 from __future__ import annotations
@@ -186,6 +187,16 @@ def kept_rows(previous: Path, rows: list[str], settings: dict) -> tuple[list[dic
     info = {row: {"command": old.get("command", ""), "commit": old.get("commit", ""), **i}
             for row, i in old.get("groups", {}).items() if row not in rows and row in ROWS}
     return [p for p in old.get("points", []) if p["row"] in info], info
+
+
+def kept_pages(pages: list[Path], rows: list[str], settings: dict) -> tuple[list[dict], dict]:
+    """:func:`kept_rows` of several pages; a row on more than one comes from the last."""
+    results, info = [], {}
+    for page in pages:
+        more, more_info = kept_rows(page, rows, settings)
+        results = [p for p in results if p["row"] not in more_info] + more
+        info.update(more_info)
+    return results, info
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -471,6 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="run-config override of every FairVFL run, flwr run's --run-config syntax (repeatable)")
     ap.add_argument("--name", default="groups", help="results page name")
+    ap.add_argument("--keep-from", type=Path, action="append", default=[], metavar="JSON",
+                    help="another page's json whose rows (run with the same settings, not rerun here) join this page")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     a = ap.parse_args(argv)
     rows = a.rows.split(",")
@@ -489,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--set {clash[0]}=...: the bench sets {clash[0]} itself")
     settings = {"rounds": a.rounds, "epsilons": list(epsilons), "bounds": list(bounds), "seeds": seeds,
                 "overrides": overrides}
-    results, info = kept_rows(Path(a.out) / f"{a.name}.json", rows, settings)
+    results, info = kept_pages([*a.keep_from, Path(a.out) / f"{a.name}.json"], rows, settings)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as csv_folder:
         for i, row in enumerate(rows):

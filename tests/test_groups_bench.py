@@ -266,6 +266,15 @@ def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_pat
     # other settings: the curves would not be comparable, so nothing is kept, and the run says so
     assert groups.kept_rows(previous, ["adult-dp"], {**settings, "rounds": 5}) == ([], {})
     assert "its rounds differ" in capsys.readouterr().out
+    # another page's rows join (the own-csv row run elsewhere); a row on both comes from the last page
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**page, "command": "python bench/groups.py --rows own-csv-eo --out x", "commit": "def5678",
+                                 "groups": {"own-csv-eo": info, "crime-eo": info},
+                                 "points": [{"row": "own-csv-eo", "acc": 0.7}, {"row": "crime-eo", "acc": 0.1}]}))
+    points, kept = groups.kept_pages([other, previous], ["adult-dp"], settings)
+    assert sorted(kept) == ["crime-eo", "own-csv-eo"] and kept["crime-eo"]["commit"] == "abc1234"
+    assert kept["own-csv-eo"]["commit"] == "def5678"
+    assert sorted(p["acc"] for p in points) == [0.7, 0.8]
     one = [{"row": "crime-eo", "seed": 0, "method": groups.EG, "setting": "off (plain LR)",
             "gap": 0.2, "acc": 0.8, "dp_diff": 0.2, "eo_diff": 0.2, "train_gap": 0.1}]
     summary = groups.summarise(one)
