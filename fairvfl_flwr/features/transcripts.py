@@ -153,6 +153,20 @@ class ServerTranscript(RoundHook):
             self.add(server_round, arrays)
 
 
+#: What a party's transcript keeps of a round message's payload: payload key -> transcript key.
+#: A type not listed keeps every payload array under its own key (a second leg's masked sums
+#: aside), so a new algorithm's messages are recorded as they arrived.
+RECORDED: dict[str, dict[str, str]] = {
+    msgs.TRAIN_PASSIVE: {"nu": "nu"},
+    msgs.TRAIN_ACTIVE: {"z": "z", "lam": "lam"},
+    msgs.NEWTON_ACTIVE: {"z": "z", "lam": "lam", "alpha": "alpha"},
+    # encrypted ν: ν is absent from the second leg (its first leg recorded the ciphertext)
+    msgs.NEWTON_PASSIVE: {"nu": "nu", "alpha": "alpha"},
+    msgs.NEWTON_APPLY: {"alpha": "alpha-last"},
+    msgs.NEWTON_MOVE: {"alpha": "alpha-last"},
+}
+
+
 def transcript_mod(message: Message, context, call_next) -> Message:
     """ClientApp mod: a party's own transcript of what it received (and its own reply's logits)."""
     reply = call_next(message, context)
@@ -166,20 +180,14 @@ def transcript_mod(message: Message, context, call_next) -> Message:
         return reply
     arrays: dict[str, np.ndarray] = {}
     payload = message.content.array_records.get(msgs.PAYLOAD)
-    if mtype == msgs.TRAIN_PASSIVE:
-        arrays["nu"] = payload["nu"].numpy()
-    elif mtype == msgs.TRAIN_PASSIVE_ENC:  # encrypted ν: the ciphertext is all there is
+    if mtype == msgs.TRAIN_PASSIVE_ENC:  # encrypted ν: the ciphertext is all there is
         keys = sorted(payload, key=lambda k: int(k.rsplit("-", 1)[1]))
         arrays["nu-ct"] = np.frombuffer(b"".join(payload[k].numpy().tobytes() for k in keys), dtype=np.uint8)
-    elif mtype in (msgs.TRAIN_ACTIVE, msgs.NEWTON_ACTIVE):
-        arrays["z"] = payload["z"].numpy()
-        arrays["lam"] = payload["lam"].numpy()
-    if mtype == msgs.NEWTON_PASSIVE and "nu" in payload:  # encrypted ν: the first leg recorded the ciphertext
-        arrays["nu"] = payload["nu"].numpy()
-    if mtype in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE):
-        arrays["alpha"] = payload["alpha"].numpy()
-    elif mtype in (msgs.NEWTON_APPLY, msgs.NEWTON_MOVE):
-        arrays["alpha-last"] = payload["alpha"].numpy()
+    elif payload is not None:
+        names = RECORDED.get(mtype)
+        if names is None:  # any other round message (a new algorithm's): what it carried, by name
+            names = {key: key for key in payload if key != msgs.MASKED_SUM}
+        arrays.update({name: payload[key].numpy() for key, name in names.items() if key in payload})
     view = context.state.config_records.get(VIEW_STATE)
     if view is not None and int(view["round"]) == server_round:  # secure aggregation: the history head the masks are bound to (a coalition peels with it)
         arrays["head"] = np.frombuffer(bytes.fromhex(str(view["head"])), dtype=np.uint8)
