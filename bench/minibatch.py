@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from bench.common import DEFAULT_OUT, table, write  # noqa: E402
-from fairvfl_flwr.core.constraints import ConstraintSet  # noqa: E402
+from fairvfl_flwr.core.constraints import from_labels  # noqa: E402
 from fairvfl_flwr.core.reference import NumpyFloor  # noqa: E402
 from fairvfl_flwr.data import synthetic  # noqa: E402
 from fairvfl_flwr.core.batching import batch_rows  # noqa: E402
@@ -45,7 +45,7 @@ from fairvfl_flwr.data.partition import split_columns  # noqa: E402
 
 class BatchedFloor(NumpyFloor):
     def __init__(self, blocks, y, s, batch, seed, **kw):
-        super().__init__(blocks, y, ConstraintSet.from_labels(y, s, 1), **kw)
+        super().__init__(blocks, y, from_labels(y, s, 1), **kw)
         self.s, self.batch, self.seed, self.t = s, batch, seed, 0
 
     def round(self):
@@ -54,7 +54,7 @@ class BatchedFloor(NumpyFloor):
         if rows is None:
             return super().round()
         X = [x[rows] for x in self.X]
-        y, g = self.y[rows], ConstraintSet.from_labels(self.y[rows], self.s[rows], 1)
+        y, g = self.y[rows], from_labels(self.y[rows], self.s[rows], 1)
         u = [self._u(k, x) for k, x in enumerate(X)]
         z = np.sum(u, axis=0)
         self.lam, nu = server_step(self.lam, y, z, g, epsilon=self.epsilon, beta=self.beta, c=self.c,
@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
     cols = split_columns(F, K, 1, 8)
     blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in cols]
     tests = [ds.X_test[:, c] for c in cols]
-    full_groups = ConstraintSet.from_labels(ds.y_train, ds.s_train, 1)
+    full_groups = from_labels(ds.y_train, ds.s_train, 1)
     n = len(ds.y_train)
     runs, round_s = {}, {}
     for b in [int(x) for x in args.batches.split(",")]:
@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
             spent += time.perf_counter() - t
             if r % 10 == 0 or r == args.rounds:
                 fl.u = [fl._u(k, x) for k, x in enumerate(fl.X)]
-                deo = train_stats(ds.y_train, fl.z(), full_groups).deo
+                deo = abs(train_stats(ds.y_train, fl.z(), full_groups).gaps[0])
                 acc = fairness_metrics(ds.y_test, ds.s_test, np.sum([fl._u(k, x) for k, x in enumerate(tests)], axis=0))
                 curve.append((r, spent, acc["acc"], deo, acc["dfp"], acc["dfn"]))
         runs[b], round_s[b] = curve, spent / args.rounds

@@ -138,7 +138,7 @@ def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
     for r in range(1, cfg.num_server_rounds + 1):
         fl.round()
         stats = train_stats(ds.y_train, fl.z(), groups)
-        row = {"round": r, "deo": stats.deo, "max_gap": stats.max_gap, "acc": float("nan")}
+        row = {"round": r, "deo": abs(stats.gaps[0]), "max_gap": stats.max_gap, "acc": float("nan")}
         if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
             row.update(fairness_metrics(ds.y_test, ds.s_test, z_test()))
         history.append(row)

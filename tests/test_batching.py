@@ -10,7 +10,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.flower.inprocess import InProcessGrid
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.objective import train_stats
 from fairvfl_flwr.data.partition import split_columns
@@ -56,7 +56,7 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
     cols = split_columns(ds.n_features, 6, num_active, 49)
     models = [build_model("linear", len(c), bias=k < num_active, seed=seed * 1000 + k) for k, c in enumerate(cols)]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = ConstraintSet.from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, cfg.measure)
+    groups = from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, cfg.measure)
     ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
                          epsilon=cfg.epsilon, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
     for t in range(1, rounds + 1):
@@ -153,7 +153,7 @@ def test_a_batch_too_small_to_hold_every_group_is_refused_before_round_1(out_dir
         run_server(grid, cfg.to_flower())
     assert grid.pairs == []  # nothing was sent
     y = np.array([1] * 98 + [-1, -1])
-    g = ConstraintSet.from_labels(y, np.arange(100) % 2 == 0, 1)
+    g = from_labels(y, np.arange(100) % 2 == 0, 1)
     batching.check_batches(g, 0, 80, 1000)  # large batches from groups of 49 and 49: cannot miss, not drawn
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import constrained_codes, from_labels
 from fairvfl_flwr.core.metrics import demographic_parity_difference, equalized_odds_difference, predict
 from fairvfl_flwr.data.tables import load_dataset
 from fairvfl_flwr.features.final_logits import load_scores
@@ -105,12 +105,12 @@ def test_coded_maps_every_member_to_its_pooled_group():
     y = np.array([1, -1] * 60)
     s = np.repeat([0, 1, 2, 3], 30)
     s[:2] = 2  # group 2 has 32 rows, groups 0 has 28
-    cs = ConstraintSet.from_labels(y, s, 1, "demographic-parity", names=("a", "b", "c", "d"), min_group_size=30,
-                                   pool_small_groups=True)
+    cs = from_labels(y, s, 1, "demographic-parity", names=("a", "b", "c", "d"), min_group_size=30,
+                     pool_small_groups=True)
     assert cs.groups.names[-1] == "a + b"
-    codes = cs.coded(np.array([0, 1, 2, 3]), ("a", "b", "c", "d"))
+    codes = constrained_codes(cs, np.array([0, 1, 2, 3]), ("a", "b", "c", "d"))
     assert [cs.groups.names[k] for k in codes] == ["a + b", "a + b", "c", "d"]
-    assert np.array_equal(cs.coded(s, ("a", "b", "c", "d")), cs.groups.codes)
+    assert np.array_equal(constrained_codes(cs, s, ("a", "b", "c", "d")), cs.groups.codes)
 
 
 def test_the_report_is_over_the_groups_the_training_run_constrained(compas_race, tmp_path):

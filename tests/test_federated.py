@@ -9,7 +9,7 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.tables import load_dataset
 from fairvfl_flwr.flower.inprocess import InProcessGrid
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.data.partition import split_columns
 from fairvfl_flwr.core.reference import CentralisedGDA
@@ -32,7 +32,7 @@ def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir, run_
         build_model(model, len(c), bias=k == 0 or model == "mlp", seed=3 * 1000 + k) for k, c in enumerate(cols)
     ]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = ConstraintSet.from_labels(ds.y_train, ds.s_train, ds.protected_label)
+    groups = from_labels(ds.y_train, ds.s_train, ds.protected_label)
     ref = CentralisedGDA(
         models, blocks, ds.y_train.astype(float), groups,
         epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0,

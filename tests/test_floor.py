@@ -23,7 +23,7 @@ def test_numpy_floor_follows_the_app_round_for_round(measure, tmp_path):
     history = json.loads((folder / "history.json").read_text())
     ds, blocks, groups = party_problem(cfg)
     floor = NumpyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
-                       mu=cfg.mu_value(len(groups.in_a)), lr=cfg.lr, Q=cfg.local_steps)
+                       mu=cfg.mu_value(groups.n), lr=cfg.lr, Q=cfg.local_steps)
     lams = []
     for _ in range(rounds):
         floor.round()

@@ -7,10 +7,11 @@ import pytest
 
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config import ConfigError, RunConfig
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.features import labeldp
 from fairvfl_flwr.features import transcripts as tr
+from fairvfl_flwr.features.labeldp import smallest_group
 
 
 def test_the_accountant_gives_opacus_own_documented_values():
@@ -34,7 +35,7 @@ def test_full_batch_rounds_compose_as_the_gaussian_mechanism():
 
 
 def _groups(y, s, constraint, measure):
-    return ConstraintSet.from_labels(y, s, 1, constraint, measure)
+    return from_labels(y, s, 1, constraint, measure)
 
 
 @pytest.mark.parametrize("constraint", ["deo", "equalized-odds", "demographic-parity"])
@@ -45,7 +46,7 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
     y = np.where(rng.random(n) < 0.4, 1.0, -1.0)
     s = rng.random(n) < 0.3
     groups = _groups(y, s, constraint, measure)
-    m = groups.smallest_group() - 1
+    m = smallest_group(groups) - 1
     bound = labeldp.label_sensitivity(groups, lam_bound, m)
     worst = 0.0
     for trial in range(40):
@@ -67,7 +68,7 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
 def test_the_noise_is_keyed_on_a_fresh_server_secret_not_on_anything_a_party_holds():
     rng = np.random.default_rng(0)
     y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
-    groups = ConstraintSet.from_labels(y, rng.random(400) < 0.5, 1)
+    groups = from_labels(y, rng.random(400) < 0.5, 1)
     make = lambda secret=None: labeldp.LabelDP(groups, epsilon=4.0, delta=1e-5, rounds=50,  # noqa: E731
                                                lambda_bound=0.5, secret=secret)
     a, b = make(), make()  # same config, same labels: the run seed and the labels do not fix the noise
@@ -89,7 +90,7 @@ def test_bad_settings_are_refused_naming_the_key():
         RunConfig().replace(label_dp_lambda_bound=0.0)
     with pytest.raises(ConfigError, match="privacy.label-dp-epsilon=1.0: not supported with batching.batch-size"):
         RunConfig().replace(label_dp_epsilon=1.0, batch_size=64)
-    groups = ConstraintSet.from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
+    groups = from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
     with pytest.raises(ConfigError, match="privacy.label-dp-min-group=5"):
         labeldp.LabelDP(groups, epsilon=1.0, delta=1e-5, rounds=5, lambda_bound=0.5, min_group=5)
 

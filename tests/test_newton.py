@@ -5,13 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.dual_newton import ClippedNewton
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     CentralisedNewton,
     block_direction,
+    curvature,
+    gap_directions,
     party_curvature,
+    smooth_part,
     subspace_gap_jacobian,
     subspace_step,
 )
@@ -24,12 +27,12 @@ def _problem(seed: int, n: int = 300, widths=(5, 3, 4), constraint="deo", measur
     true = sum(x @ rng.normal(size=x.shape[1]) for x in blocks)
     s = rng.random(n) < 0.4
     y = np.where(true - 0.8 * s + rng.normal(size=n) > 0, 1.0, -1.0)
-    groups = ConstraintSet.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
+    groups = from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
     return blocks, y, groups
 
 
 def _F(y, z, du, a, B, lam, groups, mu, alpha):
-    return groups.smooth_part(y, z + du @ alpha, lam) + mu * (a @ alpha + 0.5 * alpha @ B @ alpha)
+    return smooth_part(groups, y, z + du @ alpha, lam) + mu * (a @ alpha + 0.5 * alpha @ B @ alpha)
 
 
 @pytest.mark.parametrize("measure", ["loss", "rate"])
@@ -40,12 +43,12 @@ def test_nu_is_the_gradient_and_h_the_curvature_of_phi_in_z(measure, constraint)
     z = rng.normal(size=len(y))
     lam = rng.uniform(0, 0.05, size=groups.num_multipliers)  # small: every row weight > 0, no clipping
     assert (groups.signed_weights(lam) > 0).all()
-    nu, h, step = groups.masked_weights(y, z, lam), groups.curvature(y, z, lam), 1e-5
+    nu, h, step = groups.masked_weights(y, z, lam), curvature(groups, y, z, lam), 1e-5
     e = np.zeros(len(z))
     for i in rng.choice(len(z), 12, replace=False):
         e[:] = 0
         e[i] = step
-        fd = (groups.smooth_part(y, z + e, lam) - groups.smooth_part(y, z - e, lam)) / (2 * step)
+        fd = (smooth_part(groups, y, z + e, lam) - smooth_part(groups, y, z - e, lam)) / (2 * step)
         assert abs(fd - nu[i]) < 1e-8, i
     # ν_i depends on z_i only, so φ'' is diagonal: a central difference of ν is h, row by row
     fd2 = (groups.masked_weights(y, z + step, lam) - groups.masked_weights(y, z - step, lam)) / (2 * step)
@@ -60,7 +63,7 @@ def test_curvature_is_clipped_where_the_weight_is_negative():
     lam = np.array([0.0, 5.0])  # d = -5 makes group a's weights negative
     w = groups.signed_weights(lam)
     assert (w < 0).any()
-    h = groups.curvature(y, np.zeros(len(y)), lam)
+    h = curvature(groups, y, np.zeros(len(y)), lam)
     assert (h >= 0).all() and (h[w < 0] == 0).all()
 
 
@@ -68,7 +71,7 @@ def test_party_curvature_from_nu_is_exact_on_rows_of_weight_one_over_n():
     _, y, groups = _problem(2)
     z = np.random.default_rng(0).normal(size=len(y))
     lam = np.array([0.03, 0.0])
-    nu, h = groups.masked_weights(y, z, lam), groups.curvature(y, z, lam)
+    nu, h = groups.masked_weights(y, z, lam), curvature(groups, y, z, lam)
     plain = np.isclose(groups.signed_weights(lam), 1 / groups.n)
     assert plain.sum() > 50
     assert np.allclose(party_curvature(nu, groups.n, "nu")[plain], h[plain], rtol=1e-10, atol=0)
@@ -116,7 +119,7 @@ def test_subspace_step_never_increases_F_even_where_undamped_steps_do(seed):
     lam = np.array([0.0, rng.uniform(0, 3)])  # may make some weights negative: F then non-convex
     thetas = [rng.normal(scale=0.3, size=x.shape[1]) for x in blocks]
     z = sum(x @ t for x, t in zip(blocks, thetas))
-    nu, h = groups.masked_weights(y, z, lam), groups.curvature(y, z, lam)
+    nu, h = groups.masked_weights(y, z, lam), curvature(groups, y, z, lam)
     dirs = []
     for x, t in zip(blocks, thetas):
         hess = x.T @ (h[:, None] * x) + mu * np.eye(x.shape[1])
@@ -152,7 +155,7 @@ def test_subspace_gap_jacobian_matches_finite_differences():
     fd = (gap_at(d0 + step)[0] - gap_at(d0 - step)[0]) / (2 * step)
     assert jac.shape == (1, 1) and jac[0, 0] < 0
     assert abs(jac[0, 0] - fd) < 1e-5 * (1 + abs(fd))
-    assert groups.gap_directions(y, z0).shape == (len(y), 1)
+    assert gap_directions(groups, y, z0).shape == (len(y), 1)
 
 
 def test_clipped_newton_keeps_weights_nonnegative_and_does_not_cross_the_kink():
@@ -199,7 +202,7 @@ def test_federated_newton_decreases_the_primal_at_fixed_multipliers(curv):
     for _ in range(10):
         fl.round()
         reg = sum(t @ t for t in fl.theta) + sum(b * b for b in fl.bias if b is not None)
-        values.append(groups.smooth_part(y, fl.z(), fl.lam) + 0.5 * fl.mu * reg)
+        values.append(smooth_part(groups, y, fl.z(), fl.lam) + 0.5 * fl.mu * reg)
     assert all(b <= a + 1e-15 for a, b in zip(values, values[1:]))
 
 
@@ -211,11 +214,11 @@ def test_the_search_does_not_turn_float32_rounding_into_step_lengths():
     x = rng.normal(size=(n, 4))
     s = rng.random(n) < 0.4
     y = np.where(x @ np.array([1.0, -0.5, 0.3, 0.2]) + rng.normal(size=n) > 0, 1.0, -1.0)
-    groups = ConstraintSet.from_labels(y, s, protected_label=1, constraint="deo", measure="loss")
+    groups = from_labels(y, s, protected_label=1, constraint="deo", measure="loss")
     lam, mu, theta = np.zeros(2), 2 / n, np.zeros(4)
     for _ in range(30):  # the block's optimum: the new direction is ~0, as late in a run
         z = x @ theta
-        theta = theta + block_direction(x, groups.masked_weights(y, z, lam), groups.curvature(y, z, lam), theta, mu)
+        theta = theta + block_direction(x, groups.masked_weights(y, z, lam), curvature(groups, y, z, lam), theta, mu)
     z = x @ theta
     drift = {}
     for rcond in (1e-12, WIRE_RCOND["float32"]):

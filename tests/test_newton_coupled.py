@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import from_labels, gap_weights
 from fairvfl_flwr.core.dual_newton import ClippedNewton, ConstrainedSearch, dual_newton_step, rule_for
 from fairvfl_flwr.core.newton import constrained_step, subspace_gap_jacobian, subspace_step
 from fairvfl_flwr.core.constraints.measures import logistic_loss
@@ -23,7 +23,7 @@ def _jacobian(y, z, groups, rng, lam, directions=6):
 def _search_problem(seed, G, kind, measure):
     """Rows with a feature that separates the labels and differs by group, directions along it."""
     y, s, _, rng = group_rows(seed, G=G)
-    groups = ConstraintSet.from_labels(y, s, 1, kind, measure)
+    groups = from_labels(y, s, 1, kind, measure)
     x = np.column_stack([y + s + rng.normal(size=len(y)), rng.normal(size=(len(y), 3))])
     return y, groups, x, rng
 
@@ -55,7 +55,7 @@ def test_the_constrained_search_keeps_a_feasible_point_when_no_direction_helps()
     stays (near) where it is."""
     y, groups, x, _ = _search_problem(2, 3, "equalized-odds", "rate")
     z = np.zeros(len(y))
-    du = (groups.gap_weights()[:, :1] * len(y))  # only moves a gap
+    du = (gap_weights(groups)[:, :1] * len(y))  # only moves a gap
     alpha, _ = constrained_step(y, z, du, np.zeros(1), np.eye(1), np.zeros(groups.num_multipliers), groups,
                                 2 / len(y), epsilon=0.01)
     assert np.abs(groups.gaps(y, z + du @ alpha)).max() <= 0.01 + 1e-5
@@ -65,7 +65,7 @@ def test_the_constrained_search_keeps_a_feasible_point_when_no_direction_helps()
 def test_every_constraint_but_two_group_deo_takes_no_dual_step(kind, two):
     """λ comes from the search: the dual step between rounds leaves it as it is, in round 1 too."""
     y, s, z, rng = group_rows(3, G=2 if two else 3)
-    groups = ConstraintSet.from_labels(y, s == 0 if two else s, 1, kind)
+    groups = from_labels(y, s == 0 if two else s, 1, kind)
     assert isinstance(rule_for(groups), ConstrainedSearch)
     lam = np.arange(groups.num_multipliers, dtype=float) * 0.01
     jac = _jacobian(y, z, groups, rng, lam)
@@ -77,7 +77,7 @@ def test_every_constraint_but_two_group_deo_takes_no_dual_step(kind, two):
 def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     """The paper's case: the step clipped to the weight bounds, past them by gradient."""
     y, s, z, rng = group_rows(4, G=2)
-    groups = ConstraintSet.from_labels(y, s == 0, 1, "deo")
+    groups = from_labels(y, s == 0, 1, "deo")
     assert isinstance(rule_for(groups), ClippedNewton)
     lam = np.array([0.0, 0.05])
     jac = _jacobian(y, z, groups, rng, lam)

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.constraints.measures import loss_derivative, logistic_loss
 from fairvfl_flwr.core.reference import lagrangian
+from fairvfl_flwr.core.step import dual_step
 
 
 def _problem(model: str, seed: int):
@@ -27,7 +28,7 @@ def _problem(model: str, seed: int):
 def assert_gradient_identity(model: str, seed: int, constraint: str = "deo", measure: str = "loss") -> None:
     """J_kᵀν + μθ_k equals autograd's ∇_{θ_k} f̃ on the centralised Lagrangian, every party k."""
     blocks, y, s, models = _problem(model, seed)
-    groups = ConstraintSet.from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
+    groups = from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
     lam = np.random.default_rng(seed).uniform(0, 2, size=groups.num_multipliers)
     mu, eps, c = 2 / len(y), 0.01, 1e-3
 
@@ -64,12 +65,12 @@ def test_loss_derivative_matches_finite_difference_and_is_stable():
 
 
 def test_dual_step_projects_onto_nonnegative_orthant():
-    lam = ConstraintSet.dual_step(np.zeros(2), gap=0.2, epsilon=0.05, beta=0.1, c=0.0)
+    lam = dual_step(np.zeros(2), gap=0.2, epsilon=0.05, beta=0.1, c=0.0)
     assert lam == pytest.approx([0.015, 0.0])  # λ2's ascent direction -D-ε < 0 is clipped
-    lam = ConstraintSet.dual_step(np.array([0.5, 0.0]), gap=-0.2, epsilon=0.05, beta=1.0, c=0.0)
+    lam = dual_step(np.array([0.5, 0.0]), gap=-0.2, epsilon=0.05, beta=1.0, c=0.0)
     assert lam == pytest.approx([0.25, 0.15])
 
 
 def test_groups_refuse_empty_protected_group():
     with pytest.raises(ValueError, match="protected label"):
-        ConstraintSet.from_labels(np.array([1, 1, -1]), np.array([True, True, False]), protected_label=1)
+        from_labels(np.array([1, 1, -1]), np.array([True, True, False]), protected_label=1)

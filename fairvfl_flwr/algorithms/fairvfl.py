@@ -22,7 +22,7 @@ from flwr.supercore import log
 
 from fairvfl_flwr.config.algorithms import Algorithm
 from fairvfl_flwr.core import batching
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import kind_named
 from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
@@ -142,7 +142,7 @@ def _adagrad_auto(cfg) -> str | None:
     """Why ``auto`` does not take AdaGrad: a setting it cannot run with, or a constraint kind
     it was not measured to reach the target on (a kind's ``adagrad_by_default``)."""
     refused = ADAGRAD.refusal(cfg)
-    if refused is None and not ConstraintSet.kind_named(cfg.constraint).adagrad_by_default:
+    if refused is None and not kind_named(cfg.constraint).adagrad_by_default:
         refused = ("constraint", "")
     return None if refused is None else f"AdaGrad does not run with {cfg.key_of(refused[0])}={getattr(cfg, refused[0])!r}"
 

@@ -37,10 +37,12 @@ from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
     constrained_step,
+    curvature,
     damping,
     newton_server_step,
     party_curvature,
     search_step,
+    smooth_part,
     subspace_step,
     with_bias,
 )
@@ -291,7 +293,7 @@ class NewtonVFL(VFLServer):
         ``penalty`` times how far each gap is above ``bound`` (an exact ℓ1 penalty: with
         ``penalty`` above every multiplier, a step that lowers it moves toward the constrained
         optimum, whatever λ the search ended with)."""
-        f = self.groups.smooth_part(self.labels.y_train, z, np.zeros_like(self.lam))
+        f = smooth_part(self.groups, self.labels.y_train, z, np.zeros_like(self.lam))
         f += 0.5 * self.mu * (sum(self.sq_norms.values()) if sq_norm is None else sq_norm)
         if self.cfg.fairness:
             f += penalty * float(np.sum(np.maximum(np.abs(self.groups.gaps(self.labels.y_train, z)) - bound, 0.0)))
@@ -560,7 +562,7 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     if role == msgs.ROLE_ACTIVE:
         x, x_test = with_bias(x), with_bias(x_test)
         nu = groups.masked_weights(data.y, got["z"], got["lam"])
-        h = groups.curvature(data.y, got["z"], got["lam"])
+        h = curvature(groups, data.y, got["z"], got["lam"])
     elif xt_nu is None:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)
@@ -602,7 +604,7 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
         gn.set_flat(theta)
     if role == msgs.ROLE_ACTIVE:
         nu = groups.masked_weights(data.y, got["z"], got["lam"])
-        h = groups.curvature(data.y, got["z"], got["lam"])
+        h = curvature(groups, data.y, got["z"], got["lam"])
     else:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)

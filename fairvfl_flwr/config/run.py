@@ -26,7 +26,7 @@ from fairvfl_flwr.core.names import DATASET_NAMES  # names only: config imports 
 from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
-from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, ConstraintSet
+from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, kind_named
 from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE
 
 class Modes(Sequence):
@@ -379,7 +379,7 @@ class RunConfig:
         """``loss`` or ``rate``: what the constraint's gaps compare (``auto``: the kind's own)."""
         if self.constraint_measure != "auto":
             return self.constraint_measure
-        return ConstraintSet.kind_named(self.constraint).default_measure
+        return kind_named(self.constraint).default_measure
 
     @property
     def data_name(self) -> str:

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import ConstraintSet, as_multipliers, gaps_per_row
+from fairvfl_flwr.core.step import dual_step
 
-__all__ = ["ClippedNewton", "ConstrainedSearch", "dual_newton_step", "rule_for", "secant_correction"]
+__all__ = ["ClippedNewton", "ConstrainedSearch", "at_weight_bound", "dual_newton_step", "rule_for", "secant_correction"]
 
 Previous = tuple[np.ndarray, np.ndarray]
 
@@ -48,9 +49,26 @@ def rule_for(constraint: ConstraintSet) -> "ClippedNewton | ConstrainedSearch":
     """The dual rule of ``constraint``: :class:`ClippedNewton` where its kind allows the step past
     the weight bound (``newton_past_bound``) and no row sits on two gaps' sides, else
     :class:`ConstrainedSearch`."""
-    if constraint.newton_past_bound and constraint.gaps_per_row() <= 1:
+    if constraint.newton_past_bound and gaps_per_row(constraint) <= 1:
         return ClippedNewton()
     return ConstrainedSearch()
+
+
+def at_weight_bound(constraint: ConstraintSet, lam: np.ndarray) -> np.ndarray:
+    """Per gap: does d_c sit at (or past) ``ConstraintSet.weight_bounds``? (None where the measure allows w < 0.)
+
+    From there block Newton's dual step is the paper's projected gradient step with β,
+    unclipped: where the constraint needs some rows' weights below 0 (Crime), λ moves past
+    the bound by β(|D_c| − ε) per round, and back once the gap is met. Small steps, because
+    past the bound f̃ is not convex in those rows' logits and the Newton step's sensitivity
+    J, taken at weights >= 0, says nothing about how far the primal then moves.
+    """
+    if not constraint.q.needs_nonnegative_weights:
+        return np.zeros(len(constraint.constraints), dtype=bool)
+    lo, hi = constraint.weight_bounds()
+    d = np.asarray(lam, dtype=np.float64)[0::2] - np.asarray(lam, dtype=np.float64)[1::2]
+    rel = 1e-9  # project puts d on the bound up to rounding
+    return (d >= hi * (1 - rel)) | (d <= lo * (1 - rel))
 
 
 def split(d: np.ndarray) -> np.ndarray:
@@ -90,14 +108,14 @@ class ConstrainedSearch:
     def step(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, constraint: ConstraintSet, *,
              epsilon: float, beta: float, c: float, previous: Previous | None = None) -> np.ndarray:
         """λ as the last search left it (:func:`dual_newton_step`)."""
-        return constraint.check_multipliers(lam)
+        return as_multipliers(lam, len(constraint.constraints))
 
 
 @dataclass(frozen=True)
 class ClippedNewton:
     """Newton on the dual clipped to the weight bounds; past a bound, a short gradient step.
 
-    A gap whose d_c already sits at ``ConstraintSet.at_weight_bound`` takes the paper's
+    A gap whose d_c already sits at :func:`at_weight_bound` takes the paper's
     projected gradient step with β, unclipped, moving d_c by at most ``past_bound_share`` of
     its bounds' width (:meth:`past_bound`). The others take :meth:`newton`.
     """
@@ -111,11 +129,11 @@ class ClippedNewton:
              epsilon: float, beta: float, c: float, previous: Previous | None = None) -> np.ndarray:
         """The new λ (:func:`dual_newton_step`)."""
         if jac is None:
-            return constraint.project(ConstraintSet.dual_step(lam, gaps, epsilon, beta, c))
+            return constraint.project(dual_step(lam, gaps, epsilon, beta, c))
         new = self.newton(lam, gaps, jac, constraint, epsilon=epsilon, c=c, previous=previous)
-        past = constraint.at_weight_bound(lam)
+        past = at_weight_bound(constraint, lam)
         if past.any():
-            step = self.past_bound(lam, ConstraintSet.dual_step(lam, gaps, epsilon, beta, c), constraint)
+            step = self.past_bound(lam, dual_step(lam, gaps, epsilon, beta, c), constraint)
             for k in np.flatnonzero(past):
                 new[2 * k:2 * k + 2] = step[2 * k:2 * k + 2]
         return new

@@ -6,7 +6,7 @@ of f̃ is, up to terms constant in θ,
     F(θ) = φ(z) + Σ_k (μ/2)‖θ_k‖²,   φ(z) = (1/n) Σ_i l_i(z_i) + Σ_i m_i q_i(z_i),
 
 with ∂φ/∂z = ν (``ConstraintSet.masked_weights``) and a diagonal Hessian in z,
-φ''_i (``ConstraintSet.curvature``). One round:
+φ''_i (:func:`curvature`). One round:
 
 1. Server: the dual step (core/dual_newton.dual_newton_step: clipped to the weight bounds
    for ``deo`` on two groups, a fraction to the boundary where gaps share rows or a kind
@@ -31,12 +31,12 @@ much as the correlation requires and no constant is tuned.
 
 Curvature. For the loss measure φ''_i = w_i σ(z_i)(1 − σ(z_i)) with the signed row weight
 w_i = 1/n + m_i, which is negative for rows of a group whose weight λ pushes below zero;
-φ is then not convex in z there. ``ConstraintSet.curvature`` clips φ'' at 0 (a PSD model), so every
+φ is then not convex in z there. :func:`curvature` clips φ'' at 0 (a PSD model), so every
 direction is a descent direction; the line search works on the true, unclipped F.
 (The dual step keeps every w_i >= 0 on the loss measure, ``ConstraintSet.weight_bounds``, so there
 the clip only guards the rate measure and rounding.) Variants of what the passive parties use for h (``curvature``):
 
-* ``exact``: the server sends h with ν. Reveals more than ν (see ``ConstraintSet.curvature``).
+* ``exact``: the server sends h with ν. Reveals more than ν (see :func:`curvature`).
 * ``nu``: the party derives h from ν alone, as if every row had weight 1/n:
   σ(−y_i z_i) = n|ν_i| there, so h̃_i = |ν_i|(1 − n|ν_i|), clipped at 0 (exact on the rows
   outside the constrained groups, which are most rows).
@@ -49,11 +49,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import ConstraintSet, as_multipliers, gap_weights
+from fairvfl_flwr.core.constraints.measures import logistic_loss
+from fairvfl_flwr.core.constraints.release import RowWeights
 from fairvfl_flwr.core.dual_newton import dual_newton_step, rule_for
 
 CURVATURES = ("exact", "nu", "const")
 ARMIJO = 1e-4
+
+
+def smooth_part(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> float:
+    """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
+    m = constraint.signed_weights(lam) - 1.0 / constraint.n
+    return float(logistic_loss(y, z).mean() + m @ constraint.q.values(y, z))
+
+
+def curvature(constraint: ConstraintSet | RowWeights, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """φ''(z_i) clipped at 0: the PSD per-row curvature of f̃ in z (from the signed row weights
+    alone, so a label owner that receives them takes it too: core/constraints/release.RowWeights).
+
+    Loss measure: max(w_i, 0) σ'(z_i); rate measure: max(σ'/n + m_i σ'(1 − 2σ), 0).
+    Sent to a passive party (``curvature = "exact"``), h_i with ν_i gives w_i = ν_i²/(|ν_i| − h_i)
+    on the loss measure: the row's group weight, hence its group among the constrained
+    rows once λ ≠ 0, and σ(z_i)(1 − σ(z_i)), hence |z_i|.
+    """
+    return constraint.q.curvature(y, z, constraint.signed_weights(lam), constraint.n)
+
+
+def gap_directions(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """n × C: column c is ∂D_c/∂z = dq/dz ⊙ (1_A/|A| − 1_B/|B|) (also ∂ν/∂(λ_c+ − λ_c−))."""
+    return constraint.q.slope(y, z)[:, None] * gap_weights(constraint)
 
 
 def party_curvature(nu: np.ndarray | None, n: int, kind: str) -> np.ndarray:
@@ -141,13 +166,13 @@ def subspace_step(
     damp = _Prox(prox)
 
     def value(al: np.ndarray) -> float:
-        return groups.smooth_part(y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
+        return smooth_part(groups, y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
 
     f = value(alpha)
     for _ in range(iters):
         zz = z + du @ alpha
         g = du.T @ groups.masked_weights(y, zz, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
-        H = (du * groups.curvature(y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
+        H = (du * curvature(groups, y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
         p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
@@ -243,9 +268,9 @@ def constrained_step(
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    lam = np.maximum(groups.check_multipliers(lam), 0.0)
+    lam = np.maximum(as_multipliers(lam, len(groups.constraints)), 0.0)
     zero = np.zeros_like(lam)
-    cols = groups.gap_weights()
+    cols = gap_weights(groups)
     rho = 1.0 / max(epsilon, 1e-6)
     alpha = np.zeros(du.shape[1])
     damp = _Prox(prox)
@@ -261,7 +286,7 @@ def constrained_step(
     def value(al: np.ndarray, lm: np.ndarray, r: float) -> float:
         zz = z + du @ al
         pen = np.maximum(lm + r * g_of(groups.gaps(y, zz)), 0.0)
-        return (groups.smooth_part(y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
+        return (smooth_part(groups, y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
                 + float(pen @ pen - lm @ lm) / (2.0 * r) + damp.value(al))
 
     last = violation(groups.gaps(y, z))
@@ -274,7 +299,7 @@ def constrained_step(
             grad = du.T @ groups.masked_weights(y, zz, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
             V = du.T @ (groups.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
             play = (tilde[0::2] > 0) | (tilde[1::2] > 0)
-            H = ((du * groups.curvature(y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
+            H = ((du * curvature(groups, y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
                  + damp.hess())
             p = -solve_psd(H, grad, rcond)
             slope = float(grad @ p)
@@ -317,8 +342,8 @@ def subspace_gap_jacobian(
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     b = np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    H = (du * groups.curvature(y, z, lam)[:, None]).T @ du + mu * B
-    V = du.T @ groups.gap_directions(y, z)
+    H = (du * curvature(groups, y, z, lam)[:, None]).T @ du + mu * B
+    V = du.T @ gap_directions(groups, y, z)
     return -V.T @ solve_psd(H, V, rcond)
 
 
@@ -375,7 +400,7 @@ class CentralisedNewton:
         self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,
                                                          fairness=self.fairness)
-        h = self.groups.curvature(self.y, z, self.lam)
+        h = curvature(self.groups, self.y, z, self.lam)
         hess = self.x.T @ (h[:, None] * self.x) + self.mu * np.eye(self.x.shape[1])
         dirs = [-np.linalg.solve(hess, self.x.T @ nu + self.mu * self.theta), *self.moves]
         D = np.column_stack(dirs)

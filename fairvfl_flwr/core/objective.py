@@ -14,7 +14,7 @@ The general masked weight is
 
 with ``g_i = dq_i/dz_i``: ``o_i`` for ``loss`` (so ν_i = w_i o_i, w_i = 1/n + m_i) and
 ``σ(z_i)(1 − σ(z_i))`` for ``rate``. The constraint object computes all of these
-(``ConstraintSet.masked_weights``, ``signed_weights``, ``dual_step``, ``gaps``); this module
+(``ConstraintSet.masked_weights``, ``signed_weights``, ``gaps``; the dual step in core/step.py); this module
 keeps what the server records each round.
 """
 
@@ -35,22 +35,16 @@ class TrainStats:
     """What the server records about θ on the training rows each round."""
 
     loss: float  # data term of L(θ) (regulariser added by the caller)
-    gap: float  # D(θ) of the first constraint (DEO's D for deo / equalized-odds), in the run's measure
-    gaps: tuple[float, ...] = ()  # D_c(θ) of every constraint
-
-    @property
-    def deo(self) -> float:
-        """|D(θ)| of the first gap: the paper's DEO for the two-group DEO constraint."""
-        return abs(self.gap)
+    gaps: tuple[float, ...]  # D_c(θ) of every gap, in the run's measure
 
     @property
     def max_gap(self) -> float:
         """max_c |D_c(θ)|: the constraint set holds when this is <= ε."""
-        return max((abs(g) for g in self.gaps), default=abs(self.gap))
+        return max(abs(g) for g in self.gaps)
 
 
 def train_stats(y: np.ndarray, z: np.ndarray, groups: ConstraintSet) -> TrainStats:
     """The training loss and every gap at scores ``z``, from one pass of the logistic loss."""
     losses = logistic_loss(y, z)
-    gaps = groups.gaps_of(groups.q.values(y, z, losses))  # = groups.gaps(y, z), one loss pass
-    return TrainStats(loss=float(losses.mean()), gap=float(gaps[0]), gaps=tuple(float(g) for g in gaps))
+    gaps = groups.gaps(y, z, losses=losses)  # one loss pass
+    return TrainStats(loss=float(losses.mean()), gaps=tuple(float(g) for g in gaps))

@@ -21,6 +21,7 @@ from fairvfl_flwr.core.models import gradient_step
 from fairvfl_flwr.core.newton import (
     MEMORY,
     block_direction,
+    curvature,
     newton_server_step,
     party_curvature,
     search_step,
@@ -169,7 +170,7 @@ class NewtonFloor(NumpyFloor):
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,
                                                          fairness=self.fairness)
         n = len(z)
-        h_exact = self.groups.curvature(self.y, z, self.lam)
+        h_exact = curvature(self.groups, self.y, z, self.lam)
         h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
         dirs, du, owner = [], [], []
         for k, x in enumerate(self.X):

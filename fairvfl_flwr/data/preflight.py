@@ -24,7 +24,7 @@ What is checked, for the table of a node config (``--node-config`` syntax):
   label-negative or the one other value); anything else with its count and example rows;
 * its sensitive column(s): the declared groups only, and each group's rows in the subsets the
   constraint compares (``min-group-size``): the groups pooled into one (``pool-small-groups``,
-  decided as the run decides it: ConstraintSet.pooled_members) with their counts, or every
+  decided as the run decides it: core/constraints/pooling.pooled_members) with their counts, or every
   group that pooling does not fix, with its count;
 * likely protected columns (race, sex, age, ... by name or values) the party did not declare in
   node config ``protected-columns``: suggested in the notes (declared ones are not model inputs);
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.constraints import ConstraintSet, GroupSizeError, SensitiveGroups
+from fairvfl_flwr.core.constraints import GroupSizeError, SensitiveGroups, kind_named, pooled_members
 from fairvfl_flwr.data.partydata import (ROLE_ACTIVE, ROLE_REGISTRY, PartySpec, group_columns, group_values,
                                          label_codes, label_findings, registry_groups, reserved_columns)
 from fairvfl_flwr.data.own_table import (CATEGORY, NUMBER, fill_finding, likely_markers, marker_finding, number_like,
@@ -349,7 +349,7 @@ def _check_groups(report: Report, df: Any, spec: PartySpec, rules: Rules, y: np.
         names, codes = [norm_value(spec.group_a), norm_value(spec.group_b)], np.where(s, 0, 1)
     else:
         names, codes = sorted(set(group_values(df, spec))), s
-    kind = ConstraintSet.kind_named(rules.constraint)
+    kind = kind_named(rules.constraint)
     subsets = kind.subsets(y, spec.protected_label)
     described = {_described(label, rows, y, spec.protected_label): rows for label, rows in subsets}
     sizes = []
@@ -360,8 +360,8 @@ def _check_groups(report: Report, df: Any, spec: PartySpec, rules: Rules, y: np.
     where = ("counted on this table before alignment: the run counts the rows all parties hold, which can be "
              "fewer")
     try:
-        pooled = kind.pooled_members(SensitiveGroups(codes, tuple(map(str, names))), subsets, rules.min_group_size,
-                                     rules.pool_small_groups, whole_table=True)
+        pooled = pooled_members(SensitiveGroups(codes, tuple(map(str, names))), subsets, rules.min_group_size,
+                                rules.pool_small_groups, kind.kind, whole_table=True)
     except GroupSizeError as exc:
         report.add("group too small", f"{exc} ({where}); or add rows, or merge groups in the table")
         return

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
+from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups, constrained_codes, from_labels
 from fairvfl_flwr.core.constraints.release import RandomizedResponse
 from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, estimated_metrics
 from fairvfl_flwr.config.run import RunConfig
@@ -63,8 +63,8 @@ def constraint_groups(cfg: RunConfig, y: np.ndarray, s: np.ndarray, protected_la
                       whole: tuple[np.ndarray, np.ndarray] | None = None) -> ConstraintSet:
     """The run's constraint object (``constraint`` key; DEO by default) on rows (y, s);
     ``whole``: the labels and groups of every row, on which small groups are decided."""
-    return ConstraintSet.from_labels(y, s, protected_label, cfg.constraint, cfg.measure, names=names,
-                                     whole=whole, **group_options(cfg))
+    return from_labels(y, s, protected_label, cfg.constraint, cfg.measure, names=names,
+                       whole=whole, **group_options(cfg))
 
 
 def whole_table(y_train, s_train, y_test, s_test) -> tuple[np.ndarray, np.ndarray] | None:
@@ -163,7 +163,7 @@ class ServerLabels:
         y, s = (self.y_train, self.s_train) if split == "train" else (self.y_test, self.s_test)
         pooled = constraint.pooling is not None
         if self.release is None:
-            return constrained_metrics(y, s, z, constraint.coded(s, self.group_names) if pooled else None)
+            return constrained_metrics(y, s, z, constrained_codes(constraint, s, self.group_names) if pooled else None)
         # the constraint's groups (pooled: merged weights) of these rows' released values
         groups = (self.sensitive(split) if constraint.groups is None
                   else dataclasses.replace(constraint.groups, codes=np.asarray(s, dtype=np.int64)))
@@ -182,9 +182,9 @@ class ServerLabels:
     def groups_for(self, constraint: str, measure: str = "loss") -> ConstraintSet:
         """The run's constraint set on the training rows: ``constraint`` and ``measure`` with the run's
         group options (form, small groups)."""
-        return ConstraintSet.from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
-                                         whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
-                                         names=self.group_names, weights=self.weights, **(self.options or {}))
+        return from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
+                           whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
+                           names=self.group_names, weights=self.weights, **(self.options or {}))
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

@@ -43,7 +43,7 @@ from logging import INFO
 import numpy as np
 from flwr.supercore import log
 
-from fairvfl_flwr.core.constraints import ConstraintSet
+from fairvfl_flwr.core.constraints import ConstraintSet, gaps_per_row
 from fairvfl_flwr.core.constraints.measures import measure
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -85,17 +85,22 @@ def noise_multiplier_for(epsilon: float, delta: float, steps: int, sample_rate: 
                                             steps=steps, accountant="rdp", alphas=_alphas(acc)))
 
 
+def smallest_group(constraint: ConstraintSet) -> int:
+    """The smallest row set any of the constraint's gaps compares: the data's bound on m."""
+    return min(min(c.size_a, c.size_b) for c in constraint.constraints)
+
+
 def flipped_masks(constraint: ConstraintSet) -> int:
     """Σ over the subsets a label flip changes of (gap sides the row's group mask feeds)²:
     1 for DEO with two groups, 2 for equalized odds, 0 for demographic parity."""
-    return constraint.label_subsets * constraint.gaps_per_row() ** 2
+    return constraint.label_subsets * gaps_per_row(constraint) ** 2
 
 
 def label_sensitivity(constraint: ConstraintSet, lambda_bound: float, min_group: int) -> float:
     """Δ: the L2 bound on one round's change of ν when one training label flips, with
     |λ_c+ − λ_c−| <= ``lambda_bound`` and every gap side of at least ``min_group`` rows."""
     return sensitivity(constraint.n, lambda_bound, min_group, flipped_masks(constraint), constraint.measure,
-                       constraint.gaps_per_row())
+                       gaps_per_row(constraint))
 
 
 def sensitivity(n: int, lambda_bound: float, min_group: int, flipped_groups: int, measure_name: str = "loss",
@@ -123,7 +128,7 @@ class LabelDP(RoundHook):
         self.n = groups.n
         self.epsilon, self.delta, self.rounds = float(epsilon), float(delta), int(rounds)
         self.lambda_bound = float(lambda_bound) if fairness else 0.0
-        actual = groups.smallest_group()
+        actual = smallest_group(groups)
         if min_group > actual:
             raise ConfigError(f"run config privacy.label-dp-min-group={min_group}: the data's smallest constraint group has "
                              f"{actual} rows; set a bound <= {actual} (0: the data's smallest group - 1)")

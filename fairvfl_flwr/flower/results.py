@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from fairvfl_flwr.config.run import RunConfig
+from fairvfl_flwr.core.constraints import KINDS, HistoryNames, kind_named
 
 # One schema for every constraint (docs/fairness-constraints.md, "History and summary"):
 # max_gap = max_c |D_c|, gaps = {name: D_c}, lambdas = [λ_1+, λ_1-, ...]; dp_diff, eo_diff:
@@ -120,7 +121,7 @@ class RunRecorder:
             "train_max_gap": last["max_gap"],
             "train_gaps": last["gaps"],
             "lambdas": last["lambdas"],
-            **({"train_deo": last["deo"], "lambda": [last["lambda1"], last["lambda2"]]} if "deo" in last else {}),
+            **kind_named(self.cfg.constraint).history.summary(last),
             "evaluated_on": "validation" if self.cfg.validation_fraction > 0 else "test",
             **{f"test_{k}": final_eval.get(k) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")},
             **{f"test_{k}": final_eval.get(k) for k in RAW_COLUMNS if k in final_eval},
@@ -163,8 +164,9 @@ def plot_convergence(rows: list[dict], cfg: RunConfig, path: Path) -> None:
 
 
 def gap_label(summary: dict) -> str:
-    """The name of the largest training gap in a summary: DEO for the paper's constraint."""
-    return "DEO" if summary.get("constraint") == "deo" else "max gap"
+    """The name of the largest training gap in a summary: its constraint kind's (DEO for the paper's)."""
+    kind = KINDS.get(summary.get("constraint"))  # a summary of a kind not registered here: the shared name
+    return (kind.history if kind is not None else HistoryNames()).gap_label
 
 
 def format_summary(summary: dict, folder: Path) -> str:

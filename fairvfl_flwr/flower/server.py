@@ -36,7 +36,7 @@ from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core import batching
-from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups
+from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups, constrained_codes
 from fairvfl_flwr.core.metrics import RAW_METRICS, group_counts, predict
 from fairvfl_flwr.core.objective import TrainStats, train_stats
 from fairvfl_flwr.core.stopping import GAP_SLACK, StopRule
@@ -46,6 +46,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
+from fairvfl_flwr.core.newton import smooth_part
 
 
 #: The test metrics of an evaluated round (NaN in the others): core/metrics.fairness_metrics, over
@@ -118,8 +119,9 @@ class VFLServer:
         # with pooled groups, each row's constrained group: the figures a user reads are over the
         # groups ε holds for, not over a member of one test row (None: the data's groups are those)
         pooled = self.constraint.pooling is not None
-        self.constrained_test = self.constraint.coded(labels.s_test, labels.group_names) if pooled else None
-        self.constrained_train = self.constraint.coded(labels.s_train, labels.group_names) if pooled else None
+        self.constrained_test, self.constrained_train = (
+            (constrained_codes(self.constraint, labels.s_test, labels.group_names),
+             constrained_codes(self.constraint, labels.s_train, labels.group_names)) if pooled else (None, None))
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.view = ServerView(self)  # what the hooks see of this server
@@ -340,7 +342,7 @@ class VFLServer:
         """F at the current λ: φ(z) + (μ/2) Σ_k ‖θ_k‖², by default of the held logits and norms."""
         z = self.z("train") if z is None else z
         sq_norm = sum(self.sq_norms.values()) if sq_norm is None else sq_norm
-        return self.groups.smooth_part(self.labels.y_train, z, self.lam) + 0.5 * self.mu * sq_norm
+        return smooth_part(self.groups, self.labels.y_train, z, self.lam) + 0.5 * self.mu * sq_norm
 
     def converged(self, f_before: float, z_after: np.ndarray) -> bool:
         """Feed the round just folded (F before its steps, the logits after) to the stop rule."""
@@ -348,7 +350,7 @@ class VFLServer:
         y = self.labels.y_train
         hard = None
         if self.stop.target is not None:  # the server holds y, s and z: the hard gaps cost no message
-            hard = float(np.max(np.abs(self.groups.hard_gaps(y, z_after))))
+            hard = float(np.max(np.abs(self.groups.gaps(y, z_after, hard=True))))
             self.stop.observe(len(self.history), hard, float(np.mean(predict(z_after) == y)))
         bound, temperature = self.stop.epsilon, self.stop.temperature
         done = self.stop.update(f_before, f_after, self.groups.gaps(y, z_after), self.lam, hard)
@@ -388,9 +390,9 @@ class VFLServer:
             "round": server_round,
             "loss": self.stats.loss + 0.5 * self.mu * sum(self.sq_norms.values()),
             "max_gap": self.stats.max_gap,  # max_c |D_c|: the constraint set holds when <= ε
-            "gaps": self.groups.gaps_by_name(self.stats.gaps),  # every D_c by name
+            "gaps": {c.name: g for c, g in zip(self.groups.constraints, self.stats.gaps)},  # every D_c by name
             "lambdas": [float(v) for v in self.lam],  # all multipliers [λ_1+, λ_1-, λ_2+, λ_2-, ...]
-            **self.groups.own_columns(self.stats.gaps, self.lam),
+            **self.groups.history.columns(self.stats.gaps, self.lam),
             **dict.fromkeys(TEST_METRICS + (RAW_TEST_METRICS if self.constrained_test is not None else ()), np.nan),
             "seconds": time.perf_counter() - self._t0,
         }
@@ -437,7 +439,7 @@ class VFLServer:
                 self.history[-1]["max_gap"] if self.history else float("nan"))
             return {"epsilon_bounds": "smooth"}
         y, z = self.labels.y_train, self.z("train")
-        hard = float(np.max(np.abs(self.groups.hard_gaps(y, z))))
+        hard = float(np.max(np.abs(self.groups.gaps(y, z, hard=True))))
         met = hard <= stop.target + GAP_SLACK
         out = {"epsilon_bounds": "hard", "train_hard_gap": hard, "epsilon_met": met,
                "surrogate_bound": stop.epsilon, "tightenings": stop.tightenings, "loosenings": stop.loosenings,
@@ -479,7 +481,7 @@ class VFLServer:
             return {"groups": _counted(names, train, test)}
         out = {"groups": _counted(names, self.constrained_train, self.constrained_test)}
         raw_test = SensitiveGroups.of(self.labels.s_test, self.labels.group_names).codes
-        into = self.groups.coded(np.arange(len(raw.names)), raw.names)
+        into = constrained_codes(self.groups, np.arange(len(raw.names)), raw.names)
         out["raw_groups"] = {name: {**counts, "pooled_into": names[into[k]] if into[k] == len(names) - 1 else None}
                              for k, (name, counts) in enumerate(_counted(raw.names, raw.codes, raw_test).items())}
         return out
@@ -494,7 +496,7 @@ class VFLServer:
         fair = f" (eps {self.cfg.epsilon:.3g}) {multipliers}" if self.cfg.fairness else ""
         raw = (f" (unpooled groups: DP diff={row['dp_diff_raw']:.3f} EO diff={row['eo_diff_raw']:.3f})"
                if "dp_diff_raw" in row else "")
-        return (f"L={row['loss']:.4f} {self.groups.gap_label}={row['max_gap']:.4f}{fair} | test "
+        return (f"L={row['loss']:.4f} {self.groups.history.gap_label}={row['max_gap']:.4f}{fair} | test "
                 f"ACC={100 * row['acc']:.2f}% DFP={row['dfp']:.3f} DFN={row['dfn']:.3f} "
                 f"DP diff={row['dp_diff']:.3f} EO diff={row['eo_diff']:.3f}{raw} | {row['seconds']:.1f} s")
 

@@ -40,6 +40,7 @@ from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.core.constraints import constrained_codes
 
 SAVE_RECORD = "save"
 SAVED_RECORD = "saved"
@@ -88,7 +89,7 @@ def final_intervals(labels, z_test: np.ndarray | None, seed: int, groups=None) -
         return {}
     s = np.asarray(labels.s_test)
     if groups is not None and groups.pooling is not None:
-        s = groups.coded(s, labels.group_names)
+        s = constrained_codes(groups, s, labels.group_names)
     group, names = (np.where(s, "a", "b"), ["a", "b"]) if s.dtype == bool else (s, sorted(set(s.tolist())))
     counts = cell_counts(labels.y_test == 1, group, z_test >= 0, names)
     return {k: list(v) for k, v in bootstrap(counts, BOOTSTRAP_REPLICATES, seed).items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairvfl_flwr.core.constraints.base import ConstraintSet
+from fairvfl_flwr.core.constraints.history import HistoryNames
 
 
 class DemographicParity(ConstraintSet):
@@ -21,7 +22,7 @@ class DemographicParity(ConstraintSet):
 
     kind = "demographic-parity"
     default_measure = "rate"
-    gap_label = "DP gap"
+    history = HistoryNames("DP gap")
     label_subsets = 0
 
     @classmethod

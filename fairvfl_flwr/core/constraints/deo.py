@@ -5,6 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from fairvfl_flwr.core.constraints.base import ConstraintSet
+from fairvfl_flwr.core.constraints.history import HistoryNames
+
+
+class PaperNames(HistoryNames):
+    """The paper's names beside the shared ones: ``gap`` = D (signed), ``deo`` = |D|,
+    ``lambda1``/``lambda2`` in the history (the first gap's, with several groups), and
+    ``train_deo``, ``lambda`` = [λ1, λ2] in the summary."""
+
+    def columns(self, gaps, lam: np.ndarray) -> dict[str, float]:
+        """``deo``, ``gap``, ``lambda1``, ``lambda2`` of the first gap."""
+        return {"deo": abs(float(gaps[0])), "gap": float(gaps[0]), "lambda1": float(lam[0]), "lambda2": float(lam[1])}
+
+    def summary(self, row: dict) -> dict:
+        """``train_deo`` = |D| and ``lambda`` = [λ1, λ2] of the last row."""
+        return {"train_deo": row["deo"], "lambda": [row["lambda1"], row["lambda2"]]} if "deo" in row else {}
 
 
 class DEO(ConstraintSet):
@@ -25,12 +40,7 @@ class DEO(ConstraintSet):
     label_subsets = 1
     adagrad_by_default = True
     newton_past_bound = True
-    gap_label = "DEO"
-
-    def own_columns(self, gaps, lam: np.ndarray) -> dict[str, float]:
-        """The paper's names: ``gap`` = D (signed), ``deo`` = |D|, ``lambda1``/``lambda2`` (the
-        first gap's, with several groups)."""
-        return {"deo": abs(float(gaps[0])), "gap": float(gaps[0]), "lambda1": float(lam[0]), "lambda2": float(lam[1])}
+    history = PaperNames("DEO")
 
     @classmethod
     def subsets(cls, y: np.ndarray, protected_label: int) -> list[tuple[str, np.ndarray]]:

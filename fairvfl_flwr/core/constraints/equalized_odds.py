@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairvfl_flwr.core.constraints.base import ConstraintSet
+from fairvfl_flwr.core.constraints.history import HistoryNames
 
 
 class EqualizedOdds(ConstraintSet):
@@ -22,7 +23,7 @@ class EqualizedOdds(ConstraintSet):
 
     kind = "equalized-odds"
     default_measure = "rate"
-    gap_label = "EO gap"
+    history = HistoryNames("EO gap")
     label_subsets = 2
 
     @classmethod

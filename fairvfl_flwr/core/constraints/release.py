@@ -89,9 +89,9 @@ def release_rng(secret: bytes, ids_digest: str, rr: RandomizedResponse, split: s
 class RowWeights:
     """The constraint as a label owner that holds no groups takes it: the signed row weights
     w = 1/n + m the server computed from λ and the released groups, sent with the round's
-    message. ν = ∂f̃/∂z and the curvature of f̃ in z follow from w alone (w does not depend
-    on z), so the label owner's local steps take the fairness term the server's ν carries,
-    without a group column of its own."""
+    message. ν = ∂f̃/∂z and the curvature of f̃ in z (core/newton.curvature) follow from w
+    alone (w does not depend on z), so the label owner's local steps take the fairness term
+    the server's ν carries, without a group column of its own."""
 
     weights: np.ndarray
     measure: str
@@ -120,7 +120,3 @@ class RowWeights:
     def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """ν = ∂f̃/∂z at scores ``z`` from the received w."""
         return self.q.nu(y, z, self.weights, self.n)
-
-    def curvature(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
-        """φ''(z_i) clipped at 0, from the received w (ConstraintSet.curvature)."""
-        return self.q.curvature(y, z, self.weights, self.n)
