@@ -8,9 +8,11 @@ of that kind took so far, and sums over the steps still to come their work times
 kind's rate. A kind not seen yet takes its rate from the kind it is tied to (``relative``:
 a raise costs about 0.7 of a blinding), else from a prior (``priors``: seconds per unit
 measured before the job), else the time left is not known yet. The step under way counts
-with what it has done (``done_units``); one that says nothing of it and has run past its
-estimate raises its kind's rate to what it has taken so far (a lower bound: the time left
-then grows while the step runs on). The caller says what a unit of work is: when
+with what it has done (``done_units``). One that says nothing of it and has run past its
+estimate raises its kind's rate: to what it has taken so far when the rate was measured,
+and to twice that when it was only a prior (a free core's cost, a floor that a busy machine
+or slower cores exceed by any factor: the step is then taken to be half done, the median
+when nothing else is known). The caller says what a unit of work is: when
 parties work at once on one machine their work adds up, on machines of their own the
 largest share sets the pace.
 
@@ -86,6 +88,11 @@ class Estimate:
         """Seconds per unit of each kind done so far."""
         return {k: self._seconds[k] / u for k, u in self._units.items() if u > 0}
 
+    def seen(self, kind: str) -> bool:
+        """Whether ``kind``'s rate is measured: a step of it, or of the kind it is tied to, is done."""
+        tie = self.relative.get(kind)
+        return bool(self._units.get(kind)) or bool(tie and self._units.get(tie[0]))
+
     def rate(self, kind: str, override: dict[str, float] | None = None) -> float | None:
         """Seconds per unit of ``kind``: measured (``override`` first: the step under way's), else
         tied to a measured kind, else its prior, else tied to a kind with a prior; None: unknown."""
@@ -118,8 +125,8 @@ class Estimate:
                 override[current.kind] = rate
             elif rate is None:
                 return None
-            elif elapsed > rate * current.units:  # past its estimate: at least what it took so far
-                rate = elapsed / current.units
+            elif elapsed > rate * current.units:  # past its estimate (see the module's docstring)
+                rate = (elapsed if self.seen(current.kind) else 2 * elapsed) / current.units
                 override[current.kind] = rate
             total = max(0.0, rate * current.units - elapsed)
         for step in self.steps[self.done + 1:]:

@@ -316,10 +316,10 @@ class _Passes:
         self.progress.estimate.plan(self.plan(batches, common)[self.progress.estimate.done:])
 
     def priors(self) -> dict[str, float]:
-        """Seconds of one core per id to blind and to raise (this thread's CPU time: what a core
-        free for it would take), timed here before a PSI long enough to want a time left before
-        its first step is done (simulation: the parties' own machine; a deployment: a stand-in
-        for theirs); none without the PSI library."""
+        """Seconds of a free core per id (this thread's CPU time) to blind and to raise, timed here
+        before a PSI long enough to want a time left before its first step is done (simulation:
+        the parties' own machine; a deployment: a stand-in for theirs); none without the PSI
+        library."""
         if self.kept or sum(self.n.values()) < CALIBRATE_FROM:
             return {}
         try:
@@ -442,9 +442,9 @@ def _progress(step: _Step, *plan: Step, started: float | None = None) -> Progres
     alignment's earlier messages (its node state)."""
     priors = {k: float(v) for k, v in (step.state.config_records.get(PACE_STATE) or {}).items()}
     crypto = max((s.units for s in plan if s.kind in ("blind", "raise")), default=0)
-    if crypto >= psi.CHUNK and "blind" not in priors:  # its first PSI work: this machine's cost, timed
-        priors.update({k: v / psi.workers(int(crypto)) for k, v in psi.cost_per_id(CALIBRATION_IDS,
-                                                                                   time.thread_time).items()})
+    if crypto >= psi.CHUNK and "blind" not in priors:  # its first PSI work: a free core's cost, timed
+        priors.update({kind: seconds / psi.workers(int(crypto))
+                       for kind, seconds in psi.cost_per_id(CALIBRATION_IDS, time.thread_time).items()})
     return Progress(f"alignment, party {step.spec.partition_id} ({step.spec.role}), step {step.signer.step!r}",
                     Estimate(plan, priors=priors, relative=RELATIVE), started)
 
