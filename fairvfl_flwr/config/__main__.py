@@ -12,8 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-# the registered algorithms' names and refusals are part of what the declarations generate
-from fairvfl_flwr import algorithms  # noqa: F401  (registers them; a CLI, not the config layer's API)
+# the registered jobs' modes and algorithms' names and refusals are part of what the declarations generate
+from fairvfl_flwr.app import jobs  # noqa: F401  (registers them; a CLI, not the config layer's API)
 from fairvfl_flwr.config import node, scoring, sections, settings
 from fairvfl_flwr.config.run import RunConfig
 

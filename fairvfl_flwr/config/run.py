@@ -30,21 +30,23 @@ from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, kind_nam
 from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE
 
 class Modes(Sequence):
-    """The run config's ``mode`` choices: the app's own jobs' modes, declared here so that a
-    run config is checked without importing the jobs, and the modes of jobs registered later
-    (flower/jobs.register adds them), read on every use."""
+    """The run config's ``mode`` choices: the modes of the registered jobs, read on every use.
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = list(names)
-        self.declared = frozenset(names)
+    Each mode is declared once, by the job that runs it (or by an algorithm that job runs):
+    flower/jobs.register adds a job's modes here and unregister removes them. A process that
+    registered no job (the config alone) has no choices to check ``mode`` against; the
+    ServerApp's dispatch refuses a mode no registered job runs (flower/jobs.selected)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
 
     def add(self, *names: str) -> None:
         """Make ``names`` valid modes (a job that runs them was registered)."""
         self.names += [n for n in names if n not in self.names]
 
     def remove(self, *names: str) -> None:
-        """Forget ``names`` (their job was unregistered); the declared modes stay."""
-        self.names = [n for n in self.names if n not in names or n in self.declared]
+        """Forget ``names`` (their job was unregistered)."""
+        self.names = [n for n in self.names if n not in names]
 
     def __getitem__(self, index):
         return tuple(self.names)[index]
@@ -56,7 +58,7 @@ class Modes(Sequence):
         return repr(tuple(self.names))
 
 
-MODES = Modes(("fairvfl", "fairvfl-scores", "split", "score"))
+MODES = Modes()
 #: Who may hold the sensitive attribute (run config groups.holder).
 GROUP_HOLDERS = ("label-owner", "registry")
 
@@ -339,7 +341,7 @@ class RunConfig:
         :meth:`from_flower` checks it."""
         s = BY_KEY["mode"]
         mode = coerce(s.key, run_config.get(s.key, s.default), s.type)
-        if mode not in s.choices:
+        if s.choices and mode not in s.choices:
             raise ConfigError(f"run config {s.key}={mode!r}: choose one of {', '.join(map(str, s.choices))}")
         return mode
 

@@ -16,8 +16,8 @@ from typing import Any
 import click
 from flwr.common.config import parse_config_args
 
-# a run config a tool reads may name any registered algorithm (optimizer, mode): register them
-from fairvfl_flwr import algorithms  # noqa: F401
+# a run config a tool reads may name any registered job's mode or algorithm: register them
+from fairvfl_flwr.app import jobs  # noqa: F401
 
 # the pairs Flower's parser picks out of a --run-config string (flwr.common.config)
 _PAIR = r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)"
