@@ -14,7 +14,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.constraints.measures import Rate
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.core.stopping import MAX_LOOSEN, MIN_TEMPERATURE, SETTLE, StopRule
+from fairvfl_flwr.core.stopping import LOOSEN_WITHIN, MAX_LOOSEN, MIN_TEMPERATURE, SETTLE, StopRule
 
 
 def _quiet(rule: StopRule, hard: float, rounds: int, lam=(1.0, 0.0)) -> bool:
@@ -152,3 +152,9 @@ def test_a_calibration_move_does_not_wait_for_fs_tail():
     for _ in range(2):  # settled at a hard gap that meets the target: only F's quiet ends the run
         assert not rule.update(settling, 1.0, np.array([rule.epsilon]), np.array([1.0, 0.0]), 0.019)
     assert _quiet(rule, 0.019, 2)
+
+
+def test_a_run_that_spent_its_rounds_meeting_epsilon_does_not_loosen():
+    late = StopRule(1e-3, 2, 0.02, True, target=0.02)
+    late.rounds = LOOSEN_WITHIN
+    assert _quiet(late, 0.001, 2) and late.loosenings == 0

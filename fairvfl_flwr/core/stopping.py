@@ -55,6 +55,9 @@ LOOSEN_BELOW = 0.6
 #: a few rounds, and the hard gap of a looser bound is known only once the run converges again.
 MAX_LOOSENINGS = 2
 MAX_LOOSEN = 4.0
+#: A loosening starts only within this many rounds: it buys accuracy, and a run that has spent its
+#: rounds meeting ε (tightening, sharpening) should end rather than search again.
+LOOSEN_WITHIN = 20
 
 
 class StopRule:
@@ -74,6 +77,7 @@ class StopRule:
         self.target = target if fairness else None
         self.quiet_rounds = 0  # quiet rounds in a row so far
         self.settled_rounds = 0  # rounds in a row settled enough for a calibration move (:data:`SETTLE`)
+        self.rounds = 0  # rounds fed
         self.last_decrease = float("nan")  # the last round's relative decrease of F
         self.tightenings = 0  # times the working bound was lowered
         self.loosenings = 0  # times the working bound was raised
@@ -96,6 +100,7 @@ class StopRule:
         hard gap, which decides, with a target, whether a converged run may end or must tighten."""
         self.last_decrease = (f_before - f_after) / (1.0 + abs(f_after))
         self.last_hard = hard
+        self.rounds += 1
         if self.start is None:
             self.start = f_before
         if self.tolerance <= 0:
@@ -176,7 +181,7 @@ class StopRule:
     def loosen(self, hard: float, lam: np.ndarray) -> bool:
         """Raise the working bound toward where the hard gap meets the target, when the run converged
         with it below :data:`LOOSEN_BELOW` of the target and a multiplier in use; False (the run may
-        end) otherwise, or after :data:`MAX_LOOSENINGS`.
+        end) otherwise, after :data:`MAX_LOOSENINGS` or past round :data:`LOOSEN_WITHIN`.
 
         The step is the secant through the last two converged (bound, hard gap) pairs where one
         exists (after a tightening that overshot, it lands between the two bounds), else
@@ -184,7 +189,8 @@ class StopRule:
         self.met_at = max(self.met_at or 0.0, self.epsilon)
         lam = np.asarray(lam, dtype=np.float64)
         in_use = bool(np.any((lam[0::2] - lam[1::2]) != 0))
-        if not in_use or hard >= LOOSEN_BELOW * self.target or self.loosenings >= MAX_LOOSENINGS:
+        if (not in_use or hard >= LOOSEN_BELOW * self.target or self.loosenings >= MAX_LOOSENINGS
+                or self.rounds > LOOSEN_WITHIN):
             return False
         bound = self.epsilon * min(self.target / max(hard, 1e-12), MAX_LOOSEN)
         if self.converged_at is not None:
@@ -224,7 +230,8 @@ class StopRule:
     def state_dict(self) -> dict:
         """The count of quiet rounds so far, which a checkpoint keeps: a resumed run stops where the
         uninterrupted one did."""
-        return {"quiet-rounds": self.quiet_rounds, "settled-rounds": self.settled_rounds, "bound": self.epsilon, "tightenings": self.tightenings,
+        return {"quiet-rounds": self.quiet_rounds, "settled-rounds": self.settled_rounds, "rounds": self.rounds,
+                "bound": self.epsilon, "tightenings": self.tightenings,
                 "loosenings": self.loosenings, "met-at": self.met_at, "converged-at": list(self.converged_at or ()),
                 "temperature": self.temperature, "sharpenings": self.sharpenings, "start": self.start}
 
@@ -233,6 +240,7 @@ class StopRule:
         run's ε for one that holds none)."""
         self.quiet_rounds = int(state.get("quiet-rounds", 0))
         self.settled_rounds = int(state.get("settled-rounds", 0))
+        self.rounds = int(state.get("rounds", 0))
         self.epsilon = float(state.get("bound", self.epsilon))
         self.tightenings = int(state.get("tightenings", 0))
         self.loosenings = int(state.get("loosenings", 0))
