@@ -162,3 +162,17 @@ def test_a_multiplier_is_at_rest_where_the_search_aimed_its_gap():
     assert not rule.update(1.0, 1.0, gap, lam)
     rule.aim = 0.0075
     assert rule.update(1.0, 1.0, gap, lam)
+
+
+@pytest.mark.slow  # two runs
+def test_masked_and_plain_mlp_runs_under_auto_stop_within_five_rounds_of_each_other(tmp_path):
+    """Crime, deo, every key at its default: auto gives the MLP Gauss–Newton blocks, with shared
+    step lengths under secure aggregation; both runs stop near their target and near each other."""
+    runs = {}
+    for masked in (False, True):
+        runs[masked], _ = run_inprocess({"dataset": "crime", "model": "mlp", "privacy.secure-aggregation": masked,
+                                         "output-dir": str(tmp_path / str(masked))}, quiet=True)
+    for summary in runs.values():  # 1,000 rounds of gradient descent: 83.73% (docs/results/rounds-adagrad-mlp.md)
+        assert summary["rounds"] <= 50 and summary["train_max_gap"] <= 0.01 + 0.002
+        assert summary["test_acc"] >= 0.8373 - 0.002
+    assert abs(runs[True]["rounds"] - runs[False]["rounds"]) <= 5
