@@ -1,10 +1,10 @@
 """An algorithm is one module plus one registration (config/algorithms.py, docs/architecture.md
 "Adding an algorithm").
 
-The module below is a whole algorithm, as a plug-in would write it: every party, active or
-passive, takes one gradient step a round on the ν the server sends, under message types of
-its own (its start message included), and each party counts its steps in a record of its
-node's state. Registered by one line, it runs end to end through the real ServerApp and
+tests/toy_algorithm.py is a whole algorithm, as a plug-in would write it: every party, active
+or passive, takes one gradient step a round on the ν the server sends, under message types
+of its own (its start message included), and each party counts its steps in a record of its
+node's state; each handler is declared with its message's kind and the records it keeps. Registered by one line, it runs end to end through the real ServerApp and
 ClientApp over the in-process grid; the guard answers a re-sent step without stepping twice,
 a party that restarts mid-run is restored to the undisturbed model and count, transcripts
 keep what every party received, and a straggler's replies are held back, all without an
@@ -25,8 +25,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.serverapp import Grid
 
 import fairvfl_flwr
 from fairvfl_flwr.app.client import app as client_app
@@ -34,70 +32,15 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.config import algorithms as registry
 from fairvfl_flwr.core.constraints import KINDS
-from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.features import straggler, transcripts
-from fairvfl_flwr.flower import checks, jobs
+from fairvfl_flwr.flower import jobs
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.party import MODEL_STATE, PartyRuntime, mark_round_state
-from fairvfl_flwr.flower.server import VFLServer
+from fairvfl_flwr.flower.party import MODEL_STATE
 from tests.test_rejoin import DropGrid
 from tests.test_reliability import FaultyGrid
+from tests.toy_algorithm import TOY, TOY_INIT, TOY_STATE, TOY_STEP
 
 pytestmark = pytest.mark.usefixtures("private_party_cache")
-
-
-# -- the toy algorithm: its whole module ------------------------------------------------------
-TOY_INIT = msgs.declare("query.toyinit", msgs.Kind.START)  # its own start message
-TOY_STEP = msgs.declare("train.toystep", msgs.Kind.STEP)  # a re-send is answered from θ
-TOY_STATE = "toy.count"  # each party's count of its steps
-mark_round_state(TOY_STATE)  # a restarted party continues from it
-
-
-class ToyVFL(VFLServer):
-    """The server: FairVFL's dual step, then the same ν to every party under the toy's type."""
-
-    init_type = TOY_INIT
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        c = self.cfg
-        self.lam, nu = server_step(self.lam, self.labels.y_train, self.z("train"), self.groups,
-                                   epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
-        nu = self.hooks.nu(server_round, nu)
-        content = msgs.passive_content(nu, server_round, self.evaluates(server_round), self.wire_dtype)
-        return [Message(content.copy(), dst_node_id=nid, message_type=TOY_STEP, group_id=str(server_round))
-                for nid in self.nodes]
-
-
-def _count(context: Context) -> int:
-    record = context.state.config_records.get(TOY_STATE)
-    return 0 if record is None else int(record["steps"])
-
-
-def toy_init(message: Message, context: Context) -> Message:
-    """Start this party's model and count afresh; reply its first partial logits."""
-    rt = PartyRuntime(context)
-    rt.reset()
-    context.state.config_records[TOY_STATE] = ConfigRecord({"steps": 0})
-    party = rt.party()
-    rt.save(party)
-    return rt.reply(message, party, steps=0)
-
-
-def toy_step(message: Message, context: Context) -> Message:
-    """One gradient step on the ν received, whatever this party's role."""
-    rt = PartyRuntime(context)
-    nu = checks.check_payload(message.content, rt.who, {"nu": (rt.n_train, False)})["nu"].astype(np.float64)
-    party = rt.party()
-    party.step(nu)
-    rt.save(party)
-    context.state.config_records[TOY_STATE] = ConfigRecord({"steps": _count(context) + 1})
-    return rt.reply(message, party, steps=1)
-
-
-TOY = registry.Algorithm("toy", server=ToyVFL, handlers={TOY_INIT: toy_init, TOY_STEP: toy_step},
-                         reason=lambda cfg, passed: "the toy: one gradient step a round for every party")
-# -- end of the toy's module -----------------------------------------------------------------
 
 
 @pytest.fixture
@@ -122,7 +65,12 @@ def _run(grid, rc: dict) -> dict:
 
 
 def _counts(grid) -> dict[int, int]:
-    return {int(ctx.node_config["partition-id"]): _count(ctx) for ctx in grid.contexts.values()}
+    """Each party's count of its toy steps, by partition."""
+    out = {}
+    for ctx in grid.contexts.values():
+        record = ctx.state.config_records.get(TOY_STATE)
+        out[int(ctx.node_config["partition-id"])] = 0 if record is None else int(record["steps"])
+    return out
 
 
 def _thetas(grid) -> dict[int, dict[str, np.ndarray]]:

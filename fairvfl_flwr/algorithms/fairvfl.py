@@ -26,7 +26,7 @@ from fairvfl_flwr.core.constraints import kind_named
 from fairvfl_flwr.core.step import server_step
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.flower.server import VFLServer
 
 
@@ -125,7 +125,11 @@ def train_passive(message: Message, context: Context) -> Message:
 
 
 #: FairVFL's party handlers (routed on the ClientApp as its algorithms are registered).
-HANDLERS = {msgs.INIT: init, msgs.TRAIN_ACTIVE: train_active, msgs.TRAIN_PASSIVE: train_passive}
+#: A round's step is answered again from θ when re-sent (its kind: step); the start message
+#: starts θ afresh.
+HANDLERS = handlers({msgs.INIT: Handles(msgs.Kind.START, init, keeps=(MODEL_STATE,)),
+                     msgs.TRAIN_ACTIVE: Handles(msgs.Kind.STEP, train_active, keeps=(MODEL_STATE,)),
+                     msgs.TRAIN_PASSIVE: Handles(msgs.Kind.STEP, train_passive, keeps=(MODEL_STATE,))})
 
 
 def _gd_reason(cfg, passed: tuple[str, ...] | None) -> str:

@@ -49,7 +49,7 @@ from fairvfl_flwr.core.newton import (
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import PartyRuntime, mark_round_state, round_of
+from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.server import VFLServer
 
 #: What a passive party uses for its curvature: derived from ν, nothing else received.
@@ -648,14 +648,20 @@ def apply(message: Message, context: Context) -> Message:
     return rt.reply(message, party, steps=0)
 
 
-mark_round_state(NEWTON_STATE)  # a restarted party continues from its directions and last moves
-
-
-#: The Newton party handlers (routed on the ClientApp as :data:`NEWTON` is registered). Their kinds are round
-#: and final, not step (flower/protocol.py): a re-sent message is answered with the kept reply,
-#: never by applying α twice.
-HANDLERS = {msgs.NEWTON_INIT: init, msgs.NEWTON_ACTIVE: train_active, msgs.NEWTON_PASSIVE: train_passive,
-            msgs.NEWTON_APPLY: apply, msgs.NEWTON_MOVE: apply}
+#: What a Newton party keeps between rounds: θ and its directions and last moves (a restarted
+#: party continues from them).
+KEEPS = (MODEL_STATE, NEWTON_STATE)
+#: The Newton party handlers (routed on the ClientApp as :data:`NEWTON` is registered). Their kinds
+#: are round and final, not step: a re-sent message is answered with the kept reply, never by
+#: applying α twice. ``train.newton_apply`` follows the last round only (its state is no run's
+#: to continue from); Gauss-Newton blocks' every-round ``train.newton_move`` is a round's.
+HANDLERS = handlers({
+    msgs.NEWTON_INIT: Handles(msgs.Kind.START, init, keeps=KEEPS),
+    msgs.NEWTON_ACTIVE: Handles(msgs.Kind.ROUND, train_active, keeps=KEEPS),
+    msgs.NEWTON_PASSIVE: Handles(msgs.Kind.ROUND, train_passive, keeps=KEEPS),
+    msgs.NEWTON_APPLY: Handles(msgs.Kind.FINAL, apply, keeps=KEEPS),
+    msgs.NEWTON_MOVE: Handles(msgs.Kind.ROUND, apply, keeps=KEEPS),
+})
 
 
 def _server(cfg, labels, **kwargs) -> NewtonVFL:
@@ -680,7 +686,7 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
               "parties)" if cfg.masked else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
-                 "curvature 1/(4n) (docs/newton.md)" if cfg.secure_nu == "ckks" else "")
+                 "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else "")
     if cfg.model != "linear":
         why = ("; auto: full batch, and the run stops at the plateau of F within tens of rounds" if passed is not None
                else "")

@@ -41,7 +41,7 @@ from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.algorithms import Algorithm
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.party import PartyRuntime, round_of
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.server import VFLServer
 
 SPLIT_STATE = "split.model"
@@ -112,7 +112,9 @@ def split_train(message: Message, context: Context) -> Message:
 
 
 #: The split-learning baseline's party handlers (routed on the ClientApp as :data:`SPLIT` is registered).
-HANDLERS = {msgs.SPLIT_INIT: split_init, msgs.SPLIT_TRAIN: split_train}
+#: The start message builds the embedder afresh; a re-sent round is answered with the kept reply.
+HANDLERS = handlers({msgs.SPLIT_INIT: Handles(msgs.Kind.START, split_init, keeps=(SPLIT_STATE,)),
+                     msgs.SPLIT_TRAIN: Handles(msgs.Kind.ROUND, split_train, keeps=(SPLIT_STATE,))})
 
 
 # -- ServerApp side -------------------------------------------------------------------

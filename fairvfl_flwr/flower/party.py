@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -274,6 +275,28 @@ def mark_round_state(name: str, merge: bool = False) -> None:
 def round_state() -> dict[str, bool]:
     """Every registered round-state record name, with its merge flag (see :func:`mark_round_state`)."""
     return dict(_ROUND_STATE)
+
+
+@dataclass(frozen=True)
+class Handles:
+    """A party's handler of one message type, declared with what the type is (its kind,
+    flower/protocol.Kind: what the guard, the state store, transcripts and delays do with it)
+    and the records of the node's state it keeps from one round to the next (a party that
+    restarts restores them, flower/store.py)."""
+
+    kind: msgs.Kind
+    run: Callable[[Message, Context], Message]
+    keeps: tuple[str, ...] = ()
+
+
+def handlers(declared: Mapping[str, Handles]) -> dict[str, Callable[[Message, Context], Message]]:
+    """The handlers of ``declared`` by message type, each type's kind and kept records declared
+    (where the handlers' module is imported: a simulation worker that runs them declares them too)."""
+    for message_type, handles in declared.items():
+        msgs.declare(message_type, handles.kind)
+        for name in handles.keeps:
+            mark_round_state(name)
+    return {message_type: handles.run for message_type, handles in declared.items()}
 
 
 for _name in (MODEL_STATE, ALIGNED_STATE):

@@ -93,23 +93,25 @@ def in_rounds(message_type: str) -> bool:
 
 
 INFO = declare("query.info", Kind.SETUP)
-INIT = declare("query.init", Kind.START)
-TRAIN_ACTIVE = declare("train.active", Kind.STEP)
-TRAIN_PASSIVE = declare("train.passive", Kind.STEP)
+# FairVFL's rounds: their kinds are declared with their handlers (algorithms/fairvfl.py), as every
+# algorithm's are (flower/party.Handles)
+INIT = "query.init"
+TRAIN_ACTIVE = "train.active"
+TRAIN_PASSIVE = "train.passive"
 TRAIN_PASSIVE_ENC = declare("train.passive_enc", Kind.ROUND)  # encrypted ν, first leg
 TRAIN_PASSIVE_UNMASK = declare("train.passive_unmask", Kind.STEP)  # encrypted ν, second leg
 SECAGG_KEYS = declare("query.sakeys", Kind.SETUP)  # secure aggregation set-up: each party's X25519 public key
 SECAGG_PEERS = declare("query.sapeers", Kind.SETUP)  # secure aggregation set-up: every party's public key to all
-SPLIT_INIT = declare("query.splitinit", Kind.START)
-SPLIT_TRAIN = declare("train.split", Kind.ROUND)
-NEWTON_INIT = declare("query.newtoninit", Kind.START)
-NEWTON_ACTIVE = declare("train.newton_active", Kind.ROUND)
-NEWTON_PASSIVE = declare("train.newton_passive", Kind.ROUND)
+SPLIT_INIT = "query.splitinit"  # split learning (algorithms/split.py)
+SPLIT_TRAIN = "train.split"
+NEWTON_INIT = "query.newtoninit"  # block Newton (algorithms/newton.py)
+NEWTON_ACTIVE = "train.newton_active"
+NEWTON_PASSIVE = "train.newton_passive"
 # after the last round: apply the last step lengths, reply the logits
-NEWTON_APPLY = declare("train.newton_apply", Kind.FINAL)
+NEWTON_APPLY = "train.newton_apply"
 # Gauss-Newton blocks (MLP parties): every round's step lengths, applied within the round; the
 # round's state is after it, so a rejoin or resume continues from there
-NEWTON_MOVE = declare("train.newton_move", Kind.ROUND)
+NEWTON_MOVE = "train.newton_move"
 # after the last round: each party saves its block on its own disk, replies its digest
 SAVE = declare("query.save", Kind.QUERY)
 # scoring job: which block and how many rows to score (digests only)
