@@ -2,6 +2,7 @@
 one), and the README stays short enough to read in one sitting."""
 
 import ast
+import inspect
 import json
 import re
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fairvfl_flwr.flower.hooks import Hooks
 from fairvfl_flwr.tools import layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,6 +120,18 @@ def test_the_architecture_layout_is_the_module_docstrings():
     --write): a module added, moved or redescribed without rewriting it fails here."""
     for path, text in layout.generated(REPO).items():
         assert path.read_text() == text, f"{path.name}: run python -m fairvfl_flwr.tools.layout --write"
+
+
+def test_the_hook_points_in_the_docs_are_the_round_hooks_methods():
+    """docs/architecture.md lists the round hook points as RoundHook declares them (tools/layout.py):
+    a point added, renamed or redescribed without --write fails here; and what the hook list
+    calls is what RoundHook declares (``rejoined`` is called from ``recover``)."""
+    points = layout.hook_points()
+    assert points in (REPO / "docs" / "architecture.md").read_text(), "run python -m fairvfl_flwr.tools.layout --write"
+    listed = re.findall(r"^\* `(\w+)`:", points, re.M)
+    assert listed[:2] == ["discovered", "begin"] and listed[-1] == "stopped"
+    called = {name for name, f in vars(Hooks).items() if inspect.isfunction(f) and not name.startswith("_")}
+    assert set(listed) == called | {"rejoined"}
 
 
 def test_the_layout_lists_every_module_of_every_layer():

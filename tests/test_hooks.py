@@ -20,8 +20,11 @@ from fairvfl_flwr.app.training import HOOK_ORDER, build_server
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import load_data
-from fairvfl_flwr.flower.hooks import RoundHook, ServerView, in_order
+from fairvfl_flwr.flower.hooks import CAPABILITIES, Hooks, Recovery, RoundHook, ServerView, in_order
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from fairvfl_flwr.features.checkpoint import Checkpoints
+from fairvfl_flwr.features.ckks import CkksChannel
+from fairvfl_flwr.features.final_logits import KeepScores, load_scores
 from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.registry import LabelOwnerWeights
 from fairvfl_flwr.features.rejoin import Rejoin
@@ -196,3 +199,111 @@ def test_a_new_round_feature_is_its_module_plus_one_line_in_round_features(monke
                               quiet=True)
     history = json.loads((folder / "history.json").read_text())
     assert counter.rounds == [row["round"] for row in history] and counter.rounds[:2] == [0, 1]
+
+
+class _Peeks(RoundHook):
+    """A hook that declares nothing and tries what only a restoring hook may do."""
+
+    def begin(self, server, grid, timeout):
+        server.snapshot()
+
+
+class _Restores(RoundHook):
+    needs = ("recovery",)
+
+    def begin(self, server, grid, timeout):
+        self.saved = server.snapshot()
+
+
+def test_only_a_hook_that_declares_recovery_gets_it():
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3})
+    server = FairVFL(cfg, _labels(cfg), hooks=[_Peeks()])
+    with pytest.raises(AttributeError, match=r"snapshot is part of the 'recovery' capability \(Recovery\): a round "
+                                             r"hook that uses it declares needs = \('recovery',\)"):
+        server.hooks.begin(grid=None, timeout=1.0)
+    for name in ("restore", "rebind", "load_state_dict", "state_dict", "node_of", "exchange_unnamed"):
+        with pytest.raises(AttributeError, match="'recovery' capability"):
+            getattr(server.view, name)
+    restores = _Restores()
+    server = FairVFL(cfg, _labels(cfg), hooks=[restores])
+    server.hooks.begin(grid=None, timeout=1.0)
+    assert set(restores.saved) == set(server.round_state)
+    assert type(server.hooks.views[0]) is Recovery and type(server.view) is ServerView  # the plain view stays plain
+
+    class Greedy(RoundHook):
+        needs = ("recovery", "root")
+
+    with pytest.raises(ValueError, match="Greedy needs 'root': the capabilities a hook may declare are 'recovery'"):
+        FairVFL(cfg, _labels(cfg), hooks=[Greedy()])
+
+
+def test_the_recovery_capability_goes_only_to_the_hooks_that_restore(tmp_path):
+    cfg = RunConfig.from_flower({
+        "dataset": "crime", "num-parties": 3, "mode": "fairvfl-scores", "privacy.label-dp-epsilon": 2.0,
+        "privacy.nu-noise": 1.0, "privacy.secure-aggregation": True, "reliability.checkpoint-every": 5,
+        "reliability.rejoin-timeout": 5.0, "privacy.transcript-dir": str(tmp_path / "t")})
+    server = build_server(cfg, _labels(cfg), tmp_path)
+    given = {type(h): type(v) for h, v in zip(server.hooks.hooks, server.hooks.views)}
+    assert {h for h, v in given.items() if v is not ServerView} == {Checkpoints, Rejoin}
+    assert all(v is Recovery for h, v in given.items() if h in (Checkpoints, Rejoin))
+    assert set(CAPABILITIES) == {"recovery"}
+
+
+class _Recovers(RoundHook):
+    def recover(self, server, grid, exc, timeout):
+        return 1
+
+
+class _Carries(RoundHook):
+    def passive_message(self, server, server_round, nu, evaluate):
+        return None
+
+
+def test_two_hooks_answering_a_point_only_one_may_answer_are_refused():
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3})
+    server = FairVFL(cfg, _labels(cfg))
+    with pytest.raises(ValueError, match="round hooks _Recovers and Rejoin both answer recover"):
+        Hooks([_Recovers(), Rejoin(5.0)], server.view)
+    with pytest.raises(ValueError, match="round hooks CkksChannel and _Carries both answer passive_message"):
+        Hooks([CkksChannel(10), _Carries()], server.view)
+    Hooks([_Recovers(), _Carries(), RoundCounter()], server.view)  # one each: allowed
+
+
+class _Says(RoundHook):
+    def __init__(self, key):
+        self.key, self.written = key, None
+
+    def summary(self):
+        return {self.key: 7}
+
+    def files(self, server, grid, folder, summary, timeout):
+        self.written = (folder, summary[self.key])
+
+
+def test_hooks_add_to_the_summary_and_write_their_files_after_the_run(monkeypatch, tmp_path):
+    says = _Says("said")
+    monkeypatch.setattr(app_training, "ROUND_FEATURES", (*app_training.ROUND_FEATURES, (_Says, lambda s: says)))
+    summary, folder = run_inprocess({"dataset": "crime", "num-parties": 3, "num-server-rounds": 2,
+                                     "mode": "fairvfl-scores", "output-dir": str(tmp_path)}, quiet=True)
+    assert summary["said"] == 7 and json.loads((folder / "summary.json").read_text())["said"] == 7
+    assert says.written == (folder, 7)  # after the summary: the hook's files see it
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3})
+    labels = _labels(cfg)
+    z_train, z_test = load_scores(folder)
+    assert z_train.shape == labels.y_train.shape and z_test.shape == labels.y_test.shape
+    assert (folder / "model.json").exists()  # the kept scores and the saved blocks, from one hook's scores
+    server = FairVFL(cfg, _labels(cfg), hooks=[_Says("same"), _Says("same")])
+    with pytest.raises(ValueError, match="round hooks _Says and _Says both add 'same' to the run's summary"):
+        server.hooks.summary()
+
+
+def test_one_hook_keeps_the_final_scores(tmp_path):
+    cfg = RunConfig.from_flower({"dataset": "crime", "num-parties": 3, "mode": "fairvfl-scores",
+                                 "reliability.checkpoint-every": 2})
+    server = build_server(cfg, _labels(cfg), tmp_path)
+    kept = [h for h in server.hooks.hooks if isinstance(h, KeepScores)]
+    assert len(kept) == 1 and kept[0].write
+    saving = [h for h in server.hooks.hooks if type(h).__name__ == "SaveBlocks"]
+    assert len(saving) == 1 and saving[0].scores is kept[0]  # the model cards read the same scores
+    plain = build_server(cfg.replace(mode="fairvfl"), _labels(cfg), tmp_path)
+    assert [h.write for h in plain.hooks.hooks if isinstance(h, KeepScores)] == [False]  # for the cards only

@@ -31,7 +31,7 @@ from fairvfl_flwr.features.transcripts import ServerTranscript
 from fairvfl_flwr.flower.hooks import RoundHook, in_order
 from fairvfl_flwr.flower.server import VFLServer
 from fairvfl_flwr.jobs import training
-from fairvfl_flwr.jobs.saving import CheckpointBlocks, FinalTest
+from fairvfl_flwr.jobs.saving import SaveBlocks
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class RunSetup:
     folder: Path  # the run folder
     resume: tuple[dict, dict] | None  # a checkpoint to continue from: (meta, state) of features/checkpoint.load_resume
     described: dict | None  # what the model cards say about the data (dataset summary, group names)
+    scores: KeepScores | None  # the one hook that keeps the final scores, where the run keeps or saves them
 
 
 def _label_dp(s: RunSetup) -> LabelDP | None:
@@ -83,11 +84,10 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
     (SecureAggregation, lambda s: SecureAggregation(int(s.resume[0]["round"]) if s.resume else None)
      if s.cfg.masked else None),
     (Checkpoints, _checkpoints),
-    (KeepScores, lambda s: KeepScores() if training.keeps_scores(s.cfg, s.algorithm) else None),
-    (FinalTest, lambda s: FinalTest() if s.algorithm.saves_blocks else None),
-    # after the guard and FinalTest: a checkpoint's block is of a sound θ, with its test scores
-    (CheckpointBlocks, lambda s: CheckpointBlocks(s.folder, s.cfg.checkpoint_every, s.described)
-     if s.algorithm.saves_blocks and s.cfg.checkpoint_every > 0 else None),
+    (KeepScores, lambda s: s.scores),
+    # after the guard and the kept scores: a checkpoint's block is of a sound θ, with its test scores
+    (SaveBlocks, lambda s: SaveBlocks(s.folder, s.cfg.checkpoint_every, s.scores, s.described)
+     if s.algorithm.saves_blocks else None),
     # last: its copy of the server's state is of a round every other hook has ended
     (Rejoin, lambda s: Rejoin(s.cfg.rejoin_wait) if s.cfg.rejoin_wait > 0 else None),
 )
@@ -102,7 +102,10 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
 
     ``described``: what the model cards say about the data (dataset summary, group names).
     """
-    setup = RunSetup(cfg, resolve(cfg).algorithm, labels, folder, resume, described)
+    algorithm = resolve(cfg).algorithm
+    keeps = training.keeps_scores(cfg, algorithm)
+    scores = KeepScores(write=keeps) if keeps or algorithm.saves_blocks else None
+    setup = RunSetup(cfg, algorithm, labels, folder, resume, described, scores)
     hooks = [hook for _, make in ROUND_FEATURES if (hook := make(setup)) is not None]
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     order = tuple(kind for kind, _ in ROUND_FEATURES)

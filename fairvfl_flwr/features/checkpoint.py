@@ -35,7 +35,7 @@ from flwr.supercore import log
 from fairvfl_flwr.data.partydata import write_atomically
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.hooks import RoundHook, ServerView
+from fairvfl_flwr.flower.hooks import Recovery, RoundHook
 from fairvfl_flwr.flower.store import OPERATIONAL, run_key
 
 SERVER_FILE = "checkpoint.npz"
@@ -96,6 +96,8 @@ class Checkpoints(RoundHook):
     others are sent ``query.rejoin``.
     """
 
+    needs = ("recovery",)  # it saves the server's state and loads it back on resume
+
     def __init__(self, folder: Path, every: int, config: Mapping[str, Any], fingerprint: str,
                  resume: tuple[dict, dict] | None = None, masked: bool = False) -> None:
         self.folder = Path(folder)
@@ -106,7 +108,7 @@ class Checkpoints(RoundHook):
         self.resume = resume
         self.last_checkpoint: int | None = int(resume[0]["round"]) if resume else None
 
-    def begin(self, server: ServerView, grid: Grid, timeout: float) -> int | None:
+    def begin(self, server: Recovery, grid: Grid, timeout: float) -> int | None:
         """On resume: every party returns to its state of the checkpoint's round from its own disk
         (unmasked: on ``query.rejoin``; masked: it already did, at the signed set-up), the server to
         its own; the run continues after that round."""
@@ -132,12 +134,12 @@ class Checkpoints(RoundHook):
         self.last_checkpoint = r
         return r + 1
 
-    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+    def end(self, server: Recovery, grid: Grid, server_round: int, timeout: float) -> None:
         """Save the server's checkpoint every ``every`` rounds (the parties save theirs on the same rounds)."""
         if self.every > 0 and server_round % self.every == 0:
             self.save(server)
 
-    def save(self, server: ServerView) -> None:
+    def save(self, server: Recovery) -> None:
         """Write the server's state, the run config and the labels' fingerprint, so a resume can refuse
         another run's checkpoint."""
         state = server.state_dict()
@@ -147,7 +149,7 @@ class Checkpoints(RoundHook):
         save_server(self.folder, meta, state)
         self.last_checkpoint = meta["round"]
 
-    def stopped(self, server: ServerView, exc: BaseException) -> str | None:
+    def stopped(self, server: Recovery, exc: BaseException) -> str | None:
         """Where the last checkpoint is and how to continue from it, for the stop line."""
         if self.last_checkpoint is None:
             return None

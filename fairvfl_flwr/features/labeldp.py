@@ -174,11 +174,12 @@ class LabelDP(RoundHook):
                     server_round, row["dp_epsilon"], self.delta)
 
     def summary(self) -> dict:
-        """The run's guarantee, for summary.json."""
-        return {"epsilon": self.spent(), "delta": self.delta, "target_epsilon": self.epsilon,
-                "rounds": self.released, "noise_multiplier": self.noise_multiplier, "sensitivity": self.sensitivity,
-                "noise_std": self.sigma, "lambda_bound": self.lambda_bound, "min_group": self.min_group,
-                "accountant": "opacus RDP"}
+        """The run's guarantee, under ``label_dp`` in summary.json."""
+        return {"label_dp": {"epsilon": self.spent(), "delta": self.delta, "target_epsilon": self.epsilon,
+                             "rounds": self.released, "noise_multiplier": self.noise_multiplier,
+                             "sensitivity": self.sensitivity, "noise_std": self.sigma,
+                             "lambda_bound": self.lambda_bound, "min_group": self.min_group,
+                             "accountant": "opacus RDP"}}
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the noise secret and the releases made, with the settings they hold for."""

@@ -35,7 +35,7 @@ from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower.discovery import joined_nodes
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
-from fairvfl_flwr.flower.hooks import Node, RoundHook, ServerView
+from fairvfl_flwr.flower.hooks import Node, Recovery, RoundHook
 from fairvfl_flwr.flower.party import ALIGNED_STATE, PartyRuntime, round_of
 from fairvfl_flwr.flower.store import load_state, restore, save_state, state_dir
 
@@ -89,16 +89,18 @@ class Rejoin(RoundHook):
     """Keep the server's state after every round; when a party drops out, wait ``wait`` seconds for it
     to come back, have every party restore the last completed round, and run the next one again."""
 
+    needs = ("recovery",)  # it copies and restores the server's state and rebinds a returning party
+
     def __init__(self, wait: float) -> None:
         self.wait = wait
         self.saved: tuple[int, dict] | None = None  # (last completed round, the server's state after it)
         self.rejoins: list[dict] = []  # one entry per party that came back: partition, round run again, seconds
 
-    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+    def end(self, server: Recovery, grid: Grid, server_round: int, timeout: float) -> None:
         """The round is complete (every hook before this one has ended it): keep the server's state."""
         self.saved = (server_round, server.snapshot())
 
-    def recover(self, server: ServerView, grid: Grid, exc: BaseException, timeout: float) -> int | None:
+    def recover(self, server: Recovery, grid: Grid, exc: BaseException, timeout: float) -> int | None:
         """A party left the federation: return to the last completed round and bring it back (or refuse,
         saying why); the round after it runs next."""
         if not isinstance(exc, PartyUnavailable) or self.saved is None:
@@ -125,7 +127,11 @@ class Rejoin(RoundHook):
             "again", ", ".join(str(n) for n in back.values()), time.monotonic() - started, last, last + 1)
         return last + 1
 
-    def _wait(self, server: ServerView, grid: Grid, gone: dict[int, Node], last: int, exc: BaseException,
+    def summary(self) -> dict:
+        """Each party that dropped out and came back: its partition, the round run again, the seconds it took."""
+        return {"rejoins": self.rejoins} if self.rejoins else {}
+
+    def _wait(self, server: Recovery, grid: Grid, gone: dict[int, Node], last: int, exc: BaseException,
               timeout: float) -> dict[int, Node]:
         """The nodes that took the place of ``gone`` (old node id -> node), each restored to round ``last``."""
         want = {node.partition_id: old for old, node in gone.items()}

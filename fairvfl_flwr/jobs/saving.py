@@ -1,14 +1,15 @@
 """Keep the trained model: every party saves its block on its own disk after the last round
 and at every checkpoint.
 
-Server: after the rounds, :func:`save_blocks` sends ``query.save`` (run id, run folder)
-to every party, collects the digests the parties report, and writes the manifest
-``model.json`` and the run's model card into the run folder. With
-``reliability.checkpoint-every`` = c, :class:`CheckpointBlocks` (a round hook) does the same
-after round 0 and every c-th round, into ``checkpoints/round-<r>/`` (data/model_files.py), so
-the model of any checkpoint can be scored. A reply that carries any array is refused:
-θ_k never reaches the server. :class:`FinalTest` (a round hook) keeps the last
-evaluation's scores, for the card's bootstrap intervals.
+Server (:class:`SaveBlocks`, a round hook): after the rounds (its ``files``),
+:func:`save_blocks` sends ``query.save`` (run id, run folder) to every party, collects the
+digests the parties report, and writes the manifest ``model.json`` and the run's model card
+into the run folder. With ``reliability.checkpoint-every`` = c the hook does the same after
+round 0 and every c-th round, into ``checkpoints/round-<r>/`` (data/model_files.py), so the
+model of any checkpoint can be scored. A reply that carries any array is refused: θ_k never
+reaches the server. The cards' bootstrap intervals are over the test scores the run's
+:class:`~fairvfl_flwr.features.final_logits.KeepScores` keeps, handed to the hook when the
+app assembles the run.
 
 Party (:func:`save`): writes ``block.npz`` (θ_k as numpy arrays), ``block.json`` (its
 preprocessing, run id, data digest) and its own ``card.md`` (data/model_files.py), in node
@@ -22,6 +23,7 @@ import math
 import time
 from logging import INFO
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.encoding import party_preprocessing
 from fairvfl_flwr.data.sources import table_source
 from fairvfl_flwr.data.tables import DATASETS
+from fairvfl_flwr.features.final_logits import KeepScores
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
@@ -45,19 +48,6 @@ from fairvfl_flwr.core.constraints import constrained_codes
 SAVE_RECORD = "save"
 SAVED_RECORD = "saved"
 BOOTSTRAP_REPLICATES = 1000
-
-
-class FinalTest(RoundHook):
-    """The summed test logits of the last evaluation (the model card's intervals)."""
-
-    def __init__(self) -> None:
-        self.z_test: np.ndarray | None = None
-        self.round: int | None = None  # the round z_test belongs to
-
-    def record(self, server: ServerView, server_round: int, row: dict) -> None:
-        if server.u_test and len(server.u_test) == len(server.nodes):
-            self.z_test = server.z("test")
-            self.round = server_round
 
 
 def positive_label(cfg) -> str:
@@ -112,9 +102,10 @@ RAW_FIGURES = ("test_dfp_raw", "test_dfn_raw", "test_dp_diff_raw", "test_eo_diff
                "train_eo_diff_raw")
 
 
-def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, timeout: float) -> dict:
-    """Every party saves its block; the server writes ``model.json`` and ``model-card.md``."""
-    hook = server.hook(FinalTest)
+def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: Mapping[str, Any], z_test: np.ndarray | None,
+                timeout: float) -> dict:
+    """Every party saves its block; the server writes ``model.json`` and ``model-card.md``, the card's
+    intervals over ``z_test``, the final test scores (None: no intervals)."""
     metrics = {k: summary.get(k) for k in ("rounds", "train_loss", "train_max_gap", "train_gaps", "evaluated_on",
                                            "test_acc", "test_dfp", "test_dfn", "test_dp_diff", "test_eo_diff",
                                            "train_dp_diff", "train_eo_diff") + RAW_FIGURES
@@ -122,8 +113,8 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: dict, tim
     metrics["constrained-groups"] = summary.get("groups")
     if summary.get("raw_groups"):
         metrics["raw-groups"] = summary["raw_groups"]
-    metrics["intervals"] = final_intervals(server.labels, hook.z_test if hook else None, server.cfg.seed, server.groups)
-    metrics["groups"] = per_group(server.labels, hook.z_test if hook else None, summary.get("group-names"))
+    metrics["intervals"] = final_intervals(server.labels, z_test, server.cfg.seed, server.groups)
+    metrics["groups"] = per_group(server.labels, z_test, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
 
 
@@ -131,18 +122,25 @@ def _number(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
-class CheckpointBlocks(RoundHook):
-    """After round 0 and every ``every``-th round, every party saves a scorable block of θ_r
-    and the server writes that checkpoint's manifest and card (``checkpoints/round-<r>/``).
+class SaveBlocks(RoundHook):
+    """After the run, every party saves its block of θ and the server writes the manifest and card
+    (:func:`save_blocks`); after round 0 and every ``every``-th round (0: never) the same of θ_r,
+    into that checkpoint's ``checkpoints/round-<r>/``.
 
+    ``scores``: the run's kept scores, whose test scores give a card its intervals;
     ``described``: what the model card says about the data (``dataset-summary``,
-    ``group-names``), as for the final model.
+    ``group-names``).
     """
 
-    def __init__(self, folder: Path, every: int, described: dict | None = None) -> None:
+    def __init__(self, folder: Path, every: int, scores: KeepScores, described: dict | None = None) -> None:
         self.folder = Path(folder)
         self.every = every
+        self.scores = scores
         self.described = dict(described or {})
+
+    def files(self, server: ServerView, grid: Grid, folder: Path, summary: Mapping[str, Any], timeout: float) -> None:
+        """The final model: every party saves its block, the server writes ``model.json`` and the card."""
+        save_blocks(server, grid, folder, {**summary, **self.described}, self.scores.z_test, timeout)
 
     def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
         if self.every <= 0 or server_round % self.every:
@@ -154,10 +152,9 @@ class CheckpointBlocks(RoundHook):
                    **{f"test_{k}": _number(row.get(k)) for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff")},
                    **{f"test_{k}": _number(row[k]) for k in ("dfp_raw", "dfn_raw", "dp_diff_raw", "eo_diff_raw")
                       if k in row}}
-        test = server.hook(FinalTest)
-        evaluated = test is not None and test.round == server_round
-        metrics["intervals"] = final_intervals(server.labels, test.z_test if evaluated else None, server.cfg.seed,
-                                               server.groups)
+        evaluated = self.scores.test_round == server_round
+        metrics["intervals"] = final_intervals(server.labels, self.scores.z_test if evaluated else None,
+                                               server.cfg.seed, server.groups)
         _save(server, grid, self.folder, server_round, server_round, metrics, self.described, timeout)
 
 

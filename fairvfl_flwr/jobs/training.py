@@ -12,11 +12,12 @@ Its modes (run config ``mode``, :data:`MODES`):
 The job aligns the parties' own tables (jobs/alignment.py) or reads the server's labels,
 has a registry release the groups where it holds them (jobs/group_release.py), runs the
 server the app assembles (app/training.build_server: the run's algorithm and the hooks its
-features need) and keeps its run folder. After the rounds of an algorithm that saves
-blocks every party saves its block on its own disk and the server writes the manifest and
-model card (jobs/saving.py). :func:`job` is the training job of the registry: these modes,
-this server entry and the parties' handlers of discovery, encrypted ν and a rejoin; each
-algorithm's handlers are routed as it is registered (flower/jobs.py).
+features need) and keeps its run folder. After the rounds the hooks add to the run's
+summary and write their own files (flower/hooks.py ``summary``, ``files``): the kept scores,
+and, for an algorithm that saves blocks, every party's block on its own disk and the
+server's manifest and model card (jobs/saving.py). :func:`job` is the training job of the
+registry: these modes, this server entry and the parties' handlers of discovery, encrypted
+ν and a rejoin; each algorithm's handlers are routed as it is registered (flower/jobs.py).
 """
 
 from __future__ import annotations
@@ -36,16 +37,12 @@ from fairvfl_flwr.data.partydata import server_labels_for
 from fairvfl_flwr.data.problem import columns_note, load_data, party_columns
 from fairvfl_flwr.features import ckks, rejoin
 from fairvfl_flwr.features.checkpoint import load_resume
-from fairvfl_flwr.features.final_logits import KeepScores
-from fairvfl_flwr.features.labeldp import LabelDP
-from fairvfl_flwr.features.rejoin import Rejoin
 from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
 from fairvfl_flwr.jobs.alignment import align_tables
 from fairvfl_flwr.jobs.group_release import release_groups
-from fairvfl_flwr.jobs.saving import save_blocks
 
 #: The run's server with its features' hooks: (cfg, labels, run folder, on_round=, resume=,
 #: described=) -> a VFLServer (the app assembles it: app/training.build_server).
@@ -102,15 +99,7 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None, *,
     except Exception as exc:  # a party stayed away, a bad reply, divergence: say so, keep the history
         _stopped(server, recorder, folder, exc)
         raise
-    scores = server.hooks.find(KeepScores)
-    if scores is not None:
-        scores.save(folder)
-    dp = server.hooks.find(LabelDP)
-    if dp is not None:
-        extra["label_dp"] = dp.summary()
-    rejoined = server.hooks.find(Rejoin)
-    if rejoined is not None and rejoined.rejoins:  # each party that dropped out and came back
-        extra["rejoins"] = rejoined.rejoins
+    extra.update(server.hooks.summary())
     summary = recorder.finish(
         {**extra, "party_columns": [len(c) for c in columns], "setup_seconds": server.setup_seconds,
          # from the ServerApp's start (alignment, set-up) to the first training round's start
@@ -118,8 +107,7 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None, *,
          "batch_size": server.batch_size,  # 0: full batch (also when batch-size >= the training rows)
          **server.train_differences(), **server.fairness_groups()}
     )
-    if choice.algorithm.saves_blocks:
-        save_blocks(server.view, grid, folder, {**summary, **described}, cfg.round_timeout)
+    server.hooks.files(grid, folder, summary, cfg.round_timeout)
     log(INFO, "%s", format_summary(summary, folder))
     return summary, folder
 

@@ -1,23 +1,26 @@
-"""Check or rewrite docs/architecture.md's package layout, generated from the module docstrings.
+"""Check or rewrite docs/architecture.md's package layout and hook points, generated from the code.
 
-    python -m fairvfl_flwr.tools.layout           # exit 1 if the layout has drifted
-    python -m fairvfl_flwr.tools.layout --write   # rewrite it from the docstrings
+    python -m fairvfl_flwr.tools.layout           # exit 1 if the layout or the points have drifted
+    python -m fairvfl_flwr.tools.layout --write   # rewrite them from the docstrings
 
 Each layer's folder is described by its ``__init__.py`` docstring and each module by the
 first paragraph of its own, so a module added, renamed or redescribed shows up in the
-layout once ``--write`` runs (tests/test_docs.py fails until it does).
+layout once ``--write`` runs (tests/test_docs.py fails until it does). The round hook
+points are ``RoundHook``'s methods with their docstrings, in the class's order.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import re
 import sys
 import textwrap
 from pathlib import Path
 
 from fairvfl_flwr.config.settings import replace_between
+from fairvfl_flwr.flower.hooks import RoundHook
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fairvfl_flwr"
@@ -29,6 +32,9 @@ FOLDED = {"tools": "command-line tools and their helpers: the table under Tools 
 BEGIN = "<!-- layout: generated from the module docstrings (python -m fairvfl_flwr.tools.layout --write) -->"
 END = "<!-- end of layout -->"
 NAME_WIDTH, WIDTH = 26, 108
+POINTS_BEGIN = "<!-- hook points: generated from flower/hooks.RoundHook (python -m fairvfl_flwr.tools.layout --write) -->"
+POINTS_END = "<!-- end of hook points -->"
+POINTS_WIDTH = 92
 
 
 def summary(path: Path) -> str:
@@ -70,10 +76,30 @@ def render(package: Path = PACKAGE) -> str:
     return "\n".join([BEGIN, "```", *lines, "```", END])
 
 
+def _markdown(doc: str) -> str:
+    """A docstring on one line, its reST roles and literals as markdown code."""
+    text = " ".join(doc.split())
+    text = re.sub(r":\w+:`~[\w.]*?(\w+)`", r"`\1`", text)  # :class:`~a.b.C`: C
+    return re.sub(r":\w+:`([^`]+)`", r"`\1`", text).replace("``", "`")
+
+
+def hook_points(hook: type = RoundHook) -> str:
+    """The generated block: every point of ``hook`` (its public methods, in the class's order) with
+    its docstring."""
+    lines = [POINTS_BEGIN]
+    for name, member in vars(hook).items():
+        if inspect.isfunction(member) and not name.startswith("_"):
+            lines += textwrap.wrap(f"`{name}`: {_markdown(inspect.getdoc(member) or '')}", POINTS_WIDTH,
+                                   initial_indent="* ", subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join([*lines, POINTS_END])
+
+
 def generated(root: Path = ROOT) -> dict[Path, str]:
-    """docs/architecture.md's text with its layout as the docstrings say it should be."""
+    """docs/architecture.md's text with its layout as the docstrings say it should be, and its
+    hook points as ``RoundHook`` declares them."""
     doc = root / "docs" / "architecture.md"
-    return {doc: replace_between(doc.read_text(), BEGIN, END, render(root / "fairvfl_flwr"), str(doc))}
+    text = replace_between(doc.read_text(), BEGIN, END, render(root / "fairvfl_flwr"), str(doc))
+    return {doc: replace_between(text, POINTS_BEGIN, POINTS_END, hook_points(), str(doc))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"rewrote {path}")
         else:
-            print(f"{path}: its layout differs from the module docstrings; run python -m fairvfl_flwr.tools.layout "
+            print(f"{path}: its layout or hook points differ from the code; run python -m fairvfl_flwr.tools.layout "
                   "--write", file=sys.stderr)
     return 1 if drift and not args.write else 0
 
