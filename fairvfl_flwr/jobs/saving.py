@@ -113,6 +113,8 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: Mapping[s
     metrics["constrained-groups"] = summary.get("groups")
     if summary.get("raw_groups"):
         metrics["raw-groups"] = summary["raw_groups"]
+    # from a registry's release the server holds no row's group: no per-group rates or intervals of its own
+    z_test = z_test if server.labels.release is None else None
     metrics["intervals"] = final_intervals(server.labels, z_test, server.cfg.seed, server.groups)
     metrics["groups"] = per_group(server.labels, z_test, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
@@ -194,6 +196,10 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         "groups": group_labels(cfg, summary.get("group-names")),
         # which groups the constraint pooled into one (pool-small-groups), and why; None: none
         "pooled-groups": None if server.groups.pooling is None else server.groups.pooling.describe(),
+        # who held the groups where not the label owner: a registry's release (jobs/group_release.py)
+        "groups-release": None if server.labels.release is None else {
+            "holder": "registry", "mechanism": cfg.groups_release, "epsilon-s": server.labels.release.epsilon,
+            "keep": server.labels.release.keep},
         "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.measure,
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
         "data": cfg.data_name,
@@ -215,6 +221,16 @@ def sensitive_line(config: dict, data: dict) -> str:
         return f"- sensitive attribute: a model input{shown} (`sensitive-as-input = true`, the paper's recipe)"
     return ("- sensitive attribute: not a model input (`sensitive-as-input = false`): neither its column nor a "
             "one-hot copy or source of it in the table is a feature")
+
+
+def registry_line(release: dict | None) -> list[str]:
+    """The card's line on who held the sensitive attribute, where a registry did."""
+    if not release:
+        return []
+    return [f"- sensitive attribute: held by a registry party, not by the label owner or the server; each row's group "
+            f"reached the server only through randomized response at ε_S = {release['epsilon-s']:g} (kept with "
+            f"probability {release['keep']:.3f}), so the group figures here are the server's corrected estimates "
+            "and carry that noise (privacy.md#a-registry-holds-the-groups)"]
 
 
 def _fmt(v: Any, pct: bool = False) -> str:
@@ -261,6 +277,7 @@ def run_card(m: dict, summary: dict) -> str:
         f"- decision: positive ({m['positive-label']}) when σ(z) ≥ {m['threshold']['probability']}, "
         "z = Σ_k u_k the sum of the parties' partial logits; the group column is not read to predict",
         sensitive_line(c, summary.get("dataset-summary") or {}),
+        *registry_line(m.get("groups-release")),
         "",
         f"## Metrics on the {met.get('evaluated_on') or 'test'} rows (95% bootstrap intervals, "
         f"{BOOTSTRAP_REPLICATES} resamples)",
