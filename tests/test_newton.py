@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import from_labels
-from fairvfl_flwr.core.dual_newton import ClippedNewton
+from fairvfl_flwr.core.newton import ClippedNewton
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     CentralisedNewton,

@@ -1,5 +1,5 @@
 """Block Newton where gaps share rows, several groups or the rate measure: the server's
-constrained search (core/newton.constrained_step, core/dual_newton.ConstrainedSearch)."""
+constrained search (core/newton.constrained_step, core/newton.ConstrainedSearch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import from_labels, gap_weights
-from fairvfl_flwr.core.dual_newton import ClippedNewton, ConstrainedSearch, dual_newton_step, rule_for
+from fairvfl_flwr.core.newton import ClippedNewton, ConstrainedSearch, dual_newton_step, rule_for
 from fairvfl_flwr.core.newton import constrained_step, subspace_gap_jacobian, subspace_step
 from fairvfl_flwr.core.constraints.measures import logistic_loss
 from fairvfl_flwr.config import RunConfig

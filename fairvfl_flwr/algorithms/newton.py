@@ -4,7 +4,7 @@ The math is ``core/newton.py``; docs/newton.md describes the method and this pro
 One message per party and round, as for gradient descent:
 
 * Server, ``configure_train`` (round t): the dual Newton step on λ and ν at the new λ
-  (``newton_server_step``); to each party its step lengths α_k of round t − 1, with z and
+  (core/newton.server_step); to each party its step lengths α_k of round t − 1, with z and
   λ (active) or ν (passive).
 * Party: it applies α_k to the directions it sent last round (θ_k += D_k α_k, which
   becomes its newest "move"), then computes its block Newton direction s_k (passive: the
@@ -39,9 +39,9 @@ from fairvfl_flwr.core.newton import (
     constrained_step,
     curvature,
     damping,
-    newton_server_step,
     party_curvature,
     search_step,
+    server_step,
     smooth_part,
     subspace_step,
     with_bias,
@@ -148,7 +148,7 @@ class NewtonVFL(VFLServer):
         if self.nonlinear:  # the constrained search sets λ (aggregate_nonlinear): no dual step between rounds
             nu = self.groups.masked_weights(y, z, self.lam)
         else:
-            self.lam, nu, self.previous = newton_server_step(self.lam, y, z, self.groups, self.jac, self.previous,
+            self.lam, nu, self.previous = server_step(self.lam, y, z, self.groups, self.jac, self.previous,
                                                              epsilon=self.stop.epsilon, beta=c.beta, c=c.c,
                                                              fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)

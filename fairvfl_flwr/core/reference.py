@@ -18,11 +18,11 @@ from torch import nn
 from fairvfl_flwr.core.constraints import ConstraintSet
 from fairvfl_flwr.core.blocks import build_block
 from fairvfl_flwr.core.models import gradient_step
+from fairvfl_flwr.core import newton
 from fairvfl_flwr.core.newton import (
     MEMORY,
     block_direction,
     curvature,
-    newton_server_step,
     party_curvature,
     search_step,
     with_bias,
@@ -166,7 +166,7 @@ class NewtonFloor(NumpyFloor):
         """One block Newton round: the dual step, each party's direction and kept moves, the server's
         subspace search over their step lengths, then every party's move."""
         z = self.z()
-        self.lam, nu, self.previous = newton_server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
+        self.lam, nu, self.previous = newton.server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,
                                                          fairness=self.fairness)
         n = len(z)

@@ -2,7 +2,7 @@
 every benchmark floor call this function, so they run the same algorithm.
 
 The dual step is the paper's projected gradient ascent on λ (:func:`dual_step`); block
-Newton's dual step (core/dual_newton.py) takes it too before it has a Jacobian."""
+Newton's dual step (core/newton.dual_newton_step) takes it too before it has a Jacobian."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ fairlearn ``Moment``               here
 
 plus ν (:meth:`ConstraintSet.masked_weights`, what a passive party receives) and the
 weights' bounds the projection keeps. What uses these lives with its user, as fairlearn
-keeps its solver apart from its moments: the paper's dual step in core/step.py, Newton's
-derivatives in core/newton.py and block Newton's dual step in core/dual_newton.py, small
+keeps its solver apart from its moments: the paper's dual step in core/step.py, block
+Newton's derivatives and dual step in core/newton.py, small
 groups pooled in core/constraints/pooling.py, the history's names in
 core/constraints/history.py, the label-DP sensitivity in features/labeldp.py.
 
@@ -140,7 +140,7 @@ class ConstraintSet:
     #: block Newton's dual step: True (with two groups) takes the clipped dual Newton step and,
     #: at the weight bound, the paper's gradient step past it (measured with ``deo`` only);
     #: False takes the constrained search, which returns λ with the step lengths
-    #: (core/dual_newton.py)
+    #: (core/newton.py)
     newton_past_bound = False
 
     #: what the history, the log and a run's summary call its gaps (core/constraints/history.py)
