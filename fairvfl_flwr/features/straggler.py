@@ -3,7 +3,8 @@
 A ClientApp mod (:func:`delay_mod`) sleeps after the party has computed its reply and
 before it returns it, so the server sees a slow party; it works the same in the
 in-process grid, in ``flwr run`` simulation and in deployment, because the sleep is in
-the ClientApp itself. Only ``train.*`` messages are delayed (discovery and init are not).
+the ClientApp itself. Only a round's step, round and final messages are delayed, by their
+kind (flower/protocol.Kind: any algorithm's); discovery and the start message are not.
 
 Where the delay comes from (the first that is set wins):
 
@@ -45,7 +46,7 @@ def delay_for(node: NodeConfig, cfg: RunConfig) -> tuple[float, float]:
 
 
 def delay_mod(message: Message, context, call_next) -> Message:
-    """Compute the reply, then hold it back for this node's delay (train messages only)."""
+    """Compute the reply, then hold it back for this node's delay (a round's step, round and final messages only)."""
     reply = call_next(message, context)
     if msgs.kind_of(message.metadata.message_type) not in (msgs.Kind.STEP, msgs.Kind.ROUND, msgs.Kind.FINAL):
         return reply
