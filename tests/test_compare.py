@@ -217,7 +217,7 @@ def test_compare_resume_runs_only_missing_jobs(tmp_path, capsys):
     assert compare.main([*args, "--epsilons", "0.1"]) == 0
     first = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert compare.main([*args, "--epsilons", "0.1,0.5", "--resume"]) == 0
-    assert "2 of 3 jobs done" in capsys.readouterr().err
+    assert "2 of 3 tasks done" in capsys.readouterr().err
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert runs[:2] == first and [r["method"] for r in runs[2:]] == ["FairVFL(ε=5e-1)"]
 
