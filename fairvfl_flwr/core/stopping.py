@@ -142,7 +142,8 @@ class StopRule:
         (bound, hard gap) pairs, which also fits a hard gap that does not vanish with the
         smooth one; the proportional step stands in where the secant does not point down or
         would end below the smallest bound."""
-        if hard > SHARPEN_ABOVE * self.target and self.converged_at is None and self.sharpened(give_up=False):
+        if (hard > SHARPEN_ABOVE * self.target and self.converged_at is None
+                and self.sharpened(give_up=False, by=4.0 if hard > 2 * SHARPEN_ABOVE * self.target else 2.0)):
             return True
         bound = self.epsilon * self.target / hard
         if self.met_at is not None:  # a looser bound overshot: go back between it and one that met
@@ -155,7 +156,8 @@ class StopRule:
                 # the hard gap no longer follows the bound (or the secant is too steep to trust)
                 self.converged_at = (self.epsilon, hard)
                 return self.sharpened()
-            bound = min(secant, self.epsilon)
+            # a step past a quarter of the bound extrapolates beyond what two converged points say
+            bound = max(min(secant, self.epsilon), self.epsilon / 4)
         self.converged_at = (self.epsilon, hard)
         if bound < MIN_BOUND_SHARE * self.target:
             return self.sharpened()
@@ -164,14 +166,15 @@ class StopRule:
         self.quiet_rounds = self.settled_rounds = 0
         return True
 
-    def sharpened(self, give_up: bool = True) -> bool:
-        """Halve the smooth rates' temperature and start the bound's calibration again at the target;
-        False (and, with ``give_up``, :attr:`gave_up`) where the rule may not or τ is at
-        :data:`MIN_TEMPERATURE`."""
-        if not self.sharpen or self.temperature / 2 < MIN_TEMPERATURE:
+    def sharpened(self, give_up: bool = True, by: float = 2.0) -> bool:
+        """Divide the smooth rates' temperature ``by`` (a hard gap far above the target skips a
+        step), at most down to :data:`MIN_TEMPERATURE`, and start the bound's calibration again at
+        the target; False (and, with ``give_up``, :attr:`gave_up`) where the rule may not or τ is
+        already there."""
+        if not self.sharpen or self.temperature <= MIN_TEMPERATURE:
             self.gave_up = give_up
             return False
-        self.temperature /= 2
+        self.temperature = max(self.temperature / by, MIN_TEMPERATURE)
         self.sharpenings += 1
         self.epsilon = self.target
         self.converged_at = self.met_at = None
