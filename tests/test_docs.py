@@ -1,11 +1,15 @@
 """The README and docs/: every relative link reaches a file (and its heading, where it names
-one), and the README stays short enough to read in one sitting."""
+one), every code name they and the module docstrings cite is there, and the README stays short
+enough to read in one sitting."""
 
 import ast
+import dataclasses
+import importlib
 import inspect
 import json
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -162,3 +166,160 @@ def test_nine_in_ten_public_definitions_say_what_they_are_for():
     missing = [where for where, documented in found if not documented]
     share = 1 - len(missing) / len(found)
     assert share >= 0.9, f"{share:.3f} of {len(found)} public definitions documented; undocumented:\n" + "\n".join(missing)
+
+
+# -- code names cited in prose --------------------------------------------------------------------
+# The layout copies each module docstring into docs/architecture.md, and the reference pages name
+# functions and classes: a rename that leaves the old name in prose fails here, not in a reader's hands.
+
+ROLE = re.compile(r":(?:func|class|meth|data|attr|mod|obj|exc):`~?([\w.]+)(?:\(\))?`")
+TICKED = re.compile(r"(?<!`)``?([A-Za-z_][\w.]*\.\w+)(?:\(\))?``?(?!`)")
+ABSOLUTE = re.compile(r"(?<![\w/.])fairvfl_flwr(?:\.\w+)+")
+PATH_DOT = re.compile(r"(?<![\w/.-])((?:fairvfl_flwr/)?(?:%s)(?:/\w+)+)\.([A-Za-z_]\w*(?:\.\w+)*)" % "|".join(layout.LAYERS))
+#: First names that are not the module of that name: ``fairvfl.model`` is a node state key.
+NOT_MODULES = {"fairvfl"}
+FILE_SUFFIXES = {"py", "md", "toml", "json", "csv", "npz", "npy", "txt", "yaml", "yml", "log", "pt", "html", "png",
+                 "svg", "sh", "cfg", "ini", "gz", "pkl", "pub", "key", "pem", "crt", "db", "sqlite"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def _package() -> tuple[dict[str, Path], dict[str, list[str]], dict[str, list[str]], frozenset[str]]:
+    """The package's modules by dotted name, by last name, its top-level public names, and the
+    run and node config keys (``tables.missing`` is a setting, not data/tables.missing)."""
+    from fairvfl_flwr.config import node, run
+
+    modules = {_module_name(p): p for p in sorted((REPO / "fairvfl_flwr").rglob("*.py")) if p.name != "__main__.py"}
+    short: dict[str, list[str]] = {}
+    top: dict[str, list[str]] = {}
+    for name, path in modules.items():
+        short.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+        for node_ in ast.parse(path.read_text()).body:
+            if isinstance(node_, (ast.ClassDef, ast.FunctionDef)) and not node_.name.startswith("_"):
+                top.setdefault(node_.name, []).append(name)
+    keys = frozenset(s.key for s in [*run.SETTINGS, *node.SETTINGS])
+    return modules, short, top, keys
+
+
+def _has(obj, name: str) -> bool:
+    """``obj.name`` is there: an attribute, or a field or ``self.name`` an instance of the class gets."""
+    if hasattr(obj, name):
+        return True
+    if not inspect.isclass(obj):
+        return False
+    for cls in obj.__mro__:
+        if name in vars(cls).get("__annotations__", {}) or name in getattr(cls, "__slots__", ()):
+            return True
+        if dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}:
+            return True
+        try:
+            if re.search(rf"\bself\.{name}\b\s*(?::[^=\n]+)?=", inspect.getsource(cls)):
+                return True
+        except (OSError, TypeError):
+            pass
+    return False
+
+
+def _walk(module: str, attrs: list[str]) -> bool:
+    obj = importlib.import_module(module)
+    for a in attrs:
+        if not _has(obj, a):
+            return False
+        obj = getattr(obj, a, None)
+    return True
+
+
+def resolves(name: str, here: str | None = None) -> bool | None:
+    """Whether a cited name is there: True, False (one of ours that is not), or None (not ours:
+    numpy's, Flower's, a config key). Tried in turn: absolute (``fairvfl_flwr.core.step``,
+    ``core/step.server_step``), in the module ``here`` (a docstring's own names, its classes'
+    methods; a bare name must be one of these), a module by its last name where no other module has it (``step.server_step``; ``server.computed()`` is an object's), a public class or function of the
+    package (``ConstraintSet.gaps``)."""
+    modules, short, top, keys = _package()
+    if name in keys or name.replace("_", "-") in keys:
+        return None
+    parts = name.replace("/", ".").split(".")
+    if parts[0] in layout.LAYERS:
+        parts = ["fairvfl_flwr", *parts]
+    if parts[0] == "fairvfl_flwr":
+        for i in range(len(parts), 1, -1):
+            if ".".join(parts[:i]) in modules:
+                return _walk(".".join(parts[:i]), parts[i:])
+        return False
+    if here is not None:
+        if _walk(here, parts):
+            return True
+        mod = importlib.import_module(here)
+        if len(parts) == 1 and any(_has(c, parts[0]) for c in vars(mod).values()
+                                   if inspect.isclass(c) and c.__module__ == here):
+            return True
+        if len(parts) == 1:  # a bare name is the module's own (Sphinx's current module)
+            return False
+        package = here if modules.get(here, Path()).name == "__init__.py" else here.rpartition(".")[0]
+        for i in range(len(parts), 0, -1):
+            if f"{package}.{'.'.join(parts[:i])}" in modules:
+                return _walk(f"{package}.{'.'.join(parts[:i])}", parts[i:])
+    if len(parts) > 1 and len(short.get(parts[0], ())) == 1 and parts[0] not in NOT_MODULES:
+        return _walk(short[parts[0]][0], parts[1:])
+    if parts[0] in top:
+        return any(_walk(m, parts) for m in top[parts[0]])
+    return None
+
+
+def cited_names(text: str) -> list[tuple[str, bool]]:
+    """The code names a docstring or page cites, each with whether it is a reST role (a role must
+    resolve; a dotted name in backticks only when it is one of ours)."""
+    out = [(m.group(1), True) for m in ROLE.finditer(text)]
+    text = ROLE.sub("", text)
+    out += [(m.group(0), False) for m in ABSOLUTE.finditer(text)]
+    out += [(f"{m.group(1)}.{m.group(2)}", False) for m in PATH_DOT.finditer(text)
+            if m.group(2).split(".")[0] not in FILE_SUFFIXES]
+    out += [(m.group(1), False) for m in TICKED.finditer(text)
+            if m.group(1).rsplit(".", 1)[-1] not in FILE_SUFFIXES and not m.group(1).startswith("fairvfl_flwr.")]
+    return out
+
+
+def stale_names(text: str, here: str | None = None) -> list[str]:
+    """The names ``text`` cites that are not there (``here``: the module whose docstring it is)."""
+    return sorted({name for name, role in cited_names(text)
+                   if (found := resolves(name, here)) is False or (found is None and role)})
+
+
+def _docstrings():
+    """Every module docstring (the layout renders their first paragraphs) and RoundHook's
+    methods' (the hook points), with the module they belong to."""
+    modules, *_ = _package()
+    for name, path in modules.items():
+        yield str(path.relative_to(REPO)), ast.get_docstring(ast.parse(path.read_text())) or "", name
+    for point, member in vars(Hooks).items():
+        if inspect.isfunction(member):
+            yield f"flower/hooks.py RoundHook.{point}", inspect.getdoc(member) or "", "fairvfl_flwr.flower.hooks"
+
+
+def test_the_names_module_docstrings_cite_are_there():
+    """Each module docstring's ``:func:``/``:class:``/... roles and dotted names (``core/step.server_step``,
+    ``fairvfl_flwr.core.newton``, ``ConstraintSet.gaps``) name a module or attribute that exists."""
+    stale = [f"{where}: {names}" for where, doc, here in _docstrings() if (names := stale_names(doc, here))]
+    assert not stale, "docstrings cite names that are not there:\n  " + "\n  ".join(stale)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "results" not in p.parts], ids=lambda p: str(p.relative_to(REPO)))
+def test_the_names_reference_pages_cite_are_there(page):
+    names = stale_names(FENCE.sub("", page.read_text()))
+    assert not names, f"{page.relative_to(REPO)} cites names that are not there: {names}"
+
+
+def test_a_stale_name_in_a_docstring_is_caught():
+    """The check above can fail: a renamed function, a module moved away, a role to nothing."""
+    doc = ("The dual step (:func:`dual_newton_step`, core/step.server_step) and ``core.newton.no_such_step``;\n"
+           "see :class:`~fairvfl_flwr.core.stopping.StopRule` and ``ConstraintSet.gone`` and "
+           "fairvfl_flwr.core.dual_newton, data/psi.no_such_function; ``tables.missing`` is a setting.")
+    assert stale_names(doc, "fairvfl_flwr.core.objective") == [
+        "ConstraintSet.gone", "core.newton.no_such_step", "data/psi.no_such_function", "dual_newton_step",
+        "fairvfl_flwr.core.dual_newton"]
+    assert stale_names(doc.replace("dual_newton_step", "server_step"), "fairvfl_flwr.core.newton") == [
+        "ConstraintSet.gone", "core.newton.no_such_step", "data/psi.no_such_function", "fairvfl_flwr.core.dual_newton"]

@@ -1,7 +1,8 @@
-"""The FairVFL objective in numpy: loss, constraint gaps, dual step and the masked weights ν.
+"""What the server records of the FairVFL objective each round: the training loss and every gap.
 
-One place for the math of docs/algorithm.md, used by the server (strategy) and by the active
-party (local steps), so both compute ν the same way.
+The math of docs/algorithm.md is elsewhere: the constraint object (core/constraints) computes
+the gaps and the masked weights ν, core/step.py the gradient steps and core/newton.py Newton's.
+This module is the round's record of the objective (:class:`TrainStats`), in their notation.
 
 Notation: ``z`` summed logits, ``y`` labels in {-1, +1}, ``o_i = dl/dz_i``. The constraint
 (run-config ``constraint``, ``constraint-measure``, ``constraint-form``) is an object of
@@ -13,9 +14,8 @@ The general masked weight is
     ν_i = o_i / n + m_i g_i,  m_i = Σ_c (λ_c+ − λ_c−) ([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|),
 
 with ``g_i = dq_i/dz_i``: ``o_i`` for ``loss`` (so ν_i = w_i o_i, w_i = 1/n + m_i) and
-``σ(z_i)(1 − σ(z_i))`` for ``rate``. The constraint object computes all of these
-(``ConstraintSet.masked_weights``, ``signed_weights``, ``gaps``; the dual step in core/step.py); this module
-keeps what the server records each round.
+``σ(z_i)(1 − σ(z_i))`` for ``rate`` (``ConstraintSet.masked_weights``, ``signed_weights``,
+``gaps``; the dual step is core/step.server_step's).
 """
 
 from __future__ import annotations
