@@ -323,3 +323,50 @@ def test_a_stale_name_in_a_docstring_is_caught():
         "fairvfl_flwr.core.dual_newton"]
     assert stale_names(doc.replace("dual_newton_step", "server_step"), "fairvfl_flwr.core.newton") == [
         "ConstraintSet.gone", "core.newton.no_such_step", "data/psi.no_such_function", "fairvfl_flwr.core.dual_newton"]
+
+
+# -- tables a reference page includes from a results page -----------------------------------------
+INCLUDED = re.compile(r"<!-- results/([\w./-]+): begin -->\n(.*?)<!-- results/\1: end -->", re.S)
+
+
+def include_drift(text: str, results: Path = REPO / "docs" / "results") -> list[str]:
+    """The ``<!-- results/<name> -->`` blocks of a page whose text is not in ``results/<name>.md``
+    verbatim: a table edited by hand, or a results page rewritten without its include."""
+    drift = []
+    for name, block in INCLUDED.findall(text):
+        source = results / f"{name}.md"
+        if not source.exists():
+            drift.append(f"{name}: no results page {source.relative_to(REPO)}")
+        elif block.strip() not in source.read_text():
+            drift.append(f"{name}: differs from {source.relative_to(REPO)} (rerun the command that writes it)")
+    return drift
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "results" not in p.parts], ids=lambda p: str(p.relative_to(REPO)))
+def test_an_included_table_is_its_results_pages(page):
+    drift = include_drift(page.read_text())
+    assert not drift, f"{page.relative_to(REPO)}: " + "; ".join(drift)
+
+
+def test_the_readme_tables_are_included_not_copied():
+    """README's Table 1 and privacy table are results blocks (bench/readme_tables.py), and the
+    privacy summary page is what its audit pages' JSON give."""
+    from bench.readme_tables import first_table, load, privacy_table
+
+    readme = (REPO / "README.md").read_text()
+    names = [name for name, _ in INCLUDED.findall(readme)]
+    assert names == ["compare/table_linear", "privacy-summary"]
+    page = (REPO / "docs" / "results" / "privacy-summary.md").read_text()
+    assert first_table(page) == privacy_table(load())
+    outside = INCLUDED.sub("", readme)
+    assert "| Method | Adult ACC" not in outside and "| defence |" not in outside, "a README table outside its block"
+
+
+def test_a_hand_edited_readme_table_is_caught():
+    readme = (REPO / "README.md").read_text()
+    assert not include_drift(readme)
+    edited = readme.replace("error 1.7e-6 / 7.9e-6", "error 1.6e-6 / 7.9e-6", 1)
+    assert edited != readme and include_drift(edited) == [
+        "privacy-summary: differs from docs/results/privacy-summary.md (rerun the command that writes it)"]
+    edited = readme.replace("| FedBCD + EO | 83.31", "| FedBCD + EO | 83.41", 1)
+    assert edited != readme and [d.split(":")[0] for d in include_drift(edited)] == ["compare/table_linear"]
