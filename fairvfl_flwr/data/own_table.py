@@ -1,7 +1,8 @@
 """Local preparation: a party's own raw table becomes its feature block, on its own side.
 
-A party that brings its own table (run config ``tables.own``) reads it here, and after
-private alignment (data/psi.py) turns the common rows into its block:
+A party that brings its own table (run config ``tables.own``: a file, or a table or query in
+its database, data/sources.py) reads it here, and after private alignment (data/psi.py) turns
+the common rows into its block:
 
 * **ids**: the id column is read as text and stripped of surrounding spaces (one rule,
   data/tables.py's :func:`normalise_ids`, which the score files follow too): ``" 007 "``
@@ -83,6 +84,11 @@ def _read_raw(source: FileTable | SqlTable, id_column: str, who: str, markers: t
     blanked = blank_markers(df, markers, keep_text=(id_column,))
     problems = tuple(id_findings(df, id_column))
     return RawTable(df, blanked, problems, None if problems else normalise_ids(df[id_column].to_numpy()), digest)
+
+
+def clear_cache() -> None:
+    """Forget the tables read in this process, as a fresh process would."""
+    _raw_table.cache_clear()
 
 
 def read_table(source: FileTable | SqlTable | str | Path, id_column: str, who: str,
