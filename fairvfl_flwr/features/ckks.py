@@ -17,7 +17,7 @@ second leg          Σ_slots of each decrypted        gradient descent (train.pa
                     imaginary part: m floats)        with α_k): the block direction
 ================== ================================ =====================================
 
-Why this shape (costs in docs/privacy-defences.md). The party multiplies each encrypted
+Why this shape (costs in docs/privacy.md, Encrypted ν). The party multiplies each encrypted
 chunk by its columns' slice and adds across chunks: plaintext products and additions
 only, no rotations, hence no Galois, relinearisation or even public keys (ν is encrypted
 with the secret key; the parties get the parameters only). Its columns are encoded
