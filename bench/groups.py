@@ -84,12 +84,14 @@ TITLES = {"compas-race-eo": "COMPAS race, equalized odds (six races; race not an
           "adult-dp": "Adult, demographic parity (sex; sex not an input)",
           "crime-eo": "Crime, equalized odds (black share > 0.06)"}
 BASE = {"num-parties": 3, "eval-every": 1000, "mode": "fairvfl-scores"}
-EPSILONS = BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1)
+#: FairVFL's ε bounds every pair of groups; EG's difference bound each group against all rows, which
+#: lets a pair differ by up to twice the bound: ε reaches 0.2 to cover the gaps EG's 0.1 leaves
+EPSILONS, BOUNDS = (0.001, 0.01, 0.02, 0.05, 0.1, 0.2), (0.001, 0.005, 0.01, 0.02, 0.05, 0.1)
 QUICK = (0.01, 0.05)
 #: the payload keys a kept row must share with the run that adds rows to its page
 SETTINGS = ("rounds", "epsilons", "bounds", "seeds", "overrides")
 #: what a setting's figures are averaged over the seeds for (min and max beside each mean)
-FIGURES = ("acc", "gap", "train_gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "tightenings", "gap_apart",
+FIGURES = ("acc", "gap", "train_acc", "train_gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "tightenings", "gap_apart",
            "train_gap_apart")
 
 
@@ -218,58 +220,74 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
-def curve(points: list[dict], row: str, method: str, seed: int | None = None) -> list[tuple[float, float]]:
-    """A method's (gap, accuracy) points on a row: of the seed means (``points`` a summary),
-    or of one seed."""
-    return [(p["gap"], p["acc"]) for p in points
-            if p["row"] == row and p["method"] == method and (seed is None or p["seed"] == seed)]
+#: the figures a curve of each split is drawn from: (gap, accuracy, EG's predictors' mean gap)
+SPLITS = {"test": ("gap", "acc", "gap_apart"), "train": ("train_gap", "train_acc", "train_gap_apart")}
 
 
-def apart_curve(summary: list[dict], row: str) -> list[tuple[float, float]]:
-    """EG's seed-mean accuracy against the weighted mean of its predictors' own test gaps: its
+def curve(points: list[dict], row: str, method: str, seed: int | None = None,
+          split: str = "test") -> list[tuple[float, float]]:
+    """A method's (gap, accuracy) points on a row and split: of the seed means (``points`` a
+    summary), or of one seed."""
+    x, y, _ = SPLITS[split]
+    return [(p[x], p[y]) for p in points if p["row"] == row and p["method"] == method
+            and (seed is None or p["seed"] == seed) and p.get(x) is not None and p.get(y) is not None]
+
+
+def apart_curve(summary: list[dict], row: str, split: str = "test") -> list[tuple[float, float]]:
+    """EG's seed-mean accuracy against the weighted mean of its predictors' own gaps: its
     curve were the draws' gaps not to cancel (a deterministic classifier's cannot)."""
-    return [(p["gap"] if p.get("gap_apart") is None else p["gap_apart"], p["acc"]) for p in summary
-            if p["row"] == row and p["method"] == EG]
+    x, y, apart = SPLITS[split]
+    return [(p[x] if p.get(apart) is None else p[apart], p[y]) for p in summary
+            if p["row"] == row and p["method"] == EG and p.get(x) is not None and p.get(y) is not None]
 
 
-def matched(summary: list[dict], points: list[dict]) -> list[dict]:
+def matched(summary: list[dict], points: list[dict], split: str = "test") -> list[dict]:
     """Per row, one entry at the gap of each frontier point of FairVFL's and EG's seed-mean
-    curves: every method's accuracy there (read off its seed-mean curve), FairVFL − EG, and
+    curves on ``split`` (the test rows, or the training rows the constraint is fitted on):
+    every method's accuracy there (read off its seed-mean curve), FairVFL − EG, and
     ``per_seed``: on each seed, that setting's own point against the other method's curve of
     the same seed at the point's gap (FairVFL − EG; None where that curve does not reach it)."""
+    x, y, _ = SPLITS[split]
     out = []
     for row in dict.fromkeys(p["row"] for p in summary):
-        curves = {m: curve(summary, row, m) for m in METHODS}
+        curves = {m: curve(summary, row, m, split=split) for m in METHODS}
         seeds = sorted({p["seed"] for p in points if p["row"] == row})
         anchors = []
         for m in (FAIRVFL, EG):
             front = set(frontier(curves[m]))
-            anchors += [(p["gap"], m, p["setting"]) for p in summary
-                        if p["row"] == row and p["method"] == m and (p["gap"], p["acc"]) in front]
+            anchors += [(p[x], m, p["setting"]) for p in summary
+                        if p["row"] == row and p["method"] == m and (p.get(x), p.get(y)) in front]
         for g, anchor, setting in sorted(anchors):
             other = EG if anchor == FAIRVFL else FAIRVFL
             acc = {m: accuracy_at_gap(curves[m], g) for m in METHODS}
             diff = None if acc[FAIRVFL] is None or acc[EG] is None else acc[FAIRVFL] - acc[EG]
-            apart = accuracy_at_gap(apart_curve(summary, row), g)
+            apart = accuracy_at_gap(apart_curve(summary, row, split), g)
             per_seed = []
             for s in seeds:
                 own = next((p for p in points if (p["row"], p["method"], p["setting"], p["seed"])
                             == (row, anchor, setting, s)), None)
-                theirs = None if own is None else accuracy_at_gap(curve(points, row, other, s), own["gap"])
-                per_seed.append(None if theirs is None else (own["acc"] - theirs) * (1 if anchor == FAIRVFL else -1))
+                theirs = None if own is None else accuracy_at_gap(curve(points, row, other, s, split), own[x])
+                per_seed.append(None if theirs is None else (own[y] - theirs) * (1 if anchor == FAIRVFL else -1))
             out.append({"row": row, "gap": g, "point": f"{anchor}: {setting}", "acc": acc,
                         "fairvfl_minus_eg": diff, "per_seed": per_seed, "eg_apart": apart})
     return out
 
 
-def verdicts(summary: list[dict], at: list[dict]) -> list[dict]:
-    """Per row: FairVFL − EG at the matched gap where it is lowest, with that gap's per-seed
-    range, and each method's smallest seed-mean training and test gap (with its setting)."""
+def _lowest(at: list[dict], row: str) -> dict | None:
+    """The matched gap of ``row`` where FairVFL − EG is lowest (None: the curves share no gap)."""
+    both = [a for a in at if a["row"] == row and a["fairvfl_minus_eg"] is not None]
+    return min(both, key=lambda a: a["fairvfl_minus_eg"], default=None)
+
+
+def verdicts(summary: list[dict], at: list[dict], at_train: list[dict] = ()) -> list[dict]:
+    """Per row: FairVFL − EG at the matched test gap where it is lowest, with that gap's
+    per-seed range, the same on the training rows (``at_train``: :func:`matched` of the
+    training split), and each method's smallest seed-mean training and test gap (with its
+    setting)."""
     out = []
     for row in dict.fromkeys(a["row"] for a in at):
-        both = [a for a in at if a["row"] == row and a["fairvfl_minus_eg"] is not None]
-        worst = min(both, key=lambda a: a["fairvfl_minus_eg"], default=None)
-        v = {"row": row, "worst": worst}
+        worst = _lowest(at, row)
+        v = {"row": row, "worst": worst, "train_worst": _lowest(list(at_train), row)}
         for m, key in ((FAIRVFL, "fairvfl"), (EG, "eg")):
             mine = [p for p in summary if p["row"] == row and p["method"] == m]
             v[f"{key}_train_floor"] = min(((p["train_gap"], p["setting"]) for p in mine), default=None)
@@ -309,19 +327,26 @@ def _seeds(per_seed: list) -> str:
 
 
 def verdict_table(rows: list[dict]) -> str:
-    """One line per row: the lowest FairVFL − EG over the matched gaps and the smallest gaps."""
-    lines = ["| row | lowest FairVFL − EG (pt) at gap | per seed (pt) | reading | FairVFL smallest train / test gap "
-             "| EG smallest train / test gap |", "|---|---|---|---|---|---|"]
+    """One line per row: the lowest FairVFL − EG over the matched test gaps, the same on the
+    training rows, and the smallest gaps."""
+    lines = ["| row | lowest FairVFL − EG (pt) at test gap | per seed (pt) | reading | on the training rows: lowest "
+             "FairVFL − EG (pt) at gap | FairVFL smallest train / test gap | EG smallest train / test gap |",
+             "|---|---|---|---|---|---|---|"]
+
+    def lowest(w):
+        return "—" if w is None else f"{_pt(w['fairvfl_minus_eg'])} at {w['gap']:.3f} ({w['point']})"
+
     for v in rows:
-        w = v["worst"]
-        at = "—" if w is None else f"{_pt(w['fairvfl_minus_eg'])} at {w['gap']:.3f} ({w['point']})"
+        w, t = v["worst"], v.get("train_worst")
+        at = lowest(w)
+        train = lowest(t) + ("" if t is None else f", per seed {_seeds(t['per_seed'])}")
 
         def floors(key):
             tr, te = v[f"{key}_train_floor"], v[f"{key}_test_floor"]
             return "—" if tr is None else f"{tr[0]:.3f} ({tr[1]}) / {te[0]:.3f} ({te[1]})"
 
         lines.append(f"| {v['row']} | {at} | {'' if w is None else _seeds(w['per_seed'])} | {v['reading']} | "
-                     f"{floors('fairvfl')} | {floors('eg')} |")
+                     f"{train} | {floors('fairvfl')} | {floors('eg')} |")
     return "\n".join(lines)
 
 
@@ -336,13 +361,14 @@ def matched_table(at: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) -> str:
+def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, at_train: list[dict] = ()) -> str:
     """The page: the per-row reading, the matched-gap table, then every row's points."""
     parts = ["## Per row", "",
-             "FairVFL − EG at the matched gap where it is lowest (a mean over the seeds), the per-seed range "
-             "there, and each method's smallest training and test gap (seed means, with the setting). "
-             "\"within the seed spread\": on some seed FairVFL is at or above EG there.", "",
-             verdict_table(verdicts(summary, at)), "",
+             "FairVFL − EG at the matched test gap where it is lowest (a mean over the seeds), the per-seed range "
+             "there, the same on the training rows (accuracy against the gap the constraint is fitted on), and "
+             "each method's smallest training and test gap (seed means, with the setting). \"within the seed "
+             "spread\": on some seed FairVFL is at or above EG there.", "",
+             verdict_table(verdicts(summary, at, at_train)), "",
              "## Accuracy at matched gaps", "",
              "Each method's test accuracy read off its seed-mean curve at the gap of a frontier point "
              "(\"point\"); \"per seed\": on each seed, that point against the other method's curve of the "
@@ -360,10 +386,10 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) 
                   "input columns)." + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}."
                                        if "command" in groups else ""),
                   "",
-                  "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | train gap (min–max) | "
+                  "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | train ACC | train gap (min–max) | "
                   "FairVFL: optimizer, rounds, tightenings, ε met, train soft gap | EG: its predictors' test / train "
                   "gap | on the frontier |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         for m in METHODS:
             mine = [p for p in summary if p["row"] == row and p["method"] == m]
             front = set(frontier(curve(summary, row, m)))
@@ -375,6 +401,7 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None) 
                 parts.append(
                     f"| {m} | {p['setting']} | {100 * p['acc']:.2f}% ({100 * p['acc_min']:.2f}–{100 * p['acc_max']:.2f}) | "
                     f"{p['gap']:.3f} ({p['gap_min']:.3f}–{p['gap_max']:.3f}) | "
+                    f"{_pct(p.get('train_acc'))} | "
                     f"{p['train_gap']:.3f} ({p['train_gap_min']:.3f}–{p['train_gap_max']:.3f}) | {run} | {apart} | "
                     f"{'yes' if (p['gap'], p['acc']) in front else ''} |")
         parts.append("")
@@ -473,7 +500,8 @@ def plot_curves(summary: list[dict], points: list[dict], rows: list[str], path: 
 def main(argv: list[str] | None = None) -> None:
     """Run the rows and publish the page (and the plot) after each."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help=f"comma list of {', '.join(ROWS)} ('': none, the kept rows' page written again)")
     ap.add_argument("--seeds", default="0,1,2", help="comma list of seeds")
     ap.add_argument("--epsilons", default=",".join(map(str, EPSILONS)), help="FairVFL's ε grid")
     ap.add_argument("--bounds", default=",".join(map(str, BOUNDS)), help="fairlearn EG's difference bounds")
@@ -486,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="another page's json whose rows (run with the same settings, not rerun here) join this page")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     a = ap.parse_args(argv)
-    rows = a.rows.split(",")
+    rows = [r for r in a.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         ap.error(f"--rows {','.join(unknown)}: choose from {', '.join(ROWS)}")
@@ -510,23 +538,29 @@ def main(argv: list[str] | None = None) -> None:
                 pts, groups = points(row, seed, epsilons, bounds, a.rounds, overrides, Path(csv_folder))
                 results += pts
                 info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed})
-            done = [r for r in ROWS if r in info]  # the page's rows in the bench's order
-            results.sort(key=lambda p: done.index(p["row"]))
-            summary = summarise(results)
-            at = matched(summary, results)
-            plot = f"{a.name}.png" if plot_curves(summary, results, done, Path(a.out) / f"{a.name}.png") else None
-            missing = rows[i + 1:]
-            notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
-            notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
-            write(a.out, a.name, {**settings, "groups": info, "matched": at, "verdicts": verdicts(summary, at),
-                                  "summary": summary, "points": results},
-                  markdown(summary, at, info, plot),
-                  title="Accuracy against the hard-rate gap: FairVFL, fairlearn EG (expected) and ThresholdOptimizer",
-                  notes=notes)
-            if Path(a.out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference pages show the same tables
-                tables = verdict_table(verdicts(summary, at)) + "\n\n" + matched_table(at)
-                include(REPO / "docs" / "fairness-constraints.md", a.name, tables)
-                include(REPO / "docs" / "compare.md", a.name, verdict_table(verdicts(summary, at)))
+            publish(a.out, a.name, settings, results, info, rows[i + 1:])
+    if not rows and info:  # --rows '': the kept rows' page again
+        publish(a.out, a.name, settings, results, info, [])
+
+
+def publish(out: Path, name: str, settings: dict, results: list[dict], info: dict, missing: list[str]) -> None:
+    """Write the page of every row in ``info`` (and, into docs/results, the reference pages' tables)."""
+    done = [r for r in ROWS if r in info]  # the page's rows in the bench's order
+    results.sort(key=lambda p: done.index(p["row"]))
+    summary = summarise(results)
+    at, at_train = matched(summary, results), matched(summary, results, "train")
+    rows = verdicts(summary, at, at_train)
+    plot = f"{name}.png" if plot_curves(summary, results, done, Path(out) / f"{name}.png") else None
+    notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
+    notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
+    write(out, name, {**settings, "groups": info, "matched": at, "matched_train": at_train, "verdicts": rows,
+                      "summary": summary, "points": results},
+          markdown(summary, at, info, plot, at_train),
+          title="Accuracy against the hard-rate gap: FairVFL, fairlearn EG (expected) and ThresholdOptimizer",
+          notes=notes)
+    if Path(out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference pages show the same tables
+        include(REPO / "docs" / "fairness-constraints.md", name, verdict_table(rows) + "\n\n" + matched_table(at))
+        include(REPO / "docs" / "compare.md", name, verdict_table(rows))
 
 
 if __name__ == "__main__":

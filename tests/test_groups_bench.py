@@ -139,7 +139,7 @@ def test_the_bench_compares_every_method_at_the_same_gaps():
 
     def point(method, setting, gap, acc):
         return {"row": "crime-eo", "seed": 0, "method": method, "setting": setting, "gap": gap, "acc": acc,
-                "dp_diff": gap, "eo_diff": gap, "train_gap": gap / 2}
+                "dp_diff": gap, "eo_diff": gap, "train_gap": gap / 2, "train_acc": acc + 0.01}
 
     rows = [point(groups.FAIRVFL, "ε=0.01", 0.1, 0.80), point(groups.FAIRVFL, "off", 0.3, 0.86),
             point(groups.EG, "bound=0.01", 0.2, 0.83), point(groups.EG, "off (plain LR)", 0.5, 0.87),
@@ -160,7 +160,12 @@ def test_the_bench_compares_every_method_at_the_same_gaps():
     assert at[0.5]["fairvfl_minus_eg"] == pytest.approx(0.85 - 0.86)  # FairVFL flat beyond its largest gap
     assert at[0.2]["acc"][groups.THRESHOLD] is None and at[0.3]["acc"][groups.THRESHOLD] == pytest.approx(0.81)
     assert at[0.3]["eg_apart"] == at[0.3]["acc"][groups.EG]  # no predictors' gaps: EG read at its own
-    (verdict,) = groups.verdicts(summary, list(at.values()))
+    # the same reading of the training rows' curves (train_gap, train_acc): gaps halved, accuracies 1 pt up
+    train = {a["gap"]: a for a in groups.matched(summary, rows, "train")}
+    assert list(train) == pytest.approx([0.05, 0.1, 0.15, 0.25])
+    assert train[0.15]["fairvfl_minus_eg"] == pytest.approx(at[0.3]["fairvfl_minus_eg"])
+    (verdict,) = groups.verdicts(summary, list(at.values()), list(train.values()))
+    assert verdict["train_worst"]["gap"] == pytest.approx(0.25)
     assert verdict["worst"]["gap"] == pytest.approx(0.5) and verdict["reading"] == "below"  # -1 pt on both seeds
     assert verdict["fairvfl_train_floor"] == (pytest.approx(0.05), "ε=0.01")
     assert verdict["eg_train_floor"] == (pytest.approx(0.1), "bound=0.01")
