@@ -370,3 +370,12 @@ def test_a_hand_edited_readme_table_is_caught():
         "privacy-summary: differs from docs/results/privacy-summary.md (rerun the command that writes it)"]
     edited = readme.replace("| FedBCD + EO | 83.31", "| FedBCD + EO | 83.41", 1)
     assert edited != readme and [d.split(":")[0] for d in include_drift(edited)] == ["compare/table_linear"]
+
+
+def test_every_results_page_names_the_command_that_made_it():
+    """A page of docs/results/ opens with "Written by `<command>`" (bench/results publish) or
+    "Recorded by `<command>`" (figures kept from an earlier run), so its index names the
+    command; the files in its subfolders are a page's tables and figures."""
+    nameless = [p.name for p in sorted((REPO / "docs" / "results").glob("*.md")) if p.name != "README.md"
+                and not re.search(r"^(Written|Recorded) by `[^`]+`", "\n".join(p.read_text().splitlines()[1:6]), re.M)]
+    assert not nameless, f"results pages that name no command: {nameless}"
