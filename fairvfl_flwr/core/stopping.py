@@ -37,9 +37,10 @@ GAP_SLACK = 1e-3
 #: smooth gaps are all but zero, and a hard gap still above the target is one the smooth rates
 #: do not control (a constant classifier would meet it, at the cost of every prediction).
 MIN_BOUND_SHARE = 0.05
-#: The sharpest temperature of the smooth rates: a sharper σ(z/τ) has slopes of 1/(4τ) on a few rows
-#: near the threshold, which the second-order steps see as noise.
-MIN_TEMPERATURE = 0.125
+#: The sharpest temperature of the smooth rates: COMPAS's logits sit within about ±1, so a rate that
+#: follows the hard one row by row there needs τ near 1/32 (COMPAS race, equalized odds over 4 groups:
+#: hard gap 0.04–0.06 at τ = 1/8, 0.019–0.021 at 1/32, seeds 0–2).
+MIN_TEMPERATURE = 1 / 32
 #: A calibration move (tighten, loosen, sharpen) waits for F's relative decrease to settle below this
 #: multiple of the stop tolerance, with the gaps at rest, for stop-window rounds: the hard gap at a bound
 #: is known by then, and F's slow tail (Crime: 18 rounds from 1e-4 to the tolerance) would only delay it.
