@@ -175,7 +175,8 @@ def test_nine_in_ten_public_definitions_say_what_they_are_for():
 ROLE = re.compile(r":(?:func|class|meth|data|attr|mod|obj|exc):`~?([\w.]+)(?:\(\))?`")
 TICKED = re.compile(r"(?<!`)``?([A-Za-z_][\w.]*\.\w+)(?:\(\))?``?(?!`)")
 ABSOLUTE = re.compile(r"(?<![\w/.])fairvfl_flwr(?:\.\w+)+")
-PATH_DOT = re.compile(r"(?<![\w/.-])((?:fairvfl_flwr/)?(?:%s)(?:/\w+)+)\.([A-Za-z_]\w*(?:\.\w+)*)" % "|".join(layout.LAYERS))
+PATH_DOT = re.compile(r"(?<![\w/.-])((?:fairvfl_flwr/)?(?:%s)(?:/\w+)+)\.([A-Za-z_]\w*(?:\.\w+)*)"
+                      % "|".join(layout.LAYERS))
 #: First names that are not the module of that name: ``fairvfl.model`` is a node state key.
 NOT_MODULES = {"fairvfl"}
 FILE_SUFFIXES = {"py", "md", "toml", "json", "csv", "npz", "npy", "txt", "yaml", "yml", "log", "pt", "html", "png",
@@ -224,6 +225,13 @@ def _has(obj, name: str) -> bool:
     return False
 
 
+def _in_a_class(module: str, attrs: list[str]) -> bool:
+    """``module.x`` naming an object of one of the module's classes: ``server.computed()``."""
+    mod = importlib.import_module(module)
+    return any(_walk(module, [name, *attrs]) for name, c in vars(mod).items()
+               if inspect.isclass(c) and c.__module__ == module)
+
+
 def _walk(module: str, attrs: list[str]) -> bool:
     obj = importlib.import_module(module)
     for a in attrs:
@@ -237,8 +245,9 @@ def resolves(name: str, here: str | None = None) -> bool | None:
     """Whether a cited name is there: True, False (one of ours that is not), or None (not ours:
     numpy's, Flower's, a config key). Tried in turn: absolute (``fairvfl_flwr.core.step``,
     ``core/step.server_step``), in the module ``here`` (a docstring's own names, its classes'
-    methods; a bare name must be one of these), a module by its last name where no other module has it (``step.server_step``; ``server.computed()`` is an object's), a public class or function of the
-    package (``ConstraintSet.gaps``)."""
+    methods; a bare name must be one of these), a module beside ``here`` (an object of one of
+    its classes: ``server.computed()``), a module by its last name where no other module has
+    it (``step.server_step``), a public class or function of the package (``ConstraintSet.gaps``)."""
     modules, short, top, keys = _package()
     if name in keys or name.replace("_", "-") in keys:
         return None
@@ -261,8 +270,8 @@ def resolves(name: str, here: str | None = None) -> bool | None:
             return False
         package = here if modules.get(here, Path()).name == "__init__.py" else here.rpartition(".")[0]
         for i in range(len(parts), 0, -1):
-            if f"{package}.{'.'.join(parts[:i])}" in modules:
-                return _walk(f"{package}.{'.'.join(parts[:i])}", parts[i:])
+            if (near := f"{package}.{'.'.join(parts[:i])}") in modules:
+                return _walk(near, parts[i:]) or (i == 1 and _in_a_class(near, parts[1:]))
     if len(parts) > 1 and len(short.get(parts[0], ())) == 1 and parts[0] not in NOT_MODULES:
         return _walk(short[parts[0]][0], parts[1:])
     if parts[0] in top:
@@ -295,7 +304,7 @@ def _docstrings():
     modules, *_ = _package()
     for name, path in modules.items():
         yield str(path.relative_to(REPO)), ast.get_docstring(ast.parse(path.read_text())) or "", name
-    for point, member in vars(Hooks).items():
+    for point, member in vars(layout.RoundHook).items():
         if inspect.isfunction(member):
             yield f"flower/hooks.py RoundHook.{point}", inspect.getdoc(member) or "", "fairvfl_flwr.flower.hooks"
 
@@ -304,6 +313,19 @@ def test_the_names_module_docstrings_cite_are_there():
     """Each module docstring's ``:func:``/``:class:``/... roles and dotted names (``core/step.server_step``,
     ``fairvfl_flwr.core.newton``, ``ConstraintSet.gaps``) name a module or attribute that exists."""
     stale = [f"{where}: {names}" for where, doc, here in _docstrings() if (names := stale_names(doc, here))]
+    assert not stale, "docstrings cite names that are not there:\n  " + "\n  ".join(stale)
+
+
+def test_the_names_every_docstring_cites_are_there():
+    """The same for every class, function and method docstring of the package (help() and the
+    editor show them)."""
+    modules, *_ = _package()
+    stale = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if names := stale_names(ast.get_docstring(node) or "", name):
+                    stale.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {names}")
     assert not stale, "docstrings cite names that are not there:\n  " + "\n  ".join(stale)
 
 

@@ -557,7 +557,7 @@ def label_table(ds):
 
 
 def parse_label_table(df, source: str):
-    """The server label table → :class:`~fairvfl_flwr.problem.ServerLabels` (rows sorted by id)."""
+    """The server label table → :class:`~fairvfl_flwr.data.problem.ServerLabels` (rows sorted by id)."""
 
     need = [ID_COLUMN, SPLIT_COLUMN, LABEL_Y, LABEL_GROUP, LABEL_PROTECTED]
     missing = [c for c in need if c not in df.columns]

@@ -59,7 +59,7 @@ def split(n: int, test_fraction: float = 0.1) -> tuple[slice, slice]:
 
 
 def make_dataset(n: int, n_features: int = 32, seed: int = 0, bias: float = 1.0, test_fraction: float = 0.1):
-    """The whole table as a :class:`~fairvfl_flwr.data.FairDataset` (protected label +1)."""
+    """The whole table as a :class:`~fairvfl_flwr.data.tables.FairDataset` (protected label +1)."""
 
     X = columns(n, range(n_features), seed)
     y, s = labels(n, n_features, seed, bias)

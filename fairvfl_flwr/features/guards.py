@@ -129,7 +129,7 @@ def refusal_mod(message: Message, context, call_next) -> Message:
     setting, a message that does not fit; :data:`REFUSALS`) is this party's answer, not a crash.
     It is logged here as one paragraph and answered as an error reply whose reason is that
     paragraph; raised, Flower would log its traceback and send "<class '...'>:<'...'>". A
-    refusal that names the party's data (example ids or values, ``DataError.local``) keeps
+    refusal that names the party's data (example ids or values, a ``DataError``'s ``local`` part) keeps
     them in this log only: the server receives why, never the data."""
     try:
         return call_next(message, context)

@@ -141,7 +141,7 @@ def cancelled(total: np.ndarray, limit: float, masks: str) -> np.ndarray:
 
 
 def words(value) -> np.ndarray | None:
-    """A reply's masked words: an array's, or a config value's bytes (:data:`SQ_NORM`); None if neither."""
+    """A reply's masked words: an array's, or a config value's bytes (secagg's ``SQ_NORM`` record); None if neither."""
     if isinstance(value, Array):
         return value.numpy()
     if isinstance(value, bytes) and len(value) % 8 == 0:

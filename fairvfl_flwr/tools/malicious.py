@@ -279,7 +279,7 @@ def replayed(msg: Message, **payload: np.ndarray) -> Message:
 class HandServer:
     """A malicious server that sends what it likes, when it likes, to whom it likes, with the
     protocol's own pieces: each set-up a signed session (secure/agreement.py's request and relay), each
-    exchange bound to the session's view (secure/view.py's :class:`ServerViews`, which also
+    exchange bound to the session's view (:class:`~fairvfl_flwr.secure.view.ServerViews`, which also
     relays the parties' confirmations). It keeps every refusal it gets and decodes what
     it can (:meth:`decode`: None where the masks did not cancel)."""
 
