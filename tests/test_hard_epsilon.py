@@ -17,11 +17,11 @@ from fairvfl_flwr.core.metrics import fairness_metrics
 from fairvfl_flwr.core.stopping import LOOSEN_WITHIN, MAX_LOOSEN, MIN_TEMPERATURE, SETTLE, StopRule
 
 
-def _quiet(rule: StopRule, hard: float, rounds: int, lam=(1.0, 0.0)) -> bool:
+def _quiet(rule: StopRule, hard: float, rounds: int, lam=(1.0, 0.0), over: bool = False) -> bool:
     done = False
     for _ in range(rounds):
         gap = rule.epsilon if lam[0] != lam[1] else 0.5 * rule.epsilon
-        done = rule.update(1.0, 1.0, np.array([gap]), np.array(lam), hard)
+        done = rule.update(1.0, 1.0, np.array([gap]), np.array(lam), hard, over)
     return done
 
 
@@ -158,3 +158,29 @@ def test_a_run_that_spent_its_rounds_meeting_epsilon_does_not_loosen():
     late = StopRule(1e-3, 2, 0.02, True, target=0.02)
     late.rounds = LOOSEN_WITHIN
     assert _quiet(late, 0.001, 2) and late.loosenings == 0
+
+
+def test_stop_rule_raises_a_bound_that_over_corrects_the_hard_gap():
+    """Adult DP at ε = 0.01: the smooth bound 0.01 leaves a hard gap of 0.0136 leaning the other way;
+    tightening would push it further, so the bound rises (and a later overshoot comes back along the
+    secant of the signed hard gaps)."""
+    rule = StopRule(1e-3, 2, 0.01, True, target=0.01, sharpen=True)
+    assert not _quiet(rule, 0.0136, 2, over=True)
+    assert rule.epsilon == pytest.approx(0.01 + 0.0136 + 0.005)  # by the excess and half the target
+    assert (rule.loosenings, rule.tightenings, rule.sharpenings) == (1, 0, 0)  # neither tightened nor sharpened
+    assert not _quiet(rule, 0.02, 2)  # overshot the other way: the secant through (0.01, -0.0136) and this
+    slope = (0.02 + 0.0136) / (0.0286 - 0.01)
+    assert rule.tightenings == 1 and rule.epsilon == pytest.approx(0.0286 - 0.01 / slope)
+    assert not _quiet(rule, 0.012, 2, over=True)  # over-corrected again: up along the secant, below 0.0286
+    assert rule.loosenings == 2 and 0.0286 - 0.01 / slope < rule.epsilon < 0.0286
+    assert _quiet(rule, 0.004, 2) and rule.met()
+
+
+@pytest.mark.slow  # an Adult run
+def test_adult_demographic_parity_at_a_tight_epsilon_raises_the_bound(tmp_path):
+    """Below about 0.02 Adult's smooth DP bound over-corrects the hard gap (women predicted positive
+    more often than men); the run raises the bound instead of tightening into a worse gap."""
+    summary, _ = run_inprocess({"dataset": "adult", "constraint": "demographic-parity", "epsilon": 0.005,
+                                "output-dir": str(tmp_path)}, quiet=True)
+    assert summary["epsilon_met"] and summary["loosenings"] >= 1 and summary["surrogate_bound"] > 0.005
+    assert summary["test_acc"] >= 0.829  # seed 0: 83.07 %; tightening into the over-correction gave 81.98 %

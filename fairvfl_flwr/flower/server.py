@@ -348,19 +348,24 @@ class VFLServer:
         """Feed the round just folded (F before its steps, the logits after) to the stop rule."""
         f_after = self.objective(z_after)
         y = self.labels.y_train
-        hard = None
+        hard, over = None, False
+        smooth = self.groups.gaps(y, z_after)
         if self.stop.target is not None:  # the server holds y, s and z: the hard gaps cost no message
-            hard = float(np.max(np.abs(self.groups.gaps(y, z_after, hard=True))))
+            gaps = self.groups.gaps(y, z_after, hard=True)
+            largest = int(np.argmax(np.abs(gaps)))
+            hard = float(abs(gaps[largest]))
+            over = bool(gaps[largest] * smooth[largest] < 0)  # it leans the other way than its smooth gap
             self.stop.observe(len(self.history), hard, float(np.mean(predict(z_after) == y)))
         bound, temperature = self.stop.epsilon, self.stop.temperature
-        done = self.stop.update(f_before, f_after, self.groups.gaps(y, z_after), self.lam, hard)
+        done = self.stop.update(f_before, f_after, smooth, self.lam, hard, over)
         if self.stop.temperature != temperature:
             log(INFO, "[round %d] converged with the largest hard gap %.4f above epsilon %.3g, which the smooth gaps "
                 "cannot carry lower at temperature %.3g: the smooth rates sharpen to sigma(z / %.3g) and their bound "
                 "starts again at %.4g; training continues from this model and lambda", len(self.history), hard,
                 self.cfg.epsilon, temperature, self.stop.temperature, self.stop.epsilon)
         elif self.stop.epsilon != bound:
-            where = "above" if self.stop.epsilon < bound else "well below"
+            where = ("above" if self.stop.epsilon < bound else
+                     "above, leaning the other way than its smooth gap," if over else "well below")
             log(INFO, "[round %d] converged with the largest hard gap %.4f %s epsilon %.3g: the smooth gaps' "
                 "bound goes from %.4g to %.4g; training continues from this model and lambda",
                 len(self.history), hard, where, self.cfg.epsilon, bound, self.stop.epsilon)
