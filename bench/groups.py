@@ -55,6 +55,7 @@ from fairvfl_flwr.core.metrics import predict  # noqa: E402
 from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table  # noqa: E402
 from fairvfl_flwr.data.tables import packaged_file, read_csv  # noqa: E402
 from fairvfl_flwr.features.final_logits import SCORES  # noqa: E402
+from fairvfl_flwr.flower.errors import FederationError  # noqa: E402
 from fairvfl_flwr.tools.baselines import (  # noqa: E402
     eg_predictors, expected_metrics, plain_predict, regroup, threshold_expected)
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
@@ -126,7 +127,7 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
     groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label, ds.group_names,
                                whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test)).groups
     test_codes = regroup(ds.s_train, groups.codes, ds.s_test)
-    info = {"groups": list(groups.names), "columns": int(ds.X_train.shape[1]),
+    info = {"groups": list(groups.names), "columns": int(ds.X_train.shape[1]), "failed": [],
             "test_rows": {n: int((test_codes == k).sum()) for k, n in enumerate(groups.names)}}
     out = []
 
@@ -140,11 +141,16 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
     for eps in (*epsilons, None):
         run = {**base, "epsilon": eps} if eps is not None else {**base, "fairness": False}
         t = time.perf_counter()
+        setting = "off" if eps is None else f"ε={eps:g}"
         with tempfile.TemporaryDirectory() as folder:
-            summary, run_dir = run_inprocess({**run, "output-dir": folder}, quiet=True)
+            try:
+                summary, run_dir = run_inprocess({**run, "output-dir": folder}, quiet=True)
+            except FederationError as exc:  # a run that stops (diverges) is a finding: listed, not averaged
+                info["failed"].append({"seed": seed, "setting": setting, "reason": str(exc)[:300]})
+                continue
             with np.load(Path(run_dir) / SCORES) as f:
                 z, z_train = f["z_test"], f["z_train"]
-        add(FAIRVFL, "off" if eps is None else f"ε={eps:g}", predict(z) > 0, predict(z_train) > 0,
+        add(FAIRVFL, setting, predict(z) > 0, predict(z_train) > 0,
             time.perf_counter() - t, epsilon=eps, rounds=summary["rounds"], train_max_gap=summary["train_max_gap"],
             tightenings=summary.get("tightenings"), met=summary.get("epsilon_met"),
             optimizer=RunConfig.from_flower(run).optimizer_in_use)
@@ -384,12 +390,15 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
                   f"{', '.join(groups['groups'])} (test rows, seed {groups['seed']}: "
                   + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + f"; {groups.get('columns', '?')} "
                   "input columns)." + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}."
-                                       if "command" in groups else ""),
+                                       if "command" in groups else "")
+                  + "".join(f" Seed {f['seed']}, {f['setting']} failed, left out of its mean: {f['reason']}"
+                            + ("" if f["reason"].endswith(".") else ".") for f in groups.get("failed", [])),
                   "",
                   "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | train ACC | train gap (min–max) | "
                   "FairVFL: optimizer, rounds, tightenings, ε met, train soft gap | EG: its predictors' test / train "
                   "gap | on the frontier |",
                   "|---|---|---|---|---|---|---|---|---|"]
+        every = max(len(p["seeds"]) for p in summary if p["row"] == row)  # EG runs on every seed
         for m in METHODS:
             mine = [p for p in summary if p["row"] == row and p["method"] == m]
             front = set(frontier(curve(summary, row, m)))
@@ -398,8 +407,9 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
                                                f"{_num(p['tightenings'], '.1f')}, {p['met'] or ''}, "
                                                f"{_num(p['train_max_gap'], '.4f')}")
                 apart = "" if p.get("gap_apart") is None else f"{p['gap_apart']:.3f} / {p['train_gap_apart']:.3f}"
+                seeds = "" if len(p["seeds"]) == every else f" ({len(p['seeds'])} of {every} seeds)"
                 parts.append(
-                    f"| {m} | {p['setting']} | {100 * p['acc']:.2f}% ({100 * p['acc_min']:.2f}–{100 * p['acc_max']:.2f}) | "
+                    f"| {m} | {p['setting']}{seeds} | {100 * p['acc']:.2f}% ({100 * p['acc_min']:.2f}–{100 * p['acc_max']:.2f}) | "
                     f"{p['gap']:.3f} ({p['gap_min']:.3f}–{p['gap_max']:.3f}) | "
                     f"{_pct(p.get('train_acc'))} | "
                     f"{p['train_gap']:.3f} ({p['train_gap_min']:.3f}–{p['train_gap_max']:.3f}) | {run} | {apart} | "
@@ -537,7 +547,9 @@ def main(argv: list[str] | None = None) -> None:
             for seed in seeds:
                 pts, groups = points(row, seed, epsilons, bounds, a.rounds, overrides, Path(csv_folder))
                 results += pts
-                info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed})
+                failed = groups.pop("failed")
+                info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed,
+                                      "failed": []})["failed"] += failed
             publish(a.out, a.name, settings, results, info, rows[i + 1:])
     if not rows and info:  # --rows '': the kept rows' page again
         publish(a.out, a.name, settings, results, info, [])

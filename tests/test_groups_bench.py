@@ -285,3 +285,9 @@ def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_pat
     summary = groups.summarise(one)
     assert "From `python bench/groups.py --rows crime-eo,adult-dp` at commit abc1234." in groups.markdown(
         summary, groups.matched(summary, one), kept, None)
+    # a run that stopped is named on its row with why, and its setting's mean says over how many seeds
+    kept["crime-eo"]["failed"] = [{"seed": 1, "setting": "ε=0.001", "reason": "nu holds 86 non-finite value(s)"}]
+    two = one + [{**one[0], "seed": 1}, {**one[0], "method": groups.FAIRVFL, "setting": "ε=0.001"}]
+    page = groups.markdown(groups.summarise(two), groups.matched(groups.summarise(two), two), kept, None)
+    assert "Seed 1, ε=0.001 failed, left out of its mean: nu holds 86 non-finite value(s)." in page
+    assert "| FairVFL | ε=0.001 (1 of 2 seeds) |" in page
