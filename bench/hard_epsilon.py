@@ -5,6 +5,7 @@
     python bench/hard_epsilon.py                       # every packaged dataset × DP, EO × seeds 0-2
     python bench/hard_epsilon.py --datasets compas --seeds 0 --off
     python bench/hard_epsilon.py --page                # also writes docs/results/hard-epsilon.md
+    python bench/hard_epsilon.py --page --from-log L   # the page from the JSON lines a run printed to L
 
 Per run: rounds, how the stop rule moved the smooth rates' bound (tightenings, loosenings,
 final bound) and their temperature, the training and test hard gaps of the constraint
@@ -68,10 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilon", type=float, default=0.02)
     ap.add_argument("--off", action="store_true", help="also run each with hard-epsilon = false")
     ap.add_argument("--page", action="store_true", help="write docs/results/hard-epsilon.md")
+    ap.add_argument("--from-log", type=Path, help="the JSON lines an earlier run of this script printed: take "
+                    "the rows of --datasets/--constraints/--seeds from it instead of running them")
     args = ap.parse_args(argv)
     rows = []
+    if args.from_log:
+        wanted = (set(args.datasets.split(",")), set(args.constraints.split(",")), set(map(int, args.seeds.split(","))))
+        rows = [r for r in map(json.loads, (line for line in args.from_log.read_text().splitlines()
+                                            if line.startswith("{")))
+                if (r["dataset"] in wanted[0] and r["constraint"] in wanted[1] and r["seed"] in wanted[2]
+                    and (args.off or r["hard-epsilon"] == "on"))]
     with tempfile.TemporaryDirectory() as tmp:
-        for dataset in args.datasets.split(","):
+        for dataset in ([] if args.from_log else args.datasets.split(",")):
             for constraint in args.constraints.split(","):
                 for seed in map(int, args.seeds.split(",")):
                     for hard in ((False, True) if args.off else (True,)):
@@ -91,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                  "smooth rates' bound (tightenings, loosenings) and sharpens their temperature where the bound stops "
                  "moving the hard gap (docs/fairness-constraints.md, What ε bounds). Hard gaps: the constraint's "
                  "fairlearn difference (demographic parity or equalized odds) over the constrained groups"
-                 + ("; `off`: ε bounds the smooth rates (`hard-epsilon = false`)." if args.off else "."))
+                 + ("; `off`: ε bounds the smooth rates (`hard-epsilon = false`)." if args.off else ".")
+                 + (" The rows are those the same command without `--from-log` printed (same commit): run it "
+                    "without `--from-log` to measure them again." if args.from_log else ""))
         write(DEFAULT_OUT, "hard-epsilon", {"epsilon": args.epsilon, "rows": rows}, markdown,
               title="ε as the hard-prediction difference", notes=notes)
     else:
