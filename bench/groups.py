@@ -92,8 +92,8 @@ QUICK = (0.01, 0.05)
 #: the payload keys a kept row must share with the run that adds rows to its page
 SETTINGS = ("rounds", "epsilons", "bounds", "seeds", "overrides")
 #: what a setting's figures are averaged over the seeds for (min and max beside each mean)
-FIGURES = ("acc", "gap", "train_acc", "train_gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "tightenings", "gap_apart",
-           "train_gap_apart")
+FIGURES = ("acc", "gap", "train_acc", "train_gap", "dp_diff", "eo_diff", "rounds", "train_max_gap", "tightenings",
+           "temperature", "gap_apart", "train_gap_apart")
 
 
 def own_csv(folder: Path) -> Path:
@@ -153,6 +153,7 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
         add(FAIRVFL, setting, predict(z) > 0, predict(z_train) > 0,
             time.perf_counter() - t, epsilon=eps, rounds=summary["rounds"], train_max_gap=summary["train_max_gap"],
             tightenings=summary.get("tightenings"), met=summary.get("epsilon_met"),
+            temperature=summary.get("temperature"),
             optimizer=RunConfig.from_flower(run).optimizer_in_use)
     for bound in (*bounds, None):
         t = time.perf_counter()
@@ -395,7 +396,7 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
                             + ("" if f["reason"].endswith(".") else ".") for f in groups.get("failed", [])),
                   "",
                   "| method | setting | test ACC (min–max over seeds) | test gap (min–max) | train ACC | train gap (min–max) | "
-                  "FairVFL: optimizer, rounds, tightenings, ε met, train soft gap | EG: its predictors' test / train "
+                  "FairVFL: optimizer, rounds, tightenings, ε met, train soft gap, τ | EG: its predictors' test / train "
                   "gap | on the frontier |",
                   "|---|---|---|---|---|---|---|---|---|"]
         every = max(len(p["seeds"]) for p in summary if p["row"] == row)  # EG runs on every seed
@@ -405,7 +406,7 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
             for p in mine:
                 run = "" if m != FAIRVFL else (f"{p['optimizer']}, {_num(p['rounds'], '.0f')}, "
                                                f"{_num(p['tightenings'], '.1f')}, {p['met'] or ''}, "
-                                               f"{_num(p['train_max_gap'], '.4f')}")
+                                               f"{_num(p['train_max_gap'], '.4f')}, {_num(p.get('temperature'), '.3g')}")
                 apart = "" if p.get("gap_apart") is None else f"{p['gap_apart']:.3f} / {p['train_gap_apart']:.3f}"
                 seeds = "" if len(p["seeds"]) == every else f" ({len(p['seeds'])} of {every} seeds)"
                 parts.append(
@@ -425,9 +426,9 @@ rates; `hard-epsilon = true`, i.e. ε bounds the hard-rate gap on the training r
 run tightens its smooth surrogate until it does; `optimizer = "auto"`; `constraint-form =
 "pairwise"`), at most the page's round cap (`--rounds`; the stop rule ends a run sooner);
 "off" is `fairness = false`. Its columns: rounds, tightenings of the surrogate's bound, on
-how many seeds the hard training gap met ε (+ 0.001), and the smooth training gap the
-surrogate holds. fairlearn EG: `ExponentiatedGradient(LogisticRegression(max_iter=1000),
-max_iter=50)` with the constraint's moment (`DemographicParity`, `EqualizedOdds`) at
+how many seeds the hard training gap met ε (+ 0.001), the smooth training gap the surrogate
+holds, and the temperature τ of its smooth rates σ(z/τ) at the end (a mean over the seeds).
+fairlearn EG: `ExponentiatedGradient(LogisticRegression(max_iter=1000), max_iter=50)` with the constraint's moment (`DemographicParity`, `EqualizedOdds`) at
 `difference_bound` = the bound (each group against the overall rate, on training rows). Its
 classifier is randomised: its figures are expectations over its draws (every row's
 probability of a +1 is its predictors' predictions weighted by `weights_`; accuracy and
