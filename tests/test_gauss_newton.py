@@ -146,6 +146,7 @@ def test_an_mlp_runs_plateau_ends_it_where_a_linear_runs_tolerance_would_not():
     steps = [(0.70, 0.40), (0.40, 0.398), (0.398, 0.396)]  # 0.30, then 0.002 a round: 0.7% of 0.30
     assert [plateau.update(*f, gaps, lam) for f in steps] == [False, False, True]
     assert not any(linear.update(*f, gaps, lam) for f in steps)
+    assert "stop-plateau=0.01 of its fall since round 1" in plateau.describe()  # the log line that ends the run
     state = plateau.state_dict()
     again = StopRule(tolerance=5e-6, window=2, epsilon=0.01, fairness=False, plateau=0.01)
     again.load_state_dict(state)

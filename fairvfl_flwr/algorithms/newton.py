@@ -80,6 +80,10 @@ GROW = 2.0
 DAMPING_START = 0.25
 DAMPING_FLOOR = 1e-3
 DAMPING_MAX = 1e4
+#: A multiplier of a non-linear round's search above this means the search found no step that
+#: holds the linearised gaps within its bound (its penalty grew without end): the round steps at
+#: its multipliers instead (where the search meets its bound the multipliers are of order 1).
+LAM_MAX = 1e4
 #: The ℓ1 merit's penalty on a gap above its bound, as a multiple of the largest multiplier.
 MERIT_PENALTY = 2.0
 #: The most the search's bound is lowered below ε for the linearisation's overshoot, as a share of ε.
@@ -236,6 +240,13 @@ class NewtonVFL(VFLServer):
             self.aim = self.stop.aim = max(bound - self.gap_error, (1.0 - AIM_MARGIN) * bound)
             alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=self.aim,
                                                rcond=rcond, prox=prox)
+            if not (np.all(np.isfinite(alpha)) and np.all(np.abs(self.lam) <= LAM_MAX)):
+                # the linearised bound is out of the subspace's reach (a small group's gap): the augmented
+                # Lagrangian's penalty and multipliers grew without end; this round steps at its λ instead
+                log(INFO, "[round %d] Gauss-Newton search: no step of these directions holds every linearised gap "
+                    "within %.4g; a step at the round's multipliers instead", server_round, self.aim)
+                self.lam = lam_before
+                alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond, prox=prox)
         else:
             alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond, prox=prox)
         # what the parties get, in single precision: a party's next Gauss–Newton system may be near

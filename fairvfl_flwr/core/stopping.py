@@ -252,8 +252,9 @@ class StopRule:
             hard = ("the largest hard gap still above epsilon, which the smooth gaps no longer move" if self.gave_up
                     else f"the largest hard gap within epsilon + {GAP_SLACK:g}")
             fair = f" with every smooth gap within the working bound {self.epsilon:.4g} + {GAP_SLACK:g} and {hard}"
-        return (f"F decreased by less than stop-tolerance={self.tolerance:g} (relative) for "
-                f"stop-window={self.window} round(s) in a row{fair}")
+        fell = (f"F fell by less than stop-plateau={self.plateau:g} of its fall since round 1" if self.plateau > 0
+                else f"F decreased by less than stop-tolerance={self.tolerance:g} (relative)")
+        return f"{fell} for stop-window={self.window} round(s) in a row{fair}"
 
     def state_dict(self) -> dict:
         """The count of quiet rounds so far, which a checkpoint keeps: a resumed run stops where the
