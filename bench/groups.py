@@ -183,28 +183,40 @@ def points(row: str, seed: int, epsilons, bounds, rounds: int, overrides: dict, 
 
 def kept_rows(previous: Path, rows: list[str], settings: dict) -> tuple[list[dict], dict]:
     """The points and group info of the rows on the page ``previous`` (a results json) that
-    this run does not rerun, each info with the command and commit it came from; nothing when
-    there is no such page or its settings differ from ``settings`` (their curves would not
-    be comparable on one page)."""
+    this run does not rerun, each info with the command, commit and seeds it came from; nothing
+    when there is no such page, its settings but the seeds differ from ``settings`` (their curves
+    would not be comparable on one page) or it ran a seed this run's seeds do not hold."""
     if not previous.exists():
         return [], {}
     old = json.loads(previous.read_text())
-    differ = [k for k in SETTINGS if old.get(k) != settings[k]]
+    differ = [k for k in SETTINGS if k != "seeds" and old.get(k) != settings[k]]
+    if not set(old.get("seeds", [])) <= set(settings["seeds"]):
+        differ.append("seeds")
     if differ:
         print(f"[groups] not keeping the rows of {previous}: its {', '.join(differ)} differ from this run's", flush=True)
         return [], {}
-    info = {row: {"command": old.get("command", ""), "commit": old.get("commit", ""), **i}
+    info = {row: {"command": old.get("command", ""), "commit": old.get("commit", ""), "seeds": old.get("seeds"), **i}
             for row, i in old.get("groups", {}).items() if row not in rows and row in ROWS}
     return [p for p in old.get("points", []) if p["row"] in info], info
 
 
 def kept_pages(pages: list[Path], rows: list[str], settings: dict) -> tuple[list[dict], dict]:
-    """:func:`kept_rows` of several pages; a row on more than one comes from the last."""
+    """:func:`kept_rows` of several pages. A row on more than one joins their seeds where they
+    ran different ones (seeds run side by side; ``info[row]["also"]`` names the other runs) and
+    comes from the last page where they ran the same."""
     results, info = [], {}
     for page in pages:
         more, more_info = kept_rows(page, rows, settings)
-        results = [p for p in results if p["row"] not in more_info] + more
-        info.update(more_info)
+        for row, new in more_info.items():
+            had = info.get(row)
+            mine = [p for p in more if p["row"] == row]
+            if had is not None and not {p.get("seed") for p in results if p["row"] == row} & {p.get("seed") for p in mine}:
+                had.setdefault("also", []).append({k: new.get(k) for k in ("command", "commit", "seeds")})
+                had["failed"] = had.get("failed", []) + new.get("failed", [])
+            else:
+                results = [p for p in results if p["row"] != row]
+                info[row] = new
+            results += mine
     return results, info
 
 
@@ -390,7 +402,10 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
                   f"Gap: `{GAP_NAME[GAP[constraint]]}` over the constraint's groups "
                   f"{', '.join(groups['groups'])} (test rows, seed {groups['seed']}: "
                   + ", ".join(f"{n} {c}" for n, c in groups["test_rows"].items()) + f"; {groups.get('columns', '?')} "
-                  "input columns)." + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}."
+                  "input columns)." + (f" From `{groups['command']}` at commit {groups['commit'] or '?'}"
+                                       + "".join(f"; seeds {', '.join(map(str, o['seeds'] or []))} from "
+                                                 f"`{o['command']}` at commit {o['commit'] or '?'}"
+                                                 for o in groups.get("also", [])) + "."
                                        if "command" in groups else "")
                   + "".join(f" Seed {f['seed']}, {f['setting']} failed, left out of its mean: {f['reason']}"
                             + ("" if f["reason"].endswith(".") else ".") for f in groups.get("failed", [])),

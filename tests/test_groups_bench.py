@@ -266,7 +266,7 @@ def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_pat
     previous.write_text(json.dumps(page))
     points, kept = groups.kept_rows(previous, ["adult-dp", "own-csv-eo"], settings)
     assert points == [page["points"][0]]  # adult-dp is rerun: its old points go
-    assert kept == {"crime-eo": {"command": page["command"], "commit": "abc1234", **info}}
+    assert kept == {"crime-eo": {"command": page["command"], "commit": "abc1234", "seeds": [0], **info}}
     assert groups.kept_rows(tmp_path / "none.json", ["adult-dp"], settings) == ([], {})
     # other settings: the curves would not be comparable, so nothing is kept, and the run says so
     assert groups.kept_rows(previous, ["adult-dp"], {**settings, "rounds": 5}) == ([], {})
@@ -280,6 +280,21 @@ def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_pat
     assert sorted(kept) == ["crime-eo", "own-csv-eo"] and kept["crime-eo"]["commit"] == "abc1234"
     assert kept["own-csv-eo"]["commit"] == "def5678"
     assert sorted(p["acc"] for p in points) == [0.7, 0.8]
+    # seeds run side by side: a page of seed 1 joins the row of seed 0, and the row names both runs
+    seed1 = tmp_path / "seed1.json"
+    seed1.write_text(json.dumps({**page, "seeds": [1], "command": "python bench/groups.py --seeds 1", "commit": "fff0000",
+                                 "groups": {"crime-eo": {**info, "failed": [{"seed": 1, "setting": "ε=0.01",
+                                                                             "reason": "diverged"}]}},
+                                 "points": [{"row": "crime-eo", "seed": 1, "acc": 0.6}]}))
+    both = {**settings, "seeds": [0, 1]}
+    page0 = tmp_path / "seed0.json"
+    page0.write_text(json.dumps({**page, "points": [{"row": "crime-eo", "seed": 0, "acc": 0.8}]}))
+    points, both_kept = groups.kept_pages([page0, seed1], [], both)
+    assert sorted((p["seed"], p["acc"]) for p in points if p["row"] == "crime-eo") == [(0, 0.8), (1, 0.6)]
+    assert both_kept["crime-eo"]["also"] == [{"command": "python bench/groups.py --seeds 1", "commit": "fff0000",
+                                         "seeds": [1]}]
+    assert both_kept["crime-eo"]["failed"][0]["reason"] == "diverged"
+    assert groups.kept_pages([seed1], [], settings) == ([], {})  # a seed the run does not hold
     one = [{"row": "crime-eo", "seed": 0, "method": groups.EG, "setting": "off (plain LR)",
             "gap": 0.2, "acc": 0.8, "dp_diff": 0.2, "eo_diff": 0.2, "train_gap": 0.1}]
     summary = groups.summarise(one)
@@ -291,3 +306,5 @@ def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_pat
     page = groups.markdown(groups.summarise(two), groups.matched(groups.summarise(two), two), kept, None)
     assert "Seed 1, ε=0.001 failed, left out of its mean: nu holds 86 non-finite value(s)." in page
     assert "| FairVFL | ε=0.001 (1 of 2 seeds) |" in page
+    assert "; seeds 1 from `python bench/groups.py --seeds 1` at commit fff0000." in groups.markdown(
+        groups.summarise(one), groups.matched(groups.summarise(one), one), both_kept, None)
