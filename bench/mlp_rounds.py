@@ -1,0 +1,186 @@
+"""MLP parties under ``optimizer = "auto"``: rounds to the target and to the stop, per dataset ×
+constraint × seed, with a 1,000-round reference beside them.
+
+    python bench/mlp_rounds.py --page                        # adult, compas, crime × deo, dp, eo, groups × seeds 0-2
+    python bench/mlp_rounds.py --datasets compas --constraints deo,eo --seeds 0
+    python bench/mlp_rounds.py --masked --page               # each run also under secure aggregation
+    python bench/mlp_rounds.py --reference adagrad --page    # each run also 1,000 reference rounds
+
+Each run is the in-process app with every key at its default but the dataset, constraint and
+seed (``model = "mlp"``, ε = 0.01, ``hard-epsilon`` on for the rates), evaluated every round.
+Per run: the optimizer ``auto`` chose; ``to target``, the first round from which every training
+gap stays within ε + 0.002 up to the stop (the hard-prediction gaps where ε bounds them, a rate
+constraint's under ``hard-epsilon``; else the smooth gaps of the run's measure); ``stop``, the
+round training ended; seconds; test accuracy; the final smooth gap, and the hard gap and whether
+it met ε (within 0.001) where ε bounds it. ``groups`` is the dataset's several-groups variant
+(``compas-race``, ``adult-race``: every race, pairwise DEO); Crime has none.
+
+``--masked``: the same run under ``privacy.secure-aggregation = true`` (shared step lengths,
+sums only): its stop round and test accuracy. ``--reference OPT``: the same run config trained
+by ``OPT`` (adagrad or gd) for ``--reference-rounds`` rounds with the stop rule off, on the
+one-process floor (core/reference.PartyFloor: the parties' own step code; bench/rounds.py),
+which has no hard-gap target (ε bounds its smooth gaps); ``Δacc`` is the run's test accuracy
+minus the reference's, in points. ``--keep`` keeps the page's rows of the runs not run this
+time (and the reference or masked columns a row has but this call did not compute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import DEFAULT_OUT, table, this_command, write  # noqa: E402
+from bench.rounds import GAP_SLACK, rounds_to_gaps, run_floor  # noqa: E402
+from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
+from fairvfl_flwr.tools.results import commit  # noqa: E402
+from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.flower.server import VFLServer  # noqa: E402
+
+NAME = "mlp-rounds"
+CONSTRAINTS = {"deo": {}, "dp": {"constraint": "demographic-parity"}, "eo": {"constraint": "equalized-odds"},
+               "groups": {}}
+GROUPS = {"adult": "adult-race", "compas": "compas-race"}  # the several-groups variant of each dataset
+EPSILON = 0.01
+
+
+def config(dataset: str, constraint: str, seed: int) -> dict | None:
+    """The run config of one cell (None: the dataset has no several-groups variant)."""
+    if constraint == "groups" and dataset not in GROUPS:
+        return None
+    data = GROUPS[dataset] if constraint == "groups" else dataset
+    return {"dataset": data, "model": "mlp", "seed": seed, "epsilon": EPSILON, **CONSTRAINTS[constraint]}
+
+
+class HardGaps:
+    """The largest hard training gap of every round of the runs in this process, where a rate
+    constraint's ε bounds it (``hard-epsilon``): the server holds y, s and z, and the history
+    keeps only the smooth gaps, so the bench reads it as each round is recorded."""
+
+    def __init__(self) -> None:
+        self.rounds: list[dict] = []
+        record = VFLServer.record
+
+        def recording(server, server_round, extra=None):
+            row = record(server, server_round, extra)
+            if server.stop.target is not None and server.held_rows is None:
+                hard = server.groups.gaps(server.labels.y_train, server.z("train"), hard=True)
+                self.rounds.append({"round": server_round, "max_gap": float(np.max(np.abs(hard)))})
+            return row
+
+        VFLServer.record = recording
+
+
+HARD = HardGaps()
+
+
+def app_run(cfg: dict, tmp: str) -> dict:
+    """One in-process run: what ``auto`` chose, rounds to target and to the stop, time, accuracy, gaps."""
+    HARD.rounds.clear()
+    started = time.perf_counter()
+    summary, folder = run_inprocess({**cfg, "eval-every": 1, "output-dir": tmp}, quiet=True)
+    seconds = time.perf_counter() - started
+    history = json.loads((Path(folder) / "history.json").read_text())
+    # a rate constraint's target is its hard gap (hard-epsilon), the smooth gaps' bound is the stop rule's to move
+    rows = HARD.rounds if HARD.rounds else history
+    return {"optimizer": RunConfig.from_flower(cfg).optimizer_in_use, "to target": rounds_to_gaps(rows, cfg["epsilon"]),
+            "stop": summary["rounds"], "seconds": seconds, "test acc": 100 * summary["test_acc"],
+            "train gap": summary["train_max_gap"], "hard gap": summary.get("train_hard_gap"),
+            "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings")}
+
+
+def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
+    """The reference: ``optimizer`` for ``rounds`` rounds on the floor, test accuracy at the last."""
+    res = run_floor({**cfg, "num-server-rounds": rounds, "eval-every": rounds}, optimizer)
+    return {"reference": f"{optimizer} {rounds}", "reference acc": res["final_acc"],
+            "reference gap": res["final_max_gap"], "reference seconds": res["seconds"]}
+
+
+def key(row: dict) -> tuple:
+    return row["dataset"], row["constraint"], row["seed"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default="adult,compas,crime")
+    ap.add_argument("--constraints", default=",".join(CONSTRAINTS))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--masked", action="store_true", help="also each run under privacy.secure-aggregation=true")
+    ap.add_argument("--reference", default="", choices=("", "adagrad", "gd"),
+                    help="also each run config trained by this optimizer for --reference-rounds rounds (floor)")
+    ap.add_argument("--reference-rounds", type=int, default=1000)
+    ap.add_argument("--skip-app", action="store_true",
+                    help="only the reference (with --keep: added to the page's rows)")
+    ap.add_argument("--keep", action="store_true", help="keep the page's rows and columns this call does not compute")
+    ap.add_argument("--page", action="store_true", help=f"write docs/results/{NAME}.md")
+    args = ap.parse_args(argv)
+    unknown = set(args.constraints.split(",")) - set(CONSTRAINTS)
+    if unknown:
+        ap.error(f"--constraints: {sorted(unknown)} unknown (choose from {', '.join(CONSTRAINTS)})")
+    kept: dict[tuple, dict] = {}
+    old = DEFAULT_OUT / f"{NAME}.json"
+    if args.keep and old.is_file():
+        kept = {key(r): r for r in json.loads(old.read_text())["rows"]}
+    skipped = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dataset in args.datasets.split(","):
+            for constraint in args.constraints.split(","):
+                for seed in map(int, args.seeds.split(",")):
+                    cfg = config(dataset, constraint, seed)
+                    if cfg is None:
+                        skipped.append(f"{dataset} × {constraint}")
+                        continue
+                    row = {**kept.get((dataset, constraint, seed), {}), "dataset": dataset, "constraint": constraint,
+                           "seed": seed}
+                    if not args.skip_app:
+                        row.update(app_run(cfg, tmp))
+                    if args.masked:
+                        masked = app_run({**cfg, "privacy.secure-aggregation": True}, tmp)
+                        row.update({"masked stop": masked["stop"], "masked acc": masked["test acc"],
+                                    "masked seconds": masked["seconds"]})
+                    if args.reference:
+                        row.update(reference_run(cfg, args.reference, args.reference_rounds))
+                    if "reference acc" in row and "test acc" in row:
+                        row["Δacc"] = row["test acc"] - row["reference acc"]
+                    print(json.dumps(row), flush=True)
+                    kept[key(row)] = {**row, "run here": True}
+    commands = [f"{this_command()} (at {commit() or 'no commit'})"]
+    if args.keep and old.is_file():  # what another call wrote meanwhile, under this call's rows
+        page = json.loads(old.read_text())
+        done = {key(r) for r in kept.values() if r.get("run here")}
+        kept = {**{key(r): r for r in page["rows"]}, **{k: r for k, r in kept.items() if k in done}}
+        earlier = page.get("commands", [f"{page['command']} (at {page.get('commit') or 'no commit'})"])
+        commands = [c for c in earlier if c != commands[0]] + commands
+    for r in kept.values():
+        r.pop("run here", None)
+    rows = sorted(kept.values(), key=lambda r: (r["dataset"], list(CONSTRAINTS).index(r["constraint"]), r["seed"]))
+    cols = ["dataset", "constraint", "seed", "optimizer", "to target", "stop", "seconds", "test acc", "train gap",
+            "hard gap", "met", "masked stop", "masked acc", "reference", "reference acc", "Δacc"]
+    cols = [c for c in cols if any(c in r for r in rows)]
+    markdown = table(rows, cols)
+    if args.page:
+        notes = (f"ε = {EPSILON}; `to target`: the first round from which every training gap stays within "
+                 f"ε + {GAP_SLACK} up to the stop (a rate constraint's hard-prediction gaps, which ε bounds under "
+                 "`hard-epsilon`; DEO's smooth gaps; None: not so at the stop); `stop`: the round the stop rule ended "
+                 "training; `seconds`: the whole in-process run, evaluated every round; `train gap`: the largest "
+                 "smooth training gap at the end (under `hard-epsilon` the stop rule moves its bound); `hard gap`, "
+                 "`met`: the largest hard-prediction training gap at the end and whether it is within ε + 0.001; "
+                 "`Δacc`: test accuracy minus the reference's, in points."
+                 + (f" Not run (no several-groups variant): {', '.join(sorted(set(skipped)))}." if skipped else ""))
+        notes += " The rows and columns were made by " + "; ".join(f"`{c}`" for c in commands) + "."
+        write(DEFAULT_OUT, NAME, {"epsilon": EPSILON, "commands": commands, "rows": rows}, markdown,
+              title="MLP parties: rounds to the target and to the stop", notes=notes)
+    else:
+        print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
