@@ -51,7 +51,12 @@ def one(dataset: str, constraint: str, seed: int, hard: bool, epsilon: float, tm
 def cause(summary: dict, row: dict, epsilon: float) -> str:
     """Why a run missed ε + SLACK within ROUNDS rounds, from what its summary says."""
     if row["train hard gap"] <= epsilon + SLACK:
-        return f"met in {row['rounds']} rounds, over {ROUNDS}"
+        # each calibration move waits for the run to settle again (stop-window rounds at rest)
+        moves = {"tightening": summary.get("tightenings", 0), "raise or loosening": summary.get("loosenings", 0),
+                 "sharpening": summary.get("sharpenings", 0)}
+        said = ", ".join(f"{k} {what}{'s' if k > 1 else ''}" for what, k in moves.items() if k)
+        return (f"met in {row['rounds']} rounds, over {ROUNDS}: {sum(moves.values())} calibration moves of the smooth "
+                f"rates ({said}), each waiting for the run to settle again")
     smallest = min((g["train_rows"] for g in (summary.get("groups") or {}).values()), default=0)
     floor = summary.get("smallest_hard_gap", row["train hard gap"])
     said = (f"the smooth rates stopped moving the hard gap at temperature {row['temperature']:g}: smallest "

@@ -94,15 +94,18 @@ def test_stop_rule_loosens_a_bound_that_gives_accuracy_away():
 
 def test_stop_rule_sharpens_the_rates_where_the_bound_stops_moving_the_hard_gap():
     rule = StopRule(1e-3, 1, 0.02, True, target=0.02, sharpen=True)
-    assert not _quiet(rule, 0.10, 1)  # 5x the target on an uncalibrated bound: sharpen first
-    assert (rule.temperature, rule.sharpenings, rule.epsilon) == (0.5, 1, 0.02)
+    assert not _quiet(rule, 0.10, 1)  # 5x the target on an uncalibrated bound: sharpen first, by 4 that far above
+    assert (rule.temperature, rule.sharpenings, rule.epsilon) == (0.25, 1, 0.02)
     assert not _quiet(rule, 0.04, 1) and rule.tightenings == 1  # 2x: tighten
     assert not _quiet(rule, 0.0399, 1)  # the hard gap did not follow the bound: sharpen again
-    assert rule.temperature == 0.25 and rule.epsilon == 0.02
+    assert rule.temperature == 0.0625 and rule.epsilon == 0.02
     state = rule.state_dict()
     again = StopRule(1e-3, 1, 0.02, True, target=0.02, sharpen=True)
     again.load_state_dict(state)
-    assert (again.temperature, again.sharpenings, again.epsilon) == (0.25, 2, 0.02)
+    assert (again.temperature, again.sharpenings, again.epsilon) == (0.0625, 2, 0.02)
+    near = StopRule(1e-3, 1, 0.02, True, target=0.02, sharpen=True)
+    assert not _quiet(near, 0.028, 1) and not _quiet(near, 0.0279, 1)  # tighten; then not followed, 1.4x: halve
+    assert near.temperature == 0.5
     while rule.temperature / 2 >= MIN_TEMPERATURE:
         assert not _quiet(rule, 0.10, 1)
     assert not _quiet(rule, 0.10, 1) and rule.temperature == MIN_TEMPERATURE  # the sharpest: tighten

@@ -354,7 +354,9 @@ class VFLServer:
             gaps = self.groups.gaps(y, z_after, hard=True)
             largest = int(np.argmax(np.abs(gaps)))
             hard = float(abs(gaps[largest]))
-            over = bool(gaps[largest] * smooth[largest] < 0)  # it leans the other way than its smooth gap
+            # it leans the other way than its smooth gap, which the bound holds: the bound over-corrects it (a
+            # smooth gap well inside the bound pushes nothing, and its sign says nothing of the bound's)
+            over = bool(gaps[largest] * smooth[largest] < 0 and abs(smooth[largest]) >= 0.5 * self.stop.epsilon)
             self.stop.observe(len(self.history), hard, float(np.mean(predict(z_after) == y)))
         bound, temperature = self.stop.epsilon, self.stop.temperature
         done = self.stop.update(f_before, f_after, smooth, self.lam, hard, over)
@@ -448,7 +450,7 @@ class VFLServer:
         met = hard <= stop.target + GAP_SLACK
         out = {"epsilon_bounds": "hard", "train_hard_gap": hard, "epsilon_met": met,
                "surrogate_bound": stop.epsilon, "tightenings": stop.tightenings, "loosenings": stop.loosenings,
-               "temperature": stop.temperature}
+               "temperature": stop.temperature, "sharpenings": stop.sharpenings}
         moves = " and ".join(f"{k} {what}(s)" for k, what in ((stop.tightenings, "tightening"),
                                                              (stop.loosenings, "loosening")) if k)
         how = (f"{moves} of the smooth gaps' bound, final bound {stop.epsilon:.4g}" if moves
