@@ -1,7 +1,7 @@
 """Demographic parity without the sensitive attribute as an input: where ε lands on a linear
 model's frontier of test accuracy against the hard positive-rate gap, and what moves it.
 
-    python bench/parity_frontier.py                    # docs/results/parity-frontier.md (COMPAS, seeds 0-5)
+    python bench/parity_frontier.py                    # docs/results/fairness/parity-frontier.md (COMPAS, seeds 0-5)
     python bench/parity_frontier.py --dataset adult --seeds 0,1,2 --central "1:0.01,0.02" --eg-bounds 0.01,0.02 \\
         --target 0.02,0.83 --name parity-frontier-adult
 
