@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from fairvfl_flwr.tools.results import RESULTS, machine, page, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, machine, page, page_name, publish, this_command  # noqa: E402
 
 DEFAULT_OUT = RESULTS  # docs/results/: a rerun of the command refreshes the page it wrote
 

@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, page, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, page, page_name, write  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: ε and bounds {QUICK} only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="run-config override of every FairVFL run, flwr run's --run-config syntax (repeatable)")
-    ap.add_argument("--name", default="groups", help="results page name")
+    ap.add_argument("--name", type=page_name, default="groups", help="results page name")
     ap.add_argument("--keep-from", type=Path, action="append", default=[], metavar="JSON",
                     help="another page's json whose rows (run with the same settings, not rerun here) join this page")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)

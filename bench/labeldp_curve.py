@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fairvfl_flwr.features.labeldp import epsilon_spent, noise_multiplier_for  # noqa: E402
-from fairvfl_flwr.tools.results import RESULTS, page, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, page, publish, this_command, unfiled  # noqa: E402
 from fairvfl_flwr.tools.audit import run_audit  # noqa: E402
 
 #: Λ per dataset: about the largest λ a plain 300-round run reaches (Adult 0.12, COMPAS 0.31, Crime 0.62).
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--from-json", type=Path, nargs="*", default=[],
                    help="print and plot the points of earlier runs (their curve.json) instead of running")
     a = p.parse_args(argv)
+    if why := unfiled(a.out.name, a.results):
+        p.error(why)
     if a.from_json:
         rows = [r for f in a.from_json for r in json.loads(f.read_text())]
         print(table(rows))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, page, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page, page_name, table, write  # noqa: E402
 from bench.rounds import GAP_SLACK, rounds_to_gaps  # noqa: E402
 from fairvfl_flwr.tools.results import commit  # noqa: E402
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kinds", default=",".join(TABLE_KINDS), help="--table: " + ", ".join(TABLE_KINDS))
     p.add_argument("--seeds", default="0,1,2", help="--table: seeds")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="--table: where the page goes")
-    p.add_argument("--name", default="parity-rounds", help="--table: the page's name (a subset's own page)")
+    p.add_argument("--name", type=page_name, default="parity-rounds", help="--table: the page's name (a subset's own page)")
     args = p.parse_args(argv)
     if not args.table:
         for overrides in json.loads(args.runs) if args.runs else RUNS:

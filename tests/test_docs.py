@@ -2,6 +2,7 @@
 one), every code name they and the module docstrings cite is there, and the README stays short
 enough to read in one sitting."""
 
+import argparse
 import ast
 import dataclasses
 import importlib
@@ -452,6 +453,13 @@ def test_a_page_is_published_into_its_topic_folder_and_an_unfiled_name_is_refuse
     with pytest.raises(results.UnfiledPage, match="TOPICS in fairvfl_flwr/tools/results.py"):
         results.publish("no-topic-of-its-own", "python x.py", {}, "", out=tmp_path)
     assert not list(tmp_path.rglob("no-topic-of-its-own*"))
+    assert "TOPICS" in results.unfiled("no-topic-of-its-own", tmp_path) and not results.unfiled("rounds-demo", tmp_path)
+    assert not results.unfiled("no-topic-of-its-own", tmp_path / "scratch")  # outside docs/results: flat, any name
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", type=results.page_name, default="")
+    assert parser.parse_args([]).name == "" and parser.parse_args(["--name", "ttt-demo"]).name == "ttt-demo"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--name", "no-topic-of-its-own"])
 
 
 @pytest.mark.parametrize("name, folder", [("mlp-rounds", "rounds"), ("rounds-newton-const", "rounds"),

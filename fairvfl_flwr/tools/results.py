@@ -41,7 +41,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "audits": ("What each party learns: the leakage audits and their summary",
                ("audit-*", "threat-table", "privacy-summary", "ckks-audit")),
     "privacy": ("Privacy defences: label DP, secure aggregation, encrypted ν, a noisy group registry",
-                ("labeldp-*", "secagg", "secagg-*", "ckks", "ckks-*", "registry-noisy", "registry-noisy-*")),
+                ("labeldp", "labeldp-*", "secagg", "secagg-*", "ckks", "ckks-*", "registry-noisy", "registry-noisy-*")),
     "deployment": ("Deployed runs: seconds per round, a party's cost, WAN, scale, faults",
                    ("deploy_scale", "deploy_time", "deploy-*", "measure-deploy", "measure-deploy-*", "party-cost",
                     "wan", "time_to_target", "ttt-*", "reliability")),
@@ -69,6 +69,27 @@ def topic(name: str) -> str:
             return folder
     raise UnfiledPage(f"results page {name!r} has no topic folder: add its name (or a pattern) to TOPICS "
                       f"in fairvfl_flwr/tools/results.py (folders: {', '.join(TOPICS)})")
+
+
+def page_name(name: str) -> str:
+    """``name``, when TOPICS files it ('' too: a command's own default): the argparse ``type``
+    of a ``--name``, so that a run is refused its page name before its runs, not after them."""
+    if name:
+        try:
+            topic(name)
+        except UnfiledPage as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
+
+
+def unfiled(name: str, out: Path | str = RESULTS) -> str:
+    """Why :func:`publish` would refuse the page ``name`` in ``out``; '' when it would not. A
+    command whose page name comes from its ``--out`` asks before its runs, not after them."""
+    try:
+        page(name, out)
+    except UnfiledPage as exc:
+        return str(exc)
+    return ""
 
 
 def page(name: str, out: Path | str = RESULTS) -> Path:
