@@ -23,7 +23,7 @@ running every round (``stop-tolerance=0``: both runs have the same number of rou
 
 The last line printed is the ratio variant / fairvfl of seconds per round at each poll.
 ``--name NAME`` also writes the figures, with the ratios to ``fairvfl`` and ``noop`` of the same
-run, to docs/results/NAME.md and .json (bench/common.py).
+run, to docs/results/<topic>/NAME.md and .json (bench/common.py).
 
 Each setting runs with the SuperExec's default task poll (1 s) and with
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05`` unless ``--poll`` is given. Round 0 (FAB
