@@ -53,7 +53,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "scoring": ("Scoring a trained model: time and memory per role, an example report",
                 ("scoring", "scoring-*")),
     "compare": ("FairVFL against its baselines and the paper: the tables and figures",
-                ("compare", "compare-*", "table_*", "convergence_*", "tradeoff_*")),  # and the tool's own files
+                ("compare", "compare-*", "table_*", "convergence_*", "tradeoff_*")),  # the tool's --out files, copied in
 }
 
 
