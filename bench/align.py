@@ -47,7 +47,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, table, write  # noqa: E402
 from bench.progress_check import Estimates, ratios  # noqa: E402
 
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=0, help="processes per party's PSI step (0: every core)")
     p.add_argument("--floor-ids", type=int, default=20_000, help="ids timed for the library's cost per id")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--page", default="align", help="name of the results page written in --out")
+    p.add_argument("--page", type=page_name, default="align", help="name of the results page written in --out")
     p.add_argument("--again", action="store_true", help="also time a second run's alignment on the same tables "
                    "(the kept alignment reused)")
     p.add_argument("--sql", choices=["postgresql"], help="compare one party's table in this database with the file")

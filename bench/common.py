@@ -1,7 +1,7 @@
 """Shared helpers of the bench scripts: the output folder, a markdown table, machine facts.
 
-Every script's figures go through ``write`` into docs/results/ (fairvfl_flwr/tools/results.py), with the
-command that made them. The one-process floors they time are fairvfl_flwr/core/reference.py's."""
+Every script's figures go through ``write`` into docs/results/<topic>/ (fairvfl_flwr/tools/results.py
+files each page name into its topic folder), with the command that made them. The one-process floors they time are fairvfl_flwr/core/reference.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from fairvfl_flwr.tools.results import RESULTS, machine, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, machine, page, page_name, publish, this_command  # noqa: E402
 
 DEFAULT_OUT = RESULTS  # docs/results/: a rerun of the command refreshes the page it wrote
 
@@ -52,11 +52,11 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 
 def write(out: Path, name: str, payload: dict, markdown: str, *, title: str = "", notes: str = "") -> None:
-    """Print the figures and publish them as ``<out>/<name>.md`` + ``.json`` with this
-    process's command line (fairvfl_flwr/tools/results.py)."""
+    """Print the figures and publish them as the page ``name`` + its ``.json`` (in its topic
+    folder when ``out`` is docs/results) with this process's command line (fairvfl_flwr/tools/results.py)."""
     print(markdown)
-    page = publish(name, this_command(), payload, markdown, title=title, notes=notes, out=out)
-    print(f"\n[{name}] written to {page} and {page.with_suffix('.json').name}")
+    written = publish(name, this_command(), payload, markdown, title=title, notes=notes, out=out)
+    print(f"\n[{name}] written to {written} and {written.with_suffix('.json').name}")
 
 
 def peak_rss_mib() -> float:

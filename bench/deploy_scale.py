@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, table, write  # noqa: E402
 from bench.deploy_time import TIMING_ENV, breakdown, deploy, history, history_round_seconds, poll_env  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.data import problem, synthetic  # noqa: E402
@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--parties-dir", type=Path, default=None,
                     help="party files from an earlier run (its manifest.json); written there if missing")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--name", default="deploy_scale")
+    ap.add_argument("--name", type=page_name, default="deploy_scale")
     args = ap.parse_args(argv)
     extra = parse_run_config(args.run_config, "--run-config")
     with tempfile.TemporaryDirectory(prefix="fairvfl-scale-") as tmp:

@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, page_name, write  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
 from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
@@ -264,7 +264,7 @@ def main(argv=None) -> dict:
                     help="leave FLWR_LOG_LEVEL alone (no SuperNode time stamps: coarser split)")
     ap.add_argument("--keep", type=Path, default=None, help="keep logs and runs here (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--name", default="deploy_time")
+    ap.add_argument("--name", type=page_name, default="deploy_time")
     args = ap.parse_args(argv)
     polls = args.poll or ["default", "0.05"]
     extra = parse_run_config(args.run_config, "--run-config")

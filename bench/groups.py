@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, page, page_name, write  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
@@ -205,8 +205,8 @@ def kept_pages(pages: list[Path], rows: list[str], settings: dict) -> tuple[list
     ran different ones (seeds run side by side; ``info[row]["also"]`` names the other runs) and
     comes from the last page where they ran the same."""
     results, info = [], {}
-    for page in pages:
-        more, more_info = kept_rows(page, rows, settings)
+    for previous in pages:
+        more, more_info = kept_rows(previous, rows, settings)
         for row, new in more_info.items():
             had = info.get(row)
             mine = [p for p in more if p["row"] == row]
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: ε and bounds {QUICK} only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="run-config override of every FairVFL run, flwr run's --run-config syntax (repeatable)")
-    ap.add_argument("--name", default="groups", help="results page name")
+    ap.add_argument("--name", type=page_name, default="groups", help="results page name")
     ap.add_argument("--keep-from", type=Path, action="append", default=[], metavar="JSON",
                     help="another page's json whose rows (run with the same settings, not rerun here) join this page")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -556,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--set {clash[0]}=...: the bench sets {clash[0]} itself")
     settings = {"rounds": a.rounds, "epsilons": list(epsilons), "bounds": list(bounds), "seeds": seeds,
                 "overrides": overrides}
-    results, info = kept_pages([*a.keep_from, Path(a.out) / f"{a.name}.json"], rows, settings)
+    results, info = kept_pages([*a.keep_from, page(a.name, a.out).with_suffix(".json")], rows, settings)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as csv_folder:
         for i, row in enumerate(rows):
@@ -578,7 +578,7 @@ def publish(out: Path, name: str, settings: dict, results: list[dict], info: dic
     summary = summarise(results)
     at, at_train = matched(summary, results), matched(summary, results, "train")
     rows = verdicts(summary, at, at_train)
-    plot = f"{name}.png" if plot_curves(summary, results, done, Path(out) / f"{name}.png") else None
+    plot = f"{name}.png" if plot_curves(summary, results, done, page(name, out).parent / f"{name}.png") else None
     notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
     notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
     write(out, name, {**settings, "groups": info, "matched": at, "matched_train": at_train, "verdicts": rows,

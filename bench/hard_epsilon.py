@@ -4,7 +4,7 @@
 
     python bench/hard_epsilon.py                       # every packaged dataset × DP, EO × seeds 0-2
     python bench/hard_epsilon.py --datasets compas --seeds 0 --off
-    python bench/hard_epsilon.py --page                # also writes docs/results/hard-epsilon.md
+    python bench/hard_epsilon.py --page                # also writes docs/results/fairness/hard-epsilon.md
     python bench/hard_epsilon.py --page --from-log L   # the page from the JSON lines a run printed to L
 
 Per run: rounds, how the stop rule moved the smooth rates' bound (tightenings, loosenings,
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epsilon", type=float, default=0.02)
     ap.add_argument("--off", action="store_true", help="also run each with hard-epsilon = false")
-    ap.add_argument("--page", action="store_true", help="write docs/results/hard-epsilon.md")
+    ap.add_argument("--page", action="store_true", help="write docs/results/fairness/hard-epsilon.md")
     ap.add_argument("--from-log", type=Path, help="the JSON lines an earlier run of this script printed: take "
                     "the rows of --datasets/--constraints/--seeds from it instead of running them")
     args = ap.parse_args(argv)

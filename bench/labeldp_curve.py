@@ -3,7 +3,7 @@
 ::
 
     python bench/labeldp_curve.py --datasets adult,compas,crime --eps 0.5,1,2,4,8,inf --rounds 100 \\
-        --out results/labeldp --png docs/results/labeldp-curve.png
+        --out results/labeldp --png docs/results/privacy/labeldp-curve.png
 
 Every point is one audit (``fairvfl_flwr.tools.audit.run_audit``): a real in-process run
 with transcripts, then the passive party's label and group attacks on what it received.
@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fairvfl_flwr.features.labeldp import epsilon_spent, noise_multiplier_for  # noqa: E402
-from fairvfl_flwr.tools.results import RESULTS, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, page, publish, this_command, unfiled  # noqa: E402
 from fairvfl_flwr.tools.audit import run_audit  # noqa: E402
 
 #: Λ per dataset: about the largest λ a plain 300-round run reaches (Adult 0.12, COMPAS 0.31, Crime 0.62).
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--from-json", type=Path, nargs="*", default=[],
                    help="print and plot the points of earlier runs (their curve.json) instead of running")
     a = p.parse_args(argv)
+    if why := unfiled(a.out.name, a.results):
+        p.error(why)
     if a.from_json:
         rows = [r for f in a.from_json for r in json.loads(f.read_text())]
         print(table(rows))
@@ -98,12 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.png is not None:
         plot(rows, a.png, a.rounds)
         print(f"figure: {a.png}")
-        md = f"![test accuracy, DFP and DFN against the label-DP ε]({os.path.relpath(a.png.resolve(), a.results.resolve())})\n\n" + md
+        md = f"![test accuracy, DFP and DFN against the label-DP ε]({os.path.relpath(a.png.resolve(), page(a.out.name, a.results).parent.resolve())})\n\n" + md
     notes = (f"Each point is one audit: a real in-process run of {a.rounds} rounds with transcripts, then the attacks on "
              f"what the passive party received; δ = {a.delta:g}, Λ per dataset {[bounds[d] for d in datasets]}.")
-    page = publish(a.out.name, this_command(), {"rows": rows}, md, title=f"Label DP against ε: {', '.join(datasets)}",
-                   notes=notes, out=a.results)
-    print(f"results page: {page}")
+    written = publish(a.out.name, this_command(), {"rows": rows}, md, title=f"Label DP against ε: {', '.join(datasets)}",
+                      notes=notes, out=a.results)
+    print(f"results page: {written}")
 
 
 def table(rows: list[dict]) -> str:

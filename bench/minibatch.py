@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, table, write  # noqa: E402
 from fairvfl_flwr.core.constraints import from_labels  # noqa: E402
 from fairvfl_flwr.core.reference import NumpyFloor  # noqa: E402
 from fairvfl_flwr.data import synthetic  # noqa: E402
@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--epsilon", type=float, default=0.01)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--engine", choices=("floor", "app"), default="floor")
-    ap.add_argument("--name", default="")
+    ap.add_argument("--name", type=page_name, default="")
     args = ap.parse_args(argv)
     F, K = 32, 6
     ds = synthetic.make_dataset(args.n, F, seed=0)

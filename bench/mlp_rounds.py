@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, this_command, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, page, table, this_command, write  # noqa: E402
 from bench.rounds import GAP_SLACK, rounds_to_gaps, run_floor  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.tools.results import commit  # noqa: E402
@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-app", action="store_true",
                     help="only the reference (with --keep: added to the page's rows)")
     ap.add_argument("--keep", action="store_true", help="keep the page's rows and columns this call does not compute")
-    ap.add_argument("--page", action="store_true", help=f"write docs/results/{NAME}.md")
+    ap.add_argument("--page", action="store_true", help=f"write {page(NAME).relative_to(REPO)}")
     args = ap.parse_args(argv)
     unknown = set(args.constraints.split(",")) - set(CONSTRAINTS)
     if unknown:
         ap.error(f"--constraints: {sorted(unknown)} unknown (choose from {', '.join(CONSTRAINTS)})")
     kept: dict[tuple, dict] = {}
-    old = DEFAULT_OUT / f"{NAME}.json"
+    old = page(NAME).with_suffix(".json")
     if args.keep and old.is_file():
         kept = {key(r): r for r in json.loads(old.read_text())["rows"]}
     skipped = []
@@ -153,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                     kept[key(row)] = {**row, "run here": True}
     commands = [f"{this_command()} (at {commit() or 'no commit'})"]
     if args.keep and old.is_file():  # what another call wrote meanwhile, under this call's rows
-        page = json.loads(old.read_text())
+        previous = json.loads(old.read_text())
         done = {key(r) for r in kept.values() if r.get("run here")}
-        kept = {**{key(r): r for r in page["rows"]}, **{k: r for k, r in kept.items() if k in done}}
-        earlier = page.get("commands", [f"{page['command']} (at {page.get('commit') or 'no commit'})"])
+        kept = {**{key(r): r for r in previous["rows"]}, **{k: r for k, r in kept.items() if k in done}}
+        earlier = previous.get("commands", [f"{previous['command']} (at {previous.get('commit') or 'no commit'})"])
         commands = [c for c in earlier if c != commands[0]] + commands
     for r in kept.values():
         r.pop("run here", None)

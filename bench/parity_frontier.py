@@ -1,7 +1,7 @@
 """Demographic parity without the sensitive attribute as an input: where ε lands on a linear
 model's frontier of test accuracy against the hard positive-rate gap, and what moves it.
 
-    python bench/parity_frontier.py                    # docs/results/parity-frontier.md (COMPAS, seeds 0-5)
+    python bench/parity_frontier.py                    # docs/results/fairness/parity-frontier.md (COMPAS, seeds 0-5)
     python bench/parity_frontier.py --dataset adult --seeds 0,1,2 --central "1:0.01,0.02" --eg-bounds 0.01,0.02 \\
         --target 0.02,0.83 --name parity-frontier-adult
 
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, table, write  # noqa: E402
 
 
 def hard(y: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[float, float]:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eg-bounds", default="0.02,0.05,0.08")
     p.add_argument("--target", default="0.08,0.64", help="test gap at most, test accuracy at least")
     p.add_argument("--out", default=str(DEFAULT_OUT))
-    p.add_argument("--name", default="parity-frontier")
+    p.add_argument("--name", type=page_name, default="parity-frontier")
     args = p.parse_args(argv)
     seeds = [int(v) for v in args.seeds.split(",")]
     centrals = {float(t): [float(e) for e in es.split(",")]

@@ -3,14 +3,14 @@
 
     python bench/parity_rounds.py                      # the rows of docs/newton.md, "Rates"
     python bench/parity_rounds.py --runs '[{"dataset": "compas", "constraint": "demographic-parity"}]'
-    python bench/parity_rounds.py --table              # docs/results/parity-rounds.md
+    python bench/parity_rounds.py --table              # docs/results/rounds/parity-rounds.md
     python bench/parity_rounds.py --table --datasets compas,crime --seeds 0   # a subset (the page says so)
 
 ``--table`` runs the rounds table under ``optimizer = "auto"`` (at most 30 rounds): the
 five datasets (adult, compas, crime with two groups; compas-race and adult-sex-race with
 the small groups pooled) × equalized odds and demographic parity (and ``deo`` with several
 groups, and compas-race equalized odds in the overall form) × seeds 0-2, and writes
-docs/results/parity-rounds.md with every run's rounds, the round from which every gap is
+docs/results/rounds/parity-rounds.md with every run's rounds, the round from which every gap is
 within ε + 0.002 (or the miss and its last gap), and the test figures. A subset
 (``--datasets``, ``--seeds``, ``--kinds``) writes the same page, saying it is one. The page
 is written after every run, and a run keeps the rows of the page (``--name``) it does not
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page, page_name, table, write  # noqa: E402
 from bench.rounds import GAP_SLACK, rounds_to_gaps  # noqa: E402
 from fairvfl_flwr.tools.results import commit  # noqa: E402
 
@@ -70,7 +70,7 @@ SEVERAL = ("compas-race", "adult-sex-race")
 
 def table_runs(datasets, kinds, seeds) -> list[dict]:
     """The rounds table's run configs: ``deo`` and the overall form only with several groups
-    (two-group deo is docs/results/rounds-newton-app.md's)."""
+    (two-group deo is docs/results/rounds/rounds-newton-app.md's)."""
     out = []
     for ds in datasets:
         for kind in kinds:
@@ -141,12 +141,12 @@ def run(overrides: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default=None, help="a JSON list of run configs (default: the docs' rows)")
-    p.add_argument("--table", action="store_true", help="the rounds table (docs/results/parity-rounds.md)")
+    p.add_argument("--table", action="store_true", help="the rounds table (docs/results/rounds/parity-rounds.md)")
     p.add_argument("--datasets", default=",".join(TABLE_DATASETS), help="--table: datasets")
     p.add_argument("--kinds", default=",".join(TABLE_KINDS), help="--table: " + ", ".join(TABLE_KINDS))
     p.add_argument("--seeds", default="0,1,2", help="--table: seeds")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="--table: where the page goes")
-    p.add_argument("--name", default="parity-rounds", help="--table: the page's name (a subset's own page)")
+    p.add_argument("--name", type=page_name, default="parity-rounds", help="--table: the page's name (a subset's own page)")
     args = p.parse_args(argv)
     if not args.table:
         for overrides in json.loads(args.runs) if args.runs else RUNS:
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     datasets, kinds = args.datasets.split(","), args.kinds.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = table_runs(datasets, kinds, seeds)
-    rows = kept_rows(Path(args.out) / f"{args.name}.json", runs)
+    rows = kept_rows(page(args.name, args.out).with_suffix(".json"), runs)
     sha = commit()  # the code this process runs, whatever lands while it does
     every = {row_key(r) for r in table_runs(list(TABLE_DATASETS), list(TABLE_KINDS), [0, 1, 2])}
     for i, overrides in enumerate(runs):

@@ -1,6 +1,6 @@
 """The README's two tables, from the results they summarise: no hand copy to drift.
 
-    python bench/readme_tables.py      # rewrites docs/results/privacy-summary.md and both README blocks
+    python bench/readme_tables.py      # rewrites docs/results/audits/privacy-summary.md and both README blocks
 
 Table 1 is the linear table tools/compare generated (docs/results/compare/table_linear.md).
 "What each party learns" is built here from the audit pages' JSON: the server's Gram matrix
@@ -15,13 +15,14 @@ what its sources give.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairvfl_flwr.tools.results import RESULTS, include, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, include, page, publish, this_command  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = ("crime", "compas", "adult")
@@ -73,14 +74,15 @@ def privacy_table(pages: dict[str, dict]) -> str:
 
 def load(folder: Path = RESULTS) -> dict[str, dict]:
     """The audit pages' JSON the privacy table reads."""
-    return {key: json.loads((folder / f"{name}.json").read_text()) for key, name in SOURCES.items()}
+    return {key: json.loads(page(name, folder).with_suffix(".json").read_text()) for key, name in SOURCES.items()}
 
 
 def main() -> int:
     pages = load()
     table = privacy_table(pages)
     notes = ("Each cell: crime / compas / adult. Sources, each with the command that measured it: "
-             + ", ".join(f"[{name}.md]({name}.md)" for name in SOURCES.values())
+             + ", ".join(f"[{name}.md]({os.path.relpath(page(name), page('privacy-summary').parent)})"
+                         for name in SOURCES.values())
              + ". The strongest label attack is the best of the audit's attackers over its repeats; "
                "\"majority\" guesses every label as the larger class.")
     publish("privacy-summary", this_command(), {"sources": {k: p["command"] for k, p in pages.items()}},

@@ -3,7 +3,7 @@
 run where the label owner holds the groups, on the same rows and seed.
 
     python bench/registry_noisy.py                         # adult, compas-race x deo, DP, EO x eps_S 1, 2, 4, seed 0
-    python bench/registry_noisy.py --seeds 0,1,2 --page    # also writes docs/results/registry-noisy.md
+    python bench/registry_noisy.py --seeds 0,1,2 --page    # also writes docs/results/privacy/registry-noisy.md
     python bench/registry_noisy.py --datasets adult --constraints deo --eps-s 4
 
 One in-process app run per (dataset, constraint, seed) with the label owner's groups
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--constraints", default="deo,demographic-parity,equalized-odds")
     ap.add_argument("--eps-s", default="1,2,4")
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--page", action="store_true", help="write docs/results/registry-noisy.md")
+    ap.add_argument("--page", action="store_true", help="write docs/results/privacy/registry-noisy.md")
     args = ap.parse_args(argv)
     cells = itertools.product(args.datasets.split(","), args.constraints.split(","), map(int, args.seeds.split(",")))
     rows = []

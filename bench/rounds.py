@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, table, write  # noqa: E402
 from fairvfl_flwr.core.newton import MEMORY  # noqa: E402
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
 
@@ -218,7 +218,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--set", default="", help="extra run config in flwr run's --run-config syntax, e.g. "
                     "\"eta=50 model='mlp'\"")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--name", default="")
+    ap.add_argument("--name", type=page_name, default="")
     ap.add_argument("--engine", choices=("floor", "inprocess"), default="floor")
     ap.add_argument("--optimizer", default="gd",
                     help="gd, newton or both (gd,newton); with --app also newton-secagg (newton under secure aggregation)")

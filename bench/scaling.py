@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, peak_rss_mib, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, peak_rss_mib, table, write  # noqa: E402
 
 FEATURES = 32
 ACTIVE_COLUMNS = 8
@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--name", default="")
+    ap.add_argument("--name", type=page_name, default="")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int, help=argparse.SUPPRESS)

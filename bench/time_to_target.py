@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, page_name, table, write  # noqa: E402
 from bench.deploy_time import NOOP_APP, TIMING_ENV, deploy, history, poll_env, read_logs  # noqa: E402
 from bench.rounds import rounds_to_target  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
@@ -210,7 +210,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--sensitive", default="sex", help="--tables own: the label owner's sensitive column(s)")
     ap.add_argument("--keep", type=Path, default=None, help="keep logs and runs here (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--name", default="time_to_target")
+    ap.add_argument("--name", type=page_name, default="time_to_target")
     args = ap.parse_args(argv)
     modes = ["deploy", "noop"] if args.deploy else args.modes.split(",")
     extra = parse_run_config(args.run_config, "--run-config")

@@ -23,7 +23,7 @@ running every round (``stop-tolerance=0``: both runs have the same number of rou
 
 The last line printed is the ratio variant / fairvfl of seconds per round at each poll.
 ``--name NAME`` also writes the figures, with the ratios to ``fairvfl`` and ``noop`` of the same
-run, to docs/results/NAME.md and .json (bench/common.py).
+run, to docs/results/<topic>/NAME.md and .json (bench/common.py).
 
 Each setting runs with the SuperExec's default task poll (1 s) and with
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.05`` unless ``--poll`` is given. Round 0 (FAB
@@ -48,6 +48,7 @@ from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
 from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
 from fairvfl_flwr.tools.localfed import LocalFederation  # noqa: E402
+from fairvfl_flwr.tools.results import page_name  # noqa: E402
 
 
 def _fairvfl_rounds(out: Path) -> list[float]:
@@ -114,7 +115,7 @@ def main() -> None:
     p.add_argument("--poll", action="append", default=None, help="SuperExec task poll interval(s) to try")
     p.add_argument("--settings", default="noop,fairvfl", help="comma list of noop,fairvfl,before,variant")
     p.add_argument("--run-config", default="", help="extra run config of fairvfl and variant (Flower's syntax)")
-    p.add_argument("--name", default="", help="write docs/results/NAME.md and .json with the figures")
+    p.add_argument("--name", type=page_name, default="", help="write the page NAME (docs/results/<its topic>/NAME.md) and its .json with the figures")
     p.add_argument("--variant", default="", help="run config on top of --run-config for the variant setting, "
                    "e.g. \"privacy.secure-aggregation=false\"")
     args = p.parse_args()

@@ -6,7 +6,7 @@ For each RTT it starts a fresh loopback federation (scripts/measure_deploy.py's 
 whose SuperNodes reach the SuperLink through scripts/wan_proxy.py (that round trip, and
 ``--mbit`` per direction), runs the no-op app and FairVFL (exported Crime party files,
 secure aggregation on, the deployment default) for ``--rounds`` rounds, and publishes
-docs/results/wan.md. Rows measured earlier at other RTTs (docs/results/wan.json) are
+docs/results/deployment/wan.md. Rows measured earlier at other RTTs (docs/results/deployment/wan.json) are
 kept, so the RTTs may be measured one invocation each (``--rtt 50``): each row records the
 invocation that made it. Round 0 (FAB install, discovery) is left out.
 
@@ -15,7 +15,7 @@ invocation that made it. Round 0 (FAB install, discovery) is left out.
 times the private alignment of own tables instead (``--align`` ids per party, 90 % common to
 all, bench/align.py's tables): each party's SuperNode reads its own table with its own
 identity key and the pinned peers file, the run config is ``tables.own = true``, and the run
-is stopped once every party has kept its alignment. It publishes docs/results/wan-align.md
+is stopped once every party has kept its alignment. It publishes docs/results/data/wan-align.md
 (rows at other RTTs kept, as above): the alignment's seconds from the server's log, and the
 proxy's bytes, TCP connections and answered requests (round trips) up to that point.
 """
@@ -40,7 +40,7 @@ from measure_deploy import measure  # noqa: E402
 
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.tools.export import export  # noqa: E402
-from fairvfl_flwr.tools.results import RESULTS, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, page, publish, this_command  # noqa: E402
 
 NAME = "wan"
 ALIGN_NAME = "wan-align"
@@ -114,7 +114,7 @@ SuperLink, as in a deployment where the label owner hosts both.
 
 Reading it: a FairVFL round costs more than a no-op round already at 0 ms; that excess is
 each message's fresh `flwr-clientapp` process (its imports) and the parties' work
-([deploy-time.md](../deploy-time.md)), not the network. The round trips per SuperNode and
+([deploy-time.md](../../deploy-time.md)), not the network. The round trips per SuperNode and
 round do not depend on the machine's load: times the RTT, they bound what the WAN adds to a
 round of each app, and their ratio is the WAN's share of FairVFL's excess over the no-op
 round. The WAN's share is the two
@@ -130,12 +130,12 @@ rerun on an idle machine for the WAN's share.
 
 What an operator can change: `FLWR_SUPEREXEC_TASK_POLL_INTERVAL` in each SuperNode's
 environment (how often its executor looks for work; 0.05 s saves up to a second per message
-where each SuperNode has cores of its own, [deploy.md](../deploy.md#3-start-each-partys-supernode));
+where each SuperNode has cores of its own, [deploy.md](../../deploy.md#3-start-each-partys-supernode));
 fewer rounds (block Newton, the stop rule); `score.chunk-rows` for a scoring job (fewer,
 larger messages: fewer round trips at a high RTT, each message bounded by gRPC's limit);
 and where the SuperLink sits (next to the label owner, whose messages are the largest).
 The private alignment of own tables at these RTTs (100,000 ids × 4 parties):
-[wan-align.md](wan-align.md) (`--align`).
+[wan-align.md](../data/wan-align.md) (`--align`).
 """
 
 
@@ -220,7 +220,7 @@ def render_alignment(rows: list[dict]) -> str:
 ALIGN_NOTES = """\
 Each row: a fresh SuperLink and one SuperNode per party on 127.0.0.1, the SuperNodes dialling
 scripts/wan_proxy.py in front of the SuperLink (each byte waits RTT/2 each way), as on
-[wan.md](wan.md). Every party reads its own table (bench/align.py's made-up customers, 90 % of
+[wan.md](../deployment/wan.md). Every party reads its own table (bench/align.py's made-up customers, 90 % of
 each party's ids common to all, one number and one category column each, the label owner also
 the label and the group) with its own identity key and the pinned peers file; run config
 `tables.own = true`, nothing kept from an earlier alignment. Alignment (s) is the server's own
@@ -231,7 +231,7 @@ requests that waited for an answer on their connection (a round trip each): time
 bound what the WAN adds. On a loaded machine (the load column) the PSI's own time varies more
 than the WAN adds: compare rows at a similar load. Align once, run many: a second run on the
 same tables takes up the kept alignment in two messages per party
-([deploy.md](../deploy.md#0-each-organisation-starts-from-its-own-table)).
+([deploy.md](../../deploy.md#0-each-organisation-starts-from-its-own-table)).
 """
 
 
@@ -252,7 +252,7 @@ def main() -> None:
     args = p.parse_args()
     if args.align:
         return main_alignment(args)
-    old = args.out / f"{NAME}.json"
+    old = page(NAME, args.out).with_suffix(".json")
     same = {"parties": args.parties, "rounds": args.rounds, "dataset": args.dataset, "mbit": args.mbit}
     rows = {k: r for k, r in (_rows(json.loads(old.read_text())) if old.is_file() else {}).items()
             if all(r.get(key) == value for key, value in same.items())}  # rows of the same set-up only
@@ -272,15 +272,15 @@ def main() -> None:
     ordered = sorted(rows.values(), key=lambda r: (r["rtt_ms"], r["setting"]))
     canonical = (f"python scripts/measure_wan.py --rtt 0,50,150 --rounds {args.rounds} --parties {args.parties} "
                  f"--dataset {args.dataset}" + (f" --mbit {args.mbit:g}" if args.mbit else ""))
-    page = publish(NAME, canonical, {"rows": ordered}, render(ordered),
-                   title=f"Deployed rounds over a WAN: no-op app and FairVFL ({args.dataset}, {args.parties} "
-                         "SuperNodes, loopback proxy)", notes=NOTES, out=args.out)
-    print(page)
+    written = publish(NAME, canonical, {"rows": ordered}, render(ordered),
+                      title=f"Deployed rounds over a WAN: no-op app and FairVFL ({args.dataset}, {args.parties} "
+                            "SuperNodes, loopback proxy)", notes=NOTES, out=args.out)
+    print(written)
 
 
 def main_alignment(args: argparse.Namespace) -> None:
     """``--align``: the alignment's rows, measured or kept, into wan-align.md."""
-    old = args.out / f"{ALIGN_NAME}.json"
+    old = page(ALIGN_NAME, args.out).with_suffix(".json")
     rows = {(r["ids"], r["parties"], r["rtt_ms"]): r for r in
             (json.loads(old.read_text()).get("rows", []) if old.is_file() else []) if r.get("mbit") == args.mbit}
     command = this_command()

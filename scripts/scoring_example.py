@@ -1,4 +1,4 @@
-"""Train, save, score and report once, and copy what a user gets into docs/results/scoring/.
+"""Train, save, score and report once, and copy what a user gets into docs/results/scoring/example/.
 
     python scripts/scoring_example.py [--dataset adult] [--rounds 1000] [--out /tmp/scoring-example]
 
@@ -6,7 +6,7 @@ Runs the real ServerApp and ClientApp over the in-process grid (``flwr run`` run
 code, tests/test_scoring.py checks both give the same numbers): a FairVFL training run
 (every party saves its block), a scoring job on the packaged test rows, and the fairness
 report with the server's labels as the outcomes. Copies the model card, party 0's card,
-the first rows of predictions.csv, report.json and report.png to docs/results/scoring/.
+the first rows of predictions.csv, report.json and report.png to docs/results/scoring/example/.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fairvfl_flwr.data.partydata import label_table
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.tools import report
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "scoring"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results" / "scoring" / "example"
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 one), every code name they and the module docstrings cite is there, and the README stays short
 enough to read in one sitting."""
 
+import argparse
 import ast
 import dataclasses
 import importlib
@@ -103,7 +104,7 @@ def test_a_pages_command_carries_no_folder_of_the_machine_it_ran_on(monkeypatch)
     monkeypatch.setattr(sys, "argv", [str(REPO / "bench" / "align.py"), "--out", str(home / "out"),
                                       f"--keep={REPO / 'results' / 'x'}", "--tables", "/data/t.csv", "--ids", "10"])
     assert results.this_command() == "python bench/align.py --out out --keep=results/x --tables /data/t.csv --ids 10"
-    published = [json.loads(p.read_text()).get("command", "") for p in (REPO / "docs" / "results").glob("*.json")]
+    published = [json.loads(p.read_text()).get("command", "") for p in (REPO / "docs" / "results").rglob("*.json")]
     assert not [c for c in published if str(home) in c or "/root/" in c or str(REPO) in c]
 
 
@@ -354,9 +355,11 @@ INCLUDED = re.compile(r"<!-- results/([\w./-]+): begin -->\n(.*?)<!-- results/\1
 def include_drift(text: str, results: Path = REPO / "docs" / "results") -> list[str]:
     """The ``<!-- results/<name> -->`` blocks of a page whose text is not in ``results/<name>.md``
     verbatim: a table edited by hand, or a results page rewritten without its include."""
+    from fairvfl_flwr.tools.results import page
+
     drift = []
     for name, block in INCLUDED.findall(text):
-        source = results / f"{name}.md"
+        source = results / f"{name}.md" if "/" in name else page(name, results)
         if not source.exists():
             drift.append(f"{name}: no results page {source.relative_to(REPO)}")
         elif block.strip() not in source.read_text():
@@ -378,7 +381,9 @@ def test_the_readme_tables_are_included_not_copied():
     readme = (REPO / "README.md").read_text()
     names = [name for name, _ in INCLUDED.findall(readme)]
     assert names == ["compare/table_linear", "privacy-summary"]
-    page = (REPO / "docs" / "results" / "privacy-summary.md").read_text()
+    from fairvfl_flwr.tools.results import page as results_page
+
+    page = results_page("privacy-summary").read_text()
     assert first_table(page) == privacy_table(load())
     outside = INCLUDED.sub("", readme)
     assert "| Method | Adult ACC" not in outside and "| defence |" not in outside, "a README table outside its block"
@@ -389,15 +394,102 @@ def test_a_hand_edited_readme_table_is_caught():
     assert not include_drift(readme)
     edited = readme.replace("error 1.7e-6 / 7.9e-6", "error 1.6e-6 / 7.9e-6", 1)
     assert edited != readme and include_drift(edited) == [
-        "privacy-summary: differs from docs/results/privacy-summary.md (rerun the command that writes it)"]
+        "privacy-summary: differs from docs/results/audits/privacy-summary.md (rerun the command that writes it)"]
     edited = readme.replace("| FedBCD + EO | 83.31", "| FedBCD + EO | 83.41", 1)
     assert edited != readme and [d.split(":")[0] for d in include_drift(edited)] == ["compare/table_linear"]
 
 
 def test_every_results_page_names_the_command_that_made_it():
-    """A page of docs/results/ opens with "Written by `<command>`" (bench/results publish) or
-    "Recorded by `<command>`" (figures kept from an earlier run), so its index names the
-    command; the files in its subfolders are a page's tables and figures."""
-    nameless = [p.name for p in sorted((REPO / "docs" / "results").glob("*.md")) if p.name != "README.md"
-                and not re.search(r"^(Written|Recorded) by `[^`]+`", "\n".join(p.read_text().splitlines()[1:6]), re.M)]
+    """A page of docs/results/<topic>/ opens with "Written by `<command>`" (bench/results publish)
+    or "Recorded by `<command>`" (figures kept from an earlier run), so its index names the
+    command; a folder below a topic folder holds files a page's command copies there."""
+    from fairvfl_flwr.tools.results import command_of, pages
+
+    found = pages()
+    assert len(found) > 50, "docs/results/<topic>/*.md: the pages are not where pages() looks"
+    nameless = [str(p.relative_to(REPO)) for p in found if not command_of(p.read_text())]
     assert not nameless, f"results pages that name no command: {nameless}"
+
+
+def test_every_results_file_is_in_the_folder_its_topic_names():
+    """Nothing at the root of docs/results/ but the index, and every file of a topic folder is
+    where TOPICS files its name: a page written before the map knew it, or moved by hand, fails
+    (python scripts/file_results.py files it)."""
+    from fairvfl_flwr.tools.results import RESULTS, TOPICS, UnfiledPage, topic
+
+    assert [p.name for p in RESULTS.iterdir() if p.is_file()] == ["README.md"]
+    assert {p.name for p in RESULTS.iterdir() if p.is_dir()} <= set(TOPICS)
+    misfiled = []
+    for path in sorted(RESULTS.glob("*/*")):
+        if path.is_file():
+            try:
+                folder = topic(path.stem)
+            except UnfiledPage:
+                folder = "(none)"
+            if folder != path.parent.name:
+                misfiled.append(f"{path.relative_to(RESULTS)}: TOPICS files it in {folder}/")
+    assert not misfiled, "\n".join(misfiled)
+
+
+def test_the_results_index_is_generated_from_the_pages():
+    """docs/results/README.md is render_index's text: a hand edit, or a page added or retitled
+    without the index rewritten, fails (python -m fairvfl_flwr.tools.results --index)."""
+    from fairvfl_flwr.tools.results import RESULTS, pages, render_index
+
+    text = (RESULTS / "README.md").read_text()
+    assert text == render_index(), "docs/results/README.md is stale: python -m fairvfl_flwr.tools.results --index"
+    assert all(f"]({p.parent.name}/{p.name})" in text for p in pages())
+
+
+def test_a_page_is_published_into_its_topic_folder_and_an_unfiled_name_is_refused(tmp_path, monkeypatch):
+    from fairvfl_flwr.tools import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    page = results.publish("rounds-demo", "python bench/rounds.py --name rounds-demo", {}, "| a |\n|---|\n| 1 |",
+                           title="Demo rounds", out=tmp_path)
+    assert page == tmp_path / "rounds" / "rounds-demo.md" and page.with_suffix(".json").exists()
+    index = (tmp_path / "README.md").read_text()
+    assert "| [Demo rounds](rounds/rounds-demo.md) | `python bench/rounds.py --name rounds-demo` |" in index
+    with pytest.raises(results.UnfiledPage, match="TOPICS in fairvfl_flwr/tools/results.py"):
+        results.publish("no-topic-of-its-own", "python x.py", {}, "", out=tmp_path)
+    assert not list(tmp_path.rglob("no-topic-of-its-own*"))
+    assert "TOPICS" in results.unfiled("no-topic-of-its-own", tmp_path) and not results.unfiled("rounds-demo", tmp_path)
+    assert not results.unfiled("no-topic-of-its-own", tmp_path / "scratch")  # outside docs/results: flat, any name
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", type=results.page_name, default="")
+    assert parser.parse_args([]).name == "" and parser.parse_args(["--name", "ttt-demo"]).name == "ttt-demo"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--name", "no-topic-of-its-own"])
+
+
+@pytest.mark.parametrize("name, folder", [("mlp-rounds", "rounds"), ("rounds-newton-const", "rounds"),
+                                          ("deploy-section0", "deployment"), ("hard-epsilon", "fairness"),
+                                          ("groups", "fairness"), ("registry-noisy", "privacy"),
+                                          ("ckks-audit", "audits"), ("ckks-adult-gd", "privacy"),
+                                          ("wan-align", "data"), ("wan", "deployment"), ("compare-linear-mlp", "compare")])
+def test_topics_files_the_pages_other_branches_write(name, folder):
+    from fairvfl_flwr.tools.results import topic
+
+    assert topic(name) == folder
+
+
+def test_filing_rewrites_the_links_to_a_page_and_a_moved_pages_own():
+    """scripts/file_results.py: a page written at the root (another branch's) links to its
+    siblings and to ../ as it was; filed, its links and the links to it reach the same files."""
+    import importlib.util
+
+    from fairvfl_flwr.tools.results import RESULTS
+
+    spec = importlib.util.spec_from_file_location("file_results", REPO / "scripts" / "file_results.py")
+    filing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(filing)
+    text = "[a](../privacy.md#who-receives-what) [b](rounds.md) [c](groups.md) ![d](groups.png) [e](https://x.org/a.md)"
+    moved = filing.rewrite_links(text, RESULTS / "rounds-demo.md", RESULTS / "rounds" / "rounds-demo.md")
+    assert moved == ("[a](../../privacy.md#who-receives-what) [b](rounds.md) [c](../fairness/groups.md) "
+                     "![d](../fairness/groups.png) [e](https://x.org/a.md)")
+    assert filing.rewrite_links(moved, RESULTS / "rounds" / "rounds-demo.md", RESULTS / "rounds" / "rounds-demo.md") == moved
+    doc = REPO / "docs" / "fairness-constraints.md"
+    linked = filing.rewrite_names(filing.rewrite_links("[results/groups.md](results/groups.md#x)", doc, doc), True)
+    assert linked == "[results/fairness/groups.md](results/fairness/groups.md#x)"
+    code = "writes docs/results/" + "hard-epsilon.md and docs/results/NAME.md"  # split: the script would file it
+    assert filing.rewrite_names(code, False) == "writes docs/results/fairness/hard-epsilon.md and docs/results/NAME.md"

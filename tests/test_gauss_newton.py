@@ -173,7 +173,7 @@ def test_masked_and_plain_mlp_runs_under_auto_stop_within_five_rounds_of_each_ot
     for masked in (False, True):
         runs[masked], _ = run_inprocess({"dataset": "crime", "model": "mlp", "privacy.secure-aggregation": masked,
                                          "output-dir": str(tmp_path / str(masked))}, quiet=True)
-    for summary in runs.values():  # 1,000 rounds of gradient descent: 83.73% (docs/results/rounds-adagrad-mlp.md)
+    for summary in runs.values():  # 1,000 rounds of gradient descent: 83.73% (docs/results/rounds/rounds-adagrad-mlp.md)
         assert summary["rounds"] <= 50 and summary["train_max_gap"] <= 0.01 + 0.002
         assert summary["test_acc"] >= 0.8373 - 0.002
     assert abs(runs[True]["rounds"] - runs[False]["rounds"]) <= 5

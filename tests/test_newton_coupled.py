@@ -90,7 +90,7 @@ def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
 
 def test_newton_meets_equalized_odds_within_thirty_rounds(run_app, tmp_path):
     """Through the ServerApp and ClientApp (float32 wire): both gaps <= ε + 0.002 at the end
-    of a Newton run of at most 30 rounds (COMPAS; docs/results/rounds-newton-coupled.md)."""
+    of a Newton run of at most 30 rounds (COMPAS; docs/results/rounds/rounds-newton-coupled.md)."""
     run = run_app({"dataset": "compas", "constraint": "equalized-odds", "constraint-measure": "loss",
                    "sensitive-as-input": True, "optimizer": "newton", "num-parties": 3,
                    "num-server-rounds": 30, "eval-every": 30, "output-dir": str(tmp_path)})

@@ -682,7 +682,7 @@ def _server(cfg, labels, **kwargs) -> NewtonVFL:
 
 def _auto(cfg) -> str | None:
     """Why ``auto`` does not take block Newton: a setting it cannot run with. MLP parties take
-    it too, as Gauss–Newton blocks (measured: bench/mlp_rounds.py, docs/results/mlp-rounds.md)."""
+    it too, as Gauss–Newton blocks (measured: bench/mlp_rounds.py, docs/results/rounds/mlp-rounds.md)."""
     refused = NEWTON.refusal(cfg)
     if refused is not None:
         return f"block Newton does not run with {cfg.key_of(refused[0])}={getattr(cfg, refused[0])!r}"

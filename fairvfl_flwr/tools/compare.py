@@ -59,7 +59,7 @@ from fairvfl_flwr.tools.compare_methods import (CENTRAL_NAME, CONSTRAINT_METHODS
                                                 POST_NAMES, SPLIT_NAME, constraint_tag)
 from fairvfl_flwr.tools.compare_plots import plot_convergence, plot_tradeoff
 from fairvfl_flwr.tools.compare_tables import table_markdown
-from fairvfl_flwr.tools.results import publish, this_command
+from fairvfl_flwr.tools.results import publish, this_command, unfiled
 from fairvfl_flwr.tools.tasks import ENGINES, SECONDS_PER_1000_ROUNDS, Done, Task, run_tasks
 from fairvfl_flwr.tools.paper import PAPER_EPSILONS, fairvfl_name
 from fairvfl_flwr.tools.tables import hms
@@ -350,6 +350,10 @@ def _validate(a: argparse.Namespace) -> tuple[list[str], list[str], list[float],
             raise CompareError(f"--set {key}=...: the compare command sets {key} itself")
     if a.rounds is not None:
         overrides["num-server-rounds"] = a.rounds
+    if a.results is not None:
+        for model in models:
+            if why := unfiled(f"{a.out.name}-{model}", a.results):
+                raise CompareError(why)
     if a.redo_post and not a.resume:
         raise CompareError("--redo-post works on the results of an earlier run: add --resume")
     if a.central_iters < 1:

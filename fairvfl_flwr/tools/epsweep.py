@@ -33,7 +33,7 @@ from pathlib import Path
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
 from fairvfl_flwr.tools.tasks import ENGINES, Done, Task, run_tasks
-from fairvfl_flwr.tools.results import publish, this_command
+from fairvfl_flwr.tools.results import publish, this_command, unfiled
 from fairvfl_flwr.tools.tables import markdown
 
 PROG = "fairvfl-epsweep"
@@ -232,6 +232,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     p = parser()
     a = p.parse_args(argv)
+    if a.results is not None and (why := unfiled(a.out.name, a.results)):
+        p.error(why)
     epsilons = [float(e) for e in comma_list(a.epsilons)]
     if not epsilons or any(e < 0 or math.isnan(e) for e in epsilons):
         p.error("--epsilons: give one or more numbers >= 0")

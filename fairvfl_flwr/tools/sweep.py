@@ -23,7 +23,7 @@ from pathlib import Path
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.tools.cli import RunConfigArgError, comma_list, parse_run_config
 from fairvfl_flwr.tools.tasks import ENGINES, Done, Task, run_tasks
-from fairvfl_flwr.tools.results import publish, this_command
+from fairvfl_flwr.tools.results import publish, this_command, unfiled
 from fairvfl_flwr.tools.tables import markdown, mean_std
 
 PROG = "fairvfl-sweep"
@@ -136,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     p = parser()
     a = p.parse_args(argv)
+    if a.results is not None and (why := unfiled(a.out.name, a.results)):
+        p.error(why)
     try:
         overrides = parse_run_config(a.set)
         t0 = time.perf_counter()
