@@ -1,6 +1,6 @@
 """Gauss–Newton blocks for MLP parties (``model = "mlp"`` under block Newton, docs/newton.md):
-the images J_k d and the direction, the server's check of each step on the true logits, and
-the masked run."""
+the images J_k d and the direction, the server's check of each step on the true logits, one
+message per party and round (a step taken back included), and the masked run."""
 
 import json
 
@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
+from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.algorithms import newton
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.core.gauss_newton import GaussNewton
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.newton import SHARED_MEMORY
@@ -177,3 +182,90 @@ def test_masked_and_plain_mlp_runs_under_auto_stop_within_five_rounds_of_each_ot
         assert summary["rounds"] <= 50 and summary["train_max_gap"] <= 0.01 + 0.002
         assert summary["test_acc"] >= 0.8373 - 0.002
     assert abs(runs[True]["rounds"] - runs[False]["rounds"]) <= 5
+
+
+class PairedGrid(InProcessGrid):
+    """Keeps every (message, reply) pair the server exchanged."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.pairs: list[tuple] = []
+
+    def _answer(self, msg):
+        reply = super()._answer(msg)
+        self.pairs.append((msg, reply))
+        return reply
+
+
+TAKEN_BACK = 3  # the round whose judged step the server is made to take back
+
+
+@pytest.fixture(scope="module")
+def taken_back(tmp_path_factory):
+    """Crime, 3 MLP parties, 6 rounds; the step judged in round 3 is taken back and the server's
+    next step from that round's start has length 0, so round 4's replies are the parties'
+    logits at the point the server returned to."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "num-server-rounds": 6, "eval-every": 3, "stop-tolerance": 0.0,
+                                "output-dir": str(tmp_path_factory.mktemp("gn"))}).to_flower()
+    judge, take = newton.NewtonVFL.judge, newton.NewtonVFL.take
+    seen: dict = {}
+
+    def judging(server, server_round):
+        if server_round == TAKEN_BACK:  # the linearisation promised more than any step delivers
+            server.trial["merit_predicted"] = -np.inf
+        kept = judge(server, server_round)
+        if server_round == TAKEN_BACK:
+            seen["kept"] = kept
+        return kept
+
+    def taking(server, got, du, alpha):
+        if len(server.history) == TAKEN_BACK + 1:  # the search of the round that took its step back
+            alpha = np.zeros_like(alpha)
+            seen["restored"] = {nid: u.copy() for nid, u in server.u_train.items()}
+        return take(server, got, du, alpha)
+
+    grid = PairedGrid(client_app, rc, 3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(newton.NewtonVFL, "judge", judging)
+        mp.setattr(newton.NewtonVFL, "take", taking)
+        summary, _ = run_server(grid, rc)
+    return grid, summary, seen
+
+
+def _round_of(msg):
+    return int(msg.content.config_records[msgs.ROUND]["round"])
+
+
+def test_an_mlp_round_is_one_message_per_party_and_a_step_taken_back_costs_none(taken_back):
+    grid, summary, seen = taken_back
+    assert seen["kept"] is False and summary["rounds"] == 6
+    training = [(m, r) for m, r in grid.pairs if msgs.in_rounds(m.metadata.message_type)]
+    for nid in grid.node_ids:
+        mine = [(m.metadata.message_type, _round_of(m)) for m, _ in training if m.metadata.dst_node_id == nid]
+        kind = msgs.NEWTON_ACTIVE if mine[1][0] == msgs.NEWTON_ACTIVE else msgs.NEWTON_PASSIVE
+        # the start, one message per round, the last round's step
+        assert mine == [(msgs.NEWTON_INIT, 0), *[(kind, t) for t in range(1, 7)], (msgs.NEWTON_APPLY, 6)]
+    bases = {}
+    for m, _ in training:
+        if m.metadata.message_type in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE):
+            bases.setdefault(_round_of(m), set()).add(int(m.content.array_records[msgs.PAYLOAD]["base"].numpy()[0]))
+    # each step starts from the round whose directions the server searched on; the one taken back
+    # in round 3 left the server at round 2's point, so round 4's starts there too
+    assert {t: bases[t] for t in range(1, 6)} == {1: {0}, 2: {1}, 3: {2}, 4: {2}, 5: {4}}
+
+
+def test_a_step_taken_back_leaves_the_parties_where_the_server_returned(taken_back):
+    """A zero step from the point the server returned to: each party's true logits are the
+    server's restored view and its reply of round 2 bit for bit (θ_k went back exactly)."""
+    grid, _, seen = taken_back
+    replies = {(_round_of(m), m.metadata.dst_node_id): r for m, r in grid.pairs
+               if m.metadata.message_type in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE)}
+    for nid in grid.node_ids:
+        back, base, rejected = (replies[(t, nid)].content.array_records[msgs.LOGITS]["train"].numpy()
+                                for t in (TAKEN_BACK + 1, TAKEN_BACK - 1, TAKEN_BACK))
+        np.testing.assert_array_equal(back, base)
+        np.testing.assert_array_equal(back.astype(np.float64), seen["restored"][nid])
+        assert not np.array_equal(back, rejected)
+        sq = [replies[(t, nid)].content.metric_records[msgs.STATS]["sq-norm"] for t in (TAKEN_BACK + 1, TAKEN_BACK - 1)]
+        assert sq[0] == sq[1]

@@ -187,29 +187,27 @@ def test_a_replayed_rollback_relay_moves_no_party_a_second_time(federation):
 
 
 @pytest.mark.slow  # Gauss-Newton MLP rounds on the real ClientApps
-def test_a_newton_move_resent_with_other_step_lengths_or_to_one_party_decodes_nothing(tmp_path):
-    """Gauss-Newton's per-round move (train.newton_move): byte for byte to every party it gives
-    the sum the honest round gave; with other step lengths to the target it is refused; to the
-    target alone its masks cannot cancel."""
+def test_a_gauss_newton_round_resent_with_other_step_lengths_or_to_one_party_decodes_nothing(tmp_path):
+    """Gauss-Newton's round message (its step lengths, from the point it names, and the logits
+    where they land in the reply): byte for byte to every party it gives the sum the honest
+    round gave; with other step lengths to the target it is refused; to the target alone its
+    masks cannot cancel."""
     rc = {**malicious._config("compas", 10, str(tmp_path / "runs"), optimizer="newton"), "model": "mlp"}
     ids = identity.generate_identities(tmp_path / "identities", rc["num-parties"])
     grid = malicious.take_over(rc, STOP, tmp_path, ids)
     server = HandServer(grid)
-    group = f"{LAST}-apply"
-
-    def move(nid):
-        return next(m for m in grid.sent if m.metadata.dst_node_id == nid and m.metadata.group_id == group
-                    and m.metadata.message_type == msgs.NEWTON_MOVE)
-
     assert server.session()
-    same = server.exchange([replayed(move(nid)) for nid in grid.node_ids])
-    np.testing.assert_array_equal(server.decode(same), grid.honest_sum(group))
+    same = server.exchange([replayed(grid.honest(LAST, nid)) for nid in grid.node_ids])
+    np.testing.assert_array_equal(server.decode(same), grid.honest_sum(LAST))
     target = grid.node_ids[TARGET]
-    alpha = move(target).content.array_records[msgs.PAYLOAD]["alpha"].numpy()
-    changed = [replayed(move(nid), alpha=alpha * 2.0) if nid == target else replayed(move(nid))
-               for nid in grid.node_ids]
+    honest = grid.honest(LAST, target)
+    assert honest.metadata.message_type == msgs.NEWTON_PASSIVE
+    alpha = honest.content.array_records[msgs.PAYLOAD]["alpha"].numpy()
+    assert len(alpha)
+    changed = [replayed(grid.honest(LAST, nid), alpha=alpha * 2.0) if nid == target
+               else replayed(grid.honest(LAST, nid)) for nid in grid.node_ids]
     replies = server.exchange(changed)
     assert server.decode(replies) is None
-    assert "differs from the train.newton_move" in _refusals(server, replies)[TARGET]
-    alone = server.exchange([replayed(move(target))])
+    assert "differs from the train.newton_passive" in _refusals(server, replies)[TARGET]
+    alone = server.exchange([replayed(honest)])
     assert server.decode(alone) is None  # one party's words: the pair masks do not cancel

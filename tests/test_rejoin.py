@@ -91,14 +91,17 @@ def _same(a: dict, b: dict) -> None:
 
 
 # one case in the fast loop; the label owner and gradient descent in the full suite
-@pytest.mark.parametrize("optimizer,victim", [
-    ("newton", 2),
-    pytest.param("newton", 0, marks=pytest.mark.slow),
-    pytest.param("gd", 2, marks=pytest.mark.slow),
-    pytest.param("gd", 0, marks=pytest.mark.slow),
-], ids=["newton-passive", "newton-label-owner", "gd-passive", "gd-label-owner"])
-def test_a_party_that_drops_out_and_comes_back_ends_with_the_undisturbed_model(run_app, tmp_path, optimizer, victim):
-    cfg = {**BASE, "optimizer": optimizer, "output-dir": str(tmp_path / "runs")}
+@pytest.mark.parametrize("optimizer,victim,model", [
+    ("newton", 2, "linear"),
+    pytest.param("newton", 0, "linear", marks=pytest.mark.slow),
+    pytest.param("gd", 2, "linear", marks=pytest.mark.slow),
+    pytest.param("gd", 0, "linear", marks=pytest.mark.slow),
+    # Gauss-Newton blocks: the party restores both points a step may start from
+    pytest.param("newton", 2, "mlp", marks=pytest.mark.slow),
+], ids=["newton-passive", "newton-label-owner", "gd-passive", "gd-label-owner", "gauss-newton-passive"])
+def test_a_party_that_drops_out_and_comes_back_ends_with_the_undisturbed_model(run_app, tmp_path, optimizer, victim,
+                                                                               model):
+    cfg = {**BASE, "optimizer": optimizer, "model": model, "output-dir": str(tmp_path / "runs")}
     undisturbed = run_app({**cfg, "output-dir": str(tmp_path / "reference")})
     run = run_app(cfg, grid_cls=DropGrid, victim=victim, at=4)
     assert run.grid.returned, "the party never came back"

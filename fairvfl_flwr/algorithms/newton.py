@@ -18,8 +18,13 @@ One message per party and round, as for gradient descent:
 
 After the last round the parties get ``train.newton_apply`` with their last α_k and reply
 their partial logits, so the final scores, the history's last row and the blocks each
-party saves (``query.save``) are the same model. Full batch and linear parties only: the
-algorithm refuses the rest (:data:`NEWTON`, config/algorithms.py).
+party saves (``query.save``) are the same model. Full batch only: the algorithm refuses the
+rest (:data:`NEWTON`, config/algorithms.py).
+
+MLP parties run Gauss–Newton blocks (:meth:`NewtonVFL.aggregate_nonlinear`), also one
+message per party and round: the party takes the step its message carries from the point
+it names, replies its true logits there with its next directions' images, and the server
+judges that step before it searches the next.
 """
 
 from __future__ import annotations
@@ -106,8 +111,11 @@ class NewtonVFL(VFLServer):
     init_type = msgs.NEWTON_INIT
     sharpens = True  # the parties send directions' images; every fairness term is the server's
     round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner",
-                                           "damping", "aim", "moves_held", "gap_error", "gap_errors")
-    node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves", "moves_held")
+                                           "damping", "aim", "moves_held", "gap_error", "gap_errors", "base_round",
+                                           "base_got", "base_u_train", "base_u_test", "base_sq_norms", "lam_base",
+                                           "trial")
+    node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves", "moves_held", "base_got",
+                                         "base_u_train", "base_u_test", "base_sq_norms")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -128,6 +136,15 @@ class NewtonVFL(VFLServer):
         self.aim = self.stop.epsilon  # non-linear: the bound the last search held the linearised gaps within
         self.moves_held: dict[int, int] = {}  # non-linear: the moves each party keeps (it sends their images)
         self.gap_error = 0.0  # non-linear: how far the last kept step's true gaps fell from the linearised ones
+        # Non-linear: the point the next step lengths apply to (a step not kept leaves it where it was): the
+        # round whose replies held its directions (0: none yet), those replies, and the server's view there
+        self.base_round = 0
+        self.base_got: dict[int, dict] = {}
+        self.base_u_train: dict[int, np.ndarray] = {}
+        self.base_u_test: dict[int, np.ndarray] = {}
+        self.base_sq_norms: dict[int, float] = {}
+        self.lam_base = self.lam
+        self.trial: dict | None = None  # non-linear: the step the next replies take, with what judges it
 
     def summary(self) -> None:
         """Log the run's settings once before round 0, with how many earlier moves each search keeps."""
@@ -157,16 +174,17 @@ class NewtonVFL(VFLServer):
                                                              fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
+        base = self.base_round if self.nonlinear else None
         out = []
         for node in self.nodes.values():
             alpha = self.alpha.get(node.node_id, np.zeros(0))
             if node.role == msgs.ROLE_ACTIVE:
-                content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, z=z, lam=self.lam)
+                content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, base, z=z, lam=self.lam)
                 kind = msgs.NEWTON_ACTIVE
             else:  # a ν channel may carry ν differently (encrypted: α then goes with the second leg)
                 carried = self.hooks.passive_message(server_round, nu, evaluate)
                 if carried is None:
-                    content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, nu=nu)
+                    content = msgs.newton_content(server_round, evaluate, alpha, self.wire_dtype, base, nu=nu)
                     kind = msgs.NEWTON_PASSIVE
                 else:
                     content, kind = carried
@@ -187,11 +205,14 @@ class NewtonVFL(VFLServer):
         if server_round == 0:  # the first partial logits, as under gradient descent
             return super().aggregate_train(server_round, replies)
         self.held_rows = None
+        replies = list(replies)
         got = {}
         for reply in replies:
             nid = reply.metadata.src_node_id
             got[nid] = self.check_directions(reply, self.width_of(nid))
         if self.nonlinear:
+            for reply in replies:  # the true logits where the step this round's message carried landed
+                self.fold(reply)
             return self.aggregate_nonlinear(server_round, got)
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
@@ -210,27 +231,56 @@ class NewtonVFL(VFLServer):
 
     def aggregate_nonlinear(self, server_round: int, got: dict[int, dict]
                             ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """A round of Gauss–Newton blocks (MLP parties): the constrained search
-        (core/newton.constrained_step, whatever the constraint) on the linearised logits
-        z + Σ_j α_j J_k d_j with a Levenberg–Marquardt damping δ on the step's logits
-        (core/newton.damping), the step applied at once, and the parties' true new logits
-        checked against it.
+        """A round of Gauss–Newton blocks (MLP parties), one message per party: the replies hold
+        the parties' true logits where the step their message carried landed, and the images
+        of their next directions there. The server judges that step (:meth:`judge`), records
+        the point the parties hold, and searches the next step (:meth:`search`) from the point
+        it kept: the new one, or, for a step not kept, the round's start, whose directions'
+        images it still holds (the next message names which, ``base``).
+
+        The cap's last round keeps its step unchecked: the parties take it on
+        ``train.newton_apply`` and the final scores are their logits. A round where the stop
+        rule ends training (an evaluated one) sends nothing more: the parties hold its model."""
+        kept = self.trial is None or self.judge(server_round)
+        if kept:
+            self.base_round, self.base_got = server_round, got
+            self.base_u_train, self.base_u_test = dict(self.u_train), dict(self.u_test)
+            self.base_sq_norms, self.lam_base = dict(self.sq_norms), self.lam
+        else:
+            self.u_train, self.u_test = dict(self.base_u_train), dict(self.base_u_test)
+            self.sq_norms, self.lam = dict(self.base_sq_norms), self.lam_base
+        ends_here = False
+        if kept and self.trial is not None and self.stops and self.converged(self.trial["f_before"], self.z("train")):
+            self.last_round = server_round if self.evaluates(server_round) else server_round + 1
+            self.log_stop(server_round)
+            ends_here = self.last_round == server_round
+        self.trial = None
+        if ends_here:
+            row = self.record(server_round)
+        elif server_round == self.last_round:
+            self.search(server_round)
+            self.trial = None
+            self.apply_last(server_round)
+            row = self.record(server_round)
+        else:
+            row = self.record(server_round)
+            self.search(server_round)
+        return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def search(self, server_round: int) -> None:
+        """The step from the kept point: the constrained search (core/newton.constrained_step,
+        whatever the constraint) on the linearised logits z + Σ_j α_j J_k d_j with a
+        Levenberg–Marquardt damping δ on the step's logits (core/newton.damping); the server's
+        view moves to the predicted logits, which the next message's z and ν are computed from
+        (the parties' true logits come with their replies), and :attr:`trial` holds what judges it.
 
         Every constraint takes the constrained search here, `deo` on two groups too: the dual
         Newton step between rounds measures the gaps' sensitivity on the linearised subspace,
         which a non-linear block's true step does not follow, and the gaps oscillated; the
-        search instead holds the linearised gaps within ε and the check below the true ones.
+        search instead holds the linearised gaps within ε and the judgment the true ones.
         The damping shrinks the step, not the constraint: the damped search still holds the
-        linearised gaps within its bound, where scaling its step lengths afterwards would not.
-
-        The step is kept when F at the round's λ fell by at least :data:`ACCEPT` of what the
-        linearisation predicted (the trust-region ratio); δ then shrinks after a step that
-        delivered most of it with gaps where the search put them, and grows after one that
-        delivered little or moved the gaps off by more than the stop rule's slack. Otherwise the
-        server returns to the round's start (its logits, ‖θ‖² and λ), grows δ, and the next
-        message tells each party to take its step back (α = −α_k on the same directions). The
-        last round keeps its step: the parties hold it and the final scores must be theirs."""
-        du, a, gram, sq_norm = self.subspace(got)
+        linearised gaps within its bound, where scaling its step lengths afterwards would not."""
+        du, a, gram, sq_norm = self.subspace(self.base_got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]
         lam_before = self.lam
@@ -257,47 +307,55 @@ class NewtonVFL(VFLServer):
         # is progress, though the gap was within ε already
         bound = self.aim if c.fairness else bound
         penalty = MERIT_PENALTY * float(np.max(self.lam, initial=0.0))
-        merit_before = self.merit(z, sq_norm, bound, penalty)
-        f_before = self.objective(z, sq_norm)
-        before = {name: dict(getattr(self, name)) for name in ("u_train", "u_test", "sq_norms")}
-        self.take(got, du, alpha)
-        merit_predicted = self.merit(self.z("train"), None, bound, penalty)
-        gaps_predicted = self.groups.gaps(y, self.z("train"))
-        self.apply_step(server_round, self.evaluates(server_round), final=False)
-        merit_after = self.merit(self.z("train"), None, bound, penalty)
+        trial = {"bound": bound, "penalty": penalty, "merit_before": self.merit(z, sq_norm, bound, penalty),
+                 "f_before": self.objective(z, sq_norm)}  # at the λ the search ends with
+        self.take(self.base_got, du, alpha)
+        trial.update(merit_predicted=self.merit(self.z("train"), None, bound, penalty),
+                     gaps_predicted=self.groups.gaps(y, self.z("train")))
+        self.trial = trial
+
+    def judge(self, server_round: int) -> bool:
+        """Whether the step of :attr:`trial` is kept, from the parties' true logits just folded.
+
+        It is kept when its merit at the search's λ fell by at least :data:`ACCEPT` of what the
+        linearisation predicted (the trust-region ratio); δ then shrinks after a step that
+        delivered most of it with gaps where the search put them, and grows after one that
+        delivered little or moved the gaps off by more than the stop rule's slack. Otherwise δ
+        grows, and the caller returns to the round's start (its logits, ‖θ‖² and λ): the
+        parties' next step starts there again, so taking a step back costs no message."""
+        t, c = self.trial, self.cfg
+        merit_after = self.merit(self.z("train"), None, t["bound"], t["penalty"])
+        merit_before = t["merit_before"]
         scale = 1.0 + abs(merit_before)
-        predicted, achieved = merit_before - merit_predicted, merit_before - merit_after
+        predicted, achieved = merit_before - t["merit_predicted"], merit_before - merit_after
         kept = (achieved >= ACCEPT * predicted if predicted > 1e-12 * scale else achieved >= -1e-12 * scale)
-        if kept or server_round == self.last_round:
-            gaps = self.groups.gaps(y, self.z("train"))
-            # how much further from 0 the true gaps ended than the linearised ones (a step that lands
-            # them nearer 0 than predicted asks for no margin)
-            error = float(max(np.max(np.abs(gaps) - np.abs(gaps_predicted)), 0.0))
-            self.gap_errors = [error, *self.gap_errors][:3]
-            self.gap_error = max(self.gap_errors)
-            if predicted > 1e-12 * scale and (achieved < GOOD * predicted or error > VIOLATION_SLACK):
-                self.damping = min(max(GROW * self.damping, DAMPING_FLOOR), DAMPING_MAX)
-            elif predicted > 1e-12 * scale and achieved >= 0.75 * predicted and error <= 0.5 * VIOLATION_SLACK:
-                self.damping = self.damping / GROW if self.damping > DAMPING_FLOOR else 0.0
-            for nid, al in self.computed_alpha.items():
-                self.moves_held[nid] = min(self.moves_held.get(nid, 0) + int(np.any(al != 0)), c.newton_moves)
-            self.alpha = {nid: np.zeros(len(al)) for nid, al in self.computed_alpha.items()}
-            if self.stops and self.converged(f_before, self.z("train")):
-                self.last_round = server_round if self.evaluates(server_round) else server_round + 1
-                self.log_stop(server_round)
-        else:
+        if not kept:
             grown = min(max(GROW * GROW * self.damping, DAMPING_FLOOR), DAMPING_MAX)
             log(INFO, "[round %d] Gauss-Newton step taken back: the merit would rise from %.6g to %.6g (the "
                 "linearised logits predicted %.6g); damping %.3g -> %.3g", server_round, merit_before, merit_after,
-                merit_predicted, self.damping, grown)
+                t["merit_predicted"], self.damping, grown)
             self.damping = grown
-            for name, value in before.items():
-                setattr(self, name, value)
-            self.lam = lam_before
-            self.alpha = {nid: -al for nid, al in self.computed_alpha.items()}
             self.stop.quiet_rounds = 0
-        row = self.record(server_round)
-        return None, MetricRecord({k: v for k, v in row.items() if isinstance(v, (int, float))})
+            return False
+        gaps = self.groups.gaps(self.labels.y_train, self.z("train"))
+        # how much further from 0 the true gaps ended than the linearised ones (a step that lands
+        # them nearer 0 than predicted asks for no margin)
+        error = float(max(np.max(np.abs(gaps) - np.abs(t["gaps_predicted"])), 0.0))
+        self.gap_errors = [error, *self.gap_errors][:3]
+        self.gap_error = max(self.gap_errors)
+        if predicted > 1e-12 * scale and (achieved < GOOD * predicted or error > VIOLATION_SLACK):
+            self.damping = min(max(GROW * self.damping, DAMPING_FLOOR), DAMPING_MAX)
+        elif predicted > 1e-12 * scale and achieved >= 0.75 * predicted and error <= 0.5 * VIOLATION_SLACK:
+            self.damping = self.damping / GROW if self.damping > DAMPING_FLOOR else 0.0
+        for nid in self.computed_alpha:
+            self.moves_held[nid] = self.moves_after(nid)
+        return True
+
+    def moves_after(self, nid: int) -> int:
+        """The moves party ``nid`` keeps at the point the step of :attr:`trial` lands on (a step of
+        zero adds none; the party counts the same way)."""
+        moved = self.trial is not None and bool(np.any(self.computed_alpha.get(nid, np.zeros(0)) != 0))
+        return min(self.moves_held.get(nid, 0) + int(moved), self.cfg.newton_moves)
 
     def merit(self, z: np.ndarray, sq_norm: float | None, bound: float, penalty: float) -> float:
         """What a non-linear round's step is judged by: the loss with the μ-term, plus
@@ -313,7 +371,7 @@ class NewtonVFL(VFLServer):
     def width_of(self, nid: int) -> int:
         """Directions in party ``nid``'s reply: its new one and its last moves."""
         if self.nonlinear:
-            return 1 + self.moves_held.get(nid, 0)
+            return 1 + self.moves_after(nid)
         return 1 + len(self.du_moves.get(nid, []))
 
     def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -348,18 +406,12 @@ class NewtonVFL(VFLServer):
                 self.u_test[nid] = got[nid]["test"] + got[nid]["test-dirs"] @ al
 
     def apply_last(self, server_round: int) -> None:
-        """The parties take the last round's step; their replies become the server's final logits."""
-        self.apply_step(server_round, True)
-        self.alpha = {}
-
-    def apply_step(self, server_round: int, evaluate: bool, final: bool = True) -> None:
-        """The parties take the step lengths ``self.alpha``; their replies (partial logits, test ones
-        when ``evaluate``) become the server's logits. ``final``: after the last round (no run
-        continues from it); else a round's own move, which the parties' stored round state holds."""
-        kind = msgs.NEWTON_APPLY if final else msgs.NEWTON_MOVE
+        """The parties take the last round's step; their replies (partial logits, train and test)
+        become the server's final logits."""
+        base = self.base_round if self.nonlinear else None
         messages = [
-            Message(msgs.newton_content(server_round, evaluate, self.alpha.get(nid, np.zeros(0)), self.wire_dtype),
-                    dst_node_id=nid, message_type=kind, group_id=f"{server_round}-apply")
+            Message(msgs.newton_content(server_round, True, self.alpha.get(nid, np.zeros(0)), self.wire_dtype, base),
+                    dst_node_id=nid, message_type=msgs.NEWTON_APPLY, group_id=f"{server_round}-apply")
             for nid in self.nodes
         ]
         timeout = self.cfg.round_timeout
@@ -367,6 +419,7 @@ class NewtonVFL(VFLServer):
         for reply in self.hooks.incoming(self.grid, server_round, self.exchange(self.grid, messages, timeout),
                                          timeout):
             self.fold(reply)
+        self.alpha = {}
 
     def computed(self) -> dict[int, dict[str, np.ndarray]]:
         """The step lengths α_k of the round just folded, per party (sent with its next message)."""
@@ -444,7 +497,7 @@ class SharedNewtonVFL(NewtonVFL):
     def width_of(self, nid: int) -> int:
         """Columns of each party's reply: the new direction plus the shared kept moves (the same for every party)."""
         if self.nonlinear:
-            return 1 + self.moves_held.get(nid, 0)
+            return 1 + self.moves_after(nid)
         return 1 + len(self.dz_moves)
 
     def subspace(self, got: dict[int, dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -499,19 +552,62 @@ def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
     return pending, moves
 
 
-def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarray],
-              applied: np.ndarray | None = None) -> None:
+def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarray]) -> None:
     arrays = {f"move-{i}": Array(np.ascontiguousarray(m)) for i, m in enumerate(moves)}
     if pending is not None:
         arrays["pending"] = Array(np.ascontiguousarray(pending))
-    if applied is not None:  # a non-linear party took these step lengths already (train.newton_apply)
-        arrays["applied"] = Array(np.ascontiguousarray(applied))
     rt.context.state.array_records[NEWTON_STATE] = ArrayRecord(arrays)
 
 
-def _applied(rt: PartyRuntime) -> np.ndarray | None:
+#: A Gauss–Newton party's points the server's next step lengths may start from: its last reply's
+#: (``latest``) and the one that reply's step started from (``kept``, where a step not kept
+#: returns to). Each is the round whose reply sent its directions' images, θ_k there, the
+#: directions and the moves.
+POINTS = ("latest", "kept")
+
+
+def _points(rt: PartyRuntime) -> dict[str, dict]:
     record = rt.context.state.array_records.get(NEWTON_STATE)
-    return record["applied"].numpy() if record is not None and "applied" in record else None
+    points = {}
+    for name in POINTS if record is not None else ():
+        if f"{name}-round" in record:
+            points[name] = {
+                "round": int(record[f"{name}-round"].numpy()[0]),
+                "theta": record[f"{name}-theta"].numpy(),
+                "dirs": record[f"{name}-dirs"].numpy(),
+                "moves": [record[f"{name}-move-{i}"].numpy() for i in range(rt.cfg.newton_moves)
+                          if f"{name}-move-{i}" in record],
+            }
+    return points
+
+
+def _keep_points(rt: PartyRuntime, points: dict[str, dict]) -> None:
+    arrays = {}
+    for name, point in points.items():
+        arrays[f"{name}-round"] = np.array([point["round"]], dtype=np.int64)
+        arrays[f"{name}-theta"], arrays[f"{name}-dirs"] = point["theta"], point["dirs"]
+        arrays.update({f"{name}-move-{i}": m for i, m in enumerate(point["moves"])})
+    rt.context.state.array_records[NEWTON_STATE] = ArrayRecord(
+        {k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def _base(rt: PartyRuntime, message: Message, points: dict[str, dict]) -> dict | None:
+    """The point the message's step lengths start from, as it names it (``base``: the round of its
+    directions; 0: none, before the first reply's)."""
+    payload = message.content.array_records.get(msgs.PAYLOAD)
+    value = payload["base"].numpy() if payload is not None and "base" in payload else None
+    if value is None or value.dtype != np.int64 or value.shape != (1,):
+        raise checks.ReplyError(f"{rt.who}: {message.metadata.message_type} needs 'base', one int64 (the round of "
+                                "the directions its step lengths apply to)")
+    base = int(value[0])
+    if base == 0:
+        return None
+    for point in points.values():
+        if point["round"] == base:
+            return point
+    held = sorted(p["round"] for p in points.values())
+    raise checks.ReplyError(f"{rt.who}: step lengths for the directions of round {base}, but this party holds those "
+                            f"of rounds {held} (was this node's state lost? restart the run)")
 
 
 def fit_images(directions: np.ndarray, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -592,27 +688,26 @@ def _direction(message: Message, context: Context, role: str) -> Message:
 
 
 def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Message:
-    """A non-linear party's round: settle last round's step (it took it on ``train.newton_apply``;
-    the α here is the server's correction, −α to take it back or 0 to keep it), then the
-    Gauss–Newton direction of its block and the images J_k d_j of it and of its last moves
-    at the current θ_k (the linearisation moves with θ_k, so the moves' images are sent anew)."""
+    """A non-linear party's round: the step its message carries, from the point it names (its
+    last reply's, or, for a step the server did not keep, the one before), then its true
+    partial logits there and the Gauss–Newton direction of its block with the images J_k d_j
+    of it and of its last moves (the linearisation moves with θ_k, so the moves' images are
+    sent anew). z and λ, or ν, are the server's at its predicted logits: it learns the true
+    ones from these replies. Both points stay until the next message names one."""
     data, n = rt.data, rt.n_train
-    pending, moves = _memory(rt)
-    applied = _applied(rt)
+    points = _points(rt)
+    base = _base(rt, message, points)
     groups = rt.constraint(message)
-    if role == msgs.ROLE_ACTIVE:
-        got = _alpha(rt, message, pending, z=n, lam=groups.num_multipliers)
-    else:
-        got = _alpha(rt, message, pending, nu=n)
+    sizes = {"z": n, "lam": groups.num_multipliers} if role == msgs.ROLE_ACTIVE else {"nu": n}
+    got = _alpha(rt, message, None if base is None else base["dirs"], **sizes)
     party = rt.party()
     gn = party.block.gauss_newton(np.asarray(data.X_train))  # an MLP's TorchBlock: torch only here
+    moves = []
+    if base is not None:
+        step = base["dirs"] @ got["alpha"]
+        gn.set_flat(base["theta"] + step)
+        moves = [step, *base["moves"]][:rt.cfg.newton_moves] if np.any(got["alpha"] != 0) else base["moves"]
     theta = gn.flat()
-    if pending is not None:
-        theta = theta + pending @ got["alpha"]
-        total = (np.zeros(pending.shape[1]) if applied is None else applied) + got["alpha"]
-        if np.any(total != 0):  # a step taken back leaves no move (the server counts the same way)
-            moves = [pending @ total, *moves][:rt.cfg.newton_moves]
-        gn.set_flat(theta)
     if role == msgs.ROLE_ACTIVE:
         nu = groups.masked_weights(data.y, got["z"], got["lam"])
         h = curvature(groups, data.y, got["z"], got["lam"])
@@ -622,10 +717,15 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     s = gn.direction(nu, h, party.mu)
     D = np.column_stack([s, *moves])
     D, images = fit_images(D, gn.images(D))
-    arrays = {"dir": images.astype(rt.cfg.wire_dtype), "a": theta @ D, "gram": D.T @ D}
+    dtype = rt.cfg.wire_dtype
+    arrays = {"dir": images.astype(dtype), "a": theta @ D, "gram": D.T @ D}
+    logits = {"train": party.logits("train").astype(dtype)}
+    if round_of(message)[1]:
+        logits["test"] = party.logits("test").astype(dtype)
     rt.save(party)
-    _remember(rt, D, moves)
-    return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)
+    latest = {"round": round_of(message)[0], "theta": theta, "dirs": D, "moves": moves}
+    _keep_points(rt, {"latest": latest} if base is None else {"latest": latest, "kept": base})
+    return Message(msgs.directions_reply(arrays, float(theta @ theta), 1, logits), reply_to=message)
 
 
 def train_active(message: Message, context: Context) -> Message:
@@ -641,17 +741,18 @@ def train_passive(message: Message, context: Context) -> Message:
 def apply(message: Message, context: Context) -> Message:
     """After the last round: take its step and reply the final partial logits."""
     rt = PartyRuntime(context)
+    if rt.cfg.model != "linear":  # from the point the message names; the points stay, so taking it twice is once
+        base = _base(rt, message, _points(rt))
+        got = _alpha(rt, message, None if base is None else base["dirs"])
+        party = rt.party()
+        if base is not None:
+            gn = party.block.gauss_newton(np.asarray(rt.data.X_train))
+            gn.set_flat(base["theta"] + base["dirs"] @ got["alpha"])
+            rt.save(party)
+        return rt.reply(message, party, steps=0)
     pending, moves = _memory(rt)
     got = _alpha(rt, message, pending)
     party = rt.party()
-    if rt.cfg.model != "linear":  # every round: the step now, its move kept once the server keeps it
-        if pending is not None:
-            applied = _applied(rt)
-            gn = party.block.gauss_newton(np.asarray(rt.data.X_train))
-            gn.set_flat(gn.flat() + pending @ (got["alpha"] - (0.0 if applied is None else applied)))
-            rt.save(party)
-            _remember(rt, pending, moves, got["alpha"])
-        return rt.reply(message, party, steps=0)
     theta, moves = _take_step(rt, message, pending, got["alpha"], _params(party.block), moves)
     _set_params(party.block, theta)
     rt.save(party)
@@ -659,19 +760,18 @@ def apply(message: Message, context: Context) -> Message:
     return rt.reply(message, party, steps=0)
 
 
-#: What a Newton party keeps between rounds: θ and its directions and last moves (a restarted
-#: party continues from them).
+#: What a Newton party keeps between rounds: θ and its directions and last moves (Gauss–Newton
+#: blocks: both points a step may start from), so a restarted party continues from them.
 KEEPS = (MODEL_STATE, NEWTON_STATE)
 #: The Newton party handlers (routed on the ClientApp as :data:`NEWTON` is registered). Their kinds
 #: are round and final, not step: a re-sent message is answered with the kept reply, never by
 #: applying α twice. ``train.newton_apply`` follows the last round only (its state is no run's
-#: to continue from); Gauss-Newton blocks' every-round ``train.newton_move`` is a round's.
+#: to continue from).
 HANDLERS = handlers({
     msgs.NEWTON_INIT: Handles(msgs.Kind.START, init, keeps=KEEPS),
     msgs.NEWTON_ACTIVE: Handles(msgs.Kind.ROUND, train_active, keeps=KEEPS),
     msgs.NEWTON_PASSIVE: Handles(msgs.Kind.ROUND, train_passive, keeps=KEEPS),
     msgs.NEWTON_APPLY: Handles(msgs.Kind.FINAL, apply, keeps=KEEPS),
-    msgs.NEWTON_MOVE: Handles(msgs.Kind.ROUND, apply, keeps=KEEPS),
 })
 
 

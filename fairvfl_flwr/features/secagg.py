@@ -167,15 +167,16 @@ class SecureAggregation(RoundHook):
         return sums
 
 
-def _label(name: str, key: str) -> str:
+def _label(name: str, key: str, with_directions: bool = False) -> str:
     if name == msgs.LOGITS:
-        return key
+        # a Gauss-Newton round's logits: the last round's apply masks its logits in the same round
+        return f"round-{key}" if with_directions else key
     return "dir" if key == "dir" else f"dir-{key}"
 
 
 def mask_mod(message: Message, context: Context, call_next) -> Message:
     """ClientApp mod (outermost): check the message against the round's view
-    (secure/view.py) before anything acts on it, then mask the logits or Newton
+    (secure/view.py) before anything acts on it, then mask the logits and Newton
     directions of every reply that carries them, and its ‖θ_k‖², under pair keys bound to
     that view. New records replace the reply's: the guard may hold the plain ones to answer
     a re-sent message, which is then masked again to the same words."""
@@ -213,13 +214,14 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
 
 def _mask_reply(message: Message, context: Context, reply: Message, head: bytes | None,
                 runtime: Callable[[], PartyRuntime], raw: dict[int, bytes] | None = None) -> Message:
-    """The reply with its logits or directions masked (pair keys bound to the history ``head``), and
+    """The reply with its logits and directions masked (pair keys bound to the history ``head``), and
     this party's confirmations of that head; unchanged if it carries neither or masking is off.
     ``runtime`` and ``raw`` (the pair keys) are the caller's, read once for the message."""
     if reply.has_error():
         return reply
-    name = next((n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in reply.content.array_records), None)
-    if name is None:
+    # a Gauss-Newton block's round reply carries both: the logits after its step and its next directions
+    names = [n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in reply.content.array_records]
+    if not names:
         return reply
     rt = runtime()
     if not rt.cfg.masked:
@@ -233,28 +235,32 @@ def _mask_reply(message: Message, context: Context, reply: Message, head: bytes 
     own, mtype = rt.spec.partition_id, message.metadata.message_type
     server_round = mask_round(message)
     nonces = Nonces(context, rt.who, mtype, server_round)
-    masked_record = {}
-    for key, array in reply.content.array_records[name].items():
-        label, values = _label(name, key), array.numpy()
-        if mtype == msgs.SCORE:
-            if key != "logits":  # the chunk's ids: the rows the server asked for
-                masked_record[key] = values
-                continue
-            label = "score"
-        nonces.claim(label, values)
-        if name == msgs.DIRECTIONS and key in ring.WIDE_KEYS:
-            masked_record[key] = ring.masked_wide(values, own, keys, server_round, label, k, rt.who, f"Newton '{key}'")
-        else:
-            what = "partial logit" if name == msgs.LOGITS else f"Newton '{key}' value"
-            masked_record[key] = ring.masked(values.reshape(-1), own, keys, server_round, label, k, rt.who, what)
+    masked_records = {}
+    for name in names:
+        masked_record = masked_records[name] = {}
+        for key, array in reply.content.array_records[name].items():
+            label, values = _label(name, key, msgs.DIRECTIONS in names), array.numpy()
+            if mtype == msgs.SCORE:
+                if key != "logits":  # the chunk's ids: the rows the server asked for
+                    masked_record[key] = values
+                    continue
+                label = "score"
+            nonces.claim(label, values)
+            if name == msgs.DIRECTIONS and key in ring.WIDE_KEYS:
+                masked_record[key] = ring.masked_wide(values, own, keys, server_round, label, k, rt.who,
+                                                      f"Newton '{key}'")
+            else:
+                what = "partial logit" if name == msgs.LOGITS else f"Newton '{key}' value"
+                masked_record[key] = ring.masked(values.reshape(-1), own, keys, server_round, label, k, rt.who, what)
     stats = reply.content.metric_records.get(msgs.STATS)
     if stats is not None:
-        label = "dir-sq-norm" if name == msgs.DIRECTIONS else "sq-norm"
+        label = "dir-sq-norm" if msgs.DIRECTIONS in names else "sq-norm"
         nonces.claim(label, np.array([stats["sq-norm"]]))
         words = ring.masked_wide(np.array([stats["sq-norm"]]), own, keys, server_round, label, k, rt.who, "‖θ_k‖²")
         reply.content.config_records[SQ_NORM] = ConfigRecord({"sq-norm": words.astype("<u8").tobytes()})
         reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
-    reply.content.array_records[name] = msgs.array_record(**masked_record)
+    for name, masked_record in masked_records.items():
+        reply.content.array_records[name] = msgs.array_record(**masked_record)
     reply.content.config_records[view.CONFIRM] = view.confirmations(head, own, raw)
     return reply

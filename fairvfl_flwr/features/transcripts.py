@@ -25,6 +25,9 @@ holds the applied logits ``u-<pid>`` (and ``u-test-<pid>``) of ``train.newton_ap
 holds what it received, ``alpha`` (its step lengths of the round before) with ``nu`` or
 ``z`` and ``lam``, and ``own-dir`` (its own X_k s_k). The step lengths of the last round
 (``train.newton_apply``) are added to that round's file as ``alpha-last``, with ``own-u``.
+Gauss–Newton blocks (MLP parties) reply their logits with their directions every round, so
+``u-<pid>`` and ``own-u`` are in every round's files, and a party's also hold ``base`` (and
+``base-last``): the round of the directions its step lengths apply to.
 
 Every file also holds ``round``. Rounds 0..``privacy.record-first`` are recorded, then
 every ``privacy.record-every``-th round with the rounds just before and after it.
@@ -159,11 +162,10 @@ class ServerTranscript(RoundHook):
 RECORDED: dict[str, dict[str, str]] = {
     msgs.TRAIN_PASSIVE: {"nu": "nu"},
     msgs.TRAIN_ACTIVE: {"z": "z", "lam": "lam"},
-    msgs.NEWTON_ACTIVE: {"z": "z", "lam": "lam", "alpha": "alpha"},
+    msgs.NEWTON_ACTIVE: {"z": "z", "lam": "lam", "alpha": "alpha", "base": "base"},
     # encrypted ν: ν is absent from the second leg (its first leg recorded the ciphertext)
-    msgs.NEWTON_PASSIVE: {"nu": "nu", "alpha": "alpha"},
-    msgs.NEWTON_APPLY: {"alpha": "alpha-last"},
-    msgs.NEWTON_MOVE: {"alpha": "alpha-last"},
+    msgs.NEWTON_PASSIVE: {"nu": "nu", "alpha": "alpha", "base": "base"},
+    msgs.NEWTON_APPLY: {"alpha": "alpha-last", "base": "base-last"},
 }
 
 
@@ -197,8 +199,8 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     directions = reply.content.array_records.get(msgs.DIRECTIONS)
     if directions is not None:
         arrays["own-dir"] = directions["dir"].numpy()
-    # CKKS second leg: keep the first leg's ν; a Newton apply or move: keep what the round's first message left
-    merge = msgs.second_leg(mtype, payload) or mtype in (msgs.NEWTON_APPLY, msgs.NEWTON_MOVE)
+    # CKKS second leg: keep the first leg's ν; a Newton apply: keep what the round's first message left
+    merge = msgs.second_leg(mtype, payload) or mtype == msgs.NEWTON_APPLY
     for folder in folders if arrays else ():
         path = role_dir(folder, rt.data.partition_id) / f"r{server_round:06d}.npz"
         kept = {}

@@ -24,7 +24,10 @@ train.newton_apply    α_k, round config            partial logits u_k (train, t
 ==================== ============================ ========================================
 
 ``train.newton_apply`` follows the last round only: the parties take their last step, so
-the server's final scores and the saved blocks are the same model.
+the server's final scores and the saved blocks are the same model. Gauss–Newton blocks (MLP
+parties) send the same messages: each round's also names the round whose directions its α_k
+applies to (``base``), and the reply holds the party's partial logits after that step beside
+the images of its next directions.
 
 Saving the model adds ``query.save`` (the reply holds digests, never θ_k) and the scoring
 job (``mode = "score"``) ``query.scoreinfo`` / ``query.score`` (partial logits of a chunk of
@@ -109,9 +112,6 @@ NEWTON_ACTIVE = "train.newton_active"
 NEWTON_PASSIVE = "train.newton_passive"
 # after the last round: apply the last step lengths, reply the logits
 NEWTON_APPLY = "train.newton_apply"
-# Gauss-Newton blocks (MLP parties): every round's step lengths, applied within the round; the
-# round's state is after it, so a rejoin or resume continues from there
-NEWTON_MOVE = "train.newton_move"
 # after the last round: each party saves its block on its own disk, replies its digest
 SAVE = declare("query.save", Kind.QUERY)
 # scoring job: which block and how many rows to score (digests only)
@@ -174,18 +174,28 @@ def passive_content(nu: np.ndarray, server_round: int, evaluate: bool, dtype) ->
     return RecordDict({PAYLOAD: array_record(nu=nu.astype(dtype)), ROUND: round_config(server_round, evaluate)})
 
 
-def newton_content(server_round: int, evaluate: bool, alpha: np.ndarray, dtype, **arrays: np.ndarray) -> RecordDict:
-    """A Newton round's message: α_k (float64: a handful of step lengths) and z, λ or ν."""
+def newton_content(server_round: int, evaluate: bool, alpha: np.ndarray, dtype, base: int | None = None,
+                   **arrays: np.ndarray) -> RecordDict:
+    """A Newton round's message: α_k (float64: a handful of step lengths) and z, λ or ν.
+    ``base``: Gauss–Newton blocks only, the round whose directions α_k applies to (0: none)."""
     payload = {k: (v.astype(np.float64) if k == "lam" else v.astype(dtype)) for k, v in arrays.items()}
+    if base is not None:
+        payload["base"] = np.array([base], dtype=np.int64)
     return RecordDict({PAYLOAD: array_record(alpha=np.asarray(alpha, dtype=np.float64), **payload),
                        ROUND: round_config(server_round, evaluate)})
 
 
-def directions_reply(arrays: dict[str, np.ndarray], sq_norm: float, steps: int) -> RecordDict:
+def directions_reply(arrays: dict[str, np.ndarray], sq_norm: float, steps: int,
+                     logits: dict[str, np.ndarray] | None = None) -> RecordDict:
     """A party's Newton reply: its new direction's logits, θ_kᵀD and DᵀD for the server's search
-    (D: the direction and its kept moves), ‖θ_k‖² and the steps it took."""
-    return RecordDict({DIRECTIONS: array_record(**arrays),
-                       STATS: MetricRecord({"sq-norm": float(sq_norm), "steps": int(steps)})})
+    (D: the direction and its kept moves), ‖θ_k‖² and the steps it took. ``logits``: a
+    Gauss–Newton block's partial logits after the round's step (``train``, and ``test`` on
+    evaluation rounds), as a logits reply holds them."""
+    content = RecordDict({DIRECTIONS: array_record(**arrays),
+                          STATS: MetricRecord({"sq-norm": float(sq_norm), "steps": int(steps)})})
+    if logits is not None:
+        content.array_records[LOGITS] = array_record(**logits)
+    return content
 
 
 def init_content(evaluate: bool) -> RecordDict:

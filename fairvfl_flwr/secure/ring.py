@@ -41,9 +41,10 @@ WIDE_FRACTION_BITS = 64
 WIDE_LIMIT = 2.0 ** (127 - WIDE_FRACTION_BITS)  # the 128-bit ring's signed range, in value units
 _WIDE_MOD = 1 << 128
 #: Nonce label of every vector a party masks; one round's reply never uses a label twice,
-#: and the Newton directions reply and the apply reply after it (same round) use distinct ones.
+#: and the Newton directions reply and the apply reply after it (same round) use distinct ones
+#: (a Gauss–Newton round's reply also holds the logits after its step: ``round-train``, ``round-test``).
 SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "dir-a": 5, "dir-gram": 6,
-          "dir-sq-norm": 7, "sq-norm": 8, "score": 9}
+          "dir-sq-norm": 7, "sq-norm": 8, "score": 9, "round-train": 10, "round-test": 11}
 #: Keys of a Newton directions reply summed in the 128-bit ring (float64, unbounded scale).
 WIDE_KEYS = ("a", "gram")
 
