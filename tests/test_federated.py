@@ -32,9 +32,9 @@ def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir, run_
         build_model(model, len(c), bias=k == 0 or model == "mlp", seed=3 * 1000 + k) for k, c in enumerate(cols)
     ]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = from_labels(ds.y_train, ds.s_train, ds.protected_label)
+    constraint = from_labels(ds.y_train, ds.s_train, ds.protected_label)
     ref = CentralisedGDA(
-        models, blocks, ds.y_train.astype(float), groups,
+        models, blocks, ds.y_train.astype(float), constraint,
         epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0,
     )
     for _ in range(rounds):

@@ -325,7 +325,7 @@ def test_own_tables_with_a_registry_align_by_psi_and_train(registry_tables, tmp_
     assert summary["groups_released"] and set(summary["groups"]) == {"Female", "Male"}
     assert summary["train_max_gap"] <= settings.epsilon + 1e-3
     data = [PartyRuntime(grid.contexts[nid]).data for nid in grid.node_ids]
-    assert data[0].groups is None and data[0].y is not None  # the label owner: labels, no groups
+    assert data[0].constraint is None and data[0].y is not None  # the label owner: labels, no groups
     assert data[3].held is not None and data[3].held.names == ("Female", "Male")
     assert len(data[3].held.train) == data[3].X_train.shape[0] == data[0].X_train.shape[0]
     assert data[3].X_train.shape[1] > 0  # its features: hours-per-week and native-country, never sex

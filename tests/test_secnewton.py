@@ -85,13 +85,13 @@ def test_one_party_under_secure_aggregation_is_centralised_newton(tmp_path):
     cfg = RunConfig.from_flower(rc)
     ds = load_data(cfg)
     (cols,) = party_columns(cfg, ds)
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
-    ref = CentralisedNewton(ds.X_train[:, cols], ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+    constraint = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    ref = CentralisedNewton(ds.X_train[:, cols], ds.y_train, constraint, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
                             mu=cfg.mu_value(len(ds.y_train)), memory=SHARED_MEMORY)
     for t in range(1, cfg.num_server_rounds + 1):
         ref.round()
         np.testing.assert_allclose(history[t]["lambdas"], ref.lam, rtol=0, atol=1e-9)
-        assert history[t]["deo"] == pytest.approx(abs(groups.gaps(ds.y_train, ref.z())[0]), abs=1e-9)
+        assert history[t]["deo"] == pytest.approx(abs(constraint.gaps(ds.y_train, ref.z())[0]), abs=1e-9)
     with np.load(folder / "parties" / "partition-0" / "block.npz") as f:
         np.testing.assert_allclose(np.append(f["weight"], f["bias"]), ref.theta, rtol=0, atol=1e-9)
 

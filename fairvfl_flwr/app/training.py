@@ -51,7 +51,7 @@ def _label_dp(s: RunSetup) -> LabelDP | None:
     c = s.cfg
     if c.label_dp_epsilon <= 0:
         return None
-    return LabelDP(s.labels.groups_for(c.constraint, c.measure), epsilon=c.label_dp_epsilon, delta=c.label_dp_delta,
+    return LabelDP(s.labels.constraint_for(c.constraint, c.measure), epsilon=c.label_dp_epsilon, delta=c.label_dp_delta,
                    rounds=c.num_server_rounds, lambda_bound=c.label_dp_lambda_bound, min_group=c.label_dp_min_group,
                    fairness=c.fairness)
 

@@ -68,7 +68,7 @@ class PartyData:
     X_test: np.ndarray
     ids_digest: str
     y: np.ndarray | None = None
-    groups: ConstraintSet | None = None
+    constraint: ConstraintSet | None = None
     held: HeldGroups | None = None
 
 
@@ -86,10 +86,10 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
     )
     if ds.role == msgs.ROLE_ACTIVE:
         # a registry run's label owner holds no groups: the server sends its rows' weights
-        groups = None if ds.s_train is None else constraint_groups(
+        constraint = None if ds.s_train is None else constraint_groups(
             cfg, ds.y_train, ds.s_train, ds.protected_label,
             whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
-        return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
+        return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), constraint=constraint, **common)
     if ds.role == ROLE_REGISTRY:
         held = HeldGroups(ds.s_train, ds.s_test, ds.group_names)
         return PartyData(role=msgs.ROLE_PASSIVE, held=held, **common)
@@ -160,8 +160,8 @@ class PartyRuntime:
         """The constraint an active party's steps take: its own groups', or where it holds none (a
         registry holds them) the rows' weights the server sent with ``message`` (checked: one
         finite value per training row). None for a passive party."""
-        if self.data.groups is not None or self.data.role != msgs.ROLE_ACTIVE:
-            return self.data.groups
+        if self.data.constraint is not None or self.data.role != msgs.ROLE_ACTIVE:
+            return self.data.constraint
         w = checks.check_payload(message.content, self.who, {"weights": (self.n_train, False)})["weights"]
         lam = message.content.array_records[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
         return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(lam.numpy().size))
@@ -185,7 +185,7 @@ class PartyRuntime:
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
             return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y,
-                               groups=constraint if constraint is not None else data.groups)
+                               constraint=constraint if constraint is not None else data.constraint)
         return Party(block, data.X_train, data.X_test, cfg.lr, mu)
 
     def save(self, party: Party) -> None:
