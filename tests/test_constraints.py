@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.core.constraints import CONSTRAINTS, MEASURES, from_labels
 from fairvfl_flwr.core.models import build_model
@@ -185,14 +186,14 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_di
                 assert set(payload) == {"z", "lam"} and list(payload["lam"].shape) == [4]
                 assert list(payload["z"].shape) == [rows]
             continue
-        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, msgs.SAVE)
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, saving.SAVE)
         assert not m.content.metric_records
         if m.metadata.message_type == msgs.TRAIN_PASSIVE:
             assert set(m.content.array_records) == {msgs.PAYLOAD}
             assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
             assert list(m.content.array_records[msgs.PAYLOAD]["nu"].shape) == [rows]
         for record in m.content.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == saving.SAVE
                                    else {"round", "evaluate"})
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.config import ConfigError, RunConfig
 
 
@@ -91,11 +92,11 @@ def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
     passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= 1}
     passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
     types = {m.metadata.message_type for m in passive}
-    assert types == {msgs.INFO, msgs.INIT, secure.TRAIN_PASSIVE_ENC, secure.TRAIN_PASSIVE_UNMASK, msgs.SAVE}
+    assert types == {msgs.INFO, msgs.INIT, secure.TRAIN_PASSIVE_ENC, secure.TRAIN_PASSIVE_UNMASK, saving.SAVE}
     for m in passive:
         assert not m.content.metric_records
         for record in m.content.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == saving.SAVE
                                    else {"round", "evaluate"})
         for name, record in m.content.array_records.items():
             for key, array in record.items():
@@ -158,7 +159,7 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_a
     passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= cfg.num_active}
     passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
     assert {secure_type for secure_type in (m.metadata.message_type for m in passive)} == {
-        msgs.INFO, msgs.NEWTON_INIT, msgs.TRAIN_PASSIVE_ENC, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY, msgs.SAVE}
+        msgs.INFO, msgs.NEWTON_INIT, msgs.TRAIN_PASSIVE_ENC, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY, saving.SAVE}
     for m in passive:
         for name, record in m.content.array_records.items():
             for key, array in record.items():

@@ -23,6 +23,7 @@ from fairvfl_flwr.data.preflight import check_party
 from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table
 from fairvfl_flwr.features.final_logits import load_scores
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import group_release
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import PartyRuntime
 from fairvfl_flwr.tools import owntables
@@ -66,7 +67,7 @@ def _registry(tmp_path, eps_s=2.0, **node) -> tuple[InProcessGrid, int]:
 def _ask(registry, eps_s=2.0, mechanism="randomized-response") -> Message:
     grid, node_id = registry
     request = ConfigRecord({"mechanism": mechanism, "epsilon-s": eps_s})
-    message = Message(RecordDict({"release": request}), dst_node_id=node_id, message_type=msgs.GROUPS_RELEASE,
+    message = Message(RecordDict({"release": request}), dst_node_id=node_id, message_type=group_release.GROUPS_RELEASE,
                       group_id="groups")
     (reply,) = grid.send_and_receive([message])
     return reply

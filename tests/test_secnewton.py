@@ -23,6 +23,8 @@ from fairvfl_flwr.features import secagg
 from fairvfl_flwr.secure import ring, view
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
+from fairvfl_flwr.secure import agreement
 from fairvfl_flwr.flower.errors import PartyUnavailable
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
@@ -134,7 +136,7 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
     types = {t for t, *_ in grid.received}
     assert {msgs.NEWTON_INIT, msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY} <= types
     for mtype, group, src, arrays, metrics, configs in grid.received:
-        if mtype in (msgs.INFO, msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.SAVE):
+        if mtype in (msgs.INFO, agreement.SAKEYS, agreement.SAPEERS, saving.SAVE):
             continue  # role and row counts, a public key, digests
         assert set(arrays) in ({msgs.LOGITS}, {msgs.DIRECTIONS}), (mtype, arrays)
         assert len(configs[secagg.SQ_NORM]["sq-norm"]) == 16  # ‖θ_k‖²: one masked 128-bit word

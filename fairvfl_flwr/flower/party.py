@@ -255,8 +255,6 @@ def info(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=message)
 
 
-#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job (jobs/training.py).
-HANDLERS = {msgs.INFO: info}
 
 
 # Records of a node's state that carry a run from one round to the next (θ, a step's own
@@ -280,27 +278,35 @@ def round_state() -> dict[str, bool]:
 @dataclass(frozen=True)
 class Handles:
     """A party's handler of one message type, declared with what the type is (its kind,
-    flower/protocol.Kind: what the guard, the state store, transcripts and delays do with it)
+    flower/protocol.Kind: what the guard, the state store, transcripts and delays do with it;
+    ``in_view``: whether secure aggregation binds it to the round's view, flower/protocol.declare)
     and the records of the node's state it keeps from one round to the next (a party that
-    restarts restores them, flower/store.py)."""
+    restarts restores them, flower/store.py; ``merges``: kept records that only grow, whose
+    restore adds to the node's lists instead of replacing them)."""
 
     kind: msgs.Kind
     run: Callable[[Message, Context], Message]
     keeps: tuple[str, ...] = ()
+    merges: tuple[str, ...] = ()
+    in_view: bool = True
 
 
 def handlers(declared: Mapping[str, Handles]) -> dict[str, Callable[[Message, Context], Message]]:
     """The handlers of ``declared`` by message type, each type's kind and kept records declared
-    (where the handlers' module is imported: a simulation worker that runs them declares them too)."""
+    (where the handlers' module is imported: a simulation worker that runs them declares them too).
+    Every algorithm and job declares its handlers so."""
     for message_type, handles in declared.items():
-        msgs.declare(message_type, handles.kind)
+        msgs.declare(message_type, handles.kind, in_view=handles.in_view)
         for name in handles.keeps:
             mark_round_state(name)
+        for name in handles.merges:
+            mark_round_state(name, merge=True)
     return {message_type: handles.run for message_type, handles in declared.items()}
 
 
-for _name in (MODEL_STATE, ALIGNED_STATE):
-    mark_round_state(_name)
+#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job
+#: (jobs/training.py). It carries the secure-aggregation set-up's first leg, outside any view.
+HANDLERS = handlers({msgs.INFO: Handles(msgs.Kind.SETUP, info, in_view=False)})
 
 
 # Records that describe the last message a party answered (the guard's copy of its reply):

@@ -42,12 +42,16 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.core.constraints import constrained_codes
 
 SAVE_RECORD = "save"
 SAVED_RECORD = "saved"
 BOOTSTRAP_REPLICATES = 1000
+
+#: After the last round (and at a checkpoint): each party saves its block on its own disk and
+#: replies its digests, never θ; outside secure aggregation's views (digests only).
+SAVE = "query.save"
 
 
 def positive_label(cfg) -> str:
@@ -170,7 +174,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         Message(RecordDict({SAVE_RECORD: ConfigRecord({"run-id": run_id, "run-folder": str(folder),
                                                        "round": server_round,
                                                        "checkpoint": checkpoint is not None})}),
-                dst_node_id=nid, message_type=msgs.SAVE,
+                dst_node_id=nid, message_type=SAVE,
                 group_id="save" if checkpoint is None else f"save-checkpoint-{checkpoint}")
         for nid in server.nodes
     ]
@@ -178,7 +182,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
     for reply in server.exchange(grid, messages, timeout):
         who = server.who(reply.metadata.src_node_id)
         if reply.content.array_records or SAVED_RECORD not in reply.content.config_records:
-            raise FederationError(f"{who}: its {msgs.SAVE} reply must hold only digests, never arrays; refused")
+            raise FederationError(f"{who}: its {SAVE} reply must hold only digests, never arrays; refused")
         r = reply.content.config_records[SAVED_RECORD]
         if str(r["run-id"]) != run_id:
             raise FederationError(f"{who} saved a block of run {r['run-id']}, this run is {run_id}")
@@ -377,4 +381,4 @@ def save(message: Message, context: Context) -> Message:
 
 
 #: Saving the model (after a training run and at its checkpoints).
-JOB = Job("saving", {msgs.SAVE: save})
+JOB = Job("saving", handlers({SAVE: Handles(msgs.Kind.QUERY, save, in_view=False)}))
