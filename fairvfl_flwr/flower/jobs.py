@@ -15,7 +15,7 @@ registry:
   algorithm's handler, also for one registered after the app was built (a plug-in, a test);
 * the ServerApp's dispatch (:func:`run`): the job whose modes hold the run config's
   ``mode``;
-* the run config's ``mode`` choices (``config/run.MODES``).
+* the run config's ``mode`` choices (``config/run.MODES`` reads them from here).
 
 A job without modes (alignment, key agreement, saving) runs inside another job.
 """
@@ -128,7 +128,6 @@ def register(*jobs: Job) -> None:
         _JOBS[job.name] = job
         _BY_TYPE.update(dict.fromkeys(job.handlers, job))
         _BY_MODE.update(dict.fromkeys(job.modes, job))
-        MODES.add(*job.modes)
     for app, routed in _APPS:
         _route_on(app, routed)
 
@@ -143,7 +142,6 @@ def unregister(*names: str) -> None:
             _BY_TYPE.pop(message_type)
         for mode in job.modes:
             _BY_MODE.pop(mode)
-        MODES.remove(*job.modes)
 
 
 def registered() -> tuple[Job, ...]:
@@ -197,3 +195,4 @@ def run(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = No
 
 
 algorithms.subscribe(_algorithm_changed)  # every algorithm's handlers, registered before this module or after
+MODES.read_from(lambda: tuple(_BY_MODE))  # the run config's mode choices are the registered jobs' modes
