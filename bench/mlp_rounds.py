@@ -71,7 +71,7 @@ class HardGaps:
         def recording(server, server_round, extra=None):
             row = record(server, server_round, extra)
             if server.stop.target is not None and server.held_rows is None:
-                hard = server.groups.gaps(server.labels.y_train, server.z("train"), hard=True)
+                hard = server.constraint.gaps(server.labels.y_train, server.z("train"), hard=True)
                 self.rounds.append({"round": server_round, "max_gap": float(np.max(np.abs(hard)))})
             return row
 

@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)
     cfg = RunConfig()  # the defaults: Adult, K = 6, Q = 5, η = 100
-    ds, blocks, groups = party_problem(cfg)
+    ds, blocks, constraint = party_problem(cfg)
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr)
     rows = []
@@ -63,10 +63,10 @@ def main(argv=None) -> dict:
         rows.append({"mode": label, "ms_per_round": ms, "rounds": rounds, "note": note})
         print(f"{label}: {ms:.1f} ms/round", flush=True)
 
-    floor = NumpyFloor(blocks, ds.y_train, groups, Q=cfg.local_steps, **kw)
+    floor = NumpyFloor(blocks, ds.y_train, constraint, Q=cfg.local_steps, **kw)
     timed("numpy floor", floor.round, args.rounds, "same math, one process")
     models = [build_model("linear", b.shape[1], bias=k == 0, seed=k) for k, b in enumerate(blocks)]
-    ref = CentralisedGDA(models, [torch.from_numpy(b) for b in blocks], ds.y_train.astype(float), groups, **kw)
+    ref = CentralisedGDA(models, [torch.from_numpy(b) for b in blocks], ds.y_train.astype(float), constraint, **kw)
     timed("torch centralised GDA (Q=1)", ref.round, args.rounds, "reference.py, autograd")
 
     with tempfile.TemporaryDirectory() as tmp:

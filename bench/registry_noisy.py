@@ -55,8 +55,8 @@ def true_gaps(cfg: RunConfig, z_train, z_test) -> tuple[float, float, float]:
     whole = whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test)
     out = []
     for y, s, z in ((ds.y_train, ds.s_train, z_train), (ds.y_test, ds.s_test, z_test)):
-        groups: ConstraintSet = constraint_groups(cfg, y, s, ds.protected_label, whole=whole)
-        out.append(float(abs(groups.gaps(y, z)).max()))
+        constraint: ConstraintSet = constraint_groups(cfg, y, s, ds.protected_label, whole=whole)
+        out.append(float(abs(constraint.gaps(y, z)).max()))
     test = constraint_groups(cfg.replace(constraint_measure="rate", constraint="demographic-parity"
                                          if HARD[cfg.constraint] == "dp" else "equalized-odds"),
                              ds.y_test, ds.s_test, ds.protected_label, whole=whole)

@@ -100,36 +100,36 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
 
     t = time.perf_counter()
     cfg = RunConfig.from_flower(overrides)
-    ds, blocks, groups = party_problem(cfg)
+    ds, blocks, constraint = party_problem(cfg)
     test_blocks = [ds.X_test[:, c] for c in party_columns(cfg, ds)]
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps,
               active=cfg.num_active, fairness=cfg.fairness)
     if cfg.model == "mlp":
-        return _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, t)
+        return _run_party_floor(cfg, ds, blocks, test_blocks, constraint, optimizer, kw, t)
     if optimizer == "newton":
-        fl = NewtonFloor(blocks, ds.y_train, groups, curvature=curvature, memory=memory, **kw)
+        fl = NewtonFloor(blocks, ds.y_train, constraint, curvature=curvature, memory=memory, **kw)
     else:
-        fl = NumpyFloor(blocks, ds.y_train, groups, **kw)
-    history = _floor_history(fl, cfg, ds, groups,
+        fl = NumpyFloor(blocks, ds.y_train, constraint, **kw)
+    history = _floor_history(fl, cfg, ds, constraint,
                              lambda: np.sum([fl._u(k, x) for k, x in enumerate(test_blocks)], axis=0))
     reg = sum(float(th @ th) for th in fl.theta) + sum(b * b for b in fl.bias if b is not None)
-    objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * cfg.mu_value(n) * reg  # L(θ)
-    return _floor_result(history, cfg.epsilon, objective, fl.lam, groups, n, t)
+    objective = train_stats(ds.y_train, fl.z(), constraint).loss + 0.5 * cfg.mu_value(n) * reg  # L(θ)
+    return _floor_result(history, cfg.epsilon, objective, fl.lam, constraint, n, t)
 
 
-def _floor_result(history: list[dict], eps: float, objective: float, lam, groups, n: int, started: float) -> dict:
+def _floor_result(history: list[dict], eps: float, objective: float, lam, constraint, n: int, started: float) -> dict:
     """A floor run's row: rounds to target, the last round's metrics, L(θ), n · min weight."""
     last = history[-1]
     return {"rounds_to_target": rounds_to_target(history, eps), "final_acc": 100 * last["acc"],
             "final_train_deo": last["deo"], "test_dfp": last["dfp"], "test_dfn": last["dfn"],
             "rounds_to_gaps": rounds_to_gaps(history, eps), "final_max_gap": last["max_gap"],
             "max_gap_curve": [round(r["max_gap"], 5) for r in history],
-            "final_train_L": objective, "min_weight_n": float(groups.signed_weights(lam).min() * n),
+            "final_train_L": objective, "min_weight_n": float(constraint.signed_weights(lam).min() * n),
             "seconds": time.perf_counter() - started}
 
 
-def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
+def _floor_history(fl, cfg, ds, constraint, z_test) -> list[dict]:
     """The floor's rounds: train DEO every round, test metrics (``z_test()``) on evaluation rounds."""
     from fairvfl_flwr.core.metrics import fairness_metrics
     from fairvfl_flwr.core.objective import train_stats
@@ -137,7 +137,7 @@ def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
     history = []
     for r in range(1, cfg.num_server_rounds + 1):
         fl.round()
-        stats = train_stats(ds.y_train, fl.z(), groups)
+        stats = train_stats(ds.y_train, fl.z(), constraint)
         row = {"round": r, "deo": abs(stats.gaps[0]), "max_gap": stats.max_gap, "acc": float("nan")}
         if r % cfg.eval_every == 0 or r == cfg.num_server_rounds:
             row.update(fairness_metrics(ds.y_test, ds.s_test, z_test()))
@@ -145,18 +145,18 @@ def _floor_history(fl, cfg, ds, groups, z_test) -> list[dict]:
     return history
 
 
-def _run_party_floor(cfg, ds, blocks, test_blocks, groups, optimizer, kw, started) -> dict:
+def _run_party_floor(cfg, ds, blocks, test_blocks, constraint, optimizer, kw, started) -> dict:
     """MLP parties (gd or adagrad) in one process: core/reference.PartyFloor, the parties' own step code."""
     from fairvfl_flwr.core.reference import PartyFloor
     from fairvfl_flwr.core.objective import train_stats
 
-    fl = PartyFloor(blocks, ds.y_train, groups, model=cfg.model, hidden=cfg.hidden,
+    fl = PartyFloor(blocks, ds.y_train, constraint, model=cfg.model, hidden=cfg.hidden,
                     step_rule="adagrad" if optimizer == "adagrad" else "",
                     seed=cfg.seed, test_blocks=test_blocks, **kw)
-    history = _floor_history(fl, cfg, ds, groups, lambda: fl.z("test"))
-    objective = train_stats(ds.y_train, fl.z(), groups).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
+    history = _floor_history(fl, cfg, ds, constraint, lambda: fl.z("test"))
+    objective = train_stats(ds.y_train, fl.z(), constraint).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
     curve = [[r["round"], r["acc"], r["deo"]] for r in history if r["acc"] == r["acc"]]  # the JSON's evaluated rounds
-    return {**_floor_result(history, cfg.epsilon, objective, fl.lam, groups, len(ds.y_train), started),
+    return {**_floor_result(history, cfg.epsilon, objective, fl.lam, constraint, len(ds.y_train), started),
             "curve": curve}
 
 
@@ -185,8 +185,8 @@ def _min_weight_n(overrides: dict, last: dict) -> float | None:
 
     if "lambdas" not in last:
         return None
-    _, _, groups = party_problem(RunConfig.from_flower(overrides))
-    return float(groups.signed_weights(np.asarray(last["lambdas"], dtype=np.float64)).min() * groups.n)
+    _, _, constraint = party_problem(RunConfig.from_flower(overrides))
+    return float(constraint.signed_weights(np.asarray(last["lambdas"], dtype=np.float64)).min() * constraint.n)
 
 
 def _one(task: tuple, args, tmp: str) -> dict:

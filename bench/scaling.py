@@ -66,7 +66,7 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
     if role == "server":
         u = [rng.normal(size=n_train).astype(np.float32) for _ in range(K)]  # the K replies as they arrive
         lam = np.zeros(2)
-        groups = from_labels(y, s, 1)
+        constraint = from_labels(y, s, 1)
     else:
         block = cols[0] if role == "active" else max(cols[1:], key=len)
         X = np.ascontiguousarray(synthetic.columns(n, block, seed)[tr])
@@ -74,7 +74,7 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
         z_wire = rng.normal(size=n_train).astype(np.float32)
         nu_wire = (rng.normal(size=n_train) / n_train).astype(np.float32)
         if role == "active":
-            groups = from_labels(y, s, 1)
+            constraint = from_labels(y, s, 1)
     t_data = time.perf_counter() - t_data
 
     def one_round(t: int) -> None:
@@ -82,7 +82,7 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
         rows = batch_rows(seed, t, n_train, batch)
         if role == "server":
             z = np.sum([v.astype(np.float64) for v in u], axis=0)
-            g = groups if rows is None else from_labels(y[rows], s[rows], 1)
+            g = constraint if rows is None else from_labels(y[rows], s[rows], 1)
             yb = y if rows is None else y[rows]
             train_stats(yb, z, g)  # the round's history row
             lam, nu = server_step(lam, yb, z, g, epsilon=0.01, beta=0.1, c=1e-3)
@@ -90,8 +90,8 @@ def role_main(role: str, n: int, K: int, rounds: int, batch: int, seed: int = 0)
             return
         Xb = X if rows is None else X[rows]
         if role == "active":
-            yb, gb = (y, groups) if rows is None else (y[rows], from_labels(y[rows], s[rows], 1))
-            party = ActiveParty(model, Xb, Xb[:0], lr, mu, y=yb.astype(np.float64), groups=gb)
+            yb, gb = (y, constraint) if rows is None else (y[rows], from_labels(y[rows], s[rows], 1))
+            party = ActiveParty(model, Xb, Xb[:0], lr, mu, y=yb.astype(np.float64), constraint=gb)
             party.local_steps(z_wire[: len(yb)].astype(np.float64), np.array([0.01, 0.0]), Q)
         else:
             party = Party(model, Xb, Xb[:0], lr, mu)

@@ -35,6 +35,7 @@ from fairvfl_flwr.core.constraints import KINDS
 from fairvfl_flwr.features import straggler, transcripts
 from fairvfl_flwr.flower import jobs
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.flower.party import MODEL_STATE
 from tests.test_rejoin import DropGrid
 from tests.test_reliability import FaultyGrid
@@ -90,7 +91,7 @@ def test_a_registered_algorithm_runs_end_to_end_with_its_own_messages(toy, undis
     assert registry.resolve(RunConfig.from_flower(RC)).algorithm is TOY
     assert {TOY_INIT, TOY_STEP} <= set(jobs.message_types()) <= set(client_app._registered_funcs)
     sent = [(idx, rnd, mtype) for idx, rnd, mtype in grid.delivered]
-    assert {mtype for _, _, mtype in sent} == {msgs.INFO, TOY_INIT, TOY_STEP, msgs.SAVE}  # it saves its blocks
+    assert {mtype for _, _, mtype in sent} == {msgs.INFO, TOY_INIT, TOY_STEP, saving.SAVE}  # it saves its blocks
     assert [mtype for _, rnd, mtype in sent if rnd == "0" and mtype != msgs.INFO] == [TOY_INIT] * 3
     assert summary["rounds"] == 5 and _counts(grid) == {0: 5, 1: 5, 2: 5}
     assert summary["history"][-1]["loss"] < summary["history"][0]["loss"]  # the steps train the model

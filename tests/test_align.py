@@ -156,12 +156,12 @@ def test_the_servers_alignment_messages_hold_no_id_in_the_clear(own_tables):
     replies, pull = [], grid.pull_messages
     grid.pull_messages = lambda ids: replies.extend(got := pull(ids)) or got  # what reaches the server
     run_server(grid, rc)
-    align_msgs = [m for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS]
-    align_replies = [r for r in replies if r.metadata.message_type in msgs.ALIGN_STEPS]
+    align_msgs = [m for m in sent if m.metadata.message_type in alignment.ALIGN_STEPS]
+    align_replies = [r for r in replies if r.metadata.message_type in alignment.ALIGN_STEPS]
     # 4 parties: size and blind to all, raise to the 3 others, the leader intersects with all three
     # and finds the common rows in one message (their lists fit the budget), the 3 others finish
-    per_step = [msgs.ALIGN_SIZE] * 4 + [msgs.ALIGN_BLIND] * 4 + [msgs.ALIGN_RAISE] * 3 + [msgs.ALIGN_INTERSECT] \
-        + [msgs.ALIGN_FINISH] * 3
+    per_step = [alignment.ALIGN_SIZE] * 4 + [alignment.ALIGN_BLIND] * 4 + [alignment.ALIGN_RAISE] * 3 + [alignment.ALIGN_INTERSECT] \
+        + [alignment.ALIGN_FINISH] * 3
     assert [m.metadata.message_type for m in align_msgs] == per_step
     assert Counter(r.metadata.message_type for r in align_replies) == Counter(per_step)
     blob = b"".join(_bytes_of(m) for m in align_msgs + align_replies)
@@ -202,8 +202,8 @@ def _refused_before_alignment(folder, tmp_path, caplog, party: int, problems: in
     with pytest.raises(FederationError, match=rf"party {party}: {problems} problems?\b") as refused:
         run_server(grid, {**rc, "output-dir": str(tmp_path / "refused")})
     assert not (tmp_path / "refused").exists() and not out.exists()
-    steps = {m.metadata.message_type for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS}
-    assert steps == {msgs.ALIGN_SIZE}  # refused before any id was blinded
+    steps = {m.metadata.message_type for m in sent if m.metadata.message_type in alignment.ALIGN_STEPS}
+    assert steps == {alignment.ALIGN_SIZE}  # refused before any id was blinded
     server_side = str(refused.value).encode() + b"".join(_bytes_of(r) for r in replies)
     party_log = "\n".join(r.getMessage() for r in caplog.records if "checked before alignment" in r.getMessage())
     for secret in secrets:
@@ -376,7 +376,7 @@ def test_a_model_trained_on_own_tables_scores_each_partys_raw_rows(own_tables, t
         assert f"party {k}: {len(unscored)}" in caplog.text
     _, full = run_inprocess(own_config(folder, **{**rc, "output-dir": str(tmp_path / "full")}), quiet=True)
     assert (full / "predictions.csv").read_text() == (out / "predictions.csv").read_text()
-    blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type in msgs.ALIGN_STEPS)
+    blob = b"".join(_bytes_of(m) for m in sent if m.metadata.message_type in alignment.ALIGN_STEPS)
     assert len(blob) > 10_000 and not any(i.encode() in blob for i in fresh[ID])  # alignment: blinded ids only
     predictions = pd.read_csv(out / "predictions.csv")
     assert sorted(predictions.iloc[:, 0].astype(str)) == sorted(scored)  # the rows every party holds
@@ -635,7 +635,7 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
         sent_by_last_run = sent
         summary, run_folder = run_server(grid, rc)
         steps = [m.metadata.message_type.removeprefix("query.align_") for m in sent
-                 if m.metadata.message_type in msgs.ALIGN_STEPS]
+                 if m.metadata.message_type in alignment.ALIGN_STEPS]
         return summary, json.loads((run_folder / "history.json").read_text()), steps
 
     sent_by_last_run: list = []
@@ -664,7 +664,7 @@ def test_a_second_run_on_the_same_tables_reuses_the_kept_alignment_and_a_changed
 
 
 def _reuse_fields(sent) -> dict:
-    return dict(next(m for m in sent if m.metadata.message_type == msgs.ALIGN_REUSE).content.config_records["align"])
+    return dict(next(m for m in sent if m.metadata.message_type == alignment.ALIGN_REUSE).content.config_records["align"])
 
 
 class Replaying(InProcessGrid):
@@ -678,7 +678,7 @@ class Replaying(InProcessGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
-            if m.metadata.message_type == msgs.ALIGN_REUSE:
+            if m.metadata.message_type == alignment.ALIGN_REUSE:
                 m.content.config_records["align"] = ConfigRecord({**_reuse_fields([m]),
                                                                   "size-signature-2": self.signature})
         return super().push_messages(messages)
@@ -697,7 +697,7 @@ class Dictionary(InProcessGrid):
         messages = list(messages)
         for m in messages:
             rc = m.content.config_records.get("align")
-            if m.metadata.message_type == msgs.ALIGN_RAISE:
+            if m.metadata.message_type == alignment.ALIGN_RAISE:
                 fields = {**rc, "blinded": self.blinded}
                 if not self.keep:
                     fields.pop("signature")
@@ -758,8 +758,8 @@ def test_the_leader_gets_as_few_intersect_messages_as_the_budget_allows_and_the_
     monkeypatch.setattr(alignment, "INTERSECT_BUDGET", budget(sizes))
     labels, rounds = _align(folder)
     # before folding: size, blind, raise, one intersect per other party, common, finish = 8 rounds
-    assert [r[0] for r in rounds] == [msgs.ALIGN_SIZE, msgs.ALIGN_BLIND, msgs.ALIGN_RAISE,
-                                      *[msgs.ALIGN_INTERSECT] * intersects, msgs.ALIGN_FINISH]
+    assert [r[0] for r in rounds] == [alignment.ALIGN_SIZE, alignment.ALIGN_BLIND, alignment.ALIGN_RAISE,
+                                      *[alignment.ALIGN_INTERSECT] * intersects, alignment.ALIGN_FINISH]
     assert len(rounds) == 8 - (3 + 1 - intersects)
     reference = aligned_once  # the rows of the default budget: every list in one message
     assert labels.ids_digest == reference.ids_digest
@@ -787,7 +787,7 @@ class Substituting(InProcessGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
-            if m.metadata.message_type == msgs.ALIGN_INTERSECT:
+            if m.metadata.message_type == alignment.ALIGN_INTERSECT:
                 fields = dict(m.content.config_records["align"])
                 if self.field == "peers":
                     fields["peers"] = [p for p in fields["peers"] if p != 2]

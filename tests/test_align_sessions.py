@@ -77,16 +77,16 @@ def _taken_up(grid: InProcessGrid, party: int) -> bool:
 
 def _steps(sent: list) -> list[str]:
     return [m.metadata.message_type.removeprefix("query.align_") for m in sent
-            if m.metadata.message_type in msgs.ALIGN_STEPS]
+            if m.metadata.message_type in alignment.ALIGN_STEPS]
 
 
 def test_a_replayed_alignment_session_is_refused_naming_the_step(tables, monkeypatch):
     cfg = _cfg(tables)
     sent: list = []
     align_tables(_grid(cfg, sent), cfg)
-    size, blind = (next(m for m in sent if m.metadata.message_type == t) for t in (msgs.ALIGN_SIZE, msgs.ALIGN_BLIND))
+    size, blind = (next(m for m in sent if m.metadata.message_type == t) for t in (alignment.ALIGN_SIZE, alignment.ALIGN_BLIND))
     later = _grid(cfg)  # a later run: fresh node state, the same disk
-    for message_type, old, step in ((msgs.ALIGN_SIZE, size, "size"), (msgs.ALIGN_BLIND, blind, "blind")):
+    for message_type, old, step in ((alignment.ALIGN_SIZE, size, "size"), (alignment.ALIGN_BLIND, blind, "blind")):
         reply = _ask(later, 2, message_type, old.content)
         assert reply.has_error() and re.search(r"party 2 \(passive.*\): " + replayed(step), reply.error.reason), step
     # a server that opens every alignment with the same id: the second run's is refused at its first step
@@ -102,11 +102,11 @@ def test_a_replayed_alignment_session_is_refused_naming_the_step(tables, monkeyp
 def test_a_resent_size_of_the_session_in_progress_gets_the_same_answer(tables):
     cfg = _cfg(tables)
     grid = _grid(cfg)
-    first, again = (_ask(grid, 1, msgs.ALIGN_SIZE, _step("00" * 16)) for _ in range(2))
+    first, again = (_ask(grid, 1, alignment.ALIGN_SIZE, _step("00" * 16)) for _ in range(2))
     assert not first.has_error() and not again.has_error()
     answer = dict(first.content.config_records[alignment.REPLY])
     assert answer == dict(again.content.config_records[alignment.REPLY]) and answer["n"] > 0
-    assert not _ask(grid, 1, msgs.ALIGN_BLIND, _step("00" * 16)).has_error()  # the session goes on
+    assert not _ask(grid, 1, alignment.ALIGN_BLIND, _step("00" * 16)).has_error()  # the session goes on
 
 
 def _kept_twice(folder, sent: list) -> tuple[RunConfig, InProcessGrid]:
@@ -129,20 +129,20 @@ def test_a_replayed_reuse_confirmation_is_refused_and_nothing_is_taken_up(tables
     a fresh one; party 2 takes nothing up."""
     sent: list = []
     cfg, kept = _kept_twice(tables, sent)
-    old_size, old = (_sent_to(sent, t, kept.node_ids[2]) for t in (msgs.ALIGN_SIZE, msgs.ALIGN_REUSE))
+    old_size, old = (_sent_to(sent, t, kept.node_ids[2]) for t in (alignment.ALIGN_SIZE, alignment.ALIGN_REUSE))
     fields = dict(old.content.config_records[alignment.STEP])
     df = pd.read_csv(tables / "party0.csv")
     df.drop(index=df.index[:5]).to_csv(tables / "party0.csv", index=False)
 
     replay = _grid(cfg)  # the old session, size and reuse as they were sent
-    for message_type, message, step in ((msgs.ALIGN_SIZE, old_size, "size"), (msgs.ALIGN_REUSE, old, "reuse")):
+    for message_type, message, step in ((alignment.ALIGN_SIZE, old_size, "size"), (alignment.ALIGN_REUSE, old, "reuse")):
         reply = _ask(replay, 2, message_type, message.content)
         assert reply.has_error() and re.search(replayed(step), reply.error.reason), step
     assert not _taken_up(replay, 2)
 
     fresh = _grid(cfg)  # a fresh session: every party answers; the label owner keeps nothing now
     session = "fe" * 16
-    sizes = {k: _ask(fresh, k, msgs.ALIGN_SIZE, _step(session)) for k in range(4)}
+    sizes = {k: _ask(fresh, k, alignment.ALIGN_SIZE, _step(session)) for k in range(4)}
     answers = {k: r.content.config_records[alignment.REPLY] for k, r in sizes.items()}
     assert answers[0].get("kept", "") == "" and "table changed" in answers[0]["why"]
     signed = {f: v for k, a in answers.items() for f, v in {f"size-{k}": alignment.size_blob(a),
@@ -156,7 +156,7 @@ def test_a_replayed_reuse_confirmation_is_refused_and_nothing_is_taken_up(tables
             # its answer of this session, which keeps nothing
             ({}, r"alignment step 'reuse': party 0's signed size answer of this session names no or another kept "
                  r"alignment; refused")):
-        reply = _ask(fresh, 2, msgs.ALIGN_REUSE, _step(session, digest=digest, **{**signed, **party0}))
+        reply = _ask(fresh, 2, alignment.ALIGN_REUSE, _step(session, digest=digest, **{**signed, **party0}))
         assert reply.has_error() and re.search(refusal, reply.error.reason), reply.error.reason
         assert not _taken_up(fresh, 2)
 
@@ -205,7 +205,7 @@ class DemoSigned(InProcessGrid):
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
-            if m.metadata.message_type == msgs.ALIGN_RAISE:
+            if m.metadata.message_type == alignment.ALIGN_RAISE:
                 fields = dict(m.content.config_records[alignment.STEP])
                 text = alignment.signed_text(fields["session"], alignment.TRAIN, "blind", 0, self.blinded)
                 m.content.config_records[alignment.STEP] = ConfigRecord(
@@ -214,7 +214,7 @@ class DemoSigned(InProcessGrid):
 
     def pull_messages(self, message_ids):
         got = list(super().pull_messages(message_ids))
-        self.raised += [r for r in got if r.metadata.message_type == msgs.ALIGN_RAISE and not r.has_error()]
+        self.raised += [r for r in got if r.metadata.message_type == alignment.ALIGN_RAISE and not r.has_error()]
         return got
 
 

@@ -44,11 +44,11 @@ def _crime(out_dir, **kw) -> RunConfig:
 
 
 # -- federated = centralised mini-batch descent-ascent ------------------------------------------
-@pytest.mark.parametrize("constraint,num_active,b", [("deo", 1, 100), ("demographic-parity", 2, 150)])
-def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint, num_active, b, out_dir, run_app):
+@pytest.mark.parametrize("kind,num_active,b", [("deo", 1, 100), ("demographic-parity", 2, 150)])
+def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(kind, num_active, b, out_dir, run_app):
     rounds, seed = 8, 3
     cfg = _crime(out_dir, local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=num_active, eta=5.0,
-                 beta=1.0, seed=seed, constraint=constraint, batch_size=b, wire_dtype="float64")
+                 beta=1.0, seed=seed, constraint=kind, batch_size=b, wire_dtype="float64")
     run = run_app(cfg)
     summary, history = run.summary, run.history
 
@@ -56,8 +56,8 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
     cols = split_columns(ds.n_features, 6, num_active, 49)
     models = [build_model("linear", len(c), bias=k < num_active, seed=seed * 1000 + k) for k, c in enumerate(cols)]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, cfg.measure)
-    ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
+    constraint = from_labels(ds.y_train, ds.s_train, ds.protected_label, kind, cfg.measure)
+    ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), constraint,
                          epsilon=cfg.epsilon, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
     for t in range(1, rounds + 1):
         ref.round(batching.batch_rows(seed, t, len(ds.y_train), b))
@@ -71,7 +71,7 @@ def test_q1_minibatch_run_equals_centralised_minibatch_descent_ascent(constraint
     assert lams.max() > 0
     # evaluation rounds record L and the gaps on every training row, the others on the next batch
     assert [r["train_rows"] for r in history] == [N_TRAIN if r["round"] % 4 == 0 else b for r in history]
-    assert history[-1]["max_gap"] == pytest.approx(train_stats(ds.y_train, ref.z(), groups).max_gap, abs=1e-12)
+    assert history[-1]["max_gap"] == pytest.approx(train_stats(ds.y_train, ref.z(), constraint).max_gap, abs=1e-12)
     assert summary["batch_size"] == b and summary["train_max_gap"] == history[-1]["max_gap"]
 
 

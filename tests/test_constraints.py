@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.config import ConfigError, RunConfig
 from fairvfl_flwr.core.constraints import CONSTRAINTS, MEASURES, from_labels
 from fairvfl_flwr.core.models import build_model
@@ -53,13 +54,13 @@ def test_constraint_sets_have_the_documented_subsets_and_multipliers():
     eo = from_labels(y, s, 1, "equalized-odds")
     dp = from_labels(y, s, 1, "demographic-parity")
     assert [deo.num_multipliers, eo.num_multipliers, dp.num_multipliers] == [2, 4, 2]
-    first = deo.constraints[0]
-    assert np.array_equal(eo.constraints[0].in_a, first.in_a) and np.array_equal(eo.constraints[0].in_b, first.in_b)
-    assert np.array_equal(eo.constraints[1].in_a, (y == -1) & s)
-    assert np.array_equal(dp.constraints[0].in_a, s) and np.array_equal(dp.constraints[0].in_b, ~s)
+    first = deo.gap_list[0]
+    assert np.array_equal(eo.gap_list[0].in_a, first.in_a) and np.array_equal(eo.gap_list[0].in_b, first.in_b)
+    assert np.array_equal(eo.gap_list[1].in_a, (y == -1) & s)
+    assert np.array_equal(dp.gap_list[0].in_a, s) and np.array_equal(dp.gap_list[0].in_b, ~s)
     # protected label -1: the first equalized-odds constraint is still the protected one
     eo_neg = from_labels(y, s, -1, "equalized-odds")
-    assert np.array_equal(eo_neg.constraints[0].in_a, (y == -1) & s)
+    assert np.array_equal(eo_neg.gap_list[0].in_a, (y == -1) & s)
 
 
 def test_general_nu_formula_by_hand():
@@ -132,13 +133,13 @@ def test_two_active_parties_q1_equals_centralised_descent_ascent(constraint, mea
     federated_equals_centralised(constraint, measure, out_dir, run_app)
 
 
-def federated_equals_centralised(constraint, measure, out_dir, run_app):
+def federated_equals_centralised(kind, measure, out_dir, run_app):
     """Eight rounds of the app (two active parties, Q = 1) against the centralised descent–ascent
     on the same constraint: the same θ and λ every round. Returns the app's run."""
     rounds, seed = 8, 4
     cfg = RunConfig(
         optimizer="gd", dataset="crime", model="linear", local_steps=1, num_server_rounds=rounds, eval_every=4, num_active=2,
-        epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=seed, constraint=constraint,
+        epsilon=0.01, eta=5.0, beta=1.0, output_dir=out_dir, seed=seed, constraint=kind,
         constraint_measure=measure,
     )
     run = run_app(cfg)
@@ -148,8 +149,8 @@ def federated_equals_centralised(constraint, measure, out_dir, run_app):
     cols = split_columns(ds.n_features, 6, 2, 49)
     models = [build_model("linear", len(c), bias=k < 2, seed=seed * 1000 + k) for k, c in enumerate(cols)]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = from_labels(ds.y_train, ds.s_train, ds.protected_label, constraint, measure)
-    ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), groups,
+    constraint = from_labels(ds.y_train, ds.s_train, ds.protected_label, kind, measure)
+    ref = CentralisedGDA(models, blocks, ds.y_train.astype(float), constraint,
                          epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0)
     for _ in range(rounds):
         ref.round()
@@ -159,14 +160,14 @@ def federated_equals_centralised(constraint, measure, out_dir, run_app):
         for name, p in m.state_dict().items():
             assert torch.allclose(fed[k][name], p, atol=1e-10), (k, name)
     lams = np.array([r["lambdas"] for r in history[1:]])
-    assert lams.shape == (rounds, groups.num_multipliers)
+    assert lams.shape == (rounds, constraint.num_multipliers)
     assert np.allclose(lams, np.array(ref.lams), atol=1e-12)
-    if constraint == "deo":  # the paper's names, for DEO only
+    if kind == "deo":  # the paper's names, for DEO only
         assert [[r["lambda1"], r["lambda2"]] for r in history] == [r["lambdas"][:2] for r in history]
     else:
         assert not any("lambda1" in r or "deo" in r for r in history)
     assert lams[-1].max() > 0
-    assert summary["constraint"] == constraint and len(summary["lambdas"]) == groups.num_multipliers
+    assert summary["constraint"] == kind and len(summary["lambdas"]) == constraint.num_multipliers
     return run
 
 
@@ -185,14 +186,14 @@ def test_equalized_odds_passive_parties_still_receive_only_nu(batch_size, out_di
                 assert set(payload) == {"z", "lam"} and list(payload["lam"].shape) == [4]
                 assert list(payload["z"].shape) == [rows]
             continue
-        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, msgs.SAVE)
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, saving.SAVE)
         assert not m.content.metric_records
         if m.metadata.message_type == msgs.TRAIN_PASSIVE:
             assert set(m.content.array_records) == {msgs.PAYLOAD}
             assert set(m.content.array_records[msgs.PAYLOAD]) == {"nu"}
             assert list(m.content.array_records[msgs.PAYLOAD]["nu"].shape) == [rows]
         for record in m.content.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == saving.SAVE
                                    else {"round", "evaluate"})
 
 

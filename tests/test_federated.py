@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.data.tables import load_dataset
@@ -32,9 +33,9 @@ def test_q1_federated_run_equals_centralised_descent_ascent(model, out_dir, run_
         build_model(model, len(c), bias=k == 0 or model == "mlp", seed=3 * 1000 + k) for k, c in enumerate(cols)
     ]
     blocks = [torch.from_numpy(np.ascontiguousarray(ds.X_train[:, c])) for c in cols]
-    groups = from_labels(ds.y_train, ds.s_train, ds.protected_label)
+    constraint = from_labels(ds.y_train, ds.s_train, ds.protected_label)
     ref = CentralisedGDA(
-        models, blocks, ds.y_train.astype(float), groups,
+        models, blocks, ds.y_train.astype(float), constraint,
         epsilon=0.01, beta=1.0, c=1e-3, mu=2 / len(ds.y_train), lr=1 / 5.0,
     )
     for _ in range(rounds):
@@ -60,7 +61,7 @@ def test_passive_parties_receive_only_nu(out_dir, run_app):
     assert passive and active
     n = 1200
     for m in passive:
-        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, msgs.SAVE)
+        assert m.metadata.message_type in (msgs.INFO, msgs.INIT, msgs.TRAIN_PASSIVE, saving.SAVE)
         c = m.content
         assert not c.metric_records
         if m.metadata.message_type == msgs.TRAIN_PASSIVE:
@@ -70,7 +71,7 @@ def test_passive_parties_receive_only_nu(out_dir, run_app):
         else:
             assert not c.array_records
         for record in c.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == saving.SAVE
                                    else {"round", "evaluate"})
     # The active party gets z and λ instead; that is what the passive ones must not see.
     train_active = [m for m in active if m.metadata.message_type == msgs.TRAIN_ACTIVE]
@@ -90,7 +91,7 @@ def test_replies_carry_logits_not_models(out_dir):
 
     grid.pull_messages = pull
     run_server(grid, cfg.to_flower())
-    train_replies = [r for r in replies if r.metadata.message_type not in (msgs.INFO, msgs.SAVE)]
+    train_replies = [r for r in replies if r.metadata.message_type not in (msgs.INFO, saving.SAVE)]
     assert train_replies
     for r in train_replies:
         assert set(r.content.array_records) == {msgs.LOGITS}

@@ -21,9 +21,9 @@ def test_numpy_floor_follows_the_app_round_for_round(measure, tmp_path):
                     eval_every=rounds, wire_dtype="float64", output_dir=str(tmp_path))
     _, folder = run_inprocess(cfg.to_flower(), quiet=True)
     history = json.loads((folder / "history.json").read_text())
-    ds, blocks, groups = party_problem(cfg)
-    floor = NumpyFloor(blocks, ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
-                       mu=cfg.mu_value(groups.n), lr=cfg.lr, Q=cfg.local_steps)
+    ds, blocks, constraint = party_problem(cfg)
+    floor = NumpyFloor(blocks, ds.y_train, constraint, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+                       mu=cfg.mu_value(constraint.n), lr=cfg.lr, Q=cfg.local_steps)
     lams = []
     for _ in range(rounds):
         floor.round()

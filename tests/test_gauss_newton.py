@@ -115,14 +115,14 @@ def test_the_damped_search_moves_the_logits_less_and_still_meets_every_gap():
 
     from tests.test_newton_coupled import _search_problem
 
-    y, groups, x, _ = _search_problem(1, 3, "equalized-odds", "rate")
+    y, constraint, x, _ = _search_problem(1, 3, "equalized-odds", "rate")
     n, eps, mu = len(y), 0.02, 2 / len(y)
     z, du, a, b = np.zeros(n), x, np.zeros(x.shape[1]), np.eye(x.shape[1])
-    lam = np.zeros(groups.num_multipliers)
+    lam = np.zeros(constraint.num_multipliers)
     sizes = []
     for delta in (0.0, 0.25, 4.0):
-        alpha, _ = constrained_step(y, z, du, a, b, lam, groups, mu, epsilon=eps, prox=damping(du, b, 1.0, delta))
-        assert np.abs(groups.gaps(y, z + du @ alpha)).max() <= eps + 1e-5
+        alpha, _ = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=eps, prox=damping(du, b, 1.0, delta))
+        assert np.abs(constraint.gaps(y, z + du @ alpha)).max() <= eps + 1e-5
         sizes.append(float(np.linalg.norm(du @ alpha)))
     assert sizes[0] > 1.5 * sizes[1] > 1.5 * 1.5 * sizes[2] > 0
 

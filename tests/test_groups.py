@@ -68,14 +68,14 @@ def _central_nu(y, s, z, lam, protected, kind, measure, form):
 @pytest.mark.parametrize("kind", CONSTRAINTS)
 def test_nu_with_four_groups_matches_a_central_computation(kind, measure, form):
     y, s, z, rng = group_rows()
-    groups = from_labels(y, s, -1, kind, measure, form=form)
-    lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
+    constraint = from_labels(y, s, -1, kind, measure, form=form)
+    lam = rng.uniform(0, 0.5, size=constraint.num_multipliers)
     want, gaps = _central_nu(y, s, z, lam, -1, kind, measure, form)
-    assert len(groups.constraints) == gaps  # pairwise: 6 per subset, overall: 4
-    np.testing.assert_allclose(groups.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
+    assert len(constraint.gap_list) == gaps  # pairwise: 6 per subset, overall: 4
+    np.testing.assert_allclose(constraint.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
     # and ν is the gradient of the smooth part in z (what the parties' steps rely on)
     e = 1e-6 * rng.normal(size=len(z))
-    fd = smooth_part(groups, y, z + e, lam) - smooth_part(groups, y, z - e, lam)
+    fd = smooth_part(constraint, y, z + e, lam) - smooth_part(constraint, y, z - e, lam)
     assert fd == pytest.approx(2 * e @ want, rel=1e-6)
 
 
@@ -88,7 +88,7 @@ def test_pairwise_gaps_of_g_groups_and_the_overall_form():
     mean = [q[rows & (s == g)].mean() for g in range(3)]
     np.testing.assert_allclose(pw.gaps(y, z), [mean[0] - mean[1], mean[0] - mean[2], mean[1] - mean[2]])
     np.testing.assert_allclose(ov.gaps(y, z), [m - q[rows].mean() for m in mean])
-    assert [c.name for c in pw.constraints] == ["y=+1: x vs y", "y=+1: x vs z", "y=+1: y vs z"]
+    assert [c.name for c in pw.gap_list] == ["y=+1: x vs y", "y=+1: x vs z", "y=+1: y vs z"]
     assert (gaps_per_row(pw), gaps_per_row(ov)) == (2, 4)
 
 
@@ -96,7 +96,7 @@ def test_two_groups_pairwise_is_the_papers_gap_and_overall_is_scaled():
     y, s, z, _ = group_rows(G=2)
     boolean = from_labels(y, s == 0, 1, "deo")
     coded = from_labels(y, s, 1, "deo")
-    assert np.array_equal(boolean.gaps(y, z), coded.gaps(y, z)) and coded.constraints[0].name == "y=+1: 0 vs 1"
+    assert np.array_equal(boolean.gaps(y, z), coded.gaps(y, z)) and coded.gap_list[0].name == "y=+1: 0 vs 1"
     # group a against all rows = the pairwise gap times b's share of the subset
     ov = from_labels(y, s, 1, "deo", form="overall")
     rows = y == 1
@@ -114,13 +114,13 @@ def test_a_too_small_group_is_refused_naming_it_and_its_count_unless_pooled():
     assert issubclass(GroupSizeError, ConfigError)
     pooled = from_labels(y, s, 1, "deo", names=names, min_group_size=30, pool_small_groups=True)
     # one small group: merged with the next smallest until the merged group is big enough
-    assert pooled.groups.names == ("a", "b + c") and len(pooled.constraints) == 1
+    assert pooled.groups.names == ("a", "b + c") and len(pooled.gap_list) == 1
     assert smallest_group(pooled) >= 30
     said = pooled.pooling.describe()
     as_read = from_labels(y, s, 1, "deo", names=tuple(np.array(names)), min_group_size=30,
                           pool_small_groups=True)
     assert as_read.pooling.describe() == said  # names as a table's values (numpy strings) read the same
-    assert said.startswith(f"pooled 2 groups into one, 'b + c' has {pooled.constraints[0].size_b} in 'y=+1': "
+    assert said.startswith(f"pooled 2 groups into one, 'b + c' has {pooled.gap_list[0].size_b} in 'y=+1': "
                            f"'c' has {count} in 'y=+1', below min-group-size = 30 training rows"), said
     assert "'b' has " in said and "joined as the next smallest" in said
 
@@ -157,7 +157,7 @@ def test_pooled_groups_are_decided_on_the_whole_table_the_same_for_every_seed(da
     pooled = set()
     for seed in range(3):
         cfg = RunConfig.from_flower({"dataset": dataset, "seed": seed, "constraint": constraint})
-        built = server_labels_for(cfg).groups_for(cfg.constraint, cfg.measure)
+        built = server_labels_for(cfg).constraint_for(cfg.constraint, cfg.measure)
         pooled.add((built.groups.names, built.pooling.describe()))
     assert len(pooled) == 1, pooled
     assert " + " in pooled.pop()[0][-1]
@@ -168,7 +168,7 @@ def test_pool_small_groups_false_refuses_naming_every_small_group():
     with pytest.raises(GroupSizeError, match=r"^2 group\(s\) with fewer than min-group-size = 30 rows of the table .*"
                        r"'Female & Other' has 9 in 'y=\+1', 'Female & Amer-Indian-Eskimo' has 14 in 'y=\+1'.*"
                        r"set pool-small-groups = true"):
-        server_labels_for(cfg).groups_for(cfg.constraint, cfg.measure)
+        server_labels_for(cfg).constraint_for(cfg.constraint, cfg.measure)
 
 
 def test_under_the_defaults_small_groups_are_pooled_and_logged_by_name_before_round_1(run_app, tmp_path, caplog):
@@ -191,14 +191,14 @@ def test_under_the_defaults_small_groups_are_pooled_and_logged_by_name_before_ro
 def test_label_dp_sensitivity_bounds_a_flip_with_several_groups():
     y, s, z, rng = group_rows(n=400, G=3)
     for form in ("pairwise", "overall"):
-        groups = from_labels(y, s, 1, "equalized-odds", form=form)
-        m, bound_lam = smallest_group(groups) - 1, 0.6
-        bound = labeldp.label_sensitivity(groups, bound_lam, m)
+        constraint = from_labels(y, s, 1, "equalized-odds", form=form)
+        m, bound_lam = smallest_group(constraint) - 1, 0.6
+        bound = labeldp.label_sensitivity(constraint, bound_lam, m)
         worst = 0.0
         for _ in range(10):
-            lam = np.zeros(groups.num_multipliers)
-            lam[rng.integers(0, 2, size=len(groups.constraints)) + 2 * np.arange(len(groups.constraints))] = bound_lam
-            nu = groups.masked_weights(y, z, lam)
+            lam = np.zeros(constraint.num_multipliers)
+            lam[rng.integers(0, 2, size=len(constraint.gap_list)) + 2 * np.arange(len(constraint.gap_list))] = bound_lam
+            nu = constraint.masked_weights(y, z, lam)
             for j in rng.choice(len(y), size=10, replace=False):
                 y2 = y.copy()
                 y2[j] = -y2[j]
@@ -271,13 +271,13 @@ def other_label():
 
 def test_a_new_kind_is_one_subclass_and_its_registration(other_label):
     y, s, z, rng = group_rows(G=3)
-    groups = from_labels(y, s, 1, "other-label", "rate")
+    constraint = from_labels(y, s, 1, "other-label", "rate")
     eo = from_labels(y, s, 1, "equalized-odds", "rate")
-    np.testing.assert_array_equal(groups.gaps(y, z), eo.gaps(y, z)[3:])  # EO's second subset, 3 pairs
-    lam = rng.uniform(0, 0.5, size=groups.num_multipliers)
+    np.testing.assert_array_equal(constraint.gaps(y, z), eo.gaps(y, z)[3:])  # EO's second subset, 3 pairs
+    lam = rng.uniform(0, 0.5, size=constraint.num_multipliers)
     want, _ = _central_nu(y, s, z, np.concatenate([np.zeros(6), lam]), 1, "equalized-odds", "rate", "pairwise")
-    np.testing.assert_allclose(groups.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
-    assert labeldp.label_sensitivity(groups, 0.5, 10) > 0
+    np.testing.assert_allclose(constraint.masked_weights(y, z, lam), want, rtol=1e-12, atol=1e-15)
+    assert labeldp.label_sensitivity(constraint, 0.5, 10) > 0
     with pytest.raises(ValueError, match="taken"):
         register(OtherLabel)
 

@@ -32,8 +32,8 @@ def test_hard_gaps_are_fairlearns_differences():
     z = rng.normal(size=400) + 0.8 * s
     hard = fairness_metrics(y, s, z)
     for kind, key in (("demographic-parity", "dp_diff"), ("equalized-odds", "eo_diff")):
-        groups = from_labels(y, s, 1, kind, "rate")
-        assert np.max(np.abs(groups.gaps(y, z, hard=True))) == pytest.approx(hard[key])
+        constraint = from_labels(y, s, 1, kind, "rate")
+        assert np.max(np.abs(constraint.gaps(y, z, hard=True))) == pytest.approx(hard[key])
     assert from_labels(y, s, 1, "deo", "loss").gaps(y, z, hard=True) is None
 
 

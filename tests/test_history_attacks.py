@@ -172,7 +172,7 @@ def test_a_replayed_rollback_relay_moves_no_party_a_second_time(federation):
     parties = [(nid, server.pid(nid), f"party {server.pid(nid)}") for nid in nodes]
     session = agreement.new_session()
     asks = [Message(RecordDict({"secagg": agreement.key_request(session, LAST - 1)}), dst_node_id=nid,
-                    message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
+                    message_type=agreement.SAKEYS, group_id="secagg") for nid in nodes]
     signed = agreement.signed_keys(parties, server.send(asks), session)
     agreement.relay_keys(parties, signed, server.send)
     assert not server.refusals

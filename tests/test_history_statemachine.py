@@ -93,7 +93,7 @@ def federation():
     active = party_data(rc, party_spec({"partition-id": 0}, K, rc.num_active))
     for pid in PARTIES[1:]:
         party_data(rc, party_spec({"partition-id": pid}, K, rc.num_active))  # loaded once for every sequence
-    n, m = len(active.y), active.groups.num_multipliers
+    n, m = len(active.y), active.constraint.num_multipliers
     probes = [(rng.choice([-1.0, 1.0], n) * (0.5 + rng.random(n)) / n).astype(np.float32) for _ in range(3)]
     pairs = [(rng.standard_normal(n).astype(np.float32), np.abs(rng.standard_normal(m)) * t) for t in (0.0, 0.1)]
     yield Federation(rc.to_flower(), identity.generate_identities(folder / "identities", K), folder, n, m, probes,

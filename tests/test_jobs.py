@@ -17,7 +17,8 @@ from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import exchange, jobs
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.flower.results import run_folder
 
 
@@ -49,7 +50,8 @@ def count_rows(grid, cfg: RunConfig, run_id=None):
     return summary, folder
 
 
-JOB = jobs.Job("row counts", {ROW_COUNTS: report_counts}, run=count_rows, modes=("row-counts",))
+JOB = jobs.Job("row counts", handlers({ROW_COUNTS: Handles(msgs.Kind.QUERY, report_counts)}), run=count_rows,
+               modes=("row-counts",))
 
 
 # -- its registration, and the job run through the real ServerApp and ClientApp ------------------

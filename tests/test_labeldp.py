@@ -34,32 +34,32 @@ def test_full_batch_rounds_compose_as_the_gaussian_mechanism():
     assert labeldp.epsilon_spent(z, 20, 1e-5) < 0.25  # the same σ, 20 rounds instead of 1,000
 
 
-def _groups(y, s, constraint, measure):
-    return from_labels(y, s, 1, constraint, measure)
+def _groups(y, s, kind, measure):
+    return from_labels(y, s, 1, kind, measure)
 
 
-@pytest.mark.parametrize("constraint", ["deo", "equalized-odds", "demographic-parity"])
+@pytest.mark.parametrize("kind", ["deo", "equalized-odds", "demographic-parity"])
 @pytest.mark.parametrize("measure", ["loss", "rate"])
-def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
+def test_flipping_one_label_moves_nu_by_at_most_the_bound(kind, measure):
     rng = np.random.default_rng(3)
     n, lam_bound = 300, 0.8
     y = np.where(rng.random(n) < 0.4, 1.0, -1.0)
     s = rng.random(n) < 0.3
-    groups = _groups(y, s, constraint, measure)
-    m = smallest_group(groups) - 1
-    bound = labeldp.label_sensitivity(groups, lam_bound, m)
+    constraint = _groups(y, s, kind, measure)
+    m = smallest_group(constraint) - 1
+    bound = labeldp.label_sensitivity(constraint, lam_bound, m)
     worst = 0.0
     for trial in range(40):
         z = rng.normal(scale=3.0, size=n)
-        lam = rng.uniform(0, lam_bound, size=groups.num_multipliers)
+        lam = rng.uniform(0, lam_bound, size=constraint.num_multipliers)
         lam[trial % 2::2] = 0.0  # one of each pair at 0: |λ+ − λ−| reaches the bound
         lam[(trial + 1) % 2::2] = lam_bound * (trial % 3 != 0)
-        nu = groups.masked_weights(y, z, lam)
+        nu = constraint.masked_weights(y, z, lam)
         # flip rows of the smallest groups first: their flips move the group weights most
         for j in rng.choice(n, size=15, replace=False):
             y2 = y.copy()
             y2[j] = -y2[j]
-            nu2 = _groups(y2, s, constraint, measure).masked_weights(y2, z, lam)
+            nu2 = _groups(y2, s, kind, measure).masked_weights(y2, z, lam)
             worst = max(worst, float(np.linalg.norm(nu2 - nu)) / bound)
     assert worst <= 1.0
     assert worst > 0.3  # and the bound is not vacuous
@@ -68,8 +68,8 @@ def test_flipping_one_label_moves_nu_by_at_most_the_bound(constraint, measure):
 def test_the_noise_is_keyed_on_a_fresh_server_secret_not_on_anything_a_party_holds():
     rng = np.random.default_rng(0)
     y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
-    groups = from_labels(y, rng.random(400) < 0.5, 1)
-    make = lambda secret=None: labeldp.LabelDP(groups, epsilon=4.0, delta=1e-5, rounds=50,  # noqa: E731
+    constraint = from_labels(y, rng.random(400) < 0.5, 1)
+    make = lambda secret=None: labeldp.LabelDP(constraint, epsilon=4.0, delta=1e-5, rounds=50,  # noqa: E731
                                                lambda_bound=0.5, secret=secret)
     a, b = make(), make()  # same config, same labels: the run seed and the labels do not fix the noise
     assert not np.allclose(a.noise(1, 400), b.noise(1, 400))
@@ -90,9 +90,9 @@ def test_bad_settings_are_refused_naming_the_key():
         RunConfig().replace(label_dp_lambda_bound=0.0)
     with pytest.raises(ConfigError, match="privacy.label-dp-epsilon=1.0: not supported with batching.batch-size"):
         RunConfig().replace(label_dp_epsilon=1.0, batch_size=64)
-    groups = from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
+    constraint = from_labels(np.array([1.0, 1, -1, -1]), np.array([True, False, True, False]), 1)
     with pytest.raises(ConfigError, match="privacy.label-dp-min-group=5"):
-        labeldp.LabelDP(groups, epsilon=1.0, delta=1e-5, rounds=5, lambda_bound=0.5, min_group=5)
+        labeldp.LabelDP(constraint, epsilon=1.0, delta=1e-5, rounds=5, lambda_bound=0.5, min_group=5)
 
 
 def test_a_run_with_label_dp_reports_its_epsilon_and_passive_parties_get_noisy_nu(tmp_path):

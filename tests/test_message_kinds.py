@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairvfl_flwr"
 #: Where a type's name is declared and checked: the wire contract and the job registry's format check.
@@ -44,4 +45,4 @@ def test_a_type_is_declared_once_with_one_kind():
     assert msgs.declare("train.kinds_test", msgs.Kind.ROUND) == "train.kinds_test"  # the same again: fine
     with pytest.raises(ValueError, match="declared 'round' already"):
         msgs.declare("train.kinds_test", msgs.Kind.STEP)
-    assert msgs.in_rounds(msgs.NEWTON_APPLY) and not msgs.in_rounds(msgs.SAVE) and not msgs.in_rounds("train.nothing")
+    assert msgs.in_rounds(msgs.NEWTON_APPLY) and not msgs.in_rounds(saving.SAVE) and not msgs.in_rounds("train.nothing")

@@ -15,17 +15,17 @@ from fairvfl_flwr.config import RunConfig
 from .test_groups import group_rows
 
 
-def _jacobian(y, z, groups, rng, lam, directions=6):
+def _jacobian(y, z, constraint, rng, lam, directions=6):
     du = rng.normal(size=(len(y), directions))
-    return subspace_gap_jacobian(y, z, du, np.eye(directions), lam, groups, mu=2 / len(y))
+    return subspace_gap_jacobian(y, z, du, np.eye(directions), lam, constraint, mu=2 / len(y))
 
 
 def _search_problem(seed, G, kind, measure):
     """Rows with a feature that separates the labels and differs by group, directions along it."""
     y, s, _, rng = group_rows(seed, G=G)
-    groups = from_labels(y, s, 1, kind, measure)
+    constraint = from_labels(y, s, 1, kind, measure)
     x = np.column_stack([y + s + rng.normal(size=len(y)), rng.normal(size=(len(y), 3))])
-    return y, groups, x, rng
+    return y, constraint, x, rng
 
 
 @pytest.mark.parametrize("kind,measure,G", [("equalized-odds", "rate", 4), ("demographic-parity", "rate", 3),
@@ -34,15 +34,15 @@ def test_the_constrained_search_meets_every_gap_and_does_not_raise_the_loss(kind
     """From z = 0 (every gap 0) along directions that would open the gaps far past ε: the
     search ends with every |D_c| <= ε (to its feasibility tolerance), the loss below its start,
     and multipliers only on gaps at ε."""
-    y, groups, x, rng = _search_problem(1, G, kind, measure)
+    y, constraint, x, rng = _search_problem(1, G, kind, measure)
     n, eps, mu = len(y), 0.02, 2 / len(y)
     z, du = np.zeros(n), x
     a, b = np.zeros(x.shape[1]), np.eye(x.shape[1])
-    assert isinstance(rule_for(groups), ConstrainedSearch)
-    free = subspace_step(y, z, du, a, b, np.zeros(groups.num_multipliers), groups, mu)
-    assert np.abs(groups.gaps(y, z + du @ free)).max() > 3 * eps  # the unconstrained search opens the gaps
-    alpha, lam = constrained_step(y, z, du, a, b, np.zeros(groups.num_multipliers), groups, mu, epsilon=eps)
-    gaps = groups.gaps(y, z + du @ alpha)
+    assert isinstance(rule_for(constraint), ConstrainedSearch)
+    free = subspace_step(y, z, du, a, b, np.zeros(constraint.num_multipliers), constraint, mu)
+    assert np.abs(constraint.gaps(y, z + du @ free)).max() > 3 * eps  # the unconstrained search opens the gaps
+    alpha, lam = constrained_step(y, z, du, a, b, np.zeros(constraint.num_multipliers), constraint, mu, epsilon=eps)
+    gaps = constraint.gaps(y, z + du @ alpha)
     assert np.abs(gaps).max() <= eps + 1e-5
     assert logistic_loss(y, z + du @ alpha).mean() < logistic_loss(y, z).mean() - 0.01
     assert (lam >= 0).all() and lam.max() > 0
@@ -53,39 +53,39 @@ def test_the_constrained_search_meets_every_gap_and_does_not_raise_the_loss(kind
 def test_the_constrained_search_keeps_a_feasible_point_when_no_direction_helps():
     """α = 0 is feasible from a feasible z, so a search whose directions can only break a gap
     stays (near) where it is."""
-    y, groups, x, _ = _search_problem(2, 3, "equalized-odds", "rate")
+    y, constraint, x, _ = _search_problem(2, 3, "equalized-odds", "rate")
     z = np.zeros(len(y))
-    du = (gap_weights(groups)[:, :1] * len(y))  # only moves a gap
-    alpha, _ = constrained_step(y, z, du, np.zeros(1), np.eye(1), np.zeros(groups.num_multipliers), groups,
+    du = (gap_weights(constraint)[:, :1] * len(y))  # only moves a gap
+    alpha, _ = constrained_step(y, z, du, np.zeros(1), np.eye(1), np.zeros(constraint.num_multipliers), constraint,
                                 2 / len(y), epsilon=0.01)
-    assert np.abs(groups.gaps(y, z + du @ alpha)).max() <= 0.01 + 1e-5
+    assert np.abs(constraint.gaps(y, z + du @ alpha)).max() <= 0.01 + 1e-5
 
 
 @pytest.mark.parametrize("kind,two", [("equalized-odds", True), ("demographic-parity", True), ("deo", False)])
 def test_every_constraint_but_two_group_deo_takes_no_dual_step(kind, two):
     """λ comes from the search: the dual step between rounds leaves it as it is, in round 1 too."""
     y, s, z, rng = group_rows(3, G=2 if two else 3)
-    groups = from_labels(y, s == 0 if two else s, 1, kind)
-    assert isinstance(rule_for(groups), ConstrainedSearch)
-    lam = np.arange(groups.num_multipliers, dtype=float) * 0.01
-    jac = _jacobian(y, z, groups, rng, lam)
+    constraint = from_labels(y, s == 0 if two else s, 1, kind)
+    assert isinstance(rule_for(constraint), ConstrainedSearch)
+    lam = np.arange(constraint.num_multipliers, dtype=float) * 0.01
+    jac = _jacobian(y, z, constraint, rng, lam)
     for j in (None, jac):
-        np.testing.assert_array_equal(dual_newton_step(lam, groups.gaps(y, z), j, groups, epsilon=0.01, beta=0.1,
+        np.testing.assert_array_equal(dual_newton_step(lam, constraint.gaps(y, z), j, constraint, epsilon=0.01, beta=0.1,
                                                        c=1e-3), lam)
 
 
 def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     """The paper's case: the step clipped to the weight bounds, past them by gradient."""
     y, s, z, rng = group_rows(4, G=2)
-    groups = from_labels(y, s == 0, 1, "deo")
-    assert isinstance(rule_for(groups), ClippedNewton)
+    constraint = from_labels(y, s == 0, 1, "deo")
+    assert isinstance(rule_for(constraint), ClippedNewton)
     lam = np.array([0.0, 0.05])
-    jac = _jacobian(y, z, groups, rng, lam)
-    gaps = groups.gaps(y, z)
-    out = dual_newton_step(lam, groups.gaps(y, z), jac, groups, epsilon=0.01, beta=0.1, c=1e-3)
-    np.testing.assert_array_equal(out, ClippedNewton().newton(lam, gaps, jac, groups, epsilon=0.01, c=1e-3))
-    assert np.array_equal(dual_newton_step(np.zeros(2), groups.gaps(y, z), None, groups, epsilon=0.01, beta=0.1, c=1e-3),
-                          groups.project(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01]))))
+    jac = _jacobian(y, z, constraint, rng, lam)
+    gaps = constraint.gaps(y, z)
+    out = dual_newton_step(lam, constraint.gaps(y, z), jac, constraint, epsilon=0.01, beta=0.1, c=1e-3)
+    np.testing.assert_array_equal(out, ClippedNewton().newton(lam, gaps, jac, constraint, epsilon=0.01, c=1e-3))
+    assert np.array_equal(dual_newton_step(np.zeros(2), constraint.gaps(y, z), None, constraint, epsilon=0.01, beta=0.1, c=1e-3),
+                          constraint.project(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01]))))
 
 
 def test_newton_meets_equalized_odds_within_thirty_rounds(run_app, tmp_path):

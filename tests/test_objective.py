@@ -25,14 +25,14 @@ def _problem(model: str, seed: int):
     return blocks, y, s, models
 
 
-def assert_gradient_identity(model: str, seed: int, constraint: str = "deo", measure: str = "loss") -> None:
+def assert_gradient_identity(model: str, seed: int, kind: str = "deo", measure: str = "loss") -> None:
     """J_kᵀν + μθ_k equals autograd's ∇_{θ_k} f̃ on the centralised Lagrangian, every party k."""
     blocks, y, s, models = _problem(model, seed)
-    groups = from_labels(y, s, protected_label=1, constraint=constraint, measure=measure)
-    lam = np.random.default_rng(seed).uniform(0, 2, size=groups.num_multipliers)
+    constraint = from_labels(y, s, protected_label=1, kind=kind, measure=measure)
+    lam = np.random.default_rng(seed).uniform(0, 2, size=constraint.num_multipliers)
     mu, eps, c = 2 / len(y), 0.01, 1e-3
 
-    f = lagrangian(models, blocks, y, groups, lam, eps, c, mu)
+    f = lagrangian(models, blocks, y, constraint, lam, eps, c, mu)
     f.backward()
     expected = [[p.grad.clone() for p in m.parameters()] for m in models]
     for m in models:
@@ -40,7 +40,7 @@ def assert_gradient_identity(model: str, seed: int, constraint: str = "deo", mea
 
     with torch.no_grad():
         z = sum(m(x) for m, x in zip(models, blocks)).numpy()
-    nu = groups.masked_weights(y, z, lam)
+    nu = constraint.masked_weights(y, z, lam)
     for k, (m, x) in enumerate(zip(models, blocks)):
         m(x).backward(torch.from_numpy(nu))
         for p, g in zip(m.parameters(), expected[k]):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.config import ConfigError, RunConfig
 
 
@@ -91,11 +92,11 @@ def test_under_ckks_passive_messages_hold_no_plaintext_nu(ckks_vs_plain):
     passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= 1}
     passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
     types = {m.metadata.message_type for m in passive}
-    assert types == {msgs.INFO, msgs.INIT, secure.TRAIN_PASSIVE_ENC, secure.TRAIN_PASSIVE_UNMASK, msgs.SAVE}
+    assert types == {msgs.INFO, msgs.INIT, secure.TRAIN_PASSIVE_ENC, secure.TRAIN_PASSIVE_UNMASK, saving.SAVE}
     for m in passive:
         assert not m.content.metric_records
         for record in m.content.config_records.values():  # query.save: where to save, no data
-            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == msgs.SAVE
+            assert set(record) <= ({"run-id", "run-folder", "round", "checkpoint"} if m.metadata.message_type == saving.SAVE
                                    else {"round", "evaluate"})
         for name, record in m.content.array_records.items():
             for key, array in record.items():
@@ -137,18 +138,18 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_a
     run = run_app(cfg, tap=seen.append)
     grid, folder, history = run.grid, run.folder, run.history
 
-    ds, blocks, groups = party_problem(cfg)
+    ds, blocks, constraint = party_problem(cfg)
     n = len(ds.y_train)
-    floor = NewtonFloor(blocks, ds.y_train, groups, curvature="const", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+    floor = NewtonFloor(blocks, ds.y_train, constraint, curvature="const", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
                         mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active)
-    plain = NewtonFloor(blocks, ds.y_train, groups, curvature="nu", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+    plain = NewtonFloor(blocks, ds.y_train, constraint, curvature="nu", epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
                         mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps, active=cfg.num_active)
     for t in range(1, cfg.num_server_rounds + 1):
         floor.round(), plain.round()
         # CKKS noise is fresh in every run (ckks_slot_sum_std() / n ≈ 5e-11 in X_kᵀν here); Newton's solves and
         # search carry it to 0.7-1.9e-7 in θ and 1-4e-9 in DEO (4 runs), 5 and 25 times below these tolerances
         np.testing.assert_allclose(history[t]["lambdas"], floor.lam, rtol=1e-5, atol=1e-8)
-        assert history[t]["deo"] == pytest.approx(abs(groups.gaps(ds.y_train, floor.z())[0]), abs=1e-7)
+        assert history[t]["deo"] == pytest.approx(abs(constraint.gaps(ds.y_train, floor.z())[0]), abs=1e-7)
     assert max(abs(history[t]["lambda1"]) for t in range(1, 9)) > 0  # the constraint was active
     assert np.max(np.abs(floor.theta[1] - plain.theta[1])) > 1e-3  # the curvature made a difference
     for k in range(6):
@@ -158,7 +159,7 @@ def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_a
     passive_ids = {nid for nid, c in grid.contexts.items() if c.node_config["partition-id"] >= cfg.num_active}
     passive = [m for m in seen if m.metadata.dst_node_id in passive_ids]
     assert {secure_type for secure_type in (m.metadata.message_type for m in passive)} == {
-        msgs.INFO, msgs.NEWTON_INIT, msgs.TRAIN_PASSIVE_ENC, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY, msgs.SAVE}
+        msgs.INFO, msgs.NEWTON_INIT, msgs.TRAIN_PASSIVE_ENC, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY, saving.SAVE}
     for m in passive:
         for name, record in m.content.array_records.items():
             for key, array in record.items():

@@ -23,6 +23,7 @@ from fairvfl_flwr.data.preflight import check_party
 from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table
 from fairvfl_flwr.features.final_logits import load_scores
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import group_release
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import PartyRuntime
 from fairvfl_flwr.tools import owntables
@@ -66,7 +67,7 @@ def _registry(tmp_path, eps_s=2.0, **node) -> tuple[InProcessGrid, int]:
 def _ask(registry, eps_s=2.0, mechanism="randomized-response") -> Message:
     grid, node_id = registry
     request = ConfigRecord({"mechanism": mechanism, "epsilon-s": eps_s})
-    message = Message(RecordDict({"release": request}), dst_node_id=node_id, message_type=msgs.GROUPS_RELEASE,
+    message = Message(RecordDict({"release": request}), dst_node_id=node_id, message_type=group_release.GROUPS_RELEASE,
                       group_id="groups")
     (reply,) = grid.send_and_receive([message])
     return reply
@@ -325,7 +326,7 @@ def test_own_tables_with_a_registry_align_by_psi_and_train(registry_tables, tmp_
     assert summary["groups_released"] and set(summary["groups"]) == {"Female", "Male"}
     assert summary["train_max_gap"] <= settings.epsilon + 1e-3
     data = [PartyRuntime(grid.contexts[nid]).data for nid in grid.node_ids]
-    assert data[0].groups is None and data[0].y is not None  # the label owner: labels, no groups
+    assert data[0].constraint is None and data[0].y is not None  # the label owner: labels, no groups
     assert data[3].held is not None and data[3].held.names == ("Female", "Male")
     assert len(data[3].held.train) == data[3].X_train.shape[0] == data[0].X_train.shape[0]
     assert data[3].X_train.shape[1] > 0  # its features: hours-per-week and native-country, never sex

@@ -144,7 +144,7 @@ def test_rejoin_is_refused_with_what_it_cannot_restore():
 
 def _sakeys(grid: InProcessGrid, nid: int, session: str) -> Message:
     message = Message(RecordDict({"secagg": ConfigRecord({"session": session})}), dst_node_id=nid,
-                      message_type=msgs.SECAGG_KEYS, group_id="secagg")
+                      message_type=agreement.SAKEYS, group_id="secagg")
     return grid._answer(message)
 
 

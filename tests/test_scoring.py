@@ -24,6 +24,8 @@ from fairvfl_flwr.data.encoding import Preprocessing, packaged_test_frame
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import party
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import scoring
+from fairvfl_flwr.jobs import saving
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.data.tables import DATASETS, DataError, packaged_file
 from fairvfl_flwr.flower.inprocess import InProcessGrid
@@ -194,7 +196,7 @@ def test_a_masked_model_is_scored_masked_by_a_job_naming_only_the_model(tmp_path
         job = {**job, "mode": "score", "score.model-from": str(folder), "output-dir": str(tmp_path / name)}
         grid = RecordingGrid(client_app, job, 4, node_configs=nodes)
         _, outs[name] = run_server(grid, job)
-        logits = [r.content.array_records["logits"]["logits"].numpy() for t, r in grid.replies if t == msgs.SCORE]
+        logits = [r.content.array_records["logits"]["logits"].numpy() for t, r in grid.replies if t == scoring.SCORE]
         assert logits and all(u.dtype == np.uint64 for u in logits), name  # masked words only
     assert (outs["short"] / "predictions.csv").read_text() == (outs["full"] / "predictions.csv").read_text()
     # a server that leaves secure aggregation out of the model's settings: every party refuses
@@ -213,7 +215,7 @@ def test_blocks_never_reach_the_server(tmp_path):
                                  "reliability.checkpoint-dir": str(tmp_path / "ckpt")})
     grid = RecordingGrid(client_app, cfg.to_flower(), cfg.num_parties)
     _, folder = run_server(grid, cfg.to_flower())
-    saved = [r for t, r in grid.replies if t == msgs.SAVE]
+    saved = [r for t, r in grid.replies if t == saving.SAVE]
     assert len(saved) == cfg.num_parties * 4
     assert model_files.checkpoint_rounds(folder) == [0, 5, 10]
     for reply in saved:
@@ -229,10 +231,10 @@ def test_blocks_never_reach_the_server(tmp_path):
     grid = RecordingGrid(client_app, score_cfg.to_flower(), score_cfg.num_parties)
     run_server(grid, score_cfg.to_flower())
     for kind, reply in grid.replies:
-        if kind == msgs.SCORE_INFO:
+        if kind == scoring.SCORE_INFO:
             assert not reply.content.array_records
         else:
-            assert kind == msgs.SCORE
+            assert kind == scoring.SCORE
             (record,) = reply.content.array_records.values()
             assert set(record) == {"logits", "ids"}
             assert record["logits"].numpy().shape == record["ids"].numpy().shape

@@ -45,14 +45,14 @@ def _grid(cls, tmp_path, rc, keys=True):
 
 def relayed(msg):
     """The relay of every party's signed key a message carries (round 0's messages), or None."""
-    if msg.metadata.message_type == msgs.SECAGG_PEERS:
+    if msg.metadata.message_type == agreement.SAPEERS:
         return msg.content.config_records["secagg"]
     return msg.content.config_records.get(view.RELAY)
 
 
 def relay_replies(grid):
     """The replies to the messages that carried the key relay (a gd run's round 0)."""
-    return grid.replies(msgs.SECAGG_PEERS) + grid.replies(msgs.INIT)
+    return grid.replies(agreement.SAPEERS) + grid.replies(msgs.INIT)
 
 
 class KeySwap(Wire):
@@ -102,7 +102,7 @@ def test_the_keys_come_with_discovery_and_the_set_up_adds_one_message(tmp_path):
     grid = _grid(Wire, tmp_path, rc)
     run_server(grid, rc)
     k = rc["num-parties"]
-    assert grid.replies(msgs.SECAGG_KEYS) == grid.replies(msgs.SECAGG_PEERS) == []  # no message of their own
+    assert grid.replies(agreement.SAKEYS) == grid.replies(agreement.SAPEERS) == []  # no message of their own
     keys = [r.content.config_records["secagg"] for r in grid.replies(msgs.INFO)]
     assert len(keys) == k and all(len(rec["signature"]) == 64 and len(rec["public"]) == 32 for rec in keys)
     assert len(grid.replies(msgs.INIT)) == k

@@ -23,6 +23,8 @@ from fairvfl_flwr.features import secagg
 from fairvfl_flwr.secure import ring, view
 from fairvfl_flwr.features import transcripts as tr
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.jobs import saving
+from fairvfl_flwr.secure import agreement
 from fairvfl_flwr.flower.errors import PartyUnavailable
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 
@@ -85,13 +87,13 @@ def test_one_party_under_secure_aggregation_is_centralised_newton(tmp_path):
     cfg = RunConfig.from_flower(rc)
     ds = load_data(cfg)
     (cols,) = party_columns(cfg, ds)
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
-    ref = CentralisedNewton(ds.X_train[:, cols], ds.y_train, groups, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
+    constraint = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label)
+    ref = CentralisedNewton(ds.X_train[:, cols], ds.y_train, constraint, epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c,
                             mu=cfg.mu_value(len(ds.y_train)), memory=SHARED_MEMORY)
     for t in range(1, cfg.num_server_rounds + 1):
         ref.round()
         np.testing.assert_allclose(history[t]["lambdas"], ref.lam, rtol=0, atol=1e-9)
-        assert history[t]["deo"] == pytest.approx(abs(groups.gaps(ds.y_train, ref.z())[0]), abs=1e-9)
+        assert history[t]["deo"] == pytest.approx(abs(constraint.gaps(ds.y_train, ref.z())[0]), abs=1e-9)
     with np.load(folder / "parties" / "partition-0" / "block.npz") as f:
         np.testing.assert_allclose(np.append(f["weight"], f["bias"]), ref.theta, rtol=0, atol=1e-9)
 
@@ -134,7 +136,7 @@ def test_the_server_never_receives_a_per_party_vector(tmp_path):
     types = {t for t, *_ in grid.received}
     assert {msgs.NEWTON_INIT, msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE, msgs.NEWTON_APPLY} <= types
     for mtype, group, src, arrays, metrics, configs in grid.received:
-        if mtype in (msgs.INFO, msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.SAVE):
+        if mtype in (msgs.INFO, agreement.SAKEYS, agreement.SAPEERS, saving.SAVE):
             continue  # role and row counts, a public key, digests
         assert set(arrays) in ({msgs.LOGITS}, {msgs.DIRECTIONS}), (mtype, arrays)
         assert len(configs[secagg.SQ_NORM]["sq-norm"]) == 16  # ‖θ_k‖²: one masked 128-bit word

@@ -34,7 +34,7 @@ class ToyVFL(VFLServer):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         c = self.cfg
-        self.lam, nu = server_step(self.lam, self.labels.y_train, self.z("train"), self.groups,
+        self.lam, nu = server_step(self.lam, self.labels.y_train, self.z("train"), self.constraint,
                                    epsilon=c.epsilon, beta=c.beta, c=c.c, fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
         content = msgs.passive_content(nu, server_round, self.evaluates(server_round), self.wire_dtype)

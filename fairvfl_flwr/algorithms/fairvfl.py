@@ -57,12 +57,12 @@ class FairVFL(VFLServer):
         """
         rows = batching.round_rows(self.cfg, server_round, len(self.labels.y_train))
         if rows is None:
-            y, z, groups = self.labels.y_train, self.z("train"), self.groups
+            y, z, constraint = self.labels.y_train, self.z("train"), self.constraint
         else:
-            y, z, groups = self.batch_view(rows)
+            y, z, constraint = self.batch_view(rows)
         c = self.cfg
         # the stop rule's working bound: ε, or tighter where ε bounds the hard gap (core/stopping.py)
-        self.lam, nu = server_step(self.lam, y, z, groups, epsilon=self.stop.epsilon, beta=c.beta, c=c.c,
+        self.lam, nu = server_step(self.lam, y, z, constraint, epsilon=self.stop.epsilon, beta=c.beta, c=c.c,
                                    fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
         evaluate = self.evaluates(server_round)
@@ -105,9 +105,9 @@ def init(message: Message, context: Context) -> Message:
 def train_active(message: Message, context: Context) -> Message:
     """Q local steps on z̃ (own logits fresh, the others' stale): One round, step 5."""
     rt = PartyRuntime(context)
-    groups = rt.constraint(message)
-    got = _payload(rt, message, msgs.ROLE_ACTIVE, z=None, lam=groups.num_multipliers if groups else None)
-    party = rt.party(groups)
+    constraint = rt.constraint(message)
+    got = _payload(rt, message, msgs.ROLE_ACTIVE, z=None, lam=constraint.num_multipliers if constraint else None)
+    party = rt.party(constraint)
     steps = party.local_steps(got["z"], got["lam"], rt.cfg.local_steps, rt.cfg.local_time_budget,
                               rows=rt.rows(message))
     rt.save(party)

@@ -167,9 +167,9 @@ class NewtonVFL(VFLServer):
         c = self.cfg
         y, z = self.labels.y_train, self.z("train")
         if self.nonlinear:  # the constrained search sets λ (aggregate_nonlinear): no dual step between rounds
-            nu = self.groups.masked_weights(y, z, self.lam)
+            nu = self.constraint.masked_weights(y, z, self.lam)
         else:
-            self.lam, nu, self.previous = server_step(self.lam, y, z, self.groups, self.jac, self.previous,
+            self.lam, nu, self.previous = server_step(self.lam, y, z, self.constraint, self.jac, self.previous,
                                                              epsilon=self.stop.epsilon, beta=c.beta, c=c.c,
                                                              fairness=c.fairness)
         nu = self.hooks.nu(server_round, nu)
@@ -217,7 +217,7 @@ class NewtonVFL(VFLServer):
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
-        alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.groups, self.mu,
+        alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.constraint, self.mu,
                                                 epsilon=self.stop.epsilon, fairness=c.fairness, rcond=rcond)
         f_before = self.objective(z, sq_norm)  # at the λ the search ends with (a searching rule moves it)
         self.take(got, du, alpha)
@@ -288,7 +288,7 @@ class NewtonVFL(VFLServer):
         bound = self.stop.epsilon  # ε, or the tighter bound a hard-gap target has set (core/stopping.py)
         if c.fairness:  # aimed inside the bound by the linearisation's last overshoot of the gaps
             self.aim = self.stop.aim = max(bound - self.gap_error, (1.0 - AIM_MARGIN) * bound)
-            alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.groups, self.mu, epsilon=self.aim,
+            alpha, self.lam = constrained_step(y, z, du, a, gram, self.lam, self.constraint, self.mu, epsilon=self.aim,
                                                rcond=rcond, prox=prox)
             if not (np.all(np.isfinite(alpha)) and np.all(np.abs(self.lam) <= LAM_MAX)):
                 # the linearised bound is out of the subspace's reach (a small group's gap): the augmented
@@ -296,9 +296,9 @@ class NewtonVFL(VFLServer):
                 log(INFO, "[round %d] Gauss-Newton search: no step of these directions holds every linearised gap "
                     "within %.4g; a step at the round's multipliers instead", server_round, self.aim)
                 self.lam = lam_before
-                alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond, prox=prox)
+                alpha = subspace_step(y, z, du, a, gram, self.lam, self.constraint, self.mu, rcond=rcond, prox=prox)
         else:
-            alpha = subspace_step(y, z, du, a, gram, self.lam, self.groups, self.mu, rcond=rcond, prox=prox)
+            alpha = subspace_step(y, z, du, a, gram, self.lam, self.constraint, self.mu, rcond=rcond, prox=prox)
         # what the parties get, in single precision: a party's next Gauss–Newton system may be near
         # singular, which turns a last-bit difference in α or λ (sums decoded from the fixed-point
         # ring against float sums) into a difference of 1e-5 in its direction within a round
@@ -311,7 +311,7 @@ class NewtonVFL(VFLServer):
                  "f_before": self.objective(z, sq_norm)}  # at the λ the search ends with
         self.take(self.base_got, du, alpha)
         trial.update(merit_predicted=self.merit(self.z("train"), None, bound, penalty),
-                     gaps_predicted=self.groups.gaps(y, self.z("train")))
+                     gaps_predicted=self.constraint.gaps(y, self.z("train")))
         self.trial = trial
 
     def judge(self, server_round: int) -> bool:
@@ -337,7 +337,7 @@ class NewtonVFL(VFLServer):
             self.damping = grown
             self.stop.quiet_rounds = 0
             return False
-        gaps = self.groups.gaps(self.labels.y_train, self.z("train"))
+        gaps = self.constraint.gaps(self.labels.y_train, self.z("train"))
         # how much further from 0 the true gaps ended than the linearised ones (a step that lands
         # them nearer 0 than predicted asks for no margin)
         error = float(max(np.max(np.abs(gaps) - np.abs(t["gaps_predicted"])), 0.0))
@@ -362,10 +362,10 @@ class NewtonVFL(VFLServer):
         ``penalty`` times how far each gap is above ``bound`` (an exact ℓ1 penalty: with
         ``penalty`` above every multiplier, a step that lowers it moves toward the constrained
         optimum, whatever λ the search ended with)."""
-        f = smooth_part(self.groups, self.labels.y_train, z, np.zeros_like(self.lam))
+        f = smooth_part(self.constraint, self.labels.y_train, z, np.zeros_like(self.lam))
         f += 0.5 * self.mu * (sum(self.sq_norms.values()) if sq_norm is None else sq_norm)
         if self.cfg.fairness:
-            f += penalty * float(np.sum(np.maximum(np.abs(self.groups.gaps(self.labels.y_train, z)) - bound, 0.0)))
+            f += penalty * float(np.sum(np.maximum(np.abs(self.constraint.gaps(self.labels.y_train, z)) - bound, 0.0)))
         return f
 
     def width_of(self, nid: int) -> int:
@@ -656,9 +656,9 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     data, n = rt.data, rt.n_train
     pending, moves = _memory(rt)
     xt_nu = None
-    groups = rt.constraint(message)
+    constraint = rt.constraint(message)
     if role == msgs.ROLE_ACTIVE:
-        got = _alpha(rt, message, pending, z=n, lam=groups.num_multipliers)
+        got = _alpha(rt, message, pending, z=n, lam=constraint.num_multipliers)
     else:
         xt_nu = rt.take_gradient()  # encrypted ν: X_kᵀν only, unmasked by the feature's mod
         got = _alpha(rt, message, pending) if xt_nu is not None else _alpha(rt, message, pending, nu=n)
@@ -668,8 +668,8 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     x_test = np.asarray(data.X_test, dtype=np.float64)
     if role == msgs.ROLE_ACTIVE:
         x, x_test = with_bias(x), with_bias(x_test)
-        nu = groups.masked_weights(data.y, got["z"], got["lam"])
-        h = curvature(groups, data.y, got["z"], got["lam"])
+        nu = constraint.masked_weights(data.y, got["z"], got["lam"])
+        h = curvature(constraint, data.y, got["z"], got["lam"])
     elif xt_nu is None:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)
@@ -697,8 +697,8 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     data, n = rt.data, rt.n_train
     points = _points(rt)
     base = _base(rt, message, points)
-    groups = rt.constraint(message)
-    sizes = {"z": n, "lam": groups.num_multipliers} if role == msgs.ROLE_ACTIVE else {"nu": n}
+    constraint = rt.constraint(message)
+    sizes = {"z": n, "lam": constraint.num_multipliers} if role == msgs.ROLE_ACTIVE else {"nu": n}
     got = _alpha(rt, message, None if base is None else base["dirs"], **sizes)
     party = rt.party()
     gn = party.block.gauss_newton(np.asarray(data.X_train))  # an MLP's TorchBlock: torch only here
@@ -709,8 +709,8 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
         moves = [step, *base["moves"]][:rt.cfg.newton_moves] if np.any(got["alpha"] != 0) else base["moves"]
     theta = gn.flat()
     if role == msgs.ROLE_ACTIVE:
-        nu = groups.masked_weights(data.y, got["z"], got["lam"])
-        h = curvature(groups, data.y, got["z"], got["lam"])
+        nu = constraint.masked_weights(data.y, got["z"], got["lam"])
+        h = curvature(constraint, data.y, got["z"], got["lam"])
     else:
         nu = got["nu"]
         h = party_curvature(nu, n, PASSIVE_CURVATURE)

@@ -3,8 +3,8 @@
 This is the one place on the server side that reads feature flags: :func:`build_server`
 looks the run's algorithm up in the registry (config/algorithms.resolve) and turns each
 enabled feature into a round hook or a scheduler (:data:`ROUND_FEATURES`, in the order its
-hooks run). The job itself (modes, data, rounds, run folder) is jobs/training.py;
-:data:`JOB` is it with this assembly.
+hooks run). The job itself (modes, data, rounds, run folder) is jobs/training.py, which
+app/jobs.py registers with this assembly.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _label_dp(s: RunSetup) -> LabelDP | None:
     c = s.cfg
     if c.label_dp_epsilon <= 0:
         return None
-    return LabelDP(s.labels.groups_for(c.constraint, c.measure), epsilon=c.label_dp_epsilon, delta=c.label_dp_delta,
+    return LabelDP(s.labels.constraint_for(c.constraint, c.measure), epsilon=c.label_dp_epsilon, delta=c.label_dp_delta,
                    rounds=c.num_server_rounds, lambda_bound=c.label_dp_lambda_bound, min_group=c.label_dp_min_group,
                    fairness=c.fairness)
 
@@ -110,7 +110,3 @@ def build_server(cfg: RunConfig, labels: ServerLabels, folder: Path, on_round: C
     scheduler = StaleRounds(cfg.max_staleness, effective_quorum(cfg)) if cfg.max_staleness > 0 else None
     order = tuple(kind for kind, _ in ROUND_FEATURES)
     return setup.algorithm.server(cfg, labels, on_round=on_round, hooks=in_order(hooks, order), scheduler=scheduler)
-
-
-#: The training job with this assembly (registered in app/jobs.py).
-JOB = training.job(build_server)

@@ -15,7 +15,7 @@ import dataclasses
 import difflib
 import importlib.util
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Mapping
 
 from fairvfl_flwr.config import presets, sections
@@ -32,30 +32,30 @@ from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE
 class Modes(Sequence):
     """The run config's ``mode`` choices: the modes of the registered jobs, read on every use.
 
-    Each mode is declared once, by the job that runs it (or by an algorithm that job runs):
-    flower/jobs.register adds a job's modes here and unregister removes them. A process that
-    registered no job (the config alone) has no choices to check ``mode`` against; the
-    ServerApp's dispatch refuses a mode no registered job runs (flower/jobs.selected)."""
+    Each mode is declared once, by the job that runs it (or by an algorithm that job runs), and
+    held by the job registry (flower/jobs.py), which hands this sequence its reader once; the
+    config layer keeps no list of its own. A process that loaded no registry (the config alone)
+    has no choices to check ``mode`` against; the ServerApp's dispatch refuses a mode no
+    registered job runs (flower/jobs.selected)."""
 
     def __init__(self) -> None:
-        self.names: list[str] = []
+        self._read: Callable[[], Iterable[str]] = tuple
 
-    def add(self, *names: str) -> None:
-        """Make ``names`` valid modes (a job that runs them was registered)."""
-        self.names += [n for n in names if n not in self.names]
+    def read_from(self, reader: Callable[[], Iterable[str]]) -> None:
+        """Read the choices from ``reader`` (the job registry's modes) from now on."""
+        self._read = reader
 
-    def remove(self, *names: str) -> None:
-        """Forget ``names`` (their job was unregistered)."""
-        self.names = [n for n in self.names if n not in names]
+    def _names(self) -> tuple[str, ...]:
+        return tuple(self._read())
 
     def __getitem__(self, index):
-        return tuple(self.names)[index]
+        return self._names()[index]
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self._names())
 
     def __repr__(self) -> str:
-        return repr(tuple(self.names))
+        return repr(self._names())
 
 
 MODES = Modes()

@@ -72,7 +72,7 @@ def reply_rows(cfg, server_round: int, evaluate: bool, n: int) -> np.ndarray | N
     return None if evaluate else round_rows(cfg, server_round + 1, n)
 
 
-def check_batches(groups: ConstraintSet, seed: int, batch_size: int, rounds: int) -> None:
+def check_batches(constraint: ConstraintSet, seed: int, batch_size: int, rounds: int) -> None:
     """Refuse a batch size for which some round's batch misses a constraint group.
 
     Refusing (rather than skipping that constraint's gap in such a round) keeps every
@@ -88,10 +88,10 @@ def check_batches(groups: ConstraintSet, seed: int, batch_size: int, rounds: int
         Naming ``batching.batch-size``, the first round whose batch misses a group, and a batch
         size that keeps every group in every round with probability ≥ 99.9 %.
     """
-    n = groups.n
+    n = constraint.n
     if effective_batch(batch_size, n) == 0:
         return
-    sizes = [(c.name, side, mask) for c in groups.constraints for side, mask in (("a", c.in_a), ("b", c.in_b))]
+    sizes = [(c.name, side, mask) for c in constraint.gap_list for side, mask in (("a", c.in_a), ("b", c.in_b))]
     smallest = min(int(mask.sum()) for _, _, mask in sizes)
     if rounds * len(sizes) * math.exp(-batch_size * smallest / n) < NEGLIGIBLE:
         return

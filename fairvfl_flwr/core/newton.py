@@ -144,7 +144,7 @@ def subspace_step(
     a: np.ndarray,
     b: np.ndarray,
     lam: np.ndarray,
-    groups: ConstraintSet,
+    constraint: ConstraintSet,
     mu: float,
     *,
     iters: int = 20,
@@ -168,13 +168,13 @@ def subspace_step(
     damp = _Prox(prox)
 
     def value(al: np.ndarray) -> float:
-        return smooth_part(groups, y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
+        return smooth_part(constraint, y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
 
     f = value(alpha)
     for _ in range(iters):
         zz = z + du @ alpha
-        g = du.T @ groups.masked_weights(y, zz, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
-        H = (du * curvature(groups, y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
+        g = du.T @ constraint.masked_weights(y, zz, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
+        H = (du * curvature(constraint, y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
         p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
@@ -223,17 +223,17 @@ class _Prox:
 
 
 def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
-                groups: ConstraintSet, mu: float, *, epsilon: float, fairness: bool = True, rcond: float = 1e-12,
+                constraint: ConstraintSet, mu: float, *, epsilon: float, fairness: bool = True, rcond: float = 1e-12,
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The server's search of one round: (α, λ, J). Where the constraint's dual rule searches
     (:class:`ConstrainedSearch`) the step lengths and λ of :func:`constrained_step`,
     and no J; else :func:`subspace_step` at the given λ, and the subspace's gap sensitivity
     :func:`subspace_gap_jacobian` for the next dual step."""
-    if fairness and rule_for(groups).searches:
-        alpha, lam = constrained_step(y, z, du, a, b, lam, groups, mu, epsilon=epsilon, rcond=rcond)
+    if fairness and rule_for(constraint).searches:
+        alpha, lam = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=epsilon, rcond=rcond)
         return alpha, lam, None
-    alpha = subspace_step(y, z, du, a, b, lam, groups, mu, rcond=rcond)
-    return alpha, lam, subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, groups, mu, rcond=rcond)
+    alpha = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond)
+    return alpha, lam, subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond)
 
 
 def constrained_step(
@@ -243,7 +243,7 @@ def constrained_step(
     a: np.ndarray,
     b: np.ndarray,
     lam: np.ndarray,
-    groups: ConstraintSet,
+    constraint: ConstraintSet,
     mu: float,
     *,
     epsilon: float,
@@ -270,9 +270,9 @@ def constrained_step(
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    lam = np.maximum(as_multipliers(lam, len(groups.constraints)), 0.0)
+    lam = np.maximum(as_multipliers(lam, len(constraint.gap_list)), 0.0)
     zero = np.zeros_like(lam)
-    cols = gap_weights(groups)
+    cols = gap_weights(constraint)
     rho = 1.0 / max(epsilon, 1e-6)
     alpha = np.zeros(du.shape[1])
     damp = _Prox(prox)
@@ -287,21 +287,21 @@ def constrained_step(
 
     def value(al: np.ndarray, lm: np.ndarray, r: float) -> float:
         zz = z + du @ al
-        pen = np.maximum(lm + r * g_of(groups.gaps(y, zz)), 0.0)
-        return (smooth_part(groups, y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
+        pen = np.maximum(lm + r * g_of(constraint.gaps(y, zz)), 0.0)
+        return (smooth_part(constraint, y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
                 + float(pen @ pen - lm @ lm) / (2.0 * r) + damp.value(al))
 
-    last = violation(groups.gaps(y, z))
+    last = violation(constraint.gaps(y, z))
     for _ in range(outer):
         f = value(alpha, lam, rho)
         for _ in range(20):
             zz = z + du @ alpha
-            g = g_of(groups.gaps(y, zz))
+            g = g_of(constraint.gaps(y, zz))
             tilde = np.maximum(lam + rho * g, 0.0)
-            grad = du.T @ groups.masked_weights(y, zz, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
-            V = du.T @ (groups.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
+            grad = du.T @ constraint.masked_weights(y, zz, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
+            V = du.T @ (constraint.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
             play = (tilde[0::2] > 0) | (tilde[1::2] > 0)
-            H = ((du * curvature(groups, y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
+            H = ((du * curvature(constraint, y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
                  + damp.hess())
             p = -solve_psd(H, grad, rcond)
             slope = float(grad @ p)
@@ -318,7 +318,7 @@ def constrained_step(
             if t < 1e-10:
                 break
             alpha, f = alpha + t * p, f_new
-        gaps = groups.gaps(y, z + du @ alpha)
+        gaps = constraint.gaps(y, z + du @ alpha)
         new = np.maximum(lam + rho * g_of(gaps), 0.0)
         moved, lam = float(np.abs(new - lam).max()), new
         now = violation(gaps)
@@ -331,7 +331,7 @@ def constrained_step(
 
 
 def subspace_gap_jacobian(
-    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, groups: ConstraintSet, mu: float,
+    y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, constraint: ConstraintSet, mu: float,
     rcond: float = 1e-12,
 ) -> np.ndarray:
     """J = dD/dd (C × C, d_c = λ_c+ − λ_c−) at the subspace optimum z, by implicit differentiation.
@@ -344,21 +344,21 @@ def subspace_gap_jacobian(
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     b = np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    H = (du * curvature(groups, y, z, lam)[:, None]).T @ du + mu * B
-    V = du.T @ gap_directions(groups, y, z)
+    H = (du * curvature(constraint, y, z, lam)[:, None]).T @ du + mu * B
+    V = du.T @ gap_directions(constraint, y, z)
     return -V.T @ solve_psd(H, V, rcond)
 
 
-def server_step(lam, y, z, groups, jac, previous, *, epsilon, beta, c, fairness=True):
+def server_step(lam, y, z, constraint, jac, previous, *, epsilon, beta, c, fairness=True):
     """Block Newton's server step: the dual Newton step on λ, then ν at the new λ (gradient
     descent's is ``core.step.server_step``). Returns ``(λ, ν, previous)``, where
     ``previous`` is what the next dual step compares against."""
     if fairness:
-        gaps = groups.gaps(y, z)
+        gaps = constraint.gaps(y, z)
         d = lam[0::2] - lam[1::2]
-        lam = dual_newton_step(lam, gaps, jac, groups, epsilon=epsilon, beta=beta, c=c, previous=previous)
+        lam = dual_newton_step(lam, gaps, jac, constraint, epsilon=epsilon, beta=beta, c=c, previous=previous)
         previous = (d, gaps)
-    return lam, groups.masked_weights(y, z, lam), previous
+    return lam, constraint.masked_weights(y, z, lam), previous
 
 
 #: Earlier moves searched along with each new direction. Without them the primal converges
@@ -381,12 +381,12 @@ class CentralisedNewton:
     tolerance: the yardstick of tests/test_newton.py.
     """
 
-    def __init__(self, x, y, groups: ConstraintSet, *, epsilon, beta, c, mu, memory=MEMORY, fairness=True):
+    def __init__(self, x, y, constraint: ConstraintSet, *, epsilon, beta, c, mu, memory=MEMORY, fairness=True):
         self.x = with_bias(np.asarray(x, dtype=np.float64))  # intercept last, as an active party's
-        self.y, self.groups = np.asarray(y, dtype=np.float64), groups
+        self.y, self.constraint = np.asarray(y, dtype=np.float64), constraint
         self.epsilon, self.beta, self.c, self.mu, self.memory, self.fairness = epsilon, beta, c, mu, memory, fairness
         self.theta = np.zeros(self.x.shape[1])
-        self.lam = np.zeros(groups.num_multipliers)
+        self.lam = np.zeros(constraint.num_multipliers)
         self.jac: np.ndarray | None = None
         self.previous: tuple[np.ndarray, np.ndarray] | None = None
         self.moves: list[np.ndarray] = []
@@ -399,16 +399,16 @@ class CentralisedNewton:
         """One round of the one-party reference: the dual step, the Newton direction on all columns and
         the search over it and the kept moves."""
         z = self.z()
-        self.lam, nu, self.previous = server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
+        self.lam, nu, self.previous = server_step(self.lam, self.y, z, self.constraint, self.jac, self.previous,
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,
                                                          fairness=self.fairness)
-        h = curvature(self.groups, self.y, z, self.lam)
+        h = curvature(self.constraint, self.y, z, self.lam)
         hess = self.x.T @ (h[:, None] * self.x) + self.mu * np.eye(self.x.shape[1])
         dirs = [-np.linalg.solve(hess, self.x.T @ nu + self.mu * self.theta), *self.moves]
         D = np.column_stack(dirs)
         du = self.x @ D
         gram = D.T @ D
-        alpha, self.lam, self.jac = search_step(self.y, z, du, self.theta @ D, gram, self.lam, self.groups, self.mu,
+        alpha, self.lam, self.jac = search_step(self.y, z, du, self.theta @ D, gram, self.lam, self.constraint, self.mu,
                                                 epsilon=self.epsilon, fairness=self.fairness)
         move = D @ alpha
         self.theta = self.theta + move
@@ -469,7 +469,7 @@ def at_weight_bound(constraint: ConstraintSet, lam: np.ndarray) -> np.ndarray:
     J, taken at weights >= 0, says nothing about how far the primal then moves.
     """
     if not constraint.q.needs_nonnegative_weights:
-        return np.zeros(len(constraint.constraints), dtype=bool)
+        return np.zeros(len(constraint.gap_list), dtype=bool)
     lo, hi = constraint.weight_bounds()
     d = np.asarray(lam, dtype=np.float64)[0::2] - np.asarray(lam, dtype=np.float64)[1::2]
     rel = 1e-9  # project puts d on the bound up to rounding
@@ -513,7 +513,7 @@ class ConstrainedSearch:
     def step(self, lam: np.ndarray, gaps: np.ndarray, jac: np.ndarray | None, constraint: ConstraintSet, *,
              epsilon: float, beta: float, c: float, previous: Previous | None = None) -> np.ndarray:
         """λ as the last search left it (:func:`dual_newton_step`)."""
-        return as_multipliers(lam, len(constraint.constraints))
+        return as_multipliers(lam, len(constraint.gap_list))
 
 
 @dataclass(frozen=True)

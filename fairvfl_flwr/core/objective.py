@@ -43,8 +43,8 @@ class TrainStats:
         return max(abs(g) for g in self.gaps)
 
 
-def train_stats(y: np.ndarray, z: np.ndarray, groups: ConstraintSet) -> TrainStats:
+def train_stats(y: np.ndarray, z: np.ndarray, constraint: ConstraintSet) -> TrainStats:
     """The training loss and every gap at scores ``z``, from one pass of the logistic loss."""
     losses = logistic_loss(y, z)
-    gaps = groups.gaps(y, z, losses=losses)  # one loss pass
+    gaps = constraint.gaps(y, z, losses=losses)  # one loss pass
     return TrainStats(loss=float(losses.mean()), gaps=tuple(float(g) for g in gaps))

@@ -54,7 +54,7 @@ class ActiveParty(Party):
     """A party that also holds y and s, and takes several steps per round."""
 
     y: np.ndarray | None = None
-    groups: ConstraintSet | None = None
+    constraint: ConstraintSet | None = None
 
     def local_steps(
         self, z: np.ndarray, lam: np.ndarray, steps: int, time_budget: float = 0.0, rows: np.ndarray | None = None
@@ -71,14 +71,14 @@ class ActiveParty(Party):
         started = time.perf_counter()
         x = self._rows(self.X_train, rows)
         y = self.y if rows is None else self.y[rows]
-        groups = self.groups.restrict(rows)
+        constraint = self.constraint.restrict(rows)
         others = None  # z without this party's u_k, from the first step's forward pass
 
         def weights(u: np.ndarray) -> np.ndarray:
             nonlocal others
             if others is None:
                 others = z - u
-            return groups.masked_weights(y, others + u, lam)
+            return constraint.masked_weights(y, others + u, lam)
 
         taken = 0
         for _ in range(steps):

@@ -35,7 +35,7 @@ def lagrangian(
     models: Sequence[nn.Module],
     blocks: Sequence[torch.Tensor],
     y: np.ndarray,
-    groups: ConstraintSet,
+    constraint: ConstraintSet,
     lam: np.ndarray,
     epsilon: float,
     c: float,
@@ -51,11 +51,11 @@ def lagrangian(
     reg = sum((p**2).sum() for m in models for p in m.parameters())
     L = losses.mean() + 0.5 * mu * reg
     lam = np.asarray(lam, dtype=np.float64)
-    if lam.shape != (groups.num_multipliers,):
-        raise ValueError(f"{len(groups.constraints)} constraint(s) need {groups.num_multipliers} multipliers")
+    if lam.shape != (constraint.num_multipliers,):
+        raise ValueError(f"{len(constraint.gap_list)} constraint(s) need {constraint.num_multipliers} multipliers")
     f = L - 0.5 * c * float((lam**2).sum())
-    q = losses if groups.measure == "loss" else torch.sigmoid(z)
-    for k, con in enumerate(groups.constraints):
+    q = losses if constraint.measure == "loss" else torch.sigmoid(z)
+    for k, con in enumerate(constraint.gap_list):
         ia, ib = torch.as_tensor(con.in_a), torch.as_tensor(con.in_b)
         D = q[ia].mean() - q[ib].mean()
         f = f + float(lam[2 * k]) * (D - epsilon) - float(lam[2 * k + 1]) * (D + epsilon)
@@ -65,10 +65,10 @@ def lagrangian(
 class CentralisedGDA:
     """Gradient descent on θ (all blocks) and projected ascent on λ, one process."""
 
-    def __init__(self, models, blocks, y, groups, *, epsilon, beta, c, mu, lr, fairness=True):
-        self.models, self.blocks, self.y, self.groups = list(models), list(blocks), y, groups
+    def __init__(self, models, blocks, y, constraint, *, epsilon, beta, c, mu, lr, fairness=True):
+        self.models, self.blocks, self.y, self.constraint = list(models), list(blocks), y, constraint
         self.epsilon, self.beta, self.c, self.mu, self.lr, self.fairness = epsilon, beta, c, mu, lr, fairness
-        self.lam = np.zeros(groups.num_multipliers)
+        self.lam = np.zeros(constraint.num_multipliers)
         self.lams: list[np.ndarray] = []
 
     def z(self, blocks: Sequence[torch.Tensor] | None = None) -> np.ndarray:
@@ -79,14 +79,14 @@ class CentralisedGDA:
     def round(self, rows: np.ndarray | None = None) -> None:
         """One step of both; ``rows``: descend and ascend on the mini-batch f̃ of those rows only."""
         if rows is None:
-            blocks, y, groups = self.blocks, self.y, self.groups
+            blocks, y, constraint = self.blocks, self.y, self.constraint
         else:
             index = torch.from_numpy(rows)
-            blocks, y, groups = [x[index] for x in self.blocks], self.y[rows], self.groups.restrict(rows)
-        self.lam, _ = server_step(self.lam, y, self.z(blocks), groups, epsilon=self.epsilon, beta=self.beta,
+            blocks, y, constraint = [x[index] for x in self.blocks], self.y[rows], self.constraint.restrict(rows)
+        self.lam, _ = server_step(self.lam, y, self.z(blocks), constraint, epsilon=self.epsilon, beta=self.beta,
                                   c=self.c, fairness=self.fairness)
         self.lams.append(self.lam.copy())
-        f = lagrangian(self.models, blocks, y, groups, self.lam, self.epsilon, self.c, 0.0)
+        f = lagrangian(self.models, blocks, y, constraint, self.lam, self.epsilon, self.c, 0.0)
         f.backward()
         for m in self.models:
             gradient_step(m, self.lr, self.mu)  # adds μθ itself, hence mu=0 above
@@ -94,7 +94,7 @@ class CentralisedGDA:
 
 def _dual_step(floor, z):
     """The server's step of a floor (docs/algorithm.md, One round, steps 2-3): new λ and ν."""
-    return server_step(floor.lam, floor.y, z, floor.groups, epsilon=floor.epsilon, beta=floor.beta, c=floor.c,
+    return server_step(floor.lam, floor.y, z, floor.constraint, epsilon=floor.epsilon, beta=floor.beta, c=floor.c,
                        fairness=floor.fairness)
 
 
@@ -105,14 +105,14 @@ class NumpyFloor:
     ν, the active party's Q steps on z̃); the floor every other mode is compared with.
     """
 
-    def __init__(self, blocks, y, groups: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True):
+    def __init__(self, blocks, y, constraint: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True):
         self.X = [np.ascontiguousarray(b) for b in blocks]
-        self.y, self.groups = y.astype(np.float64), groups
+        self.y, self.constraint = y.astype(np.float64), constraint
         self.epsilon, self.beta, self.c, self.mu, self.lr, self.Q, self.active = epsilon, beta, c, mu, lr, Q, active
         self.fairness = fairness
         self.theta = [np.zeros(x.shape[1]) for x in self.X]
         self.bias = [0.0 if k < active else None for k in range(len(self.X))]
-        self.lam = np.zeros(groups.num_multipliers)
+        self.lam = np.zeros(constraint.num_multipliers)
         self.u = [self._u(k, x) for k, x in enumerate(self.X)]
 
     def _u(self, k, x):
@@ -132,7 +132,7 @@ class NumpyFloor:
             if k < self.active:
                 others = z - self.u[k]
                 for _ in range(self.Q):
-                    nu_k = self.groups.masked_weights(self.y, others + self._u(k, x), self.lam)
+                    nu_k = self.constraint.masked_weights(self.y, others + self._u(k, x), self.lam)
                     self.theta[k] -= self.lr * (x.T @ nu_k + self.mu * self.theta[k])
                     self.bias[k] -= self.lr * (nu_k.sum() + self.mu * self.bias[k])
             else:
@@ -149,8 +149,8 @@ class NewtonFloor(NumpyFloor):
     the server; ``nu``, ``const``: derived by the party). ``lr`` and ``Q`` are unused.
     """
 
-    def __init__(self, blocks, y, groups: ConstraintSet, *, curvature="nu", memory=MEMORY, **kw):
-        super().__init__(blocks, y, groups, **kw)
+    def __init__(self, blocks, y, constraint: ConstraintSet, *, curvature="nu", memory=MEMORY, **kw):
+        super().__init__(blocks, y, constraint, **kw)
         self.curvature, self.memory = curvature, memory
         self.jac, self.previous = None, None
         self.alphas: list[np.ndarray] = []
@@ -166,11 +166,11 @@ class NewtonFloor(NumpyFloor):
         """One block Newton round: the dual step, each party's direction and kept moves, the server's
         subspace search over their step lengths, then every party's move."""
         z = self.z()
-        self.lam, nu, self.previous = newton.server_step(self.lam, self.y, z, self.groups, self.jac, self.previous,
+        self.lam, nu, self.previous = newton.server_step(self.lam, self.y, z, self.constraint, self.jac, self.previous,
                                                          epsilon=self.epsilon, beta=self.beta, c=self.c,
                                                          fairness=self.fairness)
         n = len(z)
-        h_exact = curvature(self.groups, self.y, z, self.lam)
+        h_exact = curvature(self.constraint, self.y, z, self.lam)
         h_party = h_exact if self.curvature == "exact" else party_curvature(nu, n, self.curvature)
         dirs, du, owner = [], [], []
         for k, x in enumerate(self.X):
@@ -183,7 +183,7 @@ class NewtonFloor(NumpyFloor):
         a = np.array([self.params(k) @ d for k, d in zip(owner, dirs)])
         B = np.array([[di @ dj if ki == kj else 0.0 for kj, dj in zip(owner, dirs)] for ki, di in zip(owner, dirs)])
         du = np.column_stack(du)
-        alpha, self.lam, self.jac = search_step(self.y, z, du, a, B, self.lam, self.groups, self.mu,
+        alpha, self.lam, self.jac = search_step(self.y, z, du, a, B, self.lam, self.constraint, self.mu,
                                                 epsilon=self.epsilon, fairness=self.fairness)
         self.alphas.append(alpha)
         for k, x in enumerate(self.X):
@@ -204,9 +204,9 @@ class PartyFloor:
     process: the server's dual step and ν, then the parties' own step code
     (``core/parties.py``), float64, no messages. The app's parties run the same code."""
 
-    def __init__(self, blocks, y, groups: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True,
+    def __init__(self, blocks, y, constraint: ConstraintSet, *, epsilon, beta, c, mu, lr, Q, active=1, fairness=True,
                  model="mlp", hidden=16, step_rule="", seed=0, test_blocks=None):
-        self.y, self.groups = y.astype(np.float64), groups
+        self.y, self.constraint = y.astype(np.float64), constraint
         self.epsilon, self.beta, self.c, self.Q, self.fairness, self.active = epsilon, beta, c, Q, fairness, active
         self.parties = []
         for k, x in enumerate(blocks):
@@ -216,10 +216,10 @@ class PartyFloor:
             block = build_block(model, x.shape[1], hidden=hidden, bias=k < active or model == "mlp",
                                 seed=seed * 1000 + k, step_rule=step_rule)
             if k < active:
-                self.parties.append(ActiveParty(block, x, xt, lr, mu, y=self.y, groups=groups))
+                self.parties.append(ActiveParty(block, x, xt, lr, mu, y=self.y, constraint=constraint))
             else:
                 self.parties.append(Party(block, x, xt, lr, mu))
-        self.lam = np.zeros(groups.num_multipliers)
+        self.lam = np.zeros(constraint.num_multipliers)
         self.u = [p.logits() for p in self.parties]
 
     def z(self, split: str = "train"):

@@ -25,7 +25,7 @@ def server_step(
     lam: np.ndarray,
     y: np.ndarray,
     z: np.ndarray,
-    groups: ConstraintSet,
+    constraint: ConstraintSet,
     *,
     epsilon: float,
     beta: float,
@@ -38,5 +38,5 @@ def server_step(
     Returns ``(λ, ν)``.
     """
     if fairness:
-        lam = dual_step(lam, groups.gaps(y, z), epsilon, beta, c)
-    return lam, groups.masked_weights(y, z, lam)
+        lam = dual_step(lam, constraint.gaps(y, z), epsilon, beta, c)
+    return lam, constraint.masked_weights(y, z, lam)

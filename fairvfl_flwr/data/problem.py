@@ -175,14 +175,14 @@ class ServerLabels:
         return out
 
     @property
-    def groups(self) -> ConstraintSet:
-        """DEO's groups; use :meth:`groups_for` for the run's constraint set."""
-        return self.groups_for("deo")
+    def constraint(self) -> ConstraintSet:
+        """The DEO constraint; :meth:`constraint_for` gives the run's kind."""
+        return self.constraint_for("deo")
 
-    def groups_for(self, constraint: str, measure: str = "loss") -> ConstraintSet:
-        """The run's constraint set on the training rows: ``constraint`` and ``measure`` with the run's
+    def constraint_for(self, kind: str, measure: str = "loss") -> ConstraintSet:
+        """The run's constraint on the training rows: of kind ``kind``, on ``measure``, with the run's
         group options (form, small groups)."""
-        return from_labels(self.y_train, self.s_train, self.protected_label, constraint, measure,
+        return from_labels(self.y_train, self.s_train, self.protected_label, kind, measure,
                            whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
                            names=self.group_names, weights=self.weights, **(self.options or {}))
 
@@ -199,10 +199,10 @@ def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels
 
 
 def party_problem(cfg: RunConfig) -> tuple[FairDataset, list[np.ndarray], ConstraintSet]:
-    """The dataset, each party's training block (its columns, contiguous) and the constraint groups:
+    """The dataset, each party's training block (its columns, contiguous) and the constraint:
     the problem a run config describes, as the one-process references (core/reference.py) take it."""
     ds = load_data(cfg)
     blocks = [np.ascontiguousarray(ds.X_train[:, c]) for c in party_columns(cfg, ds)]
-    groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
+    constraint = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
                                whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
-    return ds, blocks, groups
+    return ds, blocks, constraint

@@ -60,7 +60,7 @@ from flwr.serverapp import Grid
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import GRADIENT_STATE, PartyRuntime
+from fairvfl_flwr.flower.party import GRADIENT_STATE, MODEL_STATE, Handles, PartyRuntime, handlers
 
 TRAIN_PASSIVE_ENC = msgs.TRAIN_PASSIVE_ENC
 TRAIN_PASSIVE_UNMASK = msgs.TRAIN_PASSIVE_UNMASK
@@ -396,4 +396,7 @@ def train_passive_unmask(message: Message, context: Context) -> Message:
 
 
 #: The passive party's handlers for encrypted ν (with :func:`ckks_mod`): part of the training job (jobs/training.py).
-HANDLERS = {msgs.TRAIN_PASSIVE_ENC: train_passive_enc, msgs.TRAIN_PASSIVE_UNMASK: train_passive_unmask}
+# the first leg's reply (the ciphertext's product) is kept for a re-send; the second steps θ, so a
+# re-send rebuilds it from θ
+HANDLERS = handlers({msgs.TRAIN_PASSIVE_ENC: Handles(msgs.Kind.ROUND, train_passive_enc),
+                     msgs.TRAIN_PASSIVE_UNMASK: Handles(msgs.Kind.STEP, train_passive_unmask, keeps=(MODEL_STATE,))})

@@ -87,7 +87,7 @@ def noise_multiplier_for(epsilon: float, delta: float, steps: int, sample_rate: 
 
 def smallest_group(constraint: ConstraintSet) -> int:
     """The smallest row set any of the constraint's gaps compares: the data's bound on m."""
-    return min(min(c.size_a, c.size_b) for c in constraint.constraints)
+    return min(min(c.size_a, c.size_b) for c in constraint.gap_list)
 
 
 def flipped_masks(constraint: ConstraintSet) -> int:
@@ -123,17 +123,17 @@ class LabelDP(RoundHook):
     ``secret``: the noise key (tests); None draws 32 fresh bytes from the OS.
     """
 
-    def __init__(self, groups: ConstraintSet, *, epsilon: float, delta: float, rounds: int,
+    def __init__(self, constraint: ConstraintSet, *, epsilon: float, delta: float, rounds: int,
                  lambda_bound: float, min_group: int = 0, fairness: bool = True, secret: bytes | None = None) -> None:
-        self.n = groups.n
+        self.n = constraint.n
         self.epsilon, self.delta, self.rounds = float(epsilon), float(delta), int(rounds)
         self.lambda_bound = float(lambda_bound) if fairness else 0.0
-        actual = smallest_group(groups)
+        actual = smallest_group(constraint)
         if min_group > actual:
             raise ConfigError(f"run config privacy.label-dp-min-group={min_group}: the data's smallest constraint group has "
                              f"{actual} rows; set a bound <= {actual} (0: the data's smallest group - 1)")
         self.min_group = int(min_group) if min_group > 0 else actual - 1
-        self.sensitivity = label_sensitivity(groups, self.lambda_bound, self.min_group)
+        self.sensitivity = label_sensitivity(constraint, self.lambda_bound, self.min_group)
         self.noise_multiplier = noise_multiplier_for(self.epsilon, self.delta, self.rounds)
         self.sigma = self.noise_multiplier * self.sensitivity
         self.secret = secrets.token_bytes(32) if secret is None else bytes(secret)
@@ -157,7 +157,7 @@ class LabelDP(RoundHook):
             # The bound on ν's sensitivity needs |λ_c+ − λ_c−| ≤ Λ; the clipped λ is the server's
             # λ from here on, so the dual ascent is projected onto [0, Λ].
             server.set_lambda(np.minimum(server.lam, self.lambda_bound))
-            nu = server.groups.masked_weights(server.labels.y_train, server.z("train"), server.lam)
+            nu = server.constraint.masked_weights(server.labels.y_train, server.z("train"), server.lam)
         self.released = max(self.released, server_round)
         return nu + self.noise(server_round, len(nu))
 

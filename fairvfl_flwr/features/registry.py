@@ -29,5 +29,5 @@ class LabelOwnerWeights(RoundHook):
             if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
                 continue
             lam = payload["lam"].numpy().astype(np.float64)
-            w = server.groups.signed_weights(lam).astype(server.wire_dtype)
+            w = server.constraint.signed_weights(lam).astype(server.wire_dtype)
             payload["weights"] = Array(np.ascontiguousarray(w))

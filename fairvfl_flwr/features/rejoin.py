@@ -36,7 +36,7 @@ from fairvfl_flwr.flower.discovery import joined_nodes
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 from fairvfl_flwr.flower.hooks import Node, Recovery, RoundHook
-from fairvfl_flwr.flower.party import ALIGNED_STATE, PartyRuntime, round_of
+from fairvfl_flwr.flower.party import ALIGNED_STATE, Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.store import load_state, restore, save_state, state_dir
 
 POLL_SECONDS = 0.5  # how often the server looks for a returning node
@@ -81,7 +81,8 @@ def rejoin(message: Message, context: Context) -> Message:
 
 
 #: The party's handler of a rejoin: part of the training job (jobs/training.py).
-HANDLERS = {msgs.REJOIN: rejoin}
+# a check before the fresh session's set-up, carrying no values: outside any view
+HANDLERS = handlers({msgs.REJOIN: Handles(msgs.Kind.QUERY, rejoin, in_view=False)})
 
 
 # -- the server's hook ------------------------------------------------------------------

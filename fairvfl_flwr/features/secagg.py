@@ -32,7 +32,7 @@ from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime
 from fairvfl_flwr.secure import agreement, ring, view
 from fairvfl_flwr.secure.identity import check_deployment
-from fairvfl_flwr.secure.nonces import Nonces, mask_round
+from fairvfl_flwr.secure.nonces import Nonces, is_chunk, mask_round
 
 #: ConfigRecord of a masked reply: ‖θ_k‖², its 128-bit word as 16 bytes (two little-endian uint64, high
 #: then low; its metric is then 0). One config value, not an array: see secure/view.RELAY.
@@ -101,7 +101,7 @@ class SecureAggregation(RoundHook):
                     self.asked = self.asked or agreement.new_session()
                     message.content.config_records["secagg"] = agreement.key_request(self.asked)
         else:
-            bound = [m for m in messages if m.metadata.message_type not in view.UNBOUND]
+            bound = [m for m in messages if msgs.in_view(m.metadata.message_type)]
             if self.relay is not None and bound:  # every party checks every key before it acts on the message
                 for message in bound:
                     message.content.config_records[view.RELAY] = ConfigRecord(dict(self.relay))
@@ -185,7 +185,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     if node.deployed or node.identity_key:
         check_deployment(context, runtime())
     held = context.state.config_records.get(agreement.SESSION_STATE)
-    if held is None or message.metadata.message_type in view.UNBOUND:
+    if held is None or not msgs.in_view(message.metadata.message_type):
         reply = call_next(message, context)
         asked = message.content.config_records.get("secagg")
         if message.metadata.message_type == msgs.INFO and asked is not None and not reply.has_error():
@@ -233,14 +233,14 @@ def _mask_reply(message: Message, context: Context, reply: Message, head: bytes 
                               f"{k - 1} pair keys (no set-up, or the node restarted); start the run again")
     keys = {j: view.bound_key(key, head) for j, key in raw.items()}
     own, mtype = rt.spec.partition_id, message.metadata.message_type
-    server_round = mask_round(message)
+    server_round, chunk = mask_round(message), is_chunk(message)
     nonces = Nonces(context, rt.who, mtype, server_round)
     masked_records = {}
     for name in names:
         masked_record = masked_records[name] = {}
         for key, array in reply.content.array_records[name].items():
             label, values = _label(name, key, msgs.DIRECTIONS in names), array.numpy()
-            if mtype == msgs.SCORE:
+            if chunk:
                 if key != "logits":  # the chunk's ids: the rows the server asked for
                     masked_record[key] = values
                     continue

@@ -117,7 +117,7 @@ class ServerView:
     # -- what a hook may read ---------------------------------------------------------
     cfg: Reads[RunConfig] = Reads()
     labels: Reads[ServerLabels] = Reads(_read_only_labels)
-    groups: Reads[ConstraintSet] = Reads()
+    constraint: Reads[ConstraintSet] = Reads()
     wire_dtype: Reads[np.dtype] = Reads()
     #: The round training ends with (an algorithm that converged lowers it).
     last_round: Reads[int] = Reads()

@@ -1,10 +1,12 @@
 """The job registry: every sequence of messages the app answers, declared once.
 
-A :class:`Job` declares its message types with their party handlers, and, for a job a run
-config selects, the run-config ``mode`` values that select it, how it reads its settings
-from the run config (once per run) and its server entry. A new job is its module plus one
-line in the :func:`register` call of ``app/jobs.py`` (docs/architecture.md, "Adding a
-job"); everything else derives from the registry:
+A :class:`Job` declares its message types with their party handlers, each type declared with
+its kind where the job's module declares the handler (``flower/party.handlers``, as an
+algorithm's are), and, for a job a run config selects, the run-config ``mode`` values that
+select it, how it reads its settings from the run config (once per run) and its server entry.
+A new job is its module in ``jobs/`` plus one line in the :func:`register` call of
+``app/jobs.py`` (docs/architecture.md, "Adding a job"); everything else derives from the
+registry:
 
 * the protocol's message list (:func:`message_types`): a type is declared by exactly one
   job or by the training algorithms (config/algorithms.py: two algorithms may share a
@@ -13,7 +15,7 @@ job"); everything else derives from the registry:
   algorithm's handler, also for one registered after the app was built (a plug-in, a test);
 * the ServerApp's dispatch (:func:`run`): the job whose modes hold the run config's
   ``mode``;
-* the run config's ``mode`` choices (``config/run.MODES``).
+* the run config's ``mode`` choices (``config/run.MODES`` reads them from here).
 
 A job without modes (alignment, key agreement, saving) runs inside another job.
 """
@@ -31,6 +33,7 @@ from flwr.serverapp import Grid
 
 from fairvfl_flwr.config import RunConfig, algorithms
 from fairvfl_flwr.config.run import MODES
+from fairvfl_flwr.flower import protocol as msgs
 
 Handler = Callable[[Message, Context], Message]
 #: A job's server entry: (grid, its settings as ``Job.read`` parsed them, the run id) -> (summary, run folder).
@@ -69,6 +72,9 @@ def _check_format(who: str, message_type: str) -> None:
     category, dot, action = message_type.partition(".")
     if category not in CATEGORIES or not dot or not action.isidentifier():
         raise ValueError(f"{who}: message type {message_type!r} is not '<query|train>.<name>'")
+    if msgs.kind_of(message_type) is None:  # every mod asks the kind: an undeclared type would pass them all
+        raise ValueError(f"{who}: message type {message_type!r} has no declared kind (declare its handler with "
+                         "flower/party.handlers)")
 
 
 def _check_type(job: Job, message_type: str) -> None:
@@ -122,7 +128,6 @@ def register(*jobs: Job) -> None:
         _JOBS[job.name] = job
         _BY_TYPE.update(dict.fromkeys(job.handlers, job))
         _BY_MODE.update(dict.fromkeys(job.modes, job))
-        MODES.add(*job.modes)
     for app, routed in _APPS:
         _route_on(app, routed)
 
@@ -137,7 +142,6 @@ def unregister(*names: str) -> None:
             _BY_TYPE.pop(message_type)
         for mode in job.modes:
             _BY_MODE.pop(mode)
-        MODES.remove(*job.modes)
 
 
 def registered() -> tuple[Job, ...]:
@@ -191,3 +195,4 @@ def run(grid: Grid, run_config: Mapping[str, Any], run_id: int | str | None = No
 
 
 algorithms.subscribe(_algorithm_changed)  # every algorithm's handlers, registered before this module or after
+MODES.read_from(lambda: tuple(_BY_MODE))  # the run config's mode choices are the registered jobs' modes

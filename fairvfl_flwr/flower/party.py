@@ -68,7 +68,7 @@ class PartyData:
     X_test: np.ndarray
     ids_digest: str
     y: np.ndarray | None = None
-    groups: ConstraintSet | None = None
+    constraint: ConstraintSet | None = None
     held: HeldGroups | None = None
 
 
@@ -86,10 +86,10 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
     )
     if ds.role == msgs.ROLE_ACTIVE:
         # a registry run's label owner holds no groups: the server sends its rows' weights
-        groups = None if ds.s_train is None else constraint_groups(
+        constraint = None if ds.s_train is None else constraint_groups(
             cfg, ds.y_train, ds.s_train, ds.protected_label,
             whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
-        return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), groups=groups, **common)
+        return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), constraint=constraint, **common)
     if ds.role == ROLE_REGISTRY:
         held = HeldGroups(ds.s_train, ds.s_test, ds.group_names)
         return PartyData(role=msgs.ROLE_PASSIVE, held=held, **common)
@@ -160,8 +160,8 @@ class PartyRuntime:
         """The constraint an active party's steps take: its own groups', or where it holds none (a
         registry holds them) the rows' weights the server sent with ``message`` (checked: one
         finite value per training row). None for a passive party."""
-        if self.data.groups is not None or self.data.role != msgs.ROLE_ACTIVE:
-            return self.data.groups
+        if self.data.constraint is not None or self.data.role != msgs.ROLE_ACTIVE:
+            return self.data.constraint
         w = checks.check_payload(message.content, self.who, {"weights": (self.n_train, False)})["weights"]
         lam = message.content.array_records[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
         return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(lam.numpy().size))
@@ -185,7 +185,7 @@ class PartyRuntime:
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
             return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y,
-                               groups=constraint if constraint is not None else data.groups)
+                               constraint=constraint if constraint is not None else data.constraint)
         return Party(block, data.X_train, data.X_test, cfg.lr, mu)
 
     def save(self, party: Party) -> None:
@@ -255,8 +255,6 @@ def info(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=message)
 
 
-#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job (jobs/training.py).
-HANDLERS = {msgs.INFO: info}
 
 
 # Records of a node's state that carry a run from one round to the next (θ, a step's own
@@ -280,27 +278,35 @@ def round_state() -> dict[str, bool]:
 @dataclass(frozen=True)
 class Handles:
     """A party's handler of one message type, declared with what the type is (its kind,
-    flower/protocol.Kind: what the guard, the state store, transcripts and delays do with it)
+    flower/protocol.Kind: what the guard, the state store, transcripts and delays do with it;
+    ``in_view``: whether secure aggregation binds it to the round's view, flower/protocol.declare)
     and the records of the node's state it keeps from one round to the next (a party that
-    restarts restores them, flower/store.py)."""
+    restarts restores them, flower/store.py; ``merges``: kept records that only grow, whose
+    restore adds to the node's lists instead of replacing them)."""
 
     kind: msgs.Kind
     run: Callable[[Message, Context], Message]
     keeps: tuple[str, ...] = ()
+    merges: tuple[str, ...] = ()
+    in_view: bool = True
 
 
 def handlers(declared: Mapping[str, Handles]) -> dict[str, Callable[[Message, Context], Message]]:
     """The handlers of ``declared`` by message type, each type's kind and kept records declared
-    (where the handlers' module is imported: a simulation worker that runs them declares them too)."""
+    (where the handlers' module is imported: a simulation worker that runs them declares them too).
+    Every algorithm and job declares its handlers so."""
     for message_type, handles in declared.items():
-        msgs.declare(message_type, handles.kind)
+        msgs.declare(message_type, handles.kind, in_view=handles.in_view)
         for name in handles.keeps:
             mark_round_state(name)
+        for name in handles.merges:
+            mark_round_state(name, merge=True)
     return {message_type: handles.run for message_type, handles in declared.items()}
 
 
-for _name in (MODEL_STATE, ALIGNED_STATE):
-    mark_round_state(_name)
+#: Discovery (``query.info``), which every algorithm's server starts with: part of the training job
+#: (jobs/training.py). It carries the secure-aggregation set-up's first leg, outside any view.
+HANDLERS = handlers({msgs.INFO: Handles(msgs.Kind.SETUP, info, in_view=False)})
 
 
 # Records that describe the last message a party answered (the guard's copy of its reply):

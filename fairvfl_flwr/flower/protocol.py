@@ -1,6 +1,21 @@
-"""The wire protocol: message types and the records each one carries.
+"""The wire protocol: how a message type declares what it is, and the records messages carry.
 
-Who receives what (docs/algorithm.md, "Who holds what"):
+A message type is named and declared where its handler lives, with its kind (:class:`Kind`):
+an algorithm's in its module (``algorithms/``, through ``flower/party.Handles``), a job's in
+its job (``jobs/``), a feature's in the feature. Every mod asks :func:`kind_of`,
+:func:`in_rounds` or :func:`in_view`, never a type's name, so a new job or algorithm brings
+its own types and no mod changes. ``python -m fairvfl_flwr.config`` lists every registered
+type; docs/algorithm.md, "Who holds what", says what each carries.
+
+The names that stay here are those more than one layer sends or reads: discovery
+(``query.info``, which every algorithm's server starts with and secure aggregation rides on),
+a rejoin's check (``query.rejoin``: the rejoin feature answers it, and a resumed run's
+checkpoint sends it), encrypted ν's two legs (``train.passive_enc`` / ``train.passive_unmask``:
+the CKKS feature answers them, and an algorithm's server builds the second) and the training
+algorithms' own (the transcripts and the attack tools read their payloads). Their kinds are
+still declared with their handlers.
+
+FairVFL's rounds, one message per party a round:
 
 ============== ===================== ==========================================
 message type    from server            reply
@@ -29,28 +44,9 @@ parties) send the same messages: each round's also names the round whose directi
 applies to (``base``), and the reply holds the party's partial logits after that step beside
 the images of its next directions.
 
-Saving the model adds ``query.save`` (the reply holds digests, never θ_k) and the scoring
-job (``mode = "score"``) ``query.scoreinfo`` / ``query.score`` (partial logits of a chunk of
-rows to score, with their ids; no labels or groups anywhere); docs/scoring.md. After a party
-dropped out and came back, ``query.rejoin`` (a round config) has every party restore its state
-of that round from its own disk and reply as to ``query.info`` (features/rejoin.py).
-
-Features and the split-learning baseline add their own types (encrypted ν:
-``train.passive_enc`` / ``train.passive_unmask``, features/ckks.py; split learning:
-``query.splitinit`` / ``train.split``, algorithms/split.py). The app's names live here, so
-the wire contract is one table and no feature imports another to learn a name; which job
-answers each type, and so the list of every type a party answers, is the job registry's
-(flower/jobs.py), where a new job declares its own.
-
 A passive party's ``train.passive`` message holds the array ``nu`` and the config
 ``round``/``evaluate`` and nothing else: no labels, groups, summed logits or λ. The
 tests inspect real messages to hold this line.
-
-Where a registry holds the groups (run config ``groups.holder = "registry"``), the server
-first asks it for their release (``query.groups_release``: ε_S asked; the reply holds each
-training and test row's randomized group), and the label owner, which holds no groups,
-finds ``weights`` (its rows' signed weights w = 1/n + m) beside z and λ in its training
-messages (features/registry.py).
 """
 
 from __future__ import annotations
@@ -74,14 +70,20 @@ class Kind(enum.Enum):
 #: The kinds of a round's messages: the guard, the state store, transcripts and delays act on these.
 IN_ROUNDS = frozenset({Kind.START, Kind.STEP, Kind.ROUND, Kind.FINAL})
 _KINDS: dict[str, Kind] = {}
+_OUTSIDE_VIEW: set[str] = set()
 
 
-def declare(message_type: str, kind: Kind) -> str:
-    """Declare ``message_type``'s kind (where the type is named: its module, imported wherever its
-    handler runs, a simulation worker included); returns the type, for a module constant."""
+def declare(message_type: str, kind: Kind, *, in_view: bool = True) -> str:
+    """Declare ``message_type``'s kind (where its handler is declared: its module, imported wherever
+    the handler runs, a simulation worker included); returns the type.
+
+    ``in_view``: False for a message that carries no value a round's sum depends on (a set-up, a
+    check, digests), which secure aggregation leaves outside the round's view (secure/view.py)."""
     held = _KINDS.setdefault(message_type, kind)
     if held is not kind:
         raise ValueError(f"message type {message_type!r} is declared {held.value!r} already")
+    if not in_view:
+        _OUTSIDE_VIEW.add(message_type)
     return message_type
 
 
@@ -95,16 +97,20 @@ def in_rounds(message_type: str) -> bool:
     return kind_of(message_type) in IN_ROUNDS
 
 
-INFO = declare("query.info", Kind.SETUP)
-# FairVFL's rounds: their kinds are declared with their handlers (algorithms/fairvfl.py), as every
-# algorithm's are (flower/party.Handles)
+def in_view(message_type: str) -> bool:
+    """Whether secure aggregation binds ``message_type`` to the round's view (see :func:`declare`)."""
+    return message_type not in _OUTSIDE_VIEW
+
+
+#: Discovery, which every algorithm's server starts with (flower/party.py answers it).
+INFO = "query.info"
+# FairVFL's rounds (algorithms/fairvfl.py)
 INIT = "query.init"
 TRAIN_ACTIVE = "train.active"
 TRAIN_PASSIVE = "train.passive"
-TRAIN_PASSIVE_ENC = declare("train.passive_enc", Kind.ROUND)  # encrypted ν, first leg
-TRAIN_PASSIVE_UNMASK = declare("train.passive_unmask", Kind.STEP)  # encrypted ν, second leg
-SECAGG_KEYS = declare("query.sakeys", Kind.SETUP)  # secure aggregation set-up: each party's X25519 public key
-SECAGG_PEERS = declare("query.sapeers", Kind.SETUP)  # secure aggregation set-up: every party's public key to all
+# encrypted ν (features/ckks.py): the ciphertext, then the masked slot sums
+TRAIN_PASSIVE_ENC = "train.passive_enc"
+TRAIN_PASSIVE_UNMASK = "train.passive_unmask"
 SPLIT_INIT = "query.splitinit"  # split learning (algorithms/split.py)
 SPLIT_TRAIN = "train.split"
 NEWTON_INIT = "query.newtoninit"  # block Newton (algorithms/newton.py)
@@ -112,26 +118,9 @@ NEWTON_ACTIVE = "train.newton_active"
 NEWTON_PASSIVE = "train.newton_passive"
 # after the last round: apply the last step lengths, reply the logits
 NEWTON_APPLY = "train.newton_apply"
-# after the last round: each party saves its block on its own disk, replies its digest
-SAVE = declare("query.save", Kind.QUERY)
-# scoring job: which block and how many rows to score (digests only)
-SCORE_INFO = declare("query.scoreinfo", Kind.SETUP)
-SCORE = declare("query.score", Kind.QUERY)  # scoring job: partial logits of a chunk of rows, with their ids
-# tables.own: private alignment, one message type a step (blinded ids, counts; jobs/alignment.py)
-ALIGN_SIZE = declare("query.align_size", Kind.SETUP)  # every party: its number of ids and their shape
-ALIGN_BLIND = declare("query.align_blind", Kind.SETUP)  # every party: its ids blinded with its own key
-ALIGN_RAISE = declare("query.align_raise", Kind.SETUP)  # every other party: the leader's blinded ids raised to its key
-# the leader, as few times as a byte budget allows: which of its ids each party holds; the last also the
-# common rows (training: their split and labels)
-ALIGN_INTERSECT = declare("query.align_intersect", Kind.SETUP)
-ALIGN_FINISH = declare("query.align_finish", Kind.SETUP)  # every other party: its common rows
-# instead of the PSI, every party: take up the alignment it kept of these tables
-ALIGN_REUSE = declare("query.align_reuse", Kind.SETUP)
 # after a party dropped out: every party checks it holds its state of a round on its own disk
-REJOIN = declare("query.rejoin", Kind.QUERY)
-# groups.holder = "registry": the registry releases every row's group, noisy, once per run (jobs/group_release.py)
-GROUPS_RELEASE = declare("query.groups_release", Kind.SETUP)
-ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
+# (features/rejoin.py answers it; a resumed run's checkpoint sends it too)
+REJOIN = "query.rejoin"
 
 PAYLOAD = "payload"  # ArrayRecord the server sends
 ROUND = "round"  # ConfigRecord: round number, whether to return test logits

@@ -115,13 +115,13 @@ class VFLServer:
     ) -> None:
         self.cfg = config
         self.labels = labels
-        self.constraint = labels.groups_for(config.constraint, config.measure)  # at temperature 1
+        self._constraint = labels.constraint_for(config.constraint, config.measure)  # at temperature 1
         # with pooled groups, each row's constrained group: the figures a user reads are over the
         # groups ε holds for, not over a member of one test row (None: the data's groups are those)
-        pooled = self.constraint.pooling is not None
+        pooled = self._constraint.pooling is not None
         self.constrained_test, self.constrained_train = (
-            (constrained_codes(self.constraint, labels.s_test, labels.group_names),
-             constrained_codes(self.constraint, labels.s_train, labels.group_names)) if pooled else (None, None))
+            (constrained_codes(self._constraint, labels.s_test, labels.group_names),
+             constrained_codes(self._constraint, labels.s_train, labels.group_names)) if pooled else (None, None))
         self.mu = config.mu_value(len(labels.y_train))
         self.on_round = on_round
         self.view = ServerView(self)  # what the hooks see of this server
@@ -130,9 +130,9 @@ class VFLServer:
         self.wire_dtype = np.dtype(config.wire_dtype)
         # 0: full batch (also when batch-size >= the training rows); b: rounds train on b rows
         self.batch_size = batching.effective_batch(config.batch_size, len(labels.y_train))
-        batching.check_batches(self.constraint, config.seed, self.batch_size, config.num_server_rounds)
+        batching.check_batches(self._constraint, config.seed, self.batch_size, config.num_server_rounds)
         self.held_rows: np.ndarray | None = None  # training rows the held partial logits are on (None: all)
-        self.lam = np.zeros(self.constraint.num_multipliers)  # multipliers; stay 0 without a fairness term
+        self.lam = np.zeros(self._constraint.num_multipliers)  # multipliers; stay 0 without a fairness term
         self.nodes: dict[int, Node] = {}
         self.u_train: dict[int, np.ndarray] = {}
         self.u_test: dict[int, np.ndarray] = {}
@@ -145,7 +145,7 @@ class VFLServer:
         self.last_round = config.num_server_rounds
         # a rate constraint's ε is read as fairlearn's hard difference: the stop rule tightens the
         # smooth gaps' bound until the hard ones meet it (the loss measure, the paper's, has no hard gap)
-        hard_target = config.epsilon if config.hard_epsilon and self.constraint.q.hard else None
+        hard_target = config.epsilon if config.hard_epsilon and self._constraint.q.hard else None
         # sharper rates change every fairness term: only where the server computes them all, and not
         # under label DP, whose noise is calibrated to the rates' slope at the start
         self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness,
@@ -155,12 +155,12 @@ class VFLServer:
         self._t0 = time.perf_counter()
 
     @property
-    def groups(self) -> ConstraintSet:
+    def constraint(self) -> ConstraintSet:
         """The run's constraint at the stop rule's temperature of the smooth rates (1 unless sharpened)."""
         temperature = self.stop.temperature
-        if self.constraint.temperature != temperature:
-            self.constraint = dataclasses.replace(self.constraint, temperature=temperature)
-        return self.constraint
+        if self._constraint.temperature != temperature:
+            self._constraint = dataclasses.replace(self._constraint, temperature=temperature)
+        return self._constraint
 
     # -- what an algorithm writes ---------------------------------------------------
     def configure_train(
@@ -222,11 +222,11 @@ class VFLServer:
         self.last_round = num_rounds
         timeout = timeout or self.cfg.round_timeout
         self.summary()
-        if self.cfg.fairness and self.groups.groups is not None:
+        if self.cfg.fairness and self.constraint.groups is not None:
             log(INFO, "FairVFL: %s on %s, %d groups (%s), %d gap(s)", self.cfg.constraint, self.cfg.measure,
-                len(self.groups.groups), ", ".join(self.groups.groups.names), len(self.groups.constraints))
-            if self.groups.pooling is not None:
-                log(INFO, "FairVFL: %s", self.groups.pooling.describe())
+                len(self.constraint.groups), ", ".join(self.constraint.groups.names), len(self.constraint.gap_list))
+            if self.constraint.pooling is not None:
+                log(INFO, "FairVFL: %s", self.constraint.pooling.describe())
         setup_started = time.perf_counter()
         log(INFO, "FairVFL: set-up: asking every party for its role and rows")
         self.discover(grid, timeout)
@@ -342,16 +342,16 @@ class VFLServer:
         """F at the current λ: φ(z) + (μ/2) Σ_k ‖θ_k‖², by default of the held logits and norms."""
         z = self.z("train") if z is None else z
         sq_norm = sum(self.sq_norms.values()) if sq_norm is None else sq_norm
-        return smooth_part(self.groups, self.labels.y_train, z, self.lam) + 0.5 * self.mu * sq_norm
+        return smooth_part(self.constraint, self.labels.y_train, z, self.lam) + 0.5 * self.mu * sq_norm
 
     def converged(self, f_before: float, z_after: np.ndarray) -> bool:
         """Feed the round just folded (F before its steps, the logits after) to the stop rule."""
         f_after = self.objective(z_after)
         y = self.labels.y_train
         hard, over = None, False
-        smooth = self.groups.gaps(y, z_after)
+        smooth = self.constraint.gaps(y, z_after)
         if self.stop.target is not None:  # the server holds y, s and z: the hard gaps cost no message
-            gaps = self.groups.gaps(y, z_after, hard=True)
+            gaps = self.constraint.gaps(y, z_after, hard=True)
             largest = int(np.argmax(np.abs(gaps)))
             hard = float(abs(gaps[largest]))
             # it leans the other way than its smooth gap, which the bound holds: the bound over-corrects it (a
@@ -390,16 +390,16 @@ class VFLServer:
         and on the next round's batch otherwise (``train_rows`` says which).
         """
         if self.held_rows is None:
-            self.stats = train_stats(self.labels.y_train, self.z("train"), self.groups)
+            self.stats = train_stats(self.labels.y_train, self.z("train"), self.constraint)
         else:
             self.stats = train_stats(*self.batch_view(self.held_rows))
         row: dict = {
             "round": server_round,
             "loss": self.stats.loss + 0.5 * self.mu * sum(self.sq_norms.values()),
             "max_gap": self.stats.max_gap,  # max_c |D_c|: the constraint set holds when <= ε
-            "gaps": {c.name: g for c, g in zip(self.groups.constraints, self.stats.gaps)},  # every D_c by name
+            "gaps": {c.name: g for c, g in zip(self.constraint.gap_list, self.stats.gaps)},  # every D_c by name
             "lambdas": [float(v) for v in self.lam],  # all multipliers [λ_1+, λ_1-, λ_2+, λ_2-, ...]
-            **self.groups.history.columns(self.stats.gaps, self.lam),
+            **self.constraint.history.columns(self.stats.gaps, self.lam),
             **dict.fromkeys(TEST_METRICS + (RAW_TEST_METRICS if self.constrained_test is not None else ()), np.nan),
             "seconds": time.perf_counter() - self._t0,
         }
@@ -408,7 +408,7 @@ class VFLServer:
         row.update(extra or {})
         evaluated = bool(self.u_test) and (server_round == 0 or self.evaluates(server_round))
         if evaluated:
-            row.update(self.labels.metrics("test", self.z("test"), self.groups))
+            row.update(self.labels.metrics("test", self.z("test"), self.constraint))
         self.hooks.record(server_round, row)
         if evaluated:
             self.u_test.clear()
@@ -427,7 +427,7 @@ class VFLServer:
         keys = ("dp_diff", "eo_diff") + (("dp_diff_raw", "eo_diff_raw") if self.constrained_train is not None else ())
         if self.held_rows is not None:
             return dict.fromkeys((f"train_{k}" for k in keys), None)
-        hard = self.labels.metrics("train", self.z("train"), self.groups)
+        hard = self.labels.metrics("train", self.z("train"), self.constraint)
         return {f"train_{k}": hard[k] for k in keys} | self.epsilon_outcome()
 
     def epsilon_outcome(self) -> dict:
@@ -446,7 +446,7 @@ class VFLServer:
                 self.history[-1]["max_gap"] if self.history else float("nan"))
             return {"epsilon_bounds": "smooth"}
         y, z = self.labels.y_train, self.z("train")
-        hard = float(np.max(np.abs(self.groups.gaps(y, z, hard=True))))
+        hard = float(np.max(np.abs(self.constraint.gaps(y, z, hard=True))))
         met = hard <= stop.target + GAP_SLACK
         out = {"epsilon_bounds": "hard", "train_hard_gap": hard, "epsilon_met": met,
                "surrogate_bound": stop.epsilon, "tightenings": stop.tightenings, "loosenings": stop.loosenings,
@@ -477,18 +477,18 @@ class VFLServer:
         constrained (a pooled one named by its members joined with " + "), each with its training
         and test rows; where pooling made them differ, ``raw_groups``: the data's own groups with
         theirs and the group each was pooled into (what the ``*_raw`` figures are over)."""
-        if self.groups.groups is None:
+        if self.constraint.groups is None:
             return {}
-        names = self.groups.groups.names
-        if not self.groups.groups.exact:  # a registry's noisy release: the server knows estimated counts only
-            return {"groups": _estimated(self.groups.groups, self.labels.s_test), "groups_released": True}
+        names = self.constraint.groups.names
+        if not self.constraint.groups.exact:  # a registry's noisy release: the server knows estimated counts only
+            return {"groups": _estimated(self.constraint.groups, self.labels.s_test), "groups_released": True}
         raw = SensitiveGroups.of(self.labels.s_train, self.labels.group_names)
         if self.constrained_test is None:
             train, test = raw.codes, SensitiveGroups.of(self.labels.s_test, self.labels.group_names).codes
             return {"groups": _counted(names, train, test)}
         out = {"groups": _counted(names, self.constrained_train, self.constrained_test)}
         raw_test = SensitiveGroups.of(self.labels.s_test, self.labels.group_names).codes
-        into = constrained_codes(self.groups, np.arange(len(raw.names)), raw.names)
+        into = constrained_codes(self.constraint, np.arange(len(raw.names)), raw.names)
         out["raw_groups"] = {name: {**counts, "pooled_into": names[into[k]] if into[k] == len(names) - 1 else None}
                              for k, (name, counts) in enumerate(_counted(raw.names, raw.codes, raw_test).items())}
         return out
@@ -503,7 +503,7 @@ class VFLServer:
         fair = f" (eps {self.cfg.epsilon:.3g}) {multipliers}" if self.cfg.fairness else ""
         raw = (f" (unpooled groups: DP diff={row['dp_diff_raw']:.3f} EO diff={row['eo_diff_raw']:.3f})"
                if "dp_diff_raw" in row else "")
-        return (f"L={row['loss']:.4f} {self.groups.history.gap_label}={row['max_gap']:.4f}{fair} | test "
+        return (f"L={row['loss']:.4f} {self.constraint.history.gap_label}={row['max_gap']:.4f}{fair} | test "
                 f"ACC={100 * row['acc']:.2f}% DFP={row['dfp']:.3f} DFN={row['dfn']:.3f} "
                 f"DP diff={row['dp_diff']:.3f} EO diff={row['eo_diff']:.3f}{raw} | {row['seconds']:.1f} s")
 
@@ -565,13 +565,13 @@ class VFLServer:
         return server_round % self.cfg.eval_every == 0 or server_round == self.last_round
 
     def batch_view(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, ConstraintSet]:
-        """Labels, scores and constraint groups on the batch ``rows``."""
+        """Labels, scores and the constraint on the batch ``rows``."""
         z = self.z("train")
         if self.held_rows is None:  # an evaluation round's replies held every row
             z = z[rows]
         elif not np.array_equal(self.held_rows, rows):
             raise FederationError("internal: the parties' logits are not on this round's batch rows")
-        return self.labels.y_train[rows], z, self.groups.restrict(rows)
+        return self.labels.y_train[rows], z, self.constraint.restrict(rows)
 
 
 def _estimated(train: SensitiveGroups, s_test: np.ndarray) -> dict[str, dict[str, int]]:

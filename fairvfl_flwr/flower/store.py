@@ -2,7 +2,7 @@
 
 After every reply that follows a step (and the first logits) a party writes every record
 of its node state that carries the run from one round to the next
-(``flower.party.mark_round_state``: θ, a step's own state, Newton's directions and moves,
+(declared with the handlers that keep them, ``flower.party.Handles``: θ, a step's own state, Newton's directions and moves,
 the aligned block's key, the secure-aggregation sessions it joined, its history's round and
 head) to ``round-<r>.npz`` under its state folder, when the run waits for parties that
 drop out (every round) or checkpoints (its checkpoint rounds). Where: node config

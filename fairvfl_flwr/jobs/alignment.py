@@ -3,7 +3,7 @@
 The server relays the PSI messages of data/psi.py and learns no id: set sizes, the
 ids' shape (digits, letters), the number of common rows and their labels and split by
 position (data/psi.py says what each role learns); the parties keep their keys in their own node state between messages. The steps,
-each its own message type (flower/protocol.py) and its own function on a party's side (:data:`STEPS`):
+each its own message type (declared below, :data:`ALIGN_STEPS`) and its own function on a party's side (:data:`STEPS`):
 
 ===================== =========================================== ======================================
 message type           to                                          reply
@@ -94,7 +94,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, PartyRuntime
+from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.flower.progress import Estimate, Progress, Step
 from fairvfl_flwr.secure import identity
 
@@ -106,6 +106,18 @@ ORDER_STATE = "fairvfl.align-order"  # another party's: the secret order of its 
 SIZE_STATE = "fairvfl.align-size"  # a party's signed size answer of the session in progress (a re-sent size gets it)
 LABELS = "labels"  # ArrayRecord of the leader's last reply: split, y, s
 POSITIONS = "positions"  # ArrayRecord: each party's common positions (leader's reply: by partition id)
+
+# One message type a step (blinded ids, counts); every party answers each but the leader's
+# intersect, which the leader answers alone.
+ALIGN_SIZE = "query.align_size"  # every party: its number of ids and their shape
+ALIGN_BLIND = "query.align_blind"  # every party: its ids blinded with its own key
+ALIGN_RAISE = "query.align_raise"  # every other party: the leader's blinded ids raised to its key
+# the leader, as few times as a byte budget allows: which of its ids each party holds; the last also
+# the common rows (training: their split and labels)
+ALIGN_INTERSECT = "query.align_intersect"
+ALIGN_FINISH = "query.align_finish"  # every other party: its common rows
+ALIGN_REUSE = "query.align_reuse"  # instead of the PSI, every party: take up the alignment it kept of these tables
+ALIGN_STEPS = (ALIGN_SIZE, ALIGN_BLIND, ALIGN_RAISE, ALIGN_INTERSECT, ALIGN_FINISH, ALIGN_REUSE)
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -160,7 +172,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     if passes.kept:  # every party holds the same alignment of these tables: no PSI
         signed = {k: v for nid in passes.sizes for k, v in passes.signed_size(nid).items()}
         with passes.progress.step(len(passes.sizes)):
-            replies = passes.send(msgs.ALIGN_REUSE, {nid: passes.step(digest=passes.kept, **signed)
+            replies = passes.send(ALIGN_REUSE, {nid: passes.step(digest=passes.kept, **signed)
                                                      for nid in passes.sizes})
         passes.check(replies, ConfigRecord({"digest": passes.kept}))
         result = replies[passes.lead]
@@ -171,7 +183,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     split = arrays["split"].numpy()
     if not passes.kept:
         with passes.progress.step(len(passes.others)):
-            done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({
+            done = passes.send(ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({
                                                                         "purpose": TRAIN, "session": passes.session,
                                                                         "signature": passes.signature(common, nid)}),
                                                                     LABELS: msgs.array_record(split=split),
@@ -199,7 +211,7 @@ def align_score_rows(grid: Grid, cfg: RunConfig, nodes: list[int]) -> int:
     passes = _Passes(grid, cfg, SCORE, nodes)
     common, _, positions = passes.intersect()
     with passes.progress.step(len(passes.others)):
-        done = passes.send(msgs.ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": SCORE,
+        done = passes.send(ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({"purpose": SCORE,
                                                                 "n-common": int(common["n-common"]),
                                                                 "session": passes.session,
                                                                 "signature": passes.signature(common, nid)}),
@@ -232,7 +244,7 @@ class _Passes:
                                                 counts=f"{len(nodes)} parties", doing="waiting for the parties to "
                                                 "check their tables and send their sizes")]), started)
         with self.progress.step(len(nodes)):
-            self.sizes = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_SIZE, {nid: self.step()
+            self.sizes = {nid: _reply(r) for nid, r in self.send(ALIGN_SIZE, {nid: self.step()
                                                                                     for nid in nodes}).items()}
             self.pid = {nid: int(r["partition-id"]) for nid, r in self.sizes.items()}
             refuse_problems({self.pid[nid]: int(r["problems"]) for nid, r in self.sizes.items() if "problems" in r})
@@ -264,7 +276,7 @@ class _Passes:
         return RecordDict({STEP: ConfigRecord({"purpose": self.purpose, "session": self.session, **fields})})
 
     def send(self, message_type: str, contents: dict[int, RecordDict]) -> dict[int, Message]:
-        """One alignment step (``message_type``, one of ``msgs.ALIGN_STEPS``) to the parties of
+        """One alignment step (``message_type``, one of ``STEPS``) to the parties of
         ``contents``; their replies by node."""
         out = [Message(c, dst_node_id=nid, message_type=message_type, group_id="align") for nid, c in contents.items()]
         replies = exchange.exchange(self.grid, out, self.cfg.round_timeout, self.cfg.round_retries,
@@ -332,10 +344,10 @@ class _Passes:
         party's common positions). Each intersect message carries as many parties' lists as fit in
         :data:`INTERSECT_BUDGET` bytes (:func:`fold`); the last one also finds the common rows."""
         with self.progress.step(len(self.sizes)):
-            blinds = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_BLIND, {nid: self.step()
+            blinds = {nid: _reply(r) for nid, r in self.send(ALIGN_BLIND, {nid: self.step()
                                                                                  for nid in self.sizes}).items()}
         with self.progress.step(len(self.others)):
-            raised = {nid: _reply(r) for nid, r in self.send(msgs.ALIGN_RAISE, {
+            raised = {nid: _reply(r) for nid, r in self.send(ALIGN_RAISE, {
                 nid: self.step(blinded=blinds[self.lead]["blinded"], signature=blinds[self.lead]["signature"])
                 for nid in self.others}).items()}
         batches = fold({nid: len(blinds[nid]["blinded"]) + len(raised[nid]["raised"]) for nid in self.others},
@@ -345,7 +357,7 @@ class _Passes:
             last = i == len(batches) - 1
             lists = {k: v for nid in batch for k, v in self.lists(nid, blinds[nid], raised[nid]).items()}
             with self.progress.step(1) as step:
-                result = self.send(msgs.ALIGN_INTERSECT, {self.lead: self.step(
+                result = self.send(ALIGN_INTERSECT, {self.lead: self.step(
                     peers=[self.pid[nid] for nid in batch], last=last, **lists)})[self.lead]
                 common = self.common_count(result) if last else None
                 if common is not None:
@@ -689,8 +701,8 @@ def _reuse(step: _Step) -> None:
 
 
 #: Each alignment message type and the step that answers it on a party's side.
-STEPS = {msgs.ALIGN_SIZE: _size, msgs.ALIGN_BLIND: _blind, msgs.ALIGN_RAISE: _raise,
-         msgs.ALIGN_INTERSECT: _intersect, msgs.ALIGN_FINISH: _finish, msgs.ALIGN_REUSE: _reuse}
+STEPS = {ALIGN_SIZE: _size, ALIGN_BLIND: _blind, ALIGN_RAISE: _raise,
+         ALIGN_INTERSECT: _intersect, ALIGN_FINISH: _finish, ALIGN_REUSE: _reuse}
 
 
 def handle(message: Message, context: Context) -> Message:
@@ -705,7 +717,7 @@ def handle(message: Message, context: Context) -> Message:
     fields = message.content.config_records[STEP]
     session = str(fields.get("session", ""))
     answered = context.state.config_records.get(SIZE_STATE)
-    if (message.metadata.message_type == msgs.ALIGN_SIZE and session and answered is not None
+    if (message.metadata.message_type == ALIGN_SIZE and session and answered is not None
             and str(answered["session"]) == session == str(keys.get("session", ""))):
         # a re-sent size of the session in progress: the same answer, nothing read or forgotten again
         return Message(RecordDict({REPLY: ConfigRecord({k: v for k, v in answered.items() if k != "session"})}),
@@ -750,7 +762,7 @@ class _Signer:
         if not session:
             raise FederationError(f"{spec.name}: alignment step {self.step!r} names no alignment session; refused")
         self.session = session
-        if message_type == msgs.ALIGN_SIZE:
+        if message_type == ALIGN_SIZE:
             self.check_keys()  # before anything is read: an unauthenticated party answers nothing
             if not psi.claim_session(spec, session):
                 raise self.replayed()
@@ -859,4 +871,7 @@ def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> st
 
 
 #: The private alignment of the parties' own tables (before training, and a scoring job's files).
-JOB = Job("alignment", dict.fromkeys(STEPS, handle))
+# set-up outside any view (blinded ids and counts, no value a round's sum depends on); the aligned
+# block's key is part of a party's state from one round to the next
+JOB = Job("alignment", handlers({step: Handles(msgs.Kind.SETUP, handle, keeps=(ALIGNED_STATE,), in_view=False)
+                                 for step in STEPS}))

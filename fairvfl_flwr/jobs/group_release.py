@@ -43,12 +43,15 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.jobs import Job
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 
 #: The node state record of a simulated registry's secret (a deployed one reads its release-secret file).
 SECRET_STATE = "fairvfl.registry-secret"
 #: The fewest bytes a registry's secret may have.
 SECRET_BYTES = 32
+
+#: The registry's release of every training and test row's group, noisy, once per run.
+GROUPS_RELEASE = "query.groups_release"
 
 
 # -- the server's side -------------------------------------------------------------------
@@ -70,7 +73,7 @@ def release_groups(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLa
                               f"server's {labels.ids_digest}); refused before its groups are asked for")
     request = ConfigRecord({"mechanism": cfg.groups_release, "epsilon-s": float(cfg.groups_epsilon_s)})
     ask = Message(RecordDict({"release": request}), dst_node_id=holders[0].metadata.src_node_id,
-                  message_type=msgs.GROUPS_RELEASE, group_id="groups")
+                  message_type=GROUPS_RELEASE, group_id="groups")
     reply = exchange.exchange(grid, [ask], cfg.round_timeout, cfg.round_retries, lambda nid: who)[0]
     rr, train, test, names = _checked(reply, request, who, len(labels.y_train), len(labels.y_test))
     log(INFO, "FairVFL: %s released the groups of %d training and %d test rows by %s at epsilon_S=%g: each row keeps "
@@ -157,4 +160,4 @@ def _secret(rt: PartyRuntime, context: Context) -> bytes:
 
 
 #: The group release: its one message type, answered by the registry (run inside training).
-JOB = Job("group release", {msgs.GROUPS_RELEASE: release})
+JOB = Job("group release", handlers({GROUPS_RELEASE: Handles(msgs.Kind.SETUP, release)}))

@@ -11,7 +11,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.secure import agreement
 
 
@@ -30,4 +30,10 @@ def sapeers(message: Message, context: Context) -> Message:
 
 
 #: The key agreement (training's and the scoring job's set-up; features/secagg.mask_mod masks under its keys).
-JOB = Job("key agreement", {msgs.SECAGG_KEYS: sakeys, msgs.SECAGG_PEERS: sapeers})
+def _set_up(run) -> Handles:
+    # outside any view: the set-up makes the session a view is bound to; the sessions a party
+    # joined only grow, so a restarted party's restore adds to them and it still refuses those it left
+    return Handles(msgs.Kind.SETUP, run, merges=(agreement.SESSIONS_STATE,), in_view=False)
+
+
+JOB = Job("key agreement", handlers({agreement.SAKEYS: _set_up(sakeys), agreement.SAPEERS: _set_up(sapeers)}))

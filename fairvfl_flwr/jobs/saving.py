@@ -42,12 +42,16 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.core.constraints import constrained_codes
 
 SAVE_RECORD = "save"
 SAVED_RECORD = "saved"
 BOOTSTRAP_REPLICATES = 1000
+
+#: After the last round (and at a checkpoint): each party saves its block on its own disk and
+#: replies its digests, never θ; outside secure aggregation's views (digests only).
+SAVE = "query.save"
 
 
 def positive_label(cfg) -> str:
@@ -72,14 +76,14 @@ def group_labels(cfg, names: list | None) -> dict:
     return {str(name): f"{column} = {name}" for name in names}  # several groups: by name, not by code
 
 
-def final_intervals(labels, z_test: np.ndarray | None, seed: int, groups=None) -> dict:
+def final_intervals(labels, z_test: np.ndarray | None, seed: int, constraint=None) -> dict:
     """Bootstrap intervals of the final test ACC/DFP/DFN/DEO (empty without test scores), over the
-    groups the run constrained (``groups``, the run's ConstraintSet: its pooled groups as one)."""
+    groups the run constrained (``constraint``, the run's ConstraintSet: its pooled groups as one)."""
     if z_test is None or len(z_test) == 0:
         return {}
     s = np.asarray(labels.s_test)
-    if groups is not None and groups.pooling is not None:
-        s = constrained_codes(groups, s, labels.group_names)
+    if constraint is not None and constraint.pooling is not None:
+        s = constrained_codes(constraint, s, labels.group_names)
     group, names = (np.where(s, "a", "b"), ["a", "b"]) if s.dtype == bool else (s, sorted(set(s.tolist())))
     counts = cell_counts(labels.y_test == 1, group, z_test >= 0, names)
     return {k: list(v) for k, v in bootstrap(counts, BOOTSTRAP_REPLICATES, seed).items()}
@@ -115,7 +119,7 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: Mapping[s
         metrics["raw-groups"] = summary["raw_groups"]
     # from a registry's release the server holds no row's group: no per-group rates or intervals of its own
     z_test = z_test if server.labels.release is None else None
-    metrics["intervals"] = final_intervals(server.labels, z_test, server.cfg.seed, server.groups)
+    metrics["intervals"] = final_intervals(server.labels, z_test, server.cfg.seed, server.constraint)
     metrics["groups"] = per_group(server.labels, z_test, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
 
@@ -156,7 +160,7 @@ class SaveBlocks(RoundHook):
                       if k in row}}
         evaluated = self.scores.test_round == server_round
         metrics["intervals"] = final_intervals(server.labels, self.scores.z_test if evaluated else None,
-                                               server.cfg.seed, server.groups)
+                                               server.cfg.seed, server.constraint)
         _save(server, grid, self.folder, server_round, server_round, metrics, self.described, timeout)
 
 
@@ -170,7 +174,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         Message(RecordDict({SAVE_RECORD: ConfigRecord({"run-id": run_id, "run-folder": str(folder),
                                                        "round": server_round,
                                                        "checkpoint": checkpoint is not None})}),
-                dst_node_id=nid, message_type=msgs.SAVE,
+                dst_node_id=nid, message_type=SAVE,
                 group_id="save" if checkpoint is None else f"save-checkpoint-{checkpoint}")
         for nid in server.nodes
     ]
@@ -178,7 +182,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
     for reply in server.exchange(grid, messages, timeout):
         who = server.who(reply.metadata.src_node_id)
         if reply.content.array_records or SAVED_RECORD not in reply.content.config_records:
-            raise FederationError(f"{who}: its {msgs.SAVE} reply must hold only digests, never arrays; refused")
+            raise FederationError(f"{who}: its {SAVE} reply must hold only digests, never arrays; refused")
         r = reply.content.config_records[SAVED_RECORD]
         if str(r["run-id"]) != run_id:
             raise FederationError(f"{who} saved a block of run {r['run-id']}, this run is {run_id}")
@@ -195,7 +199,7 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         "positive-label": positive_label(cfg),
         "groups": group_labels(cfg, summary.get("group-names")),
         # which groups the constraint pooled into one (pool-small-groups), and why; None: none
-        "pooled-groups": None if server.groups.pooling is None else server.groups.pooling.describe(),
+        "pooled-groups": None if server.constraint.pooling is None else server.constraint.pooling.describe(),
         # who held the groups where not the label owner: a registry's release (jobs/group_release.py)
         "groups-release": None if server.labels.release is None else {
             "holder": "registry", "mechanism": cfg.groups_release, "epsilon-s": server.labels.release.epsilon,
@@ -377,4 +381,4 @@ def save(message: Message, context: Context) -> Message:
 
 
 #: Saving the model (after a training run and at its checkpoints).
-JOB = Job("saving", {msgs.SAVE: save})
+JOB = Job("saving", handlers({SAVE: Handles(msgs.Kind.QUERY, save, in_view=False)}))

@@ -57,13 +57,17 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, TRAINED_STATE, PartyRuntime, scoring_job
+from fairvfl_flwr.flower.party import SCORE_COMMON_STATE, TRAINED_STATE, Handles, PartyRuntime, handlers, scoring_job
 from fairvfl_flwr.flower.progress import Estimate, Progress, Step, duration
 from fairvfl_flwr.flower.results import run_folder
 from fairvfl_flwr.secure import agreement, ring, view
-from fairvfl_flwr.secure.nonces import mask_round
+from fairvfl_flwr.secure.nonces import CHUNK, mask_round
 
-RECORD = "score"  # the ConfigRecord every scoring message carries
+#: Which block and how many rows to score (digests only).
+SCORE_INFO = "query.scoreinfo"
+#: Partial logits of a chunk of rows, with their ids; summed under secure aggregation where it is on.
+SCORE = "query.score"
+RECORD = CHUNK  # the ConfigRecord every scoring message carries (secure aggregation orders chunks by it)
 TRAINING = "trained-settings"  # the ConfigRecord of the training settings every message of a scoring job carries
 LOGITS = "logits"
 PREDICTIONS = "predictions.csv"
@@ -237,10 +241,10 @@ def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Map
     ``on_reply(node)`` as each replies); by partition id, its reply and node. Refuses another
     run's block, a block the manifest did not record, and parties that do not hold the same rows."""
     info: dict[int, dict] = {}
-    for reply in parties.exchange([_message(nid, msgs.SCORE_INFO, job, "score-info") for nid in node_ids], on_reply):
+    for reply in parties.exchange([_message(nid, SCORE_INFO, job, "score-info") for nid in node_ids], on_reply):
         nid = reply.metadata.src_node_id
         if reply.content.array_records:
-            raise ScoreError(f"{parties.name(nid)}: its {msgs.SCORE_INFO} reply must hold no arrays; refused")
+            raise ScoreError(f"{parties.name(nid)}: its {SCORE_INFO} reply must hold no arrays; refused")
         r = dict(reply.content.config_records[RECORD])
         pid = int(r["partition-id"])
         parties.who[nid] = f"party {pid} ({r['role']}, node {nid})"
@@ -289,7 +293,7 @@ def _score_chunk(parties: _Parties, cfg: RunConfig, ordered: list[int], job: dic
     """One chunk (rows ``job["start"]`` up to ``job["stop"]``): its ids, equal across parties,
     and the sum of the parties' partial logits (unmasked under secure aggregation)."""
     start, stop = job["start"], job["stop"]
-    messages = [_message(nid, msgs.SCORE, job, f"score-{start}") for nid in ordered]
+    messages = [_message(nid, SCORE, job, f"score-{start}") for nid in ordered]
     if views is not None:
         parties.grid.stamp(messages)
         views.attach(messages, parties.role, parties.partition, mask_round)
@@ -316,7 +320,7 @@ def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop
     ``stop`` (float64, or masked words under secure aggregation) and their ids."""
     content = reply.content
     if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
-        raise ScoreError(f"{party}: a {msgs.SCORE} reply holds exactly the chunk's logits and ids; refused")
+        raise ScoreError(f"{party}: a {SCORE} reply holds exactly the chunk's logits and ids; refused")
     u = content.array_records[LOGITS]["logits"].numpy()
     dtype = np.dtype(np.uint64) if cfg.masked else np.dtype(cfg.wire_dtype)
     if u.dtype != dtype or u.shape != (stop - start,):
@@ -480,5 +484,6 @@ def _said_chunk(context: Context, who: str, start: int, stop: int, n: int) -> No
 
 
 #: The scoring job: selected by ``mode = "score"``.
-JOB = Job("scoring", {msgs.SCORE_INFO: score_info, msgs.SCORE: score}, run=run_scoring, modes=("score",),
+JOB = Job("scoring", handlers({SCORE_INFO: Handles(msgs.Kind.SETUP, score_info, in_view=False),
+                              SCORE: Handles(msgs.Kind.QUERY, score)}), run=run_scoring, modes=("score",),
           read=read_job)

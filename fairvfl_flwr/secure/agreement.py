@@ -51,12 +51,16 @@ from fairvfl_flwr.config.node import NodeConfigError
 from fairvfl_flwr.flower import history, store
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
-from fairvfl_flwr.flower.party import PartyRuntime, mark_round_state
+from fairvfl_flwr.flower.party import PartyRuntime
 from fairvfl_flwr.secure import view
 from fairvfl_flwr.secure.identity import (IDENTITY_KEY, PEERS, check_own_pin, demo_key, fingerprint, identity,
                                           partition, peer_keys)
 from fairvfl_flwr.secure.nonces import NONCE_STATE
 
+#: The set-up's two messages (jobs/key_agreement.py answers them): each party's signed X25519
+#: public key, then every party's key to all.
+SAKEYS = "query.sakeys"
+SAPEERS = "query.sapeers"
 KEYS_STATE = "fairvfl.secagg-keys"  # ArrayRecord on the party: its private key, then the pair keys
 SESSION_STATE = "fairvfl.secagg-session"  # ConfigRecord on the party: the set-up its key pair belongs to
 SESSIONS_STATE = "fairvfl.secagg-sessions"  # ConfigRecord on the party: every session it has joined in this run
@@ -87,7 +91,7 @@ def agree_keys(parties: list[tuple[int, int, str]], send, rollback: int | None =
     # A re-sent request of the same set-up gets the same key back (the first reply may arrive late).
     session = new_session()
     asks = [Message(RecordDict({"secagg": key_request(session, rollback)}), dst_node_id=nid,
-                    message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid, _, _ in parties]
+                    message_type=SAKEYS, group_id="secagg") for nid, _, _ in parties]
     relay_keys(parties, signed_keys(parties, send(asks), session), send)
     return session
 
@@ -130,7 +134,7 @@ def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], ses
 
 def relay_keys(parties: list[tuple[int, int, str]], public: dict[str, bytes], send) -> None:
     """Every party's signed key to every party (``query.sapeers``): each then checks them and derives its pair keys."""
-    send([Message(RecordDict({"secagg": ConfigRecord(dict(public))}), dst_node_id=nid, message_type=msgs.SECAGG_PEERS,
+    send([Message(RecordDict({"secagg": ConfigRecord(dict(public))}), dst_node_id=nid, message_type=SAPEERS,
                   group_id="secagg") for nid, _, _ in parties])
 
 
@@ -285,4 +289,3 @@ def pair_keys(context: Context) -> dict[int, bytes]:
     return keys
 
 
-mark_round_state(SESSIONS_STATE, merge=True)  # a restarted party still refuses the sessions it left

@@ -19,13 +19,21 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import round_of
 
 NONCE_STATE = "fairvfl.secagg-nonces"  # ConfigRecord on the party: the last round it masked, what it masked in it
+#: The ConfigRecord a scoring chunk's message carries (jobs/scoring.py): its rows' ``start`` orders the chunks
+#: as rounds order a run's sums.
+CHUNK = "score"
+
+
+def is_chunk(message: Message) -> bool:
+    """Whether ``message`` asks for a scoring chunk (told by what it carries, not by its type)."""
+    return CHUNK in message.content.config_records
 
 
 def mask_round(message: Message) -> int | None:
     """The round a reply to ``message`` is masked under: a scoring chunk's first row, else
     the round config's round (None: the message carries none)."""
-    if message.metadata.message_type == msgs.SCORE:
-        return int(message.content.config_records["score"]["start"])
+    if is_chunk(message):
+        return int(message.content.config_records[CHUNK]["start"])
     return round_of(message)[0] if msgs.ROUND in message.content.config_records else None
 
 

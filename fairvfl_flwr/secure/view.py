@@ -65,11 +65,6 @@ DIGEST_TAG = b"fairvfl-flwr round part v1"
 VIEW_TAG = b"fairvfl-flwr round view v1"
 MASK_TAG = b"fairvfl-flwr view-bound pair key v1"
 CONFIRM_TAG = b"fairvfl-flwr view confirmation v1"
-#: Messages outside any view: the key set-up itself (no session yet), discovery, a rejoin's
-#: check (it comes before the fresh session's set-up and carries no values), and saving (a
-#: checkpoint's and the final save may share a round; the replies hold digests, no values).
-UNBOUND = frozenset({msgs.SECAGG_KEYS, msgs.SECAGG_PEERS, msgs.INFO, *msgs.ALIGN_STEPS, msgs.SCORE_INFO, msgs.REJOIN,
-                     msgs.SAVE})
 
 
 def part_name(message_type: str, role: str) -> str:
@@ -133,7 +128,7 @@ class ServerViews:
     def attach(self, messages: list[Message], role_of: Callable[[int], str], pid_of: Callable[[int], int],
                server_round: Callable[[Message], int | None]) -> None:
         """Add the exchange's view (and each receiver's confirmations) to ``messages``."""
-        bound = [m for m in messages if m.metadata.message_type not in UNBOUND]
+        bound = [m for m in messages if msgs.in_view(m.metadata.message_type)]
         if not bound:
             return
         parts: dict[str, str] = {}

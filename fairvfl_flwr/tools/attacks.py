@@ -150,9 +150,9 @@ def server_gram_attack(server_rounds: list[dict], pid: int, eta: float, mu: floa
     return gram_attack(u, nu, eta, mu, max_rank)
 
 
-def active_nu(z: np.ndarray, lam: np.ndarray, y: np.ndarray, groups: ConstraintSet, wire_dtype: str = "float32") -> np.ndarray:
+def active_nu(z: np.ndarray, lam: np.ndarray, y: np.ndarray, constraint: ConstraintSet, wire_dtype: str = "float32") -> np.ndarray:
     """ν as the server computed it, from what the active party holds (y, s) and receives (z, λ)."""
-    return groups.masked_weights(y, z.astype(np.float64), lam.astype(np.float64)).astype(wire_dtype).astype(np.float64)
+    return constraint.masked_weights(y, z.astype(np.float64), lam.astype(np.float64)).astype(wire_dtype).astype(np.float64)
 
 
 def active_sums(active_rounds: list[dict]) -> dict[int, np.ndarray]:
@@ -162,7 +162,7 @@ def active_sums(active_rounds: list[dict]) -> dict[int, np.ndarray]:
             for t in by_round if "z" in by_round[t] and t - 1 in by_round and "own-u" in by_round[t - 1]}
 
 
-def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: ConstraintSet, eta: float, mu: float,
+def active_gram_attack(active_rounds: list[dict], y: np.ndarray, constraint: ConstraintSet, eta: float, mu: float,
                        noise=None, wire_dtype: str = "float32", max_rank: int | None = None) -> GramEstimate:
     """The active party on the passive parties' sum S = z − u_active.
 
@@ -175,7 +175,7 @@ def active_gram_attack(active_rounds: list[dict], y: np.ndarray, groups: Constra
     nu = {}
     for t, r in by_round.items():
         if "z" in r:
-            v = active_nu(r["z"], r["lam"], y, groups, wire_dtype)
+            v = active_nu(r["z"], r["lam"], y, constraint, wire_dtype)
             nu[t] = v if noise is None else noise(t, v).astype(wire_dtype).astype(np.float64)
     return gram_attack(passive_sum, nu, eta, mu, max_rank)
 

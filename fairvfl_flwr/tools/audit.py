@@ -304,14 +304,14 @@ def role_attacks(folder: str | Path, cfg: RunConfig, ds, coalition_keys: dict[in
         if cfg.model == "linear":
             out["active_span_residual"], out["active_span_rank"] = attacks.span_residual(
                 np.stack([sums[t] for t in ts], axis=1), x_passive)
-            groups = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
+            constraint = constraint_groups(cfg, ds.y_train, ds.s_train, ds.protected_label,
                                        whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
             # The noise's secret is the fingerprint of the labels, which the active party
             # holds as well (the server's labels are its labels): it can redraw the noise.
             secret = labels_fingerprint(server_labels_for(cfg, ds))
             noise = NuNoise(cfg.nu_noise, cfg.seed, secret) if cfg.nu_noise > 0 else None
             add = None if noise is None else (lambda t, v: noise.nu(None, t, v))
-            est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), groups, cfg.eta, mu, add,
+            est = attacks.active_gram_attack(active, ds.y_train.astype(np.float64), constraint, cfg.eta, mu, add,
                                              cfg.wire_dtype, x_passive.shape[1])
             out["active_gram_error"] = attacks.gram_error(est, x_passive, rows)
             out["active_gram_error_col"] = attacks.gram_error_col(est, x_passive, rows)

@@ -315,7 +315,7 @@ class HandServer:
         parties = [(nid, self.pid(nid), f"party {self.pid(nid)}") for nid in nodes]
         asks = [Message(RecordDict({"secagg": ConfigRecord({**agreement.key_request(session),
                                                             **(request if to is None or nid in to else {})})}),
-                        dst_node_id=nid, message_type=msgs.SECAGG_KEYS, group_id="secagg") for nid in nodes]
+                        dst_node_id=nid, message_type=agreement.SAKEYS, group_id="secagg") for nid in nodes]
         replies = self.send(asks)
         self.views = None
         if any(r.has_error() for r in replies):
@@ -347,7 +347,7 @@ class HandServer:
         return replies
 
     def _attach_each(self, messages: list[Message]) -> None:
-        bound = [m for m in messages if m.metadata.message_type not in view.UNBOUND]
+        bound = [m for m in messages if msgs.in_view(m.metadata.message_type)]
         named = []
         for m in bound:
             mtype, role = m.metadata.message_type, self.role(m.metadata.dst_node_id)
@@ -643,7 +643,7 @@ class DictionaryTest(LyingGrid):
         self.blinded = psi.blind_step(normalise_ids(chosen), shuffle=False)[0]
 
     def tamper(self, msg: Message) -> None:
-        if msg.metadata.message_type == msgs.ALIGN_RAISE:
+        if msg.metadata.message_type == alignment.ALIGN_RAISE:
             fields = msg.content.config_records[alignment.STEP]
             msg.content.config_records[alignment.STEP] = ConfigRecord({**fields, "blinded": self.blinded})
 
@@ -741,9 +741,9 @@ def roles(dataset: str, rounds: int, folder: Path) -> list[dict]:
         run_server(grid, own)
     except FederationError:
         pass
-    raised = [r for r in grid.replies(msgs.ALIGN_RAISE) if not r.has_error()]
+    raised = [r for r in grid.replies(alignment.ALIGN_RAISE) if not r.has_error()]
     out.append({"role": "alignment: a raise request with 1,000 ids of the server's choice (Adult)",
-                "result": _refused(grid.replies(msgs.ALIGN_RAISE), "alignment step 'raise'")
+                "result": _refused(grid.replies(alignment.ALIGN_RAISE), "alignment step 'raise'")
                 + ("" if not raised else f"; {len(raised)} parties raised them")})
     return out
 

@@ -115,7 +115,7 @@ class ConstraintSet:
     """The run's constraint: its gaps, measure and rows. Subclasses are the kinds."""
 
     n: int
-    constraints: tuple[Gap, ...]
+    gap_list: tuple[Gap, ...]
     measure: str = "loss"
     groups: SensitiveGroups | None = None
     form: str = "pairwise"
@@ -192,7 +192,7 @@ class ConstraintSet:
                 protected = cls.label_subsets and c.name.startswith(subsets[0][0] + ":")
                 what = "the protected label" if protected else c.name
                 raise ValueError(f"both groups need rows with {what} ({cls.kind}): |A|={c.size_a}, |B|={c.size_b}")
-        return cls(n=len(y), constraints=cons, measure=measure, groups=groups, form=form,
+        return cls(n=len(y), gap_list=cons, measure=measure, groups=groups, form=form,
                    pooling=None if pooling is None else pooling[1])
 
     @staticmethod
@@ -219,15 +219,15 @@ class ConstraintSet:
         """The same constraint on the rows ``rows`` (a batch: sizes and the 1/n weight become the batch's)."""
         if rows is None:
             return self
-        cons = tuple(c.restrict(rows) for c in self.constraints)
+        cons = tuple(c.restrict(rows) for c in self.gap_list)
         groups = None if self.groups is None else self.groups.take(rows)
-        return type(self)(n=len(rows), constraints=cons, measure=self.measure, groups=groups, form=self.form,
+        return type(self)(n=len(rows), gap_list=cons, measure=self.measure, groups=groups, form=self.form,
                           pooling=self.pooling, temperature=self.temperature)
 
     @property
     def num_multipliers(self) -> int:
         """Two multipliers per gap, one for each sign of the gap's bound |gap| <= ε."""
-        return 2 * len(self.constraints)
+        return 2 * len(self.gap_list)
 
     # -- gaps (fairlearn's gamma) --------------------------------------------------------
     def gaps(self, y: np.ndarray, z: np.ndarray, *, hard: bool = False,
@@ -240,14 +240,14 @@ class ConstraintSet:
         ``demographic_parity_difference`` or ``equalized_odds_difference`` in the pairwise
         form); None for the loss measure, whose gaps have no hard counterpart."""
         q = self.q.hard_values(y, z) if hard else self.q.values(y, z, losses)
-        return None if q is None else np.array([c.value(q) for c in self.constraints])
+        return None if q is None else np.array([c.value(q) for c in self.gap_list])
 
     # -- multipliers: signed weights and projection ------------------------------------------
     def signed_weights(self, lam: np.ndarray) -> np.ndarray:
         """Per-row w_i = 1/n + m_i, m_i = Σ_c (λ_c+ − λ_c−)([i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|)."""
-        lam = as_multipliers(lam, len(self.constraints))
+        lam = as_multipliers(lam, len(self.gap_list))
         w = np.full(self.n, 1.0 / self.n)
-        for k, con in enumerate(self.constraints):
+        for k, con in enumerate(self.gap_list):
             con.add_to(w, float(lam[2 * k] - lam[2 * k + 1]))
         return w
 
@@ -274,8 +274,8 @@ class ConstraintSet:
             bottom = np.maximum((-cols).max(axis=0, initial=0.0), 1e-300)
             lo, hi = -1.0 / (self.n * top), 1.0 / (self.n * bottom)
         else:
-            lo = np.array([-c.size_a / self.n for c in self.constraints])
-            hi = np.array([c.size_b / self.n for c in self.constraints])
+            lo = np.array([-c.size_a / self.n for c in self.gap_list])
+            hi = np.array([c.size_b / self.n for c in self.gap_list])
         return (lo, hi) if per_row == 1 else (lo / per_row, hi / per_row)
 
     def project(self, lam: np.ndarray) -> np.ndarray:
@@ -304,7 +304,7 @@ def as_multipliers(lam: np.ndarray, gaps: int) -> np.ndarray:
 def gaps_per_row(constraint: ConstraintSet) -> int:
     """The most gap sides one row sits on (1 for two groups; G−1 pairwise, G+1 overall)."""
     count = np.zeros(constraint.n, dtype=np.int64)
-    for c in constraint.constraints:
+    for c in constraint.gap_list:
         count += c.rows_on()
     return int(count.max()) if constraint.n else 0
 
@@ -314,8 +314,8 @@ def gap_weights(constraint: ConstraintSet) -> np.ndarray:
     Built once per constraint: the weight bounds and block Newton read it every round (read-only)."""
     cols = constraint.__dict__.get("_gap_weights")
     if cols is None:
-        cols = np.zeros((constraint.n, len(constraint.constraints)))
-        for k, con in enumerate(constraint.constraints):
+        cols = np.zeros((constraint.n, len(constraint.gap_list)))
+        for k, con in enumerate(constraint.gap_list):
             con.add_to(cols[:, k], 1.0)
         cols.setflags(write=False)
         constraint.__dict__["_gap_weights"] = cols

@@ -34,10 +34,10 @@ def kind_named(name: str) -> type[ConstraintSet]:
     return KINDS[name]
 
 
-def from_labels(y: np.ndarray, s: np.ndarray, protected_label: int, constraint: str = "deo",
+def from_labels(y: np.ndarray, s: np.ndarray, protected_label: int, kind: str = "deo",
                 measure: str = "loss", **options) -> ConstraintSet:
-    """The constraint of kind ``constraint`` on rows (y, s) (``options``: ``ConstraintSet.build``'s)."""
-    return kind_named(constraint).build(y, s, protected_label, measure, **options)
+    """The constraint of kind ``kind`` on rows (y, s) (``options``: ``ConstraintSet.build``'s)."""
+    return kind_named(kind).build(y, s, protected_label, measure, **options)
 
 
 class RegisteredNames(Sequence):
