@@ -46,6 +46,8 @@ MIN_TEMPERATURE = 1 / 32
 #: multiple of the stop tolerance, with the gaps at rest, for stop-window rounds: the hard gap at a bound
 #: is known by then, and F's slow tail (Crime: 18 rounds from 1e-4 to the tolerance) would only delay it.
 SETTLE = 20.0
+#: Under ``stop-plateau`` the same wait, as a multiple of the plateau share.
+SETTLE_PLATEAU = 2.0
 #: A converged hard gap above this multiple of the target, on a bound not yet calibrated, sharpens the rates
 #: before it tightens the bound: the smooth rates are then too flat at the threshold to follow the hard
 #: ones (COMPAS: hard 5x the smooth gap at τ = 1), and a bound tightened by that much costs accuracy.
@@ -116,7 +118,10 @@ class StopRule:
         rest = not self.fairness or self.at_rest(gaps, lam)
         quiet = small and rest
         self.quiet_rounds = self.quiet_rounds + 1 if quiet else 0
-        settled = self.last_decrease <= SETTLE * self.tolerance and rest
+        # a network's F keeps falling as it fits its rows: it has settled, for a calibration move, once its
+        # fall is a small share of its fall since round 1, as for its stop
+        settled = (f_before - f_after <= SETTLE_PLATEAU * self.plateau * (self.start - f_after) if self.plateau > 0
+                   else self.last_decrease <= SETTLE * self.tolerance) and rest
         self.settled_rounds = self.settled_rounds + 1 if settled else 0
         if self.target is not None and hard is not None and self.settled_rounds >= self.window:
             # the hard gap at this bound is known once the run has settled: move now, not after F's tail
