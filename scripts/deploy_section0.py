@@ -509,12 +509,15 @@ def verify(a, machines, logs, run_id, status, to_summary, round1, held, declared
             markers_found += [f"party {k}: {b}" for b in marker_inputs(f, declared[k])]
     if markers_found:
         problems.append("missing-value markers trained as categories: " + "; ".join(markers_found))
+    dropped = re.search(rf"\(partition {a.restart_party}, passive\) dropped out in round (\d+)", logs)
+    restored = re.search(r"every party restored round (\d+)", logs)
     rejoins = summary.get("rejoins", [])
     if summary and not rejoins:
         problems.append("summary.json lists no rejoin")
     figures = {
         "status": status, "run_id": run_id, "rows": a.rows, "restart_party": a.restart_party,
-        "stopped_after_round": held, "seconds_to_round_1": round(round1, 1), "seconds_to_summary": round(to_summary, 1),
+        "stopped_with_disk_at_round": held, "dropped_in_round": dropped and int(dropped.group(1)),
+        "restored_round": restored and int(restored.group(1)), "seconds_to_round_1": round(round1, 1), "seconds_to_summary": round(to_summary, 1),
         "rounds": summary.get("rounds"), "test_acc": summary.get("test_acc"), "train_deo": summary.get("train_deo"),
         "rejoins": rejoins, "rounds_run_again": len(rejoins),
         "rejoin_seconds": [r.get("seconds") for r in rejoins], "blocks_checked": blocks,
@@ -585,8 +588,10 @@ def report(figures: dict) -> str:
             ("rounds", figures["rounds"]),
             ("test accuracy", "" if figures["test_acc"] is None else f"{100 * figures['test_acc']:.2f} %"),
             ("train DEO", figures["train_deo"]),
-            (f"party {figures['restart_party']}'s SuperNode stopped and restarted with its disk at round",
-             figures["stopped_after_round"]),
+            (f"party {figures['restart_party']}'s SuperNode stopped (its disk at round), restarted at once",
+             figures["stopped_with_disk_at_round"]),
+            ("the server: dropped out in round / every party restored round",
+             f"{figures['dropped_in_round']} / {figures['restored_round']}"),
             ("rounds run again (the restart's cost)", figures["rounds_run_again"]),
             ("seconds from the drop to the round's new start", ", ".join(f"{s:.1f}" for s in figures["rejoin_seconds"] if s is not None)),
             ("saved blocks checked / model inputs that are a missing-value marker", f"{figures['blocks_checked']} / {figures['marker_inputs']}")]
@@ -644,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
                     "stopped mid-training and started again with the same command. Seconds are wall-clock from "
                     "the submission; the restart's cost is the round run again and the seconds from the drop to "
                     "its new start (summary.json `rejoins`).")
-    else:
+    elif not a.fresh:  # a fresh run's check printed it
         print(markdown)
     if figures["problems"]:
         print("deploy_section0: FAILED:\n" + "\n".join(f"- {p}" for p in figures["problems"]), file=sys.stderr)
