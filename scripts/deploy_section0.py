@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tests/postgres.py and bench/common.py, run from any folder
+    sys.path.insert(0, str(REPO))
 DOC = REPO / "docs" / "deploy.md"
 SECTION = "## 0. Each organisation starts from its own table"
 DOC_HOST = "superlink.example.org"
@@ -587,7 +589,7 @@ def report(figures: dict) -> str:
             ("seconds from submission to the summary", figures["seconds_to_summary"]),
             ("rounds", figures["rounds"]),
             ("test accuracy", "" if figures["test_acc"] is None else f"{100 * figures['test_acc']:.2f} %"),
-            ("train DEO", figures["train_deo"]),
+            ("train DEO", "" if figures["train_deo"] is None else f"{figures['train_deo']:.4f}"),
             (f"party {figures['restart_party']}'s SuperNode stopped (its disk at round), restarted at once",
              figures["stopped_with_disk_at_round"]),
             ("the server: dropped out in round / every party restored round",
@@ -632,7 +634,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.result_json).write_text(json.dumps(figures, indent=1))
     markdown = report(figures)
     if a.page:
-        sys.path.insert(0, str(REPO))
         from bench.common import DEFAULT_OUT, write
 
         fresh_run = figures.get("fresh")
