@@ -221,6 +221,12 @@ class Machines:
                               f"{res.stdout[-2000:]}{res.stderr[-3000:]}")
         return res.stdout
 
+    def call(self, machine: str, script: str, timeout: float = 300) -> tuple[int, str]:
+        """``script`` on ``machine``: its exit status and output, whatever the status."""
+        res = subprocess.run(["bash", "-eu", "-c", script], cwd=self.home(machine), env=self.environ(machine),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        return res.returncode, res.stdout
+
     def start(self, name: str, machine: str, script: str, cwd: Path | None = None) -> subprocess.Popen:
         log = open(self.root / "logs" / f"{name}.log", "w")
         # exec: the command (after its export lines) leads the group, so stopping the group stops
@@ -391,6 +397,11 @@ def run_check(a: argparse.Namespace) -> dict:
             else:
                 raise CheckFailed(f"section 0: party {k}'s command names neither table-path nor table-sql")
             node_cmds[k] = cmd
+        probe_party = max(k for k, cmd in node_cmds.items() if node_value(cmd, "table-path") is not None)
+        checked, checked_problems = preflight(machines, node_cmds, probe_party, pd)
+        print(f"fairvfl-preflight: parties {checked['parties_passed']} pass; an undeclared and a declared marker in "
+              f"party {probe_party}'s column {checked['probe_column']!r}: "
+              + ", ".join(f"{v!r} {'refused' if p['refused'] else 'NOT refused'}" for v, p in checked["probes"].items()))
         for k, cmd in node_cmds.items():
             machines.start(f"supernode{k}", f"party{k}", cmd)
         online = _online_counter(machines)
@@ -428,11 +439,61 @@ def run_check(a: argparse.Namespace) -> dict:
         status = json.loads(machines.run("submitter", f"flwr ls mine --run-id {run_id} --format json", cwd=REPO))
         status = status["runs"][0]["status"] if "runs" in status else str(status)
         declared = {k: set(filter(None, (node_value(cmd, "missing-values") or "").split(","))) for k, cmd in node_cmds.items()}
-        return verify(a, machines, logs, run_id, status, finished - submitted, round1, held, declared, edits, started_all)
+        figures = verify(a, machines, logs, run_id, status, finished - submitted, round1, held, declared, edits,
+                         started_all)
+        figures["preflight"] = checked
+        figures["problems"] = checked_problems + figures["problems"]
+        return figures
     finally:
         machines.stop()
         if server is not None:
             server.stop()
+
+
+def split_node_command(cmd: str) -> tuple[str, str]:
+    """A party's command as (its export lines, its node config text)."""
+    prelude = "".join(line + "\n" for line in cmd.splitlines() if line.startswith("export "))
+    m = re.search(r"--node-config '([^']*)'", cmd)
+    if m is None:
+        raise CheckFailed(f"section 0: a flower-supernode command without --node-config '...': {cmd!r}")
+    return prelude, m.group(1)
+
+
+def preflight(machines: Machines, node_cmds: dict[int, str], probe_party: int, pd) -> tuple[dict, list[str]]:
+    """Every party checks its table first, as section 0 says (``fairvfl-preflight`` with its node
+    config, on its machine): each must pass. Then the probe: the same node config of
+    ``probe_party`` on a copy of its table whose first text column holds, in every 50th row, an
+    undeclared marker (``Unknown``), and in another copy a declared one (``?``): the first must be
+    refused as an undeclared marker, the second as missing values without a ``tables.missing``
+    rule, each naming the column; neither may become a category."""
+    problems, passed = [], []
+    for k, cmd in node_cmds.items():
+        prelude, config = split_node_command(cmd)
+        code, out = machines.call(f"party{k}", prelude + f"fairvfl-preflight --node-config {shlex.quote(config)}")
+        if code == 0:
+            passed.append(k)
+        else:
+            problems.append(f"party {k}: fairvfl-preflight with its node config exits {code}: {out[-1500:]}")
+    prelude, config = split_node_command(node_cmds[probe_party])
+    path = node_value(config, "table-path")
+    id_column = node_value(config, "id-column")
+    table = pd.read_csv(path, dtype={id_column: str})
+    column = next(c for c in table.columns if c != id_column and not pd.api.types.is_numeric_dtype(table[c]))
+    probes = {}
+    for value, finding in (("Unknown", "[undeclared marker]"), ("?", "[missing values without a rule]")):
+        copy = table.copy()
+        copy.loc[copy.index[::50], column] = value
+        target = machines.home(f"party{probe_party}") / f"probe-{'undeclared' if value == 'Unknown' else 'declared'}.csv"
+        copy.to_csv(target, index=False)
+        probe = config.replace(f'table-path="{path}"', f'table-path="{target}"')
+        code, out = machines.call(f"party{probe_party}", prelude + f"fairvfl-preflight --node-config {shlex.quote(probe)}")
+        refused = code == 1 and finding in out and repr(column) in out
+        probes[value] = {"cells": len(copy.index[::50]), "exit": code, "refused": refused}
+        if not refused:
+            problems.append(f"party {probe_party}'s node config with {value!r} in {len(copy.index[::50])} cells of "
+                            f"column {column!r}: fairvfl-preflight exits {code} without {finding} naming the column: "
+                            f"{out[-1500:]}")
+    return {"parties_passed": passed, "probe_party": probe_party, "probe_column": column, "probes": probes}, problems
 
 
 def retailer(cmd, k, own_path, own_id, server, postgres, pd, etc, edits) -> str:
@@ -597,6 +658,12 @@ def report(figures: dict) -> str:
             ("rounds run again (the restart's cost)", figures["rounds_run_again"]),
             ("seconds from the drop to the round's new start", ", ".join(f"{s:.1f}" for s in figures["rejoin_seconds"] if s is not None)),
             ("saved blocks checked / model inputs that are a missing-value marker", f"{figures['blocks_checked']} / {figures['marker_inputs']}")]
+    if "preflight" in figures:
+        pre = figures["preflight"]
+        rows += [("parties whose table passes fairvfl-preflight with its node config", len(pre["parties_passed"])),
+                 *((f"party {pre['probe_party']}'s node config, {p['cells']} cells of {pre['probe_column']} set to {v!r}: "
+                    "refused by fairvfl-preflight naming the column", "yes" if p["refused"] else "NO")
+                   for v, p in pre["probes"].items())]
     lines = ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
     lines += ["", "What a user on one machine changes in the section's commands:", "",
               *(f"- {s}" for s in figures["substitutions"])]

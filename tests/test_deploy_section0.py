@@ -71,6 +71,25 @@ def test_a_marker_trained_as_a_category_is_caught(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_preflight_step_passes_clean_tables_and_refuses_a_marker_declared_or_not(tmp_path):
+    import os
+
+    import pandas as pd
+
+    from fairvfl_flwr.tools.owntables import node_config_text, organisations
+
+    nodes = organisations(tmp_path / "orgs", rows=1500)  # enough for min-group-size
+    for node in nodes:
+        node["missing-values"] = "?,NA"
+    cmds = {n["partition-id"]: f"flower-supernode --insecure --node-config '{node_config_text(n)}'" for n in nodes}
+    machines = section0.Machines(tmp_path / "work", dict(os.environ))
+    checked, problems = section0.preflight(machines, cmds, 3, pd)
+    assert problems == [] and checked["parties_passed"] == [0, 1, 2, 3]
+    assert checked["probe_column"] == "native-country"
+    assert {v: p["refused"] for v, p in checked["probes"].items()} == {"Unknown": True, "?": True}
+
+
+@pytest.mark.slow
 @pytest.mark.deploy_long
 def test_section_0_as_written_trains_survives_a_restart_and_trains_no_marker(tmp_path, capsys):
     pytest.importorskip("private_set_intersection")
