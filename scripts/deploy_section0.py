@@ -18,6 +18,11 @@ only what a user on one machine has to change is changed, each change printed:
   and a ``consent`` column), and the query selects that table's columns; its password is in the
   ``/etc/fairvfl/crm-password`` file the block's ``export`` line reads.
 
+Before the SuperNodes start, every party runs ``fairvfl-preflight`` with its node config, as the
+section says to, and must pass; and a CSV party's node config is tried on copies of its table
+holding an undeclared marker (``Unknown``) and a declared one (``?``) in a text column: both
+must be refused naming the column, so neither could be trained as a category.
+
 While the run trains, the SuperNode of party ``--restart-party`` is stopped (its process group:
 the SuperNode and its ClientApps, as a machine going down) once the server's log says round 1
 started and that party's own disk holds round ``--after-round``, then started again with the
