@@ -15,6 +15,7 @@ from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from tests.paired_grid import PairedGrid
 from fairvfl_flwr.core.gauss_newton import GaussNewton
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.newton import SHARED_MEMORY
@@ -182,19 +183,6 @@ def test_masked_and_plain_mlp_runs_under_auto_stop_within_five_rounds_of_each_ot
         assert summary["rounds"] <= 50 and summary["train_max_gap"] <= 0.01 + 0.002
         assert summary["test_acc"] >= 0.8373 - 0.002
     assert abs(runs[True]["rounds"] - runs[False]["rounds"]) <= 5
-
-
-class PairedGrid(InProcessGrid):
-    """Keeps every (message, reply) pair the server exchanged."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.pairs: list[tuple] = []
-
-    def _answer(self, msg):
-        reply = super()._answer(msg)
-        self.pairs.append((msg, reply))
-        return reply
 
 
 TAKEN_BACK = 3  # the round whose judged step the server is made to take back

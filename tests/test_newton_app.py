@@ -21,6 +21,7 @@ from fairvfl_flwr.core.reference import NewtonFloor
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.inprocess import InProcessGrid
+from tests.paired_grid import PairedGrid
 from fairvfl_flwr.features import transcripts
 
 from fairvfl_flwr.data.problem import party_problem
@@ -173,19 +174,6 @@ def test_what_each_role_receives_under_newton(tmp_path):
     assert {f"{k}-{pid}" for k in ("dir", "a", "gram") for pid in range(3)} <= set(server[3])
     assert "test-dirs-1" in server[2] and "test-dirs-1" not in server[3]
     assert server[3]["gram-1"].shape == (3, 3)
-
-
-class PairedGrid(InProcessGrid):
-    """Keeps every (message, reply) pair: what each side received, to hold the transcripts to."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.pairs: list[tuple] = []
-
-    def _answer(self, msg):
-        reply = super()._answer(msg)
-        self.pairs.append((msg, reply))
-        return reply
 
 
 def test_newton_transcripts_hold_exactly_what_each_role_received(tmp_path):
