@@ -14,7 +14,6 @@ from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.flower import protocol as msgs
-from fairvfl_flwr.flower.inprocess import InProcessGrid
 from tests.paired_grid import PairedGrid
 from fairvfl_flwr.core.gauss_newton import GaussNewton
 from fairvfl_flwr.core.models import build_model
