@@ -587,7 +587,7 @@ def publish(out: Path, name: str, settings: dict, results: list[dict], info: dic
           title="Accuracy against the hard-rate gap: FairVFL, fairlearn EG (expected) and ThresholdOptimizer",
           notes=notes)
     if Path(out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference pages show the same tables
-        include(REPO / "docs" / "fairness-constraints.md", name, verdict_table(rows) + "\n\n" + matched_table(at))
+        include(REPO / "docs" / "fairness-constraints.md", name, verdict_table(rows))
         include(REPO / "docs" / "compare.md", name, verdict_table(rows))
 
 
