@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
@@ -286,3 +286,96 @@ def test_the_audits_malicious_server_is_refused_in_every_role_but_the_consistent
     assert all(got[role].startswith("refused") for role in got if role not in broadcast and role not in by_hand)
     assert all(r["gram_error"] >= 0.99 for r in by_hand.values()), {r: got[r] for r in by_hand}
     assert not any("reached the server" in result or "raised them" in result for result in got.values())
+
+
+# -- Gauss-Newton blocks: a round's step lengths name the point they start from (``base``) ------
+def _gauss_newton_config(tmp_path):
+    return _config(tmp_path, **{"optimizer": "auto", "model": "mlp", "num-server-rounds": 8, "stop-tolerance": 0.0})
+
+
+class BaseToOne(Wire):
+    """Round 4: party 2 alone is sent round 3's step from round 3's base, so that it replies its
+    logits at a point the other parties left (the other parties' logits are at the new one): the
+    difference of two rounds' sums would be party 2's own logits and images."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.sent: dict[int, dict] = {}  # round -> party 2's payload as the server built it
+
+    def tamper(self, msg):
+        if msg.metadata.message_type != msgs.NEWTON_PASSIVE or msg.metadata.dst_node_id != self.node_ids[2]:
+            return
+        payload = {k: a.numpy().copy() for k, a in msg.content.array_records[msgs.PAYLOAD].items()}
+        server_round = int(msg.content.config_records[msgs.ROUND]["round"])
+        self.sent[server_round] = payload
+        if server_round == 4:
+            old = self.sent[3]
+            msg.content.array_records[msgs.PAYLOAD] = msgs.array_record(
+                **{**payload, "base": old["base"], "alpha": old["alpha"]})
+
+
+def test_a_step_from_another_base_sent_to_one_party_decodes_noise(tmp_path):
+    rc = _gauss_newton_config(tmp_path)
+    grid = _grid(BaseToOne, tmp_path, rc)
+    with pytest.raises(FederationError, match="round 4: the masks of the train logits did not cancel"):
+        run_server(grid, rc)
+    assert not grid.plain_values()  # party 2 answered under masks bound to a view the others do not share
+
+
+class StaleBase(Wire):
+    """Round 5: every party, alike (one view), is told to step from round 1's directions, which
+    none of them holds any more: a server walking a party back to an old point to query it there."""
+
+    def tamper(self, msg):
+        if msg.metadata.message_type in (msgs.NEWTON_ACTIVE, msgs.NEWTON_PASSIVE) and \
+                int(msg.content.config_records[msgs.ROUND]["round"]) == 5:
+            payload = {k: a.numpy() for k, a in msg.content.array_records[msgs.PAYLOAD].items()}
+            msg.content.array_records[msgs.PAYLOAD] = msgs.array_record(
+                **{**payload, "base": np.array([1], dtype=np.int64)})
+
+
+def test_a_step_from_a_point_the_party_no_longer_holds_is_refused_by_every_party(tmp_path):
+    rc = _gauss_newton_config(tmp_path)
+    grid = _grid(StaleBase, tmp_path, rc)
+    with pytest.raises(FederationError):
+        run_server(grid, rc)
+    refused = [r for r in grid.replies() if r.has_error()]
+    assert len(refused) == rc["num-parties"]
+    assert all("step lengths for the directions of round 1, but this party holds those of rounds" in r.error.reason
+               for r in refused)
+    assert not grid.plain_values()
+
+
+class ResendOtherBase(Wire):
+    """Re-sends every passive party's round-3 message with round 2's base (its view covering it):
+    the same round answered twice, from two points."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.answers, self.bases = [], {}
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg in messages:
+            if msg.metadata.message_type != msgs.NEWTON_PASSIVE:
+                continue
+            payload = {k: a.numpy() for k, a in msg.content.array_records[msgs.PAYLOAD].items()}
+            server_round = int(msg.content.config_records[msgs.ROUND]["round"])
+            self.bases[server_round] = payload["base"]
+            if server_round == 3:
+                twin = Message(RecordDict(dict(msg.content)), dst_node_id=msg.metadata.dst_node_id,
+                               message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
+                twin.content.array_records[msgs.PAYLOAD] = msgs.array_record(**{**payload, "base": self.bases[2]})
+                self.reseal([twin])
+                self.answers.append(self._answer(twin))
+        return ids
+
+
+def test_a_resent_gauss_newton_round_from_another_base_is_refused(tmp_path):
+    rc = _gauss_newton_config(tmp_path)
+    grid = _grid(ResendOtherBase, tmp_path, rc)
+    run_server(grid, rc)  # the honest exchange goes on; the altered re-sends got nothing
+    assert len(grid.answers) == rc["num-parties"] - 1
+    assert all(r.has_error() and "differs from the train.newton_passive/passive message this party answered"
+               in r.error.reason for r in grid.answers), [r.error.reason for r in grid.answers if r.has_error()]
