@@ -58,14 +58,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests/postgres.py and bench/common.py, run from any folder
     sys.path.insert(0, str(REPO))
+from fairvfl_flwr.data.own_table import LIKELY_MARKERS  # noqa: E402
+from fairvfl_flwr.tools.localfed import free_port  # noqa: E402
+
 DOC = REPO / "docs" / "deploy.md"
 SECTION = "## 0. Each organisation starts from its own table"
 DOC_HOST = "superlink.example.org"
 PARTIES = 4
 PASSWORD_FILE = "crm-password"
-#: Values that usually stand for a missing value (data/own_table.py's list, lower case, spaces
-#: stripped), and the declared markers of section 0; none may be a category a model was trained on.
-MARKERS = ("?", "", "na", "n/a", "null", "unknown", "-", "nan", "none")
+#: Values that usually stand for a missing value (the tables' own list, lower case, spaces stripped,
+#: and pandas' spellings of a missing cell); none may be a category a model was trained on.
+MARKERS = (*LIKELY_MARKERS, "nan", "none")
 
 
 class CheckFailed(RuntimeError):
@@ -187,12 +190,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_value(cmd: str, key: str) -> str | None:
