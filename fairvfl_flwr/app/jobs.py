@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from fairvfl_flwr.app.training import build_server
 from fairvfl_flwr.flower.jobs import Job, register
-from fairvfl_flwr.jobs import alignment, group_release, key_agreement, saving, scoring, training
+from fairvfl_flwr.jobs import alignment, encrypted_groups, group_release, key_agreement, saving, scoring, training
 
 #: The app's jobs: training (its modes fairvfl, fairvfl-scores, split; its server assembled with the
 #: round features, app/training.py), the scoring job (mode score), and the jobs that run inside them.
 JOBS: tuple[Job, ...] = (training.job(build_server), scoring.JOB, alignment.JOB, saving.JOB, group_release.JOB,
-                         key_agreement.JOB)
+                         encrypted_groups.JOB, key_agreement.JOB)
 register(*JOBS)

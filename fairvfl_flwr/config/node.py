@@ -171,6 +171,16 @@ class NodeConfig:
     release_epsilon: float = N(0.0, "the largest groups.epsilon-s this registry releases its groups at: a run asking "
                                "for more is refused (0: the run config's)", rule=at_least(0), why="must be >= 0",
                                who="registry, optional")
+    sums_per_round: int = N(32, "encrypted groups: the most sums over its groups this registry decrypts for one "
+                            "round (each a sum over every row, under the server's masks); a request beyond it is "
+                            "refused (0: no limit)", rule=at_least(0), why="must be >= 0", who="registry, optional")
+    sums_per_run: int = N(0, "encrypted groups: the most sums this registry decrypts in a run (0: sums-per-round "
+                          "times the run's rounds + 2)", rule=at_least(0), why="must be >= 0",
+                          who="registry, optional")
+    sum_noise: float = N(4.0, "encrypted groups: the standard deviation of the Gaussian noise this registry adds "
+                         "to every sum it decrypts, in the slots' units (a slot holds at most 2^17; privacy.md#a-"
+                         "registry-holds-the-groups)", rule=at_least(0), why="must be >= 0",
+                         who="registry, optional")
     delay_seconds: float = N(0.0, "a simulated straggler: seconds each train reply is held back (given here, it "
                              "overrides run config staleness.straggler-delays for this node)", rule=at_least(0),
                              why="must be >= 0 seconds", who="optional, testing")

@@ -76,7 +76,8 @@ SCALE = 2.0**40
 MASK_BOUND = 2.0**16  # |mask| per slot and part; |n ν_i x_ij| summed over chunks stays << this
 
 
-def _seal():
+def seal_api():
+    """TenSEAL's SEAL binding (``tenseal.sealapi``), or an ImportError that says which extra installs it."""
     try:
         import tenseal.sealapi as seal
     except ImportError as exc:  # pragma: no cover - config.validate refuses first
@@ -116,7 +117,8 @@ def _scratch_path() -> str:
     return os.path.join(_SCRATCH[0], f"{os.getpid()}-{threading.get_ident()}")
 
 
-def _dump(obj) -> bytes:
+def dump_seal(obj) -> bytes:
+    """A SEAL object (ciphertext, key) in SEAL's own serialisation."""
     path = _scratch_path()
     obj.save(path)
     try:
@@ -126,25 +128,31 @@ def _dump(obj) -> bytes:
         os.remove(path)
 
 
-def _ciphertext(ctx, blob: bytes, what: str):
-    seal = _seal()
+def load_seal(ctx, blob: bytes, make, what: str):
+    """The SEAL object ``make()`` (a Ciphertext, a SecretKey) loaded from ``blob`` for the context
+    ``ctx``; bytes that are not one for these parameters are refused naming ``what``."""
     path = _scratch_path()
     with open(path, "wb") as f:
         f.write(blob)
-    ct = seal.Ciphertext()
+    obj = make()
     try:
-        ct.load(ctx, path)
+        obj.load(ctx, path)
     except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"{what} is not a CKKS ciphertext for these parameters: {exc}") from None
+        raise ValueError(f"{what} is not a CKKS {type(obj).__name__} for these parameters: {exc}") from None
     finally:
         os.remove(path)
-    return ct
+    return obj
+
+
+def load_ciphertext(ctx, blob: bytes, what: str):
+    """A ciphertext from SEAL's serialisation (:func:`load_seal`)."""
+    return load_seal(ctx, blob, seal_api().Ciphertext, what)
 
 
 @functools.lru_cache(maxsize=4)
-def _context(params: bytes):
+def seal_context(params: bytes):
     """(SEAL context, encoder, evaluator) of the parameters a server ships: built once per process."""
-    seal = _seal()
+    seal = seal_api()
     values = np.frombuffer(params, dtype="<u8")
     if len(values) < 2:
         raise ValueError(f"the CKKS parameters hold {len(values)} numbers (expected N and the primes)")
@@ -159,7 +167,7 @@ def _context(params: bytes):
 
 def parameters() -> bytes:
     """N and the coefficient primes: all a party needs (it holds no key)."""
-    seal = _seal()
+    seal = seal_api()
     primes = [q.value() for q in seal.CoeffModulus.Create(POLY_MODULUS_DEGREE, list(COEFF_MOD_BIT_SIZES))]
     return np.array([POLY_MODULUS_DEGREE, *primes], dtype="<u8").tobytes()
 
@@ -176,8 +184,8 @@ def _encoded_block(params: bytes, X: np.ndarray) -> list:
     hit = _ENCODED.get(key)
     if hit is not None and hit[0]() is X and hit[1] == params:
         return hit[2]
-    seal = _seal()
-    ctx, encoder, _ = _context(params)
+    seal = seal_api()
+    ctx, encoder, _ = seal_context(params)
     n, m = X.shape
     padded = np.zeros((chunks(n) * SLOTS, 2 * pairs(m)))
     padded[:n, :m] = X
@@ -202,13 +210,13 @@ def masked_column_sums(params: bytes, nu_chunks: list[bytes], X: np.ndarray, rng
 
     ``X`` is the party's n × m block; rows are padded with zeros to whole chunks.
     """
-    seal = _seal()
-    ctx, encoder, evaluator = _context(params)
+    seal = seal_api()
+    ctx, encoder, evaluator = seal_context(params)
     n, m = X.shape
     if len(nu_chunks) != chunks(n):
         raise ValueError(f"got {len(nu_chunks)} ciphertext chunks for {n} rows (expected {chunks(n)})")
     plain = _encoded_block(params, X)
-    encs = [_ciphertext(ctx, blob, f"ν chunk {c}") for c, blob in enumerate(nu_chunks)]
+    encs = [load_ciphertext(ctx, blob, f"ν chunk {c}") for c, blob in enumerate(nu_chunks)]
     masks = (rng.uniform(-MASK_BOUND, MASK_BOUND, size=(pairs(m), SLOTS))
              + 1j * rng.uniform(-MASK_BOUND, MASK_BOUND, size=(pairs(m), SLOTS)))
     out = []
@@ -223,7 +231,7 @@ def masked_column_sums(params: bytes, nu_chunks: list[bytes], X: np.ndarray, rng
         mask = seal.Plaintext()
         encoder.encode(masks[p].tolist(), acc.parms_id(), acc.scale, mask)
         evaluator.add_plain_inplace(acc, mask)
-        out.append(_dump(acc))
+        out.append(dump_seal(acc))
     sums = masks.sum(axis=1)
     return out, np.column_stack([sums.real, sums.imag]).reshape(-1)
 
@@ -240,10 +248,10 @@ class CkksServer:
     """Key owner: encrypts ν once a round, decrypts masked column vectors, runs leg 2."""
 
     def __init__(self, n_rows: int) -> None:
-        seal = _seal()
+        seal = seal_api()
         self.n = n_rows
         self.public = parameters()
-        ctx, self.encoder, _ = _context(self.public)
+        ctx, self.encoder, _ = seal_context(self.public)
         self.ctx = ctx
         secret = seal.KeyGenerator(ctx).secret_key()
         self.encryptor = seal.Encryptor(ctx, secret)  # symmetric: parties need no public key
@@ -253,7 +261,7 @@ class CkksServer:
         self.bytes_sent = 0  # ciphertext + parameter bytes to passive parties (for cost reports)
         self.bytes_received = 0
 
-    def ship_context(self, messages: list[Message], passive: set[int]) -> None:
+    def shipseal_context(self, messages: list[Message], passive: set[int]) -> None:
         """Attach the CKKS parameters (no key) to the init message of passive parties."""
         for m in messages:
             if m.metadata.dst_node_id in passive:
@@ -262,10 +270,10 @@ class CkksServer:
 
     def encrypt(self, values: np.ndarray) -> bytes:
         """Enc(values) (at most 4096), seeded: the ciphertext's random half travels as a seed."""
-        seal = _seal()
+        seal = seal_api()
         pt = seal.Plaintext()
         self.encoder.encode(np.asarray(values, dtype=np.float64).tolist(), SCALE, pt)
-        return _dump(self.encryptor.encrypt_symmetric(pt))
+        return dump_seal(self.encryptor.encrypt_symmetric(pt))
 
     def passive_content(self, nu: np.ndarray, server_round: int, evaluate: bool) -> RecordDict:
         """Enc(n·ν) in 4096-row chunks, encrypted once per round for all passive parties."""
@@ -280,7 +288,7 @@ class CkksServer:
 
     def masked_sums(self, reply: Message) -> np.ndarray:
         """Decrypt each masked pair vector and sum its slots: n·g_j + Σ_s r_{j,s}, two per pair."""
-        seal = _seal()
+        seal = seal_api()
         record = reply.content.array_records[MASKED_RECORD]
         keys = sorted(record, key=lambda k: int(k.split("-")[1]))
         out = []
@@ -288,7 +296,7 @@ class CkksServer:
             blob = from_bytes_array(record[k])
             self.bytes_received += len(blob)
             pt = seal.Plaintext()
-            self.decryptor.decrypt(_ciphertext(self.ctx, blob, f"masked ciphertext {k!r}"), pt)
+            self.decryptor.decrypt(load_ciphertext(self.ctx, blob, f"masked ciphertext {k!r}"), pt)
             total = complex(np.sum(self.encoder.decode_complex(pt)))
             out += [total.real, total.imag]
         return np.array(out)
@@ -322,7 +330,7 @@ class CkksChannel(RoundHook):
 
     def init_messages(self, server: ServerView, messages: list[Message]) -> None:
         """Attach the CKKS parameters (N and the primes, no key) to each passive party's start message."""
-        self.server.ship_context(messages, passive_nodes(server.nodes))
+        self.server.shipseal_context(messages, passive_nodes(server.nodes))
 
     def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
                         evaluate: bool) -> tuple[RecordDict, str]:

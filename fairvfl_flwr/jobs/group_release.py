@@ -59,6 +59,22 @@ def release_groups(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLa
     """``labels`` with their groups replaced by the registry's release at ``groups.epsilon-s``
     (training and test rows), and the release's flip rates; refuses a federation with no
     registry or with several, and a release that does not fit the rows or the request."""
+    node_id, who = find_registry(grid, cfg, labels.ids_digest, "its groups are asked for")
+    request = ConfigRecord({"mechanism": cfg.groups_release, "epsilon-s": float(cfg.groups_epsilon_s)})
+    ask = Message(RecordDict({"release": request}), dst_node_id=node_id, message_type=GROUPS_RELEASE,
+                  group_id="groups")
+    reply = exchange.exchange(grid, [ask], cfg.round_timeout, cfg.round_retries, lambda nid: who)[0]
+    rr, train, test, names = _checked(reply, request, who, len(labels.y_train), len(labels.y_test))
+    log(INFO, "FairVFL: %s released the groups of %d training and %d test rows by %s at epsilon_S=%g: each row keeps "
+        "its group with probability %.3f; the server corrects every group figure for the flip rates",
+        who, len(train), len(test), cfg.groups_release, rr.epsilon, rr.keep)
+    return dataclasses.replace(labels, s_train=train, s_test=test, group_names=names, release=rr)
+
+
+def find_registry(grid: Grid, cfg: RunConfig, ids_digest: str, before: str) -> tuple[int, str]:
+    """The registry's node id and how errors name it: the one party whose ``query.info`` reply says
+    it holds the groups, on the same rows as the server (``ids_digest``); refused otherwise,
+    ``before`` saying what the refusal comes before."""
     nodes = discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "the group release")
     asked = [Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="groups") for nid in nodes]
     infos = exchange.exchange(grid, asked, cfg.round_timeout, cfg.round_retries, lambda nid: f"node {nid}")
@@ -68,18 +84,10 @@ def release_groups(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLa
                               f"found {len(holders)} (the registry is the party that holds the sensitive column)")
     info = holders[0].content.config_records["info"]
     who = f"the registry (node {holders[0].metadata.src_node_id}, partition {info['partition-id']})"
-    if str(info["ids-digest"]) != labels.ids_digest:
+    if str(info["ids-digest"]) != ids_digest:
         raise FederationError(f"{who} holds other rows than the server (row id digest {info['ids-digest']}, the "
-                              f"server's {labels.ids_digest}); refused before its groups are asked for")
-    request = ConfigRecord({"mechanism": cfg.groups_release, "epsilon-s": float(cfg.groups_epsilon_s)})
-    ask = Message(RecordDict({"release": request}), dst_node_id=holders[0].metadata.src_node_id,
-                  message_type=GROUPS_RELEASE, group_id="groups")
-    reply = exchange.exchange(grid, [ask], cfg.round_timeout, cfg.round_retries, lambda nid: who)[0]
-    rr, train, test, names = _checked(reply, request, who, len(labels.y_train), len(labels.y_test))
-    log(INFO, "FairVFL: %s released the groups of %d training and %d test rows by %s at epsilon_S=%g: each row keeps "
-        "its group with probability %.3f; the server corrects every group figure for the flip rates",
-        who, len(train), len(test), cfg.groups_release, rr.epsilon, rr.keep)
-    return dataclasses.replace(labels, s_train=train, s_test=test, group_names=names, release=rr)
+                              f"server's {ids_digest}); refused before {before}")
+    return holders[0].metadata.src_node_id, who
 
 
 def _checked(reply: Message, request: ConfigRecord, who: str, n_train: int,

@@ -1,0 +1,357 @@
+"""Encrypted groups: the registry's group indicators under its own CKKS key, and the server's sums over them.
+
+Where a registry holds the sensitive column (run config ``groups.holder = "registry"``),
+everything the server computes from the groups is a sum over rows of a value the server
+computes itself, split by group: a gap is Σ_i Σ_g 1[g_i] P_g(i) with P_g(i) the row's term
+as if it were in group g (its loss over that group's size, signed by the gap's side), a
+group size is Σ_i 1[g_i = g] 1[i ∈ S]. This module is that oracle, the registry holding
+the only key:
+
+====================== ====================================== =======================================
+message type            from server                            reply (the registry's)
+====================== ====================================== =======================================
+query.groups_encrypt    (nothing)                              CKKS parameters (no key), the group
+                                                               names, Enc(1[g]) per group, training
+                                                               and test rows, 4096 rows a ciphertext
+query.groups_sum        the round; ciphertexts, each           two numbers per ciphertext: the real
+                        Σ_g Σ_chunks Enc(1[g]) ⊙ P + r         and imaginary slot sums, plus noise
+====================== ====================================== =======================================
+
+* The registry makes its secret key on its node, once per run, and keeps it in the node's
+  state (never in a reply, never on disk); it encrypts each group's indicator column once
+  (``query.groups_encrypt``: a re-ask gets fresh encryptions of the same columns).
+* The server multiplies each encrypted indicator by its plaintext P (complex slots: two
+  values per ciphertext, as features/ckks.py packs two columns), sums over groups and chunks,
+  rescales, and adds a fresh uniform mask r per slot in [−2^16, 2^16] (real and imaginary).
+  It scales its plaintext so that no slot's value exceeds 2^8 (:data:`VALUE_BOUND`, 1/256 of
+  the mask's range, so that a slot the registry decrypts says next to nothing of the value
+  under its mask) and divides the sums back.
+* The registry decrypts each ciphertext, refuses one whose slot exceeds 2^17
+  (:data:`SLOT_BOUND`: an honest slot is a mask plus at most 2^8), and returns only the
+  sums of its slots, each plus Gaussian noise of its node config's ``sum-noise``. It counts
+  every sum against its node config's ``sums-per-round`` (the round the request names,
+  which may only advance) and ``sums-per-run``, and refuses a request beyond either.
+
+So the registry sees masked slots only, and the server the sums of its own plaintexts over
+each group, never a row's group. A server that lies chooses P (one row alone, or rows at
+weights 2^j): the registry cannot see P, so what bounds that server is the budget (sums a
+round), the slot bound with the noise (bits a sum), and nothing else; measured by
+bench/registry_isolation.py (docs/results/privacy/registry-isolation.md, docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid
+
+from fairvfl_flwr.config import RunConfig
+from fairvfl_flwr.core.constraints import SensitiveGroups
+from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.features import ckks
+from fairvfl_flwr.flower import exchange
+from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.jobs import Job
+from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
+from fairvfl_flwr.jobs.group_release import find_registry
+
+#: The registry's group indicators under its key, once per run.
+GROUPS_ENCRYPT = "query.groups_encrypt"
+#: Masked ciphertexts of the server's, whose slot sums the registry decrypts.
+GROUPS_SUM = "query.groups_sum"
+#: The node state record of the registry's secret key and its parameters (never sent, never saved).
+KEY_STATE = "fairvfl.groups-key"
+#: The node state record of the registry's count of decrypted sums: the round, its sums, the run's.
+BUDGET_STATE = "fairvfl.groups-budget"
+#: The largest |value| of a decrypted slot the registry answers for (real and imaginary part).
+SLOT_BOUND = 2.0**17
+#: The largest |value| of a slot the honest server's plaintext gives, before its mask.
+VALUE_BOUND = 2.0**8
+SPLITS = ("train", "test")
+
+
+# -- the registry's side --------------------------------------------------------------------
+def _key(context: Context):
+    """(parameters, secret key) of this registry for the run: made on the first request, kept in the node's state."""
+    seal = ckks.seal_api()
+    kept = context.state.array_records.get(KEY_STATE)
+    if kept is None:
+        params = ckks.parameters()
+        ctx, _, _ = ckks.seal_context(params)
+        secret = seal.KeyGenerator(ctx).secret_key()
+        context.state.array_records[KEY_STATE] = ArrayRecord({"params": ckks.to_bytes_array(params),
+                                                              "key": ckks.to_bytes_array(ckks.dump_seal(secret))})
+        return params, secret
+    params = ckks.from_bytes_array(kept["params"])
+    ctx, _, _ = ckks.seal_context(params)
+    return params, ckks.load_seal(ctx, ckks.from_bytes_array(kept["key"]), seal.SecretKey, "the registry's key")
+
+
+def encrypt_groups(message: Message, context: Context) -> Message:
+    """Every group's indicator column of the training and test rows, encrypted under this registry's key."""
+    rt = PartyRuntime(context)
+    held = rt.data.held
+    if held is None:
+        raise FederationError(f"{rt.who}: asked to encrypt the groups, but this party holds no sensitive column")
+    seal = ckks.seal_api()
+    params, secret = _key(context)
+    ctx, encoder, _ = ckks.seal_context(params)
+    encryptor = seal.Encryptor(ctx, secret)
+    out = {}
+    rows = {}
+    for split, s in (("train", held.train), ("test", held.test)):
+        codes = SensitiveGroups.of(s, held.names).codes
+        rows[split] = len(codes)
+        padded = np.full(ckks.chunks(len(codes)) * ckks.SLOTS, -1, dtype=np.int64)
+        padded[: len(codes)] = codes
+        blobs = {}
+        for g in range(len(held.names)):
+            column = (padded == g).astype(np.float64)
+            for c in range(ckks.chunks(len(codes))):
+                pt = seal.Plaintext()
+                encoder.encode(column[c * ckks.SLOTS:(c + 1) * ckks.SLOTS].tolist(), ckks.SCALE, pt)
+                blobs[f"g{g}-c{c}"] = ckks.to_bytes_array(ckks.dump_seal(encryptor.encrypt_symmetric(pt)))
+        out[split] = ArrayRecord(blobs)
+    said = ConfigRecord({"names": list(held.names), "train-rows": rows["train"], "test-rows": rows["test"]})
+    return Message(RecordDict({ckks.CONTEXT_RECORD: ArrayRecord({"context": ckks.to_bytes_array(params)}),
+                               "groups": said, **out}), reply_to=message)
+
+
+def _limits(rt: PartyRuntime) -> tuple[int, int]:
+    """(sums a round, sums a run) this registry decrypts; 0: no limit."""
+    per_round, per_run = rt.node.sums_per_round, rt.node.sums_per_run
+    if per_run == 0 and per_round > 0:
+        per_run = per_round * (rt.cfg.num_server_rounds + 2)
+    return per_round, per_run
+
+
+def spend(context: Context, rt: PartyRuntime, server_round: int, sums: int) -> None:
+    """Count ``sums`` decrypted sums against round ``server_round``'s and the run's budget, or refuse
+    the request: a round below the last one asked for, one past the run's, or a count beyond
+    either budget (its node config ``sums-per-round``, ``sums-per-run``)."""
+    kept = context.state.config_records.get(BUDGET_STATE)
+    last, used_round, used_run = ((int(kept["round"]), int(kept["round-used"]), int(kept["run-used"]))
+                                  if kept is not None else (0, 0, 0))
+    if server_round < last:
+        raise ConfigError(f"{rt.who}: asked for sums of round {server_round} after round {last}: rounds only advance "
+                          "(a budget is per round): refused")
+    if server_round > rt.cfg.num_server_rounds + 1:
+        raise ConfigError(f"{rt.who}: asked for sums of round {server_round}; the run has "
+                          f"{rt.cfg.num_server_rounds} rounds: refused")
+    if server_round > last:
+        used_round = 0
+    per_round, per_run = _limits(rt)
+    if per_round and used_round + sums > per_round:
+        raise ConfigError(f"{rt.who}: asked for {sums} sums in round {server_round}, which already had {used_round}; "
+                          f"its node config sums-per-round={per_round}: refused")
+    if per_run and used_run + sums > per_run:
+        raise ConfigError(f"{rt.who}: asked for {sums} sums after {used_run} in this run; its budget is {per_run} "
+                          "(node config sums-per-run, or sums-per-round times the rounds + 2): refused")
+    context.state.config_records[BUDGET_STATE] = ConfigRecord(
+        {"round": server_round, "round-used": used_round + sums, "run-used": used_run + sums})
+
+
+def decrypt_sums(message: Message, context: Context) -> Message:
+    """The slot sums of the server's masked ciphertexts (two a ciphertext), each with this registry's
+    noise, once the request is within its budget and every slot within :data:`SLOT_BOUND`."""
+    rt = PartyRuntime(context)
+    if context.state.array_records.get(KEY_STATE) is None:
+        raise ConfigError(f"{rt.who}: asked to decrypt sums before it encrypted its groups ({GROUPS_ENCRYPT})")
+    said = message.content.config_records.get("sum")
+    record = message.content.array_records.get("masked")
+    if said is None or record is None or "round" not in said or not len(record):
+        raise ConfigError(f"{rt.who}: a {GROUPS_SUM} request needs the round and one or more ciphertexts")
+    keys = sorted(record, key=lambda k: int(k.split("-")[1]))
+    spend(context, rt, int(said["round"]), 2 * len(keys))
+    seal = ckks.seal_api()
+    params, secret = _key(context)
+    ctx, encoder, _ = ckks.seal_context(params)
+    decryptor = seal.Decryptor(ctx, secret)
+    sums = []
+    for k in keys:
+        pt = seal.Plaintext()
+        decryptor.decrypt(ckks.load_ciphertext(ctx, ckks.from_bytes_array(record[k]), f"ciphertext {k!r}"), pt)
+        slots = np.asarray(encoder.decode_complex(pt))
+        top = max(float(np.abs(slots.real).max()), float(np.abs(slots.imag).max()))
+        if not top <= SLOT_BOUND:
+            raise ConfigError(f"{rt.who}: ciphertext {k!r} holds a slot of {top:.3g}, beyond the bound 2^17 of a "
+                              "masked slot: refused (an honest slot is a mask within 2^16 plus a value within 2^8)")
+        total = complex(slots.sum())
+        sums += [total.real, total.imag]
+    noisy = np.asarray(sums) + np.random.default_rng().normal(0.0, rt.node.sum_noise, size=len(sums))
+    return Message(RecordDict({"sums": msgs.array_record(sums=noisy)}), reply_to=message)
+
+
+# -- the server's side ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Indicators:
+    """What the registry's ``query.groups_encrypt`` reply holds: its CKKS parameters, the group
+    names, and per split and group the indicator's ciphertexts, one a chunk of 4096 rows."""
+
+    params: bytes
+    names: tuple[str, ...]
+    rows: dict[str, int]
+    blobs: dict[str, list[list[bytes]]]  # split -> group -> chunk
+
+
+def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) -> Indicators:
+    """The registry's reply, refused unless it holds two or more distinct groups and, per split,
+    one ciphertext per group and chunk of ``rows`` (default: the rows it says)."""
+    said = reply.content.config_records.get("groups")
+    context = reply.content.array_records.get(ckks.CONTEXT_RECORD)
+    if said is None or context is None or any(s not in reply.content.array_records for s in SPLITS):
+        raise FederationError(f"{who}: its reply holds no encrypted groups")
+    names = tuple(str(n) for n in said["names"])
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise FederationError(f"{who}: encrypted groups need two or more distinct groups, got {list(names)}")
+    counts = {s: int(said[f"{s}-rows"]) for s in SPLITS}
+    if rows is not None and counts != rows:
+        raise FederationError(f"{who} encrypted the groups of {counts} rows, the server holds {rows}")
+    blobs = {}
+    for split in SPLITS:
+        record = reply.content.array_records[split]
+        want = {f"g{g}-c{c}" for g in range(len(names)) for c in range(ckks.chunks(counts[split]))}
+        if set(record) != want:
+            raise FederationError(f"{who}: its {split} indicators are not one ciphertext per group and chunk")
+        blobs[split] = [[ckks.from_bytes_array(record[f"g{g}-c{c}"]) for c in range(ckks.chunks(counts[split]))]
+                        for g in range(len(names))]
+    return Indicators(ckks.from_bytes_array(context["context"]), names, counts, blobs)
+
+
+#: How the oracle asks the registry: (ciphertexts, round) -> the slot sums, two a ciphertext.
+Ask = Callable[[list[bytes], int], np.ndarray]
+
+
+class GroupSums:
+    """The server's oracle of sums over the registry's groups: Σ_i Σ_g 1[g_i] P[k, g, i] for
+    plaintexts P of its own, the registry decrypting masked slot sums only (module docstring)."""
+
+    def __init__(self, indicators: Indicators, ask: Ask) -> None:
+        self.indicators = indicators
+        self.ask = ask
+        self.ctx, self.encoder, self.evaluator = ckks.seal_context(indicators.params)
+        self._loaded = {split: [[ckks.load_ciphertext(self.ctx, b, f"the {split} indicator of group {g}")
+                                 for b in chunks] for g, chunks in enumerate(blobs)]
+                        for split, blobs in indicators.blobs.items()}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The registry's groups, in the order of P's second axis."""
+        return self.indicators.names
+
+    def products(self, split: str, P: np.ndarray, masks: np.ndarray) -> list[bytes]:
+        """One ciphertext per pair of values k: Σ_g Σ_chunks Enc(1[g]) ⊙ (P[2j] + i·P[2j+1]) + masks[j],
+        rescaled once. ``P`` is K × G × rows (K even), ``masks`` K/2 × 4096 complex. A pair whose
+        plaintext is 0 throughout is refused (SEAL would refuse its product as transparent; its
+        sum is known without asking)."""
+        seal = ckks.seal_api()
+        K, G, n = P.shape
+        if n != self.indicators.rows[split] or G != len(self.names) or K % 2:
+            raise ValueError(f"P is {P.shape}: expected an even count × {len(self.names)} groups × "
+                             f"{self.indicators.rows[split]} {split} rows")
+        padded = np.zeros((K, G, ckks.chunks(n) * ckks.SLOTS))
+        padded[:, :, :n] = P
+        cplx = padded[0::2] + 1j * padded[1::2]
+        out = []
+        for j in range(K // 2):
+            acc = seal.Ciphertext()
+            part = seal.Ciphertext()
+            started = False
+            for g in range(G):
+                for c, enc in enumerate(self._loaded[split][g]):
+                    block = cplx[j, g, c * ckks.SLOTS:(c + 1) * ckks.SLOTS]
+                    if not block.any():
+                        continue
+                    pt = seal.Plaintext()
+                    self.encoder.encode(block.tolist(), enc.parms_id(), ckks.SCALE, pt)
+                    self.evaluator.multiply_plain(enc, pt, part if started else acc)
+                    if started:
+                        self.evaluator.add_inplace(acc, part)
+                    started = True
+            if not started:
+                raise ValueError(f"values {2 * j} and {2 * j + 1} of P are 0 on every row: nothing to ask for")
+            self.evaluator.rescale_to_next_inplace(acc)
+            mask = seal.Plaintext()
+            self.encoder.encode(masks[j].tolist(), acc.parms_id(), acc.scale, mask)
+            self.evaluator.add_plain_inplace(acc, mask)
+            out.append(ckks.dump_seal(acc))
+        return out
+
+    def mixed(self, split: str, P: np.ndarray, server_round: int) -> np.ndarray:
+        """Σ_i Σ_g 1[g_i] P[k, g, i] for each k (``P``: K × G × rows): each value scaled so that no
+        slot exceeds :data:`VALUE_BOUND` (the registry's noise then falls on the scaled sum),
+        masked with fresh uniform masks, decrypted by the registry, unmasked and scaled back.
+        A value that is 0 on every row is 0 without asking."""
+        P = np.asarray(P, dtype=np.float64)
+        out = np.zeros(P.shape[0])
+        asked = np.flatnonzero(np.abs(P).reshape(len(P), -1).max(axis=1) > 0)
+        if not len(asked):
+            return out
+        Q = P[asked] if len(asked) % 2 == 0 else np.concatenate([P[asked], np.zeros((1, *P.shape[1:]))])
+        n = Q.shape[2]
+        padded = np.zeros((*Q.shape[:2], ckks.chunks(n) * ckks.SLOTS))
+        padded[:, :, :n] = np.abs(Q)
+        # a slot's value: over its chunks, the largest of its rows' terms over the groups
+        per_slot = padded.max(axis=1).reshape(len(Q), -1, ckks.SLOTS).sum(axis=1).max(axis=1)
+        scale = VALUE_BOUND / np.where(per_slot > 0, per_slot, VALUE_BOUND)
+        rng = np.random.default_rng()  # fresh OS entropy: the registry must not predict the masks
+        bound = ckks.MASK_BOUND
+        masks = (rng.uniform(-bound, bound, size=(len(Q) // 2, ckks.SLOTS))
+                 + 1j * rng.uniform(-bound, bound, size=(len(Q) // 2, ckks.SLOTS)))
+        sums = self.ask(self.products(split, Q * scale[:, None, None], masks), server_round)
+        if sums.shape != (len(Q),) or not np.all(np.isfinite(sums)):
+            raise FederationError(f"the registry's sums have shape {sums.shape}, expected {len(Q)} finite values")
+        mask_sums = masks.sum(axis=1)
+        unmasked = sums - np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1)
+        out[asked] = (unmasked / scale)[: len(asked)]
+        return out
+
+    def by_group(self, split: str, V: np.ndarray, server_round: int) -> np.ndarray:
+        """K × G: Σ_{i in group g} V[k, i], for every row vector V[k] and group g."""
+        V = np.atleast_2d(np.asarray(V, dtype=np.float64))
+        G = len(self.names)
+        P = np.zeros((len(V) * G, G, V.shape[1]))
+        for k in range(len(V)):
+            for g in range(G):
+                P[k * G + g, g] = V[k]
+        return self.mixed(split, P, server_round).reshape(len(V), G)
+
+    def sizes(self, split: str, rows: np.ndarray, server_round: int) -> np.ndarray:
+        """K × G: each group's count among the rows of each mask ``rows[k]`` (rounded: a count is whole)."""
+        return np.rint(self.by_group(split, np.atleast_2d(rows).astype(np.float64), server_round)).astype(np.int64)
+
+
+def connect(grid: Grid, cfg: RunConfig, ids_digest: str, rows: dict[str, int]) -> GroupSums:
+    """The registry's encrypted groups of ``rows`` (training and test) and the oracle that asks it
+    for sums; refuses a federation without one registry on the server's rows, and a reply that
+    does not fit them."""
+    node_id, who = find_registry(grid, cfg, ids_digest, "its encrypted groups are asked for")
+
+    def send(content: RecordDict, message_type: str, group_id: str) -> Message:
+        message = Message(content, dst_node_id=node_id, message_type=message_type, group_id=group_id)
+        reply = exchange.exchange(grid, [message], cfg.round_timeout, cfg.round_retries, lambda nid: who)[0]
+        if reply.has_error():
+            raise FederationError(f"{who}: {reply.error.reason}")
+        return reply
+
+    indicators = indicators_of(send(RecordDict(), GROUPS_ENCRYPT, "groups"), who, rows)
+
+    def ask(blobs: list[bytes], server_round: int) -> np.ndarray:
+        content = RecordDict({"sum": ConfigRecord({"round": int(server_round)}),
+                              "masked": ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(blobs)})})
+        reply = send(content, GROUPS_SUM, str(server_round))
+        record = reply.content.array_records.get("sums")
+        if record is None or "sums" not in record:
+            raise FederationError(f"{who}: its reply holds no sums")
+        return record["sums"].numpy().astype(np.float64)
+
+    return GroupSums(indicators, ask)
+
+
+#: The encrypted groups' two messages, answered by the registry.
+JOB = Job("encrypted groups", handlers({GROUPS_ENCRYPT: Handles(msgs.Kind.SETUP, encrypt_groups),
+                                        GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums)}))

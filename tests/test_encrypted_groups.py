@@ -1,0 +1,178 @@
+"""Encrypted groups (jobs/encrypted_groups.py): the server's sums over the registry's encrypted
+group indicators are the true per-group sums; every message of the exchange holds no row's
+group for anyone but the registry; the registry refuses what its budget and slot bound
+refuse; a lying server isolates rows only within them (tools/registry_attack.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tenseal")
+
+from flwr.app import Message  # noqa: E402
+
+from fairvfl_flwr.app.client import app as client_app  # noqa: E402
+from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.config.node import NodeConfig  # noqa: E402
+from fairvfl_flwr.core.constraints import SensitiveGroups  # noqa: E402
+from fairvfl_flwr.data.partydata import server_labels_for  # noqa: E402
+from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table  # noqa: E402
+from fairvfl_flwr.features import ckks  # noqa: E402
+from fairvfl_flwr.flower.errors import FederationError  # noqa: E402
+from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
+from fairvfl_flwr.jobs import encrypted_groups as eg  # noqa: E402
+from fairvfl_flwr.tools import registry_attack  # noqa: E402
+
+ROUNDS = 5
+
+
+class Recording(InProcessGrid):
+    """Keeps every message the server sends and every reply it receives."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+        super().__init__(*args, tap=self.sent.append, **kwargs)
+
+    def _answer(self, msg: Message) -> Message:
+        reply = super()._answer(msg)
+        self.received.append(reply)
+        return reply
+
+
+def federation(**registry):
+    """COMPAS with 6 parties, the last the registry with node config ``registry``: the grid, the
+    oracle, the run config, the data and the registry's node id."""
+    cfg = RunConfig.from_flower({"groups.holder": "registry", "dataset": "compas", "num-server-rounds": ROUNDS})
+    configs = [{"partition-id": k, "num-partitions": 6} for k in range(6)]
+    configs[-1].update(registry)
+    grid = Recording(client_app, cfg.to_flower(), 6, node_configs=configs)
+    ds = load_data(cfg)
+    labels = server_labels_for(cfg, ds)
+    oracle = eg.connect(grid, cfg, labels.ids_digest, {"train": len(ds.y_train), "test": len(ds.y_test)})
+    return grid, oracle, cfg, ds, grid.node_ids[-1]
+
+
+@pytest.fixture(scope="module")
+def exact():
+    return federation(**{"sum-noise": 0.0, "sums-per-round": 0})
+
+
+def _registry_key(grid: InProcessGrid, node_id: int):
+    """The registry's own key, read off its node's state (only a test can: it is never sent)."""
+    seal = ckks.seal_api()
+    kept = grid.contexts[node_id].state.array_records[eg.KEY_STATE]
+    params = ckks.from_bytes_array(kept["params"])
+    ctx, encoder, _ = ckks.seal_context(params)
+    key = ckks.load_seal(ctx, ckks.from_bytes_array(kept["key"]), seal.SecretKey, "key")
+    return ctx, encoder, seal.Decryptor(ctx, key)
+
+
+def _decrypt(grid, node_id, blob: bytes) -> np.ndarray:
+    seal = ckks.seal_api()
+    ctx, encoder, decryptor = _registry_key(grid, node_id)
+    pt = seal.Plaintext()
+    decryptor.decrypt(ckks.load_ciphertext(ctx, blob, "blob"), pt)
+    return np.asarray(encoder.decode_complex(pt))
+
+
+def test_the_sums_are_the_true_groups_sums_and_give_the_exact_gap(exact):
+    grid, oracle, cfg, ds, _ = exact
+    truth = SensitiveGroups.of(ds.s_train).codes
+    V = np.random.default_rng(0).normal(size=(3, len(truth)))
+    want = np.stack([[V[k][truth == g].sum() for g in range(2)] for k in range(3)])
+    assert np.allclose(oracle.by_group("train", V, 1), want, atol=1e-5)
+    y = ds.y_train
+    rows = y == ds.protected_label
+    sizes = oracle.sizes("train", rows[None, :], 1)[0]
+    assert list(sizes) == [int(np.sum(rows & (truth == g))) for g in range(2)]
+    # the DEO loss gap at a model's scores: the row's loss over its group's size, signed by side
+    constraint = constraint_groups(cfg, y, ds.s_train, ds.protected_label,
+                                   whole=whole_table(y, ds.s_train, ds.y_test, ds.s_test))
+    z = ds.X_train @ np.random.default_rng(1).normal(scale=0.2, size=ds.X_train.shape[1])
+    q = constraint.q.values(y, z)
+    P = np.stack([np.where(rows, q / sizes[0], 0.0), np.where(rows, -q / sizes[1], 0.0)])[None]
+    assert abs(oracle.mixed("train", P, 2)[0] - constraint.gaps(y, z)[0]) < 1e-9
+    # the test rows' indicators too (the test metrics by group)
+    test = SensitiveGroups.of(ds.s_test).codes
+    assert list(oracle.sizes("test", np.ones((1, len(test)), bool), 2)[0]) == list(np.bincount(test))
+
+
+def test_no_role_but_the_registry_receives_a_rows_group(exact):
+    """Every message of the exchange: the server's replies from the registry hold its parameters,
+    ciphertexts and sums, never a value per row; the ciphertexts are the true indicators (under a
+    key only the registry holds); what the registry receives decrypts to masked slots that do not
+    follow the server's plaintexts."""
+    grid, oracle, _, ds, registry = exact
+    truth = SensitiveGroups.of(ds.s_train).codes
+    V = np.random.default_rng(2).normal(size=(1, len(truth)))
+    grid.sent.clear()
+    grid.received.clear()
+    oracle.by_group("train", V, 3)
+    assert {m.metadata.dst_node_id for m in grid.sent} == {registry}
+    for reply in grid.received:
+        for name, record in reply.content.array_records.items():
+            for key, array in record.items():
+                a = array.numpy()
+                assert a.dtype == np.uint8 or a.size <= 2 * len(grid.sent[0].content.array_records["masked"]), (name, key)
+    # the indicators the server was given at the start are the groups, encrypted
+    blobs = oracle.indicators.blobs["train"]
+    first = np.rint(_decrypt(grid, registry, blobs[0][0]).real).astype(int)
+    assert np.array_equal(first[: ckks.SLOTS], (truth[: ckks.SLOTS] == 0).astype(int))
+    # what the registry decrypts: slots masked within 2^16 that tell nothing of V ⊙ 1[g]
+    (request,) = grid.sent
+    slots = _decrypt(grid, registry, ckks.from_bytes_array(request.content.array_records["masked"]["ct-0"]))
+    plain = (V[0] * (truth == 0))[: ckks.SLOTS]
+    assert np.abs(slots.real).max() <= ckks.MASK_BOUND + eg.VALUE_BOUND
+    assert np.std(slots.real) > 0.4 * ckks.MASK_BOUND
+    assert abs(np.corrcoef(slots.real[: len(plain)], plain)[0, 1]) < 0.05
+
+
+def test_the_registry_refuses_what_its_budget_refuses():
+    grid, oracle, _, ds, _ = federation(**{"sums-per-round": 4, "sums-per-run": 10})
+    V = np.ones((1, len(ds.y_train)))
+    oracle.by_group("train", V, 1)  # 2 sums: one ciphertext
+    oracle.by_group("train", V, 1)  # 4
+    with pytest.raises(FederationError, match="sums-per-round=4: refused"):
+        oracle.by_group("train", V, 1)
+    oracle.by_group("train", V, 2)  # a new round: 6 in the run
+    with pytest.raises(FederationError, match="rounds only advance"):
+        oracle.by_group("train", V, 1)
+    with pytest.raises(FederationError, match=f"the run has {ROUNDS} rounds"):
+        oracle.by_group("train", V, ROUNDS + 2)
+    oracle.by_group("train", V, 3)  # 8
+    oracle.by_group("train", V, 4)  # 10: the run's budget spent
+    with pytest.raises(FederationError, match="after 10 in this run; its budget is 10"):
+        oracle.by_group("train", V, 5)
+    # the run's budget defaults to a round's times the rounds + 2
+    assert NodeConfig.from_flower({}).sums_per_round == 32 and NodeConfig.from_flower({}).sums_per_run == 0
+
+
+def test_a_slot_beyond_the_bound_is_refused(exact):
+    grid, oracle, _, ds, _ = exact
+    P = np.zeros((2, 2, len(ds.y_train)))
+    P[0, 0, 0] = 2.0 * eg.SLOT_BOUND
+    with pytest.raises(FederationError, match="beyond the bound 2\\^17"):
+        oracle.ask(oracle.products("train", P, np.zeros((1, ckks.SLOTS), dtype=complex)), 4)
+
+
+def test_a_lying_server_isolates_rows_only_within_the_budget_and_the_noise():
+    """The attack can fail: without noise a packed sum carries 17 rows right, one past the bound
+    is refused; with the registry's noise of 256 a sum carries 7, and the round's budget stops
+    it after its sums."""
+    _, oracle, _, ds, _ = federation(**{"sum-noise": 0.0, "sums-per-round": 0})
+    truth = SensitiveGroups.of(ds.s_train).codes
+    got = registry_attack.attack(oracle, truth, 17, 8, noise=0.0, server_round=1)
+    assert (got.sums, got.attempted, got.correct) == (8, 8 * 17, 8 * 17)
+    refused = registry_attack.attack(oracle, truth, 19, 2, noise=0.0, server_round=2)
+    assert refused.sums == 0 and "beyond the bound" in refused.refused
+    _, oracle, _, _, _ = federation(**{"sum-noise": 256.0, "sums-per-round": 8})
+    b = registry_attack.capacity(256.0)
+    assert b == 7
+    got = registry_attack.attack(oracle, truth, b, 12, noise=256.0, server_round=1, per_request=2)
+    assert got.sums == 8 and "sums-per-round=8" in got.refused  # the budget's 8, then refused
+    assert got.accuracy > 0.95  # within the budget the attack does work: what the page measures
+    # one row a sum under the noise is right only as often as 4σ margins allow, never for free
+    one = registry_attack.attack(oracle, truth, 1, 2, noise=256.0, server_round=2)
+    assert one.sums == 2 and one.attempted == 2
