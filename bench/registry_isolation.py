@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
              "budget gives every row in the first round. `past budget refused`: a request for the round's budget "
              "plus 2 sums was refused after the budget's sums. `honest gap error`: |DEO loss gap through the "
              "oracle − exact| at a random model (ε is 0.01 in the runs this serves). The slot bound is the "
-             "protocol's (an honest slot is a mask within 2^16 plus a value within 2^8); it is turned off in the "
+             "protocol's (an honest slot is a mask within 2^16 plus a value within 2^10); it is turned off in the "
              "first line only to show what it stops.")
     write(DEFAULT_OUT, "registry-isolation", {"rows": rows, "rounds": ROUNDS, "good": GOOD}, markdown,
           title="A lying server against the registry's encrypted groups", notes=notes)

@@ -23,11 +23,11 @@ query.groups_sum        the round; ciphertexts, each           two numbers per c
 * The server multiplies each encrypted indicator by its plaintext P (complex slots: two
   values per ciphertext, as features/ckks.py packs two columns), sums over groups and chunks,
   rescales, and adds a fresh uniform mask r per slot in [−2^16, 2^16] (real and imaginary).
-  It scales its plaintext so that no slot's value exceeds 2^8 (:data:`VALUE_BOUND`, 1/256 of
+  It scales its plaintext so that no slot's value exceeds 2^10 (:data:`VALUE_BOUND`, 1/64 of
   the mask's range, so that a slot the registry decrypts says next to nothing of the value
   under its mask) and divides the sums back.
 * The registry decrypts each ciphertext, refuses one whose slot exceeds 2^17
-  (:data:`SLOT_BOUND`: an honest slot is a mask plus at most 2^8), and returns only the
+  (:data:`SLOT_BOUND`: an honest slot is a mask plus at most 2^10), and returns only the
   sums of its slots, each plus Gaussian noise of its node config's ``sum-noise``. It counts
   every sum against its node config's ``sums-per-round`` (the round the request names,
   which may only advance) and ``sums-per-run``, and refuses a request beyond either.
@@ -70,7 +70,7 @@ BUDGET_STATE = "fairvfl.groups-budget"
 #: The largest |value| of a decrypted slot the registry answers for (real and imaginary part).
 SLOT_BOUND = 2.0**17
 #: The largest |value| of a slot the honest server's plaintext gives, before its mask.
-VALUE_BOUND = 2.0**8
+VALUE_BOUND = 2.0**10
 SPLITS = ("train", "test")
 
 
@@ -179,7 +179,7 @@ def decrypt_sums(message: Message, context: Context) -> Message:
         top = max(float(np.abs(slots.real).max()), float(np.abs(slots.imag).max()))
         if not top <= SLOT_BOUND:
             raise ConfigError(f"{rt.who}: ciphertext {k!r} holds a slot of {top:.3g}, beyond the bound 2^17 of a "
-                              "masked slot: refused (an honest slot is a mask within 2^16 plus a value within 2^8)")
+                              "masked slot: refused (an honest slot is a mask within 2^16 plus a value within 2^10)")
         total = complex(slots.sum())
         sums += [total.real, total.imag]
     noisy = np.asarray(sums) + np.random.default_rng().normal(0.0, rt.node.sum_noise, size=len(sums))
