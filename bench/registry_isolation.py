@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -108,12 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page", action="store_true", help="write docs/results/privacy/registry-isolation.md")
     args = ap.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory():
-        for dataset in args.datasets.split(","):
-            for name, per_round, noise, checked in SETTINGS:
-                row = one(dataset, name, per_round, noise, checked)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+    for dataset in args.datasets.split(","):
+        for name, per_round, noise, checked in SETTINGS:
+            row = one(dataset, name, per_round, noise, checked)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     cols = ["dataset", "registry's defences", "sums/round", "noise", "slot bound", "rows per sum", "right",
             "rows/round", "rows/run", "training rows", "past budget refused", "honest gap error"]
     markdown = table(rows, cols)

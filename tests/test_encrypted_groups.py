@@ -10,8 +10,6 @@ import pytest
 
 pytest.importorskip("tenseal")
 
-from flwr.app import Message  # noqa: E402
-
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.config.node import NodeConfig  # noqa: E402
@@ -24,21 +22,9 @@ from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 from fairvfl_flwr.jobs import encrypted_groups as eg  # noqa: E402
 from fairvfl_flwr.tools import registry_attack  # noqa: E402
 
+from .test_registry import Recording  # noqa: E402
+
 ROUNDS = 5
-
-
-class Recording(InProcessGrid):
-    """Keeps every message the server sends and every reply it receives."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.sent: list[Message] = []
-        self.received: list[Message] = []
-        super().__init__(*args, tap=self.sent.append, **kwargs)
-
-    def _answer(self, msg: Message) -> Message:
-        reply = super()._answer(msg)
-        self.received.append(reply)
-        return reply
 
 
 def federation(**registry):

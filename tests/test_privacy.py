@@ -118,7 +118,7 @@ def test_ckks_parameters_are_checked_for_128_bit_security():
     primes = np.frombuffer(secure.parameters(), dtype="<u8")[1:]
     weak = np.array([2048, *primes], dtype="<u8").tobytes()  # 160 bits of modulus at N = 2048
     with pytest.raises(ValueError, match="128-bit security"):
-        secure._context(weak)
+        secure.seal_context(weak)
 
 
 def test_newton_under_ckks_is_newton_with_the_constant_curvature(tmp_path, run_app):
