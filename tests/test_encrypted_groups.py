@@ -13,7 +13,8 @@ pytest.importorskip("tenseal")
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.config.node import NodeConfig  # noqa: E402
-from fairvfl_flwr.core.constraints import SensitiveGroups  # noqa: E402
+from fairvfl_flwr.core.constraints import SensitiveGroups, gap_weights, gaps_per_row, kind_named  # noqa: E402
+from fairvfl_flwr.core.constraints.cells import GroupCells  # noqa: E402
 from fairvfl_flwr.data.partydata import server_labels_for  # noqa: E402
 from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table  # noqa: E402
 from fairvfl_flwr.features import ckks  # noqa: E402
@@ -162,3 +163,51 @@ def test_a_lying_server_isolates_rows_only_within_the_budget_and_the_noise():
     # one row a sum under the noise is right only as often as 4σ margins allow, never for free
     one = registry_attack.attack(oracle, truth, 1, 2, noise=256.0, server_round=2)
     assert one.sums == 2 and one.attempted == 2
+
+
+# -- the constraint as the server computes it from sizes and sums --------------------------------
+@pytest.mark.parametrize("kind", ["deo", "equalized-odds", "demographic-parity"])
+@pytest.mark.parametrize("form", ["pairwise", "overall"])
+@pytest.mark.parametrize("groups,measure", [(2, "loss"), (3, "rate")])
+def test_the_as_if_constraint_is_the_label_owners(kind, form, groups, measure):
+    """Every per-row array of the constraint, mixed by the true groups (Σ_g 1[g_i] x_g(i)), is the
+    label owner's exact one; the gaps through the sums, the weight bounds and the projection too."""
+    rng = np.random.default_rng(groups)
+    n = 600
+    y = np.where(rng.random(n) < 0.4, 1, -1)
+    s = rng.integers(0, groups, size=n)
+    names = tuple(f"g{k}" for k in range(groups))
+    exact = kind_named(kind).build(y, s, 1, measure, form=form, names=names)
+    onehot = np.stack([s == g for g in range(groups)]).astype(np.float64)  # G × n
+
+    def sizes(masks):
+        return np.stack([[int(np.sum(m & (s == g))) for g in range(groups)] for m in masks])
+
+    cells = GroupCells.build(kind_named(kind), y, 1, names, sizes, measure, form=form)
+    assert [g.name for g in cells.gap_list] == [g.name for g in exact.gap_list]
+    assert np.allclose((onehot[:, :, None] * cells.columns()).sum(axis=0), gap_weights(exact), atol=1e-15)
+    z = rng.normal(size=n)
+    lo, hi = exact.weight_bounds()
+    d = 0.5 * np.where(rng.random(len(lo)) < 0.5, lo, hi)
+    lam = np.column_stack([np.maximum(d, 0), np.maximum(-d, 0)]).reshape(-1)
+    assert np.allclose((onehot * cells.masked_weights(y, z, lam)).sum(axis=0), exact.masked_weights(y, z, lam),
+                       rtol=1e-12, atol=1e-15)
+    assert np.allclose(cells.gaps(y, z, lambda P: (P * onehot[None]).sum(axis=(1, 2))), exact.gaps(y, z), atol=1e-12)
+    assert cells.rows_on() == gaps_per_row(exact)
+    for mine, theirs in zip(cells.weight_bounds(), exact.weight_bounds()):
+        assert np.allclose(mine, theirs)
+    assert np.allclose(cells.project(50 * lam), exact.project(50 * lam))
+
+
+def test_the_gaps_through_the_registry_are_the_exact_ones(exact):
+    """Equalized odds on COMPAS (two subsets, two gaps): the server's gaps from the registry's sizes
+    and sums are the label owner's, to CKKS precision."""
+    _, oracle, cfg, ds, _ = exact
+    y = ds.y_train
+    owner = constraint_groups(cfg.replace(constraint="equalized-odds"), y, ds.s_train, ds.protected_label,
+                              whole=whole_table(y, ds.s_train, ds.y_test, ds.s_test))
+    cells = GroupCells.build(kind_named("equalized-odds"), y, ds.protected_label, oracle.names,
+                             lambda masks: oracle.sizes("train", masks, ROUNDS), owner.measure)
+    z = ds.X_train @ np.random.default_rng(3).normal(scale=0.2, size=ds.X_train.shape[1])
+    got = cells.gaps(y, z, lambda P: oracle.mixed("train", P, ROUNDS))
+    assert np.allclose(got, owner.gaps(y, z), atol=1e-9) and len(got) == 2

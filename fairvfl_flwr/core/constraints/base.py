@@ -281,16 +281,22 @@ class ConstraintSet:
     def project(self, lam: np.ndarray) -> np.ndarray:
         """λ >= 0 with each d_c within :meth:`weight_bounds` where the measure needs
         w >= 0 (λ_c± scaled down together)."""
-        lam = np.maximum(np.asarray(lam, dtype=np.float64), 0.0)
-        if not self.q.needs_nonnegative_weights:
-            return lam
-        lo, hi = self.weight_bounds()
-        d = lam[0::2] - lam[1::2]
-        scale = np.ones(len(d))
-        pos, neg = d > hi, d < lo
-        scale[pos] = hi[pos] / d[pos]
-        scale[neg] = lo[neg] / d[neg]
-        return lam * np.repeat(scale, 2)
+        return project_multipliers(lam, self.weight_bounds, self.q.needs_nonnegative_weights)
+
+
+def project_multipliers(lam: np.ndarray, bounds, needs_nonnegative: bool) -> np.ndarray:
+    """λ >= 0 and, where ``needs_nonnegative``, each d_c = λ_c+ − λ_c− within ``bounds()`` = (lo, hi),
+    λ_c± scaled down together (ConstraintSet.project, and the same for groups known by size only)."""
+    lam = np.maximum(np.asarray(lam, dtype=np.float64), 0.0)
+    if not needs_nonnegative:
+        return lam
+    lo, hi = bounds()
+    d = lam[0::2] - lam[1::2]
+    scale = np.ones(len(d))
+    pos, neg = d > hi, d < lo
+    scale[pos] = hi[pos] / d[pos]
+    scale[neg] = lo[neg] / d[neg]
+    return lam * np.repeat(scale, 2)
 
 
 def as_multipliers(lam: np.ndarray, gaps: int) -> np.ndarray:

@@ -1,0 +1,156 @@
+"""The constraint as a server that holds the labels and each group's size, but no row's group, computes it.
+
+Where a registry holds the groups under its own key (jobs/encrypted_groups.py), the server
+knows each row's label, hence the kind's row subsets, and from the registry's sums the count
+of every group in every subset: not which group a row is in. Every per-row quantity of the
+constraint is then a mixture over the groups,
+
+    x_i = Σ_g 1[g_i] x_g(i),
+
+where x_g(i) is row i's value *as if* it were in group g, computed from its label, its
+scores and the subsets' sizes alone: a gap's column ∂w_i/∂d_c = [i ∈ A_c]/|A_c| − [i ∈ B_c]/|B_c|,
+the signed row weight w_i = 1/n + Σ_c d_c col_ic, ν_i = q.nu(y_i, z_i, w_i). ν's measures are
+row-wise in w, so ν itself is such a mixture (the server encrypts it as Σ_g Enc(1[g]) ⊙ ν_g),
+and a gap is Σ_i Σ_g 1[g_i] col_g(i, c) q_i, one sum the registry's oracle returns.
+:class:`GroupCells` gives these as-if arrays, G × n each, and the gap structure (names,
+weight bounds, projection) that core/constraints/base.py derives from the groups; the tests
+hold each to the label owner's exact constraint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fairvfl_flwr.core.constraints.base import FORMS, ConstraintSet, as_multipliers, project_multipliers
+from fairvfl_flwr.core.constraints.measures import Measure
+from fairvfl_flwr.core.constraints.measures import measure as measure_named
+
+#: The oracle of sums over the groups: P (K × G × n, each row's term as if in each group) -> the K
+#: sums Σ_i Σ_g 1[g_i] P[k, g, i] (jobs/encrypted_groups.GroupSums.mixed, bound to its split and round).
+Sums = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class CellGap:
+    """One gap: group ``a`` against group ``b`` (None: every row of the subset, the ``overall``
+    form) on subset ``subset``; its sides' sizes."""
+
+    name: str
+    subset: int
+    a: int
+    b: int | None
+    size_a: int
+    size_b: int
+
+
+@dataclass(frozen=True)
+class GroupCells:
+    """A constraint kind's gaps over groups whose sizes per subset are known and whose rows are not."""
+
+    kind: type[ConstraintSet]
+    n: int
+    subsets: tuple[np.ndarray, ...]  # each subset's rows (bool masks, from the labels)
+    names: tuple[str, ...]
+    sizes: np.ndarray  # subsets × groups: how many rows of each group each subset holds
+    gap_list: tuple[CellGap, ...]
+    measure: str = "loss"
+    form: str = "pairwise"
+    q: Measure = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "q", measure_named(self.measure))
+
+    @classmethod
+    def build(cls, kind: type[ConstraintSet], y: np.ndarray, protected_label: int, names: tuple[str, ...],
+              sizes: Callable[[np.ndarray], np.ndarray], measure: str = "loss", *,
+              form: str = "pairwise") -> "GroupCells":
+        """The kind's gaps on labels ``y`` over the groups ``names``, whose sizes ``sizes(masks)``
+        gives (subsets × groups, for the subsets' row masks: the registry's counts). A gap with an
+        empty side is refused as ConstraintSet.build refuses it."""
+        if form not in FORMS:
+            raise ValueError(f"unknown constraint form {form!r}: choose one of {', '.join(FORMS)}")
+        labelled = kind.subsets(np.asarray(y), protected_label)
+        masks = tuple(np.asarray(rows, dtype=bool) for _, rows in labelled)
+        counts = np.asarray(sizes(np.stack(masks)), dtype=np.int64).reshape(len(masks), len(names))
+        gaps = []
+        for s, (label, rows) in enumerate(labelled):
+            whole = int(rows.sum())
+            pairs = ([(g, h) for g in range(len(names)) for h in range(g + 1, len(names))] if form == "pairwise"
+                     else [(g, None) for g in range(len(names))])
+            for g, h in pairs:
+                other = f"{names[h]}" if h is not None else "all"
+                gap = CellGap(f"{label}: {names[g]} vs {other}", s, g, h, int(counts[s, g]),
+                              int(counts[s, h]) if h is not None else whole)
+                if gap.size_a <= 0 or gap.size_b <= 0:
+                    raise ValueError(f"both groups need rows with {gap.name} ({kind.kind}): |A|={gap.size_a}, "
+                                     f"|B|={gap.size_b}")
+                gaps.append(gap)
+        return cls(kind, len(y), masks, tuple(names), counts, tuple(gaps), measure, form)
+
+    @property
+    def num_multipliers(self) -> int:
+        """Two multipliers per gap, as ConstraintSet.num_multipliers."""
+        return 2 * len(self.gap_list)
+
+    def columns(self) -> np.ndarray:
+        """G × n × C: ∂w_i/∂d_c of row i as if it were in group g (ConstraintSet's gap_weights, per group)."""
+        G = len(self.names)
+        out = np.zeros((G, self.n, len(self.gap_list)))
+        for c, gap in enumerate(self.gap_list):
+            rows = self.subsets[gap.subset]
+            out[gap.a, rows, c] += 1.0 / gap.size_a
+            if gap.b is None:
+                out[:, rows, c] -= 1.0 / gap.size_b
+            else:
+                out[gap.b, rows, c] -= 1.0 / gap.size_b
+        return out
+
+    def signed_weights(self, lam: np.ndarray) -> np.ndarray:
+        """G × n: w_i = 1/n + Σ_c (λ_c+ − λ_c−) col_ic of row i as if in group g."""
+        lam = as_multipliers(lam, len(self.gap_list))
+        return 1.0 / self.n + self.columns() @ (lam[0::2] - lam[1::2])
+
+    def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """G × n: ν of row i as if in group g; ν itself is Σ_g 1[g_i] of it (module docstring)."""
+        return np.stack([self.q.nu(y, z, w, self.n) for w in self.signed_weights(lam)])
+
+    def gap_terms(self, q: np.ndarray) -> np.ndarray:
+        """C × G × n: each gap's term of row i as if in group g, col_g(i, c) q_i: what the oracle sums."""
+        return np.moveaxis(self.columns(), 2, 0) * np.asarray(q)[None, None, :]
+
+    def gaps(self, y: np.ndarray, z: np.ndarray, sums: Sums, *, hard: bool = False) -> np.ndarray | None:
+        """Every D_c at scores ``z`` through the oracle ``sums`` (``hard``: the measure's hard values,
+        None where it has none), in multiplier order."""
+        q = self.q.hard_values(y, z) if hard else self.q.values(y, z)
+        return None if q is None else np.asarray(sums(self.gap_terms(q)), dtype=np.float64)
+
+    def rows_on(self) -> int:
+        """The most gap sides a row sits on, over the groups a row of its subsets can be in
+        (ConstraintSet's gaps_per_row)."""
+        G = len(self.names)
+        count = np.zeros((G, self.n), dtype=np.int64)
+        possible = np.ones((G, self.n), dtype=bool)
+        for s, rows in enumerate(self.subsets):
+            possible[:, rows] &= (self.sizes[s] > 0)[:, None]
+        for gap in self.gap_list:
+            rows = self.subsets[gap.subset]
+            count[gap.a, rows] += 1
+            if gap.b is None:
+                count[:, rows] += 1
+            else:
+                count[gap.b, rows] += 1
+        return int(count[possible].max()) if possible.any() else 0
+
+    def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """ConstraintSet.weight_bounds from the sizes: −|A_c|/(nP) <= d_c <= |B_c|/(nP)."""
+        per_row = max(self.rows_on(), 1)
+        lo = np.array([-g.size_a / self.n for g in self.gap_list])
+        hi = np.array([g.size_b / self.n for g in self.gap_list])
+        return (lo, hi) if per_row == 1 else (lo / per_row, hi / per_row)
+
+    def project(self, lam: np.ndarray) -> np.ndarray:
+        """λ >= 0 with each d_c within :meth:`weight_bounds` where the measure needs w >= 0."""
+        return project_multipliers(lam, self.weight_bounds, self.q.needs_nonnegative_weights)
