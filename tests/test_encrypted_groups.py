@@ -211,3 +211,22 @@ def test_the_gaps_through_the_registry_are_the_exact_ones(exact):
     z = ds.X_train @ np.random.default_rng(3).normal(scale=0.2, size=ds.X_train.shape[1])
     got = cells.gaps(y, z, lambda P: oracle.mixed("train", P, ROUNDS))
     assert np.allclose(got, owner.gaps(y, z), atol=1e-9) and len(got) == 2
+
+
+def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
+    """ν as the server can send it: Σ_g Enc(1[g]) ⊙ n·ν_g (ν as if each row were in each group); a
+    passive party's masked products of it with its columns (features/ckks.py, unchanged), the
+    registry's slot sums and the party's unmasking give X_kᵀν of the label owner's exact ν."""
+    _, oracle, cfg, ds, _ = exact
+    y, n = ds.y_train, len(ds.y_train)
+    owner = constraint_groups(cfg, y, ds.s_train, ds.protected_label,
+                              whole=whole_table(y, ds.s_train, ds.y_test, ds.s_test))
+    cells = GroupCells.build(kind_named("deo"), y, ds.protected_label, oracle.names,
+                             lambda masks: oracle.sizes("train", masks, ROUNDS), owner.measure)
+    z = ds.X_train @ np.random.default_rng(4).normal(scale=0.2, size=ds.X_train.shape[1])
+    lam = np.array([0.4, 0.0]) * owner.weight_bounds()[1][0]
+    blobs = oracle.encrypt_mixture("train", n * cells.masked_weights(y, z, lam))
+    X = np.ascontiguousarray(ds.X_train[:, 3:8])  # a passive party's five columns
+    cts, mask_sums = ckks.masked_column_sums(oracle.indicators.params, blobs, X, np.random.default_rng())
+    gradient = ckks.unmask(oracle.ask(cts, ROUNDS), mask_sums, n, X.shape[1])
+    assert np.allclose(gradient, X.T @ owner.masked_weights(y, z, lam), rtol=1e-6, atol=1e-9)

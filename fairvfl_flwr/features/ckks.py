@@ -165,31 +165,32 @@ def seal_context(params: bytes):
     return ctx, seal.CKKSEncoder(ctx), seal.Evaluator(ctx)
 
 
-def parameters() -> bytes:
-    """N and the coefficient primes: all a party needs (it holds no key)."""
+def parameters(bit_sizes: tuple[int, ...] = COEFF_MOD_BIT_SIZES) -> bytes:
+    """N and the coefficient primes (of ``bit_sizes``): all a party needs (it holds no key)."""
     seal = seal_api()
-    primes = [q.value() for q in seal.CoeffModulus.Create(POLY_MODULUS_DEGREE, list(COEFF_MOD_BIT_SIZES))]
+    primes = [q.value() for q in seal.CoeffModulus.Create(POLY_MODULUS_DEGREE, list(bit_sizes))]
     return np.array([POLY_MODULUS_DEGREE, *primes], dtype="<u8").tobytes()
 
 
 # -- the passive party's side (no key) -----------------------------------------------------
 # X_k's column pairs encoded as plaintexts, per block and parameters: a party encodes its
 # columns once, not every round (a process that serves many rounds keeps them).
-_ENCODED: dict[int, tuple[weakref.ref, bytes, list]] = {}
+_ENCODED: dict[int, tuple[weakref.ref, tuple, list]] = {}
 
 
-def _encoded_block(params: bytes, X: np.ndarray) -> list:
-    """plaintexts[c][p] = encode(X[chunk c, 2p] + i·X[chunk c, 2p+1]) at the fresh level."""
-    key = id(X)
-    hit = _ENCODED.get(key)
-    if hit is not None and hit[0]() is X and hit[1] == params:
-        return hit[2]
+def _encoded_block(params: bytes, X: np.ndarray, level=None) -> list:
+    """plaintexts[c][p] = encode(X[chunk c, 2p] + i·X[chunk c, 2p+1]) at ``level`` (a parms_id:
+    ν's ciphertexts' own; default the fresh level, where the server's ν is encrypted)."""
     seal = seal_api()
     ctx, encoder, _ = seal_context(params)
+    level = ctx.first_parms_id() if level is None else level
+    key, held = id(X), (params, tuple(level))
+    hit = _ENCODED.get(key)
+    if hit is not None and hit[0]() is X and hit[1] == held:
+        return hit[2]
     n, m = X.shape
     padded = np.zeros((chunks(n) * SLOTS, 2 * pairs(m)))
     padded[:n, :m] = X
-    level = ctx.first_parms_id()
     cplx = padded[:, 0::2] + 1j * padded[:, 1::2]  # column pair p as one complex column
     plain = []
     for c in range(chunks(n)):
@@ -200,7 +201,7 @@ def _encoded_block(params: bytes, X: np.ndarray) -> list:
             encoder.encode(rows[:, p].tolist(), level, SCALE, pt)
             row.append(pt)
         plain.append(row)
-    _ENCODED[key] = (weakref.ref(X, lambda _, key=key: _ENCODED.pop(key, None)), params, plain)
+    _ENCODED[key] = (weakref.ref(X, lambda _, key=key: _ENCODED.pop(key, None)), held, plain)
     return plain
 
 
@@ -215,8 +216,9 @@ def masked_column_sums(params: bytes, nu_chunks: list[bytes], X: np.ndarray, rng
     n, m = X.shape
     if len(nu_chunks) != chunks(n):
         raise ValueError(f"got {len(nu_chunks)} ciphertext chunks for {n} rows (expected {chunks(n)})")
-    plain = _encoded_block(params, X)
     encs = [load_ciphertext(ctx, blob, f"ν chunk {c}") for c, blob in enumerate(nu_chunks)]
+    # ν may come rescaled once already (a registry's groups, jobs/encrypted_groups.py): its level
+    plain = _encoded_block(params, X, encs[0].parms_id() if encs else None)
     masks = (rng.uniform(-MASK_BOUND, MASK_BOUND, size=(pairs(m), SLOTS))
              + 1j * rng.uniform(-MASK_BOUND, MASK_BOUND, size=(pairs(m), SLOTS)))
     out = []

@@ -72,6 +72,9 @@ SLOT_BOUND = 2.0**17
 #: The largest |value| of a slot the honest server's plaintext gives, before its mask.
 VALUE_BOUND = 2.0**10
 SPLITS = ("train", "test")
+#: The registry's coefficient primes: two rescales, the server's product with the indicators and a
+#: passive party's with its columns (ν under its key); 200 bits at N = 8192, within 128-bit security.
+BIT_SIZES = (60, 40, 40, 60)
 
 
 # -- the registry's side --------------------------------------------------------------------
@@ -80,7 +83,7 @@ def _key(context: Context):
     seal = ckks.seal_api()
     kept = context.state.array_records.get(KEY_STATE)
     if kept is None:
-        params = ckks.parameters()
+        params = ckks.parameters(BIT_SIZES)
         ctx, _, _ = ckks.seal_context(params)
         secret = seal.KeyGenerator(ctx).secret_key()
         context.state.array_records[KEY_STATE] = ArrayRecord({"params": ckks.to_bytes_array(params),
@@ -278,6 +281,39 @@ class GroupSums:
             mask = seal.Plaintext()
             self.encoder.encode(masks[j].tolist(), acc.parms_id(), acc.scale, mask)
             self.evaluator.add_plain_inplace(acc, mask)
+            out.append(ckks.dump_seal(acc))
+        return out
+
+    def encrypt_mixture(self, split: str, M: np.ndarray) -> list[bytes]:
+        """Enc(Σ_g 1[g_i] M[g, i]) in chunks of 4096 rows, rescaled once: a per-row array the server
+        knows for every group (ν as if each row were in each group: core/constraints/cells.py),
+        under the registry's key, without learning which value each row takes. A passive party
+        multiplies it by its columns as it does the server's Enc(n·ν) (features/ckks.py); the
+        registry decrypts its masked products' slot sums (``query.groups_sum``)."""
+        seal = ckks.seal_api()
+        M = np.asarray(M, dtype=np.float64)
+        G, n = M.shape
+        if n != self.indicators.rows[split] or G != len(self.names):
+            raise ValueError(f"M is {M.shape}: expected {len(self.names)} groups × {self.indicators.rows[split]} rows")
+        padded = np.zeros((G, ckks.chunks(n) * ckks.SLOTS))
+        padded[:, :n] = M
+        out = []
+        for c in range(ckks.chunks(n)):
+            acc, part, started = seal.Ciphertext(), seal.Ciphertext(), False
+            for g in range(G):
+                block = padded[g, c * ckks.SLOTS:(c + 1) * ckks.SLOTS]
+                if not block.any():
+                    continue
+                enc = self._loaded[split][g][c]
+                pt = seal.Plaintext()
+                self.encoder.encode(block.tolist(), enc.parms_id(), ckks.SCALE, pt)
+                self.evaluator.multiply_plain(enc, pt, part if started else acc)
+                if started:
+                    self.evaluator.add_inplace(acc, part)
+                started = True
+            if not started:
+                raise ValueError(f"M is 0 on every row of chunk {c}: a product SEAL would refuse as transparent")
+            self.evaluator.rescale_to_next_inplace(acc)
             out.append(ckks.dump_seal(acc))
         return out
 
