@@ -43,7 +43,8 @@ import numpy as np  # noqa: E402
 ROUNDS = 30
 #: (name, sums-per-round, sum-noise, slot bound checked)
 SETTINGS = (("none", 0, 0.0, False), ("slot bound", 0, 0.0, True), ("slot bound, noise 4", 0, 4.0, True),
-            ("slot bound, noise 64", 0, 64.0, True), ("the defaults: slot bound, noise 4, 32 sums a round", 32, 4.0, True),
+            ("slot bound, noise 64", 0, 64.0, True),
+            ("the defaults: slot bound, noise 4, 32 sums a round", 32, 4.0, True),
             ("slot bound, noise 64, 8 sums a round", 8, 64.0, True))
 SCAN = (1, 8, 16, 24, 32, 40, 48, 56, 64)
 GOOD = 0.99
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.page:
         print(markdown)
         return 0
-    notes = ("A lying server asks the registry for sums of plaintexts it chose (fairvfl_flwr/tools/registry_attack.py). "
+    notes = ("A lying server asks the registry for sums of plaintexts it chose "
+             "(fairvfl_flwr/tools/registry_attack.py). "
              "`rows per sum`: the most rows one packed sum aimed at with at least 99% of their groups decoded right "
              "(without the slot bound: scanned to 64; with it: the largest b whose weights 4σ·2^j stay under 2^17), "
              "`right` the share decoded right in that measurement (one round's sums, 64 where there is no budget). "

@@ -246,11 +246,29 @@ class GroupSums:
         """The registry's groups, in the order of P's second axis."""
         return self.indicators.names
 
+    def _summed(self, terms) -> object | None:
+        """Σ enc ⊙ encode(block) over the (ciphertext, block) pairs whose block is not 0 (a zero
+        plaintext's product SEAL refuses as transparent), rescaled once; None when every block is 0."""
+        seal = ckks.seal_api()
+        acc, part, started = seal.Ciphertext(), seal.Ciphertext(), False
+        for enc, block in terms:
+            if not block.any():
+                continue
+            pt = seal.Plaintext()
+            self.encoder.encode(block.tolist(), enc.parms_id(), ckks.SCALE, pt)
+            self.evaluator.multiply_plain(enc, pt, part if started else acc)
+            if started:
+                self.evaluator.add_inplace(acc, part)
+            started = True
+        if not started:
+            return None
+        self.evaluator.rescale_to_next_inplace(acc)
+        return acc
+
     def products(self, split: str, P: np.ndarray, masks: np.ndarray) -> list[bytes]:
         """One ciphertext per pair of values k: Σ_g Σ_chunks Enc(1[g]) ⊙ (P[2j] + i·P[2j+1]) + masks[j],
         rescaled once. ``P`` is K × G × rows (K even), ``masks`` K/2 × 4096 complex. A pair whose
-        plaintext is 0 throughout is refused (SEAL would refuse its product as transparent; its
-        sum is known without asking)."""
+        plaintext is 0 throughout is refused (its sum is known without asking)."""
         seal = ckks.seal_api()
         K, G, n = P.shape
         if n != self.indicators.rows[split] or G != len(self.names) or K % 2:
@@ -261,23 +279,10 @@ class GroupSums:
         cplx = padded[0::2] + 1j * padded[1::2]
         out = []
         for j in range(K // 2):
-            acc = seal.Ciphertext()
-            part = seal.Ciphertext()
-            started = False
-            for g in range(G):
-                for c, enc in enumerate(self._loaded[split][g]):
-                    block = cplx[j, g, c * ckks.SLOTS:(c + 1) * ckks.SLOTS]
-                    if not block.any():
-                        continue
-                    pt = seal.Plaintext()
-                    self.encoder.encode(block.tolist(), enc.parms_id(), ckks.SCALE, pt)
-                    self.evaluator.multiply_plain(enc, pt, part if started else acc)
-                    if started:
-                        self.evaluator.add_inplace(acc, part)
-                    started = True
-            if not started:
+            acc = self._summed((enc, cplx[j, g, c * ckks.SLOTS:(c + 1) * ckks.SLOTS])
+                               for g in range(G) for c, enc in enumerate(self._loaded[split][g]))
+            if acc is None:
                 raise ValueError(f"values {2 * j} and {2 * j + 1} of P are 0 on every row: nothing to ask for")
-            self.evaluator.rescale_to_next_inplace(acc)
             mask = seal.Plaintext()
             self.encoder.encode(masks[j].tolist(), acc.parms_id(), acc.scale, mask)
             self.evaluator.add_plain_inplace(acc, mask)
@@ -290,7 +295,6 @@ class GroupSums:
         under the registry's key, without learning which value each row takes. A passive party
         multiplies it by its columns as it does the server's Enc(n·ν) (features/ckks.py); the
         registry decrypts its masked products' slot sums (``query.groups_sum``)."""
-        seal = ckks.seal_api()
         M = np.asarray(M, dtype=np.float64)
         G, n = M.shape
         if n != self.indicators.rows[split] or G != len(self.names):
@@ -299,21 +303,10 @@ class GroupSums:
         padded[:, :n] = M
         out = []
         for c in range(ckks.chunks(n)):
-            acc, part, started = seal.Ciphertext(), seal.Ciphertext(), False
-            for g in range(G):
-                block = padded[g, c * ckks.SLOTS:(c + 1) * ckks.SLOTS]
-                if not block.any():
-                    continue
-                enc = self._loaded[split][g][c]
-                pt = seal.Plaintext()
-                self.encoder.encode(block.tolist(), enc.parms_id(), ckks.SCALE, pt)
-                self.evaluator.multiply_plain(enc, pt, part if started else acc)
-                if started:
-                    self.evaluator.add_inplace(acc, part)
-                started = True
-            if not started:
-                raise ValueError(f"M is 0 on every row of chunk {c}: a product SEAL would refuse as transparent")
-            self.evaluator.rescale_to_next_inplace(acc)
+            acc = self._summed((self._loaded[split][g][c], padded[g, c * ckks.SLOTS:(c + 1) * ckks.SLOTS])
+                               for g in range(G))
+            if acc is None:
+                raise ValueError(f"M is 0 on every row of chunk {c}: nothing to encrypt")
             out.append(ckks.dump_seal(acc))
         return out
 
