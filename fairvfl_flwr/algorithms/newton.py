@@ -823,5 +823,8 @@ NEWTON = Algorithm(
          "the active party computes one Newton direction per round, not a number of gradient steps; "
          "use staleness.local-time-budget=0"),
         ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
+        ("groups_release", lambda c: c.encrypted_groups,
+         "the subspace search evaluates the gaps at many trial points, each a sum over the registry's encrypted "
+         "groups: not built; use optimizer='gd'"),
     ),
 )

@@ -29,7 +29,7 @@ from fairvfl_flwr.features.straggler import delay_mod
 from fairvfl_flwr.features.transcripts import transcript_mod
 from fairvfl_flwr.flower import jobs
 from fairvfl_flwr.flower.party import MODEL_STATE
-from fairvfl_flwr.jobs import scoring
+from fairvfl_flwr.jobs import encrypted_groups, scoring
 
 __all__ = ["MODEL_STATE", "app"]
 
@@ -37,7 +37,7 @@ limit_blas_threads()  # before any party computes: see app/threads.py
 quiet_third_party_warnings()  # see app/quiet.py
 
 app = ClientApp(mods=[timing.timing_mod, refusal_mod, scoring.settings_mod, secagg.mask_mod, guard_mod, ckks.ckks_mod,
-                      rejoin.rejoin_mod, transcript_mod, delay_mod])
+                      encrypted_groups.active_mod, rejoin.rejoin_mod, transcript_mod, delay_mod])
 # Every registered job's message types routed to its handler (flower/jobs.py), also a job registered later.
 jobs.attach(app)
 timing.imported()

@@ -31,6 +31,7 @@ from fairvfl_flwr.features.transcripts import ServerTranscript
 from fairvfl_flwr.flower.hooks import RoundHook, in_order
 from fairvfl_flwr.flower.server import VFLServer
 from fairvfl_flwr.jobs import training
+from fairvfl_flwr.jobs.encrypted_groups import RegistryChannel
 from fairvfl_flwr.jobs.saving import SaveBlocks
 
 
@@ -75,8 +76,11 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
      else None),
     # encrypts ν as the channels before it left it; its second leg's replies are what hooks after it see
     (CkksChannel, lambda s: CkksChannel(len(s.labels.y_train)) if s.cfg.secure_nu == "ckks" else None),
+    # ν under the registry's key, every party's gradient through it (exclusive with the CKKS channel above)
+    (RegistryChannel, lambda s: RegistryChannel(s.labels.sums, len(s.labels.y_train)) if s.cfg.encrypted_groups
+     else None),
     # the label owner's row weights where a registry holds the groups: in its messages before they are recorded
-    (LabelOwnerWeights, lambda s: LabelOwnerWeights() if s.cfg.registry else None),
+    (LabelOwnerWeights, lambda s: LabelOwnerWeights() if s.cfg.registry and not s.cfg.encrypted_groups else None),
     # after the ν channels (ν as sent), before secure aggregation (replies as received)
     (ServerTranscript, lambda s: ServerTranscript(s.cfg.transcript_dir, s.cfg.record_first, s.cfg.record_every)
      if s.cfg.transcript_dir else None),

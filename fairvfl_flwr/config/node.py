@@ -171,7 +171,7 @@ class NodeConfig:
     release_epsilon: float = N(0.0, "the largest groups.epsilon-s this registry releases its groups at: a run asking "
                                "for more is refused (0: the run config's)", rule=at_least(0), why="must be >= 0",
                                who="registry, optional")
-    sums_per_round: int = N(32, "encrypted groups: the most sums over its groups this registry decrypts for one "
+    sums_per_round: int = N(256, "encrypted groups: the most sums over its groups this registry decrypts for one "
                             "round (each a sum over every row, under the server's masks); a request beyond it is "
                             "refused (0: no limit)", rule=at_least(0), why="must be >= 0", who="registry, optional")
     sums_per_run: int = N(0, "encrypted groups: the most sums this registry decrypts in a run (0: sums-per-round "

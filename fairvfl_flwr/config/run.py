@@ -27,7 +27,7 @@ from fairvfl_flwr.core.names import DTYPE_NAMES, MODEL_NAMES
 from fairvfl_flwr.core.newton import MEMORY as NEWTON_MEMORY
 from fairvfl_flwr.core.newton import SHARED_MEMORY as NEWTON_SHARED_MEMORY
 from fairvfl_flwr.core.constraints import CONSTRAINTS, FORMS, MEASURES, kind_named
-from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE
+from fairvfl_flwr.core.constraints.release import ENCRYPTED, RANDOMIZED_RESPONSE
 
 class Modes(Sequence):
     """The run config's ``mode`` choices: the modes of the registered jobs, read on every use.
@@ -295,9 +295,10 @@ class RunConfig:
     groups_holder: str = S("label-owner", "who holds the sensitive attribute: label-owner (the active party, and the "
                            "server) or registry (a party of its own, in simulation the last; privacy.md#a-registry-"
                            "holds-the-groups)", section="groups", choices=GROUP_HOLDERS)
-    groups_release: str = S(RANDOMIZED_RESPONSE, "how a registry releases each row's group: randomized-response "
-                            "(k-ary, at groups.epsilon-s; the server corrects the constraint for the known flip rates)",
-                            section="groups", choices=(RANDOMIZED_RESPONSE,))
+    groups_release: str = S(RANDOMIZED_RESPONSE, "how a registry releases the groups: randomized-response (each "
+                            "row's, k-ary at groups.epsilon-s; the server corrects for the flip rates) or ckks (none: "
+                            "the server gets sums over them under the registry's key)", section="groups",
+                            choices=(RANDOMIZED_RESPONSE, ENCRYPTED))
     groups_epsilon_s: float = S(2.0, "epsilon_S of the registry's randomized response: each row's group is "
                                 "epsilon_S-locally private against every other role, whatever they compute",
                                 section="groups", rule=above(0), why="must be > 0")
@@ -400,6 +401,12 @@ class RunConfig:
         """Whether a registry party holds the sensitive attribute (``groups.holder``): the label
         owner and the server then hold none, and the server receives only its noisy release."""
         return self.groups_holder == "registry"
+
+    @property
+    def encrypted_groups(self) -> bool:
+        """Whether a registry keeps the groups under its own CKKS key (``groups.release = "ckks"``): the
+        server gets only sums over them, and every party's gradient goes through the registry."""
+        return self.registry and self.groups_release == ENCRYPTED
 
     @property
     def masked(self) -> bool:

@@ -165,3 +165,25 @@ def group_counts(codes: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
     if codes.dtype == bool:
         codes = np.where(codes, 0, 1)
     return {str(name): int((codes == k).sum()) for k, name in enumerate(names)}
+
+
+def summed_metrics(y: np.ndarray, z: np.ndarray, by_group) -> dict[str, float]:
+    """:func:`fairness_metrics`' ACC, DFP, DFN and fairlearn's two differences where the groups are
+    reached only through sums: ``by_group(V)`` (K × n row vectors) gives each group's sums (K × G;
+    a registry's encrypted groups, jobs/encrypted_groups.py). A group's rate over a row set is its
+    hits' sum over its rows' count there (none where it has no row there)."""
+    pred = predict(z)
+    y = np.asarray(y)
+    pos, neg, positive = y == 1, y == -1, pred == 1
+    wrong = pred != y
+    rows = np.stack([pos, neg, np.ones(len(y), dtype=bool)]).astype(np.float64)
+    hits = np.stack([positive & pos, positive & neg, wrong & pos, positive]).astype(np.float64)
+    sums = by_group(np.concatenate([rows, hits]))
+    counts, hit = sums[:3], sums[3:]
+
+    def rates(h: np.ndarray, c: np.ndarray) -> list[float]:
+        return [float(a / b) if b > 0.5 else float("nan") for a, b in zip(h, c)]
+
+    tpr, fpr = rates(hit[0], counts[0]), rates(hit[1], counts[1])
+    return {"acc": float((pred == y).mean()), "dfp": _spread(fpr), "dfn": _spread(rates(hit[2], counts[0])),
+            "dp_diff": _spread(rates(hit[3], counts[2])), "eo_diff": float(np.nanmax([_spread(tpr), _spread(fpr)]))}

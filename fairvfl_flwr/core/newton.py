@@ -62,8 +62,7 @@ ARMIJO = 1e-4
 
 def smooth_part(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> float:
     """φ(z) = (1/n)Σ l_i + Σ_i m_i q_i: the z-dependent part of f̃ at λ (its gradient in z is ν)."""
-    m = constraint.signed_weights(lam) - 1.0 / constraint.n
-    return float(logistic_loss(y, z).mean() + m @ constraint.q.values(y, z))
+    return float(logistic_loss(y, z).mean() + constraint.constraint_term(lam, constraint.q.values(y, z)))
 
 
 def curvature(constraint: ConstraintSet | RowWeights, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:

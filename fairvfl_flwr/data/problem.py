@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints import ConstraintSet, SensitiveGroups, constrained_codes, from_labels
+from fairvfl_flwr.core.constraints import (ConstraintSet, GroupSizeError, SensitiveGroups, constrained_codes,
+                                           from_labels, kind_named)
+from fairvfl_flwr.core.constraints.cells import EncryptedConstraint, GroupCells
 from fairvfl_flwr.core.constraints.release import RandomizedResponse
-from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, estimated_metrics
+from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, estimated_metrics, summed_metrics
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partition import PartitionError, fit_active_columns, split_columns
 from fairvfl_flwr.data.tables import FairDataset, ids_digest, load_csv, load_dataset
@@ -144,6 +147,9 @@ class ServerLabels:
     options: dict | None = None
     #: how the groups were released to the server (None: the server holds them as they are)
     release: RandomizedResponse | None = None
+    #: a registry's encrypted groups (jobs/encrypted_groups.GroupSums): the server holds no row's
+    #: group (``s_train``, ``s_test`` are -1), only sums over them through this oracle
+    sums: Any = None
 
     @property
     def weights(self):
@@ -161,6 +167,8 @@ class ServerLabels:
         (``*_raw``) where pooling made them differ (core/metrics.constrained_metrics); from a
         released column, the corrected estimates (core/metrics.estimated_metrics)."""
         y, s = (self.y_train, self.s_train) if split == "train" else (self.y_test, self.s_test)
+        if self.sums is not None:
+            return summed_metrics(y, z, lambda V: self.sums.by_group(split, V, self.sums.round))
         pooled = constraint.pooling is not None
         if self.release is None:
             return constrained_metrics(y, s, z, constrained_codes(constraint, s, self.group_names) if pooled else None)
@@ -181,10 +189,31 @@ class ServerLabels:
 
     def constraint_for(self, kind: str, measure: str = "loss") -> ConstraintSet:
         """The run's constraint on the training rows: of kind ``kind``, on ``measure``, with the run's
-        group options (form, small groups)."""
+        group options (form, small groups); through a registry's encrypted groups, its sizes and sums."""
+        if self.sums is not None:
+            return encrypted_constraint(self, kind, measure)
         return from_labels(self.y_train, self.s_train, self.protected_label, kind, measure,
                            whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
                            names=self.group_names, weights=self.weights, **(self.options or {}))
+
+
+def encrypted_constraint(labels: ServerLabels, kind: str, measure: str) -> EncryptedConstraint:
+    """The constraint a server that reaches the groups only through the registry's sums holds:
+    the subsets' group sizes asked once, the gaps through the oracle at its current round. A
+    group below min-group-size is refused: pooling needs each row's group, which this server
+    never holds."""
+    sums, options = labels.sums, labels.options or {}
+    cells = GroupCells.build(kind_named(kind), labels.y_train, labels.protected_label, sums.names,
+                             lambda masks: sums.sizes("train", masks, sums.round), measure,
+                             form=options.get("form", "pairwise"))
+    least = options.get("min_group_size", 1)
+    small = [(gap.name, min(gap.size_a, gap.size_b)) for gap in cells.gap_list if min(gap.size_a, gap.size_b) < least]
+    if small:
+        raise GroupSizeError(f"{len(small)} gap(s) with a side of fewer than min-group-size = {least} training rows "
+                             f"({kind}): " + ", ".join(f"{name!r} ({count})" for name, count in small)
+                             + "; encrypted groups cannot pool small groups (the server holds no row's group): "
+                             "lower min-group-size, or let the registry merge them in its own column")
+    return EncryptedConstraint(cells, lambda P: sums.mixed("train", P, sums.round))
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

@@ -62,6 +62,7 @@ def guard_mod(message: Message, context, call_next) -> Message:
     if rc is None or not isinstance(rc.get("round"), int):
         raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
     server_round = int(rc["round"])
+    mtype = _leg(mtype, rc)
     digest = view.content_digest(message.content, mtype, "")
     last = context.state.config_records.get(LAST)
     if last is not None and last["round"] == server_round and mtype in last["types"]:
@@ -95,11 +96,18 @@ def guard_mod(message: Message, context, call_next) -> Message:
     return reply
 
 
+def _leg(mtype: str, rc) -> str:
+    """The name a message is kept under: its type, and where one round sends a type several times
+    (a leg of the label owner's steps through the registry, jobs/encrypted_groups.py) the leg its
+    round config names."""
+    return f"{mtype}#{int(rc['leg'])}" if "leg" in rc else mtype
+
+
 def _again(message: Message, context, last: ConfigRecord, step: bool) -> Message:
     """The answer to a re-sent message: the reply rebuilt from the θ the party holds (a step
     message: logits would double the state kept) or the one kept, only if it is the reply
     already sent: a party whose state moved since would otherwise reveal a new value."""
-    mtype = message.metadata.message_type
+    mtype = _leg(message.metadata.message_type, message.content.config_records[msgs.ROUND])
     if step:
         rt = PartyRuntime(context)
         reply = rt.reply(message, rt.party(), steps=int(last[f"{mtype}|steps"]))

@@ -44,19 +44,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import dataclasses
+from logging import INFO
+
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.constraints import SensitiveGroups
+from fairvfl_flwr.core.constraints.measures import measure as measure_named
 from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.features import ckks
-from fairvfl_flwr.flower import exchange
+from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.jobs import Job
-from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
+from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.jobs.group_release import find_registry
 
 #: The registry's group indicators under its key, once per run.
@@ -233,9 +240,12 @@ class GroupSums:
     """The server's oracle of sums over the registry's groups: Σ_i Σ_g 1[g_i] P[k, g, i] for
     plaintexts P of its own, the registry decrypting masked slot sums only (module docstring)."""
 
-    def __init__(self, indicators: Indicators, ask: Ask) -> None:
+    def __init__(self, indicators: Indicators, ask: Ask | None) -> None:
         self.indicators = indicators
         self.ask = ask
+        #: the round the server's next sums are asked for (the registry's budget is per round):
+        #: the set-up's and round 0's are 0, and the channel's hook moves it on as each round ends
+        self.round = 0
         self.ctx, self.encoder, self.evaluator = ckks.seal_context(indicators.params)
         self._loaded = {split: [[ckks.load_ciphertext(self.ctx, b, f"the {split} indicator of group {g}")
                                  for b in chunks] for g, chunks in enumerate(blobs)]
@@ -381,6 +391,199 @@ def connect(grid: Grid, cfg: RunConfig, ids_digest: str, rows: dict[str, int]) -
     return GroupSums(indicators, ask)
 
 
-#: The encrypted groups' two messages, answered by the registry.
+def encrypted_labels(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLabels:
+    """``labels`` without their groups (every code -1) and with the registry's oracle in their
+    place: the training job's release where ``groups.release = "ckks"``."""
+    rows = {"train": len(labels.y_train), "test": len(labels.y_test)}
+    sums = connect(grid, cfg, labels.ids_digest, rows)
+    log(INFO, "FairVFL: the registry encrypted the groups (%s) of %d training and %d test rows under its own key; "
+        "the server gets sums over them, never a row's group", ", ".join(sums.names), rows["train"], rows["test"])
+    unknown = {f"s_{split}": np.full(n, -1, dtype=np.int64) for split, n in rows.items()}
+    return dataclasses.replace(labels, group_names=sums.names, sums=sums, **unknown)
+
+
+# -- the rounds: ν under the registry's key, every party's gradient through it -------------------
+#: The label owner's next step of a round: the registry's masked sums of its last products.
+TRAIN_ACTIVE_LEG = "train.active_groups_leg"
+#: The label owner's kept state between its legs: the other parties' logits, its weights as if in
+#: each group, the masks' sums of its last products, the steps taken.
+LEG_STATE = "fairvfl.groups-leg"
+#: The node state record of the label owner's copy of the registry's encrypted indicators.
+INDICATORS_STATE = "fairvfl.groups-indicators"
+MASKED = "masked"  # a reply's record of ciphertexts the registry is to sum (ckks.MASKED_RECORD's name)
+SUMS_KEY = "group-sums"  # a leg's payload: the registry's sums of the party's products (masked)
+WEIGHTS_KEY = "asif-weights"  # the label owner's payload: its rows' weights as if in each group (G × n)
+
+
+def _blobs(reply: Message) -> list[bytes]:
+    record = reply.content.array_records[MASKED]
+    return [ckks.from_bytes_array(record[k]) for k in sorted(record, key=lambda k: int(k.split("-")[1]))]
+
+
+class RegistryChannel(RoundHook):
+    """The server's ν channel where the registry holds the groups under its key: Enc(n·ν) as
+    Σ_g Enc(1[g]) ⊙ n·ν_g to every passive party (the registry too), the label owner's rows'
+    weights as if in each group (from the labels and the groups' sizes, nothing of a row's
+    group), and the legs of each round: every masked product a party returns goes to the
+    registry in one request, whose slot sums go back to the party, until each has its logits."""
+
+    def __init__(self, sums: GroupSums, n_rows: int) -> None:
+        self.sums = sums
+        self.n = n_rows
+        self._round: int | None = None
+        self._nu: ArrayRecord | None = None
+        self._evaluate = False  # whether this round's parties also return test logits (its legs carry it on)
+
+    def init_messages(self, server: ServerView, messages: list[Message]) -> None:
+        """The registry's CKKS parameters (no key) to every party; the encrypted indicators to the label owner."""
+        params = ArrayRecord({"context": ckks.to_bytes_array(self.sums.indicators.params)})
+        blobs = self.sums.indicators.blobs["train"]
+        held = ArrayRecord({f"g{g}-c{c}": ckks.to_bytes_array(b) for g, chunks in enumerate(blobs)
+                            for c, b in enumerate(chunks)})
+        for m in messages:
+            m.content.array_records[ckks.CONTEXT_RECORD] = params
+            node = server.nodes.get(m.metadata.dst_node_id)
+            if node is not None and node.role == msgs.ROLE_ACTIVE:
+                m.content.array_records[INDICATORS_STATE] = held
+
+    def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
+                        evaluate: bool) -> tuple[RecordDict, str]:
+        """Enc(n·ν) from ν as if each row were in each group (G × n), once a round for every passive party."""
+        self._evaluate = evaluate
+        if self._round != server_round:
+            blobs = self.sums.encrypt_mixture("train", self.n * np.asarray(nu, dtype=np.float64))
+            self._nu = ArrayRecord({f"nu-ct-{c}": ckks.to_bytes_array(b) for c, b in enumerate(blobs)})
+            self._round = server_round
+        return (RecordDict({msgs.PAYLOAD: self._nu, msgs.ROUND: msgs.round_config(server_round, evaluate)}),
+                msgs.TRAIN_PASSIVE_ENC)
+
+    def outgoing(self, server: ServerView, messages: list[Message]) -> None:
+        """The label owner's training message gets its rows' weights as if in each group, at its λ."""
+        for message in messages:
+            node = server.nodes.get(message.metadata.dst_node_id)
+            payload = message.content.array_records.get(msgs.PAYLOAD)
+            if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
+                continue
+            lam = payload["lam"].numpy().astype(np.float64)
+            payload[WEIGHTS_KEY] = Array(np.ascontiguousarray(server.constraint.signed_weights(lam)))
+
+    def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
+                 timeout: float) -> list[Message]:
+        """Every masked product to the registry (one request a leg), its sums back to each party,
+        until every party has replied its logits."""
+        done = [r for r in replies if MASKED not in r.content.array_records]
+        pending = [r for r in replies if MASKED in r.content.array_records]
+        leg = 0
+        while pending:
+            blobs = [_blobs(r) for r in pending]
+            sums = self.sums.ask([b for each in blobs for b in each], self.sums.round)
+            leg += 1
+            follow, at = [], 0
+            for reply, each in zip(pending, blobs):
+                got, at = sums[at:at + 2 * len(each)], at + 2 * len(each)
+                nid = reply.metadata.src_node_id
+                if reply.metadata.message_type == msgs.TRAIN_PASSIVE_ENC:
+                    content, kind = server.masked_gradient_message(nid, server_round, {msgs.MASKED_SUM: got})
+                else:
+                    rc = msgs.round_config(server_round, self._evaluate)
+                    rc["leg"] = leg  # one message of this type a leg: the guard keeps each leg's own
+                    content = RecordDict({msgs.PAYLOAD: msgs.array_record(**{SUMS_KEY: got}), msgs.ROUND: rc})
+                    kind = TRAIN_ACTIVE_LEG
+                follow.append(Message(content, dst_node_id=nid, message_type=kind, group_id=str(server_round)))
+            answered = server.exchange(grid, follow, timeout)
+            done += [r for r in answered if MASKED not in r.content.array_records]
+            pending = [r for r in answered if MASKED in r.content.array_records]
+        return done
+
+    def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
+        """The next sums are the next round's."""
+        self.sums.round = server_round + 1
+
+
+# -- the label owner's side --------------------------------------------------------------------------
+def _indicators(context: Context, rt: PartyRuntime) -> GroupSums:
+    kept = context.state.array_records.get(INDICATORS_STATE)
+    params = context.state.array_records.get(ckks.CONTEXT_RECORD)
+    if kept is None or params is None:
+        raise ConfigError(f"{rt.who}: encrypted groups, but its start message carried no encrypted indicators")
+    groups = 1 + max(int(k.split("-")[0][1:]) for k in kept)
+    n = rt.n_train
+    blobs = [[ckks.from_bytes_array(kept[f"g{g}-c{c}"]) for c in range(ckks.chunks(n))] for g in range(groups)]
+    names = tuple(str(g) for g in range(groups))
+    return GroupSums(Indicators(ckks.from_bytes_array(params["context"]), names, {"train": n, "test": 0},
+                                {"train": blobs, "test": [[] for _ in range(groups)]}), None)
+
+
+def _products(rt: PartyRuntime, context: Context, party, others: np.ndarray, weights: np.ndarray,
+              taken: int) -> Message | RecordDict:
+    """The label owner's masked products of its columns (and its intercept's column of ones) with
+    ν at its logits now, as if in each group; the masks' sums kept with the leg's state."""
+    x = np.hstack([np.asarray(party.X_train, dtype=np.float64), np.ones((rt.n_train, 1))])
+    z = others + party.logits("train")
+    n = rt.n_train
+    q = measure_named(rt.cfg.measure)
+    nu = np.stack([q.nu(rt.data.y, z, w, n) for w in weights])
+    P = (n * nu)[None, :, :] * x.T[:, None, :]
+    if len(P) % 2:
+        P = np.concatenate([P, np.zeros((1, *P.shape[1:]))])
+    rng = np.random.default_rng()  # fresh OS entropy: neither the server nor the registry may predict the masks
+    bound = ckks.MASK_BOUND
+    masks = (rng.uniform(-bound, bound, size=(len(P) // 2, ckks.SLOTS))
+             + 1j * rng.uniform(-bound, bound, size=(len(P) // 2, ckks.SLOTS)))
+    cts = _indicators(context, rt).products("train", P, masks)
+    mask_sums = masks.sum(axis=1)
+    context.state.array_records[LEG_STATE] = msgs.array_record(
+        others=others, weights=weights, taken=np.array([taken], dtype=np.int64),
+        masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1))
+    return RecordDict({MASKED: ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(cts)})})
+
+
+def active_mod(message: Message, context: Context, call_next) -> Message:
+    """Encrypted groups, on the label owner: keep the registry's encrypted indicators its start
+    message carries; and a training message whose payload holds its weights as if in each group
+    starts its legs: its first masked products, not Q steps (it holds no group to weight them by)."""
+    mtype = message.metadata.message_type
+    arrays = message.content.array_records
+    if msgs.kind_of(mtype) is msgs.Kind.START and INDICATORS_STATE in arrays:
+        context.state.array_records[INDICATORS_STATE] = arrays[INDICATORS_STATE]
+    payload = arrays.get(msgs.PAYLOAD)
+    if mtype != msgs.TRAIN_ACTIVE or payload is None or WEIGHTS_KEY not in payload:
+        return call_next(message, context)
+    rt = PartyRuntime(context)
+    n = rt.n_train
+    got = checks.check_payload(message.content, rt.who, {"z": (n, False)})
+    weights = payload[WEIGHTS_KEY].numpy().astype(np.float64)
+    if weights.ndim != 2 or weights.shape[1] != n or not np.all(np.isfinite(weights)):
+        raise checks.ReplyError(f"{rt.who}: {WEIGHTS_KEY} must be finite, one row of {n} weights a group; got "
+                                f"{weights.shape}")
+    party = rt.party()
+    z = got["z"].astype(np.float64)
+    return Message(_products(rt, context, party, z - party.logits("train"), weights, 0), reply_to=message)
+
+
+def active_leg(message: Message, context: Context) -> Message:
+    """The label owner's step from the registry's sums of its last products: its gradient
+    X_aᵀν (and Σν for its intercept) once its masks are taken off; then the next step's products,
+    or, after Q steps, its partial logits."""
+    rt = PartyRuntime(context)
+    state = context.state.array_records.pop(LEG_STATE, None)
+    if state is None:
+        raise ConfigError(f"{rt.who}: {TRAIN_ACTIVE_LEG} without products of its own awaiting their sums")
+    masks = state["masks"].numpy()
+    got = checks.check_payload(message.content, rt.who, {SUMS_KEY: (len(masks), False)})[SUMS_KEY]
+    party = rt.party()
+    m = party.X_train.shape[1]
+    g = (got.astype(np.float64) - masks)[: m + 1] / rt.n_train
+    party.block.apply_gradient(g[:m].astype(party.block.weight.dtype), rt.cfg.lr, party.mu, bias_grad=float(g[m]))
+    taken = int(state["taken"].numpy()[0]) + 1
+    rt.save(party)
+    if taken < rt.cfg.local_steps:
+        content = _products(rt, context, party, state["others"].numpy(), state["weights"].numpy(), taken)
+        return Message(content, reply_to=message)
+    return rt.reply(message, party, steps=taken)
+
+
+#: The encrypted groups' messages: the registry's two, and the label owner's legs.
 JOB = Job("encrypted groups", handlers({GROUPS_ENCRYPT: Handles(msgs.Kind.SETUP, encrypt_groups),
-                                        GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums)}))
+                                        GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums),
+                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg, keeps=(MODEL_STATE,))}))

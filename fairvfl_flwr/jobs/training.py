@@ -33,8 +33,9 @@ from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.algorithms import Algorithm, registered, resolve
+from fairvfl_flwr.core.constraints.release import ENCRYPTED, RANDOMIZED_RESPONSE
 from fairvfl_flwr.data.partydata import server_labels_for
-from fairvfl_flwr.data.problem import columns_note, load_data, party_columns
+from fairvfl_flwr.data.problem import ServerLabels, columns_note, load_data, party_columns
 from fairvfl_flwr.features import ckks, rejoin
 from fairvfl_flwr.features.checkpoint import load_resume
 from fairvfl_flwr.flower import party
@@ -42,8 +43,12 @@ from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.results import RunRecorder, format_summary, run_folder
 from fairvfl_flwr.flower.server import VFLServer
 from fairvfl_flwr.jobs.alignment import align_tables
+from fairvfl_flwr.jobs.encrypted_groups import encrypted_labels
 from fairvfl_flwr.jobs.group_release import release_groups
 
+#: How a registry releases the groups (run config ``groups.release``): the server's labels from it.
+RELEASES: dict[str, Callable[[Grid, RunConfig, ServerLabels], ServerLabels]] = {
+    RANDOMIZED_RESPONSE: release_groups, ENCRYPTED: encrypted_labels}
 #: The run's server with its features' hooks: (cfg, labels, run folder, on_round=, resume=,
 #: described=) -> a VFLServer (the app assembles it: app/training.build_server).
 ServerBuilder = Callable[..., VFLServer]
@@ -76,8 +81,8 @@ def run_training(grid: Grid, cfg: RunConfig, run_id: int | str | None = None, *,
         fitted = columns_note(cfg, ds)
         if fitted:  # every party fits the same split on its own; the server says it once
             log(INFO, "FairVFL: %s", fitted)
-    if cfg.registry:  # a registry holds the groups: the server continues with their noisy release
-        labels = release_groups(grid, cfg, labels)
+    if cfg.registry:  # a registry holds the groups: the server continues with their release
+        labels = RELEASES[cfg.groups_release](grid, cfg, labels)
     resume = load_resume(cfg, labels, cfg.resume_from) if cfg.resume_from else None
     folder = Path(cfg.resume_from).expanduser().resolve() if resume else run_folder(cfg, run_id)
     choice = resolve(cfg)

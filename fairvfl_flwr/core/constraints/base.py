@@ -255,6 +255,10 @@ class ConstraintSet:
         """ν = ∂f̃/∂z: the only thing a passive party receives."""
         return self.q.nu(y, z, self.signed_weights(lam), self.n)
 
+    def constraint_term(self, lam: np.ndarray, q: np.ndarray) -> float:
+        """Σ_i m_i q_i, m = w − 1/n: the constraint's part of f̃ at λ for the per-row values ``q``."""
+        return float((self.signed_weights(lam) - 1.0 / self.n) @ q)
+
     def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Per gap, the interval of d_c = λ_c+ − λ_c− that keeps every row weight w_i >= 0.
 

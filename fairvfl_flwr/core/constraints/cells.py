@@ -154,3 +154,92 @@ class GroupCells:
     def project(self, lam: np.ndarray) -> np.ndarray:
         """λ >= 0 with each d_c within :meth:`weight_bounds` where the measure needs w >= 0."""
         return project_multipliers(lam, self.weight_bounds, self.q.needs_nonnegative_weights)
+
+
+@dataclass(frozen=True)
+class EncryptedConstraint:
+    """The run's constraint on a server that reaches the groups only through sums (a registry's
+    encrypted groups): :class:`GroupCells`' as-if arrays, and the gaps and the constraint's part
+    of f̃ through the oracle ``sums`` (the training rows'). Its ν (:meth:`masked_weights`) is the
+    G × n mixture, which only a ν channel that encrypts it can send (jobs/encrypted_groups.py)."""
+
+    cells: GroupCells
+    sums: Sums
+    temperature: float = 1.0
+    #: groups known by their sizes only: no row's group to pool, count or report per row
+    groups = None
+    pooling = None
+
+    @property
+    def n(self) -> int:
+        """The training rows."""
+        return self.cells.n
+
+    @property
+    def gap_list(self) -> tuple[CellGap, ...]:
+        """The gaps, in multiplier order (named as ConstraintSet names them)."""
+        return self.cells.gap_list
+
+    @property
+    def q(self) -> Measure:
+        """The gaps' measure."""
+        return self.cells.q
+
+    @property
+    def measure(self) -> str:
+        """The measure's name."""
+        return self.cells.measure
+
+    @property
+    def form(self) -> str:
+        """``pairwise`` or ``overall``."""
+        return self.cells.form
+
+    @property
+    def history(self):
+        """What the kind calls its gaps in the history (core/constraints/history.py)."""
+        return self.cells.kind.history
+
+    @property
+    def num_multipliers(self) -> int:
+        """Two multipliers per gap."""
+        return self.cells.num_multipliers
+
+    def __getattr__(self, name: str):
+        # the kind's declarations (kind, label_subsets, default_measure, newton_past_bound, ...)
+        if name.startswith("_") or name in ("cells", "sums"):
+            raise AttributeError(name)
+        return getattr(self.cells.kind, name)
+
+    def restrict(self, rows: np.ndarray | None) -> "EncryptedConstraint":
+        """Full batch only: the registry's sums are over every training row."""
+        if rows is not None:
+            raise ValueError("encrypted groups' sums are over every training row: full-batch rounds only")
+        return self
+
+    def gaps(self, y: np.ndarray, z: np.ndarray, *, hard: bool = False,
+             losses: np.ndarray | None = None) -> np.ndarray | None:
+        """Every D_c through the oracle (ConstraintSet.gaps)."""
+        q = self.q.hard_values(y, z) if hard else self.q.values(y, z, losses)
+        return None if q is None else np.asarray(self.sums(self.cells.gap_terms(q)), dtype=np.float64)
+
+    def signed_weights(self, lam: np.ndarray) -> np.ndarray:
+        """G × n: each row's weight as if in each group."""
+        return self.cells.signed_weights(lam)
+
+    def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """G × n: ν as if each row were in each group."""
+        return self.cells.masked_weights(y, z, lam)
+
+    def constraint_term(self, lam: np.ndarray, q: np.ndarray) -> float:
+        """Σ_i m_i q_i through the oracle: one sum."""
+        m = self.cells.signed_weights(lam) - 1.0 / self.n
+        return float(self.sums((m * np.asarray(q)[None, :])[None])[0])
+
+    def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """From the sizes (GroupCells.weight_bounds)."""
+        return self.cells.weight_bounds()
+
+    def project(self, lam: np.ndarray) -> np.ndarray:
+        """From the sizes (GroupCells.project)."""
+        return self.cells.project(lam)

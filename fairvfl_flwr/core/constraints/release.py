@@ -27,8 +27,11 @@ import numpy as np
 from fairvfl_flwr.core.constraints.measures import Measure
 from fairvfl_flwr.core.constraints.measures import measure as measure_named
 
-#: The only release mechanism built: k-ary randomized response.
+#: The noisy release: k-ary randomized response.
 RANDOMIZED_RESPONSE = "randomized-response"
+#: The exact mode: the groups stay under the registry's CKKS key, the server gets sums over them
+#: (jobs/encrypted_groups.py, core/constraints/cells.py).
+ENCRYPTED = "ckks"
 
 
 @dataclass(frozen=True)
