@@ -5,25 +5,31 @@ refuse; a lying server isolates rows only within them (tools/registry_attack.py)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 pytest.importorskip("tenseal")
 
+from flwr.app import Array  # noqa: E402
+
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
-from fairvfl_flwr.config import RunConfig  # noqa: E402
+from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
+from fairvfl_flwr.config import ConfigError, RunConfig  # noqa: E402
 from fairvfl_flwr.config.node import NodeConfig  # noqa: E402
 from fairvfl_flwr.core.constraints import SensitiveGroups, gap_weights, gaps_per_row, kind_named  # noqa: E402
 from fairvfl_flwr.core.constraints.cells import GroupCells  # noqa: E402
 from fairvfl_flwr.data.partydata import server_labels_for  # noqa: E402
 from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table  # noqa: E402
 from fairvfl_flwr.features import ckks  # noqa: E402
+from fairvfl_flwr.flower import protocol as msgs  # noqa: E402
 from fairvfl_flwr.flower.errors import FederationError  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 from fairvfl_flwr.jobs import encrypted_groups as eg  # noqa: E402
 from fairvfl_flwr.tools import registry_attack  # noqa: E402
 
-from .test_registry import Recording  # noqa: E402
+from .test_registry import Recording, guessing_accuracy  # noqa: E402
 
 ROUNDS = 5
 
@@ -134,7 +140,7 @@ def test_the_registry_refuses_what_its_budget_refuses():
     with pytest.raises(FederationError, match="after 10 in this run; its budget is 10"):
         oracle.by_group("train", V, 5)
     # the run's budget defaults to a round's times the rounds + 2
-    assert NodeConfig.from_flower({}).sums_per_round == 32 and NodeConfig.from_flower({}).sums_per_run == 0
+    assert NodeConfig.from_flower({}).sums_per_round == 256 and NodeConfig.from_flower({}).sums_per_run == 0
 
 
 def test_a_slot_beyond_the_bound_is_refused(exact):
@@ -231,3 +237,139 @@ def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
     cts, mask_sums = ckks.masked_column_sums(oracle.indicators.params, blobs, X, np.random.default_rng())
     gradient = ckks.unmask(oracle.ask(cts, ROUNDS), mask_sums, n, X.shape[1])
     assert np.allclose(gradient, X.T @ owner.masked_weights(y, z, lam), rtol=1e-6, atol=1e-9)
+
+
+# -- a whole run: gradient descent with the groups under the registry's key ----------------------------
+ENCRYPTED = {"groups.holder": "registry", "groups.release": "ckks"}
+RUN = {"dataset": "compas", "optimizer": "gd", "num-server-rounds": 4, "eval-every": 2, "stop-tolerance": 0}
+
+
+def _history(folder) -> list[dict]:
+    return json.loads((folder / "history.json").read_text())
+
+
+def encrypted_run(folder, leak: bool = False):
+    """COMPAS, 6 parties, 4 rounds of gradient descent with the registry's groups encrypted (its noise
+    off), every message recorded; ``leak``: the server's channel also sends the label owner the true
+    groups (a planted leak the attack below must catch)."""
+    rc = RunConfig.from_flower({**RUN, **ENCRYPTED, "output-dir": str(folder)})
+    configs = [{"partition-id": k, "num-partitions": 6} for k in range(6)]
+    configs[-1]["sum-noise"] = 0.0
+    grid = Recording(client_app, rc.to_flower(), 6, node_configs=configs)
+    if leak:
+        truth = SensitiveGroups.of(load_data(rc).s_train).codes
+        honest = eg.RegistryChannel.outgoing
+
+        def leaking(self, server, messages):
+            honest(self, server, messages)
+            for m in messages:
+                payload = m.content.array_records.get(msgs.PAYLOAD)
+                if payload is not None and eg.WEIGHTS_KEY in payload:
+                    payload["leak"] = Array(truth.astype(np.float64))
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(eg.RegistryChannel, "outgoing", leaking)
+            summary, out = run_inprocess(rc.to_flower(), quiet=True, grid=grid)
+    else:
+        summary, out = run_inprocess(rc.to_flower(), quiet=True, grid=grid)
+    return grid, rc, summary, out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    exact_summary, exact_folder = run_inprocess({**RUN, "output-dir": str(tmp_path_factory.mktemp("exact"))},
+                                                quiet=True)
+    grid, rc, summary, folder = encrypted_run(tmp_path_factory.mktemp("encrypted"))
+    return (exact_summary, _history(exact_folder)), (grid, rc, summary, _history(folder))
+
+
+def test_an_encrypted_run_is_the_label_owners_run(runs):
+    """The same gradient-descent run, to CKKS precision: every round's loss, gaps, λ and test metrics."""
+    (exact_summary, exact), (_, _, summary, encrypted) = runs
+    assert len(exact) == len(encrypted) == RUN["num-server-rounds"] + 1
+    for a, b in zip(exact, encrypted):
+        assert abs(a["loss"] - b["loss"]) < 1e-8
+        assert np.allclose(list(a["gaps"].values()), list(b["gaps"].values()), atol=1e-8)
+        assert np.allclose(a["lambdas"], b["lambdas"], atol=1e-8)
+        for k in ("acc", "dfp", "dfn", "dp_diff", "eo_diff"):
+            assert (a[k] is None and b[k] is None) or abs(a[k] - b[k]) < 1e-8, k
+    assert abs(exact_summary["test_acc"] - summary["test_acc"]) < 1e-9
+    assert abs(exact_summary["train_dp_diff"] - summary["train_dp_diff"]) < 1e-8
+
+
+def _roles(grid, rc) -> dict[str, list[np.ndarray]]:
+    """Every array each role received, a 2-D one row by row, but the logits, partial or summed (z):
+    COMPAS's few categorical columns make them proxies of race that take few values, in every run
+    whoever holds the groups. The server (every reply), the label owner, the passive parties and
+    the registry (every message sent to them)."""
+    roles = {0: "label owner", rc.num_parties - 1: "registry"}
+    out: dict[str, list[np.ndarray]] = {"server": [], "label owner": [], "passive": [], "registry": []}
+
+    def rows(message):
+        if message.has_error():
+            return []
+        arrays = [a.numpy() for name, record in message.content.array_records.items() if name != msgs.LOGITS
+                  for key, a in record.items() if key != "z"]
+        return [r for a in arrays for r in (a if a.ndim == 2 else [a])]
+
+    for reply in grid.received:
+        out["server"] += rows(reply)
+    for message in grid.sent:
+        out[roles.get(grid.partition(message.metadata.dst_node_id), "passive")] += rows(message)
+    return out
+
+
+def test_no_role_but_the_registry_receives_a_rows_group_in_a_whole_run(runs):
+    """Every message of the run: no array any role but the registry receives is a group column, and
+    the best guess of a row's group from any one of them (per (label, value) cell, both groups
+    equally often) is no better than from the labels alone; what the label owner and the passive
+    parties are sent is as listed."""
+    _, (grid, rc, _, _) = runs
+    ds = load_data(rc)
+    truth, y = SensitiveGroups.of(ds.s_train).codes, np.asarray(ds.y_train)
+    test_truth = SensitiveGroups.of(ds.s_test).codes
+    received = _roles(grid, rc)
+    # the guess from the labels alone (a constant array): COMPAS's labels differ by race
+    labels_alone = guessing_accuracy([np.zeros(len(y))], truth, y)
+    for role in ("server", "label owner", "passive"):
+        for a in received[role]:
+            for t in (truth, test_truth):
+                assert not (a.shape == t.shape and np.array_equal(a, t)), role
+        assert guessing_accuracy(received[role], truth, y) <= labels_alone + 0.01, role
+    keys: dict[tuple[str, str], set] = {}
+    for message in grid.sent:
+        role = {0: "label owner"}.get(grid.partition(message.metadata.dst_node_id), "other")
+        payload = message.content.array_records.get(msgs.PAYLOAD)
+        if payload is not None:
+            keys.setdefault((role, message.metadata.message_type), set()).update(
+                k if not k.startswith("nu-ct-") else "nu-ct" for k in payload)
+    assert keys[("label owner", msgs.TRAIN_ACTIVE)] == {"z", "lam", eg.WEIGHTS_KEY}
+    assert keys[("label owner", eg.TRAIN_ACTIVE_LEG)] == {eg.SUMS_KEY}
+    assert keys[("other", msgs.TRAIN_PASSIVE_ENC)] == {"nu-ct"}
+    assert keys[("other", msgs.TRAIN_PASSIVE_UNMASK)] == {msgs.MASKED_SUM}
+    # the label owner's weights as if in each group depend on its rows' labels only
+    weights = [m for m in grid.sent if m.metadata.message_type == msgs.TRAIN_ACTIVE][-1]
+    w = weights.content.array_records[msgs.PAYLOAD][eg.WEIGHTS_KEY].numpy()
+    for g in range(len(w)):
+        for label in (-1, 1):
+            assert len(np.unique(w[g][y == label])) == 1
+
+
+def test_a_planted_leak_is_caught(tmp_path):
+    """The attack can fail: a channel that also sends the label owner the true groups makes the
+    same guess from what the label owner received exact."""
+    grid, rc, _, _ = encrypted_run(tmp_path, leak=True)
+    ds = load_data(rc)
+    truth, y = SensitiveGroups.of(ds.s_train).codes, np.asarray(ds.y_train)
+    assert guessing_accuracy(_roles(grid, rc)["label owner"], truth, y) > 0.95
+
+
+def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes_gd():
+    cfg = RunConfig.from_flower(ENCRYPTED)
+    assert cfg.encrypted_groups and cfg.optimizer_in_use == "gd"
+    for bad, key in (({"optimizer": "newton"}, "optimizer"), ({"privacy.secure-nu": "ckks"}, "privacy.secure-nu"),
+                     ({"privacy.nu-noise": 1.0}, "privacy.nu-noise"),
+                     ({"privacy.secure-aggregation": "true"}, "privacy.secure-aggregation"),
+                     ({"model": "mlp", "optimizer": "gd"}, "model")):
+        with pytest.raises(ConfigError, match=key):
+            RunConfig.from_flower({**ENCRYPTED, **bad})
