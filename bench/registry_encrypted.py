@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             gap_diff = max(abs(a["gaps"][k] - b["gaps"][k]) for a, b in zip(h_exact, h_enc) for k in a["gaps"])
             row = {"dataset": dataset, "constraint": constraint, "rounds": len(h_enc) - 1,
                    "largest gap difference": float(f"{gap_diff:.3g}"),
-                   "train gap exact": round(exact["train_max_gap"], 5), "train gap encrypted": round(enc["train_max_gap"], 5),
+                   "train gap exact": round(exact["train_max_gap"], 5),
+                   "train gap encrypted": round(enc["train_max_gap"], 5),
                    "test acc exact": round(exact["test_acc"], 5), "test acc encrypted": round(enc["test_acc"], 5),
                    "test DFP exact": round(exact["test_dfp"], 4), "test DFP encrypted": round(enc["test_dfp"], 4),
                    "test DFN exact": round(exact["test_dfn"], 4), "test DFN encrypted": round(enc["test_dfn"], 4),

@@ -38,6 +38,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config.algorithms import Algorithm
+from fairvfl_flwr.core.constraints.release import ENCRYPTED
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
@@ -823,7 +824,7 @@ NEWTON = Algorithm(
          "the active party computes one Newton direction per round, not a number of gradient steps; "
          "use staleness.local-time-budget=0"),
         ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
-        ("groups_release", lambda c: c.encrypted_groups,
+        ("groups_release", lambda c: c.groups_release == ENCRYPTED,
          "the subspace search evaluates the gaps at many trial points, each a sum over the registry's encrypted "
          "groups: not built; use optimizer='gd'"),
     ),

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fairvfl_flwr.config import algorithms
+from fairvfl_flwr.core.constraints.release import ENCRYPTED
 from fairvfl_flwr.core.errors import ConfigError
 
 def bad(cfg: Any, field: str, why: str) -> ConfigError:
@@ -119,23 +120,23 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
      "the sensitive attribute is the registry's alone: no party's features may carry it"),
     ("groups_holder", lambda c: c.registry, "server_labels", lambda c: bool(c.server_labels),
      "the server's label file holds every row's group, which a registry run keeps from the server"),
-    ("groups_release", lambda c: c.encrypted_groups, "secure_nu", lambda c: c.secure_nu != "none",
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "secure_nu", lambda c: c.secure_nu != "none",
      "every party's nu goes under the registry's key already; use privacy.secure-nu='none'"),
-    ("groups_release", lambda c: c.encrypted_groups, "nu_noise", lambda c: c.nu_noise > 0,
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "nu_noise", lambda c: c.nu_noise > 0,
      "the server sends nu only under the registry's key; use privacy.nu-noise=0"),
-    ("groups_release", lambda c: c.encrypted_groups, "secure_aggregation", lambda c: c.masked,
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "secure_aggregation", lambda c: c.masked,
      "the label owner's legs and the registry's sums are not masked rounds yet; use privacy.secure-aggregation=false"),
-    ("groups_release", lambda c: c.encrypted_groups, "model", lambda c: c.model != "linear",
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "model", lambda c: c.model != "linear",
      "a party's gradient under encryption is X_k^T nu: linear models only"),
-    ("groups_release", lambda c: c.encrypted_groups, "checkpoint_every", lambda c: c.checkpoint_every > 0,
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "checkpoint_every", lambda c: c.checkpoint_every > 0,
      "a round's legs through the registry are not part of a checkpoint; use reliability.checkpoint-every=0"),
-    ("groups_release", lambda c: c.encrypted_groups, "resume_from", lambda c: bool(c.resume_from),
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "resume_from", lambda c: bool(c.resume_from),
      "a round's legs through the registry are not part of a checkpoint"),
-    ("groups_release", lambda c: c.encrypted_groups, "rejoin_timeout", lambda c: c.rejoin_wait > 0,
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "rejoin_timeout", lambda c: c.rejoin_wait > 0,
      "a round's legs through the registry are not restored when a party comes back; use reliability.rejoin-timeout=0"),
-    ("groups_release", lambda c: c.encrypted_groups, "max_staleness", lambda c: c.max_staleness > 0,
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "max_staleness", lambda c: c.max_staleness > 0,
      "every party's legs of a round go through the registry together; use staleness.max-staleness=0"),
-    ("groups_release", lambda c: c.encrypted_groups, "local_time_budget", lambda c: c.local_time_budget > 0,
+    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "local_time_budget", lambda c: c.local_time_budget > 0,
      "the label owner's steps each wait for the registry's sums; use staleness.local-time-budget=0"),
 ]
 

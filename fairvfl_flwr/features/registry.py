@@ -18,16 +18,22 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 
 
+def active_payloads(server: ServerView, messages: list[Message]):
+    """(payload, λ) of every message to an active party whose payload carries λ: where a channel adds
+    the rows' weights at that λ (this hook's, and the encrypted groups' as if in each group)."""
+    for message in messages:
+        node = server.nodes.get(message.metadata.dst_node_id)
+        payload = message.content.array_records.get(msgs.PAYLOAD)
+        if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
+            continue
+        yield payload, payload["lam"].numpy().astype(np.float64)
+
+
 class LabelOwnerWeights(RoundHook):
     """Adds ``weights`` (the rows' signed weights at the message's λ) to each active party's training message."""
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """Every message to an active party that carries λ gets the rows' weights at that λ."""
-        for message in messages:
-            node = server.nodes.get(message.metadata.dst_node_id)
-            payload = message.content.array_records.get(msgs.PAYLOAD)
-            if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
-                continue
-            lam = payload["lam"].numpy().astype(np.float64)
+        for payload, lam in active_payloads(server, messages):
             w = server.constraint.signed_weights(lam).astype(server.wire_dtype)
             payload["weights"] = Array(np.ascontiguousarray(w))

@@ -58,6 +58,7 @@ from fairvfl_flwr.core.constraints.measures import measure as measure_named
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.features import ckks
+from fairvfl_flwr.features.registry import active_payloads
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
@@ -459,12 +460,7 @@ class RegistryChannel(RoundHook):
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """The label owner's training message gets its rows' weights as if in each group, at its λ."""
-        for message in messages:
-            node = server.nodes.get(message.metadata.dst_node_id)
-            payload = message.content.array_records.get(msgs.PAYLOAD)
-            if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
-                continue
-            lam = payload["lam"].numpy().astype(np.float64)
+        for payload, lam in active_payloads(server, messages):
             payload[WEIGHTS_KEY] = Array(np.ascontiguousarray(server.constraint.signed_weights(lam)))
 
     def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
