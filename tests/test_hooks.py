@@ -29,6 +29,7 @@ from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.registry import LabelOwnerWeights
 from fairvfl_flwr.features.rejoin import Rejoin
 from fairvfl_flwr.flower.server import VFLServer
+from fairvfl_flwr.jobs.encrypted_groups import RegistryChannel
 
 
 def _feature_hooks() -> set[type]:
@@ -57,12 +58,14 @@ def test_build_server_runs_the_hooks_in_the_declared_order_whatever_order_they_a
         "privacy.nu-noise": 1.0, "privacy.secure-nu": "ckks", "privacy.transcript-dir": str(tmp_path / "t"),
         "privacy.secure-aggregation": True, "reliability.checkpoint-every": 5})
     server = build_server(cfg, _labels(cfg), tmp_path)
-    # every feature on: every hook, in order (but Rejoin, last, which encrypted ν leaves off, and the
-    # label owner's weights, which need a registry, which label DP refuses)
-    assert [type(h) for h in server.hooks.hooks] == [h for h in HOOK_ORDER[:-1] if h is not LabelOwnerWeights]
+    # every feature on: every hook, in order (but Rejoin, last, which encrypted ν leaves off, the
+    # label owner's weights, which need a registry, which label DP refuses, and the registry's channel
+    # of encrypted groups, which encrypted ν refuses)
+    assert [type(h) for h in server.hooks.hooks] == [h for h in HOOK_ORDER[:-1]
+                                                     if h not in (LabelOwnerWeights, RegistryChannel)]
     assert HOOK_ORDER[-1] is Rejoin
     registry = build_server(cfg.replace(label_dp_epsilon=0.0, groups_holder="registry"), _labels(cfg), tmp_path)
-    assert [type(h) for h in registry.hooks.hooks] == [h for h in HOOK_ORDER[:-1] if h is not LabelDP]
+    assert [type(h) for h in registry.hooks.hooks] == [h for h in HOOK_ORDER[:-1] if h not in (LabelDP, RegistryChannel)]
     shuffled = list(server.hooks.hooks)
     random.Random(0).shuffle(shuffled)
     assert in_order(shuffled, HOOK_ORDER) == server.hooks.hooks
