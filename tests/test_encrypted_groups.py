@@ -280,12 +280,12 @@ def runs(tmp_path_factory):
     exact_summary, exact_folder = run_inprocess({**RUN, "output-dir": str(tmp_path_factory.mktemp("exact"))},
                                                 quiet=True)
     grid, rc, summary, folder = encrypted_run(tmp_path_factory.mktemp("encrypted"))
-    return (exact_summary, _history(exact_folder)), (grid, rc, summary, _history(folder))
+    return (exact_summary, _history(exact_folder)), (grid, rc, summary, _history(folder), folder)
 
 
 def test_an_encrypted_run_is_the_label_owners_run(runs):
     """The same gradient-descent run, to CKKS precision: every round's loss, gaps, λ and test metrics."""
-    (exact_summary, exact), (_, _, summary, encrypted) = runs
+    (exact_summary, exact), (_, _, summary, encrypted, _) = runs
     assert len(exact) == len(encrypted) == RUN["num-server-rounds"] + 1
     for a, b in zip(exact, encrypted):
         assert abs(a["loss"] - b["loss"]) < 1e-8
@@ -324,7 +324,7 @@ def test_no_role_but_the_registry_receives_a_rows_group_in_a_whole_run(runs):
     the best guess of a row's group from any one of them (per (label, value) cell, both groups
     equally often) is no better than from the labels alone; what the label owner and the passive
     parties are sent is as listed."""
-    _, (grid, rc, _, _) = runs
+    _, (grid, rc, _, _, _) = runs
     ds = load_data(rc)
     truth, y = SensitiveGroups.of(ds.s_train).codes, np.asarray(ds.y_train)
     test_truth = SensitiveGroups.of(ds.s_test).codes
@@ -373,3 +373,11 @@ def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes
                      ({"model": "mlp", "optimizer": "gd"}, "model")):
         with pytest.raises(ConfigError, match=key):
             RunConfig.from_flower({**ENCRYPTED, **bad})
+
+
+def test_the_model_card_says_the_registry_held_the_groups_encrypted(runs):
+    _, (_, _, _, _, folder) = runs
+    manifest = json.loads((folder / "model.json").read_text())
+    assert manifest["groups-release"] == {"holder": "registry", "mechanism": "ckks"}
+    assert manifest["metrics"]["groups"] == {} and manifest["metrics"]["intervals"] == {}
+    assert "under its own CKKS key" in (folder / "model-card.md").read_text()

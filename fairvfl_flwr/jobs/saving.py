@@ -117,8 +117,9 @@ def save_blocks(server: ServerView, grid: Grid, folder: Path, summary: Mapping[s
     metrics["constrained-groups"] = summary.get("groups")
     if summary.get("raw_groups"):
         metrics["raw-groups"] = summary["raw_groups"]
-    # from a registry's release the server holds no row's group: no per-group rates or intervals of its own
-    z_test = z_test if server.labels.release is None else None
+    # from a registry's release or its encrypted groups the server holds no row's group: no per-group rates
+    # or intervals of its own
+    z_test = z_test if server.labels.release is None and server.labels.sums is None else None
     metrics["intervals"] = final_intervals(server.labels, z_test, server.cfg.seed, server.constraint)
     metrics["groups"] = per_group(server.labels, z_test, summary.get("group-names"))
     return _save(server, grid, Path(folder), int(summary["rounds"]), None, metrics, summary, timeout)
@@ -200,10 +201,9 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
         "groups": group_labels(cfg, summary.get("group-names")),
         # which groups the constraint pooled into one (pool-small-groups), and why; None: none
         "pooled-groups": None if server.constraint.pooling is None else server.constraint.pooling.describe(),
-        # who held the groups where not the label owner: a registry's release (jobs/group_release.py)
-        "groups-release": None if server.labels.release is None else {
-            "holder": "registry", "mechanism": cfg.groups_release, "epsilon-s": server.labels.release.epsilon,
-            "keep": server.labels.release.keep},
+        # who held the groups where not the label owner: a registry's release (jobs/group_release.py) or its
+        # encrypted groups (jobs/encrypted_groups.py)
+        "groups-release": groups_release(server.labels, cfg),
         "fairness": cfg.fairness, "constraint": cfg.constraint, "constraint-measure": cfg.measure,
         "epsilon": cfg.epsilon, "metrics": metrics, "labels-digest": server.labels.ids_digest,
         "data": cfg.data_name,
@@ -227,10 +227,25 @@ def sensitive_line(config: dict, data: dict) -> str:
             "one-hot copy or source of it in the table is a feature")
 
 
+def groups_release(labels, cfg) -> dict | None:
+    """What the manifest says of a registry that held the groups (None: the label owner did)."""
+    if labels.release is not None:
+        return {"holder": "registry", "mechanism": cfg.groups_release, "epsilon-s": labels.release.epsilon,
+                "keep": labels.release.keep}
+    if labels.sums is not None:
+        return {"holder": "registry", "mechanism": cfg.groups_release}
+    return None
+
+
 def registry_line(release: dict | None) -> list[str]:
     """The card's line on who held the sensitive attribute, where a registry did."""
     if not release:
         return []
+    if "epsilon-s" not in release:
+        return ["- sensitive attribute: held by a registry party under its own CKKS key, not by the label owner or "
+                "the server; the server computed every group figure here from the registry's sums over the groups "
+                "(each with the registry's noise), never from a row's group (privacy.md#encrypted-groups-the-"
+                "servers-sums-over-the-registrys-key)"]
     return [f"- sensitive attribute: held by a registry party, not by the label owner or the server; each row's group "
             f"reached the server only through randomized response at ε_S = {release['epsilon-s']:g} (kept with "
             f"probability {release['keep']:.3f}), so the group figures here are the server's corrected estimates "
