@@ -44,8 +44,8 @@ ROUNDS = 30
 #: (name, sums-per-round, sum-noise, slot bound checked)
 SETTINGS = (("none", 0, 0.0, False), ("slot bound", 0, 0.0, True), ("slot bound, noise 4", 0, 4.0, True),
             ("slot bound, noise 64", 0, 64.0, True),
-            ("the defaults: slot bound, noise 4, 32 sums a round", 32, 4.0, True),
-            ("slot bound, noise 64, 8 sums a round", 8, 64.0, True))
+            ("the defaults: slot bound, noise 4, 256 sums a round", 256, 4.0, True),
+            ("slot bound, noise 64, 32 sums a round", 32, 64.0, True))
 SCAN = (1, 8, 16, 24, 32, 40, 48, 56, 64)
 GOOD = 0.99
 
