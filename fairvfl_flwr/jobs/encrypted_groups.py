@@ -32,6 +32,14 @@ query.groups_sum        the round; ciphertexts, each           two numbers per c
   every sum against its node config's ``sums-per-round`` (the round the request names,
   which may only advance) and ``sums-per-run``, and refuses a request beyond either.
 
+Training on them (run config ``groups.release = "ckks"``): :func:`encrypted_labels` gives the
+server its labels with this oracle in place of the groups (its constraint:
+core/constraints/cells.py), and :class:`RegistryChannel` is the round's ν channel: Enc(n·ν) as
+Σ_g Enc(1[g]) ⊙ n·ν_g to every passive party, the label owner's weights as if in each group,
+and the legs of a round (every party's masked products to the registry in one request, its
+sums back to each party; the label owner takes each of its Q steps in a leg of its own:
+:func:`active_mod`, :func:`active_leg`).
+
 So the registry sees masked slots only, and the server the sums of its own plaintexts over
 each group, never a row's group. A server that lies chooses P (one row alone, or rows at
 weights 2^j): the registry cannot see P, so what bounds that server is the budget (sums a
@@ -511,7 +519,7 @@ def _indicators(context: Context, rt: PartyRuntime) -> GroupSums:
 
 
 def _products(rt: PartyRuntime, context: Context, party, others: np.ndarray, weights: np.ndarray,
-              taken: int) -> Message | RecordDict:
+              taken: int) -> RecordDict:
     """The label owner's masked products of its columns (and its intercept's column of ones) with
     ν at its logits now, as if in each group; the masks' sums kept with the leg's state."""
     x = np.hstack([np.asarray(party.X_train, dtype=np.float64), np.ones((rt.n_train, 1))])
