@@ -85,7 +85,7 @@ ON = {"batch_size": 64, "max_staleness": 1, "secure_nu": "ckks", "checkpoint_eve
       "record_view": "/tmp/v", "model": "mlp", "validation_fraction": 0.2, "server_labels": "/tmp/labels.csv",
       "mode": "split", "nu_noise": 1.0, "transcript_dir": "/tmp/t", "secure_aggregation": "true", "optimizer": "newton",
       "local_time_budget": 1.0, "label_dp_epsilon": 1.0, "rejoin_timeout": 10.0, "groups_holder": "registry",
-      "sensitive_as_input": True}
+      "sensitive_as_input": True, "groups_release": "ckks"}
 OTHER_VALUES = {"mode": ("split", "score"), "optimizer": ("adagrad",), "model": ("linear",)}
 REFUSED = refused_combinations()  # config/sections.REFUSED and the registered algorithms' refusals
 

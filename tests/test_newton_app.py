@@ -96,7 +96,7 @@ def test_gradient_descent_is_unchanged_bit_for_bit(extra, tmp_path):
 
 
 ON = {"batch_size": 64, "max_staleness": 1, "local_time_budget": 1.0, "secure_aggregation": "true",
-      "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split"}
+      "secure_nu": "ckks", "checkpoint_every": 5, "resume_from": "/tmp/run", "mode": "split", "groups_release": "ckks"}
 
 
 @pytest.mark.parametrize("field", [row[0] for row in NEWTON.refuses])
