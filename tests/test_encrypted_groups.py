@@ -283,6 +283,7 @@ def runs(tmp_path_factory):
     return (exact_summary, _history(exact_folder)), (grid, rc, summary, _history(folder), folder)
 
 
+@pytest.mark.slow  # whole in-process runs: the oracle's own tests stay in the fast loop
 def test_an_encrypted_run_is_the_label_owners_run(runs):
     """The same gradient-descent run, to CKKS precision: every round's loss, gaps, λ and test metrics."""
     (exact_summary, exact), (_, _, summary, encrypted, _) = runs
@@ -319,6 +320,7 @@ def _roles(grid, rc) -> dict[str, list[np.ndarray]]:
     return out
 
 
+@pytest.mark.slow
 def test_no_role_but_the_registry_receives_a_rows_group_in_a_whole_run(runs):
     """Every message of the run: no array any role but the registry receives is a group column, and
     the best guess of a row's group from any one of them (per (label, value) cell, both groups
@@ -355,6 +357,7 @@ def test_no_role_but_the_registry_receives_a_rows_group_in_a_whole_run(runs):
             assert len(np.unique(w[g][y == label])) == 1
 
 
+@pytest.mark.slow
 def test_a_planted_leak_is_caught(tmp_path):
     """The attack can fail: a channel that also sends the label owner the true groups makes the
     same guess from what the label owner received exact."""
@@ -375,6 +378,7 @@ def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes
             RunConfig.from_flower({**ENCRYPTED, **bad})
 
 
+@pytest.mark.slow
 def test_the_model_card_says_the_registry_held_the_groups_encrypted(runs):
     _, (_, _, _, _, folder) = runs
     manifest = json.loads((folder / "model.json").read_text())
