@@ -65,7 +65,8 @@ def test_build_server_runs_the_hooks_in_the_declared_order_whatever_order_they_a
                                                      if h not in (LabelOwnerWeights, RegistryChannel)]
     assert HOOK_ORDER[-1] is Rejoin
     registry = build_server(cfg.replace(label_dp_epsilon=0.0, groups_holder="registry"), _labels(cfg), tmp_path)
-    assert [type(h) for h in registry.hooks.hooks] == [h for h in HOOK_ORDER[:-1] if h not in (LabelDP, RegistryChannel)]
+    assert [type(h) for h in registry.hooks.hooks] == [h for h in HOOK_ORDER[:-1]
+                                                       if h not in (LabelDP, RegistryChannel)]
     shuffled = list(server.hooks.hooks)
     random.Random(0).shuffle(shuffled)
     assert in_order(shuffled, HOOK_ORDER) == server.hooks.hooks
