@@ -15,7 +15,7 @@ from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.flower import protocol as msgs
 from tests.paired_grid import PairedGrid
-from fairvfl_flwr.core.gauss_newton import GaussNewton
+from fairvfl_flwr.core.gauss_newton import ReluNet
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.newton import SHARED_MEMORY
 
@@ -26,26 +26,61 @@ def _tiny(seed=0):
     return model, rng.normal(size=(40, 3))
 
 
+def _numpy_net(model):
+    """The torch MLP's θ as the numpy block a Gauss–Newton party holds."""
+    return ReluNet({k: v.detach().numpy() for k, v in model.state_dict().items()})
+
+
+def _torch_logits(model, net, theta, x):
+    """The torch MLP's logits at the flat θ (in the numpy block's order)."""
+    gn = net.gauss_newton(x)
+    gn.set_flat(theta)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()})
+    return model(torch.from_numpy(x)).detach().numpy()
+
+
+def test_the_numpy_block_is_the_torch_mlp():
+    model, x = _tiny()
+    net = _numpy_net(model)
+    np.testing.assert_allclose(net.forward(x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert net.sq_norm() == pytest.approx(sum(float((p.detach() ** 2).sum()) for p in model.parameters()), rel=1e-12)
+    assert list(net.state_dict()) == [n for n, _ in model.named_parameters()]
+    with pytest.raises(ValueError, match="step rule"):
+        ReluNet({**net.state_dict(), "step.t": np.array(3)})
+
+
 def test_images_are_the_jacobian_times_the_directions():
     model, x = _tiny()
-    gn = GaussNewton(model, x)
+    net = _numpy_net(model)
+    gn = net.gauss_newton(x)
     theta = gn.flat()
     d = np.random.default_rng(1).normal(size=(len(theta), 2))
     got = gn.images(d)
-    for j in range(2):  # central differences: J d to O(h²)
+    for j in range(2):  # central differences of the torch model: J d to O(h²)
         h = 1e-6
-        gn.set_flat(theta + h * d[:, j])
-        up = model(torch.from_numpy(x)).detach().numpy()
-        gn.set_flat(theta - h * d[:, j])
-        down = model(torch.from_numpy(x)).detach().numpy()
+        up = _torch_logits(model, net, theta + h * d[:, j], x)
+        down = _torch_logits(model, net, theta - h * d[:, j], x)
         np.testing.assert_allclose(got[:, j], (up - down) / (2 * h), rtol=1e-5, atol=1e-7)
     gn.set_flat(theta)
     np.testing.assert_array_equal(gn.flat(), theta)
+    np.testing.assert_allclose(gn.logits(), net.forward(x), rtol=0, atol=0)
+
+
+def test_the_transposed_product_is_the_adjoint_of_the_images():
+    model, x = _tiny()
+    gn = _numpy_net(model).gauss_newton(x)
+    rng = np.random.default_rng(4)
+    d, w = rng.normal(size=(len(gn.flat()), 3)), rng.normal(size=len(x))
+    np.testing.assert_allclose(w @ gn.images(d), gn.vjp(w) @ d, rtol=1e-10)
+    u = model(torch.from_numpy(x))
+    u.backward(torch.from_numpy(w))  # torch's J^T w
+    np.testing.assert_allclose(gn.vjp(w), np.concatenate([p.grad.reshape(-1).numpy() for p in model.parameters()]),
+                               rtol=1e-10, atol=1e-12)
 
 
 def test_the_direction_is_the_gauss_newton_step_once_cg_has_run_its_course():
     model, x = _tiny()
-    gn = GaussNewton(model, x)
+    gn = _numpy_net(model).gauss_newton(x)
     theta = gn.flat()
     jac = gn.images(np.eye(len(theta)))  # n × P, formed here only to check against
     rng = np.random.default_rng(2)
@@ -129,7 +164,7 @@ def test_the_damped_search_moves_the_logits_less_and_still_meets_every_gap():
 
 def test_a_direction_whose_image_leaves_the_cap_is_scaled_down_exactly():
     model, x = _tiny()
-    gn = GaussNewton(model, x)
+    gn = _numpy_net(model).gauss_newton(x)
     rng = np.random.default_rng(3)
     d = rng.normal(size=(len(gn.flat()), 2))
     d[:, 0] *= 1e4 / np.max(np.abs(gn.images(d[:, :1])))  # a near-singular block's direction: image 1e4

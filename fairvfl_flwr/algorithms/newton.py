@@ -700,8 +700,8 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     constraint = rt.constraint(message)
     sizes = {"z": n, "lam": constraint.num_multipliers} if role == msgs.ROLE_ACTIVE else {"nu": n}
     got = _alpha(rt, message, None if base is None else base["dirs"], **sizes)
-    party = rt.party()
-    gn = party.block.gauss_newton(np.asarray(data.X_train))  # an MLP's TorchBlock: torch only here
+    party = rt.party(steps=False)  # numpy (core/gauss_newton.ReluNet): no torch in a round's process
+    gn = party.block.gauss_newton(data.X_train)
     moves = []
     if base is not None:
         step = base["dirs"] @ got["alpha"]
@@ -719,7 +719,7 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     D, images = fit_images(D, gn.images(D))
     dtype = rt.cfg.wire_dtype
     arrays = {"dir": images.astype(dtype), "a": theta @ D, "gram": D.T @ D}
-    logits = {"train": party.logits("train").astype(dtype)}
+    logits = {"train": gn.logits().astype(dtype)}  # the forward pass at θ_k the products used
     if round_of(message)[1]:
         logits["test"] = party.logits("test").astype(dtype)
     rt.save(party)
@@ -744,9 +744,9 @@ def apply(message: Message, context: Context) -> Message:
     if rt.cfg.model != "linear":  # from the point the message names; the points stay, so taking it twice is once
         base = _base(rt, message, _points(rt))
         got = _alpha(rt, message, None if base is None else base["dirs"])
-        party = rt.party()
+        party = rt.party(steps=False)
         if base is not None:
-            gn = party.block.gauss_newton(np.asarray(rt.data.X_train))
+            gn = party.block.gauss_newton(rt.data.X_train)
             gn.set_flat(base["theta"] + base["dirs"] @ got["alpha"])
             rt.save(party)
         return rt.reply(message, party, steps=0)
