@@ -291,3 +291,37 @@ def test_a_step_taken_back_leaves_the_parties_where_the_server_returned(taken_ba
         assert not np.array_equal(back, rejected)
         sq = [replies[(t, nid)].content.metric_records[msgs.STATS]["sq-norm"] for t in (TAKEN_BACK + 1, TAKEN_BACK - 1)]
         assert sq[0] == sq[1]
+
+
+def test_a_run_whose_every_step_is_taken_back_ends_at_its_kept_point(tmp_path):
+    """From round 3 on, every step is taken back (the linearisation promises more than any step
+    delivers): the damping grows to its largest, where the search would propose the same step
+    from the same point for ever, so the run ends there, with the parties back at round 2's
+    point, instead of running to the round cap."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "num-server-rounds": 40, "eval-every": 1,
+                                "output-dir": str(tmp_path)}).to_flower()
+    judge = newton.NewtonVFL.judge
+
+    def judging(server, server_round):
+        if server_round >= TAKEN_BACK:
+            server.trial["merit_predicted"] = -np.inf
+        return judge(server, server_round)
+
+    grid = PairedGrid(client_app, rc, 3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(newton.NewtonVFL, "judge", judging)
+        summary, folder = run_server(grid, rc)
+    history = _history(folder)
+    assert summary["rounds"] < 20 and history[-1]["round"] == summary["rounds"]
+    kept = next(r for r in history if r["round"] == TAKEN_BACK - 1)
+    for row in history[TAKEN_BACK:]:  # every round after records the kept point
+        assert row["loss"] == pytest.approx(kept["loss"], rel=1e-12)
+    assert summary["train_loss"] == pytest.approx(kept["loss"], rel=1e-12)
+    replies = {(m.metadata.message_type, _round_of(m), m.metadata.dst_node_id): r for m, r in grid.pairs
+               if msgs.in_rounds(m.metadata.message_type)}
+    for nid in grid.node_ids:  # the last message: a zero step from round 2's point, whose logits the parties reply
+        final = replies[(msgs.NEWTON_APPLY, summary["rounds"], nid)]
+        kind = next(k for k, t, n in replies if t == TAKEN_BACK - 1 and n == nid and k != msgs.NEWTON_APPLY)
+        at_kept = replies[(kind, TAKEN_BACK - 1, nid)].content.array_records[msgs.LOGITS]["train"].numpy()
+        np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), at_kept)

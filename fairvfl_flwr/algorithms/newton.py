@@ -240,7 +240,14 @@ class NewtonVFL(VFLServer):
 
         The cap's last round keeps its step unchecked: the parties take it on
         ``train.newton_apply`` and the final scores are their logits. A round where the stop
-        rule ends training (an evaluated one) sends nothing more: the parties hold its model."""
+        rule ends training (an evaluated one) sends nothing more: the parties hold its model.
+
+        A step taken back at the largest damping ends training at the kept point: the next
+        search would start from the same point with the same λ, bound and damping, so it would
+        propose the same step again, and the stop rule, which only kept steps feed, would never
+        be asked (Crime, equalized odds, seed 2 ran so to the round cap). The parties return to
+        that point with a step of length 0 (``train.newton_apply``)."""
+        at_max = self.damping >= DAMPING_MAX
         kept = self.trial is None or self.judge(server_round)
         if kept:
             self.base_round, self.base_got = server_round, got
@@ -255,7 +262,16 @@ class NewtonVFL(VFLServer):
             self.log_stop(server_round)
             ends_here = self.last_round == server_round
         self.trial = None
-        if ends_here:
+        if not kept and at_max:
+            log(INFO, "[round %d] Gauss-Newton step taken back at the largest damping %.3g: the next search from round "
+                "%d's point would propose it again; training ends at that point", server_round, DAMPING_MAX,
+                self.base_round)
+            self.last_round = server_round
+            self.alpha = {nid: np.zeros(len(self.base_got[nid]["a"])) for nid in self.nodes}
+            self.computed_alpha = dict(self.alpha)
+            self.apply_last(server_round)
+            row = self.record(server_round)
+        elif ends_here:
             row = self.record(server_round)
         elif server_round == self.last_round:
             self.search(server_round)
