@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, page_name, table, write  # noqa: E402
 from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
 
 #: Run in the fresh process: argv[1] the case folder, argv[2] "profile" or "".
@@ -186,6 +186,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--keep", type=Path, help="keep the captured messages here; an earlier capture there is reused")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--name", type=page_name, default="party-cost", help="the results page's name")
     args = ap.parse_args(argv)
     extra = parse_run_config(args.run_config, "--run-config")
     with tempfile.TemporaryDirectory(prefix="party-cost-") as tmp:
@@ -217,7 +218,7 @@ def main(argv=None) -> dict:
              "seconds (user + system) of one fresh process per message, median of "
              f"{args.repeats}; `start` (the interpreter before any import) is in `total`. A mod's column is its own "
              "time, without the mods inside it.")
-    write(args.out, "party-cost", {"rows": rows, "runs": runs}, md, title="A deployed party's CPU per message",
+    write(args.out, args.name, {"rows": rows, "runs": runs}, md, title="A deployed party's CPU per message",
           notes=notes)
     return {"rows": rows}
 

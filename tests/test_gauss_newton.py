@@ -66,6 +66,18 @@ def test_images_are_the_jacobian_times_the_directions():
     np.testing.assert_allclose(gn.logits(), net.forward(x), rtol=0, atol=0)
 
 
+def test_the_images_by_blocks_of_rows_are_those_of_all_rows_at_once(monkeypatch):
+    from fairvfl_flwr.core import gauss_newton
+
+    model, x = _tiny()
+    gn = _numpy_net(model).gauss_newton(x)
+    d = np.random.default_rng(5).normal(size=(len(gn.flat()), 3))
+    whole = gn.images(d)
+    monkeypatch.setattr(gauss_newton, "ROW_BLOCK", 7)  # blocks of 2 rows, the last one short
+    np.testing.assert_allclose(gn.images(d), whole, rtol=1e-12, atol=1e-15)
+    assert gn.images(d).shape == (len(x), 3)
+
+
 def test_the_transposed_product_is_the_adjoint_of_the_images():
     model, x = _tiny()
     gn = _numpy_net(model).gauss_newton(x)

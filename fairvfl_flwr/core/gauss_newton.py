@@ -29,6 +29,9 @@ import numpy as np
 #: direction that is not the exact Gauss–Newton one (the moves act as conjugate directions).
 CG_STEPS = 10
 
+#: Rows × directions per block of the forward-mode product (:meth:`GaussNewton.images`).
+ROW_BLOCK = 16384
+
 #: The keys of core/models.MLPModel's state_dict: its Linear layers ``net.<i>`` (ReLU between them).
 LAYER_KEY = re.compile(r"net\.(\d+)\.(weight|bias)")
 
@@ -124,20 +127,28 @@ class GaussNewton:
         return out
 
     def _jvp(self, directions: np.ndarray) -> np.ndarray:
-        """J_k D for the columns of D (P × w), in the network's dtype: n × w."""
-        w = directions.shape[1]
-        parts = iter(self._split(directions.astype(self.net.dtype, copy=False)))
-        tangent = None  # n × w × width: the change of the layer's input (none for the features)
+        """J_k D for the columns of D (P × w), in the network's dtype: n × w. By blocks of rows:
+        a block's n × w × width temporaries stay in cache, where all rows' would be tens of MB
+        that a fresh process first has to fault in."""
+        n = self.x.shape[0]
+        step = max(1, ROW_BLOCK // max(1, directions.shape[1]))
+        parts = self._split(directions.astype(self.net.dtype, copy=False))
+        return np.concatenate([self._jvp_rows(parts, directions.shape[1], slice(at, at + step))
+                               for at in range(0, n, step)]) if n else np.zeros((0, directions.shape[1]))
+
+    def _jvp_rows(self, parts: list[np.ndarray], w: int, rows: slice) -> np.ndarray:
+        parts = iter(parts)
+        tangent = None  # rows × w × width: the change of the layer's input (none for the features)
         last = len(self.net.layers) - 1
         for i, (weight, bias) in enumerate(self.net.layers):
             dw = next(parts)  # out × in × w
             out, inp = weight.shape
-            moved = (self.acts[i] @ dw.transpose(2, 0, 1).reshape(w * out, inp).T).reshape(-1, w, out)
-            if tangent is not None:
-                moved += tangent @ weight.T
+            moved = (self.acts[i][rows] @ dw.transpose(2, 0, 1).reshape(w * out, inp).T).reshape(-1, w, out)
+            if tangent is not None:  # one product over every row and direction, not n small ones
+                moved += (tangent.reshape(-1, inp) @ weight.T).reshape(-1, w, out)
             if bias is not None:
                 moved += next(parts).T  # w × out
-            tangent = moved if i == last else moved * self.active[i][:, None, :]
+            tangent = moved if i == last else moved * self.active[i][rows, None, :]
         return tangent[:, :, 0]
 
     def vjp(self, g: np.ndarray) -> np.ndarray:
