@@ -43,6 +43,7 @@ from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.tools.results import commit  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.flower.server import VFLServer  # noqa: E402
+from fairvfl_flwr.algorithms.newton import NewtonVFL  # noqa: E402
 
 NAME = "mlp-rounds"
 CONSTRAINTS = {"deo": {}, "dp": {"constraint": "demographic-parity"}, "eo": {"constraint": "equalized-odds"},
@@ -62,20 +63,37 @@ def config(dataset: str, constraint: str, seed: int) -> dict | None:
 class HardGaps:
     """The largest hard training gap of every round of the runs in this process, where a rate
     constraint's ε bounds it (``hard-epsilon``): the server holds y, s and z, and the history
-    keeps only the smooth gaps, so the bench reads it as each round is recorded."""
+    keeps only the smooth gaps, so the bench reads it as each round is recorded. Also what
+    cost a run its rounds: the stop rule's moves of the smooth gaps' bound and temperature
+    (each restarts its wait for quiet rounds) and the Gauss–Newton steps taken back."""
 
     def __init__(self) -> None:
         self.rounds: list[dict] = []
-        record = VFLServer.record
+        self.moves: list[int] = []  # the rounds at which the stop rule moved its bound or temperature
+        self.taken_back = 0
+        record, judge = VFLServer.record, NewtonVFL.judge
 
         def recording(server, server_round, extra=None):
             row = record(server, server_round, extra)
+            stop = server.stop
+            moved = stop.tightenings + stop.loosenings + stop.sharpenings
+            self.moves += [server_round] * (moved - len(self.moves))
             if server.stop.target is not None and server.held_rows is None:
                 hard = server.constraint.gaps(server.labels.y_train, server.z("train"), hard=True)
                 self.rounds.append({"round": server_round, "max_gap": float(np.max(np.abs(hard)))})
             return row
 
-        VFLServer.record = recording
+        def judging(server, server_round):
+            kept = judge(server, server_round)
+            self.taken_back += not kept
+            return kept
+
+        VFLServer.record, NewtonVFL.judge = recording, judging
+
+    def clear(self) -> None:
+        self.rounds.clear()
+        self.moves.clear()
+        self.taken_back = 0
 
 
 HARD = HardGaps()
@@ -83,7 +101,7 @@ HARD = HardGaps()
 
 def app_run(cfg: dict, tmp: str) -> dict:
     """One in-process run: what ``auto`` chose, rounds to target and to the stop, time, accuracy, gaps."""
-    HARD.rounds.clear()
+    HARD.clear()
     started = time.perf_counter()
     summary, folder = run_inprocess({**cfg, "eval-every": 1, "output-dir": tmp}, quiet=True)
     seconds = time.perf_counter() - started
@@ -93,7 +111,8 @@ def app_run(cfg: dict, tmp: str) -> dict:
     return {"optimizer": RunConfig.from_flower(cfg).optimizer_in_use, "to target": rounds_to_gaps(rows, cfg["epsilon"]),
             "stop": summary["rounds"], "seconds": seconds, "test acc": 100 * summary["test_acc"],
             "train gap": summary["train_max_gap"], "hard gap": summary.get("train_hard_gap"),
-            "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings")}
+            "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings"),
+            "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back}
 
 
 def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
@@ -144,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                     if args.masked:
                         masked = app_run({**cfg, "privacy.secure-aggregation": True}, tmp)
                         row.update({"masked stop": masked["stop"], "masked acc": masked["test acc"],
-                                    "masked seconds": masked["seconds"]})
+                                    "masked seconds": masked["seconds"], "masked to target": masked["to target"],
+                                    "masked bound moves": masked["bound moves"],
+                                    "masked taken back": masked["taken back"]})
                     if args.reference:
                         row.update(reference_run(cfg, args.reference, args.reference_rounds))
                     if "reference acc" in row and "test acc" in row:
@@ -162,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("run here", None)
     rows = sorted(kept.values(), key=lambda r: (r["dataset"], list(CONSTRAINTS).index(r["constraint"]), r["seed"]))
     cols = ["dataset", "constraint", "seed", "optimizer", "to target", "stop", "seconds", "test acc", "train gap",
-            "hard gap", "met", "masked stop", "masked acc", "reference", "reference acc", "Δacc"]
+            "hard gap", "met", "bound moves", "taken back", "masked to target", "masked stop", "masked acc",
+            "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc"]
     cols = [c for c in cols if any(c in r for r in rows)]
     markdown = table(rows, cols)
     if args.page:
@@ -172,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                  "training; `seconds`: the whole in-process run, evaluated every round; `train gap`: the largest "
                  "smooth training gap at the end (under `hard-epsilon` the stop rule moves its bound); `hard gap`, "
                  "`met`: the largest hard-prediction training gap at the end and whether it is within ε + 0.001; "
+                 "`bound moves`: the rounds at which the stop rule moved the smooth gaps' bound or sharpened "
+                 "their rates (`hard-epsilon`: each starts its wait for quiet rounds again); `taken back`: "
+                 "Gauss–Newton steps the server took back; `masked …`: the same under secure aggregation; "
                  "`Δacc`: test accuracy minus the reference's, in points."
                  + (f" Not run (no several-groups variant): {', '.join(sorted(set(skipped)))}." if skipped else ""))
         notes += " The rows and columns were made by " + "; ".join(f"`{c}`" for c in commands) + "."
