@@ -122,6 +122,39 @@ def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
             "reference gap": res["final_max_gap"], "reference seconds": res["seconds"]}
 
 
+TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the issue's bar allows
+
+
+def cause(moves: str, taken_back: int, target) -> str:
+    """What a run spent its rounds on, from its columns."""
+    parts = []
+    if moves:
+        rounds = moves.split()
+        parts.append(f"the stop rule moved the smooth gaps' bound or temperature {len(rounds)}× (rounds {moves}), "
+                     "each a new wait for quiet rounds")
+    if taken_back:
+        parts.append(f"{taken_back} step(s) taken back")
+    if target is None:
+        parts.append("a gap above ε + 0.002 at the stop")
+    return "; ".join(parts) or "no calibration move and no step taken back: the search's own pace"
+
+
+def misses(rows: list[dict]) -> list[str]:
+    """Each row past the bar (to target > 30 or never, stop > 50, masked and plain stops more than 5
+    rounds apart), with the measured cause."""
+    out = []
+    for r in rows:
+        name = f"{r['dataset']} {r['constraint']} seed {r['seed']}"
+        if "to target" in r and (r["to target"] is None or r["to target"] > TARGET_ROUNDS or r["stop"] > STOP_ROUNDS):
+            out.append(f"- {name}: to target {r['to target']}, stop {r['stop']}: "
+                       f"{cause(r.get('bound moves', ''), r.get('taken back', 0), r['to target'])}.")
+        if "masked stop" in r and "stop" in r and abs(r["masked stop"] - r["stop"]) > MASKED_APART:
+            out.append(f"- {name}: masked stop {r['masked stop']} against {r['stop']}: plain "
+                       f"{cause(r.get('bound moves', ''), r.get('taken back', 0), r['to target'])}; masked "
+                       f"{cause(r.get('masked bound moves', ''), r.get('masked taken back', 0), r.get('masked to target'))}.")
+    return out
+
+
 def key(row: dict) -> tuple:
     return row["dataset"], row["constraint"], row["seed"]
 
@@ -187,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
             "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc"]
     cols = [c for c in cols if any(c in r for r in rows)]
     markdown = table(rows, cols)
+    missed = misses(rows)
+    if missed:
+        markdown += (f"\n\nPast the bar (to target > {TARGET_ROUNDS}, stop > {STOP_ROUNDS}, masked and plain stops "
+                     f"more than {MASKED_APART} rounds apart), each with what its rounds went to:\n\n"
+                     + "\n".join(missed))
     if args.page:
         notes = (f"ε = {EPSILON}; `to target`: the first round from which every training gap stays within "
                  f"ε + {GAP_SLACK} up to the stop (a rate constraint's hard-prediction gaps, which ε bounds under "
