@@ -337,3 +337,25 @@ def test_a_run_whose_every_step_is_taken_back_ends_at_its_kept_point(tmp_path):
         kind = next(k for k, t, n in replies if t == TAKEN_BACK - 1 and n == nid and k != msgs.NEWTON_APPLY)
         at_kept = replies[(kind, TAKEN_BACK - 1, nid)].content.array_records[msgs.LOGITS]["train"].numpy()
         np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), at_kept)
+
+
+def test_a_run_the_stop_rule_ends_between_evaluations_ends_at_the_point_it_judged(tmp_path):
+    """Crime, evaluation every 50 rounds: the stop rule ends the run at a round that carried no test
+    logits; the parties get a step of length 0 from that round's point and reply its logits, so
+    the final model is the one the rule judged (not one more step, unchecked)."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "eval-every": 50, "output-dir": str(tmp_path)}).to_flower()
+    grid = PairedGrid(client_app, rc, 3)
+    summary, folder = run_server(grid, rc)
+    last = summary["rounds"]
+    assert last < 50 and _history(folder)[-1]["round"] == last
+    replies = {(m.metadata.message_type, _round_of(m), m.metadata.dst_node_id): (m, r) for m, r in grid.pairs
+               if msgs.in_rounds(m.metadata.message_type)}
+    for nid in grid.node_ids:
+        apply, final = replies[(msgs.NEWTON_APPLY, last, nid)]
+        payload = apply.content.array_records[msgs.PAYLOAD]
+        assert int(payload["base"].numpy()[0]) == last and not np.any(payload["alpha"].numpy())
+        kind = next(k for k, t, n in replies if t == last and n == nid and k != msgs.NEWTON_APPLY)
+        judged = replies[(kind, last, nid)][1].content.array_records[msgs.LOGITS]["train"].numpy()
+        np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), judged)
+        assert "test" in final.content.array_records[msgs.LOGITS]

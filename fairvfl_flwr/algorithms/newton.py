@@ -240,7 +240,10 @@ class NewtonVFL(VFLServer):
 
         The cap's last round keeps its step unchecked: the parties take it on
         ``train.newton_apply`` and the final scores are their logits. A round where the stop
-        rule ends training (an evaluated one) sends nothing more: the parties hold its model.
+        rule ends training ends at its kept point, the one the rule judged: an evaluated round
+        sends nothing more (the parties hold that model), another a step of length 0 on
+        ``train.newton_apply``, whose replies bring the test logits there (one more step,
+        unchecked, could only end elsewhere).
 
         A step taken back at the largest damping ends training at the kept point: the next
         search would start from the same point with the same λ, bound and damping, so it would
@@ -256,22 +259,24 @@ class NewtonVFL(VFLServer):
         else:
             self.u_train, self.u_test = dict(self.base_u_train), dict(self.base_u_test)
             self.sq_norms, self.lam = dict(self.base_sq_norms), self.lam_base
-        ends_here = False
+        evaluated = self.evaluates(server_round)  # whether this round's replies hold test logits
+        stuck = not kept and at_max
+        ends_here = stuck
         if kept and self.trial is not None and self.stops and self.converged(self.trial["f_before"], self.z("train")):
-            self.last_round = server_round if self.evaluates(server_round) else server_round + 1
+            self.last_round = server_round
             self.log_stop(server_round)
-            ends_here = self.last_round == server_round
+            ends_here = True
         self.trial = None
-        if not kept and at_max:
+        if stuck:
             log(INFO, "[round %d] Gauss-Newton step taken back at the largest damping %.3g: the next search from round "
                 "%d's point would propose it again; training ends at that point", server_round, DAMPING_MAX,
                 self.base_round)
             self.last_round = server_round
-            self.alpha = {nid: np.zeros(len(self.base_got[nid]["a"])) for nid in self.nodes}
-            self.computed_alpha = dict(self.alpha)
-            self.apply_last(server_round)
-            row = self.record(server_round)
-        elif ends_here:
+        if ends_here:
+            if stuck or not evaluated:  # the parties return to (or stay at) the kept point and reply its test logits
+                self.alpha = {nid: np.zeros(len(self.base_got[nid]["a"])) for nid in self.nodes}
+                self.computed_alpha = dict(self.alpha)
+                self.apply_last(server_round)
             row = self.record(server_round)
         elif server_round == self.last_round:
             self.search(server_round)
