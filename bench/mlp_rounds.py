@@ -125,8 +125,11 @@ def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
 TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the issue's bar allows
 
 
-def cause(moves: str, taken_back: int, target) -> str:
-    """What a run spent its rounds on, from its columns."""
+def cause(moves: str | None, taken_back: int | None, target) -> str:
+    """What a run spent its rounds on, from its columns (None: a row of an earlier call, which
+    did not record them)."""
+    if taken_back is None:
+        return "not recorded (a row of an earlier call: rerun it)"
     parts = []
     if moves:
         rounds = moves.split()
@@ -147,11 +150,11 @@ def misses(rows: list[dict]) -> list[str]:
         name = f"{r['dataset']} {r['constraint']} seed {r['seed']}"
         if "to target" in r and (r["to target"] is None or r["to target"] > TARGET_ROUNDS or r["stop"] > STOP_ROUNDS):
             out.append(f"- {name}: to target {r['to target']}, stop {r['stop']}: "
-                       f"{cause(r.get('bound moves', ''), r.get('taken back', 0), r['to target'])}.")
+                       f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'])}.")
         if "masked stop" in r and "stop" in r and abs(r["masked stop"] - r["stop"]) > MASKED_APART:
             out.append(f"- {name}: masked stop {r['masked stop']} against {r['stop']}: plain "
-                       f"{cause(r.get('bound moves', ''), r.get('taken back', 0), r['to target'])}; masked "
-                       f"{cause(r.get('masked bound moves', ''), r.get('masked taken back', 0), r.get('masked to target'))}.")
+                       f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'])}; masked "
+                       f"{cause(r.get('masked bound moves'), r.get('masked taken back'), r.get('masked to target'))}.")
     return out
 
 
