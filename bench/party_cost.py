@@ -43,7 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, table, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, page_name, table, write  # noqa: E402
+from fairvfl_flwr.tools.cli import parse_run_config  # noqa: E402
 
 #: Run in the fresh process: argv[1] the case folder, argv[2] "profile" or "".
 CHILD = r"""
@@ -108,7 +109,8 @@ print(json.dumps(out))
 """
 
 
-def capture(folder: Path, dataset: str, parties: int, rounds: int, round_: int, who: list[int]) -> dict[str, Path]:
+def capture(folder: Path, dataset: str, parties: int, rounds: int, round_: int, who: list[int],
+            extra: dict | None = None) -> dict[str, Path]:
     """Run block Newton in this process masked and unmasked on exported party files; keep,
     per case, the message and context party ``who`` received in round ``round_``."""
     import os
@@ -123,7 +125,7 @@ def capture(folder: Path, dataset: str, parties: int, rounds: int, round_: int, 
     from fairvfl_flwr.tools.export import export
 
     base = {"dataset": dataset, "num-parties": parties, "optimizer": "newton", "stop-tolerance": 0,
-            "num-server-rounds": rounds, "eval-every": rounds}
+            "num-server-rounds": rounds, "eval-every": rounds, **(extra or {})}
     cases = {}
     for masked in (True, False):
         manifest = export(RunConfig.from_flower(base), folder / f"export-{int(masked)}", demo_keys=True,
@@ -179,10 +181,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--round", type=int, default=2, help="the training round whose message is timed (>= 1)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--who", default="0,1", help="partition ids of the parties timed")
+    ap.add_argument("--run-config", default="", help="extra run config (Flower's syntax) of the captured run, "
+                    "e.g. \"model='mlp'\"")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--keep", type=Path, help="keep the captured messages here; an earlier capture there is reused")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--name", type=page_name, default="party-cost", help="the results page's name")
     args = ap.parse_args(argv)
+    extra = parse_run_config(args.run_config, "--run-config")
     with tempfile.TemporaryDirectory(prefix="party-cost-") as tmp:
         folder = args.keep or Path(tmp)
         index = folder / "cases.json"
@@ -191,7 +197,7 @@ def main(argv=None) -> dict:
         else:
             folder.mkdir(parents=True, exist_ok=True)
             cases = capture(folder, args.dataset, args.parties, args.round + 1, args.round,
-                            [int(w) for w in args.who.split(",")])
+                            [int(w) for w in args.who.split(",")], extra)
             index.write_text(json.dumps({name: str(p) for name, p in cases.items()}))
         runs: dict[str, list[dict]] = {name: [] for name in cases}
         for case in cases.values():  # writes the bytecode of every module the process loads
@@ -207,11 +213,12 @@ def main(argv=None) -> dict:
     phases += [k for k in first if k.startswith(("kB", "objects"))]
     rows = [{"message": name, **{p: statistics.median(r[p] for r in rs) for p in phases}} for name, rs in runs.items()]
     md = table(rows, ["message", *phases])
-    notes = (f"{args.dataset}, {args.parties} parties, block Newton, round {args.round}'s training message; CPU "
+    notes = (f"{args.dataset}, {args.parties} parties, block Newton"
+             f"{', run config ' + args.run_config if args.run_config else ''}, round {args.round}'s training message; CPU "
              "seconds (user + system) of one fresh process per message, median of "
              f"{args.repeats}; `start` (the interpreter before any import) is in `total`. A mod's column is its own "
              "time, without the mods inside it.")
-    write(args.out, "party-cost", {"rows": rows, "runs": runs}, md, title="A deployed party's CPU per message",
+    write(args.out, args.name, {"rows": rows, "runs": runs}, md, title="A deployed party's CPU per message",
           notes=notes)
     return {"rows": rows}
 

@@ -14,7 +14,8 @@ deployment, the same run in simulation, and the no-op floor for as many rounds, 
   in-process grid (no transport; ``app/run.py``).
 * ``flwr-sim`` (optional, Ray start-up included): ``flwr run`` in simulation.
 * ``noop``: scripts/noop_app on the same kind of federation for the same number of rounds
-  (plus its round 0): the least any Flower app pays for these rounds.
+  (plus its round 0; after ``deploy``, the rounds that deployment ran): the least any Flower
+  app pays for these rounds.
 
 ``--tables own`` deploys from own tables instead (deploy and noop only): four organisations'
 raw tables cut from all of Adult (tools/owntables.py: each its own id column name, its own
@@ -239,8 +240,9 @@ def main(argv=None) -> dict:
                 res = run_inprocess(tmp, sim_cfg, eps)
             elif mode == "flwr-sim":
                 res = run_flwr_sim(tmp, sim_cfg, eps, args.parties)
-            elif mode == "noop":
-                res = run_noop(tmp, manifest, rounds, env)
+            elif mode == "noop":  # as many rounds as the deployment ran, where it ran first and stopped early
+                ran = [r["rounds"] for r in results if r["mode"] == "deploy"]
+                res = run_noop(tmp, manifest, ran[0] if ran else rounds, env)
             else:
                 raise SystemExit(f"unknown mode {mode!r}")
             res = {"mode": mode, "load_before": load, "load_after": os.getloadavg()[0], **res}
@@ -258,9 +260,17 @@ def main(argv=None) -> dict:
             "load_before", "load_after"]
     data = (f"own tables cut from adult, groups {args.sensitive}" if args.tables == "own" else args.dataset)
     parties = len(manifest["node_configs"])
-    md = (f"Time to target, {data} linear, ε = {eps}, {parties} parties, {rounds} rounds, evaluation every "
+    by_mode = {r["mode"]: r for r in results}
+    ratio = ""
+    if "deploy" in by_mode and "noop" in by_mode:
+        d, n = by_mode["deploy"], by_mode["noop"]
+        ratio = (f"\n\nDeployment `flwr run` → summary over the no-op's: **{d['s_to_summary'] / n['s_to_summary']:.2f}×** "
+                 f"({d['s_to_summary']:.1f} s for {d['rounds']} rounds against {n['s_to_summary']:.1f} s for "
+                 f"{n['rounds']}); CPU seconds of every process, per message round: "
+                 f"{d['cpu_s_per_message_round']:.1f} against {n['cpu_s_per_message_round']:.1f}.")
+    md = (f"Time to target, {data} {cfg.get('model', 'linear')}, ε = {eps}, {parties} parties, {rounds} rounds, evaluation every "
           f"round, SuperExec poll {args.poll}, run config {args.run_config or '(defaults)'}; seconds from `flwr run` "
-          "submission (deploy, noop) or from the call (inprocess)\n\n" + table(results, cols))
+          "submission (deploy, noop) or from the call (inprocess)\n\n" + table(results, cols) + ratio)
     write(args.out, args.name, {"args": {**vars(args), "out": str(args.out), "keep": str(args.keep)},
                                 "results": results}, md, title="Time to target, end to end")
     return {"results": results}

@@ -15,7 +15,7 @@ from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.flower import protocol as msgs
 from tests.paired_grid import PairedGrid
-from fairvfl_flwr.core.gauss_newton import GaussNewton
+from fairvfl_flwr.core.gauss_newton import ReluNet
 from fairvfl_flwr.core.models import build_model
 from fairvfl_flwr.core.newton import SHARED_MEMORY
 
@@ -26,26 +26,73 @@ def _tiny(seed=0):
     return model, rng.normal(size=(40, 3))
 
 
+def _numpy_net(model):
+    """The torch MLP's θ as the numpy block a Gauss–Newton party holds."""
+    return ReluNet({k: v.detach().numpy() for k, v in model.state_dict().items()})
+
+
+def _torch_logits(model, net, theta, x):
+    """The torch MLP's logits at the flat θ (in the numpy block's order)."""
+    gn = net.gauss_newton(x)
+    gn.set_flat(theta)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()})
+    return model(torch.from_numpy(x)).detach().numpy()
+
+
+def test_the_numpy_block_is_the_torch_mlp():
+    model, x = _tiny()
+    net = _numpy_net(model)
+    np.testing.assert_allclose(net.forward(x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert net.sq_norm() == pytest.approx(sum(float((p.detach() ** 2).sum()) for p in model.parameters()), rel=1e-12)
+    assert list(net.state_dict()) == [n for n, _ in model.named_parameters()]
+    with pytest.raises(ValueError, match="step rule"):
+        ReluNet({**net.state_dict(), "step.t": np.array(3)})
+
+
 def test_images_are_the_jacobian_times_the_directions():
     model, x = _tiny()
-    gn = GaussNewton(model, x)
+    net = _numpy_net(model)
+    gn = net.gauss_newton(x)
     theta = gn.flat()
     d = np.random.default_rng(1).normal(size=(len(theta), 2))
     got = gn.images(d)
-    for j in range(2):  # central differences: J d to O(h²)
+    for j in range(2):  # central differences of the torch model: J d to O(h²)
         h = 1e-6
-        gn.set_flat(theta + h * d[:, j])
-        up = model(torch.from_numpy(x)).detach().numpy()
-        gn.set_flat(theta - h * d[:, j])
-        down = model(torch.from_numpy(x)).detach().numpy()
+        up = _torch_logits(model, net, theta + h * d[:, j], x)
+        down = _torch_logits(model, net, theta - h * d[:, j], x)
         np.testing.assert_allclose(got[:, j], (up - down) / (2 * h), rtol=1e-5, atol=1e-7)
     gn.set_flat(theta)
     np.testing.assert_array_equal(gn.flat(), theta)
+    np.testing.assert_allclose(gn.logits(), net.forward(x), rtol=0, atol=0)
+
+
+def test_the_images_by_blocks_of_rows_are_those_of_all_rows_at_once(monkeypatch):
+    from fairvfl_flwr.core import gauss_newton
+
+    model, x = _tiny()
+    gn = _numpy_net(model).gauss_newton(x)
+    d = np.random.default_rng(5).normal(size=(len(gn.flat()), 3))
+    whole = gn.images(d)
+    monkeypatch.setattr(gauss_newton, "ROW_BLOCK", 7)  # blocks of 2 rows, the last one short
+    np.testing.assert_allclose(gn.images(d), whole, rtol=1e-12, atol=1e-15)
+    assert gn.images(d).shape == (len(x), 3)
+
+
+def test_the_transposed_product_is_the_adjoint_of_the_images():
+    model, x = _tiny()
+    gn = _numpy_net(model).gauss_newton(x)
+    rng = np.random.default_rng(4)
+    d, w = rng.normal(size=(len(gn.flat()), 3)), rng.normal(size=len(x))
+    np.testing.assert_allclose(w @ gn.images(d), gn.vjp(w) @ d, rtol=1e-10)
+    u = model(torch.from_numpy(x))
+    u.backward(torch.from_numpy(w))  # torch's J^T w
+    np.testing.assert_allclose(gn.vjp(w), np.concatenate([p.grad.reshape(-1).numpy() for p in model.parameters()]),
+                               rtol=1e-10, atol=1e-12)
 
 
 def test_the_direction_is_the_gauss_newton_step_once_cg_has_run_its_course():
     model, x = _tiny()
-    gn = GaussNewton(model, x)
+    gn = _numpy_net(model).gauss_newton(x)
     theta = gn.flat()
     jac = gn.images(np.eye(len(theta)))  # n × P, formed here only to check against
     rng = np.random.default_rng(2)
@@ -129,7 +176,7 @@ def test_the_damped_search_moves_the_logits_less_and_still_meets_every_gap():
 
 def test_a_direction_whose_image_leaves_the_cap_is_scaled_down_exactly():
     model, x = _tiny()
-    gn = GaussNewton(model, x)
+    gn = _numpy_net(model).gauss_newton(x)
     rng = np.random.default_rng(3)
     d = rng.normal(size=(len(gn.flat()), 2))
     d[:, 0] *= 1e4 / np.max(np.abs(gn.images(d[:, :1])))  # a near-singular block's direction: image 1e4
@@ -256,3 +303,59 @@ def test_a_step_taken_back_leaves_the_parties_where_the_server_returned(taken_ba
         assert not np.array_equal(back, rejected)
         sq = [replies[(t, nid)].content.metric_records[msgs.STATS]["sq-norm"] for t in (TAKEN_BACK + 1, TAKEN_BACK - 1)]
         assert sq[0] == sq[1]
+
+
+def test_a_run_whose_every_step_is_taken_back_ends_at_its_kept_point(tmp_path):
+    """From round 3 on, every step is taken back (the linearisation promises more than any step
+    delivers): the damping grows to its largest, where the search would propose the same step
+    from the same point for ever, so the run ends there, with the parties back at round 2's
+    point, instead of running to the round cap."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "num-server-rounds": 40, "eval-every": 1,
+                                "output-dir": str(tmp_path)}).to_flower()
+    judge = newton.NewtonVFL.judge
+
+    def judging(server, server_round):
+        if server_round >= TAKEN_BACK:
+            server.trial["merit_predicted"] = -np.inf
+        return judge(server, server_round)
+
+    grid = PairedGrid(client_app, rc, 3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(newton.NewtonVFL, "judge", judging)
+        summary, folder = run_server(grid, rc)
+    history = _history(folder)
+    assert summary["rounds"] < 20 and history[-1]["round"] == summary["rounds"]
+    kept = next(r for r in history if r["round"] == TAKEN_BACK - 1)
+    for row in history[TAKEN_BACK:]:  # every round after records the kept point
+        assert row["loss"] == pytest.approx(kept["loss"], rel=1e-12)
+    assert summary["train_loss"] == pytest.approx(kept["loss"], rel=1e-12)
+    replies = {(m.metadata.message_type, _round_of(m), m.metadata.dst_node_id): r for m, r in grid.pairs
+               if msgs.in_rounds(m.metadata.message_type)}
+    for nid in grid.node_ids:  # the last message: a zero step from round 2's point, whose logits the parties reply
+        final = replies[(msgs.NEWTON_APPLY, summary["rounds"], nid)]
+        kind = next(k for k, t, n in replies if t == TAKEN_BACK - 1 and n == nid and k != msgs.NEWTON_APPLY)
+        at_kept = replies[(kind, TAKEN_BACK - 1, nid)].content.array_records[msgs.LOGITS]["train"].numpy()
+        np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), at_kept)
+
+
+def test_a_run_the_stop_rule_ends_between_evaluations_ends_at_the_point_it_judged(tmp_path):
+    """Crime, evaluation every 50 rounds: the stop rule ends the run at a round that carried no test
+    logits; the parties get a step of length 0 from that round's point and reply its logits, so
+    the final model is the one the rule judged (not one more step, unchecked)."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "eval-every": 50, "output-dir": str(tmp_path)}).to_flower()
+    grid = PairedGrid(client_app, rc, 3)
+    summary, folder = run_server(grid, rc)
+    last = summary["rounds"]
+    assert last < 50 and _history(folder)[-1]["round"] == last
+    replies = {(m.metadata.message_type, _round_of(m), m.metadata.dst_node_id): (m, r) for m, r in grid.pairs
+               if msgs.in_rounds(m.metadata.message_type)}
+    for nid in grid.node_ids:
+        apply, final = replies[(msgs.NEWTON_APPLY, last, nid)]
+        payload = apply.content.array_records[msgs.PAYLOAD]
+        assert int(payload["base"].numpy()[0]) == last and not np.any(payload["alpha"].numpy())
+        kind = next(k for k, t, n in replies if t == last and n == nid and k != msgs.NEWTON_APPLY)
+        judged = replies[(kind, last, nid)][1].content.array_records[msgs.LOGITS]["train"].numpy()
+        np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), judged)
+        assert "test" in final.content.array_records[msgs.LOGITS]

@@ -241,7 +241,17 @@ class NewtonVFL(VFLServer):
 
         The cap's last round keeps its step unchecked: the parties take it on
         ``train.newton_apply`` and the final scores are their logits. A round where the stop
-        rule ends training (an evaluated one) sends nothing more: the parties hold its model."""
+        rule ends training ends at its kept point, the one the rule judged: an evaluated round
+        sends nothing more (the parties hold that model), another a step of length 0 on
+        ``train.newton_apply``, whose replies bring the test logits there (one more step,
+        unchecked, could only end elsewhere).
+
+        A step taken back at the largest damping ends training at the kept point: the next
+        search would start from the same point with the same λ, bound and damping, so it would
+        propose the same step again, and the stop rule, which only kept steps feed, would never
+        be asked (Crime, equalized odds, seed 2 ran so to the round cap). The parties return to
+        that point with a step of length 0 (``train.newton_apply``)."""
+        at_max = self.damping >= DAMPING_MAX
         kept = self.trial is None or self.judge(server_round)
         if kept:
             self.base_round, self.base_got = server_round, got
@@ -250,13 +260,24 @@ class NewtonVFL(VFLServer):
         else:
             self.u_train, self.u_test = dict(self.base_u_train), dict(self.base_u_test)
             self.sq_norms, self.lam = dict(self.base_sq_norms), self.lam_base
-        ends_here = False
+        evaluated = self.evaluates(server_round)  # whether this round's replies hold test logits
+        stuck = not kept and at_max
+        ends_here = stuck
         if kept and self.trial is not None and self.stops and self.converged(self.trial["f_before"], self.z("train")):
-            self.last_round = server_round if self.evaluates(server_round) else server_round + 1
+            self.last_round = server_round
             self.log_stop(server_round)
-            ends_here = self.last_round == server_round
+            ends_here = True
         self.trial = None
+        if stuck:
+            log(INFO, "[round %d] Gauss-Newton step taken back at the largest damping %.3g: the next search from round "
+                "%d's point would propose it again; training ends at that point", server_round, DAMPING_MAX,
+                self.base_round)
+            self.last_round = server_round
         if ends_here:
+            if stuck or not evaluated:  # the parties return to (or stay at) the kept point and reply its test logits
+                self.alpha = {nid: np.zeros(len(self.base_got[nid]["a"])) for nid in self.nodes}
+                self.computed_alpha = dict(self.alpha)
+                self.apply_last(server_round)
             row = self.record(server_round)
         elif server_round == self.last_round:
             self.search(server_round)
@@ -701,8 +722,8 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     constraint = rt.constraint(message)
     sizes = {"z": n, "lam": constraint.num_multipliers} if role == msgs.ROLE_ACTIVE else {"nu": n}
     got = _alpha(rt, message, None if base is None else base["dirs"], **sizes)
-    party = rt.party()
-    gn = party.block.gauss_newton(np.asarray(data.X_train))  # an MLP's TorchBlock: torch only here
+    party = rt.party(steps=False)  # numpy (core/gauss_newton.ReluNet): no torch in a round's process
+    gn = party.block.gauss_newton(data.X_train)
     moves = []
     if base is not None:
         step = base["dirs"] @ got["alpha"]
@@ -720,7 +741,7 @@ def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Me
     D, images = fit_images(D, gn.images(D))
     dtype = rt.cfg.wire_dtype
     arrays = {"dir": images.astype(dtype), "a": theta @ D, "gram": D.T @ D}
-    logits = {"train": party.logits("train").astype(dtype)}
+    logits = {"train": gn.logits().astype(dtype)}  # the forward pass at θ_k the products used
     if round_of(message)[1]:
         logits["test"] = party.logits("test").astype(dtype)
     rt.save(party)
@@ -745,9 +766,9 @@ def apply(message: Message, context: Context) -> Message:
     if rt.cfg.model != "linear":  # from the point the message names; the points stay, so taking it twice is once
         base = _base(rt, message, _points(rt))
         got = _alpha(rt, message, None if base is None else base["dirs"])
-        party = rt.party()
+        party = rt.party(steps=False)
         if base is not None:
-            gn = party.block.gauss_newton(np.asarray(rt.data.X_train))
+            gn = party.block.gauss_newton(rt.data.X_train)
             gn.set_flat(base["theta"] + base["dirs"] @ got["alpha"])
             rt.save(party)
         return rt.reply(message, party, steps=0)

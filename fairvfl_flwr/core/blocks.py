@@ -2,7 +2,9 @@
 
 Linear blocks are numpy (``core/linear.py``); the MLP is a torch model behind the same
 interface (``core/models.py``), imported only when a run asks for it, so that the
-linear path never loads torch.
+linear path never loads torch. A party that only evaluates its MLP and sets its θ (block
+Newton's Gauss–Newton rounds) holds it as numpy arrays (``core/gauss_newton.ReluNet``) once
+it has a state: torch then builds only the seeded initial θ.
 """
 
 from __future__ import annotations
@@ -13,21 +15,31 @@ from fairvfl_flwr.core.linear import LinearBlock
 
 
 def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = False, dtype: str = "float64",
-                seed: int = 0, step_rule: str = ""):
-    """Create one party's block, deterministically from ``seed`` (linear: zeros).
+                seed: int = 0, step_rule: str = "", state: dict | None = None, steps: bool = True):
+    """Create one party's block, deterministically from ``seed`` (linear: zeros), or from ``state``
+    (its ``state_dict``) where given.
 
     ``step_rule``: "" (the paper's gradient step) or a step rule of ``core/models.STEP_RULES``
     (MLP only, e.g. AdaGrad: per-coordinate adaptive steps with sums of squared gradients the
-    party keeps in the block's ``state_dict``).
+    party keeps in the block's ``state_dict``). ``steps=False``: the caller takes no gradient
+    step with the block (it evaluates it and sets θ), so an MLP with a ``state`` is numpy.
     """
     if kind == "linear":
         if step_rule:
             raise ValueError(f"step rule {step_rule!r} is for MLP blocks; a linear block takes gradient or Newton steps")
-        return LinearBlock.zeros(in_features, bias, dtype)
-    from fairvfl_flwr.core.models import STEP_RULES, TorchBlock, build_model  # torch, only for the MLP
+        block = LinearBlock.zeros(in_features, bias, dtype)
+    elif not steps and state is not None and not step_rule:
+        from fairvfl_flwr.core.gauss_newton import ReluNet
 
-    model = build_model(kind, in_features, hidden=hidden, bias=bias, dtype=dtype, seed=seed)
-    return TorchBlock(model, STEP_RULES[step_rule]() if step_rule else None)
+        return ReluNet(state)
+    else:
+        from fairvfl_flwr.core.models import STEP_RULES, TorchBlock, build_model  # torch, only for the MLP
+
+        model = build_model(kind, in_features, hidden=hidden, bias=bias, dtype=dtype, seed=seed)
+        block = TorchBlock(model, STEP_RULES[step_rule]() if step_rule else None)
+    if state is not None:
+        block.load_state_dict(state)
+    return block
 
 
 def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:

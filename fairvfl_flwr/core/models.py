@@ -14,8 +14,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairvfl_flwr.core.gauss_newton import GaussNewton
-
 # A party's work is a few mat-vecs per round; torch's thread pool only adds spin-wait
 # contention when several parties (Ray actors, or a sweep beside a run) share the cores.
 torch.set_num_threads(1)
@@ -213,8 +211,3 @@ class TorchBlock:
     def sq_norm(self) -> float:
         """‖θ_k‖², the party's share of the regulariser the server adds to F."""
         return squared_norm(self.model)
-
-    def gauss_newton(self, x: np.ndarray) -> GaussNewton:
-        """This block as a function of its flat θ_k on rows ``x``: its Jacobian's products and its
-        Gauss–Newton direction (block Newton for MLP parties, docs/newton.md)."""
-        return GaussNewton(self.model, x)

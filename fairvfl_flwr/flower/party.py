@@ -166,9 +166,10 @@ class PartyRuntime:
         lam = message.content.array_records[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
         return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(lam.numpy().size))
 
-    def party(self, constraint: ConstraintSet | RowWeights | None = None) -> Party:
+    def party(self, constraint: ConstraintSet | RowWeights | None = None, steps: bool = True) -> Party:
         """Rebuild the party from its data and the model state kept on this node (an active party's
-        constraint: ``constraint``, default its own groups')."""
+        constraint: ``constraint``, default its own groups'). ``steps=False``: the handler takes
+        no gradient step with the block, only evaluates it and sets θ (core/blocks.build_block)."""
         cfg, data = self.cfg, self.data
         block = build_block(
             cfg.model,
@@ -178,10 +179,9 @@ class PartyRuntime:
             dtype=cfg.dtype,
             seed=cfg.seed * 1000 + data.partition_id,
             step_rule=resolve(cfg).algorithm.step_rule,
+            state=self.model_state(),
+            steps=steps,
         )
-        state = self.model_state()
-        if state is not None:
-            block.load_state_dict(state)
         mu = cfg.mu_value(data.X_train.shape[0])
         if data.role == msgs.ROLE_ACTIVE:
             return ActiveParty(block, data.X_train, data.X_test, cfg.lr, mu, y=data.y,

@@ -366,7 +366,7 @@ def save(message: Message, context: Context) -> Message:
     rc = message.content.config_records[SAVE_RECORD]
     if rt.model_state() is None:
         raise model_files.BlockError(f"{rt.who}: no trained model on this node to save")
-    state = rt.party().block.weights()  # θ only: a step rule's state stays with the run
+    state = rt.party(steps=False).block.weights()  # θ only: a step rule's state stays with the run
     cfg = rt.cfg
     spec = rt.spec  # with tables.own, the block prepared at alignment
     pre = party_preprocessing(spec, cfg)

@@ -46,7 +46,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
                  "registry-encrypted-*")),
     "deployment": ("Deployed runs: seconds per round, a party's cost, WAN, scale, faults",
                    ("deploy_scale", "deploy_time", "deploy-*", "measure-deploy", "measure-deploy-*", "party-cost",
-                    "wan", "time_to_target", "ttt-*", "reliability")),
+                    "party-cost-*", "wan", "time_to_target", "ttt-*", "reliability")),
     "speed": ("One process's costs: overhead, bytes, threads, imports, scaling, mini-batches, stragglers",
               ("overhead", "bytes", "blas_threads", "import_cost", "scaling", "scaling-*", "minibatch",
                "minibatch-*", "async_stragglers", "run-all")),
