@@ -14,7 +14,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.constraints.measures import Rate
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.core.stopping import LOOSEN_WITHIN, MAX_LOOSEN, MIN_TEMPERATURE, SETTLE, StopRule
+from fairvfl_flwr.core.stopping import LOOSEN_WITHIN, MAX_LOOSEN, MIN_TEMPERATURE, SECANT_REACH, SETTLE, StopRule
 
 
 def _quiet(rule: StopRule, hard: float, rounds: int, lam=(1.0, 0.0), over: bool = False) -> bool:
@@ -155,6 +155,19 @@ def test_a_calibration_move_does_not_wait_for_fs_tail():
     for _ in range(2):  # settled at a hard gap that meets the target: only F's quiet ends the run
         assert not rule.update(settling, 1.0, np.array([rule.epsilon]), np.array([1.0, 0.0]), 0.019)
     assert _quiet(rule, 0.019, 2)
+
+
+def test_a_secant_through_two_hard_gaps_within_their_wobble_does_not_cut_the_bound():
+    """COMPAS race, equalized odds at ε = 0.1, seed 0: hard 0.1070 at the bound 0.1, then 0.1065 at
+    0.0935. The secant through those (a slope of noise) asked for a bound near 0.008; held at a quarter
+    of the bound it ended the run at a hard gap of 0.038 and 5 points of accuracy below. The step now
+    reaches at most SECANT_REACH times the last move past the bound."""
+    rule = StopRule(1e-3, 2, 0.1, True, target=0.1)
+    assert not _quiet(rule, 0.1070, 2) and rule.epsilon == pytest.approx(0.1 * 0.1 / 0.1070)
+    first = rule.epsilon
+    assert not _quiet(rule, 0.1065, 2) and rule.tightenings == 2
+    assert rule.epsilon == pytest.approx(first - SECANT_REACH * (0.1 - first))
+    assert rule.epsilon > 0.08  # the unreached secant's quarter of the bound was 0.023
 
 
 def test_a_run_that_spent_its_rounds_meeting_epsilon_does_not_loosen():
