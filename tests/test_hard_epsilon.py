@@ -200,3 +200,23 @@ def test_adult_demographic_parity_at_a_tight_epsilon_raises_the_bound(tmp_path):
                                 "output-dir": str(tmp_path)}, quiet=True)
     assert summary["epsilon_met"] and summary["loosenings"] >= 1 and summary["surrogate_bound"] > 0.005
     assert summary["test_acc"] >= 0.829  # seed 0: 83.07 %; tightening into the over-correction gave 81.98 %
+
+
+def test_the_rounds_page_keeps_an_earlier_pages_rows_it_did_not_rerun(tmp_path):
+    """bench/hard_epsilon.py --keep-from: the earlier page's rows this run lacks join it (within the
+    selection, and only at the same ε); a row this run holds is never replaced by the earlier one."""
+    import argparse
+    import json
+
+    from bench.hard_epsilon import kept_rows
+
+    def row(dataset, seed, rounds):
+        return {"dataset": dataset, "constraint": "equalized-odds", "seed": seed, "hard-epsilon": "on", "rounds": rounds}
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"epsilon": 0.02, "commit": "abc1234",
+                               "rows": [row("compas", 0, 9), row("compas", 1, 9), row("crime", 0, 9)]}))
+    args = argparse.Namespace(datasets="compas", constraints="equalized-odds", seeds="0,1", epsilon=0.02, off=False)
+    kept, commit = kept_rows(old, [row("compas", 0, 20)], args)
+    assert commit == "abc1234" and kept == [row("compas", 1, 9)]
+    assert kept_rows(old, [], argparse.Namespace(**{**vars(args), "epsilon": 0.01})) == ([], "")
