@@ -6,6 +6,7 @@
     python bench/hard_epsilon.py --datasets compas --seeds 0 --off
     python bench/hard_epsilon.py --page                # also writes docs/results/fairness/hard-epsilon.md
     python bench/hard_epsilon.py --page --from-log L   # the page from the JSON lines a run printed to L
+    python bench/hard_epsilon.py --page --from-log L --keep-from OLD.json  # rows L lacks from an earlier page
 
 Per run: rounds, how the stop rule moved the smooth rates' bound (tightenings, loosenings,
 final bound) and their temperature, the training and test hard gaps of the constraint
@@ -66,6 +67,22 @@ def cause(summary: dict, row: dict, epsilon: float) -> str:
     return said
 
 
+def kept_rows(previous: Path, rows: list[dict], args: argparse.Namespace) -> tuple[list[dict], str]:
+    """The rows of an earlier page's json (``previous``) within --datasets/--constraints/--seeds that
+    ``rows`` does not hold, and that page's commit; nothing where its ε differs from this run's."""
+    old = json.loads(previous.read_text())
+    if old.get("epsilon") != args.epsilon:
+        print(f"[hard-epsilon] not keeping the rows of {previous}: its epsilon {old.get('epsilon')} is not "
+              f"{args.epsilon}", flush=True)
+        return [], ""
+    have = {(r["dataset"], r["constraint"], r["seed"], r["hard-epsilon"]) for r in rows}
+    wanted = (set(args.datasets.split(",")), set(args.constraints.split(",")), set(map(int, args.seeds.split(","))))
+    kept = [r for r in old.get("rows", []) if (r["dataset"], r["constraint"], r["seed"], r["hard-epsilon"]) not in have
+            and r["dataset"] in wanted[0] and r["constraint"] in wanted[1] and r["seed"] in wanted[2]
+            and (args.off or r["hard-epsilon"] == "on")]
+    return kept, old.get("commit", "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", default="adult,compas,crime,adult-race,adult-sex-race,compas-race")
@@ -76,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page", action="store_true", help="write docs/results/fairness/hard-epsilon.md")
     ap.add_argument("--from-log", type=Path, help="the JSON lines an earlier run of this script printed: take "
                     "the rows of --datasets/--constraints/--seeds from it instead of running them")
+    ap.add_argument("--keep-from", type=Path, metavar="JSON", help="an earlier page's json: its rows of "
+                    "--datasets/--constraints/--seeds that this run does not hold join the page, named with its commit")
     args = ap.parse_args(argv)
     rows = []
     if args.from_log:
@@ -91,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                     for hard in ((False, True) if args.off else (True,)):
                         rows.append(one(dataset, constraint, seed, hard, args.epsilon, tmp))
                         print(json.dumps(rows[-1]), flush=True)
+    kept, kept_commit = kept_rows(args.keep_from, rows, args) if args.keep_from else ([], "")
+    datasets, constraints = args.datasets.split(","), args.constraints.split(",")
+    rows = sorted(rows + kept, key=lambda r: (datasets.index(r["dataset"]), constraints.index(r["constraint"]),
+                                              r["seed"], r["hard-epsilon"] == "on"))
     cols = ["dataset", "constraint", "seed"] + (["hard-epsilon"] if args.off else []) + [
         "rounds", "temperature", "tightenings", "loosenings", "smooth bound", "train smooth gap", "train hard gap",
         "test hard gap", "test acc", "met", "cause"]
@@ -107,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                  "fairlearn difference (demographic parity or equalized odds) over the constrained groups"
                  + ("; `off`: ε bounds the smooth rates (`hard-epsilon = false`)." if args.off else ".")
                  + (" The rows are those the same command without `--from-log` printed (same commit): run it "
-                    "without `--from-log` to measure them again." if args.from_log else ""))
+                    "without `--from-log` to measure them again." if args.from_log else "")
+                 + (f" Not rerun here, from the page at commit {kept_commit or '?'}: "
+                    + "; ".join(f"{r['dataset']} {r['constraint']} seed {r['seed']}" for r in kept) + "." if kept else ""))
         write(DEFAULT_OUT, "hard-epsilon", {"epsilon": args.epsilon, "rows": rows}, markdown,
               title="ε as the hard-prediction difference", notes=notes)
     else:

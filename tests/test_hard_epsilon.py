@@ -14,7 +14,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.core.constraints import from_labels
 from fairvfl_flwr.core.constraints.measures import Rate
 from fairvfl_flwr.core.metrics import fairness_metrics
-from fairvfl_flwr.core.stopping import LOOSEN_WITHIN, MAX_LOOSEN, MIN_TEMPERATURE, SETTLE, StopRule
+from fairvfl_flwr.core.stopping import LOOSEN_WITHIN, MAX_LOOSEN, MIN_TEMPERATURE, SECANT_REACH, SETTLE, StopRule
 
 
 def _quiet(rule: StopRule, hard: float, rounds: int, lam=(1.0, 0.0), over: bool = False) -> bool:
@@ -157,6 +157,19 @@ def test_a_calibration_move_does_not_wait_for_fs_tail():
     assert _quiet(rule, 0.019, 2)
 
 
+def test_a_secant_through_two_hard_gaps_within_their_wobble_does_not_cut_the_bound():
+    """COMPAS race, equalized odds at ε = 0.1, seed 0: hard 0.1070 at the bound 0.1, then 0.1065 at
+    0.0935. The secant through those (a slope of noise) asked for a bound near 0.008; held at a quarter
+    of the bound it ended the run at a hard gap of 0.038 and 5 points of accuracy below. The step now
+    reaches at most SECANT_REACH times the last move past the bound."""
+    rule = StopRule(1e-3, 2, 0.1, True, target=0.1)
+    assert not _quiet(rule, 0.1070, 2) and rule.epsilon == pytest.approx(0.1 * 0.1 / 0.1070)
+    first = rule.epsilon
+    assert not _quiet(rule, 0.1065, 2) and rule.tightenings == 2
+    assert rule.epsilon == pytest.approx(first - SECANT_REACH * (0.1 - first))
+    assert rule.epsilon > 0.08  # the unreached secant's quarter of the bound was 0.023
+
+
 def test_a_run_that_spent_its_rounds_meeting_epsilon_does_not_loosen():
     late = StopRule(1e-3, 2, 0.02, True, target=0.02)
     late.rounds = LOOSEN_WITHIN
@@ -187,3 +200,23 @@ def test_adult_demographic_parity_at_a_tight_epsilon_raises_the_bound(tmp_path):
                                 "output-dir": str(tmp_path)}, quiet=True)
     assert summary["epsilon_met"] and summary["loosenings"] >= 1 and summary["surrogate_bound"] > 0.005
     assert summary["test_acc"] >= 0.829  # seed 0: 83.07 %; tightening into the over-correction gave 81.98 %
+
+
+def test_the_rounds_page_keeps_an_earlier_pages_rows_it_did_not_rerun(tmp_path):
+    """bench/hard_epsilon.py --keep-from: the earlier page's rows this run lacks join it (within the
+    selection, and only at the same ε); a row this run holds is never replaced by the earlier one."""
+    import argparse
+    import json
+
+    from bench.hard_epsilon import kept_rows
+
+    def row(dataset, seed, rounds):
+        return {"dataset": dataset, "constraint": "equalized-odds", "seed": seed, "hard-epsilon": "on", "rounds": rounds}
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"epsilon": 0.02, "commit": "abc1234",
+                               "rows": [row("compas", 0, 9), row("compas", 1, 9), row("crime", 0, 9)]}))
+    args = argparse.Namespace(datasets="compas", constraints="equalized-odds", seeds="0,1", epsilon=0.02, off=False)
+    kept, commit = kept_rows(old, [row("compas", 0, 20)], args)
+    assert commit == "abc1234" and kept == [row("compas", 1, 9)]
+    assert kept_rows(old, [], argparse.Namespace(**{**vars(args), "epsilon": 0.01})) == ([], "")

@@ -8,7 +8,7 @@ import pytest
 
 from fairvfl_flwr.core.constraints import from_labels, gap_weights
 from fairvfl_flwr.core.newton import ClippedNewton, ConstrainedSearch, dual_newton_step, rule_for
-from fairvfl_flwr.core.newton import constrained_step, subspace_gap_jacobian, subspace_step
+from fairvfl_flwr.core.newton import LAM_MAX, constrained_step, held_step, subspace_gap_jacobian, subspace_step
 from fairvfl_flwr.core.constraints.measures import logistic_loss
 from fairvfl_flwr.config import RunConfig
 
@@ -59,6 +59,29 @@ def test_the_constrained_search_keeps_a_feasible_point_when_no_direction_helps()
     alpha, _ = constrained_step(y, z, du, np.zeros(1), np.eye(1), np.zeros(constraint.num_multipliers), constraint,
                                 2 / len(y), epsilon=0.01)
     assert np.abs(constraint.gaps(y, z + du @ alpha)).max() <= 0.01 + 1e-5
+
+
+def test_a_bound_out_of_the_subspaces_reach_is_approached_with_bounded_multipliers():
+    """Gaps far above ε (as right after the stop rule sharpened the rates) and a direction that can
+    barely move them: the search at ε lets its penalty and multipliers grow without end (the next
+    round's ν overflowed the wire); the held step searches halfway to the gaps instead, with
+    multipliers of order 1 to 100 and every gap lower than it was."""
+    y, s, _, rng = group_rows(2, G=3)
+    constraint = from_labels(y, s, 1, "equalized-odds", "rate")
+    z = 1.5 * (s == 0) - 0.5 + 0.3 * rng.normal(size=len(y))
+    du, a, b, lam, mu = 0.05 * rng.normal(size=(len(y), 1)), np.zeros(1), np.eye(1), np.zeros(12), 2 / len(y)
+    before = np.abs(constraint.gaps(y, z)).max()
+    assert before > 0.3
+    _, blown = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=0.01)
+    assert blown.max() > LAM_MAX
+    alpha, held = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=0.01)
+    assert np.all(np.isfinite(alpha)) and 0 < held.max() <= LAM_MAX
+    after = np.abs(constraint.gaps(y, z + du @ alpha)).max()
+    assert after <= 0.01 + 0.5 * (before - 0.01) + 1e-5 and after < before
+    # a bound within reach is searched as it is
+    near = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=before)
+    plain = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=before)
+    assert np.array_equal(near[0], plain[0]) and np.array_equal(near[1], plain[1])
 
 
 @pytest.mark.parametrize("kind,two", [("equalized-odds", True), ("demographic-parity", True), ("deo", False)])

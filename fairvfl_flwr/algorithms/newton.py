@@ -40,6 +40,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config.algorithms import Algorithm
 from fairvfl_flwr.core.constraints.release import ENCRYPTED
 from fairvfl_flwr.core.newton import (
+    LAM_MAX,
     WIRE_RCOND,
     block_direction,
     constrained_step,
@@ -86,10 +87,6 @@ GROW = 2.0
 DAMPING_START = 0.25
 DAMPING_FLOOR = 1e-3
 DAMPING_MAX = 1e4
-#: A multiplier of a non-linear round's search above this means the search found no step that
-#: holds the linearised gaps within its bound (its penalty grew without end): the round steps at
-#: its multipliers instead (where the search meets its bound the multipliers are of order 1).
-LAM_MAX = 1e4
 #: The ℓ1 merit's penalty on a gap above its bound, as a multiple of the largest multiplier.
 MERIT_PENALTY = 2.0
 #: The most the search's bound is lowered below ε for the linearisation's overshoot, as a share of ε.
