@@ -180,8 +180,8 @@ class RunConfig:
     server_labels: str = S("", "deployment: the server's label file written by fairvfl-export (deploy.md)")
     # -- privacy ---------------------------------------------------------------------
     secure_nu: str = S("none", "ckks: passive parties receive nu only as CKKS ciphertexts (linear models, "
-                       "needs .[privacy])", section="privacy",
-                       rule=lambda v: v in ("none", "ckks") and (v == "none" or _installed("tenseal")),
+                       "needs .[privacy])", section="privacy", choices=("none", "ckks"),
+                       rule=lambda v: v == "none" or _installed("tenseal"),
                        why="choose 'none' (plain ν) or 'ckks' (encrypted ν, linear models; needs TenSEAL: "
                            "pip install 'fairvfl-flwr[privacy]')")
     nu_noise: float = S(0.0, "Gaussian noise of std nu-noise/n on nu before it leaves the server", section="privacy",
