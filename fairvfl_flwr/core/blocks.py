@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fairvfl_flwr.core.gauss_newton import ReluNet
 from fairvfl_flwr.core.linear import LinearBlock
 
 
@@ -29,8 +30,6 @@ def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = F
             raise ValueError(f"step rule {step_rule!r} is for MLP blocks; a linear block takes gradient or Newton steps")
         block = LinearBlock.zeros(in_features, bias, dtype)
     elif not steps and state is not None and not step_rule:
-        from fairvfl_flwr.core.gauss_newton import ReluNet
-
         return ReluNet(state)
     else:
         from fairvfl_flwr.core.models import STEP_RULES, TorchBlock, build_model  # torch, only for the MLP
