@@ -245,7 +245,7 @@ def test_a_registry_that_sends_the_true_groups_is_caught(tmp_path, monkeypatch):
     """A planted leak: the registry's randomized response keeps every group (the server, correcting
     for flips that did not happen, may then refuse the groups as too small: what it received is
     what counts)."""
-    monkeypatch.setattr(RandomizedResponse, "release", lambda self, codes, rng: np.asarray(codes, dtype=np.int64))
+    monkeypatch.setattr(RandomizedResponse, "apply", lambda self, codes, u, shift: np.asarray(codes, dtype=np.int64))
     grid, rc = recorded_run(tmp_path, eps_s=1.0, may_fail=True)
     ds = load_data(rc)
     truth, y = SensitiveGroups.of(ds.s_train).codes, np.asarray(ds.y_train)
@@ -254,7 +254,7 @@ def test_a_registry_that_sends_the_true_groups_is_caught(tmp_path, monkeypatch):
 
 def test_the_server_refuses_a_release_that_does_not_fit(monkeypatch, tmp_path):
     """The server checks what the registry sent: a code beyond the groups is refused, naming the registry."""
-    monkeypatch.setattr(RandomizedResponse, "release", lambda self, codes, rng: np.asarray(codes) + 5)
+    monkeypatch.setattr(RandomizedResponse, "apply", lambda self, codes, u, shift: np.asarray(codes) + 5)
     with pytest.raises(Exception, match="the registry .*release holds codes outside 0..1"):
         run_inprocess({"dataset": "compas", "num-server-rounds": 2, "output-dir": str(tmp_path), **REGISTRY},
                       quiet=True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import SensitiveGroups, from_labels
-from fairvfl_flwr.core.constraints.release import RandomizedResponse, membership_weights, release_rng
+from fairvfl_flwr.core.constraints.release import RandomizedResponse, membership_weights, row_draws
 from fairvfl_flwr.core.newton import smooth_part
 
 
@@ -30,14 +30,28 @@ def test_release_keeps_each_group_at_the_declared_rate():
     np.testing.assert_allclose(observed, rr.matrix(), atol=0.01)
 
 
-def test_release_is_a_function_of_the_secret():
-    rr = RandomizedResponse(2.0, 2)
-    codes = np.arange(1000) % 2
-    one = rr.release(codes, release_rng(b"registry secret", "digest", rr, "train"))
-    again = rr.release(codes, release_rng(b"registry secret", "digest", rr, "train"))
-    other = rr.release(codes, release_rng(b"another secret", "digest", rr, "train"))
-    assert np.array_equal(one, again)  # asking again draws nothing new
-    assert not np.array_equal(one, other)
+def test_a_row_is_released_alike_whatever_rows_split_or_order_come_with_it():
+    """The draws are a keyed hash of the row's id alone: a server that changes the aligned rows,
+    the split or the order to get fresh draws of one row gets its same value again."""
+    rr = RandomizedResponse(1.0, 3)
+    ids = np.array([f"id-{i}" for i in range(3000)])
+    codes = np.arange(3000) % 3
+    one = rr.apply(codes, *row_draws(b"registry secret", ids, rr))
+    order = np.random.default_rng(1).permutation(3000)[:1700]  # another subset, in another order
+    again = rr.apply(codes[order], *row_draws(b"registry secret", ids[order], rr))
+    assert np.array_equal(one[order], again)
+    other = rr.apply(codes, *row_draws(b"another secret", ids, rr))
+    assert np.mean(one != other) > 0.2  # a different secret draws differently
+    at_two = rr.apply(codes, *row_draws(b"registry secret", ids, RandomizedResponse(2.0, 3)))
+    assert not np.array_equal(one, at_two)  # another epsilon_S is another release (the ledger counts it)
+
+
+def test_keyed_draws_keep_each_group_at_the_declared_rate():
+    rr = RandomizedResponse(1.0, 3)
+    codes = np.repeat(np.arange(3), 20_000)
+    out = rr.apply(codes, *row_draws(b"s" * 32, np.arange(len(codes)), rr))
+    observed = np.array([[np.mean(out[codes == i] == j) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(observed, rr.matrix(), atol=0.01)
 
 
 @pytest.mark.parametrize("epsilon,k", [(1.0, 2), (1.0, 4), (4.0, 3)])

@@ -165,18 +165,21 @@ class NodeConfig:
                    "fingerprints", who="deployed")
     allow_unmasked: bool = N(False, "true: this keyless node answers unmasked jobs (default: refused); it never "
                              "waives authentication", who=_OPTIONAL)
-    release_secret: str = N("", "a file of 32+ random bytes made on the registry's machine: seeds its randomized "
-                            "response, the same rows and epsilon_S get the same release (simulation: drawn per run)",
+    release_secret: str = N("", "a file of 32+ random bytes made on the registry's machine: keys its randomized "
+                            "response, each row drawn alike in every run (simulation: drawn per run)",
                             who="registry")
-    release_epsilon: float = N(0.0, "the largest groups.epsilon-s this registry releases its groups at: a run asking "
-                               "for more is refused (0: the run config's)", rule=at_least(0), why="must be >= 0",
-                               who="registry, optional")
+    release_epsilon: float = N(0.0, "the most epsilon_S this registry spends on its groups' releases over its "
+                               "lifetime, kept in its ledger (state-dir): different epsilon_S add up, the same again "
+                               "is free (0: its first release's, its only one)", rule=at_least(0),
+                               why="must be >= 0", who="registry, optional")
     sums_per_round: int = N(256, "encrypted groups: the most sums over its groups this registry decrypts for one "
                             "round (each a sum over every row, under the server's masks); a request beyond it is "
                             "refused (0: no limit)", rule=at_least(0), why="must be >= 0", who="registry, optional")
     sums_per_run: int = N(0, "encrypted groups: the most sums this registry decrypts in a run (0: sums-per-round "
                           "times the run's rounds + 2)", rule=at_least(0), why="must be >= 0",
                           who="registry, optional")
+    sums_lifetime: int = N(65536, "encrypted groups: the most sums this registry decrypts over all its runs, kept "
+                           "in its ledger on its own disk (state-dir), which no fresh run resets (0: no limit)", rule=at_least(0), why="must be >= 0", who="registry, optional")
     sum_noise: float = N(4.0, "encrypted groups: the standard deviation of the Gaussian noise this registry adds "
                          "to every sum it decrypts, in the slots' units (a slot holds at most 2^17; privacy.md#a-"
                          "registry-holds-the-groups)", rule=at_least(0), why="must be >= 0",

@@ -110,6 +110,9 @@ class PartyArrays:
     s_test: np.ndarray | None = None
     source: str = ""
     group_names: tuple[str, ...] = ()  # a registry's groups, in the order of its codes
+    # a registry's row ids (as text): its randomized response is drawn per row id, alike in every run
+    ids_train: np.ndarray | None = None
+    ids_test: np.ndarray | None = None
 
 
 # -- node config ------------------------------------------------------------------------
@@ -479,6 +482,7 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         y_train=None if y is None else y[tr], s_train=None if s is None else s[tr],
         y_test=None if y is None else y[te], s_test=None if s is None else s[te],
         protected_label=spec.protected_label, source=source, group_names=names,
+        **registry_ids(spec.role, ids_arr[tr], ids_arr[te]),
     )
 
 
@@ -662,10 +666,17 @@ def _save(arrays: PartyArrays, path: Path) -> None:
     meta = {k: getattr(arrays, k) for k in ("partition_id", "role", "feature_names", "ids_digest",
                                              "n_train", "n_test", "protected_label", "source", "group_names")}
     data = {"X_train": arrays.X_train, "X_test": arrays.X_test, "meta": np.array(json.dumps(meta))}
-    for k in ("y_train", "s_train", "y_test", "s_test"):
+    for k in ("y_train", "s_train", "y_test", "s_test", "ids_train", "ids_test"):
         if getattr(arrays, k) is not None:
             data[k] = getattr(arrays, k)
     write_atomically(path, lambda fh: np.savez(fh, **data))
+
+
+def registry_ids(role: str, train: np.ndarray, test: np.ndarray) -> dict[str, np.ndarray]:
+    """A registry's row ids as text, for :class:`PartyArrays` (other parties keep none)."""
+    if role != ROLE_REGISTRY:
+        return {}
+    return {"ids_train": np.asarray(train).astype(str), "ids_test": np.asarray(test).astype(str)}
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -682,7 +693,7 @@ def _load(path: Path) -> PartyArrays:
         meta = json.loads(str(z["meta"]))
         meta["feature_names"] = tuple(meta["feature_names"])
         meta["group_names"] = tuple(meta.get("group_names", ()))
-        extra = {k: z[k] for k in ("y_train", "s_train", "y_test", "s_test") if k in z}
+        extra = {k: z[k] for k in ("y_train", "s_train", "y_test", "s_test", "ids_train", "ids_test") if k in z}
         return PartyArrays(X_train=z["X_train"], X_test=z["X_test"], **meta, **extra)
 
 

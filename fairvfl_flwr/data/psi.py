@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.data.partydata import (CACHE_VERSION, ROLE_ACTIVE, ROLE_REGISTRY, PartyArrays, PartySpec, cache_dir,
-                                         group_values, label_arrays, registry_groups, rows_digest, save_aligned,
+                                         group_values, label_arrays, registry_groups, registry_ids, rows_digest, save_aligned,
                                          reserved_columns, aligned_files, write_atomically)
 from fairvfl_flwr.data.own_table import id_pattern, prepare_block, read_table, table_digest
 from fairvfl_flwr.data.sources import table_source
@@ -385,7 +385,7 @@ def prepare_party(spec: PartySpec, cfg: Any, ids: np.ndarray, df: Any, rows: np.
         partition_id=spec.partition_id, role=spec.role, feature_names=prepared.pre.features,
         X_train=prepared.X_train, X_test=prepared.X_test, ids_digest=digest, n_train=len(train), n_test=len(test),
         y_train=y, s_train=s, protected_label=int(spec.protected_label), source=source,
-        y_test=y_test, s_test=s_test, group_names=names)
+        y_test=y_test, s_test=s_test, group_names=names, **registry_ids(spec.role, ids[train], ids[test]))
     content = own_digest(spec)
     key = hashlib.sha256(json.dumps({
         "v": CACHE_VERSION, "file": content, "digest": digest, "spec": [spec.partition_id, spec.role, spec.id_column,

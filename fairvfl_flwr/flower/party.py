@@ -50,11 +50,14 @@ TRAINED_STATE = "fairvfl.trained-settings"
 
 @dataclass(frozen=True)
 class HeldGroups:
-    """A registry's sensitive column: each training and test row's group code, and the groups' names."""
+    """A registry's sensitive column: each training and test row's group code, the groups' names, and
+    the rows' ids (``None`` in a block prepared before registries kept them)."""
 
     train: np.ndarray
     test: np.ndarray
     names: tuple[str, ...]
+    ids_train: np.ndarray | None = None
+    ids_test: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
             whole=whole_table(ds.y_train, ds.s_train, ds.y_test, ds.s_test))
         return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), constraint=constraint, **common)
     if ds.role == ROLE_REGISTRY:
-        held = HeldGroups(ds.s_train, ds.s_test, ds.group_names)
+        held = HeldGroups(ds.s_train, ds.s_test, ds.group_names, ds.ids_train, ds.ids_test)
         return PartyData(role=msgs.ROLE_PASSIVE, held=held, **common)
     return PartyData(role=msgs.ROLE_PASSIVE, **common)
 

@@ -30,7 +30,8 @@ query.groups_sum        the round; ciphertexts, each           two numbers per c
   (:data:`SLOT_BOUND`: an honest slot is a mask plus at most 2^10), and returns only the
   sums of its slots, each plus Gaussian noise of its node config's ``sum-noise``. It counts
   every sum against its node config's ``sums-per-round`` (the round the request names,
-  which may only advance) and ``sums-per-run``, and refuses a request beyond either.
+  which may only advance), ``sums-per-run`` and ``sums-lifetime`` (its ledger on its own
+  disk, secure/ledger.py, which no fresh run resets), and refuses a request beyond any.
 
 Training on them (run config ``groups.release = "ckks"``): :func:`encrypted_labels` gives the
 server its labels with this oracle in place of the groups (its constraint:
@@ -74,6 +75,7 @@ from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.jobs.group_release import find_registry
+from fairvfl_flwr.secure import ledger
 
 #: The registry's group indicators under its key, once per run.
 GROUPS_ENCRYPT = "query.groups_encrypt"
@@ -83,6 +85,8 @@ GROUPS_SUM = "query.groups_sum"
 KEY_STATE = "fairvfl.groups-key"
 #: The node state record of the registry's count of decrypted sums: the round, its sums, the run's.
 BUDGET_STATE = "fairvfl.groups-budget"
+#: The registry's lifetime ledger's account of its decrypted sums (secure/ledger.py).
+LEDGER_ACCOUNT = "groups-decrypted-sums"
 #: The largest |value| of a decrypted slot the registry answers for (real and imaginary part).
 SLOT_BOUND = 2.0**17
 #: The largest |value| of a slot the honest server's plaintext gives, before its mask.
@@ -149,9 +153,12 @@ def _limits(rt: PartyRuntime) -> tuple[int, int]:
 
 
 def spend(context: Context, rt: PartyRuntime, server_round: int, sums: int) -> None:
-    """Count ``sums`` decrypted sums against round ``server_round``'s and the run's budget, or refuse
-    the request: a round below the last one asked for, one past the run's, or a count beyond
-    either budget (its node config ``sums-per-round``, ``sums-per-run``)."""
+    """Count ``sums`` decrypted sums against round ``server_round``'s, the run's and the registry's
+    lifetime budget, or refuse the request: a round below the last one asked for, one past the
+    run's, or a count beyond any budget (its node config ``sums-per-round``, ``sums-per-run``,
+    ``sums-lifetime``). The lifetime count is on its own disk (secure/ledger.py), written before
+    anything is decrypted: the run's count is reset by a fresh run, and the run's budget follows
+    the rounds the server's run config names; the lifetime one is neither."""
     kept = context.state.config_records.get(BUDGET_STATE)
     last, used_round, used_run = ((int(kept["round"]), int(kept["round-used"]), int(kept["run-used"]))
                                   if kept is not None else (0, 0, 0))
@@ -170,6 +177,8 @@ def spend(context: Context, rt: PartyRuntime, server_round: int, sums: int) -> N
     if per_run and used_run + sums > per_run:
         raise ConfigError(f"{rt.who}: asked for {sums} sums after {used_run} in this run; its budget is {per_run} "
                           "(node config sums-per-run, or sums-per-round times the rounds + 2): refused")
+    with ledger.opened(context, rt.node, rt.who) as book:
+        book.spend(LEDGER_ACCOUNT, sums, rt.node.sums_lifetime, "decrypted sums over its groups")
     context.state.config_records[BUDGET_STATE] = ConfigRecord(
         {"round": server_round, "round-used": used_round + sums, "run-used": used_run + sums})
 

@@ -7,10 +7,16 @@ holds it. Before the rounds, the server finds the registry (its ``query.info`` r
 ε_S (``groups.epsilon-s``). The registry answers with each training and test row's group
 through k-ary randomized response (core/constraints/release.py), drawn from its own secret:
 
-* it refuses an ε_S other than its run config's, or above its node config's
-  ``release-epsilon``, and any mechanism but randomized response;
-* the draw is a function of its secret, the rows and ε_S, so a second request (a retry, a
-  resumed run, a server that asks again) gets the same values: nothing to average.
+* it refuses an ε_S other than its run config's, and any mechanism but randomized response;
+* each row's draw is a keyed hash of its secret, the row's id, ε_S and the groups
+  (core/constraints/release.row_draws), so a second request (a retry, a resumed run, a
+  fresh run, other aligned rows, another split or order) gets the row's same value:
+  nothing to average;
+* a release at another ε_S (or under another secret) draws afresh, so releases compose:
+  its lifetime ledger on its own disk (secure/ledger.py) records every distinct release
+  and refuses one that takes the sum of their ε_S past its node config's
+  ``release-epsilon`` (0: the ε_S of its first release, the only one it ever makes). A
+  fresh run does not reset the ledger.
 
 The server checks the reply (one code per row, within the groups, the ε_S it asked) and
 continues with :class:`~fairvfl_flwr.data.problem.ServerLabels` whose groups are the
@@ -23,6 +29,7 @@ them, a lying server included (docs/privacy.md).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from logging import INFO
 from pathlib import Path
@@ -35,7 +42,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.node import NodeConfigError
 from fairvfl_flwr.core.constraints import SensitiveGroups
-from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE, RandomizedResponse, release_rng
+from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE, RandomizedResponse, row_draws
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import exchange
@@ -44,6 +51,7 @@ from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
+from fairvfl_flwr.secure import ledger
 
 #: The node state record of a simulated registry's secret (a deployed one reads its release-secret file).
 SECRET_STATE = "fairvfl.registry-secret"
@@ -52,6 +60,8 @@ SECRET_BYTES = 32
 
 #: The registry's release of every training and test row's group, noisy, once per run.
 GROUPS_RELEASE = "query.groups_release"
+#: The registry's lifetime ledger's kind of its releases (secure/ledger.py): their ε_S add up.
+LEDGER_KIND = "groups-randomized-response"
 
 
 # -- the server's side -------------------------------------------------------------------
@@ -135,10 +145,19 @@ def release(message: Message, context: Context) -> Message:
         raise ConfigError(f"{rt.who}: asked to release the groups at epsilon_S={epsilon:g}; its run config says "
                           f"groups.epsilon-s={own:g}{limit}: refused")
     rr = RandomizedResponse(epsilon, len(held.names))
+    if held.ids_train is None or held.ids_test is None:
+        raise FederationError(f"{rt.who}: its aligned block keeps no row ids (prepared by an older version), and its "
+                              "release is drawn per row id: align again (reliability or tables.own: a fresh alignment)")
     secret = _secret(rt, context)
-    codes = {split: SensitiveGroups.of(s, held.names).codes for split, s in (("train", held.train), ("test", held.test))}
-    released = {split: rr.release(c, release_rng(secret, rt.data.ids_digest, rr, split)).astype(np.int32)
-                for split, c in codes.items()}
+    with ledger.opened(context, rt.node, rt.who) as book:
+        made = book.releases(LEDGER_KIND)
+        limit = bound if bound > 0 else next(iter(made.values()), epsilon)
+        fingerprint = hashlib.sha256(secret).hexdigest()[:16]
+        book.release(LEDGER_KIND, f"epsilon-s={epsilon!r} groups={','.join(held.names)} secret={fingerprint}",
+                     epsilon, limit, f"its groups at epsilon_S={epsilon:g}")
+    codes = {"train": (held.train, held.ids_train), "test": (held.test, held.ids_test)}
+    released = {split: rr.apply(SensitiveGroups.of(s, held.names).codes, *row_draws(secret, ids, rr)).astype(np.int32)
+                for split, (s, ids) in codes.items()}
     said = ConfigRecord({"mechanism": mechanism, "epsilon-s": epsilon, "names": list(held.names)})
     return Message(RecordDict({"release": said, "codes": msgs.array_record(**released)}), reply_to=message)
 

@@ -19,6 +19,7 @@ estimate of the true group's sum (:func:`membership_weights`; ``SensitiveGroups`
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 from dataclasses import dataclass
 
@@ -66,12 +67,16 @@ class RandomizedResponse:
     def release(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Each row's released group: its own with probability :attr:`keep`, else one of the k − 1
         others uniformly."""
+        n = len(codes)
+        return self.apply(codes, rng.random(n), rng.integers(1, self.k, size=n))
+
+    def apply(self, codes: np.ndarray, u: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        """The release of ``codes`` given each row's uniform draw ``u`` in [0, 1) (flipped when
+        ``u`` ≥ :attr:`keep`) and ``shift`` in 1..k−1 (to the group that far along, mod k)."""
         codes = np.asarray(codes, dtype=np.int64)
         if len(codes) and (codes.min() < 0 or codes.max() >= self.k):
             raise ValueError(f"group codes must lie in 0..{self.k - 1}")
-        flip = rng.random(len(codes)) >= self.keep
-        shift = rng.integers(1, self.k, size=len(codes))  # to one of the others, uniformly
-        return np.where(flip, (codes + shift) % self.k, codes)
+        return np.where(np.asarray(u) >= self.keep, (codes + np.asarray(shift, dtype=np.int64)) % self.k, codes)
 
 
 def membership_weights(rr: RandomizedResponse, released: np.ndarray) -> np.ndarray:
@@ -79,13 +84,21 @@ def membership_weights(rr: RandomizedResponse, released: np.ndarray) -> np.ndarr
     return rr.correction()[np.asarray(released, dtype=np.int64)]
 
 
-def release_rng(secret: bytes, ids_digest: str, rr: RandomizedResponse, split: str) -> np.random.Generator:
-    """The generator of one release, from the registry's own secret and what is released: the
-    same secret, rows and ε_S give the same release, so asking again learns nothing new (no
-    averaging over fresh draws); nobody without the secret can reproduce it."""
-    tag = f"fairvfl.groups-release|{ids_digest}|{rr.epsilon!r}|{rr.k}|{split}".encode()
-    seed = hashlib.sha256(secret + b"|" + tag).digest()
-    return np.random.default_rng(np.frombuffer(seed, dtype=np.uint32))
+def row_draws(secret: bytes, ids: np.ndarray, rr: RandomizedResponse) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's draws (``u``, ``shift``) for :meth:`RandomizedResponse.apply`, a keyed hash of the
+    registry's secret, the row's id, ε_S and k alone: a row is released alike in every run, split and
+    set of aligned rows, so no sequence of requests averages fresh draws of it (a server that changes
+    the rows, the split or the order gets the same value for the row again). Releases at another ε_S
+    draw afresh and compose: the registry's ledger counts them (jobs/group_release.py)."""
+    key = hashlib.sha256(b"fairvfl.groups-release-key|" + secret).digest()
+    tag = f"|{rr.epsilon!r}|{rr.k}|".encode()
+    n = len(ids)
+    u, shift = np.empty(n), np.empty(n, dtype=np.int64)
+    for r, row in enumerate(ids):
+        d = hmac.new(key, tag + str(row).encode(), hashlib.sha256).digest()
+        u[r] = int.from_bytes(d[:7], "big") / 2.0**56
+        shift[r] = 1 + int.from_bytes(d[8:16], "big") % (rr.k - 1)
+    return u, shift
 
 
 @dataclass(frozen=True)
