@@ -223,6 +223,39 @@ def test_the_gaps_through_the_registry_are_the_exact_ones(exact):
     assert np.allclose(got, owner.gaps(y, z), atol=1e-9) and len(got) == 2
 
 
+@pytest.mark.parametrize("kind", ["equalized-odds", "demographic-parity"])
+def test_small_groups_are_pooled_from_their_sizes_as_the_label_owners_run_pools_them(kind):
+    """COMPAS race, six values, three below min-group-size: the server decides the pooling on the
+    sizes it asks (every row, training and test), sums the members' encrypted indicators into
+    the pooled one, and holds the label owner's pooled constraint: the same groups, sizes and
+    gaps, and the pooled indicator decrypts to the members' rows."""
+    rc = {"groups.holder": "registry", "dataset": "compas-race", "constraint": kind, "num-server-rounds": ROUNDS}
+    cfg = RunConfig.from_flower(rc)
+    grid = Recording(client_app, cfg.to_flower(), 6, node_configs=[
+        {"partition-id": k, "num-partitions": 6, **({"sum-noise": 0.0} if k == 5 else {})} for k in range(6)])
+    ds = load_data(cfg)
+    labels = server_labels_for(cfg, ds)
+    owner = labels.constraint_for(kind)
+    encrypted = eg.encrypted_labels(grid, cfg, labels)
+    got = encrypted.constraint_for(kind)
+    assert owner.pooling is not None and got.pooling is not None  # COMPAS race is pooled by default
+    assert got.pooling.describe() == owner.pooling.describe()
+    assert encrypted.group_names == owner.groups.names
+    assert [(g.name, g.size_a, g.size_b) for g in got.gap_list] == [(g.name, g.size_a, g.size_b)
+                                                                     for g in owner.gap_list]
+    z = ds.X_train @ np.random.default_rng(4).normal(scale=0.2, size=ds.X_train.shape[1])
+    assert np.allclose(got.gaps(ds.y_train, z), owner.gaps(ds.y_train, z), atol=1e-8)
+    # the pooled indicator (the last group) is the members' rows, under the registry's key
+    pooled = encrypted.sums.indicators.blobs["train"][-1][0]
+    slots = _decrypt(grid, grid.node_ids[-1], pooled).real[: min(ckks.SLOTS, len(ds.y_train))]
+    want = owner.groups.codes[: len(slots)] == len(owner.groups.names) - 1
+    assert np.allclose(slots, want.astype(float), atol=1e-4)
+    refused = cfg.replace(pool_small_groups=False)
+    with pytest.raises(ConfigError, match="fewer than min-group-size"):
+        eg.encrypted_labels(Recording(client_app, refused.to_flower(), 6, node_configs=[
+            {"partition-id": k, "num-partitions": 6} for k in range(6)]), refused, labels)
+
+
 def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
     """ν as the server can send it: Σ_g Enc(1[g]) ⊙ n·ν_g (ν as if each row were in each group); a
     passive party's masked products of it with its columns (features/ckks.py, unchanged), the

@@ -199,21 +199,18 @@ class ServerLabels:
 
 def encrypted_constraint(labels: ServerLabels, kind: str, measure: str) -> EncryptedConstraint:
     """The constraint a server that reaches the groups only through the registry's sums holds:
-    the subsets' group sizes asked once, the gaps through the oracle at its current round. A
-    group below min-group-size is refused: pooling needs each row's group, which this server
-    never holds."""
+    the subsets' group sizes asked once, the gaps through the oracle at its current round. Small
+    groups were pooled (or refused) when the registry's indicators arrived, on every row's counts
+    (jobs/encrypted_groups.encrypted_labels), as a label owner's run decides them."""
     sums, options = labels.sums, labels.options or {}
     cells = GroupCells.build(kind_named(kind), labels.y_train, labels.protected_label, sums.names,
                              lambda masks: sums.sizes("train", masks, sums.round), measure,
                              form=options.get("form", "pairwise"))
-    least = options.get("min_group_size", 1)
-    small = [(gap.name, min(gap.size_a, gap.size_b)) for gap in cells.gap_list if min(gap.size_a, gap.size_b) < least]
-    if small:
-        raise GroupSizeError(f"{len(small)} gap(s) with a side of fewer than min-group-size = {least} training rows "
-                             f"({kind}): " + ", ".join(f"{name!r} ({count})" for name, count in small)
-                             + "; encrypted groups cannot pool small groups (the server holds no row's group): "
-                             "lower min-group-size, or let the registry merge them in its own column")
-    return EncryptedConstraint(cells, lambda P: sums.mixed("train", P, sums.round))
+    empty = [gap.name for gap in cells.gap_list if min(gap.size_a, gap.size_b) <= 0]
+    if empty:
+        raise GroupSizeError(f"{len(empty)} gap(s) with an empty side among the training rows ({kind}): "
+                             + ", ".join(repr(name) for name in empty))
+    return EncryptedConstraint(cells, lambda P: sums.mixed("train", P, sums.round), pooling=sums.pooling)
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

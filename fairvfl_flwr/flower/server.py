@@ -117,8 +117,9 @@ class VFLServer:
         self.labels = labels
         self._constraint = labels.constraint_for(config.constraint, config.measure)  # at temperature 1
         # with pooled groups, each row's constrained group: the figures a user reads are over the
-        # groups ε holds for, not over a member of one test row (None: the data's groups are those)
-        pooled = self._constraint.pooling is not None
+        # groups ε holds for, not over a member of one test row (None: the data's groups are those,
+        # or the server holds no row's group: encrypted groups are pooled under the registry's key)
+        pooled = self._constraint.pooling is not None and self._constraint.groups is not None
         self.constrained_test, self.constrained_train = (
             (constrained_codes(self._constraint, labels.s_test, labels.group_names),
              constrained_codes(self._constraint, labels.s_train, labels.group_names)) if pooled else (None, None))

@@ -35,7 +35,7 @@ query.groups_sum        the round; ciphertexts, each           two numbers per c
 
 Training on them (run config ``groups.release = "ckks"``): :func:`encrypted_labels` gives the
 server its labels with this oracle in place of the groups (its constraint:
-core/constraints/cells.py), and :class:`RegistryChannel` is the round's ν channel: Enc(n·ν) as
+core/constraints/cells.py; small groups pooled by :func:`pooled_by_sizes` from their sizes), and :class:`RegistryChannel` is the round's ν channel: Enc(n·ν) as
 Σ_g Enc(1[g]) ⊙ n·ν_g to every passive party, the label owner's weights as if in each group,
 and the legs of a round (every party's masked products to the registry in one request, its
 sums back to each party; the label owner takes each of its Q steps in a leg of its own:
@@ -62,7 +62,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.core.constraints import SensitiveGroups
+from fairvfl_flwr.core.constraints import Pooling, SensitiveGroups, SizedGroups, kind_named, pooled_members
+from fairvfl_flwr.core.constraints.groups import pooled_names
 from fairvfl_flwr.core.constraints.measures import measure as measure_named
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.problem import ServerLabels
@@ -258,9 +259,11 @@ class GroupSums:
     """The server's oracle of sums over the registry's groups: Σ_i Σ_g 1[g_i] P[k, g, i] for
     plaintexts P of its own, the registry decrypting masked slot sums only (module docstring)."""
 
-    def __init__(self, indicators: Indicators, ask: Ask | None) -> None:
+    def __init__(self, indicators: Indicators, ask: Ask | None, pooling: Pooling | None = None) -> None:
         self.indicators = indicators
         self.ask = ask
+        #: the small groups merged into one (:meth:`pooled`), said in the log and the model card
+        self.pooling = pooling
         #: the round the server's next sums are asked for (the registry's budget is per round):
         #: the set-up's and round 0's are 0, and the channel's hook moves it on as each round ends
         self.round = 0
@@ -273,6 +276,27 @@ class GroupSums:
     def names(self) -> tuple[str, ...]:
         """The registry's groups, in the order of P's second axis."""
         return self.indicators.names
+
+    def pooled(self, members: list[int], pooling: Pooling) -> "GroupSums":
+        """The oracle over the groups with ``members`` merged into one (placed last, as
+        :meth:`SensitiveGroups.pooled` places it): each chunk's Enc(1[pooled]) is the sum of the
+        members' Enc(1[g]), added by the server under the registry's key. Nothing is asked of the
+        registry and no row's group is learnt; every party that gets the indicators gets these."""
+        seal = ckks.seal_api()
+        keep, names = pooled_names(self.names, members)
+        blobs = {}
+        for split, groups in self._loaded.items():
+            merged = []
+            for c in range(len(groups[members[0]])):
+                acc = seal.Ciphertext()  # a pool has two members or more (core/constraints/pooling.py)
+                self.evaluator.add(groups[members[0]][c], groups[members[1]][c], acc)
+                for g in members[2:]:
+                    self.evaluator.add_inplace(acc, groups[g][c])
+                merged.append(ckks.dump_seal(acc))
+            blobs[split] = [self.indicators.blobs[split][g] for g in keep] + [merged]
+        pooled = GroupSums(dataclasses.replace(self.indicators, names=names, blobs=blobs), self.ask, pooling)
+        pooled.round = self.round
+        return pooled
 
     def _summed(self, terms) -> object | None:
         """Σ enc ⊙ encode(block) over the (ciphertext, block) pairs whose block is not 0 (a zero
@@ -413,11 +437,28 @@ def encrypted_labels(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> Server
     """``labels`` without their groups (every code -1) and with the registry's oracle in their
     place: the training job's release where ``groups.release = "ckks"``."""
     rows = {"train": len(labels.y_train), "test": len(labels.y_test)}
-    sums = connect(grid, cfg, labels.ids_digest, rows)
+    sums = pooled_by_sizes(cfg, labels, connect(grid, cfg, labels.ids_digest, rows))
     log(INFO, "FairVFL: the registry encrypted the groups (%s) of %d training and %d test rows under its own key; "
         "the server gets sums over them, never a row's group", ", ".join(sums.names), rows["train"], rows["test"])
     unknown = {f"s_{split}": np.full(n, -1, dtype=np.int64) for split, n in rows.items()}
     return dataclasses.replace(labels, group_names=sums.names, sums=sums, **unknown)
+
+
+def pooled_by_sizes(cfg: RunConfig, labels: ServerLabels, sums: GroupSums) -> GroupSums:
+    """``sums`` with the groups below min-group-size pooled as a label owner's run pools them
+    (core/constraints/pooling.py, on every row of the table, training and test), decided on their
+    sizes in the constraint's row sets, which the server asks of the registry (one request of
+    round 0) and learns in every run anyway; refused where the rule refuses."""
+    kind = kind_named(cfg.constraint)
+    y = np.concatenate([labels.y_train, labels.y_test])
+    subsets = kind.subsets(y, labels.protected_label)
+    sets = tuple(rows for _, rows in subsets) + (np.ones(len(y), dtype=bool),)
+    n = len(labels.y_train)
+    masks = np.stack(sets)
+    counts = sums.sizes("train", masks[:, :n], sums.round) + sums.sizes("test", masks[:, n:], sums.round)
+    decided = pooled_members(SizedGroups(sums.names, sets, counts), subsets, cfg.min_group_size,
+                             cfg.pool_small_groups, kind.kind, whole_table=True)
+    return sums if decided is None else sums.pooled(*decided)
 
 
 # -- the rounds: ν under the registry's key, every party's gradient through it -------------------

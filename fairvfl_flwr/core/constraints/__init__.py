@@ -15,14 +15,14 @@ from fairvfl_flwr.core.constraints.base import FORMS, ConstraintSet, Gap, as_mul
 from fairvfl_flwr.core.constraints.demographic_parity import DemographicParity
 from fairvfl_flwr.core.constraints.deo import DEO
 from fairvfl_flwr.core.constraints.equalized_odds import EqualizedOdds
-from fairvfl_flwr.core.constraints.groups import SensitiveGroups
+from fairvfl_flwr.core.constraints.groups import SensitiveGroups, SizedGroups
 from fairvfl_flwr.core.constraints.history import HistoryNames
 from fairvfl_flwr.core.constraints.measures import MEASURES
 from fairvfl_flwr.core.constraints.pooling import GroupSizeError, Pooling, constrained_codes, pooled_members
 from fairvfl_flwr.core.constraints.registry import CONSTRAINTS, KINDS, from_labels, kind_named, register
 
 __all__ = ["CONSTRAINTS", "FORMS", "KINDS", "MEASURES", "ConstraintSet", "Gap", "GroupSizeError", "HistoryNames",
-           "Pooling", "SensitiveGroups", "as_multipliers", "constrained_codes", "from_labels", "gap_weights",
+           "Pooling", "SensitiveGroups", "SizedGroups", "as_multipliers", "constrained_codes", "from_labels", "gap_weights",
            "gaps_per_row", "kind_named", "pooled_members", "register"]
 
 register(DEO, EqualizedOdds, DemographicParity)

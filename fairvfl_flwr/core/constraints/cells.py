@@ -27,6 +27,7 @@ import numpy as np
 from fairvfl_flwr.core.constraints.base import FORMS, ConstraintSet, as_multipliers, project_multipliers
 from fairvfl_flwr.core.constraints.measures import Measure
 from fairvfl_flwr.core.constraints.measures import measure as measure_named
+from fairvfl_flwr.core.constraints.pooling import Pooling
 
 #: The oracle of sums over the groups: P (K × G × n, each row's term as if in each group) -> the K
 #: sums Σ_i Σ_g 1[g_i] P[k, g, i] (jobs/encrypted_groups.GroupSums.mixed, bound to its split and round).
@@ -166,9 +167,10 @@ class EncryptedConstraint:
     cells: GroupCells
     sums: Sums
     temperature: float = 1.0
-    #: groups known by their sizes only: no row's group to pool, count or report per row
+    #: the small groups the server pooled, from their sizes, by summing their encrypted indicators
+    pooling: Pooling | None = None
+    #: groups known by their sizes only: no row's group to count or report per row
     groups = None
-    pooling = None
 
     @property
     def n(self) -> int:

@@ -13,6 +13,41 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def pooled_names(names: tuple[str, ...], small: list[int]) -> tuple[list[int], tuple[str, ...]]:
+    """The groups kept as they are, and the names after merging ``small`` into one group, placed
+    last and named after its members joined by " + "."""
+    keep = [k for k in range(len(names)) if k not in small]
+    return keep, (*(names[k] for k in keep), " + ".join(names[k] for k in small))
+
+
+@dataclass(frozen=True)
+class SizedGroups:
+    """Groups known only by their sizes in a few row sets (a registry's encrypted groups: the
+    server asks their sums, never a row's group): what :func:`~fairvfl_flwr.core.constraints.
+    pooling.pooled_members` reads to decide which to pool, as it reads :class:`SensitiveGroups`.
+    ``counts[j, g]``: group g's rows among the rows of ``sets[j]``."""
+
+    names: tuple[str, ...]
+    sets: tuple[np.ndarray, ...]
+    counts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def count(self, rows: np.ndarray, k: int) -> int:
+        """Group ``k``'s rows among ``rows``, one of the row sets whose sizes were asked."""
+        for j, known in enumerate(self.sets):
+            if known.shape == rows.shape and np.array_equal(known, rows):
+                return int(self.counts[j, k])
+        raise KeyError("the sizes of these rows' groups were not asked")
+
+    def pooled(self, small: list[int]) -> "SizedGroups":
+        """The groups with those in ``small`` merged into one (placed last), as :meth:`SensitiveGroups.pooled`."""
+        keep, names = pooled_names(self.names, small)
+        counts = np.column_stack([self.counts[:, keep], self.counts[:, small].sum(axis=1)])
+        return SizedGroups(names, self.sets, counts)
+
+
 @dataclass(frozen=True)
 class SensitiveGroups:
     """Which group each row is in: ``codes[i]`` indexes ``names``.
@@ -76,8 +111,7 @@ class SensitiveGroups:
         """The groups with those in ``small`` merged into one (placed last), named after its
         members joined by " + " ('Female & Amer-Indian-Eskimo + Female & Other'); from a noisy
         release, the merged group's weights are the sum of its members'."""
-        keep = [k for k in range(len(self.names)) if k not in small]
-        names = (*(self.names[k] for k in keep), " + ".join(self.names[k] for k in small))
+        keep, names = pooled_names(self.names, small)
         if self.weights is not None:
             merged = np.column_stack([self.weights[:, keep], self.weights[:, small].sum(axis=1)])
             return SensitiveGroups(self.codes, names, merged)

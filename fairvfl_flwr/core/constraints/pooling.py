@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairvfl_flwr.core.constraints.groups import SensitiveGroups
+from fairvfl_flwr.core.constraints.groups import SensitiveGroups, SizedGroups
 from fairvfl_flwr.core.errors import ConfigError
 
 
@@ -59,10 +59,10 @@ class Pooling:
                 "(pool-small-groups = false refuses instead)")
 
 
-def pooled_members(groups: SensitiveGroups, subsets, min_size: int, pool: bool, kind: str,
+def pooled_members(groups: SensitiveGroups | SizedGroups, subsets, min_size: int, pool: bool, kind: str,
                    whole_table: bool = False) -> tuple[list[int], Pooling] | None:
     """The groups to merge into one and why (None: none), decided on the rows of ``groups``
-    and ``subsets``; refuses (:class:`GroupSizeError`, naming every small group and its
+    and ``subsets`` (``SizedGroups``: the sizes of every subset and of all rows); refuses (:class:`GroupSizeError`, naming every small group and its
     count, and a pooled group's members with theirs) what pooling does not fix."""
     def smallest(gr: SensitiveGroups, k: int) -> tuple[str, int]:
         return min(((label, gr.count(rows, k)) for label, rows in subsets), key=lambda t: t[1])
@@ -83,7 +83,7 @@ def pooled_members(groups: SensitiveGroups, subsets, min_size: int, pool: bool, 
             if not small_ones(merged) or len(members) >= len(groups) - 1:
                 break
             rest = [k for k in range(len(groups)) if k not in members]
-            everyone = np.ones(len(groups.codes), dtype=bool)
+            everyone = np.ones(len(subsets[0][1]), dtype=bool)
             members.append(min(rest, key=lambda k: groups.count(everyone, k)))
         if len(members) < 2:  # two groups: nothing to pool with
             members, merged = [], groups
