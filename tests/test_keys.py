@@ -12,13 +12,13 @@ from fairvfl_flwr.app.client import app as client_app
 from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.app.server import run_server
 from fairvfl_flwr.config import RunConfig
-from fairvfl_flwr.secure import identity
+from fairvfl_flwr.secure import agreement, identity
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.tools.export import export
 from fairvfl_flwr.tools.keys import main as keys_main
-from fairvfl_flwr.tools.malicious import LyingGrid
+from fairvfl_flwr.tools.malicious import LyingGrid, decoded_sums
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,46 @@ def test_a_deployment_is_masked_unless_its_run_config_says_otherwise(exported, t
     assert grid.dtypes and all(d == np.uint64 for d in grid.dtypes)
     assert RunConfig(tables_own=True).masked and not RunConfig().masked  # own tables yes; packaged tables no
     assert not RunConfig(tables_own=True, secure_aggregation="false").masked
+
+
+def _first_sums(manifest, folder, nodes, **extra) -> dict:
+    """One round of gradient descent over ``nodes``: the server's decoded training sum of each round."""
+    grid, run = _run(manifest, folder, nodes, **{"num-server-rounds": 1, "optimizer": "gd", **extra})
+    with decoded_sums() as sums:
+        try:
+            run()
+        except FederationError:
+            pass
+    return sums, grid
+
+
+def test_a_run_without_one_pinned_party_is_refused_so_two_runs_do_not_isolate_it(exported, tmp_path, monkeypatch):
+    """The attack: the federation's round 1 once with every party and once without party 2
+    (num-parties=2; each party's columns are its own file's, its start θ its seed's). The two
+    masked sums differ by party 2's own partial logits, exactly. It can fail, and does: every
+    party refuses a run that leaves out a party its pinned peers file holds, before any logit."""
+    full, _ = _first_sums(exported, tmp_path / "full", exported["node_configs"])
+    # the attack, with the parties' check taken out
+    original = identity.peer_keys
+    monkeypatch.setattr(identity, "peer_keys", lambda context, n: {j: k for j, k in original(
+        context, len(exported["node_configs"])).items() if j < n})
+    monkeypatch.setattr(agreement, "peer_keys", identity.peer_keys)
+    without, _ = _first_sums(exported, tmp_path / "without", exported["node_configs"][:2], **{"num-parties": 2})
+    plain = [{**{k: v for k, v in n.items() if k not in ("identity-key", "peers")}, "allow-unmasked": True}
+             for n in exported["node_configs"]]
+    grid, run = _run(exported, tmp_path / "plain", plain, **{"num-server-rounds": 1, "optimizer": "gd",
+                                                              "privacy.secure-aggregation": False})
+    run()
+    party2 = [r.content.array_records[msgs.LOGITS]["train"].numpy() for r in _logits(grid)
+              if r.metadata.src_node_id == grid.node_ids[2]]
+    assert np.abs(party2[1]).max() > 1e-3  # a reply worth reading
+    np.testing.assert_allclose(full[1] - without[1], party2[1], atol=1e-6)  # read off the difference
+    # the parties' check: every one refuses, naming its peers file, and no logit reaches the server
+    monkeypatch.undo()
+    refused, grid = _first_sums(exported, tmp_path / "refused", exported["node_configs"][:2], **{"num-parties": 2})
+    assert refused == {} and _logits(grid) == []
+    reasons = [r.error.reason for r in grid.replies if r.has_error()]
+    assert len(reasons) >= 1 and all("a run without parties [2] is refused" in why for why in reasons)
 
 
 def test_demo_keys_are_refused_where_a_node_reads_its_own_data(exported, tmp_path):

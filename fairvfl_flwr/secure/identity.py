@@ -130,6 +130,15 @@ def peer_keys(context: Context, num_parties: int) -> dict[int, Ed25519PublicKey]
     missing = sorted(set(range(num_parties)) - set(keys))
     if missing:
         raise NodeConfigError(f"node config {PEERS}={path}: no identity key for parties {missing}")
+    # The pinned file is the federation: a run without one of its parties is refused. Otherwise a
+    # server runs the same rounds twice, with every party and without one, and the difference of the
+    # two masked sums is that party's own reply, exactly (tests/test_keys.py).
+    extra = sorted(set(keys) - set(range(num_parties)))
+    if extra:
+        raise NodeConfigError(f"the run names num-parties={num_parties}, but node config {PEERS}={path} pins "
+                              f"{len(keys)} parties: a run without parties {extra} is refused (a server that runs "
+                              "the federation with and without a party reads that party's reply off the difference "
+                              "of the two sums); to train without them, pin only the parties that take part")
     return keys
 
 
