@@ -260,6 +260,21 @@ def test_the_server_refuses_a_release_that_does_not_fit(monkeypatch, tmp_path):
                       quiet=True)
 
 
+def test_a_masked_registry_run_is_the_plain_one(tmp_path):
+    """Under secure aggregation the registry is a passive party of the round's view (its part is
+    the passive parties'), so a masked run trains as the plain one (gradient descent: the same
+    steps; the sums to fixed-point precision)."""
+    rc = {"dataset": "compas", "constraint": "equalized-odds", "optimizer": "gd", "num-server-rounds": 4,
+          "groups.epsilon-s": 2.0, **REGISTRY}
+    nodes = _secret_configs(6, tmp_path)  # one release for both runs (a simulated registry draws its secret per run)
+    plain, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "plain")}, quiet=True, node_configs=nodes)
+    masked, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "masked"), "privacy.secure-aggregation": True},
+                              quiet=True, node_configs=nodes)
+    assert masked["test_acc"] == plain["test_acc"]
+    assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < 1e-6
+    assert np.allclose(masked["lambdas"], plain["lambdas"], atol=1e-6)
+
+
 # -- the registry's own table: pre-flight and private alignment ----------------------------------------
 #: Adult's raw columns cut as a consortium would hold them: the label owner has income but not
 #: sex; the registry (the last party) has sex and two feature columns.
@@ -314,15 +329,17 @@ def test_a_deployed_registry_and_label_owner_name_what_each_holds():
 
 def test_own_tables_with_a_registry_align_by_psi_and_train(registry_tables, tmp_path):
     """Every party brings its own table, the registry's holds the groups: the PSI aligns all
-    four, the registry's groups of the common rows are released, and no party's block holds sex."""
+    four, the registry's groups of the common rows are released, and no party's block holds sex.
+    Masked, as own tables are by default: the registry is a passive party in the round's view."""
     _drop_missing_groups(registry_tables)
-    rc = {"num-parties": 4, "num-server-rounds": 30, "dataset": "adult", "privacy.secure-aggregation": False,
+    rc = {"num-parties": 4, "num-server-rounds": 30, "dataset": "adult",
           "tables.own": True, "tables.path": str(registry_tables / "party{partition}.csv"),
           "tables.id-column": owntables.ID, "output-dir": str(tmp_path), "groups.holder": "registry",
           "groups.epsilon-s": 4.0}
     settings = RunConfig.from_flower(rc)
     grid = InProcessGrid(client_app, settings.to_flower(), 4)
     summary, _ = run_inprocess(rc, quiet=True, grid=grid)
+    assert settings.masked
     assert summary["groups_released"] and set(summary["groups"]) == {"Female", "Male"}
     assert summary["train_max_gap"] <= settings.epsilon + 1e-3
     data = [PartyRuntime(grid.contexts[nid]).data for nid in grid.node_ids]

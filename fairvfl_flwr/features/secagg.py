@@ -29,7 +29,7 @@ from fairvfl_flwr.config.node import NodeConfig, NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
-from fairvfl_flwr.flower.party import PartyRuntime
+from fairvfl_flwr.flower.party import PartyRuntime, wire_role
 from fairvfl_flwr.secure import agreement, ring, view
 from fairvfl_flwr.secure.identity import check_deployment
 from fairvfl_flwr.secure.nonces import Nonces, is_chunk, mask_round
@@ -199,7 +199,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
         agreement.take_peers(relay, context, rt)
     keys = agreement.pair_keys(context)
     seen = view.accept(message, context.state, session=str(held["session"]), own=rt.spec.partition_id,
-                       role=rt.spec.role, who=rt.who, pair_keys=keys, mask_round=mask_round(message),
+                       role=wire_role(rt.spec.role), who=rt.who, pair_keys=keys, mask_round=mask_round(message),
                        run_id=context.run_id)
     server_round, part, bound_view, head, awaiting = seen
     view.remember(context.state, server_round, part, bound_view, head, awaiting)  # what inner mods and a re-send see

@@ -75,6 +75,12 @@ class PartyData:
     held: HeldGroups | None = None
 
 
+def wire_role(role: str) -> str:
+    """The role the protocol knows a party by (its ``query.info`` reply, the server's messages, the
+    parts of secure aggregation's view): a registry trains as a passive party that holds the groups."""
+    return msgs.ROLE_PASSIVE if role == ROLE_REGISTRY else role
+
+
 @functools.lru_cache(maxsize=16)
 def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
     """One path for deployment (the party's own file) and simulation (the packaged table,
@@ -95,7 +101,7 @@ def party_data(cfg: RunConfig, spec: PartySpec) -> PartyData:
         return PartyData(role=msgs.ROLE_ACTIVE, y=ds.y_train.astype(np.float64), constraint=constraint, **common)
     if ds.role == ROLE_REGISTRY:
         held = HeldGroups(ds.s_train, ds.s_test, ds.group_names, ds.ids_train, ds.ids_test)
-        return PartyData(role=msgs.ROLE_PASSIVE, held=held, **common)
+        return PartyData(role=wire_role(ds.role), held=held, **common)
     return PartyData(role=msgs.ROLE_PASSIVE, **common)
 
 
