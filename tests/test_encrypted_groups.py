@@ -256,6 +256,20 @@ def test_small_groups_are_pooled_from_their_sizes_as_the_label_owners_run_pools_
             {"partition-id": k, "num-partitions": 6} for k in range(6)]), refused, labels)
 
 
+def test_a_masked_encrypted_run_is_the_unmasked_one(tmp_path):
+    """Under secure aggregation (on by default with own tables) the label owner's legs continue the
+    round's view and the registry's sums stay outside it: the same run, to fixed-point precision."""
+    nodes = [{"partition-id": k, "num-partitions": 6, **({"sum-noise": 0.0} if k == 5 else {})} for k in range(6)]
+    rc = {"dataset": "compas", "constraint": "equalized-odds", "groups.holder": "registry", "groups.release": "ckks",
+          "num-server-rounds": 3}
+    plain, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "plain")}, quiet=True, node_configs=nodes)
+    masked, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "masked"), "privacy.secure-aggregation": True},
+                              quiet=True, node_configs=nodes)
+    assert masked["test_acc"] == plain["test_acc"]
+    assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < 1e-9
+    assert np.allclose(masked["lambdas"], plain["lambdas"], atol=1e-9)
+
+
 def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
     """ν as the server can send it: Σ_g Enc(1[g]) ⊙ n·ν_g (ν as if each row were in each group); a
     passive party's masked products of it with its columns (features/ckks.py, unchanged), the
@@ -408,10 +422,10 @@ def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes
     assert cfg.encrypted_groups and cfg.optimizer_in_use == "gd"
     for bad, key in (({"optimizer": "newton"}, "optimizer"), ({"privacy.secure-nu": "ckks"}, "privacy.secure-nu"),
                      ({"privacy.nu-noise": 1.0}, "privacy.nu-noise"),
-                     ({"privacy.secure-aggregation": "true"}, "privacy.secure-aggregation"),
                      ({"model": "mlp", "optimizer": "gd"}, "model")):
         with pytest.raises(ConfigError, match=key):
             RunConfig.from_flower({**ENCRYPTED, **bad})
+    assert RunConfig.from_flower({**ENCRYPTED, "privacy.secure-aggregation": "true"}).masked
 
 
 @pytest.mark.slow

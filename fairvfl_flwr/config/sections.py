@@ -124,8 +124,6 @@ REFUSED: list[tuple[str, Callable[[Any], bool], str, Callable[[Any], bool], str]
      "every party's nu goes under the registry's key already; use privacy.secure-nu='none'"),
     ("groups_release", lambda c: c.groups_release == ENCRYPTED, "nu_noise", lambda c: c.nu_noise > 0,
      "the server sends nu only under the registry's key; use privacy.nu-noise=0"),
-    ("groups_release", lambda c: c.groups_release == ENCRYPTED, "secure_aggregation", lambda c: c.masked,
-     "the label owner's legs and the registry's sums are not masked rounds yet; use privacy.secure-aggregation=false"),
     ("groups_release", lambda c: c.groups_release == ENCRYPTED, "model", lambda c: c.model != "linear",
      "a party's gradient under encryption is X_k^T nu: linear models only"),
     ("groups_release", lambda c: c.groups_release == ENCRYPTED, "checkpoint_every", lambda c: c.checkpoint_every > 0,

@@ -298,6 +298,7 @@ class Handles:
     keeps: tuple[str, ...] = ()
     merges: tuple[str, ...] = ()
     in_view: bool = True
+    leg: bool = False  # a later leg of a round: it continues the round's view (flower/protocol.declare)
 
 
 def handlers(declared: Mapping[str, Handles]) -> dict[str, Callable[[Message, Context], Message]]:
@@ -305,7 +306,7 @@ def handlers(declared: Mapping[str, Handles]) -> dict[str, Callable[[Message, Co
     (where the handlers' module is imported: a simulation worker that runs them declares them too).
     Every algorithm and job declares its handlers so."""
     for message_type, handles in declared.items():
-        msgs.declare(message_type, handles.kind, in_view=handles.in_view)
+        msgs.declare(message_type, handles.kind, in_view=handles.in_view, leg=handles.leg)
         for name in handles.keeps:
             mark_round_state(name)
         for name in handles.merges:

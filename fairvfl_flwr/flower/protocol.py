@@ -71,19 +71,24 @@ class Kind(enum.Enum):
 IN_ROUNDS = frozenset({Kind.START, Kind.STEP, Kind.ROUND, Kind.FINAL})
 _KINDS: dict[str, Kind] = {}
 _OUTSIDE_VIEW: set[str] = set()
+_LEGS: set[str] = set()
 
 
-def declare(message_type: str, kind: Kind, *, in_view: bool = True) -> str:
+def declare(message_type: str, kind: Kind, *, in_view: bool = True, leg: bool = False) -> str:
     """Declare ``message_type``'s kind (where its handler is declared: its module, imported wherever
     the handler runs, a simulation worker included); returns the type.
 
     ``in_view``: False for a message that carries no value a round's sum depends on (a set-up, a
-    check, digests), which secure aggregation leaves outside the round's view (secure/view.py)."""
+    check, digests), which secure aggregation leaves outside the round's view (secure/view.py).
+    ``leg``: a later leg of a round its party's first message opened (it carries sums computed for
+    that party alone): it continues the round's view, as an encrypted-ν second leg does."""
     held = _KINDS.setdefault(message_type, kind)
     if held is not kind:
         raise ValueError(f"message type {message_type!r} is declared {held.value!r} already")
     if not in_view:
         _OUTSIDE_VIEW.add(message_type)
+    if leg:
+        _LEGS.add(message_type)
     return message_type
 
 
@@ -137,6 +142,12 @@ def second_leg(message_type: str, payload) -> bool:
     """Whether a training message is the second leg of an encrypted-ν round: it carries the
     party's masked slot sums (``MASKED_SUM``) instead of ν; its first leg held the ciphertext."""
     return kind_of(message_type) in IN_ROUNDS and payload is not None and MASKED_SUM in payload
+
+
+def continues_view(message_type: str, payload) -> bool:
+    """Whether a message continues the view its round's first exchange established (secure/view.py)
+    instead of being a part of its own: an encrypted-ν second leg, or a type declared a ``leg``."""
+    return second_leg(message_type, payload) or message_type in _LEGS
 
 
 def array_record(**arrays: np.ndarray) -> ArrayRecord:

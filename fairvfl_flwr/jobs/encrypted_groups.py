@@ -638,6 +638,9 @@ def active_leg(message: Message, context: Context) -> Message:
 
 
 #: The encrypted groups' messages: the registry's two, and the label owner's legs.
-JOB = Job("encrypted groups", handlers({GROUPS_ENCRYPT: Handles(msgs.Kind.SETUP, encrypt_groups),
-                                        GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums),
-                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg, keeps=(MODEL_STATE,))}))
+JOB = Job("encrypted groups", handlers({GROUPS_ENCRYPT: Handles(msgs.Kind.SETUP, encrypt_groups, in_view=False),
+                                        # the server's and the registry's alone: no party's masked sum
+                                        # depends on it, and its reply is no masked one
+                                        GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums, in_view=False),
+                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg, keeps=(MODEL_STATE,),
+                                                                  leg=True)}))

@@ -24,9 +24,11 @@ alike from what they can check:
   confirmation of the same view comes with it, naming the peer whose view differed. The
   server cannot forge one: it holds no pair key.
 
-A second leg of an encrypted-ν round (``protocol.second_leg``) carries per-party masked
-sums, so it is no part of the view: it must carry the round's view its first leg
-established, and its reply is masked under that view. One view per round and part: once a
+A second leg of an encrypted-ν round (``protocol.second_leg``), or any later leg of a round
+(a type declared a ``leg``: the label owner's steps through a registry's encrypted groups),
+carries per-party masked sums, so it is no part of the view: it must carry the round's view
+its first leg established (``protocol.continues_view``), and its reply is masked under that
+view. One view per round and part: once a
 party masked a reply, a second, different message of the same round and part (a re-sent
 round with changed ν) is refused.
 
@@ -137,7 +139,7 @@ class ServerViews:
             mtype = m.metadata.message_type
             r = server_round(m)
             rounds.add(self.round if r is None else r)
-            if msgs.second_leg(mtype, m.content.array_records.get(msgs.PAYLOAD)):
+            if msgs.continues_view(mtype, m.content.array_records.get(msgs.PAYLOAD)):
                 continue
             name = part_name(mtype, role_of(m.metadata.dst_node_id))
             digest = content_digest(m.content, mtype, role_of(m.metadata.dst_node_id))
@@ -195,7 +197,7 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
     held = state.config_records.get(STATE)
     past = history.History.held(state, run_id)
     now = past
-    if msgs.second_leg(mtype, message.content.array_records.get(msgs.PAYLOAD)):
+    if msgs.continues_view(mtype, message.content.array_records.get(msgs.PAYLOAD)):
         if held is None or int(held["round"]) != server_round or bytes.fromhex(str(held["view"])) != view:
             raise FederationError(f"{who}: {mtype} of round {server_round} does not continue the view this party "
                                   "holds of that round; refused (different messages to different parties)")
