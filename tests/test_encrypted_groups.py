@@ -426,6 +426,9 @@ def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes
         with pytest.raises(ConfigError, match=key):
             RunConfig.from_flower({**ENCRYPTED, **bad})
     assert RunConfig.from_flower({**ENCRYPTED, "privacy.secure-aggregation": "true"}).masked
+    # a deployment's default waits for parties that drop out, which encrypted groups cannot: off, not refused
+    own = RunConfig.from_flower({**ENCRYPTED, "tables.own": True})
+    assert own.masked and own.rejoin_wait == 0 and RunConfig.from_flower({"tables.own": True}).rejoin_wait > 0
 
 
 @pytest.mark.slow

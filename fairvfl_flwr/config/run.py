@@ -429,11 +429,11 @@ class RunConfig:
     def rejoin_wait(self) -> float:
         """Seconds the server waits for a party that dropped out (0: the run ends): ``rejoin-timeout``,
         where ``-1`` means :data:`DEPLOYED_REJOIN_WAIT` in a deployment that can rejoin (own tables, full
-        batches, synchronous rounds, ν not encrypted, not split learning) and 0 elsewhere."""
+        batches, synchronous rounds, neither ν nor the groups encrypted, not split learning) and 0 elsewhere."""
         if self.rejoin_timeout >= 0:
             return self.rejoin_timeout
         can = (self.batch_size == 0 and self.max_staleness == 0 and self.secure_nu == "none"
-               and self.mode != "split")
+               and not self.encrypted_groups and self.mode != "split")
         return DEPLOYED_REJOIN_WAIT if self.tables_own and can else 0.0
 
     @property
