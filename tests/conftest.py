@@ -7,12 +7,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # before flwr loads
 
 from fairvfl_flwr.app.client import MODEL_STATE  # noqa: E402
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
+from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.app.server import run_server  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.data import partydata  # noqa: E402
@@ -185,3 +187,15 @@ def simulation_superlink(tmp_path_factory):
     link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"), shared_ray=ray)
     yield link
     link.stop()
+
+
+def assert_masked_run_is_plain(run_config: dict, folder, node_configs: list[dict], atol: float) -> None:
+    """The run of ``run_config`` under secure aggregation is its unmasked run: the same test accuracy,
+    and its largest training gap and multipliers within ``atol`` (the ring's fixed-point sums)."""
+    plain, _ = run_inprocess({**run_config, "output-dir": str(folder / "plain")}, quiet=True,
+                             node_configs=node_configs)
+    masked, _ = run_inprocess({**run_config, "output-dir": str(folder / "masked"),
+                               "privacy.secure-aggregation": True}, quiet=True, node_configs=node_configs)
+    assert masked["test_acc"] == plain["test_acc"]
+    assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < atol
+    assert np.allclose(masked["lambdas"], plain["lambdas"], atol=atol)

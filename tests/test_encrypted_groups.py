@@ -29,6 +29,7 @@ from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 from fairvfl_flwr.jobs import encrypted_groups as eg  # noqa: E402
 from fairvfl_flwr.tools import registry_attack  # noqa: E402
 
+from .conftest import assert_masked_run_is_plain  # noqa: E402
 from .test_registry import Recording, guessing_accuracy  # noqa: E402
 
 ROUNDS = 5
@@ -262,12 +263,7 @@ def test_a_masked_encrypted_run_is_the_unmasked_one(tmp_path):
     nodes = [{"partition-id": k, "num-partitions": 6, **({"sum-noise": 0.0} if k == 5 else {})} for k in range(6)]
     rc = {"dataset": "compas", "constraint": "equalized-odds", "groups.holder": "registry", "groups.release": "ckks",
           "num-server-rounds": 3}
-    plain, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "plain")}, quiet=True, node_configs=nodes)
-    masked, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "masked"), "privacy.secure-aggregation": True},
-                              quiet=True, node_configs=nodes)
-    assert masked["test_acc"] == plain["test_acc"]
-    assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < 1e-9
-    assert np.allclose(masked["lambdas"], plain["lambdas"], atol=1e-9)
+    assert_masked_run_is_plain(rc, tmp_path, nodes, atol=1e-9)
 
 
 def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):

@@ -28,6 +28,8 @@ from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import PartyRuntime
 from fairvfl_flwr.tools import owntables
 
+from .conftest import assert_masked_run_is_plain
+
 REGISTRY = {"groups.holder": "registry"}
 
 
@@ -267,12 +269,7 @@ def test_a_masked_registry_run_is_the_plain_one(tmp_path):
     rc = {"dataset": "compas", "constraint": "equalized-odds", "optimizer": "gd", "num-server-rounds": 4,
           "groups.epsilon-s": 2.0, **REGISTRY}
     nodes = _secret_configs(6, tmp_path)  # one release for both runs (a simulated registry draws its secret per run)
-    plain, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "plain")}, quiet=True, node_configs=nodes)
-    masked, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "masked"), "privacy.secure-aggregation": True},
-                              quiet=True, node_configs=nodes)
-    assert masked["test_acc"] == plain["test_acc"]
-    assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < 1e-6
-    assert np.allclose(masked["lambdas"], plain["lambdas"], atol=1e-6)
+    assert_masked_run_is_plain(rc, tmp_path, nodes, atol=1e-6)
 
 
 # -- the registry's own table: pre-flight and private alignment ----------------------------------------
