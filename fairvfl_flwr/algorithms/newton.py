@@ -495,8 +495,10 @@ class SharedNewtonVFL(NewtonVFL):
     Jacobian of that subspace, and every party gets the same α and applies it to its own
     parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
     combined moves). The app runs it under secure aggregation, whose round hook hands this
-    server decoded sums only; over plain replies it is the same method (the server sums). The server's per-party view is
-    the sums on the first party and zeros on the others.
+    server decoded sums only, and for MLP parties over plain replies too, where it is the same
+    method (the server sums), so masking an MLP run changes only what the server sees
+    (``RunConfig.shared_steps``). The server's per-party view is the sums on the first party
+    and zeros on the others.
     """
 
     round_state = NewtonVFL.round_state + ("dz_moves", "totals")
@@ -795,8 +797,9 @@ HANDLERS = handlers({
 
 
 def _server(cfg, labels, **kwargs) -> NewtonVFL:
-    """Secure aggregation hides each party's X_k s_k: the search over step lengths every party shares."""
-    return (SharedNewtonVFL if cfg.masked else NewtonVFL)(cfg, labels, **kwargs)
+    """Secure aggregation hides each party's X_k s_k: the search over step lengths every party
+    shares; MLP parties take it masked or not (``RunConfig.shared_steps``)."""
+    return (SharedNewtonVFL if cfg.shared_steps else NewtonVFL)(cfg, labels, **kwargs)
 
 
 def _auto(cfg) -> str | None:
@@ -814,7 +817,9 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
     (docs/newton.md), so a deployment, whose server learns the groups only from the label
     file, decides as its simulation does."""
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
-              "parties)" if cfg.masked else "")
+              "parties)" if cfg.masked else
+              " with shared step lengths (MLP parties: the same search as under privacy.secure-aggregation)"
+              if cfg.shared_steps else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
                  "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else "")
     if cfg.model != "linear":
