@@ -237,6 +237,9 @@ def test_auto_picks_shared_step_newton_under_secure_aggregation():
     assert cfg.optimizer_in_use == "newton"
     assert "shared step lengths" in resolve(cfg).reason
     assert "shared step lengths" not in resolve(RunConfig(optimizer="auto")).reason
+    mlp = RunConfig(optimizer="auto", model="mlp")  # MLP parties share them masked or not
+    assert mlp.shared_steps and "shared step lengths" in resolve(mlp).reason
+    assert mlp.newton_moves == mlp.newton_shared_memory
     RunConfig(optimizer="newton", secure_aggregation="true").validate()  # not refused: the steps are shared
 
 
