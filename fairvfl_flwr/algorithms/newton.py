@@ -292,8 +292,9 @@ class NewtonVFL(VFLServer):
 
     def search(self, server_round: int) -> None:
         """The step from the kept point: the constrained search (core/newton.constrained_step,
-        whatever the constraint) on the linearised logits z + Σ_j α_j J_k d_j (summed over parties where the step lengths are shared) with a
-        Levenberg–Marquardt damping δ on the step's logits (core/newton.damping); the server's
+        whatever the constraint) on the linearised logits z + Σ_j α_j J_k d_j (summed over
+        parties where the step lengths are shared) with a Levenberg–Marquardt damping δ on the
+        step's logits (core/newton.damping); the server's
         view moves to the predicted logits, which the next message's z and ν are computed from
         (the parties' true logits come with their replies), and :attr:`trial` holds what judges it.
 
