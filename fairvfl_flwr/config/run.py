@@ -176,7 +176,7 @@ class RunConfig:
                                "Gram matrix)")
     newton_shared_memory: int = S(NEWTON_SHARED_MEMORY, "newton under privacy.secure-aggregation or with MLP parties: "
                                   "earlier combined moves searched with the new combined direction", rule=within(0, 16),
-                                  why="must be 0..16 (combined moves kept under secure aggregation)")
+                                  why="must be 0..16 (combined moves kept where the step lengths are shared)")
     server_labels: str = S("", "deployment: the server's label file written by fairvfl-export (deploy.md)")
     # -- privacy ---------------------------------------------------------------------
     secure_nu: str = S("none", "ckks: passive parties receive nu only as CKKS ciphertexts (linear models, "
@@ -441,9 +441,8 @@ class RunConfig:
         """Whether block Newton's step lengths are shared by every party: under secure
         aggregation, whose server sees only sums over parties, and for MLP parties with or
         without it, so that masking an MLP run changes what the server sees and nothing else
-        (a per-party search on plain replies is another method: on a network's linearised
-        logits its trajectory parted from the masked run's at round 1, and the two stopped up
-        to forty rounds apart)."""
+        (a per-party search on plain replies is another method, whose trajectory parts from
+        the masked run's from its first step, and the stop rule then ends the two apart)."""
         return self.masked or self.model != "linear"
 
     @property
