@@ -68,6 +68,26 @@ def test_masked_sums_equal_the_plain_sums_at_the_fixed_point_encoding():
         assert np.median(np.abs(ring.decode_wide(ring.sum_wide([wide[i]])))) > 1e6
 
 
+def test_plain_values_summed_on_the_grid_are_the_masked_sum_bit_for_bit():
+    """ring.grid_sum: what a server summing plain replies gets, equal to the decoded masked sum
+    to the last bit, where a float sum is not (values below the grid's step, float64 rounding)."""
+    k, n, w = 3, 2000, 4
+    rng = np.random.default_rng(5)
+    keys = _pair_keys(k)
+    dirs = [(rng.normal(size=n) * 10.0 ** rng.integers(-10, 1, size=n)).astype(np.float32) for _ in range(k)]
+    small = [rng.normal(size=w * w) * 10.0 ** rng.integers(-14, 4, size=w * w) for _ in range(k)]
+    masked = ring.decode(np.sum([ring.masked(dirs[i], i, keys[i], 5, "dir", k, "") for i in range(k)], axis=0,
+                                dtype=np.uint64))
+    masked_wide = ring.decode_wide(ring.sum_wide([ring.masked_wide(small[i], i, keys[i], 5, "dir-gram", k, "", "")
+                                                  for i in range(k)]))
+    assert np.array_equal(ring.grid_sum(dirs), masked)
+    assert np.array_equal(ring.grid_sum([s.reshape(w, w) for s in small], wide=True), masked_wide.reshape(w, w))
+    assert not np.array_equal(np.sum(dirs, axis=0, dtype=np.float64), masked)  # what the float sum would differ in
+    assert not np.array_equal(np.sum(small, axis=0), masked_wide)
+    huge = [np.array([1e9]), np.array([1.0]), np.array([2.0])]  # beyond the ring, where a masked run stops
+    assert ring.grid_sum(huge)[0] == 1e9 + 3.0
+
+
 def test_every_vector_of_a_round_has_its_own_mask():
     keys = _pair_keys(2)[0]
     streams = [ring.mask(keys[1], 7, label, 4).tobytes() for label in ring.SPLITS]
@@ -217,6 +237,9 @@ def test_auto_picks_shared_step_newton_under_secure_aggregation():
     assert cfg.optimizer_in_use == "newton"
     assert "shared step lengths" in resolve(cfg).reason
     assert "shared step lengths" not in resolve(RunConfig(optimizer="auto")).reason
+    mlp = RunConfig(optimizer="auto", model="mlp")  # MLP parties share them masked or not
+    assert mlp.shared_steps and "shared step lengths" in resolve(mlp).reason
+    assert mlp.newton_moves == mlp.newton_shared_memory
     RunConfig(optimizer="newton", secure_aggregation="true").validate()  # not refused: the steps are shared
 
 

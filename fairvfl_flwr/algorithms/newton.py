@@ -58,6 +58,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.server import VFLServer
+from fairvfl_flwr.secure import ring
 
 #: What a passive party uses for its curvature: derived from ν, nothing else received.
 PASSIVE_CURVATURE = "nu"
@@ -201,7 +202,9 @@ class NewtonVFL(VFLServer):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The subspace search over every party's directions; the last round also applies it."""
         if server_round == 0:  # the first partial logits, as under gradient descent
-            return super().aggregate_train(server_round, replies)
+            out = super().aggregate_train(server_round, replies)
+            self.pool()
+            return out
         self.held_rows = None
         replies = list(replies)
         got = {}
@@ -211,6 +214,7 @@ class NewtonVFL(VFLServer):
         if self.nonlinear:
             for reply in replies:  # the true logits where the step this round's message carried landed
                 self.fold(reply)
+            self.pool()
             return self.aggregate_nonlinear(server_round, got)
         du, a, gram, sq_norm = self.subspace(got)
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
@@ -288,8 +292,9 @@ class NewtonVFL(VFLServer):
 
     def search(self, server_round: int) -> None:
         """The step from the kept point: the constrained search (core/newton.constrained_step,
-        whatever the constraint) on the linearised logits z + Σ_j α_j J_k d_j with a
-        Levenberg–Marquardt damping δ on the step's logits (core/newton.damping); the server's
+        whatever the constraint) on the linearised logits z + Σ_j α_j J_k d_j (summed over
+        parties where the step lengths are shared) with a Levenberg–Marquardt damping δ on the
+        step's logits (core/newton.damping); the server's
         view moves to the predicted logits, which the next message's z and ν are computed from
         (the parties' true logits come with their replies), and :attr:`trial` holds what judges it.
 
@@ -438,7 +443,11 @@ class NewtonVFL(VFLServer):
         for reply in self.hooks.incoming(self.grid, server_round, self.exchange(self.grid, messages, timeout),
                                          timeout):
             self.fold(reply)
+        self.pool()
         self.alpha = {}
+
+    def pool(self) -> None:
+        """The server's view once a round's logits are folded: each party's own (per-party step lengths)."""
 
     def computed(self) -> dict[int, dict[str, np.ndarray]]:
         """The step lengths α_k of the round just folded, per party (sent with its next message)."""
@@ -495,8 +504,10 @@ class SharedNewtonVFL(NewtonVFL):
     Jacobian of that subspace, and every party gets the same α and applies it to its own
     parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
     combined moves). The app runs it under secure aggregation, whose round hook hands this
-    server decoded sums only; over plain replies it is the same method (the server sums). The server's per-party view is
-    the sums on the first party and zeros on the others.
+    server decoded sums only, and for MLP parties over plain replies too, where it is the same
+    method (the server sums), so masking an MLP run changes only what the server sees
+    (``RunConfig.shared_steps``). The server's per-party view is the sums on the first party
+    and zeros on the others.
     """
 
     round_state = NewtonVFL.round_state + ("dz_moves", "totals")
@@ -513,6 +524,21 @@ class SharedNewtonVFL(NewtonVFL):
         log(INFO, "FairVFL: block Newton with step lengths shared by all parties: the server's search needs only "
             "sums over parties")
 
+    def pool(self) -> None:
+        """Over plain replies, the folded logits and ‖θ_k‖² summed as the ring sums them, on the
+        first party with zeros on the others: the view secure aggregation leaves, to the last
+        bit, so the judgment and the stop rule decide on the same floats masked or not (under
+        secure aggregation the replies hold those sums already)."""
+        if self.cfg.masked:
+            return
+        nodes = [n.node_id for n in self.ordered_nodes()]
+        for parts in (self.u_train, self.u_test):
+            if all(nid in parts for nid in nodes):
+                total = ring.grid_sum([parts[nid] for nid in nodes])
+                parts.update({nid: total if nid == nodes[0] else np.zeros_like(total) for nid in nodes})
+        total = float(ring.grid_sum([np.array(self.sq_norms[nid]) for nid in nodes], wide=True))
+        self.sq_norms.update({nid: total if nid == nodes[0] else 0.0 for nid in nodes})
+
     def width_of(self, nid: int) -> int:
         """Columns of each party's reply: the new direction plus the shared kept moves (the same for every party)."""
         if self.nonlinear:
@@ -523,7 +549,13 @@ class SharedNewtonVFL(NewtonVFL):
         """The search's inputs from the replies summed over parties (the only view secure aggregation
         leaves): the moves' logits, θᵀD, DᵀD and ‖θ‖²."""
         nodes = [n.node_id for n in self.ordered_nodes()]
-        self.totals = {key: sum(got[nid][key] for nid in nodes) for key in got[nodes[0]]}
+        if self.cfg.masked:  # the decoded sums on the first party, zeros on the others
+            self.totals = {key: sum(got[nid][key] for nid in nodes) for key in got[nodes[0]]}
+        else:  # summed as the ring sums them, so masking a run changes nothing the search decides on
+            self.totals = {key: ring.grid_sum([got[nid][key] for nid in nodes],
+                                              wide=key in ring.WIDE_KEYS or key == "sq-norm")
+                           for key in got[nodes[0]]}
+            self.totals["sq-norm"] = float(self.totals["sq-norm"])
         du = self.totals["dir"] if self.nonlinear else np.column_stack([self.totals["dir"], *self.dz_moves])
         return du, self.totals["a"], self.totals["gram"], self.totals["sq-norm"]
 
@@ -795,8 +827,9 @@ HANDLERS = handlers({
 
 
 def _server(cfg, labels, **kwargs) -> NewtonVFL:
-    """Secure aggregation hides each party's X_k s_k: the search over step lengths every party shares."""
-    return (SharedNewtonVFL if cfg.masked else NewtonVFL)(cfg, labels, **kwargs)
+    """Secure aggregation hides each party's X_k s_k: the search over step lengths every party
+    shares; MLP parties take it masked or not (``RunConfig.shared_steps``)."""
+    return (SharedNewtonVFL if cfg.shared_steps else NewtonVFL)(cfg, labels, **kwargs)
 
 
 def _auto(cfg) -> str | None:
@@ -814,7 +847,9 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
     (docs/newton.md), so a deployment, whose server learns the groups only from the label
     file, decides as its simulation does."""
     shared = (" with shared step lengths (privacy.secure-aggregation: the server's search sees only sums over "
-              "parties)" if cfg.masked else "")
+              "parties)" if cfg.masked else
+              " with shared step lengths (MLP parties: the same search as under privacy.secure-aggregation)"
+              if cfg.shared_steps else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
                  "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else "")
     if cfg.model != "linear":

@@ -170,13 +170,13 @@ class RunConfig:
     hard_epsilon: bool = S(True, "rate constraints: epsilon bounds fairlearn's difference of the hard predictions on "
                            "the training rows (the smooth rates are calibrated until it does: fairness-constraints.md); false: "
                            "epsilon bounds the smooth rates")
-    newton_memory: int = S(NEWTON_MEMORY, "newton: earlier moves of each party searched with its new direction "
-                           "(newton.md#how-many-moves)", rule=within(0, 16),
+    newton_memory: int = S(NEWTON_MEMORY, "newton, linear parties: earlier moves of each party searched with its "
+                           "new direction (newton.md#how-many-moves)", rule=within(0, 16),
                            why="must be 0..16 (moves kept per party; each adds an entry to every reply's a and "
                                "Gram matrix)")
-    newton_shared_memory: int = S(NEWTON_SHARED_MEMORY, "newton under privacy.secure-aggregation: earlier combined "
-                                  "moves searched with the new combined direction", rule=within(0, 16),
-                                  why="must be 0..16 (combined moves kept under secure aggregation)")
+    newton_shared_memory: int = S(NEWTON_SHARED_MEMORY, "newton under privacy.secure-aggregation or with MLP parties: "
+                                  "earlier combined moves searched with the new combined direction", rule=within(0, 16),
+                                  why="must be 0..16 (combined moves kept where the step lengths are shared)")
     server_labels: str = S("", "deployment: the server's label file written by fairvfl-export (deploy.md)")
     # -- privacy ---------------------------------------------------------------------
     secure_nu: str = S("none", "ckks: passive parties receive nu only as CKKS ciphertexts (linear models, "
@@ -437,10 +437,19 @@ class RunConfig:
         return DEPLOYED_REJOIN_WAIT if self.tables_own and can else 0.0
 
     @property
+    def shared_steps(self) -> bool:
+        """Whether block Newton's step lengths are shared by every party: under secure
+        aggregation, whose server sees only sums over parties, and for MLP parties with or
+        without it, so that masking an MLP run changes what the server sees and nothing else
+        (a per-party search on plain replies is another method, whose trajectory parts from
+        the masked run's from its first step, and the stop rule then ends the two apart)."""
+        return self.masked or self.model != "linear"
+
+    @property
     def newton_moves(self) -> int:
         """Moves a party keeps for Newton's search: its own (per-party step lengths), or its
-        parts of the combined moves where secure aggregation shares the step lengths."""
-        return self.newton_shared_memory if self.masked else self.newton_memory
+        parts of the combined moves where the step lengths are shared (:attr:`shared_steps`)."""
+        return self.newton_shared_memory if self.shared_steps else self.newton_memory
 
     @property
     def lr(self) -> float:

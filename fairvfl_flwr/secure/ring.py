@@ -127,6 +127,25 @@ def decode_wide(total: list[int]) -> np.ndarray:
     return np.array([(q - _WIDE_MOD if q >> 127 else q) / 2**WIDE_FRACTION_BITS for q in total], dtype=np.float64)
 
 
+def grid_sum(values: list[np.ndarray], wide: bool = False) -> np.ndarray:
+    """The sum a server decodes of these parties' values under secure aggregation, from plain
+    values: each rounded to the ring's fixed-point grid (the 128-bit ring's for ``wide``), the
+    integers summed exactly, decoded. A float sum differs from it in the last bits (values
+    below the grid's step, float64 rounding), and a search whose decisions are discrete (a step
+    taken back, the stop rule's bound moves) carries such a difference into another
+    trajectory. Values beyond the ring's range, where a masked run stops: their float sum."""
+    values = [np.asarray(v, dtype=np.float64) for v in values]
+    bound = (WIDE_LIMIT if wide else LIMIT) / (2 * len(values))  # encode's and encode_wide's range
+    if not all(np.all(np.abs(v) < bound) for v in values):
+        return np.sum(values, axis=0)
+    if wide:
+        totals = [sum(round(float(x) * 2.0**WIDE_FRACTION_BITS) for x in column)
+                  for column in zip(*(v.ravel() for v in values))]
+        return decode_wide([t % _WIDE_MOD for t in totals]).reshape(values[0].shape)
+    total = np.sum([np.rint(v * SCALE).astype(np.int64) for v in values], axis=0, dtype=np.int64)
+    return decode(total.view(np.uint64))
+
+
 def unmask_sum(words: list[np.ndarray], what: str) -> np.ndarray:
     """The decoded sum of several parties' masked 64-bit words; masks that did not cancel stop the run."""
     return cancelled(decode(np.sum(words, axis=0, dtype=np.uint64)), LIMIT / 2, f"{what}: the masks")  # mod 2^64
