@@ -41,6 +41,7 @@ writes it again; ``--keep-from`` adds the rows of another page's json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -643,7 +644,7 @@ def publish(out: Path, name: str, settings: dict, results: list[dict], info: dic
     summary = summarise(results)
     at, at_train = matched(summary, results), matched(summary, results, "train")
     rows = verdicts(summary, at, at_train)
-    plot = f"{name}.png" if plot_curves(summary, results, done, page(name, out).parent / f"{name}.png") else None
+    plot = f"{name}.png" if importlib.util.find_spec("matplotlib") else None
     notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
     notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
     runs = [run_of(r["command"], r["commit"]) for i in (info[row] for row in done) for r in (i, *i.get("also", []))
@@ -654,6 +655,8 @@ def publish(out: Path, name: str, settings: dict, results: list[dict], info: dic
           markdown(summary, at, info, plot, at_train),
           title="Accuracy against the hard-rate gap: FairVFL, fairlearn EG (expected) and ThresholdOptimizer",
           notes=notes)
+    if plot:  # after the page, which names the commit it was written at: a plot written first marks that changed
+        plot_curves(summary, results, done, page(name, out).parent / plot)
     if Path(out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference pages show the same tables
         include(REPO / "docs" / "fairness-constraints.md", name, verdict_table(rows))
         include(REPO / "docs" / "compare.md", name, verdict_table(rows))

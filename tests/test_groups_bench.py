@@ -339,6 +339,7 @@ def test_keep_rebuilds_the_page_from_its_json_and_lists_every_rows_command(tmp_p
     md = (tmp_path / "groups.md").read_text()
     assert "The rows were made by `" in md and " (at abc1234)`" in md
     assert "Seeds 0 only, of the page's 0, 1." in md and "Not yet run: adult-dp (seeds 1)." in md
+    assert ("![test accuracy" in md) == (tmp_path / "groups.png").is_file()  # the plot the page shows is drawn
     groups.main(["--rows", "", *args, "--keep"])  # the page again, from its json alone
     page = json.loads((tmp_path / "groups.json").read_text())
     assert list(page["groups"]) == ["crime-eo", "adult-dp"] and page["groups"]["adult-dp"]["seeds"] == [0]
