@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from fairvfl_flwr.tools.results import RESULTS, machine, page, page_name, publish, this_command  # noqa: E402
+from fairvfl_flwr.tools.results import RESULTS, commit, machine, page, page_name, publish, this_command  # noqa: E402
 
 DEFAULT_OUT = RESULTS  # docs/results/: a rerun of the command refreshes the page it wrote
 
@@ -57,6 +57,32 @@ def write(out: Path, name: str, payload: dict, markdown: str, *, title: str = ""
     print(markdown)
     written = publish(name, this_command(), payload, markdown, title=title, notes=notes, out=out)
     print(f"\n[{name}] written to {written} and {written.with_suffix('.json').name}")
+
+
+def run_of(command: str, sha: str) -> str:
+    """A call that made some of a page's rows, as the page names it: its command and commit."""
+    return f"{command} (at {sha or 'no commit'})"
+
+
+def this_run() -> str:
+    """:func:`run_of` this process: what a row run here records, so that a page rebuilt from its
+    json with ``--keep`` still names the command and commit that measured the row."""
+    return run_of(this_command(), commit())
+
+
+def made_by(runs, what: str = "rows") -> str:
+    """The page's note naming the calls (:func:`run_of`) that made its ``what``, each once, in order:
+    a page rebuilt with ``--keep`` is written by one command but measured by these."""
+    return f"The {what} were made by " + "; ".join(f"`{r}`" for r in dict.fromkeys(runs)) + "."
+
+
+def kept_page(name: str, out: Path | str = DEFAULT_OUT) -> dict | None:
+    """The json of the page ``name`` in ``out`` (the committed one in docs/results), which ``--keep``
+    rebuilds the page from; None when there is none yet. Read when the page is written, not when
+    the call starts, so that calls of other rows run side by side each add theirs instead of
+    overwriting them."""
+    path = page(name, out).with_suffix(".json")
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def peak_rss_mib() -> float:

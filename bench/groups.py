@@ -29,15 +29,19 @@ against the other method's curve of the same seed at that point's gap.
 
 ``--quick`` is a smoke run (two ε, two bounds). ``--set KEY=VALUE`` (flwr run's
 --run-config syntax) overrides a run-config key of every FairVFL run. The page is published
-after every finished row, so an interrupted run leaves the rows it finished. A run of some
-rows keeps the page's other rows (:func:`kept_rows`) when they were run with the same
-settings, and each row's section names the command and commit it came from; ``--keep-from``
-adds the rows of other pages (runs of other rows side by side, each into its own ``--out``).
+after every finished seed, so an interrupted run leaves the rows and seeds it finished (a row on
+fewer seeds than the page's says which it ran). Each row names the
+command and commit it came from (its section, and the page's notes list them all). With
+``--keep`` a run of some rows keeps the page's other rows (:func:`kept_rows`) when they were run
+with the same settings: the page is rebuilt from its committed json, read at every publish, so
+runs of other rows side by side into the same page each add theirs, and ``--rows '' --keep``
+writes it again; ``--keep-from`` adds the rows of another page's json.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -48,7 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, page, page_name, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, made_by, page, page_name, run_of, write  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
@@ -428,9 +432,13 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
              matched_table(at), ""]
     if plot:
         parts += [f"![test accuracy against the hard-rate test gap]({plot})", ""]
+    ran = {row: sorted({s for p in summary if p["row"] == row for s in p["seeds"]}) for row in info}
+    on_page = sorted({s for seeds in ran.values() for s in seeds})
     for row in dict.fromkeys(p["row"] for p in summary):
         constraint = ROWS[row]["constraint"]
         groups = info[row]
+        fewer = (f" Seeds {', '.join(map(str, ran[row]))} only, of the page's {', '.join(map(str, on_page))}."
+                 if ran[row] != on_page else "")
         parts += [f"### {row}: {TITLES[row]}", "",
                   f"Gap: `{GAP_NAME[GAP[constraint]]}` over the constraint's groups "
                   f"{', '.join(groups['groups'])} (test rows, seed {groups['seed']}: "
@@ -439,7 +447,7 @@ def markdown(summary: list[dict], at: list[dict], info: dict, plot: str | None, 
                                        + "".join(f"; seeds {', '.join(map(str, o['seeds'] or []))} from "
                                                  f"`{o['command']}` at commit {o['commit'] or '?'}"
                                                  for o in groups.get("also", [])) + "."
-                                       if "command" in groups else "")
+                                       if "command" in groups else "") + fewer
                   + "".join(f" Seed {f['seed']}, {f['setting']} failed, left out of its mean: {f['reason']}"
                             + ("" if f["reason"].endswith(".") else ".") for f in groups.get("failed", [])),
                   "",
@@ -578,6 +586,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="run-config override of every FairVFL run, flwr run's --run-config syntax (repeatable)")
     ap.add_argument("--name", type=page_name, default="groups", help="results page name")
+    ap.add_argument("--keep", action="store_true", help="keep the page's rows this call does not run (run with the "
+                    "same settings; its json, read at every publish)")
     ap.add_argument("--keep-from", type=Path, action="append", default=[], metavar="JSON",
                     help="another page's json whose rows (run with the same settings, not rerun here) join this page")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -596,21 +606,35 @@ def main(argv: list[str] | None = None) -> None:
     clash = sorted(set(overrides) & {"dataset", "seed", "constraint", "fairness", "epsilon", "num-server-rounds"})
     if clash:
         ap.error(f"--set {clash[0]}=...: the bench sets {clash[0]} itself")
+    if not rows and not (a.keep or a.keep_from):
+        ap.error("--rows '' writes the kept rows' page again: add --keep (the page's own rows) or --keep-from JSON")
     settings = {"rounds": a.rounds, "epsilons": list(epsilons), "bounds": list(bounds), "seeds": seeds,
                 "overrides": overrides}
-    results, info = kept_pages([*a.keep_from, page(a.name, a.out).with_suffix(".json")], rows, settings)
+    kept_from = [*a.keep_from, *([page(a.name, a.out).with_suffix(".json")] if a.keep else [])]
+
+    def on_page(results: list[dict], info: dict) -> tuple[list[dict], dict]:
+        kept, kept_info = kept_pages(kept_from, rows, settings)
+        return kept + results, {**kept_info, **info}
+
+    results, info = [], {}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as csv_folder:
         for i, row in enumerate(rows):
-            for seed in seeds:
+            for j, seed in enumerate(seeds):
                 pts, groups = points(row, seed, epsilons, bounds, a.rounds, overrides, Path(csv_folder))
                 results += pts
                 failed = groups.pop("failed")
-                info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed,
-                                      "failed": []})["failed"] += failed
-            publish(a.out, a.name, settings, results, info, rows[i + 1:])
-    if not rows and info:  # --rows '': the kept rows' page again
-        publish(a.out, a.name, settings, results, info, [])
+                mine = info.setdefault(row, {"command": this_command(), "commit": commit(), **groups, "seed": seed,
+                                             "seeds": [], "failed": []})
+                mine["seeds"].append(seed)
+                mine["failed"] += failed
+                rest = seeds[j + 1:]
+                publish(a.out, a.name, settings, *on_page(results, info),
+                        [f"{row} (seeds {', '.join(map(str, rest))})"] * bool(rest) + rows[i + 1:])
+    if not rows:  # --rows '': the kept rows' page again
+        results, info = on_page(results, info)
+        if info:
+            publish(a.out, a.name, settings, results, info, [])
 
 
 def publish(out: Path, name: str, settings: dict, results: list[dict], info: dict, missing: list[str]) -> None:
@@ -620,14 +644,19 @@ def publish(out: Path, name: str, settings: dict, results: list[dict], info: dic
     summary = summarise(results)
     at, at_train = matched(summary, results), matched(summary, results, "train")
     rows = verdicts(summary, at, at_train)
-    plot = f"{name}.png" if plot_curves(summary, results, done, page(name, out).parent / f"{name}.png") else None
+    plot = f"{name}.png" if importlib.util.find_spec("matplotlib") else None
     notes = NOTES + ("" if plot else "\n\nNo plot: matplotlib is not installed.")
     notes += "" if not missing else "\n\nNot yet run: " + ", ".join(missing) + "."
+    runs = [run_of(r["command"], r["commit"]) for i in (info[row] for row in done) for r in (i, *i.get("also", []))
+            if "command" in r]
+    notes += f"\n\n{made_by(runs)}" if runs else ""
     write(out, name, {**settings, "groups": info, "matched": at, "matched_train": at_train, "verdicts": rows,
                       "summary": summary, "points": results},
           markdown(summary, at, info, plot, at_train),
           title="Accuracy against the hard-rate gap: FairVFL, fairlearn EG (expected) and ThresholdOptimizer",
           notes=notes)
+    if plot:  # after the page, which names the commit it was written at: a plot written first marks that changed
+        plot_curves(summary, results, done, page(name, out).parent / plot)
     if Path(out).resolve() == Path(DEFAULT_OUT).resolve():  # the reference pages show the same tables
         include(REPO / "docs" / "fairness-constraints.md", name, verdict_table(rows))
         include(REPO / "docs" / "compare.md", name, verdict_table(rows))

@@ -37,10 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import DEFAULT_OUT, REPO, page, table, this_command, write  # noqa: E402
+from bench.common import DEFAULT_OUT, REPO, kept_page, made_by, page, run_of, table, this_run, write  # noqa: E402
 from bench.rounds import GAP_SLACK, rounds_to_gaps, run_floor  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
-from fairvfl_flwr.tools.results import commit  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.flower.server import VFLServer  # noqa: E402
 from fairvfl_flwr.algorithms.newton import NewtonVFL  # noqa: E402
@@ -180,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--constraints: {sorted(unknown)} unknown (choose from {', '.join(CONSTRAINTS)})")
     kept: dict[tuple, dict] = {}
-    old = page(NAME).with_suffix(".json")
-    if args.keep and old.is_file():
-        kept = {key(r): r for r in json.loads(old.read_text())["rows"]}
+    previous = kept_page(NAME) if args.keep else None
+    if previous:
+        kept = {key(r): r for r in previous["rows"]}
     skipped = []
     with tempfile.TemporaryDirectory() as tmp:
         for dataset in args.datasets.split(","):
@@ -208,12 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                         row["Δacc"] = row["test acc"] - row["reference acc"]
                     print(json.dumps(row), flush=True)
                     kept[key(row)] = {**row, "run here": True}
-    commands = [f"{this_command()} (at {commit() or 'no commit'})"]
-    if args.keep and old.is_file():  # what another call wrote meanwhile, under this call's rows
-        previous = json.loads(old.read_text())
+    commands = [this_run()]
+    previous = kept_page(NAME) if args.keep else None
+    if previous:  # what another call wrote meanwhile, under this call's rows
         done = {key(r) for r in kept.values() if r.get("run here")}
         kept = {**{key(r): r for r in previous["rows"]}, **{k: r for k, r in kept.items() if k in done}}
-        earlier = previous.get("commands", [f"{previous['command']} (at {previous.get('commit') or 'no commit'})"])
+        earlier = previous.get("commands", [run_of(previous["command"], previous.get("commit"))])
         commands = [c for c in earlier if c != commands[0]] + commands
     for r in kept.values():
         r.pop("run here", None)
@@ -240,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                  "Gauss–Newton steps the server took back; `masked …`: the same under secure aggregation; "
                  "`Δacc`: test accuracy minus the reference's, in points."
                  + (f" Not run (no several-groups variant): {', '.join(sorted(set(skipped)))}." if skipped else ""))
-        notes += " The rows and columns were made by " + "; ".join(f"`{c}`" for c in commands) + "."
+        notes += " " + made_by(commands, "rows and columns")
         write(DEFAULT_OUT, NAME, {"epsilon": EPSILON, "commands": commands, "rows": rows}, markdown,
               title="MLP parties: rounds to the target and to the stop", notes=notes)
     else:

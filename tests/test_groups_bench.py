@@ -308,3 +308,43 @@ def test_a_run_of_some_rows_keeps_the_pages_other_rows_with_their_commit(tmp_pat
     assert "| FairVFL | ε=0.001 (1 of 2 seeds) |" in page
     assert "; seeds 1 from `python bench/groups.py --seeds 1` at commit fff0000." in groups.markdown(
         groups.summarise(one), groups.matched(groups.summarise(one), one), both_kept, None)
+
+
+def test_keep_rebuilds_the_page_from_its_json_and_lists_every_rows_command(tmp_path, monkeypatch):
+    """bench/groups.py --keep: a run of one row keeps the page's other rows, read again at each
+    publish (a run of another row side by side into the same page adds its row, not overwrites
+    it), and the notes name each row's command and commit; without --keep only its own rows. The
+    page is written after every seed: a run stopped after some seeds leaves its row on those."""
+    from bench import groups
+
+    def fake_points(row, seed, epsilons, bounds, rounds, overrides, csv_folder):
+        if row == "adult-dp" and seed == 1:
+            raise KeyboardInterrupt
+        point = {"row": row, "seed": seed, "gap": 0.1, "acc": 0.7, "train_gap": 0.05, "train_acc": 0.7}
+        pts = [{**point, "method": groups.FAIRVFL, "setting": "ε=0.01"},
+               {**point, "method": groups.EG, "setting": "bound=0.01", "acc": 0.69}]
+        return pts, {"groups": ["a", "b"], "test_rows": {"a": 3, "b": 4}, "failed": []}
+
+    monkeypatch.setattr(groups, "points", fake_points)
+    args = ["--seeds", "0,1", "--epsilons", "0.01", "--bounds", "0.01", "--out", str(tmp_path)]
+    groups.main(["--rows", "crime-eo", *args])
+    page = json.loads((tmp_path / "groups.json").read_text())
+    page["groups"]["crime-eo"]["commit"] = "abc1234"
+    (tmp_path / "groups.json").write_text(json.dumps(page))
+    with pytest.raises(KeyboardInterrupt):
+        groups.main(["--rows", "adult-dp", *args, "--keep"])
+    page = json.loads((tmp_path / "groups.json").read_text())
+    assert list(page["groups"]) == ["crime-eo", "adult-dp"] and page["groups"]["crime-eo"]["commit"] == "abc1234"
+    assert page["groups"]["adult-dp"]["seeds"] == [0] and page["groups"]["crime-eo"]["seeds"] == [0, 1]
+    md = (tmp_path / "groups.md").read_text()
+    assert "The rows were made by `" in md and " (at abc1234)`" in md
+    assert "Seeds 0 only, of the page's 0, 1." in md and "Not yet run: adult-dp (seeds 1)." in md
+    assert ("![test accuracy" in md) == (tmp_path / "groups.png").is_file()  # the plot the page shows is drawn
+    groups.main(["--rows", "", *args, "--keep"])  # the page again, from its json alone
+    page = json.loads((tmp_path / "groups.json").read_text())
+    assert list(page["groups"]) == ["crime-eo", "adult-dp"] and page["groups"]["adult-dp"]["seeds"] == [0]
+    assert "Not yet run" not in (tmp_path / "groups.md").read_text()
+    groups.main(["--rows", "crime-eo", *args])
+    assert list(json.loads((tmp_path / "groups.json").read_text())["groups"]) == ["crime-eo"]
+    with pytest.raises(SystemExit):  # nothing to run and nothing to keep: refused, not an empty page
+        groups.main(["--rows", "", *args])

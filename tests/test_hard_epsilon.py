@@ -220,3 +220,36 @@ def test_the_rounds_page_keeps_an_earlier_pages_rows_it_did_not_rerun(tmp_path):
     kept, commit = kept_rows(old, [row("compas", 0, 20)], args)
     assert commit == "abc1234" and kept == [row("compas", 1, 9)]
     assert kept_rows(old, [], argparse.Namespace(**{**vars(args), "epsilon": 0.01})) == ([], "")
+
+
+def test_keep_rebuilds_the_page_from_its_json_naming_each_rows_call(tmp_path, monkeypatch):
+    """bench/hard_epsilon.py --keep: the rows run now replace the page's, the others stay, and every
+    row names the call that measured it: a page written before rows named theirs gives its command
+    less the options that read other files, so the rebuilt page cites repository commands only."""
+    import json
+
+    from bench import hard_epsilon
+
+    def fake_run(cfg, quiet):
+        return {"rounds": 7, "train_max_gap": 0.02, "train_dp_diff": 0.01, "test_dp_diff": 0.03, "test_acc": 0.6}, None
+
+    monkeypatch.setattr(hard_epsilon, "run_inprocess", fake_run)
+    legacy = {"dataset": "compas", "constraint": "demographic-parity", "hard-epsilon": "on", "rounds": 9,
+              "temperature": 1.0, "tightenings": 0, "loosenings": 0, "smooth bound": 0.02, "train smooth gap": 0.02,
+              "train hard gap": 0.05, "test hard gap": 0.1, "test acc": 0.5, "met": "no", "cause": "old"}
+    (tmp_path / "hard-epsilon.json").write_text(json.dumps({
+        "command": "python bench/hard_epsilon.py --page --from-log /tmp/x.log --keep-from=/tmp/old.json",
+        "commit": "abc1234", "epsilon": 0.02, "rows": [{**legacy, "seed": 0}, {**legacy, "seed": 1}]}))
+    args = ["--datasets", "compas", "--constraints", "demographic-parity", "--seeds", "1", "--page",
+            "--out", str(tmp_path)]
+    hard_epsilon.main([*args, "--keep"])
+    page = json.loads((tmp_path / "hard-epsilon.json").read_text())
+    assert [(r["seed"], r["rounds"]) for r in page["rows"]] == [(0, 9), (1, 7)]
+    assert page["rows"][0]["run"] == "python bench/hard_epsilon.py --page (at abc1234)"
+    assert page["rows"][1]["run"] == hard_epsilon.this_run()
+    notes = (tmp_path / "hard-epsilon.md").read_text().split("\n\n")[-1]
+    assert "`python bench/hard_epsilon.py --page (at abc1234)`" in notes and "/tmp" not in notes
+    hard_epsilon.main([*args, "--keep", "--epsilon", "0.01"])  # another ε: no row of the page is comparable
+    assert [r["seed"] for r in json.loads((tmp_path / "hard-epsilon.json").read_text())["rows"]] == [1]
+    hard_epsilon.main(args)  # without --keep the page holds this call's rows only
+    assert [r["seed"] for r in json.loads((tmp_path / "hard-epsilon.json").read_text())["rows"]] == [1]
