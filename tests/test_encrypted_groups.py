@@ -5,6 +5,7 @@ refuse; a lying server isolates rows only within them (tools/registry_attack.py)
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -28,6 +29,7 @@ from fairvfl_flwr.flower.errors import FederationError  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 from fairvfl_flwr.jobs import encrypted_groups as eg  # noqa: E402
 from fairvfl_flwr.tools import registry_attack  # noqa: E402
+from fairvfl_flwr.tools.malicious import LyingGrid  # noqa: E402
 
 from .conftest import assert_masked_run_is_plain  # noqa: E402
 from .test_registry import Recording, guessing_accuracy  # noqa: E402
@@ -264,6 +266,37 @@ def test_a_masked_encrypted_run_is_the_unmasked_one(tmp_path):
     rc = {"dataset": "compas", "constraint": "equalized-odds", "groups.holder": "registry", "groups.release": "ckks",
           "num-server-rounds": 3}
     assert_masked_run_is_plain(rc, tmp_path, nodes, atol=1e-9)
+
+
+class ReplayedLeg(LyingGrid):
+    """A lying server that keeps the label owner's first leg of round 1 and sends it again, its view
+    resealed, in place of round 2's first leg: an old leg's sums against the party's new products."""
+
+    kept = None
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type != eg.TRAIN_ACTIVE_LEG:
+                continue
+            r = int(m.content.config_records[msgs.ROUND]["round"])
+            if r == 1 and self.kept is None:
+                self.kept = copy.deepcopy(m.content)
+            elif r == 2 and self.kept is not None:
+                m.content = copy.deepcopy(self.kept)
+        return super().push_messages(messages)
+
+
+def test_a_leg_replayed_into_a_later_round_is_refused(tmp_path):
+    """Legs continue their round's view: one of an earlier round does not continue the label
+    owner's view of this one, and it refuses it, naming the round, before any step."""
+    rc = RunConfig.from_flower({"dataset": "compas", "groups.holder": "registry", "groups.release": "ckks",
+                                "num-server-rounds": 3, "privacy.secure-aggregation": True,
+                                "output-dir": str(tmp_path)})
+    grid = ReplayedLeg(client_app, rc.to_flower(), 6)
+    with pytest.raises(FederationError, match="does not continue the view this party holds"):
+        run_inprocess(rc.to_flower(), quiet=True, grid=grid)
+    assert grid.kept is not None
 
 
 def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
