@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import DEFAULT_OUT, table, write  # noqa: E402
 from bench.deploy_time import deploy, history  # noqa: E402
+from bench.rounds import GAP_SLACK, rounds_to_gaps  # noqa: E402
 from fairvfl_flwr.secure import identity  # noqa: E402
 from fairvfl_flwr.tools import owntables  # noqa: E402
 
@@ -56,17 +57,6 @@ def federation(folder: Path, raw, registry: bool, keys: list[dict]) -> list[dict
     return nodes
 
 
-def gap_round(rows: list[dict], epsilon: float) -> int | None:
-    """The first round from which every training gap stays within ε up to the end (None: not at the end)."""
-    hit = None
-    for r in rows:
-        if r["round"] < 1:
-            continue
-        ok = r.get("max_gap") is not None and r["max_gap"] <= epsilon
-        hit = (hit or r["round"]) if ok else None
-    return hit
-
-
 def run(tmp: Path, slug: str, name: str, nodes: list[dict], cfg: dict, epsilon: float) -> dict:
     out = tmp / f"out-{slug}"
     got = deploy(tmp / f"fed-{slug}", nodes, {**cfg, "output-dir": str(out)}, {})
@@ -77,7 +67,7 @@ def run(tmp: Path, slug: str, name: str, nodes: list[dict], cfg: dict, epsilon: 
     summary = json.loads(summary_path.read_text())
     rows = history(out)
     return {"groups held by": name, "optimizer": summary.get("optimizer", cfg.get("optimizer", "auto")),
-            "rounds": summary["rounds"], "to ε": gap_round(rows, epsilon),
+            "rounds": summary["rounds"], "to ε": rounds_to_gaps(rows, epsilon),
             "train max gap": summary["train_max_gap"], "test acc": 100 * summary["test_acc"],
             "seconds to summary": summary_path.stat().st_mtime - got["submitted"],
             "seconds": got["finished"] - got["submitted"]}
@@ -112,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
              f"shuffled, its own id column), ε = {a.epsilon} on DEO's loss gaps, evaluated every round; each run "
              "in a fresh loopback federation (a SuperLink and five SuperNodes on this machine), identity keys "
              "pinned, PSI alignment, secure aggregation of the logits. `to ε`: the first round from which every "
-             "training gap stays within ε (None: not at the end); `seconds to summary`: from `flwr run` to the "
+             f"training gap stays within ε + {GAP_SLACK} (None: not at the end); `seconds to summary`: from `flwr run` to the "
              "run's summary file; `time vs label owner`: the same, over the label owner's deployment in this run. "
              "The registry's run is gradient descent (encrypted groups do not run block Newton: `optimizer = "
              "\"auto\"` takes gradient descent), the label owner's block Newton.")
