@@ -52,7 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet, as_multipliers, gap_weights, gaps_per_row
-from fairvfl_flwr.core.constraints.measures import logistic_loss
+from fairvfl_flwr.core.constraints.cells import GapModel
+from fairvfl_flwr.core.constraints.measures import logistic_loss, loss_derivative, sigmoid
 from fairvfl_flwr.core.constraints.release import RowWeights
 from fairvfl_flwr.core.step import dual_step
 
@@ -91,6 +92,13 @@ def party_curvature(nu: np.ndarray | None, n: int, kind: str) -> np.ndarray:
     if kind == "const":
         return np.full(n, 0.25 / n)
     raise ValueError(f"party curvature {kind!r}: choose nu or const (exact comes from the server)")
+
+
+def loss_curvature(z: np.ndarray, n: int) -> np.ndarray:
+    """σ'(z_i)/n: the logistic loss's own curvature, every row at weight 1/n (a label owner that
+    holds no row's group weight: a registry's encrypted groups)."""
+    p = sigmoid(np.asarray(z, dtype=np.float64))
+    return p * (1.0 - p) / n
 
 
 def with_bias(x: np.ndarray) -> np.ndarray:
@@ -136,6 +144,140 @@ def solve_psd(H: np.ndarray, rhs: np.ndarray, rcond: float = 1e-12) -> np.ndarra
     return scaled @ (rhs / d) / d
 
 
+class RowwiseSpace:
+    """φ and the gaps on the span of the directions' logits Δu, row by row from the constraint: where
+    the server holds every row's group (or its release), each trial point z + Δu α is evaluated exactly."""
+
+    def __init__(self, constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.ndarray) -> None:
+        self.constraint, self.y, self.z, self.du = constraint, y, z, du
+        self.cols = gap_weights(constraint)
+
+    def value(self, al: np.ndarray, lam: np.ndarray) -> float:
+        """φ(z + Δu α) at λ (:func:`smooth_part`)."""
+        return smooth_part(self.constraint, self.y, self.z + self.du @ al, lam)
+
+    def gradient(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀν at z + Δu α: φ's gradient in α."""
+        return self.du.T @ self.constraint.masked_weights(self.y, self.z + self.du @ al, lam)
+
+    def curvature(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀ diag(h) Δu with h the PSD per-row curvature (:func:`curvature`)."""
+        return (self.du * curvature(self.constraint, self.y, self.z + self.du @ al, lam)[:, None]).T @ self.du
+
+    def gaps(self, al: np.ndarray) -> np.ndarray:
+        """Every D_c at z + Δu α."""
+        return self.constraint.gaps(self.y, self.z + self.du @ al)
+
+    def slopes(self, al: np.ndarray) -> np.ndarray:
+        """V = Δuᵀ ∂D/∂z at z + Δu α (J × C): the gaps' gradients in α."""
+        return self.du.T @ (self.constraint.q.slope(self.y, self.z + self.du @ al)[:, None] * self.cols)
+
+    def retry(self, alpha: np.ndarray) -> None:
+        """Every trial point was evaluated exactly: the search's step stands."""
+        return None
+
+
+class ModelledSpace:
+    """φ and the gaps on the span of Δu where the server reaches the groups only through sums (a
+    registry's encrypted groups): the loss part of φ exactly from the labels and logits, each gap
+    from its Taylor model at α = 0, D_c(α) = D_c + V_cᵀα + αᵀW_cα/2, whose coefficients the
+    constraint asked the registry for in one request (:class:`GapModel`). For linear parties
+    z + Δu α is exact, so only the measure q is expanded. The constraint's part of φ at λ is
+    Σ_c d_c D_c(α) (d_c = λ_c+ − λ_c−); its curvature Σ_c d_c W_c enters the search's PSD model
+    clipped to its non-negative eigenvalues (none without W: the linear model)."""
+
+    def __init__(self, model: GapModel, y: np.ndarray, z: np.ndarray, du: np.ndarray, constraint=None) -> None:
+        self.model, self.y, self.z, self.du = model, y, z, du
+        self.n = len(y)
+        self.constraint = constraint  # asked for the true gaps at a step (:meth:`retry`); None: never
+        self.delta = 0.0  # the damping of the last search (:meth:`retry`)
+        self.tries = 0
+
+    @staticmethod
+    def _d(lam: np.ndarray) -> np.ndarray:
+        lam = np.asarray(lam, dtype=np.float64)
+        return lam[0::2] - lam[1::2]
+
+    def value(self, al: np.ndarray, lam: np.ndarray) -> float:
+        """The mean logistic loss at z + Δu α plus Σ_c d_c D_c(α)."""
+        return float(logistic_loss(self.y, self.z + self.du @ al).mean() + self._d(lam) @ self.gaps(al))
+
+    def gradient(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀ o/n + V(α) d."""
+        return self.du.T @ (loss_derivative(self.y, self.z + self.du @ al) / self.n) + self.slopes(al) @ self._d(lam)
+
+    def curvature(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀ diag(σ'/n) Δu, plus Σ_c d_c W_c's non-negative part where the model has W."""
+        zz = self.z + self.du @ al
+        p = sigmoid(zz)
+        H = (self.du * (p * (1.0 - p) / self.n)[:, None]).T @ self.du
+        if self.model.W is not None:
+            w, v = np.linalg.eigh(np.tensordot(self._d(lam), self.model.W, axes=1))
+            H = H + (v * np.maximum(w, 0.0)) @ v.T
+        return H
+
+    def gaps(self, al: np.ndarray) -> np.ndarray:
+        """D(α) from the model."""
+        m = self.model
+        out = m.D + m.V.T @ al
+        if m.W is not None:
+            out = out + 0.5 * np.einsum("j,cjk,k->c", al, m.W, al)
+        return out
+
+    def slopes(self, al: np.ndarray) -> np.ndarray:
+        """V(α) = V + W α (J × C)."""
+        m = self.model
+        return m.V if m.W is None else m.V + np.einsum("cjk,k->jc", m.W, al)
+
+    def retry(self, alpha: np.ndarray) -> np.ndarray | None:
+        """None where the search's step ``alpha`` stands; else the damping to search again with.
+
+        The step stands where the model's gaps there are within :data:`MODEL_TOLERANCE` of the
+        true ones (one sum per gap, asked of the constraint's oracle), where no sums are left
+        this round for that check, or after :data:`MODEL_TRIES` searches. Else the model takes
+        the true gaps at the step as a secant along it (each W_c gains 2 e_c ααᵀ/|α|⁴ for its
+        error e_c, so the model is exact there and unchanged in value and slope at 0), and the
+        search runs again; from the second miss on also damped by the Levenberg–Marquardt term
+        δ ΔuᵀΔu/n (δ = 1/4, then 4 times the last: the loss's own curvature is at most 1/(4n) a
+        row), which shortens the step toward where the model holds."""
+        c = self.constraint
+        self.tries += 1
+        if c is None or self.tries >= MODEL_TRIES or not np.any(alpha):
+            return None
+        room = None if c.room is None else c.room()
+        if room is not None and room < len(self.model.D):
+            return None
+        error = c.gaps(self.y, self.z + self.du @ alpha) - self.gaps(alpha)
+        if float(np.max(np.abs(error))) <= MODEL_TOLERANCE:
+            return None
+        m = self.model
+        W = np.zeros((len(m.D), len(alpha), len(alpha))) if m.W is None else m.W
+        self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(alpha, alpha)[None] / float(
+            alpha @ alpha) ** 2, m.sums)
+        if self.tries > 1:
+            self.delta = max(4.0 * self.delta, 0.25)
+        return self.delta * (self.du.T @ self.du) / self.n
+
+
+def in_subspace(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.ndarray
+                ) -> "RowwiseSpace | ModelledSpace":
+    """The search's view of φ and the gaps on the span of ``du``: row by row (:class:`RowwiseSpace`),
+    or, for a constraint that reaches its groups only through sums and so offers a Taylor model
+    of its gaps (``taylor``: core/constraints/cells.EncryptedConstraint), that model
+    (:class:`ModelledSpace`), asked for once here."""
+    taylor = getattr(constraint, "taylor", None)
+    if taylor is None:
+        return RowwiseSpace(constraint, y, z, du)
+    return ModelledSpace(taylor(y, z, du), y, z, du, constraint)
+
+
+#: How far a Taylor model's gaps may end from the true ones at the search's step (a tenth of the
+#: stop rule's slack on ε, core/stopping.py) before the search runs again on a corrected model.
+MODEL_TOLERANCE = 1e-4
+#: The most searches one round runs on one Taylor model (each check of a step is one sum a gap).
+MODEL_TRIES = 8
+
+
 def subspace_step(
     y: np.ndarray,
     z: np.ndarray,
@@ -150,6 +292,7 @@ def subspace_step(
     tol: float = 1e-12,
     rcond: float = 1e-12,
     prox: np.ndarray | None = None,
+    space: RowwiseSpace | ModelledSpace | None = None,
 ) -> np.ndarray:
     """α ∈ R^J minimising F(α) = φ(z + Δu α) + μ (a·α + αᵀBα/2) (the μ-term's change).
 
@@ -159,21 +302,22 @@ def subspace_step(
     the PSD model (Δuᵀ diag(h) Δu + μB) with Armijo backtracking on the true F, so
     F(α) <= F(0) always; stops when the predicted decrease is below ``tol`` · (1 + |F|).
     ``prox``: a PSD J × J matrix P whose αᵀPα/2 is added to what is minimised (:func:`damping`).
+    ``space``: φ on the span of Δu (:func:`in_subspace`, built here when not given).
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du) if space is None else space
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
     alpha = np.zeros(du.shape[1])
     damp = _Prox(prox)
 
     def value(al: np.ndarray) -> float:
-        return smooth_part(constraint, y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
+        return space.value(al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
 
     f = value(alpha)
     for _ in range(iters):
-        zz = z + du @ alpha
-        g = du.T @ constraint.masked_weights(y, zz, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
-        H = (du * curvature(constraint, y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
+        g = space.gradient(alpha, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
+        H = space.curvature(alpha, lam) + mu * B + damp.hess()
         p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
@@ -228,11 +372,21 @@ def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: 
     (:class:`ConstrainedSearch`) the step lengths and λ of :func:`constrained_step`,
     and no J; else :func:`subspace_step` at the given λ, and the subspace's gap sensitivity
     :func:`subspace_gap_jacobian` for the next dual step."""
-    if fairness and rule_for(constraint).searches:
-        alpha, lam = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=epsilon, rcond=rcond)
-        return alpha, lam, None
-    alpha = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond)
-    return alpha, lam, subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond)
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du)  # where it is a model of the gaps, asked for once a round
+    prox = None
+    while True:
+        if fairness and rule_for(constraint).searches:
+            alpha, new = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=epsilon, rcond=rcond, space=space,
+                                   prox=prox)
+            jac = None
+        else:
+            alpha, new = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
+            jac = subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond, space=space,
+                                        at=alpha)
+        prox = space.retry(alpha)  # a model of the gaps that does not hold at the step: damped, again
+        if prox is None:
+            return alpha, new, jac
 
 
 #: A multiplier of the constrained search above this means the subspace holds no point with every gap
@@ -242,7 +396,8 @@ LAM_MAX = 1e4
 
 
 def held_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
-              constraint: ConstraintSet, mu: float, *, epsilon: float, rcond: float = 1e-12
+              constraint: ConstraintSet, mu: float, *, epsilon: float, rcond: float = 1e-12,
+              space: RowwiseSpace | ModelledSpace | None = None, prox: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
     """(α, λ): :func:`constrained_step` at ``epsilon``, or where the subspace holds no point
     with every gap within it (its multipliers past :data:`LAM_MAX`, or a step that is not finite),
@@ -253,12 +408,15 @@ def held_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np
     COMPAS race at τ = 1/16. Searched at the bound regardless, the penalty and the multipliers
     grew by ten orders a round until the next round's ν overflowed the wire; halving the
     distance each round brings the gaps to the bound with multipliers of order 1."""
-    now = float(np.max(np.abs(constraint.gaps(y, z))))
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du) if space is None else space
+    now = float(np.max(np.abs(space.gaps(np.zeros(du.shape[1])))))
     for bound in dict.fromkeys((epsilon, epsilon + 0.5 * max(now - epsilon, 0.0), max(now, epsilon))):
-        alpha, new = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=bound, rcond=rcond)
+        alpha, new = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=bound, rcond=rcond, space=space,
+                                      prox=prox)
         if np.all(np.isfinite(alpha)) and np.all(np.abs(new) <= LAM_MAX):
             return alpha, new
-    return subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond), lam
+    return subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
 
 
 def constrained_step(
@@ -276,6 +434,7 @@ def constrained_step(
     outer: int = 40,
     feasible: float = 1e-5,
     prox: np.ndarray | None = None,
+    space: RowwiseSpace | ModelledSpace | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(α, λ): the step lengths minimising L(θ + Σ_j α_j d_j) = (1/n) Σ l_i + μ-term subject to
     every |D_c| <= ε *on the subspace*, and that problem's multipliers.
@@ -291,13 +450,14 @@ def constrained_step(
     what the next round's ν and directions use. Nothing here asks the row weights to stay
     >= 0: the augmented value is bounded below whatever λ̃ does to them. ``prox``: as for
     :func:`subspace_step`, a damping term on the step (it shrinks the step, not the constraint).
+    ``space``: φ and the gaps on the span of Δu (:func:`in_subspace`, built here when not given).
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du) if space is None else space
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
     lam = np.maximum(as_multipliers(lam, len(constraint.gap_list)), 0.0)
     zero = np.zeros_like(lam)
-    cols = gap_weights(constraint)
     rho = 1.0 / max(epsilon, 1e-6)
     alpha = np.zeros(du.shape[1])
     damp = _Prox(prox)
@@ -311,23 +471,20 @@ def constrained_step(
         return out
 
     def value(al: np.ndarray, lm: np.ndarray, r: float) -> float:
-        zz = z + du @ al
-        pen = np.maximum(lm + r * g_of(constraint.gaps(y, zz)), 0.0)
-        return (smooth_part(constraint, y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
+        pen = np.maximum(lm + r * g_of(space.gaps(al)), 0.0)
+        return (space.value(al, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
                 + float(pen @ pen - lm @ lm) / (2.0 * r) + damp.value(al))
 
-    last = violation(constraint.gaps(y, z))
+    last = violation(space.gaps(alpha))
     for _ in range(outer):
         f = value(alpha, lam, rho)
         for _ in range(20):
-            zz = z + du @ alpha
-            g = g_of(constraint.gaps(y, zz))
+            g = g_of(space.gaps(alpha))
             tilde = np.maximum(lam + rho * g, 0.0)
-            grad = du.T @ constraint.masked_weights(y, zz, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
-            V = du.T @ (constraint.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
+            grad = space.gradient(alpha, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
+            V = space.slopes(alpha)  # Δuᵀ ∂D/∂z, J × C
             play = (tilde[0::2] > 0) | (tilde[1::2] > 0)
-            H = ((du * curvature(constraint, y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
-                 + damp.hess())
+            H = space.curvature(alpha, tilde) + mu * B + rho * V[:, play] @ V[:, play].T + damp.hess()
             p = -solve_psd(H, grad, rcond)
             slope = float(grad @ p)
             if not slope < -1e-14 * (1.0 + abs(f)):
@@ -343,7 +500,7 @@ def constrained_step(
             if t < 1e-10:
                 break
             alpha, f = alpha + t * p, f_new
-        gaps = constraint.gaps(y, z + du @ alpha)
+        gaps = space.gaps(alpha)
         new = np.maximum(lam + rho * g_of(gaps), 0.0)
         moved, lam = float(np.abs(new - lam).max()), new
         now = violation(gaps)
@@ -357,7 +514,7 @@ def constrained_step(
 
 def subspace_gap_jacobian(
     y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, constraint: ConstraintSet, mu: float,
-    rcond: float = 1e-12,
+    rcond: float = 1e-12, *, space: RowwiseSpace | ModelledSpace | None = None, at: np.ndarray | None = None,
 ) -> np.ndarray:
     """J = dD/dd (C × C, d_c = λ_c+ − λ_c−) at the subspace optimum z, by implicit differentiation.
 
@@ -365,12 +522,15 @@ def subspace_gap_jacobian(
     V = Δuᵀ ∂D/∂z, so J = −Vᵀ H_α⁻¹ V (negative semidefinite). It is the sensitivity of the
     gaps to the multipliers when θ may move only within the subspace, so |J| is at most
     the full problem's (the H-projection onto a subspace shrinks the quadratic form).
+    ``space`` with ``at``: the search's view of the span (:func:`in_subspace`), based at z − Δu·at.
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     b = np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    H = (du * curvature(constraint, y, z, lam)[:, None]).T @ du + mu * B
-    V = du.T @ gap_directions(constraint, y, z)
+    if space is None:
+        space, at = RowwiseSpace(constraint, y, z, du), np.zeros(du.shape[1])
+    H = space.curvature(at, lam) + mu * B
+    V = space.slopes(at)
     return -V.T @ solve_psd(H, V, rcond)
 
 

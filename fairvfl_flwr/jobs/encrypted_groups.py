@@ -61,6 +61,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.constraints import Pooling, SensitiveGroups, SizedGroups, kind_named, pooled_members
 from fairvfl_flwr.core.constraints.groups import pooled_names
@@ -140,7 +141,8 @@ def encrypt_groups(message: Message, context: Context) -> Message:
                 encoder.encode(column[c * ckks.SLOTS:(c + 1) * ckks.SLOTS].tolist(), ckks.SCALE, pt)
                 blobs[f"g{g}-c{c}"] = ckks.to_bytes_array(ckks.dump_seal(encryptor.encrypt_symmetric(pt)))
         out[split] = ArrayRecord(blobs)
-    said = ConfigRecord({"names": list(held.names), "train-rows": rows["train"], "test-rows": rows["test"]})
+    said = ConfigRecord({"names": list(held.names), "train-rows": rows["train"], "test-rows": rows["test"],
+                         "sums-per-round": _limits(rt)[0]})  # what the server's search may plan with
     return Message(RecordDict({ckks.CONTEXT_RECORD: ArrayRecord({"context": ckks.to_bytes_array(params)}),
                                "groups": said, **out}), reply_to=message)
 
@@ -225,6 +227,7 @@ class Indicators:
     names: tuple[str, ...]
     rows: dict[str, int]
     blobs: dict[str, list[list[bytes]]]  # split -> group -> chunk
+    per_round: int = 0  # the registry's sums a round (its node config sums-per-round; 0: no limit)
 
 
 def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) -> Indicators:
@@ -248,7 +251,8 @@ def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) 
             raise FederationError(f"{who}: its {split} indicators are not one ciphertext per group and chunk")
         blobs[split] = [[ckks.from_bytes_array(record[f"g{g}-c{c}"]) for c in range(ckks.chunks(counts[split]))]
                         for g in range(len(names))]
-    return Indicators(ckks.from_bytes_array(context["context"]), names, counts, blobs)
+    per_round = int(said["sums-per-round"]) if "sums-per-round" in said else 0
+    return Indicators(ckks.from_bytes_array(context["context"]), names, counts, blobs, per_round)
 
 
 #: How the oracle asks the registry: (ciphertexts, round) -> the slot sums, two a ciphertext.
@@ -259,9 +263,15 @@ class GroupSums:
     """The server's oracle of sums over the registry's groups: Σ_i Σ_g 1[g_i] P[k, g, i] for
     plaintexts P of its own, the registry decrypting masked slot sums only (module docstring)."""
 
-    def __init__(self, indicators: Indicators, ask: Ask | None, pooling: Pooling | None = None) -> None:
+    def __init__(self, indicators: Indicators, ask: Ask | None, pooling: Pooling | None = None,
+                 spent: dict[int, int] | None = None) -> None:
         self.indicators = indicators
-        self.ask = ask
+        self._ask = ask
+        #: the sums asked for so far, by round (shared with a pooled copy: one registry, one budget)
+        self.spent: dict[int, int] = {} if spent is None else spent
+        #: per round, the sums spent when its Taylor model was asked for (:meth:`told`)
+        self.marks: dict[int, int] = {}
+        self._model_kind: str | None = None
         #: the small groups merged into one (:meth:`pooled`), said in the log and the model card
         self.pooling = pooling
         #: the round the server's next sums are asked for (the registry's budget is per round):
@@ -294,9 +304,37 @@ class GroupSums:
                     self.evaluator.add_inplace(acc, groups[g][c])
                 merged.append(ckks.dump_seal(acc))
             blobs[split] = [self.indicators.blobs[split][g] for g in keep] + [merged]
-        pooled = GroupSums(dataclasses.replace(self.indicators, names=names, blobs=blobs), self.ask, pooling)
+        pooled = GroupSums(dataclasses.replace(self.indicators, names=names, blobs=blobs), self._ask, pooling,
+                           self.spent)
         pooled.round = self.round
         return pooled
+
+    def ask(self, blobs: list[bytes], server_round: int) -> np.ndarray:
+        """The registry's slot sums of ``blobs`` (two a ciphertext), counted against round ``server_round``."""
+        self.spent[server_round] = self.spent.get(server_round, 0) + 2 * len(blobs)
+        return self._ask(blobs, server_round)
+
+    def room(self) -> int | None:
+        """How many more sums this round's Taylor model may take (core/constraints/cells.EncryptedConstraint.taylor):
+        the registry's sums a round less those asked already and those the rest of the round asks
+        (the most any earlier round asked after its model; before one, all of round 0's). None: no limit."""
+        if not self.indicators.per_round:
+            return None
+        tails = [self.spent.get(r, 0) - m for r, m in self.marks.items() if r < self.round]
+        tail = max(tails + [self.spent.get(0, 0)])
+        return self.indicators.per_round - self.spent.get(self.round, 0) - tail
+
+    def told(self, model, directions: int) -> None:
+        """A Taylor model was asked for: mark where the round's sums stand, and log whether it carries the
+        gaps' Hessian whenever that changes."""
+        self.marks[self.round] = self.spent.get(self.round, 0)
+        kind = "quadratic" if model.W is not None else "linear"
+        if kind != self._model_kind:
+            budget = self.indicators.per_round or "no limit"
+            log(INFO, "[round %d] Newton's search models the gaps on its %d directions from %d sums of the registry "
+                "(%s model%s; sums-per-round %s)", self.round, directions, model.sums, kind,
+                "" if model.W is not None else ": the gaps' Hessian would not fit this round's budget", budget)
+            self._model_kind = kind
 
     def _summed(self, terms) -> object | None:
         """Σ enc ⊙ encode(block) over the (ciphertext, block) pairs whose block is not 0 (a zero
@@ -568,12 +606,11 @@ def _indicators(context: Context, rt: PartyRuntime) -> GroupSums:
                                 {"train": blobs, "test": [[] for _ in range(groups)]}), None)
 
 
-def _products(rt: PartyRuntime, context: Context, party, others: np.ndarray, weights: np.ndarray,
-              taken: int) -> RecordDict:
+def _products(rt: PartyRuntime, context: Context, party, z: np.ndarray, weights: np.ndarray,
+              keep: dict[str, np.ndarray]) -> RecordDict:
     """The label owner's masked products of its columns (and its intercept's column of ones) with
-    ν at its logits now, as if in each group; the masks' sums kept with the leg's state."""
+    ν at logits ``z``, as if in each group; the masks' sums kept with the leg's state (and ``keep``)."""
     x = np.hstack([np.asarray(party.X_train, dtype=np.float64), np.ones((rt.n_train, 1))])
-    z = others + party.logits("train")
     n = rt.n_train
     q = measure_named(rt.cfg.measure)
     nu = np.stack([q.nu(rt.data.y, z, w, n) for w in weights])
@@ -587,32 +624,39 @@ def _products(rt: PartyRuntime, context: Context, party, others: np.ndarray, wei
     cts = _indicators(context, rt).products("train", P, masks)
     mask_sums = masks.sum(axis=1)
     context.state.array_records[LEG_STATE] = msgs.array_record(
-        others=others, weights=weights, taken=np.array([taken], dtype=np.int64),
-        masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1))
+        weights=weights, masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1), **keep)
     return RecordDict({MASKED: ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(cts)})})
 
 
 def active_mod(message: Message, context: Context, call_next) -> Message:
     """Encrypted groups, on the label owner: keep the registry's encrypted indicators its start
     message carries; and a training message whose payload holds its weights as if in each group
-    starts its legs: its first masked products, not Q steps (it holds no group to weight them by)."""
+    starts its legs: its first masked products, not Q steps (it holds no group to weight them by).
+    Block Newton's message (``train.newton_active``) starts one leg: the products at the server's z,
+    whose sums give its gradient for its Newton direction (:func:`active_leg`)."""
     mtype = message.metadata.message_type
     arrays = message.content.array_records
     if msgs.kind_of(mtype) is msgs.Kind.START and INDICATORS_STATE in arrays:
         context.state.array_records[INDICATORS_STATE] = arrays[INDICATORS_STATE]
     payload = arrays.get(msgs.PAYLOAD)
-    if mtype != msgs.TRAIN_ACTIVE or payload is None or WEIGHTS_KEY not in payload:
+    if mtype not in (msgs.TRAIN_ACTIVE, msgs.NEWTON_ACTIVE) or payload is None or WEIGHTS_KEY not in payload:
         return call_next(message, context)
     rt = PartyRuntime(context)
     n = rt.n_train
-    got = checks.check_payload(message.content, rt.who, {"z": (n, False)})
     weights = payload[WEIGHTS_KEY].numpy().astype(np.float64)
     if weights.ndim != 2 or weights.shape[1] != n or not np.all(np.isfinite(weights)):
         raise checks.ReplyError(f"{rt.who}: {WEIGHTS_KEY} must be finite, one row of {n} weights a group; got "
                                 f"{weights.shape}")
+    if mtype == msgs.NEWTON_ACTIVE:  # its step lengths wait with the leg's state: θ moves once the sums are in
+        got = newton.active_round(message, context, len(weights))
+        z = got["z"].astype(np.float64)
+        keep = {"newton-alpha": got["alpha"], "newton-z": z}
+        return Message(_products(rt, context, rt.party(), z, weights, keep), reply_to=message)
+    got = checks.check_payload(message.content, rt.who, {"z": (n, False)})
     party = rt.party()
     z = got["z"].astype(np.float64)
-    return Message(_products(rt, context, party, z - party.logits("train"), weights, 0), reply_to=message)
+    keep = {"others": z - party.logits("train"), "taken": np.array([0], dtype=np.int64)}
+    return Message(_products(rt, context, party, z, weights, keep), reply_to=message)
 
 
 def active_leg(message: Message, context: Context) -> Message:
@@ -625,15 +669,20 @@ def active_leg(message: Message, context: Context) -> Message:
         raise ConfigError(f"{rt.who}: {TRAIN_ACTIVE_LEG} without products of its own awaiting their sums")
     masks = state["masks"].numpy()
     got = checks.check_payload(message.content, rt.who, {SUMS_KEY: (len(masks), False)})[SUMS_KEY]
-    party = rt.party()
-    m = party.X_train.shape[1]
+    m = rt.data.X_train.shape[1]
     g = (got.astype(np.float64) - masks)[: m + 1] / rt.n_train
+    if "newton-alpha" in state:  # block Newton: one leg, the gradient of its direction
+        return newton.active_from_gradient(message, context, state["newton-alpha"].numpy(),
+                                           state["newton-z"].numpy(), g)
+    party = rt.party()
     party.block.apply_gradient(g[:m].astype(party.block.weight.dtype), rt.cfg.lr, party.mu, bias_grad=float(g[m]))
     taken = int(state["taken"].numpy()[0]) + 1
     rt.save(party)
     if taken < rt.cfg.local_steps:
-        content = _products(rt, context, party, state["others"].numpy(), state["weights"].numpy(), taken)
-        return Message(content, reply_to=message)
+        others = state["others"].numpy()
+        keep = {"others": others, "taken": np.array([taken], dtype=np.int64)}
+        return Message(_products(rt, context, party, others + party.logits("train"), state["weights"].numpy(), keep),
+                       reply_to=message)
     return rt.reply(message, party, steps=taken)
 
 
@@ -642,5 +691,6 @@ JOB = Job("encrypted groups", handlers({GROUPS_ENCRYPT: Handles(msgs.Kind.SETUP,
                                         # the server's and the registry's alone: no party's masked sum
                                         # depends on it, and its reply is no masked one
                                         GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums, in_view=False),
-                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg, keeps=(MODEL_STATE,),
+                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg,
+                                                                  keeps=(MODEL_STATE, newton.NEWTON_STATE),
                                                                   leg=True)}))
