@@ -176,20 +176,25 @@ class RowwiseSpace:
         """Every trial point was evaluated exactly: the search's step stands."""
         return None
 
+    def done(self) -> None:
+        """Nothing to tell: the constraint was asked row by row."""
+
 
 class ModelledSpace:
     """φ and the gaps on the span of Δu where the server reaches the groups only through sums (a
     registry's encrypted groups): the loss part of φ exactly from the labels and logits, each gap
-    from its Taylor model at α = 0, D_c(α) = D_c + V_cᵀα + αᵀW_cα/2, whose coefficients the
-    constraint asked the registry for in one request (:class:`GapModel`). For linear parties
-    z + Δu α is exact, so only the measure q is expanded. The constraint's part of φ at λ is
-    Σ_c d_c D_c(α) (d_c = λ_c+ − λ_c−); its curvature Σ_c d_c W_c enters the search's PSD model
-    clipped to its non-negative eigenvalues (none without W: the linear model)."""
+    from its Taylor model D_c(α) = D_c + V_cᵀα + αᵀW_cα/2 at α = 0, whose coefficients the
+    constraint asks the registry for (:class:`GapModel`, one request). For linear parties z + Δu α is exact, so only the measure q
+    is expanded. The constraint's part of φ at λ is Σ_c d_c D_c(α) (d_c = λ_c+ − λ_c−); its
+    curvature Σ_c d_c W_c enters the search's PSD model clipped to its non-negative eigenvalues
+    (none without W: the linear model). :meth:`retry` checks the search's step against the true
+    gaps and corrects the model along it where it does not hold."""
 
     def __init__(self, model: GapModel, y: np.ndarray, z: np.ndarray, du: np.ndarray, constraint=None) -> None:
         self.model, self.y, self.z, self.du = model, y, z, du
         self.n = len(y)
         self.constraint = constraint  # asked for the true gaps at a step (:meth:`retry`); None: never
+        self.gram = du.T @ du
         self.delta = 0.0  # the damping of the last search (:meth:`retry`)
         self.tries = 0
 
@@ -230,33 +235,44 @@ class ModelledSpace:
         return m.V if m.W is None else m.V + np.einsum("cjk,k->jc", m.W, al)
 
     def retry(self, alpha: np.ndarray) -> np.ndarray | None:
-        """None where the search's step ``alpha`` stands; else the damping to search again with.
+        """None where the search's step ``alpha`` stands; else the damping to search again with (a
+        J × J matrix, zero for none).
 
         The step stands where the model's gaps there are within :data:`MODEL_TOLERANCE` of the
-        true ones (one sum per gap, asked of the constraint's oracle), where no sums are left
-        this round for that check, or after :data:`MODEL_TRIES` searches. Else the model takes
-        the true gaps at the step as a secant along it (each W_c gains 2 e_c ααᵀ/|α|⁴ for its
-        error e_c, so the model is exact there and unchanged in value and slope at 0), and the
-        search runs again; from the second miss on also damped by the Levenberg–Marquardt term
-        δ ΔuᵀΔu/n (δ = 1/4, then 4 times the last: the loss's own curvature is at most 1/(4n) a
-        row), which shortens the step toward where the model holds."""
+        true ones (one sum per gap, asked of the constraint's oracle), where no sums are left this
+        round for that check, or after :data:`MODEL_TRIES` searches. Else the model takes the true
+        gaps at the step as a secant along it (each W_c gains 2 e_c ggᵀ/(αᵀg)² for its error e_c,
+        g = ΔuᵀΔu α, so the model is exact there and unchanged in value and slope at 0, and a step
+        along Δu's null space, which moves no logit, changes no modelled gap), and the search runs
+        again; from the second miss on also damped by the Levenberg–Marquardt term δ ΔuᵀΔu/n
+        (δ = 1/4, then 4 times the last: the loss's own curvature is at most 1/(4n) a row), which
+        shortens the step toward where the model holds."""
         c = self.constraint
         self.tries += 1
         if c is None or self.tries >= MODEL_TRIES or not np.any(alpha):
             return None
+        C, J = len(self.model.D), len(alpha)
         room = None if c.room is None else c.room()
-        if room is not None and room < len(self.model.D):
+        if room is not None and room < C:
             return None
         error = c.gaps(self.y, self.z + self.du @ alpha) - self.gaps(alpha)
         if float(np.max(np.abs(error))) <= MODEL_TOLERANCE:
             return None
         m = self.model
-        W = np.zeros((len(m.D), len(alpha), len(alpha))) if m.W is None else m.W
-        self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(alpha, alpha)[None] / float(
-            alpha @ alpha) ** 2, m.sums)
+        W = np.zeros((C, J, J)) if m.W is None else m.W
+        g = self.gram @ alpha  # the secant in the logits' metric: a step along Δu's null space changes no gap
+        self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / float(alpha @ g) ** 2,
+                              m.sums)
         if self.tries > 1:
             self.delta = max(4.0 * self.delta, 0.25)
-        return self.delta * (self.du.T @ self.du) / self.n
+        return self.delta * self.gram / self.n  # zero: undamped
+
+    def done(self) -> None:
+        """The search of the round has ended: the constraint is told (what its oracle asks after it is the rest of
+        the round's)."""
+        told = getattr(self.constraint, "told", None)
+        if told is not None:
+            told(None, self.du.shape[1])
 
 
 def in_subspace(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.ndarray
@@ -384,9 +400,11 @@ def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: 
             alpha, new = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
             jac = subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond, space=space,
                                         at=alpha)
-        prox = space.retry(alpha)  # a model of the gaps that does not hold at the step: damped, again
-        if prox is None:
+        retried = space.retry(alpha)  # a model of the gaps that does not hold at the step: moved, again
+        if retried is None:
+            space.done()
             return alpha, new, jac
+        prox = None if not np.any(retried) else retried
 
 
 #: A multiplier of the constrained search above this means the subspace holds no point with every gap

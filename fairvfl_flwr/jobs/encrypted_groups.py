@@ -317,7 +317,7 @@ class GroupSums:
     def room(self) -> int | None:
         """How many more sums this round's Taylor model may take (core/constraints/cells.EncryptedConstraint.taylor):
         the registry's sums a round less those asked already and those the rest of the round asks
-        (the most any earlier round asked after its model; before one, all of round 0's). None: no limit."""
+        (the most any earlier round asked after its search; before one, all of round 0's). None: no limit."""
         if not self.indicators.per_round:
             return None
         tails = [self.spent.get(r, 0) - m for r, m in self.marks.items() if r < self.round]
@@ -325,9 +325,11 @@ class GroupSums:
         return self.indicators.per_round - self.spent.get(self.round, 0) - tail
 
     def told(self, model, directions: int) -> None:
-        """A Taylor model was asked for: mark where the round's sums stand, and log whether it carries the
-        gaps' Hessian whenever that changes."""
-        self.marks[self.round] = self.spent.get(self.round, 0)
+        """A Taylor model was asked for (log whether it carries the gaps' Hessian whenever that changes),
+        or (``model`` None) the round's search has ended: mark where the round's sums stand."""
+        if model is None:
+            self.marks[self.round] = self.spent.get(self.round, 0)
+            return
         kind = "quadratic" if model.W is not None else "linear"
         if kind != self._model_kind:
             budget = self.indicators.per_round or "no limit"

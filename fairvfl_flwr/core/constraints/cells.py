@@ -196,6 +196,8 @@ class EncryptedConstraint:
     room: Callable[[], int | None] | None = field(default=None, compare=False)
     #: told of every Taylor model asked for (its size and whether it has the Hessian), to log it
     told: Callable[[GapModel, int], None] | None = field(default=None, compare=False)
+    #: the last constraint term asked for (:meth:`constraint_term`)
+    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: groups known by their sizes only: no row's group to count or report per row
     groups = None
 
@@ -256,11 +258,11 @@ class EncryptedConstraint:
         q = self.q.hard_values(y, z) if hard else self.q.values(y, z, losses)
         return None if q is None else np.asarray(self.sums(self.cells.gap_terms(q)), dtype=np.float64)
 
-    def taylor(self, y: np.ndarray, z: np.ndarray, du: np.ndarray) -> GapModel:
+    def taylor(self, y: np.ndarray, z: np.ndarray, du: np.ndarray, hessian: bool | None = None) -> GapModel:
         """Every gap's Taylor model in α on the span of ``du`` (n × J) at z, from one request of the
         oracle: D_c = Σ col q, V_cj = Σ col q' Δu_j and, where :attr:`room` holds them too,
-        W_cjk = Σ col q'' Δu_j Δu_k (:func:`model_sums`). The linear model where it does not; a
-        room too small for even that is refused, naming the registry's budget."""
+        W_cjk = Σ col q'' Δu_j Δu_k (:func:`model_sums`). The linear model where it does not (or
+        ``hessian`` is False); a room too small for even that is refused, naming the registry's budget."""
         du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
         C, J = len(self.gap_list), du.shape[1]
         room = None if self.room is None else self.room()
@@ -268,7 +270,8 @@ class EncryptedConstraint:
         if room is not None and room < linear:
             raise ValueError(f"a Taylor model of {C} gap(s) over {J} directions takes {linear} sums, but the "
                              f"registry's budget leaves {room} this round: raise its node config sums-per-round")
-        hessian = room is None or model_sums(C, J, True) <= room
+        if hessian is None:
+            hessian = room is None or model_sums(C, J, True) <= room
         q, slope = self.q.values(y, z), self.q.slope(y, z)
         values = [q] + [slope * du[:, j] for j in range(J)]
         pairs = [(j, k) for j in range(J) for k in range(j, J)] if hessian else []
@@ -301,9 +304,19 @@ class EncryptedConstraint:
         return self.cells.masked_weights(y, z, lam)
 
     def constraint_term(self, lam: np.ndarray, q: np.ndarray) -> float:
-        """Σ_i m_i q_i through the oracle: one sum."""
+        """Σ_i m_i q_i through the oracle: one sum; at the λ of the last one asked, that value plus
+        the sum of m_i times the change of q_i since, so that the difference of two values at one λ
+        (the stop rule's decrease of F within a round) carries the noise of one sum of the
+        change, which shrinks as the run settles, not that of two sums of the whole."""
+        lam, q = np.asarray(lam, dtype=np.float64), np.asarray(q, dtype=np.float64)
         m = self.cells.signed_weights(lam) - 1.0 / self.n
-        return float(self.sums((m * np.asarray(q)[None, :])[None])[0])
+        last = self._last.get("term")
+        if last is not None and np.array_equal(last[0], lam) and last[1].shape == q.shape:
+            value = last[2] + float(self.sums((m * (q - last[1])[None, :])[None])[0])
+        else:
+            value = float(self.sums((m * q[None, :])[None])[0])
+        self._last["term"] = (lam.copy(), q.copy(), value)
+        return value
 
     def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """From the sizes (GroupCells.weight_bounds)."""
