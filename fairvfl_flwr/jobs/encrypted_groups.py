@@ -259,6 +259,17 @@ def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) 
 Ask = Callable[[list[bytes], int], np.ndarray]
 
 
+def slot_scales(P: np.ndarray) -> np.ndarray:
+    """Per value k of ``P`` (K × G × rows), the factor that makes its largest slot :data:`VALUE_BOUND`
+    (a slot's value: over its chunks, the largest of its rows' terms over the groups), so that the
+    registry's noise falls on a sum of that scale (1 for a value 0 on every row)."""
+    n = P.shape[2]
+    padded = np.zeros((*P.shape[:2], ckks.chunks(n) * ckks.SLOTS))
+    padded[:, :, :n] = np.abs(P)
+    per_slot = padded.max(axis=1).reshape(len(P), -1, ckks.SLOTS).sum(axis=1).max(axis=1)
+    return VALUE_BOUND / np.where(per_slot > 0, per_slot, VALUE_BOUND)
+
+
 class GroupSums:
     """The server's oracle of sums over the registry's groups: Σ_i Σ_g 1[g_i] P[k, g, i] for
     plaintexts P of its own, the registry decrypting masked slot sums only (module docstring)."""
@@ -413,12 +424,7 @@ class GroupSums:
         if not len(asked):
             return out
         Q = P[asked] if len(asked) % 2 == 0 else np.concatenate([P[asked], np.zeros((1, *P.shape[1:]))])
-        n = Q.shape[2]
-        padded = np.zeros((*Q.shape[:2], ckks.chunks(n) * ckks.SLOTS))
-        padded[:, :, :n] = np.abs(Q)
-        # a slot's value: over its chunks, the largest of its rows' terms over the groups
-        per_slot = padded.max(axis=1).reshape(len(Q), -1, ckks.SLOTS).sum(axis=1).max(axis=1)
-        scale = VALUE_BOUND / np.where(per_slot > 0, per_slot, VALUE_BOUND)
+        scale = slot_scales(Q)
         rng = np.random.default_rng()  # fresh OS entropy: the registry must not predict the masks
         bound = ckks.MASK_BOUND
         masks = (rng.uniform(-bound, bound, size=(len(Q) // 2, ckks.SLOTS))
@@ -611,7 +617,9 @@ def _indicators(context: Context, rt: PartyRuntime) -> GroupSums:
 def _products(rt: PartyRuntime, context: Context, party, z: np.ndarray, weights: np.ndarray,
               keep: dict[str, np.ndarray]) -> RecordDict:
     """The label owner's masked products of its columns (and its intercept's column of ones) with
-    ν at logits ``z``, as if in each group; the masks' sums kept with the leg's state (and ``keep``)."""
+    ν at logits ``z``, as if in each group, each column scaled as the server scales its values
+    (:func:`slot_scales`: the registry's noise then falls on a sum of the slots' full range); the
+    masks' sums and the scales kept with the leg's state (and ``keep``)."""
     x = np.hstack([np.asarray(party.X_train, dtype=np.float64), np.ones((rt.n_train, 1))])
     n = rt.n_train
     q = measure_named(rt.cfg.measure)
@@ -619,6 +627,8 @@ def _products(rt: PartyRuntime, context: Context, party, z: np.ndarray, weights:
     P = (n * nu)[None, :, :] * x.T[:, None, :]
     if len(P) % 2:
         P = np.concatenate([P, np.zeros((1, *P.shape[1:]))])
+    scales = slot_scales(P)
+    P = P * scales[:, None, None]
     rng = np.random.default_rng()  # fresh OS entropy: neither the server nor the registry may predict the masks
     bound = ckks.MASK_BOUND
     masks = (rng.uniform(-bound, bound, size=(len(P) // 2, ckks.SLOTS))
@@ -626,7 +636,7 @@ def _products(rt: PartyRuntime, context: Context, party, z: np.ndarray, weights:
     cts = _indicators(context, rt).products("train", P, masks)
     mask_sums = masks.sum(axis=1)
     context.state.array_records[LEG_STATE] = msgs.array_record(
-        weights=weights, masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1), **keep)
+        weights=weights, masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1), scales=scales, **keep)
     return RecordDict({MASKED: ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(cts)})})
 
 
@@ -672,7 +682,7 @@ def active_leg(message: Message, context: Context) -> Message:
     masks = state["masks"].numpy()
     got = checks.check_payload(message.content, rt.who, {SUMS_KEY: (len(masks), False)})[SUMS_KEY]
     m = rt.data.X_train.shape[1]
-    g = (got.astype(np.float64) - masks)[: m + 1] / rt.n_train
+    g = ((got.astype(np.float64) - masks) / state["scales"].numpy())[: m + 1] / rt.n_train
     if "newton-alpha" in state:  # block Newton: one leg, the gradient of its direction
         return newton.active_from_gradient(message, context, state["newton-alpha"].numpy(),
                                            state["newton-z"].numpy(), g)
