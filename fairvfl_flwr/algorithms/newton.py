@@ -888,8 +888,9 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
               if cfg.shared_steps else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
                  "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else
-                 "; groups.release='ckks': the search takes the gaps from a per-round Taylor model in its step lengths, "
-                 "summed by the registry over its encrypted groups (one request a round, within its sums-per-round); "
+                 "; groups.release='ckks': the search takes the gaps from a per-round Taylor model in its step "
+                 "lengths, summed by the registry over its encrypted groups (one request a round, within its "
+                 "sums-per-round); "
                  "passive parties get X_k^T nu through the registry and precondition with 1/(4n), the label owner "
                  "with its loss's own curvature (docs/newton.md)" if cfg.encrypted_groups else "")
     if cfg.model != "linear":

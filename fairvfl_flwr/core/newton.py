@@ -184,11 +184,12 @@ class ModelledSpace:
     """φ and the gaps on the span of Δu where the server reaches the groups only through sums (a
     registry's encrypted groups): the loss part of φ exactly from the labels and logits, each gap
     from its Taylor model D_c(α) = D_c + V_cᵀα + αᵀW_cα/2 at α = 0, whose coefficients the
-    constraint asks the registry for (:class:`GapModel`, one request). For linear parties z + Δu α is exact, so only the measure q
-    is expanded. The constraint's part of φ at λ is Σ_c d_c D_c(α) (d_c = λ_c+ − λ_c−); its
-    curvature Σ_c d_c W_c enters the search's PSD model clipped to its non-negative eigenvalues
-    (none without W: the linear model). :meth:`retry` checks the search's step against the true
-    gaps and corrects the model along it where it does not hold."""
+    constraint asks the registry for (:class:`GapModel`, one request). For linear parties
+    z + Δu α is exact, so only the measure q is expanded. The constraint's part of φ at λ is
+    Σ_c d_c D_c(α) (d_c = λ_c+ − λ_c−); its curvature Σ_c d_c W_c enters the search's PSD model
+    clipped to its non-negative eigenvalues (none without W: the linear model). :meth:`retry`
+    checks the search's step against the true gaps and corrects the model along it where it
+    does not hold."""
 
     def __init__(self, model: GapModel, y: np.ndarray, z: np.ndarray, du: np.ndarray, constraint=None) -> None:
         self.model, self.y, self.z, self.du = model, y, z, du
@@ -213,9 +214,7 @@ class ModelledSpace:
 
     def curvature(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """Δuᵀ diag(σ'/n) Δu, plus Σ_c d_c W_c's non-negative part where the model has W."""
-        zz = self.z + self.du @ al
-        p = sigmoid(zz)
-        H = (self.du * (p * (1.0 - p) / self.n)[:, None]).T @ self.du
+        H = (self.du * loss_curvature(self.z + self.du @ al, self.n)[:, None]).T @ self.du
         if self.model.W is not None:
             w, v = np.linalg.eigh(np.tensordot(self._d(lam), self.model.W, axes=1))
             H = H + (v * np.maximum(w, 0.0)) @ v.T
