@@ -172,9 +172,13 @@ class RowwiseSpace:
         """V = Δuᵀ ∂D/∂z at z + Δu α (J × C): the gaps' gradients in α."""
         return self.du.T @ (self.constraint.q.slope(self.y, self.z + self.du @ al)[:, None] * self.cols)
 
-    def retry(self, alpha: np.ndarray) -> None:
+    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None) -> None:
         """Every trial point was evaluated exactly: the search's step stands."""
         return None
+
+    def at_step(self, alpha: np.ndarray) -> tuple["RowwiseSpace", np.ndarray]:
+        """This view and the step: it evaluates the step's point exactly."""
+        return self, alpha
 
     def done(self) -> None:
         """Nothing to tell: the constraint was asked row by row."""
@@ -233,13 +237,18 @@ class ModelledSpace:
         m = self.model
         return m.V if m.W is None else m.V + np.einsum("cjk,k->jc", m.W, al)
 
-    def retry(self, alpha: np.ndarray) -> np.ndarray | None:
+    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None) -> np.ndarray | None:
         """None where the search's step ``alpha`` stands; else the damping to search again with (a
         J × J matrix, zero for none).
 
-        The step stands where the model's gaps there are within :data:`MODEL_TOLERANCE` of the
-        true ones (one sum per gap, asked of the constraint's oracle), where no sums are left this
-        round for that check, or after :data:`MODEL_TRIES` searches. Else the model takes the true
+        The step stands where the model holds there against the true gaps (one sum per gap, asked
+        of the constraint's oracle): a search that holds the gaps within a bound (``lam`` None:
+        the constrained search) needs every modelled gap within :data:`MODEL_TOLERANCE` of the
+        true one; a search at fixed multipliers ``lam`` needs the model's error in φ, Σ_c d_c e_c,
+        to cost at most half the decrease of φ the model predicts (a trust-region ratio: the
+        gaps' error matters there only through φ, and a long step of the first rounds stands).
+        It stands too where no sums are left this round for the check, or after
+        :data:`MODEL_TRIES` searches. Else the model takes the true
         gaps at the step as a secant along it (each W_c gains 2 e_c ggᵀ/(αᵀg)² for its error e_c,
         g = ΔuᵀΔu α, so the model is exact there and unchanged in value and slope at 0, and a step
         along Δu's null space, which moves no logit, changes no modelled gap), and the search runs
@@ -255,7 +264,12 @@ class ModelledSpace:
         if room is not None and room < C:
             return None
         error = c.gaps(self.y, self.z + self.du @ alpha) - self.gaps(alpha)
-        if float(np.max(np.abs(error))) <= MODEL_TOLERANCE:
+        if lam is None:
+            holds = float(np.max(np.abs(error))) <= MODEL_TOLERANCE
+        else:
+            predicted = self.value(np.zeros(J), lam) - self.value(alpha, lam)
+            holds = float(self._d(lam) @ error) <= 0.5 * max(predicted, 0.0)
+        if holds:
             return None
         m = self.model
         W = np.zeros((C, J, J)) if m.W is None else m.W
@@ -265,6 +279,19 @@ class ModelledSpace:
         if self.tries > 1:
             self.delta = max(4.0 * self.delta, 0.25)
         return self.delta * self.gram / self.n  # zero: undamped
+
+    def at_step(self, alpha: np.ndarray) -> tuple["ModelledSpace", np.ndarray]:
+        """A view based at the step's point z + Δu α, and the step there (0), for what the next dual
+        step reads there (:func:`subspace_gap_jacobian`): the true gaps and slopes at that point where
+        the round's budget holds them (C (1 + J) sums), with this model's W; else this view and α."""
+        c = self.constraint
+        C, J = len(self.model.D), len(alpha)
+        room = None if c is None or c.room is None else c.room()
+        if c is None or not np.any(alpha) or (room is not None and room < C * (1 + J)):
+            return self, alpha
+        z = self.z + self.du @ alpha
+        there = c.taylor(self.y, z, self.du, hessian=False, say=False)
+        return ModelledSpace(GapModel(there.D, there.V, self.model.W, there.sums), self.y, z, self.du, c), np.zeros(J)
 
     def done(self) -> None:
         """The search of the round has ended: the constraint is told (what its oracle asks after it is the rest of
@@ -283,7 +310,9 @@ def in_subspace(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.
     taylor = getattr(constraint, "taylor", None)
     if taylor is None:
         return RowwiseSpace(constraint, y, z, du)
-    return ModelledSpace(taylor(y, z, du), y, z, du, constraint)
+    C, J = len(constraint.gap_list), du.shape[1]
+    # the Hessian only where the round's budget also holds the checks and the true slopes at the step
+    return ModelledSpace(taylor(y, z, du, reserve=C * (MODEL_TRIES + 1 + J)), y, z, du, constraint)
 
 
 #: How far a Taylor model's gaps may end from the true ones at the search's step (a tenth of the
@@ -389,21 +418,25 @@ def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: 
     :func:`subspace_gap_jacobian` for the next dual step."""
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     space = in_subspace(constraint, y, z, du)  # where it is a model of the gaps, asked for once a round
+    searches = fairness and rule_for(constraint).searches
     prox = None
     while True:
-        if fairness and rule_for(constraint).searches:
+        if searches:
             alpha, new = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=epsilon, rcond=rcond, space=space,
                                    prox=prox)
-            jac = None
         else:
             alpha, new = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
-            jac = subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond, space=space,
-                                        at=alpha)
-        retried = space.retry(alpha)  # a model of the gaps that does not hold at the step: moved, again
+        # a model of the gaps that does not hold at the step: corrected, and searched again
+        retried = space.retry(alpha, None if searches else lam)
         if retried is None:
-            space.done()
-            return alpha, new, jac
-        prox = None if not np.any(retried) else retried
+            break
+        prox = retried if np.any(retried) else None
+    jac = None
+    if not searches:  # the gaps' sensitivity at the step, for the next dual step
+        there, at = space.at_step(alpha)
+        jac = subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond, space=there, at=at)
+    space.done()
+    return alpha, new, jac
 
 
 #: A multiplier of the constrained search above this means the subspace holds no point with every gap

@@ -258,11 +258,14 @@ class EncryptedConstraint:
         q = self.q.hard_values(y, z) if hard else self.q.values(y, z, losses)
         return None if q is None else np.asarray(self.sums(self.cells.gap_terms(q)), dtype=np.float64)
 
-    def taylor(self, y: np.ndarray, z: np.ndarray, du: np.ndarray, hessian: bool | None = None) -> GapModel:
+    def taylor(self, y: np.ndarray, z: np.ndarray, du: np.ndarray, hessian: bool | None = None, *,
+               reserve: int = 0, say: bool = True) -> GapModel:
         """Every gap's Taylor model in α on the span of ``du`` (n × J) at z, from one request of the
         oracle: D_c = Σ col q, V_cj = Σ col q' Δu_j and, where :attr:`room` holds them too,
-        W_cjk = Σ col q'' Δu_j Δu_k (:func:`model_sums`). The linear model where it does not (or
-        ``hessian`` is False); a room too small for even that is refused, naming the registry's budget."""
+        W_cjk = Σ col q'' Δu_j Δu_k (:func:`model_sums`), with ``reserve`` sums left for what the
+        round asks after it. The linear model where it does not (or ``hessian`` is False); a room
+        too small for even that is refused, naming the registry's budget. ``say``: tell
+        :attr:`told` (the round's model, not a later one at its step)."""
         du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
         C, J = len(self.gap_list), du.shape[1]
         room = None if self.room is None else self.room()
@@ -271,7 +274,7 @@ class EncryptedConstraint:
             raise ValueError(f"a Taylor model of {C} gap(s) over {J} directions takes {linear} sums, but the "
                              f"registry's budget leaves {room} this round: raise its node config sums-per-round")
         if hessian is None:
-            hessian = room is None or model_sums(C, J, True) <= room
+            hessian = room is None or model_sums(C, J, True) + reserve <= room
         q, slope = self.q.values(y, z), self.q.slope(y, z)
         values = [q] + [slope * du[:, j] for j in range(J)]
         pairs = [(j, k) for j in range(J) for k in range(j, J)] if hessian else []
@@ -287,7 +290,7 @@ class EncryptedConstraint:
             for (j, k), row in zip(pairs, got[1 + J:]):
                 W[:, j, k] = W[:, k, j] = row
         model = GapModel(got[0], got[1:1 + J], W, C * len(values))
-        if self.told is not None:
+        if say and self.told is not None:
             self.told(model, J)
         return model
 
