@@ -320,6 +320,15 @@ def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
     cts, mask_sums = ckks.masked_column_sums(oracle.indicators.params, blobs, X, np.random.default_rng())
     gradient = ckks.unmask(oracle.ask(cts, ROUNDS), mask_sums, n, X.shape[1])
     assert np.allclose(gradient, X.T @ owner.masked_weights(y, z, lam), rtol=1e-6, atol=1e-9)
+    # scaled by 2^e as the channel sends it (nu_log2): every slot within 2^10 times the column's largest value,
+    # and the party's gradient divided back
+    values = n * cells.masked_weights(y, z, lam)
+    e = eg.nu_log2(values, ckks.chunks(n))
+    assert e > 0 and 2.0**e * np.abs(values).max() * ckks.chunks(n) <= eg.VALUE_BOUND
+    cts, mask_sums = ckks.masked_column_sums(oracle.indicators.params, oracle.encrypt_mixture("train", 2.0**e * values),
+                                             X, np.random.default_rng())
+    scaled = ckks.unmask(oracle.ask(cts, ROUNDS), mask_sums, n, X.shape[1]) / 2.0**e
+    assert np.allclose(scaled, X.T @ owner.masked_weights(y, z, lam), rtol=1e-6, atol=1e-9)
 
 
 # -- a whole run: gradient descent with the groups under the registry's key ----------------------------

@@ -525,6 +525,18 @@ def _blobs(reply: Message) -> list[bytes]:
     return [ckks.from_bytes_array(record[k]) for k in sorted(record, key=lambda k: int(k.split("-")[1]))]
 
 
+def nu_log2(values: np.ndarray, n_chunks: int) -> int:
+    """The largest e in 0..ckks.MAX_NU_LOG2 with 2^e · max|n·ν| summed over the chunks within
+    :data:`VALUE_BOUND`: a passive party's slot, 2^e n·ν times its column summed over the chunks,
+    is then within VALUE_BOUND times its column's largest |value|, and the registry's noise on
+    its sums falls on 2^e times its gradient. The party learns e: the order of magnitude of
+    max|n·ν| (one integer a round)."""
+    top = float(np.max(np.abs(values))) * n_chunks
+    if not top > 0:
+        return 0
+    return int(np.clip(np.floor(np.log2(VALUE_BOUND / top)), 0, ckks.MAX_NU_LOG2))
+
+
 class RegistryChannel(RoundHook):
     """The server's ν channel where the registry holds the groups under its key: Enc(n·ν) as
     Σ_g Enc(1[g]) ⊙ n·ν_g to every passive party (the registry too), the label owner's rows'
@@ -537,6 +549,7 @@ class RegistryChannel(RoundHook):
         self.n = n_rows
         self._round: int | None = None
         self._nu: ArrayRecord | None = None
+        self._log2 = 0  # ν's scale this round (:func:`nu_log2`)
         self._evaluate = False  # whether this round's parties also return test logits (its legs carry it on)
 
     def init_messages(self, server: ServerView, messages: list[Message]) -> None:
@@ -553,14 +566,17 @@ class RegistryChannel(RoundHook):
 
     def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
                         evaluate: bool) -> tuple[RecordDict, str]:
-        """Enc(n·ν) from ν as if each row were in each group (G × n), once a round for every passive party."""
+        """Enc(2^e·n·ν) from ν as if each row were in each group (G × n), once a round for every passive
+        party, with e (:func:`nu_log2`) in the message: the party divides its gradient back."""
         self._evaluate = evaluate
         if self._round != server_round:
-            blobs = self.sums.encrypt_mixture("train", self.n * np.asarray(nu, dtype=np.float64))
+            values = self.n * np.asarray(nu, dtype=np.float64)
+            self._log2 = nu_log2(values, ckks.chunks(self.n))
+            blobs = self.sums.encrypt_mixture("train", 2.0**self._log2 * values)
             self._nu = ArrayRecord({f"nu-ct-{c}": ckks.to_bytes_array(b) for c, b in enumerate(blobs)})
             self._round = server_round
-        return (RecordDict({msgs.PAYLOAD: self._nu, msgs.ROUND: msgs.round_config(server_round, evaluate)}),
-                msgs.TRAIN_PASSIVE_ENC)
+        return (RecordDict({msgs.PAYLOAD: self._nu, msgs.ROUND: msgs.round_config(server_round, evaluate),
+                            ckks.NU_SCALE: ConfigRecord({"log2": self._log2})}), msgs.TRAIN_PASSIVE_ENC)
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """The label owner's training message gets its rows' weights as if in each group, at its λ."""
