@@ -552,6 +552,24 @@ def test_a_step_where_the_model_does_not_hold_is_searched_again_on_the_corrected
     assert np.max(np.abs(du @ (alpha - exact_alpha))) < 0.05
 
 
+def test_a_budget_that_holds_the_model_over_some_directions_searches_those_first():
+    """Where the round's sums hold the linear model over only some directions (several gaps), the
+    search keeps the first of the server's priority (every party's new direction first) and steps 0
+    along the rest; where they hold it over all, it keeps all."""
+    from fairvfl_flwr.core.newton import kept_directions, search_step
+    y, exact, cells, sums, rng = _cells_and_truth("equalized-odds", "rate", seed=5)
+    n, J, C = len(y), 6, 2
+    z, du = rng.normal(size=n), rng.normal(scale=0.3, size=(n, J))
+    priority = np.array([0, 3, 1, 4, 2, 5])  # two parties' [new, moves]: the new directions first
+    tight = EncryptedConstraint(cells, sums, room=lambda: C * (2 + 3))
+    assert list(kept_directions(tight, J, priority)) == [0, 1, 3]
+    assert kept_directions(EncryptedConstraint(cells, sums, room=lambda: C * (2 + J)), J, priority) is None
+    assert kept_directions(exact, J, priority) is None  # row by row: every direction
+    alpha, _, _ = search_step(y, z, du, np.zeros(J), np.eye(J), np.zeros(4), tight, 1e-3, epsilon=0.01,
+                              priority=priority)
+    assert np.all(alpha[[2, 4, 5]] == 0) and np.any(alpha[[0, 1, 3]] != 0)
+
+
 NEWTON_RUNS = {
     # the loss measure's dual step (ClippedNewton) on two groups: both runs stopped at the same round cap
     "deo": {"constraint": "deo", "num-server-rounds": 30},

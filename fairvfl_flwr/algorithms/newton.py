@@ -220,7 +220,8 @@ class NewtonVFL(VFLServer):
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
         alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.constraint, self.mu,
-                                                epsilon=self.stop.epsilon, fairness=c.fairness, rcond=rcond)
+                                                epsilon=self.stop.epsilon, fairness=c.fairness, rcond=rcond,
+                                                priority=self.priority(len(a)))
         f_before = self.objective(z, sq_norm)  # at the λ the search ends with (a searching rule moves it)
         self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):  # the apply message evaluates this round
@@ -391,6 +392,18 @@ class NewtonVFL(VFLServer):
         if self.cfg.fairness:
             f += penalty * float(np.sum(np.maximum(np.abs(self.constraint.gaps(self.labels.y_train, z)) - bound, 0.0)))
         return f
+
+    def priority(self, directions: int) -> np.ndarray:
+        """The search's directions, most needed first, where a budget holds only some of them
+        (core/newton.kept_directions): every party's new direction, then their newest moves, and
+        so on (the order a party sends them in, :meth:`subspace`'s columns)."""
+        if len(self.owner) != directions:  # one owner's columns: their own order
+            return np.arange(directions)
+        rank = np.zeros(directions, dtype=np.int64)
+        for nid in np.unique(self.owner):
+            sel = np.flatnonzero(self.owner == nid)
+            rank[sel] = np.arange(len(sel))
+        return np.argsort(rank, kind="stable")
 
     def width_of(self, nid: int) -> int:
         """Directions in party ``nid``'s reply: its new one and its last moves."""

@@ -409,14 +409,43 @@ class _Prox:
         return 0.0 if self.p is None else self.p
 
 
+def kept_directions(constraint: ConstraintSet, directions: int, priority: np.ndarray | None = None
+                    ) -> np.ndarray | None:
+    """The directions a search on a model of the gaps keeps where the round's budget of sums
+    (``constraint.room``) holds the linear model over only some of them: the first of
+    ``priority`` (default: in order) that fit with one check of the step, C (2 + J) sums;
+    None where every direction fits (or the constraint is evaluated row by row)."""
+    room = getattr(constraint, "room", None)
+    room = None if room is None else room()
+    if room is None:
+        return None
+    C = len(constraint.gap_list)
+    fit = room // C - 2
+    if fit >= directions or fit < 1:  # all fit, or none: the model refuses, naming the budget
+        return None
+    order = np.arange(directions) if priority is None else np.asarray(priority)
+    return np.sort(order[:fit])
+
+
 def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
                 constraint: ConstraintSet, mu: float, *, epsilon: float, fairness: bool = True, rcond: float = 1e-12,
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The server's search of one round: (α, λ, J). Where the constraint's dual rule searches
     (:class:`ConstrainedSearch`) the step lengths and λ of :func:`constrained_step`,
     and no J; else :func:`subspace_step` at the given λ, and the subspace's gap sensitivity
-    :func:`subspace_gap_jacobian` for the next dual step."""
+    :func:`subspace_gap_jacobian` for the next dual step. On a model of the gaps whose budget
+    holds only some directions (:func:`kept_directions`, in the order of ``priority``), the
+    search runs on those and the others' step lengths are 0."""
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    keep = kept_directions(constraint, du.shape[1], priority)
+    if keep is not None:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        B = np.diag(b) if b.ndim == 1 else b
+        kept, lam, jac = search_step(y, z, du[:, keep], a[keep], B[np.ix_(keep, keep)], lam, constraint, mu,
+                                     epsilon=epsilon, fairness=fairness, rcond=rcond)
+        alpha = np.zeros(du.shape[1])
+        alpha[keep] = kept
+        return alpha, lam, jac
     space = in_subspace(constraint, y, z, du)  # where it is a model of the gaps, asked for once a round
     searches = fairness and rule_for(constraint).searches
     prox = None
