@@ -604,14 +604,16 @@ def _sums_by_round(grid) -> dict[int, int]:
 @pytest.mark.parametrize("name", list(NEWTON_RUNS))
 def test_an_encrypted_newton_run_is_the_label_owners_run(tmp_path, name):
     """Block Newton on the registry's encrypted groups against the label owner's run on the same
-    rows: rounds within 2, every final training gap within 0.002, test accuracy within 0.1 points,
-    and no round asks the registry for more than its sums-per-round (256)."""
+    rows: rounds within 2, every final training gap within 0.002, test accuracy within 0.1 points or
+    one test row (COMPAS's 478 test rows: a row is 0.21 points), and no round asks the registry for
+    more than its sums-per-round (256)."""
     (exact, encrypted), (h_exact, h_enc), grid = _newton_runs(tmp_path, {**NEWTON_RUNS[name], "optimizer": "auto"})
     assert any(m.metadata.message_type == msgs.NEWTON_ACTIVE for m in grid.sent)  # auto took block Newton
     assert abs(len(h_enc) - len(h_exact)) <= 2
     for key, value in h_exact[-1]["gaps"].items():
         assert abs(h_enc[-1]["gaps"][key] - value) <= 0.002, key
-    assert abs(encrypted["test_acc"] - exact["test_acc"]) <= 0.001
+    one_row = 1.0 / len(load_data(RunConfig.from_flower({"dataset": "compas"})).y_test)
+    assert abs(encrypted["test_acc"] - exact["test_acc"]) <= max(0.001, one_row) + 1e-12
     spent = _sums_by_round(grid)
     assert max(spent.values()) <= 256 and len(spent) >= len(h_enc) - 1
 
@@ -619,23 +621,24 @@ def test_an_encrypted_newton_run_is_the_label_owners_run(tmp_path, name):
 @pytest.mark.slow
 def test_a_tight_budget_drops_the_gaps_hessian_and_is_never_passed(tmp_path):
     """A registry that decrypts 160 sums a round: the search's model fits within them (linear where the
-    gaps' Hessian would not fit: from round 2 on), no round asks for more, and the run still ends as
-    the label owner's does."""
+    gaps' Hessian would not fit, over fewer directions where the linear one would not), no round asks
+    for more, and the run still meets ε within two rounds of the label owner's, its accuracy within half
+    a point."""
     (exact, encrypted), (h_exact, h_enc), grid = _newton_runs(
         tmp_path, NEWTON_RUNS["equalized-odds"], **{"sums-per-round": 160})
     spent = _sums_by_round(grid)
     assert max(spent.values()) <= 160
     assert abs(len(h_enc) - len(h_exact)) <= 2
     assert max(abs(v) for v in h_enc[-1]["gaps"].values()) <= 0.01 + 1e-3
-    assert abs(encrypted["test_acc"] - exact["test_acc"]) <= 0.001
+    assert abs(encrypted["test_acc"] - exact["test_acc"]) <= 0.005
 
 
 @pytest.mark.slow
-def test_a_budget_too_small_for_the_linear_model_is_refused_naming_it(tmp_path):
-    """Where the registry's sums a round cannot hold even the linear model of the gaps, the run stops
-    with the reason, naming the node config to raise, and the registry decrypts nothing beyond it."""
+def test_a_budget_too_small_for_a_round_is_refused_naming_it(tmp_path):
+    """Where the registry's sums a round cannot hold a round (its parties' products and the search's
+    model over one direction), the run stops with the reason, naming the node config to raise."""
     with pytest.raises(Exception, match="sums-per-round"):
-        _newton_runs(tmp_path, NEWTON_RUNS["equalized-odds"], **{"sums-per-round": 90})
+        _newton_runs(tmp_path, NEWTON_RUNS["equalized-odds"], **{"sums-per-round": 40})
 
 
 @pytest.mark.slow

@@ -172,7 +172,7 @@ class RowwiseSpace:
         """V = Δuᵀ ∂D/∂z at z + Δu α (J × C): the gaps' gradients in α."""
         return self.du.T @ (self.constraint.q.slope(self.y, self.z + self.du @ al)[:, None] * self.cols)
 
-    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None) -> None:
+    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None, bound: float = 0.0) -> None:
         """Every trial point was evaluated exactly: the search's step stands."""
         return None
 
@@ -202,6 +202,7 @@ class ModelledSpace:
         self.gram = du.T @ du
         self.delta = 0.0  # the damping of the last search (:meth:`retry`)
         self.tries = 0
+        self.missed = np.inf  # the model's largest error at the last step it missed
 
     @staticmethod
     def _d(lam: np.ndarray) -> np.ndarray:
@@ -237,14 +238,15 @@ class ModelledSpace:
         m = self.model
         return m.V if m.W is None else m.V + np.einsum("cjk,k->jc", m.W, al)
 
-    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None) -> np.ndarray | None:
+    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None, bound: float = 0.0) -> np.ndarray | None:
         """None where the search's step ``alpha`` stands; else the damping to search again with (a
         J × J matrix, zero for none).
 
         The step stands where the model holds there against the true gaps (one sum per gap, asked
-        of the constraint's oracle): a search that holds the gaps within a bound (``lam`` None:
-        the constrained search) needs every modelled gap within :data:`MODEL_TOLERANCE` of the
-        true one; a search at fixed multipliers ``lam`` needs the model's error in φ, Σ_c d_c e_c,
+        of the constraint's oracle): a search that holds the gaps within ``bound`` (``lam`` None:
+        the constrained search) needs every true gap within :data:`MODEL_TOLERANCE` of the larger
+        of the bound and its modelled value (an error that brings a gap nearer 0 costs nothing);
+        a search at fixed multipliers ``lam`` needs the model's error in φ, Σ_c d_c e_c,
         to cost at most half the decrease of φ the model predicts (a trust-region ratio: the
         gaps' error matters there only through φ, and a long step of the first rounds stands).
         It stands too where no sums are left this round for the check, or after
@@ -252,9 +254,9 @@ class ModelledSpace:
         gaps at the step as a secant along it (each W_c gains 2 e_c ggᵀ/(αᵀg)² for its error e_c,
         g = ΔuᵀΔu α, so the model is exact there and unchanged in value and slope at 0, and a step
         along Δu's null space, which moves no logit, changes no modelled gap), and the search runs
-        again; from the second miss on also damped by the Levenberg–Marquardt term δ ΔuᵀΔu/n
-        (δ = 1/4, then 4 times the last: the loss's own curvature is at most 1/(4n) a row), which
-        shortens the step toward where the model holds."""
+        again; where the model's error did not at least halve since the last miss, also damped by
+        the Levenberg–Marquardt term δ ΔuᵀΔu/n (δ = 1/4, then 4 times the last: the loss's own
+        curvature is at most 1/(4n) a row), which shortens the step toward where the model holds."""
         c = self.constraint
         self.tries += 1
         if c is None or self.tries >= MODEL_TRIES or not np.any(alpha):
@@ -265,7 +267,8 @@ class ModelledSpace:
             return None
         error = c.gaps(self.y, self.z + self.du @ alpha) - self.gaps(alpha)
         if lam is None:
-            holds = float(np.max(np.abs(error))) <= MODEL_TOLERANCE
+            modelled = self.gaps(alpha)
+            holds = float(np.max(np.abs(modelled + error) - np.maximum(bound, np.abs(modelled)))) <= MODEL_TOLERANCE
         else:
             predicted = self.value(np.zeros(J), lam) - self.value(alpha, lam)
             holds = float(self._d(lam) @ error) <= 0.5 * max(predicted, 0.0)
@@ -276,8 +279,10 @@ class ModelledSpace:
         g = self.gram @ alpha  # the secant in the logits' metric: a step along Δu's null space changes no gap
         self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / float(alpha @ g) ** 2,
                               m.sums)
-        if self.tries > 1:
+        size = float(np.max(np.abs(error)))
+        if size > 0.5 * self.missed:  # the secants do not close in on the step: shorten it
             self.delta = max(4.0 * self.delta, 0.25)
+        self.missed = size
         return self.delta * self.gram / self.n  # zero: undamped
 
     def at_step(self, alpha: np.ndarray) -> tuple["ModelledSpace", np.ndarray]:
@@ -456,7 +461,7 @@ def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: 
         else:
             alpha, new = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
         # a model of the gaps that does not hold at the step: corrected, and searched again
-        retried = space.retry(alpha, None if searches else lam)
+        retried = space.retry(alpha, None if searches else lam, epsilon)
         if retried is None:
             break
         prox = retried if np.any(retried) else None
