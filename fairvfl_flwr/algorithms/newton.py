@@ -759,10 +759,10 @@ def _reply_direction(rt: PartyRuntime, message: Message, party, theta: np.ndarra
     return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)
 
 
-def active_round(message: Message, context: Context, weights: int) -> dict[str, np.ndarray]:
+def active_round(message: Message, context: Context) -> dict[str, np.ndarray]:
     """The label owner's Newton message where it holds no row's group weight (a registry's encrypted
-    groups, jobs/encrypted_groups.py), checked: its step lengths α and z (with ``weights`` groups'
-    weights beside them, which the job reads)."""
+    groups, jobs/encrypted_groups.py), checked: its step lengths α and z (its weights as if in each
+    group beside them are the job's to read)."""
     rt = PartyRuntime(context)
     if rt.data.role != msgs.ROLE_ACTIVE or rt.cfg.model != "linear":
         raise checks.ReplyError(f"{rt.who}: got {message.metadata.message_type} with weights as if in each group, "
@@ -902,7 +902,7 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
                  "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else
                  "; groups.release='ckks': the search takes the gaps from a per-round Taylor model in its step "
-                 "lengths, summed by the registry over its encrypted groups (one request a round, within its "
+                 "lengths, summed by the registry over its encrypted groups and checked at the step (within its "
                  "sums-per-round); "
                  "passive parties get X_k^T nu through the registry and precondition with 1/(4n), the label owner "
                  "with its loss's own curvature (docs/newton.md)" if cfg.encrypted_groups else "")

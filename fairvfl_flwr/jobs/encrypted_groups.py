@@ -676,7 +676,7 @@ def active_mod(message: Message, context: Context, call_next) -> Message:
         raise checks.ReplyError(f"{rt.who}: {WEIGHTS_KEY} must be finite, one row of {n} weights a group; got "
                                 f"{weights.shape}")
     if mtype == msgs.NEWTON_ACTIVE:  # its step lengths wait with the leg's state: θ moves once the sums are in
-        got = newton.active_round(message, context, len(weights))
+        got = newton.active_round(message, context)
         z = got["z"].astype(np.float64)
         keep = {"newton-alpha": got["alpha"], "newton-z": z}
         return Message(_products(rt, context, rt.party(), z, weights, keep), reply_to=message)
