@@ -905,7 +905,7 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
                  "lengths, summed by the registry over its encrypted groups and checked at the step (within its "
                  "sums-per-round); "
                  "passive parties get X_k^T nu through the registry and precondition with 1/(4n), the label owner "
-                 "with its loss's own curvature (docs/newton.md)" if cfg.encrypted_groups else "")
+                 "with its loss's own curvature (docs/newton.md)" if cfg.groups_as_sums else "")
     if cfg.model != "linear":
         why = ("; auto: full batch, and the run stops at the plateau of F within tens of rounds" if passed is not None
                else "")
