@@ -12,8 +12,8 @@ sums over them, and every party's gradient goes through ν under that key.
 
 Beside it, in the same process, the same people and columns with sex on the label owner's
 table instead (no registry: four feature holders), under the same run config but the two
-groups keys. Both under ``optimizer = "auto"`` (encrypted groups: gradient descent; the
-label owner's groups: block Newton), both evaluated every round. The table gives each
+groups keys. Both under ``optimizer = "auto"`` (block Newton for both: on encrypted groups
+its search models the gaps from the registry's sums, docs/newton.md), both evaluated every round. The table gives each
 deployment's seconds from ``flwr run`` to its summary, its rounds, the round from which
 every training gap stays within ε (DEO's loss gaps), and its test accuracy.
 """
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
              "pinned, PSI alignment, secure aggregation of the logits. `to ε`: the first round from which every "
              f"training gap stays within ε + {GAP_SLACK} (None: not at the end); `seconds to summary`: from `flwr run` to the "
              "run's summary file; `time vs label owner`: the same, over the label owner's deployment in this run. "
-             "The registry's run is gradient descent (encrypted groups do not run block Newton: `optimizer = "
-             "\"auto\"` takes gradient descent), the label owner's block Newton.")
+             "Both runs take what `optimizer = \"auto\"` picks (the summary's `optimizer` column).")
     payload = {"rows": rows, "settings": {"rows": a.rows, "epsilon": a.epsilon, "rounds": a.rounds}}
     if a.page:
         write(a.out, "registry-deploy", payload, md, title="A registry in a loopback deployment: encrypted groups "

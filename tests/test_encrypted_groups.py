@@ -17,7 +17,11 @@ from flwr.app import Array  # noqa: E402
 
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
+from fairvfl_flwr.algorithms import newton  # noqa: E402
 from fairvfl_flwr.config import ConfigError, RunConfig  # noqa: E402
+from fairvfl_flwr.config.algorithms import resolve  # noqa: E402
+from fairvfl_flwr.core.constraints.cells import EncryptedConstraint, model_sums  # noqa: E402
+from fairvfl_flwr.core.newton import SHARED_MEMORY, ModelledSpace, RowwiseSpace  # noqa: E402
 from fairvfl_flwr.config.node import NodeConfig  # noqa: E402
 from fairvfl_flwr.core.constraints import SensitiveGroups, gap_weights, gaps_per_row, kind_named  # noqa: E402
 from fairvfl_flwr.core.constraints.cells import GroupCells  # noqa: E402
@@ -264,7 +268,7 @@ def test_a_masked_encrypted_run_is_the_unmasked_one(tmp_path):
     round's view and the registry's sums stay outside it: the same run, to fixed-point precision."""
     nodes = [{"partition-id": k, "num-partitions": 6, **({"sum-noise": 0.0} if k == 5 else {})} for k in range(6)]
     rc = {"dataset": "compas", "constraint": "equalized-odds", "groups.holder": "registry", "groups.release": "ckks",
-          "num-server-rounds": 3}
+          "optimizer": "gd", "num-server-rounds": 3}
     assert_masked_run_is_plain(rc, tmp_path, nodes, atol=1e-9)
 
 
@@ -316,6 +320,15 @@ def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
     cts, mask_sums = ckks.masked_column_sums(oracle.indicators.params, blobs, X, np.random.default_rng())
     gradient = ckks.unmask(oracle.ask(cts, ROUNDS), mask_sums, n, X.shape[1])
     assert np.allclose(gradient, X.T @ owner.masked_weights(y, z, lam), rtol=1e-6, atol=1e-9)
+    # scaled by 2^e as the channel sends it (nu_log2): every slot within 2^10 times the column's largest value,
+    # and the party's gradient divided back
+    values = n * cells.masked_weights(y, z, lam)
+    e = eg.nu_log2(values, ckks.chunks(n))
+    assert e > 0 and 2.0**e * np.abs(values).max() * ckks.chunks(n) <= eg.VALUE_BOUND
+    cts, mask_sums = ckks.masked_column_sums(oracle.indicators.params, oracle.encrypt_mixture("train", 2.0**e * values),
+                                             X, np.random.default_rng())
+    scaled = ckks.unmask(oracle.ask(cts, ROUNDS), mask_sums, n, X.shape[1]) / 2.0**e
+    assert np.allclose(scaled, X.T @ owner.masked_weights(y, z, lam), rtol=1e-6, atol=1e-9)
 
 
 # -- a whole run: gradient descent with the groups under the registry's key ----------------------------
@@ -446,10 +459,12 @@ def test_a_planted_leak_is_caught(tmp_path):
     assert guessing_accuracy(_roles(grid, rc)["label owner"], truth, y) > 0.95
 
 
-def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes_gd():
+def test_run_config_refuses_what_encrypted_groups_cannot_run_with_and_auto_takes_newton():
     cfg = RunConfig.from_flower(ENCRYPTED)
-    assert cfg.encrypted_groups and cfg.optimizer_in_use == "gd"
-    for bad, key in (({"optimizer": "newton"}, "optimizer"), ({"privacy.secure-nu": "ckks"}, "privacy.secure-nu"),
+    assert cfg.encrypted_groups and cfg.optimizer_in_use == "newton"
+    assert "per-round Taylor model" in resolve(cfg).reason
+    RunConfig.from_flower({**ENCRYPTED, "optimizer": "newton"}).validate()
+    for bad, key in (({"privacy.secure-nu": "ckks"}, "privacy.secure-nu"),
                      ({"privacy.nu-noise": 1.0}, "privacy.nu-noise"),
                      ({"model": "mlp", "optimizer": "gd"}, "model")):
         with pytest.raises(ConfigError, match=key):
@@ -467,3 +482,176 @@ def test_the_model_card_says_the_registry_held_the_groups_encrypted(runs):
     assert manifest["groups-release"] == {"holder": "registry", "mechanism": "ckks"}
     assert manifest["metrics"]["groups"] == {} and manifest["metrics"]["intervals"] == {}
     assert "under its own CKKS key" in (folder / "model-card.md").read_text()
+
+
+# -- block Newton on encrypted groups: the search's Taylor model of the gaps -------------------------
+def _cells_and_truth(kind: str, measure: str, seed: int = 0):
+    """A constraint over two groups on 500 rows, as the server holds it (sizes only) and as the label
+    owner does, with the true sums as the oracle."""
+    rng = np.random.default_rng(seed)
+    n = 500
+    y = np.where(rng.random(n) < 0.45, 1, -1)
+    s = rng.integers(0, 2, size=n)
+    onehot = np.stack([s == g for g in range(2)]).astype(np.float64)
+    exact = kind_named(kind).build(y, s, 1, measure, names=("a", "b"))
+    cells = GroupCells.build(kind_named(kind), y, 1, ("a", "b"),
+                             lambda masks: np.stack([[int(np.sum(m & (s == g))) for g in range(2)] for m in masks]),
+                             measure)
+    return y, exact, cells, lambda P: (P * onehot[None]).sum(axis=(1, 2)), rng
+
+
+@pytest.mark.parametrize("kind,measure", [("deo", "loss"), ("equalized-odds", "rate")])
+def test_the_taylor_model_of_the_gaps_is_exact_at_its_point_and_of_second_order_around_it(kind, measure):
+    """The registry's sums give every gap's value, slopes and (room allowing) Hessian in the step
+    lengths: the modelled gaps, ν's part and the multipliers' slopes are the label owner's at α = 0,
+    and off by O(|α|³) around it (O(|α|²) for the linear model)."""
+    y, exact, cells, sums, rng = _cells_and_truth(kind, measure)
+    n, J = len(y), 4
+    z, du = rng.normal(size=n), rng.normal(scale=0.3, size=(n, J))
+    encrypted = EncryptedConstraint(cells, sums)
+    rows = RowwiseSpace(exact, y, z, du)
+    lam = np.abs(rng.normal(scale=0.2, size=exact.num_multipliers))
+    errors = {}
+    for room, hessian in ((None, True), (model_sums(len(exact.gap_list), J, False), False)):
+        space = ModelledSpace(EncryptedConstraint(cells, sums, room=lambda r=room: r).taylor(y, z, du), y, z, du)
+        assert (space.model.W is not None) == hessian
+        zero = np.zeros(J)
+        assert np.allclose(space.gaps(zero), rows.gaps(zero), atol=1e-12)
+        assert np.allclose(space.slopes(zero), rows.slopes(zero), atol=1e-12)
+        assert abs(space.value(zero, lam) - rows.value(zero, lam)) < 1e-12
+        assert np.allclose(space.gradient(zero, lam), rows.gradient(zero, lam), atol=1e-12)
+        step = rng.normal(size=J)
+        errors[hessian] = [float(np.max(np.abs(space.gaps(t * step) - rows.gaps(t * step)))) for t in (0.1, 0.05)]
+    assert errors[True][1] < errors[True][0] / 6  # third order: halving the step cuts the error by about 8
+    assert 2.5 < errors[False][0] / errors[False][1] < 6  # second order: by about 4
+    assert encrypted.taylor(y, z, du).W is not None  # no limit: the Hessian
+    with pytest.raises(ValueError, match="sums-per-round"):
+        EncryptedConstraint(cells, sums, room=lambda: 3).taylor(y, z, du)
+
+
+def test_a_step_where_the_model_does_not_hold_is_searched_again_on_the_corrected_model():
+    """The search checks its step against the true gaps (one sum a gap): where the model is off by
+    more than the tolerance it takes the true gaps there as a secant and searches again; the step
+    it keeps has every modelled gap within the tolerance of the true one."""
+    from fairvfl_flwr.core.newton import MODEL_TOLERANCE, search_step
+    y, exact, cells, sums, rng = _cells_and_truth("equalized-odds", "rate", seed=3)
+    n, J = len(y), 3
+    z, du = rng.normal(size=n), rng.normal(scale=1.5, size=(n, J))
+    asked = []
+
+    def counted(P):
+        asked.append(len(P))
+        return sums(P)
+
+    encrypted = EncryptedConstraint(cells, counted, room=lambda: model_sums(2, J, False) + 10)  # linear
+    a, b, lam = np.zeros(J), np.eye(J), np.zeros(exact.num_multipliers)
+    alpha, new, _ = search_step(y, z, du, a, b, lam, encrypted, 1e-3, epsilon=0.01)
+    assert len(asked) > 2  # the model, then at least one check that failed and one that held
+    assert np.max(np.abs(exact.gaps(y, z + du @ alpha))) <= 0.01 + MODEL_TOLERANCE + 1e-9
+    exact_alpha, _, _ = search_step(y, z, du, a, b, lam, exact, 1e-3, epsilon=0.01)
+    assert np.max(np.abs(du @ (alpha - exact_alpha))) < 0.05
+
+
+def test_a_budget_that_holds_the_model_over_some_directions_searches_those_first():
+    """Where the round's sums hold the linear model over only some directions (several gaps), the
+    search keeps the first of the server's priority (every party's new direction first) and steps 0
+    along the rest; where they hold it over all, it keeps all."""
+    from fairvfl_flwr.core.newton import kept_directions, search_step
+    y, exact, cells, sums, rng = _cells_and_truth("equalized-odds", "rate", seed=5)
+    n, J, C = len(y), 6, 2
+    z, du = rng.normal(size=n), rng.normal(scale=0.3, size=(n, J))
+    priority = np.array([0, 3, 1, 4, 2, 5])  # two parties' [new, moves]: the new directions first
+    tight = EncryptedConstraint(cells, sums, room=lambda: C * (2 + 3))
+    assert list(kept_directions(tight, J, priority)) == [0, 1, 3]
+    assert kept_directions(EncryptedConstraint(cells, sums, room=lambda: C * (2 + J)), J, priority) is None
+    assert kept_directions(exact, J, priority) is None  # row by row: every direction
+    alpha, _, _ = search_step(y, z, du, np.zeros(J), np.eye(J), np.zeros(4), tight, 1e-3, epsilon=0.01,
+                              priority=priority)
+    assert np.all(alpha[[2, 4, 5]] == 0) and np.any(alpha[[0, 1, 3]] != 0)
+
+
+NEWTON_RUNS = {
+    # the loss measure's dual step (ClippedNewton) on two groups: both runs stopped at the same round cap
+    "deo": {"constraint": "deo", "num-server-rounds": 30},
+    # the constrained search (ConstrainedSearch), ε on the smooth rates: both runs end by the stop rule
+    "equalized-odds": {"constraint": "equalized-odds", "hard-epsilon": False, "num-server-rounds": 40},
+    "demographic-parity": {"constraint": "demographic-parity", "hard-epsilon": False, "num-server-rounds": 40},
+}
+
+
+def _newton_runs(tmp_path, rc: dict, **nodes):
+    """The label owner's block Newton run on COMPAS and the same run on the registry's encrypted groups
+    (its noise off; ``nodes``: its node config besides), recorded: (summaries, histories, grid)."""
+    exact, exact_folder = run_inprocess({"dataset": "compas", **rc, "output-dir": str(tmp_path / "exact")}, quiet=True)
+    run = RunConfig.from_flower({"dataset": "compas", **rc, **ENCRYPTED, "output-dir": str(tmp_path / "encrypted")})
+    configs = [{"partition-id": k, "num-partitions": 6} for k in range(6)]
+    configs[-1].update({"sum-noise": 0.0, **nodes})
+    grid = Recording(client_app, run.to_flower(), 6, node_configs=configs)
+    encrypted, folder = run_inprocess(run.to_flower(), quiet=True, grid=grid)
+    return (exact, encrypted), (_history(exact_folder), _history(folder)), grid
+
+
+def _sums_by_round(grid) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for m in grid.sent:
+        if m.metadata.message_type == eg.GROUPS_SUM:
+            r = int(m.content.config_records["sum"]["round"])
+            out[r] = out.get(r, 0) + 2 * len(m.content.array_records["masked"])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(NEWTON_RUNS))
+def test_an_encrypted_newton_run_is_the_label_owners_run(tmp_path, name):
+    """Block Newton on the registry's encrypted groups against the label owner's run on the same
+    rows: rounds within 2, every final training gap within 0.002, test accuracy within 0.1 points or
+    one test row (COMPAS's 478 test rows: a row is 0.21 points), and no round asks the registry for
+    more than its sums-per-round (256)."""
+    (exact, encrypted), (h_exact, h_enc), grid = _newton_runs(tmp_path, {**NEWTON_RUNS[name], "optimizer": "auto"})
+    assert any(m.metadata.message_type == msgs.NEWTON_ACTIVE for m in grid.sent)  # auto took block Newton
+    assert abs(len(h_enc) - len(h_exact)) <= 2
+    for key, value in h_exact[-1]["gaps"].items():
+        assert abs(h_enc[-1]["gaps"][key] - value) <= 0.002, key
+    one_row = 1.0 / len(load_data(RunConfig.from_flower({"dataset": "compas"})).y_test)
+    assert abs(encrypted["test_acc"] - exact["test_acc"]) <= max(0.001, one_row) + 1e-12
+    spent = _sums_by_round(grid)
+    assert max(spent.values()) <= 256 and len(spent) >= len(h_enc) - 1
+
+
+@pytest.mark.slow
+def test_a_tight_budget_drops_the_gaps_hessian_and_is_never_passed(tmp_path):
+    """A registry that decrypts 160 sums a round: the search's model fits within them (linear where the
+    gaps' Hessian would not fit, over fewer directions where the linear one would not), no round asks
+    for more, and the run still meets ε within two rounds of the label owner's, its accuracy within half
+    a point."""
+    (exact, encrypted), (h_exact, h_enc), grid = _newton_runs(
+        tmp_path, NEWTON_RUNS["equalized-odds"], **{"sums-per-round": 160})
+    spent = _sums_by_round(grid)
+    assert max(spent.values()) <= 160
+    assert abs(len(h_enc) - len(h_exact)) <= 2
+    assert max(abs(v) for v in h_enc[-1]["gaps"].values()) <= 0.01 + 1e-3
+    assert abs(encrypted["test_acc"] - exact["test_acc"]) <= 0.005
+
+
+@pytest.mark.slow
+def test_a_budget_too_small_for_a_round_is_refused_naming_it(tmp_path):
+    """Where the registry's sums a round cannot hold a round (its parties' products and the search's
+    model over one direction), the run stops with the reason, naming the node config to raise."""
+    with pytest.raises(Exception, match="sums-per-round"):
+        _newton_runs(tmp_path, NEWTON_RUNS["equalized-odds"], **{"sums-per-round": 40})
+
+
+@pytest.mark.slow
+def test_a_masked_encrypted_newton_run_is_the_unmasked_shared_step_run(tmp_path, monkeypatch):
+    """Under secure aggregation (shared step lengths) the encrypted-groups Newton run is the same
+    shared-step run over plain replies: the label owner's leg continues the round's view."""
+    rc = {"dataset": "compas", **NEWTON_RUNS["equalized-odds"], **ENCRYPTED}
+    nodes = [{"partition-id": k, "num-partitions": 6, **({"sum-noise": 0.0} if k == 5 else {})} for k in range(6)]
+    masked, m_folder = run_inprocess({**rc, "privacy.secure-aggregation": True, "output-dir": str(tmp_path / "m")},
+                                     quiet=True, node_configs=nodes)
+    monkeypatch.setattr(newton, "NewtonVFL", newton.SharedNewtonVFL)  # the shared steps without the masks
+    plain, p_folder = run_inprocess({**rc, "newton-memory": SHARED_MEMORY, "output-dir": str(tmp_path / "p")},
+                                    quiet=True, node_configs=nodes)
+    assert len(_history(m_folder)) == len(_history(p_folder))
+    assert masked["test_acc"] == plain["test_acc"]
+    assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < 1e-6

@@ -38,7 +38,6 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fairvfl_flwr.config.algorithms import Algorithm
-from fairvfl_flwr.core.constraints.release import ENCRYPTED
 from fairvfl_flwr.core.newton import (
     LAM_MAX,
     WIRE_RCOND,
@@ -46,6 +45,7 @@ from fairvfl_flwr.core.newton import (
     constrained_step,
     curvature,
     damping,
+    loss_curvature,
     party_curvature,
     search_step,
     server_step,
@@ -220,7 +220,8 @@ class NewtonVFL(VFLServer):
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]  # the directions' logits came at the wire dtype
         alpha, self.lam, self.jac = search_step(y, z, du, a, gram, self.lam, self.constraint, self.mu,
-                                                epsilon=self.stop.epsilon, fairness=c.fairness, rcond=rcond)
+                                                epsilon=self.stop.epsilon, fairness=c.fairness, rcond=rcond,
+                                                priority=self.priority(len(a)))
         f_before = self.objective(z, sq_norm)  # at the λ the search ends with (a searching rule moves it)
         self.take(got, du, alpha)
         if self.converged(f_before, z + du @ alpha):  # the apply message evaluates this round
@@ -391,6 +392,18 @@ class NewtonVFL(VFLServer):
         if self.cfg.fairness:
             f += penalty * float(np.sum(np.maximum(np.abs(self.constraint.gaps(self.labels.y_train, z)) - bound, 0.0)))
         return f
+
+    def priority(self, directions: int) -> np.ndarray:
+        """The search's directions, most needed first, where a budget holds only some of them
+        (core/newton.kept_directions): every party's new direction, then their newest moves, and
+        so on (the order a party sends them in, :meth:`subspace`'s columns)."""
+        if len(self.owner) != directions:  # one owner's columns: their own order
+            return np.arange(directions)
+        rank = np.zeros(directions, dtype=np.int64)
+        for nid in np.unique(self.owner):
+            sel = np.flatnonzero(self.owner == nid)
+            rank[sel] = np.arange(len(sel))
+        return np.argsort(rank, kind="stable")
 
     def width_of(self, nid: int) -> int:
         """Directions in party ``nid``'s reply: its new one and its last moves."""
@@ -726,6 +739,14 @@ def _direction(message: Message, context: Context, role: str) -> Message:
         h = party_curvature(nu, n, PASSIVE_CURVATURE)
     else:
         nu, h = None, party_curvature(None, n, ENCRYPTED_NU_CURVATURE)
+    return _reply_direction(rt, message, party, theta, moves, x, x_test, nu, h, xt_nu)
+
+
+def _reply_direction(rt: PartyRuntime, message: Message, party, theta: np.ndarray, moves: list[np.ndarray],
+                     x: np.ndarray, x_test: np.ndarray, nu: np.ndarray | None, h: np.ndarray,
+                     xt_nu: np.ndarray | None) -> Message:
+    """The block Newton direction at θ_k (curvature ``h``; gradient from ``nu``, or ``xt_nu`` = xᵀν),
+    its images with the last moves', kept as this party's directions awaiting their α."""
     s = block_direction(x, nu, h, theta, party.mu, xt_nu=xt_nu)
     D = np.column_stack([s, *moves])
     dtype = rt.cfg.wire_dtype
@@ -736,6 +757,34 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     rt.save(party)
     _remember(rt, D, moves)
     return Message(msgs.directions_reply(arrays, float(theta @ theta), 1), reply_to=message)
+
+
+def active_round(message: Message, context: Context) -> dict[str, np.ndarray]:
+    """The label owner's Newton message where it holds no row's group weight (a registry's encrypted
+    groups, jobs/encrypted_groups.py), checked: its step lengths α and z (its weights as if in each
+    group beside them are the job's to read)."""
+    rt = PartyRuntime(context)
+    if rt.data.role != msgs.ROLE_ACTIVE or rt.cfg.model != "linear":
+        raise checks.ReplyError(f"{rt.who}: got {message.metadata.message_type} with weights as if in each group, "
+                                "but this party is not a linear label owner")
+    pending, _ = _memory(rt)
+    return _alpha(rt, message, pending, z=rt.n_train)
+
+
+def active_from_gradient(message: Message, context: Context, alpha: np.ndarray, z: np.ndarray,
+                         gradient: np.ndarray) -> Message:
+    """The label owner's Newton round from its gradient X_aᵀν (intercept last), which reached it
+    through the registry's sums (jobs/encrypted_groups.py): it takes last round's α, and its
+    curvature is the loss's own, σ'(z)/n from its labels' logits z, as every row's would be at
+    weight 1/n: it holds no row's weight, which depends on the row's group."""
+    rt = PartyRuntime(context)
+    data, n = rt.data, rt.n_train
+    pending, moves = _memory(rt)
+    party = rt.party()
+    theta, moves = _take_step(rt, message, pending, alpha, _params(party.block), moves)
+    x, x_test = with_bias(np.asarray(data.X_train, dtype=np.float64)), with_bias(np.asarray(data.X_test,
+                                                                                            dtype=np.float64))
+    return _reply_direction(rt, message, party, theta, moves, x, x_test, None, loss_curvature(z, n), gradient)
 
 
 def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Message:
@@ -851,7 +900,12 @@ def _reason(cfg, passed: tuple[str, ...] | None) -> str:
               " with shared step lengths (MLP parties: the same search as under privacy.secure-aggregation)"
               if cfg.shared_steps else "")
     encrypted = ("; privacy.secure-nu='ckks': passive parties get only X_k^T nu and precondition with the constant "
-                 "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else "")
+                 "curvature 1/(4n) (docs/newton.md)" if cfg.nu_as_gradient else
+                 "; groups.release='ckks': the search takes the gaps from a per-round Taylor model in its step "
+                 "lengths, summed by the registry over its encrypted groups and checked at the step (within its "
+                 "sums-per-round); "
+                 "passive parties get X_k^T nu through the registry and precondition with 1/(4n), the label owner "
+                 "with its loss's own curvature (docs/newton.md)" if cfg.groups_as_sums else "")
     if cfg.model != "linear":
         why = ("; auto: full batch, and the run stops at the plateau of F within tens of rounds" if passed is not None
                else "")
@@ -877,8 +931,5 @@ NEWTON = Algorithm(
          "the active party computes one Newton direction per round, not a number of gradient steps; "
          "use staleness.local-time-budget=0"),
         ("mode", lambda c: c.mode == "split", "the split-learning baseline has its own SGD steps; use optimizer='gd'"),
-        ("groups_release", lambda c: c.groups_release == ENCRYPTED,
-         "the subspace search evaluates the gaps at many trial points, each a sum over the registry's encrypted "
-         "groups: not built; use optimizer='gd'"),
     ),
 )

@@ -409,6 +409,13 @@ class RunConfig:
         return self.registry and self.groups_release == ENCRYPTED
 
     @property
+    def groups_as_sums(self) -> bool:
+        """Whether the server holds no row's group, only sums over the groups that a registry returns
+        (:attr:`encrypted_groups`): what a training method's server computes from the groups is then
+        a sum over rows of its own plaintexts."""
+        return self.encrypted_groups
+
+    @property
     def masked(self) -> bool:
         """Whether partial logits travel under secure aggregation: ``privacy.secure-aggregation``,
         where ``auto`` means on wherever the parties read their own data (a deployment: own

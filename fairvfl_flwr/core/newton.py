@@ -52,7 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairvfl_flwr.core.constraints import ConstraintSet, as_multipliers, gap_weights, gaps_per_row
-from fairvfl_flwr.core.constraints.measures import logistic_loss
+from fairvfl_flwr.core.constraints.cells import GapModel
+from fairvfl_flwr.core.constraints.measures import logistic_loss, loss_derivative, sigmoid
 from fairvfl_flwr.core.constraints.release import RowWeights
 from fairvfl_flwr.core.step import dual_step
 
@@ -91,6 +92,13 @@ def party_curvature(nu: np.ndarray | None, n: int, kind: str) -> np.ndarray:
     if kind == "const":
         return np.full(n, 0.25 / n)
     raise ValueError(f"party curvature {kind!r}: choose nu or const (exact comes from the server)")
+
+
+def loss_curvature(z: np.ndarray, n: int) -> np.ndarray:
+    """σ'(z_i)/n: the logistic loss's own curvature, every row at weight 1/n (a label owner that
+    holds no row's group weight: a registry's encrypted groups)."""
+    p = sigmoid(np.asarray(z, dtype=np.float64))
+    return p * (1.0 - p) / n
 
 
 def with_bias(x: np.ndarray) -> np.ndarray:
@@ -136,6 +144,189 @@ def solve_psd(H: np.ndarray, rhs: np.ndarray, rcond: float = 1e-12) -> np.ndarra
     return scaled @ (rhs / d) / d
 
 
+class RowwiseSpace:
+    """φ and the gaps on the span of the directions' logits Δu, row by row from the constraint: where
+    the server holds every row's group (or its release), each trial point z + Δu α is evaluated exactly."""
+
+    def __init__(self, constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.ndarray) -> None:
+        self.constraint, self.y, self.z, self.du = constraint, y, z, du
+        self.cols = gap_weights(constraint)
+
+    def value(self, al: np.ndarray, lam: np.ndarray) -> float:
+        """φ(z + Δu α) at λ (:func:`smooth_part`)."""
+        return smooth_part(self.constraint, self.y, self.z + self.du @ al, lam)
+
+    def gradient(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀν at z + Δu α: φ's gradient in α."""
+        return self.du.T @ self.constraint.masked_weights(self.y, self.z + self.du @ al, lam)
+
+    def curvature(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀ diag(h) Δu with h the PSD per-row curvature (:func:`curvature`)."""
+        return (self.du * curvature(self.constraint, self.y, self.z + self.du @ al, lam)[:, None]).T @ self.du
+
+    def gaps(self, al: np.ndarray) -> np.ndarray:
+        """Every D_c at z + Δu α."""
+        return self.constraint.gaps(self.y, self.z + self.du @ al)
+
+    def slopes(self, al: np.ndarray) -> np.ndarray:
+        """V = Δuᵀ ∂D/∂z at z + Δu α (J × C): the gaps' gradients in α."""
+        return self.du.T @ (self.constraint.q.slope(self.y, self.z + self.du @ al)[:, None] * self.cols)
+
+    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None, bound: float = 0.0) -> None:
+        """Every trial point was evaluated exactly: the search's step stands."""
+        return None
+
+    def at_step(self, alpha: np.ndarray) -> tuple["RowwiseSpace", np.ndarray]:
+        """This view and the step: it evaluates the step's point exactly."""
+        return self, alpha
+
+    def done(self) -> None:
+        """Nothing to tell: the constraint was asked row by row."""
+
+
+class ModelledSpace:
+    """φ and the gaps on the span of Δu where the server reaches the groups only through sums (a
+    registry's encrypted groups): the loss part of φ exactly from the labels and logits, each gap
+    from its Taylor model D_c(α) = D_c + V_cᵀα + αᵀW_cα/2 at α = 0, whose coefficients the
+    constraint asks the registry for (:class:`GapModel`, one request). For linear parties
+    z + Δu α is exact, so only the measure q is expanded. The constraint's part of φ at λ is
+    Σ_c d_c D_c(α) (d_c = λ_c+ − λ_c−); its curvature Σ_c d_c W_c enters the search's PSD model
+    clipped to its non-negative eigenvalues (none without W: the linear model). :meth:`retry`
+    checks the search's step against the true gaps and corrects the model along it where it
+    does not hold."""
+
+    def __init__(self, model: GapModel, y: np.ndarray, z: np.ndarray, du: np.ndarray, constraint=None) -> None:
+        self.model, self.y, self.z, self.du = model, y, z, du
+        self.n = len(y)
+        self.constraint = constraint  # asked for the true gaps at a step (:meth:`retry`); None: never
+        self.gram = du.T @ du
+        self.delta = 0.0  # the damping of the last search (:meth:`retry`)
+        self.tries = 0
+        self.missed = np.inf  # the model's largest error at the last step it missed
+
+    @staticmethod
+    def _d(lam: np.ndarray) -> np.ndarray:
+        lam = np.asarray(lam, dtype=np.float64)
+        return lam[0::2] - lam[1::2]
+
+    def value(self, al: np.ndarray, lam: np.ndarray) -> float:
+        """The mean logistic loss at z + Δu α plus Σ_c d_c D_c(α)."""
+        return float(logistic_loss(self.y, self.z + self.du @ al).mean() + self._d(lam) @ self.gaps(al))
+
+    def gradient(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀ o/n + V(α) d."""
+        return self.du.T @ (loss_derivative(self.y, self.z + self.du @ al) / self.n) + self.slopes(al) @ self._d(lam)
+
+    def curvature(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """Δuᵀ diag(σ'/n) Δu, plus Σ_c d_c W_c's non-negative part where the model has W."""
+        H = (self.du * loss_curvature(self.z + self.du @ al, self.n)[:, None]).T @ self.du
+        if self.model.W is not None:
+            w, v = np.linalg.eigh(np.tensordot(self._d(lam), self.model.W, axes=1))
+            H = H + (v * np.maximum(w, 0.0)) @ v.T
+        return H
+
+    def gaps(self, al: np.ndarray) -> np.ndarray:
+        """D(α) from the model."""
+        m = self.model
+        out = m.D + m.V.T @ al
+        if m.W is not None:
+            out = out + 0.5 * np.einsum("j,cjk,k->c", al, m.W, al)
+        return out
+
+    def slopes(self, al: np.ndarray) -> np.ndarray:
+        """V(α) = V + W α (J × C)."""
+        m = self.model
+        return m.V if m.W is None else m.V + np.einsum("cjk,k->jc", m.W, al)
+
+    def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None, bound: float = 0.0) -> np.ndarray | None:
+        """None where the search's step ``alpha`` stands; else the damping to search again with (a
+        J × J matrix, zero for none).
+
+        The step stands where the model holds there against the true gaps (one sum per gap, asked
+        of the constraint's oracle): a search that holds the gaps within ``bound`` (``lam`` None:
+        the constrained search) needs every true gap within :data:`MODEL_TOLERANCE` of the larger
+        of the bound and its modelled value (an error that brings a gap nearer 0 costs nothing);
+        a search at fixed multipliers ``lam`` needs the model's error in φ, Σ_c d_c e_c,
+        to cost at most half the decrease of φ the model predicts (a trust-region ratio: the
+        gaps' error matters there only through φ, and a long step of the first rounds stands).
+        It stands too where no sums are left this round for the check, or after
+        :data:`MODEL_TRIES` searches. Else the model takes the true
+        gaps at the step as a secant along it (each W_c gains 2 e_c ggᵀ/(αᵀg)² for its error e_c,
+        g = ΔuᵀΔu α, so the model is exact there and unchanged in value and slope at 0, and a step
+        along Δu's null space, which moves no logit, changes no modelled gap), and the search runs
+        again; where the model's error did not at least halve since the last miss, also damped by
+        the Levenberg–Marquardt term δ ΔuᵀΔu/n (δ = 1/4, then 4 times the last: the loss's own
+        curvature is at most 1/(4n) a row), which shortens the step toward where the model holds."""
+        c = self.constraint
+        self.tries += 1
+        if c is None or self.tries >= MODEL_TRIES or not np.any(alpha):
+            return None
+        C, J = len(self.model.D), len(alpha)
+        room = None if c.room is None else c.room()
+        if room is not None and room < C:
+            return None
+        error = c.gaps(self.y, self.z + self.du @ alpha) - self.gaps(alpha)
+        if lam is None:
+            modelled = self.gaps(alpha)
+            holds = float(np.max(np.abs(modelled + error) - np.maximum(bound, np.abs(modelled)))) <= MODEL_TOLERANCE
+        else:
+            predicted = self.value(np.zeros(J), lam) - self.value(alpha, lam)
+            holds = float(self._d(lam) @ error) <= 0.5 * max(predicted, 0.0)
+        if holds:
+            return None
+        m = self.model
+        W = np.zeros((C, J, J)) if m.W is None else m.W
+        g = self.gram @ alpha  # the secant in the logits' metric: a step along Δu's null space changes no gap
+        self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / float(alpha @ g) ** 2,
+                              m.sums)
+        size = float(np.max(np.abs(error)))
+        if size > 0.5 * self.missed:  # the secants do not close in on the step: shorten it
+            self.delta = max(4.0 * self.delta, 0.25)
+        self.missed = size
+        return self.delta * self.gram / self.n  # zero: undamped
+
+    def at_step(self, alpha: np.ndarray) -> tuple["ModelledSpace", np.ndarray]:
+        """A view based at the step's point z + Δu α, and the step there (0), for what the next dual
+        step reads there (:func:`subspace_gap_jacobian`): the true gaps and slopes at that point where
+        the round's budget holds them (C (1 + J) sums), with this model's W; else this view and α."""
+        c = self.constraint
+        C, J = len(self.model.D), len(alpha)
+        room = None if c is None or c.room is None else c.room()
+        if c is None or not np.any(alpha) or (room is not None and room < C * (1 + J)):
+            return self, alpha
+        z = self.z + self.du @ alpha
+        there = c.taylor(self.y, z, self.du, hessian=False, say=False)
+        return ModelledSpace(GapModel(there.D, there.V, self.model.W, there.sums), self.y, z, self.du, c), np.zeros(J)
+
+    def done(self) -> None:
+        """The search of the round has ended: the constraint is told (what its oracle asks after it is the rest of
+        the round's)."""
+        told = getattr(self.constraint, "told", None)
+        if told is not None:
+            told(None, self.du.shape[1])
+
+
+def in_subspace(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.ndarray
+                ) -> "RowwiseSpace | ModelledSpace":
+    """The search's view of φ and the gaps on the span of ``du``: row by row (:class:`RowwiseSpace`),
+    or, for a constraint that reaches its groups only through sums and so offers a Taylor model
+    of its gaps (``taylor``: core/constraints/cells.EncryptedConstraint), that model
+    (:class:`ModelledSpace`), asked for once here."""
+    taylor = getattr(constraint, "taylor", None)
+    if taylor is None:
+        return RowwiseSpace(constraint, y, z, du)
+    C, J = len(constraint.gap_list), du.shape[1]
+    # the Hessian only where the round's budget also holds the checks and the true slopes at the step
+    return ModelledSpace(taylor(y, z, du, reserve=C * (MODEL_TRIES + 1 + J)), y, z, du, constraint)
+
+
+#: How far a Taylor model's gaps may end from the true ones at the search's step (a tenth of the
+#: stop rule's slack on ε, core/stopping.py) before the search runs again on a corrected model.
+MODEL_TOLERANCE = 1e-4
+#: The most searches one round runs on one Taylor model (each check of a step is one sum a gap).
+MODEL_TRIES = 8
+
+
 def subspace_step(
     y: np.ndarray,
     z: np.ndarray,
@@ -150,6 +341,7 @@ def subspace_step(
     tol: float = 1e-12,
     rcond: float = 1e-12,
     prox: np.ndarray | None = None,
+    space: RowwiseSpace | ModelledSpace | None = None,
 ) -> np.ndarray:
     """α ∈ R^J minimising F(α) = φ(z + Δu α) + μ (a·α + αᵀBα/2) (the μ-term's change).
 
@@ -159,21 +351,22 @@ def subspace_step(
     the PSD model (Δuᵀ diag(h) Δu + μB) with Armijo backtracking on the true F, so
     F(α) <= F(0) always; stops when the predicted decrease is below ``tol`` · (1 + |F|).
     ``prox``: a PSD J × J matrix P whose αᵀPα/2 is added to what is minimised (:func:`damping`).
+    ``space``: φ on the span of Δu (:func:`in_subspace`, built here when not given).
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du) if space is None else space
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
     alpha = np.zeros(du.shape[1])
     damp = _Prox(prox)
 
     def value(al: np.ndarray) -> float:
-        return smooth_part(constraint, y, z + du @ al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
+        return space.value(al, lam) + mu * float(a @ al + 0.5 * al @ B @ al) + damp.value(al)
 
     f = value(alpha)
     for _ in range(iters):
-        zz = z + du @ alpha
-        g = du.T @ constraint.masked_weights(y, zz, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
-        H = (du * curvature(constraint, y, zz, lam)[:, None]).T @ du + mu * B + damp.hess()
+        g = space.gradient(alpha, lam) + mu * (a + B @ alpha) + damp.grad(alpha)
+        H = space.curvature(alpha, lam) + mu * B + damp.hess()
         p = -solve_psd(H, g, rcond)
         slope = float(g @ p)
         if not slope < -tol * (1.0 + abs(f)):
@@ -221,18 +414,63 @@ class _Prox:
         return 0.0 if self.p is None else self.p
 
 
+def kept_directions(constraint: ConstraintSet, directions: int, priority: np.ndarray | None = None
+                    ) -> np.ndarray | None:
+    """The directions a search on a model of the gaps keeps where the round's budget of sums
+    (``constraint.room``) holds the linear model over only some of them: the first of
+    ``priority`` (default: in order) that fit with one check of the step, C (2 + J) sums;
+    None where every direction fits (or the constraint is evaluated row by row)."""
+    room = getattr(constraint, "room", None)
+    room = None if room is None else room()
+    if room is None:
+        return None
+    C = len(constraint.gap_list)
+    fit = room // C - 2
+    if fit >= directions or fit < 1:  # all fit, or none: the model refuses, naming the budget
+        return None
+    order = np.arange(directions) if priority is None else np.asarray(priority)
+    return np.sort(order[:fit])
+
+
 def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
                 constraint: ConstraintSet, mu: float, *, epsilon: float, fairness: bool = True, rcond: float = 1e-12,
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                priority: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The server's search of one round: (α, λ, J). Where the constraint's dual rule searches
     (:class:`ConstrainedSearch`) the step lengths and λ of :func:`constrained_step`,
     and no J; else :func:`subspace_step` at the given λ, and the subspace's gap sensitivity
-    :func:`subspace_gap_jacobian` for the next dual step."""
-    if fairness and rule_for(constraint).searches:
-        alpha, lam = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=epsilon, rcond=rcond)
-        return alpha, lam, None
-    alpha = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond)
-    return alpha, lam, subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond)
+    :func:`subspace_gap_jacobian` for the next dual step. On a model of the gaps whose budget
+    holds only some directions (:func:`kept_directions`, in the order of ``priority``), the
+    search runs on those and the others' step lengths are 0."""
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    keep = kept_directions(constraint, du.shape[1], priority)
+    if keep is not None:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        B = np.diag(b) if b.ndim == 1 else b
+        kept, lam, jac = search_step(y, z, du[:, keep], a[keep], B[np.ix_(keep, keep)], lam, constraint, mu,
+                                     epsilon=epsilon, fairness=fairness, rcond=rcond)
+        alpha = np.zeros(du.shape[1])
+        alpha[keep] = kept
+        return alpha, lam, jac
+    space = in_subspace(constraint, y, z, du)  # where it is a model of the gaps, asked for once a round
+    searches = fairness and rule_for(constraint).searches
+    prox = None
+    while True:
+        if searches:
+            alpha, new = held_step(y, z, du, a, b, lam, constraint, mu, epsilon=epsilon, rcond=rcond, space=space,
+                                   prox=prox)
+        else:
+            alpha, new = subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
+        # a model of the gaps that does not hold at the step: corrected, and searched again
+        retried = space.retry(alpha, None if searches else lam, epsilon)
+        if retried is None:
+            break
+        prox = retried if np.any(retried) else None
+    jac = None
+    if not searches:  # the gaps' sensitivity at the step, for the next dual step
+        there, at = space.at_step(alpha)
+        jac = subspace_gap_jacobian(y, z + du @ alpha, du, b, lam, constraint, mu, rcond=rcond, space=there, at=at)
+    space.done()
+    return alpha, new, jac
 
 
 #: A multiplier of the constrained search above this means the subspace holds no point with every gap
@@ -242,7 +480,8 @@ LAM_MAX = 1e4
 
 
 def held_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np.ndarray, lam: np.ndarray,
-              constraint: ConstraintSet, mu: float, *, epsilon: float, rcond: float = 1e-12
+              constraint: ConstraintSet, mu: float, *, epsilon: float, rcond: float = 1e-12,
+              space: RowwiseSpace | ModelledSpace | None = None, prox: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
     """(α, λ): :func:`constrained_step` at ``epsilon``, or where the subspace holds no point
     with every gap within it (its multipliers past :data:`LAM_MAX`, or a step that is not finite),
@@ -253,12 +492,15 @@ def held_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: np
     COMPAS race at τ = 1/16. Searched at the bound regardless, the penalty and the multipliers
     grew by ten orders a round until the next round's ν overflowed the wire; halving the
     distance each round brings the gaps to the bound with multipliers of order 1."""
-    now = float(np.max(np.abs(constraint.gaps(y, z))))
+    du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du) if space is None else space
+    now = float(np.max(np.abs(space.gaps(np.zeros(du.shape[1])))))
     for bound in dict.fromkeys((epsilon, epsilon + 0.5 * max(now - epsilon, 0.0), max(now, epsilon))):
-        alpha, new = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=bound, rcond=rcond)
+        alpha, new = constrained_step(y, z, du, a, b, lam, constraint, mu, epsilon=bound, rcond=rcond, space=space,
+                                      prox=prox)
         if np.all(np.isfinite(alpha)) and np.all(np.abs(new) <= LAM_MAX):
             return alpha, new
-    return subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond), lam
+    return subspace_step(y, z, du, a, b, lam, constraint, mu, rcond=rcond, space=space, prox=prox), lam
 
 
 def constrained_step(
@@ -276,6 +518,7 @@ def constrained_step(
     outer: int = 40,
     feasible: float = 1e-5,
     prox: np.ndarray | None = None,
+    space: RowwiseSpace | ModelledSpace | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(α, λ): the step lengths minimising L(θ + Σ_j α_j d_j) = (1/n) Σ l_i + μ-term subject to
     every |D_c| <= ε *on the subspace*, and that problem's multipliers.
@@ -291,13 +534,14 @@ def constrained_step(
     what the next round's ν and directions use. Nothing here asks the row weights to stay
     >= 0: the augmented value is bounded below whatever λ̃ does to them. ``prox``: as for
     :func:`subspace_step`, a damping term on the step (it shrinks the step, not the constraint).
+    ``space``: φ and the gaps on the span of Δu (:func:`in_subspace`, built here when not given).
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+    space = in_subspace(constraint, y, z, du) if space is None else space
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
     lam = np.maximum(as_multipliers(lam, len(constraint.gap_list)), 0.0)
     zero = np.zeros_like(lam)
-    cols = gap_weights(constraint)
     rho = 1.0 / max(epsilon, 1e-6)
     alpha = np.zeros(du.shape[1])
     damp = _Prox(prox)
@@ -311,23 +555,20 @@ def constrained_step(
         return out
 
     def value(al: np.ndarray, lm: np.ndarray, r: float) -> float:
-        zz = z + du @ al
-        pen = np.maximum(lm + r * g_of(constraint.gaps(y, zz)), 0.0)
-        return (smooth_part(constraint, y, zz, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
+        pen = np.maximum(lm + r * g_of(space.gaps(al)), 0.0)
+        return (space.value(al, zero) + mu * float(a @ al + 0.5 * al @ B @ al)
                 + float(pen @ pen - lm @ lm) / (2.0 * r) + damp.value(al))
 
-    last = violation(constraint.gaps(y, z))
+    last = violation(space.gaps(alpha))
     for _ in range(outer):
         f = value(alpha, lam, rho)
         for _ in range(20):
-            zz = z + du @ alpha
-            g = g_of(constraint.gaps(y, zz))
+            g = g_of(space.gaps(alpha))
             tilde = np.maximum(lam + rho * g, 0.0)
-            grad = du.T @ constraint.masked_weights(y, zz, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
-            V = du.T @ (constraint.q.slope(y, zz)[:, None] * cols)  # Δuᵀ ∂D/∂z, J × C
+            grad = space.gradient(alpha, tilde) + mu * (a + B @ alpha) + damp.grad(alpha)
+            V = space.slopes(alpha)  # Δuᵀ ∂D/∂z, J × C
             play = (tilde[0::2] > 0) | (tilde[1::2] > 0)
-            H = ((du * curvature(constraint, y, zz, tilde)[:, None]).T @ du + mu * B + rho * V[:, play] @ V[:, play].T
-                 + damp.hess())
+            H = space.curvature(alpha, tilde) + mu * B + rho * V[:, play] @ V[:, play].T + damp.hess()
             p = -solve_psd(H, grad, rcond)
             slope = float(grad @ p)
             if not slope < -1e-14 * (1.0 + abs(f)):
@@ -343,7 +584,7 @@ def constrained_step(
             if t < 1e-10:
                 break
             alpha, f = alpha + t * p, f_new
-        gaps = constraint.gaps(y, z + du @ alpha)
+        gaps = space.gaps(alpha)
         new = np.maximum(lam + rho * g_of(gaps), 0.0)
         moved, lam = float(np.abs(new - lam).max()), new
         now = violation(gaps)
@@ -357,7 +598,7 @@ def constrained_step(
 
 def subspace_gap_jacobian(
     y: np.ndarray, z: np.ndarray, du: np.ndarray, b: np.ndarray, lam: np.ndarray, constraint: ConstraintSet, mu: float,
-    rcond: float = 1e-12,
+    rcond: float = 1e-12, *, space: RowwiseSpace | ModelledSpace | None = None, at: np.ndarray | None = None,
 ) -> np.ndarray:
     """J = dD/dd (C × C, d_c = λ_c+ − λ_c−) at the subspace optimum z, by implicit differentiation.
 
@@ -365,12 +606,15 @@ def subspace_gap_jacobian(
     V = Δuᵀ ∂D/∂z, so J = −Vᵀ H_α⁻¹ V (negative semidefinite). It is the sensitivity of the
     gaps to the multipliers when θ may move only within the subspace, so |J| is at most
     the full problem's (the H-projection onto a subspace shrinks the quadratic form).
+    ``space`` with ``at``: the search's view of the span (:func:`in_subspace`), based at z − Δu·at.
     """
     du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
     b = np.asarray(b, dtype=np.float64)
     B = np.diag(b) if b.ndim == 1 else b
-    H = (du * curvature(constraint, y, z, lam)[:, None]).T @ du + mu * B
-    V = du.T @ gap_directions(constraint, y, z)
+    if space is None:
+        space, at = RowwiseSpace(constraint, y, z, du), np.zeros(du.shape[1])
+    H = space.curvature(at, lam) + mu * B
+    V = space.slopes(at)
     return -V.T @ solve_psd(H, V, rcond)
 
 

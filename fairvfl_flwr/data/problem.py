@@ -210,7 +210,8 @@ def encrypted_constraint(labels: ServerLabels, kind: str, measure: str) -> Encry
     if empty:
         raise GroupSizeError(f"{len(empty)} gap(s) with an empty side among the training rows ({kind}): "
                              + ", ".join(repr(name) for name in empty))
-    return EncryptedConstraint(cells, lambda P: sums.mixed("train", P, sums.round), pooling=sums.pooling)
+    return EncryptedConstraint(cells, lambda P: sums.mixed("train", P, sums.round), pooling=sums.pooling,
+                               room=sums.room, told=sums.told)
 
 
 def server_labels(cfg: RunConfig, ds: FairDataset | None = None) -> ServerLabels:

@@ -68,6 +68,12 @@ MASK_STATE = "fairvfl.ckks-mask"
 CONTEXT_RECORD = "ckks"  # ArrayRecord: {"context": uint8 bytes of the parameters: N and the primes, uint64}
 MASKED_RECORD = "masked"  # ArrayRecord a party replies with: {"pair-<p>": uint8 ciphertext bytes}
 MASKED_SUM = msgs.MASKED_SUM  # the second leg's payload key: 2 floats per pair of columns
+#: A first leg's ConfigRecord saying ν came as 2^log2 · n·ν (a registry's encrypted groups: the
+#: server fills the slots' range so that the registry's noise on the sums is small against them);
+#: without it, n·ν. The party divides its gradient back.
+NU_SCALE = "nu-scale"
+#: The largest exponent a first leg may name.
+MAX_NU_LOG2 = 30
 
 POLY_MODULUS_DEGREE = 8192
 SLOTS = POLY_MODULUS_DEGREE // 2  # 4096 rows per ciphertext
@@ -371,6 +377,8 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
         if not np.all(np.isfinite(masked)):
             raise NodeConfigError(f"{rt.who}: the masked sums of {mtype} are not all finite")
         g = unmask(masked, state["mask-sums"].numpy(), rt.n_train, rt.data.X_train.shape[1])
+        if "scale" in state:  # ν came scaled up (NU_SCALE)
+            g = g / float(state["scale"].numpy()[0])
         context.state.array_records[GRADIENT_STATE] = ArrayRecord({"gradient": Array(g)})
     return call_next(message, context)
 
@@ -386,7 +394,13 @@ def train_passive_enc(message: Message, context: Context) -> Message:
     rng = np.random.default_rng()  # fresh OS entropy: the server must not predict the mask
     # the cached block itself (not a converted copy), so that its encoding is kept across rounds
     cts, mask_sums = masked_column_sums(_parameters(context), blobs, rt.data.X_train, rng)
-    context.state.array_records[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums)})
+    said = message.content.config_records.get(NU_SCALE)
+    log2 = said.get("log2") if said is not None else 0
+    if not isinstance(log2, int) or isinstance(log2, bool) or not 0 <= log2 <= MAX_NU_LOG2:
+        raise NodeConfigError(f"{rt.who}: {TRAIN_PASSIVE_ENC} names ν's scale 2^{log2!r}: an integer power 0..."
+                              f"{MAX_NU_LOG2} is expected")
+    context.state.array_records[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums),
+                                                           "scale": Array(np.array([2.0**log2]))})
     content = RecordDict({MASKED_RECORD: ArrayRecord({f"pair-{p}": to_bytes_array(c) for p, c in enumerate(cts)})})
     return Message(content, reply_to=message)
 

@@ -61,6 +61,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from fairvfl_flwr.algorithms import newton
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.core.constraints import Pooling, SensitiveGroups, SizedGroups, kind_named, pooled_members
 from fairvfl_flwr.core.constraints.groups import pooled_names
@@ -140,7 +141,8 @@ def encrypt_groups(message: Message, context: Context) -> Message:
                 encoder.encode(column[c * ckks.SLOTS:(c + 1) * ckks.SLOTS].tolist(), ckks.SCALE, pt)
                 blobs[f"g{g}-c{c}"] = ckks.to_bytes_array(ckks.dump_seal(encryptor.encrypt_symmetric(pt)))
         out[split] = ArrayRecord(blobs)
-    said = ConfigRecord({"names": list(held.names), "train-rows": rows["train"], "test-rows": rows["test"]})
+    said = ConfigRecord({"names": list(held.names), "train-rows": rows["train"], "test-rows": rows["test"],
+                         "sums-per-round": _limits(rt)[0]})  # what the server's search may plan with
     return Message(RecordDict({ckks.CONTEXT_RECORD: ArrayRecord({"context": ckks.to_bytes_array(params)}),
                                "groups": said, **out}), reply_to=message)
 
@@ -225,6 +227,7 @@ class Indicators:
     names: tuple[str, ...]
     rows: dict[str, int]
     blobs: dict[str, list[list[bytes]]]  # split -> group -> chunk
+    per_round: int = 0  # the registry's sums a round (its node config sums-per-round; 0: no limit)
 
 
 def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) -> Indicators:
@@ -248,20 +251,38 @@ def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) 
             raise FederationError(f"{who}: its {split} indicators are not one ciphertext per group and chunk")
         blobs[split] = [[ckks.from_bytes_array(record[f"g{g}-c{c}"]) for c in range(ckks.chunks(counts[split]))]
                         for g in range(len(names))]
-    return Indicators(ckks.from_bytes_array(context["context"]), names, counts, blobs)
+    per_round = int(said["sums-per-round"]) if "sums-per-round" in said else 0
+    return Indicators(ckks.from_bytes_array(context["context"]), names, counts, blobs, per_round)
 
 
 #: How the oracle asks the registry: (ciphertexts, round) -> the slot sums, two a ciphertext.
 Ask = Callable[[list[bytes], int], np.ndarray]
 
 
+def slot_scales(P: np.ndarray) -> np.ndarray:
+    """Per value k of ``P`` (K × G × rows), the factor that makes its largest slot :data:`VALUE_BOUND`
+    (a slot's value: over its chunks, the largest of its rows' terms over the groups), so that the
+    registry's noise falls on a sum of that scale (1 for a value 0 on every row)."""
+    n = P.shape[2]
+    padded = np.zeros((*P.shape[:2], ckks.chunks(n) * ckks.SLOTS))
+    padded[:, :, :n] = np.abs(P)
+    per_slot = padded.max(axis=1).reshape(len(P), -1, ckks.SLOTS).sum(axis=1).max(axis=1)
+    return VALUE_BOUND / np.where(per_slot > 0, per_slot, VALUE_BOUND)
+
+
 class GroupSums:
     """The server's oracle of sums over the registry's groups: Σ_i Σ_g 1[g_i] P[k, g, i] for
     plaintexts P of its own, the registry decrypting masked slot sums only (module docstring)."""
 
-    def __init__(self, indicators: Indicators, ask: Ask | None, pooling: Pooling | None = None) -> None:
+    def __init__(self, indicators: Indicators, ask: Ask | None, pooling: Pooling | None = None,
+                 spent: dict[int, int] | None = None) -> None:
         self.indicators = indicators
-        self.ask = ask
+        self._ask = ask
+        #: the sums asked for so far, by round (shared with a pooled copy: one registry, one budget)
+        self.spent: dict[int, int] = {} if spent is None else spent
+        #: per round, the sums spent when its Taylor model was asked for (:meth:`told`)
+        self.marks: dict[int, int] = {}
+        self._model_kind: str | None = None
         #: the small groups merged into one (:meth:`pooled`), said in the log and the model card
         self.pooling = pooling
         #: the round the server's next sums are asked for (the registry's budget is per round):
@@ -294,9 +315,39 @@ class GroupSums:
                     self.evaluator.add_inplace(acc, groups[g][c])
                 merged.append(ckks.dump_seal(acc))
             blobs[split] = [self.indicators.blobs[split][g] for g in keep] + [merged]
-        pooled = GroupSums(dataclasses.replace(self.indicators, names=names, blobs=blobs), self.ask, pooling)
+        pooled = GroupSums(dataclasses.replace(self.indicators, names=names, blobs=blobs), self._ask, pooling,
+                           self.spent)
         pooled.round = self.round
         return pooled
+
+    def ask(self, blobs: list[bytes], server_round: int) -> np.ndarray:
+        """The registry's slot sums of ``blobs`` (two a ciphertext), counted against round ``server_round``."""
+        self.spent[server_round] = self.spent.get(server_round, 0) + 2 * len(blobs)
+        return self._ask(blobs, server_round)
+
+    def room(self) -> int | None:
+        """How many more sums this round's Taylor model may take (core/constraints/cells.EncryptedConstraint.taylor):
+        the registry's sums a round less those asked already and those the rest of the round asks
+        (the most any earlier round asked after its search; before one, all of round 0's). None: no limit."""
+        if not self.indicators.per_round:
+            return None
+        tails = [self.spent.get(r, 0) - m for r, m in self.marks.items() if r < self.round]
+        tail = max(tails + [self.spent.get(0, 0)])
+        return self.indicators.per_round - self.spent.get(self.round, 0) - tail
+
+    def told(self, model, directions: int) -> None:
+        """A Taylor model was asked for (log whether it carries the gaps' Hessian whenever that changes),
+        or (``model`` None) the round's search has ended: mark where the round's sums stand."""
+        if model is None:
+            self.marks[self.round] = self.spent.get(self.round, 0)
+            return
+        kind = "quadratic" if model.W is not None else "linear"
+        if kind != self._model_kind:
+            budget = self.indicators.per_round or "no limit"
+            log(INFO, "[round %d] Newton's search models the gaps on its %d directions from %d sums of the registry "
+                "(%s model%s; sums-per-round %s)", self.round, directions, model.sums, kind,
+                "" if model.W is not None else ": the gaps' Hessian would not fit this round's budget", budget)
+            self._model_kind = kind
 
     def _summed(self, terms) -> object | None:
         """Σ enc ⊙ encode(block) over the (ciphertext, block) pairs whose block is not 0 (a zero
@@ -373,12 +424,7 @@ class GroupSums:
         if not len(asked):
             return out
         Q = P[asked] if len(asked) % 2 == 0 else np.concatenate([P[asked], np.zeros((1, *P.shape[1:]))])
-        n = Q.shape[2]
-        padded = np.zeros((*Q.shape[:2], ckks.chunks(n) * ckks.SLOTS))
-        padded[:, :, :n] = np.abs(Q)
-        # a slot's value: over its chunks, the largest of its rows' terms over the groups
-        per_slot = padded.max(axis=1).reshape(len(Q), -1, ckks.SLOTS).sum(axis=1).max(axis=1)
-        scale = VALUE_BOUND / np.where(per_slot > 0, per_slot, VALUE_BOUND)
+        scale = slot_scales(Q)
         rng = np.random.default_rng()  # fresh OS entropy: the registry must not predict the masks
         bound = ckks.MASK_BOUND
         masks = (rng.uniform(-bound, bound, size=(len(Q) // 2, ckks.SLOTS))
@@ -479,6 +525,18 @@ def _blobs(reply: Message) -> list[bytes]:
     return [ckks.from_bytes_array(record[k]) for k in sorted(record, key=lambda k: int(k.split("-")[1]))]
 
 
+def nu_log2(values: np.ndarray, n_chunks: int) -> int:
+    """The largest e in 0..ckks.MAX_NU_LOG2 with 2^e · max|n·ν| summed over the chunks within
+    :data:`VALUE_BOUND`: a passive party's slot, 2^e n·ν times its column summed over the chunks,
+    is then within VALUE_BOUND times its column's largest |value|, and the registry's noise on
+    its sums falls on 2^e times its gradient. The party learns e: the order of magnitude of
+    max|n·ν| (one integer a round)."""
+    top = float(np.max(np.abs(values))) * n_chunks
+    if not top > 0:
+        return 0
+    return int(np.clip(np.floor(np.log2(VALUE_BOUND / top)), 0, ckks.MAX_NU_LOG2))
+
+
 class RegistryChannel(RoundHook):
     """The server's ν channel where the registry holds the groups under its key: Enc(n·ν) as
     Σ_g Enc(1[g]) ⊙ n·ν_g to every passive party (the registry too), the label owner's rows'
@@ -491,6 +549,7 @@ class RegistryChannel(RoundHook):
         self.n = n_rows
         self._round: int | None = None
         self._nu: ArrayRecord | None = None
+        self._log2 = 0  # ν's scale this round (:func:`nu_log2`)
         self._evaluate = False  # whether this round's parties also return test logits (its legs carry it on)
 
     def init_messages(self, server: ServerView, messages: list[Message]) -> None:
@@ -507,14 +566,17 @@ class RegistryChannel(RoundHook):
 
     def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
                         evaluate: bool) -> tuple[RecordDict, str]:
-        """Enc(n·ν) from ν as if each row were in each group (G × n), once a round for every passive party."""
+        """Enc(2^e·n·ν) from ν as if each row were in each group (G × n), once a round for every passive
+        party, with e (:func:`nu_log2`) in the message: the party divides its gradient back."""
         self._evaluate = evaluate
         if self._round != server_round:
-            blobs = self.sums.encrypt_mixture("train", self.n * np.asarray(nu, dtype=np.float64))
+            values = self.n * np.asarray(nu, dtype=np.float64)
+            self._log2 = nu_log2(values, ckks.chunks(self.n))
+            blobs = self.sums.encrypt_mixture("train", 2.0**self._log2 * values)
             self._nu = ArrayRecord({f"nu-ct-{c}": ckks.to_bytes_array(b) for c, b in enumerate(blobs)})
             self._round = server_round
-        return (RecordDict({msgs.PAYLOAD: self._nu, msgs.ROUND: msgs.round_config(server_round, evaluate)}),
-                msgs.TRAIN_PASSIVE_ENC)
+        return (RecordDict({msgs.PAYLOAD: self._nu, msgs.ROUND: msgs.round_config(server_round, evaluate),
+                            ckks.NU_SCALE: ConfigRecord({"log2": self._log2})}), msgs.TRAIN_PASSIVE_ENC)
 
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """The label owner's training message gets its rows' weights as if in each group, at its λ."""
@@ -568,18 +630,21 @@ def _indicators(context: Context, rt: PartyRuntime) -> GroupSums:
                                 {"train": blobs, "test": [[] for _ in range(groups)]}), None)
 
 
-def _products(rt: PartyRuntime, context: Context, party, others: np.ndarray, weights: np.ndarray,
-              taken: int) -> RecordDict:
+def _products(rt: PartyRuntime, context: Context, party, z: np.ndarray, weights: np.ndarray,
+              keep: dict[str, np.ndarray]) -> RecordDict:
     """The label owner's masked products of its columns (and its intercept's column of ones) with
-    ν at its logits now, as if in each group; the masks' sums kept with the leg's state."""
+    ν at logits ``z``, as if in each group, each column scaled as the server scales its values
+    (:func:`slot_scales`: the registry's noise then falls on a sum of the slots' full range); the
+    masks' sums and the scales kept with the leg's state (and ``keep``)."""
     x = np.hstack([np.asarray(party.X_train, dtype=np.float64), np.ones((rt.n_train, 1))])
-    z = others + party.logits("train")
     n = rt.n_train
     q = measure_named(rt.cfg.measure)
     nu = np.stack([q.nu(rt.data.y, z, w, n) for w in weights])
     P = (n * nu)[None, :, :] * x.T[:, None, :]
     if len(P) % 2:
         P = np.concatenate([P, np.zeros((1, *P.shape[1:]))])
+    scales = slot_scales(P)
+    P = P * scales[:, None, None]
     rng = np.random.default_rng()  # fresh OS entropy: neither the server nor the registry may predict the masks
     bound = ckks.MASK_BOUND
     masks = (rng.uniform(-bound, bound, size=(len(P) // 2, ckks.SLOTS))
@@ -587,32 +652,39 @@ def _products(rt: PartyRuntime, context: Context, party, others: np.ndarray, wei
     cts = _indicators(context, rt).products("train", P, masks)
     mask_sums = masks.sum(axis=1)
     context.state.array_records[LEG_STATE] = msgs.array_record(
-        others=others, weights=weights, taken=np.array([taken], dtype=np.int64),
-        masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1))
+        weights=weights, masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1), scales=scales, **keep)
     return RecordDict({MASKED: ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(cts)})})
 
 
 def active_mod(message: Message, context: Context, call_next) -> Message:
     """Encrypted groups, on the label owner: keep the registry's encrypted indicators its start
     message carries; and a training message whose payload holds its weights as if in each group
-    starts its legs: its first masked products, not Q steps (it holds no group to weight them by)."""
+    starts its legs: its first masked products, not Q steps (it holds no group to weight them by).
+    Block Newton's message (``train.newton_active``) starts one leg: the products at the server's z,
+    whose sums give its gradient for its Newton direction (:func:`active_leg`)."""
     mtype = message.metadata.message_type
     arrays = message.content.array_records
     if msgs.kind_of(mtype) is msgs.Kind.START and INDICATORS_STATE in arrays:
         context.state.array_records[INDICATORS_STATE] = arrays[INDICATORS_STATE]
     payload = arrays.get(msgs.PAYLOAD)
-    if mtype != msgs.TRAIN_ACTIVE or payload is None or WEIGHTS_KEY not in payload:
+    if mtype not in (msgs.TRAIN_ACTIVE, msgs.NEWTON_ACTIVE) or payload is None or WEIGHTS_KEY not in payload:
         return call_next(message, context)
     rt = PartyRuntime(context)
     n = rt.n_train
-    got = checks.check_payload(message.content, rt.who, {"z": (n, False)})
     weights = payload[WEIGHTS_KEY].numpy().astype(np.float64)
     if weights.ndim != 2 or weights.shape[1] != n or not np.all(np.isfinite(weights)):
         raise checks.ReplyError(f"{rt.who}: {WEIGHTS_KEY} must be finite, one row of {n} weights a group; got "
                                 f"{weights.shape}")
+    if mtype == msgs.NEWTON_ACTIVE:  # its step lengths wait with the leg's state: θ moves once the sums are in
+        got = newton.active_round(message, context)
+        z = got["z"].astype(np.float64)
+        keep = {"newton-alpha": got["alpha"], "newton-z": z}
+        return Message(_products(rt, context, rt.party(), z, weights, keep), reply_to=message)
+    got = checks.check_payload(message.content, rt.who, {"z": (n, False)})
     party = rt.party()
     z = got["z"].astype(np.float64)
-    return Message(_products(rt, context, party, z - party.logits("train"), weights, 0), reply_to=message)
+    keep = {"others": z - party.logits("train"), "taken": np.array([0], dtype=np.int64)}
+    return Message(_products(rt, context, party, z, weights, keep), reply_to=message)
 
 
 def active_leg(message: Message, context: Context) -> Message:
@@ -625,15 +697,20 @@ def active_leg(message: Message, context: Context) -> Message:
         raise ConfigError(f"{rt.who}: {TRAIN_ACTIVE_LEG} without products of its own awaiting their sums")
     masks = state["masks"].numpy()
     got = checks.check_payload(message.content, rt.who, {SUMS_KEY: (len(masks), False)})[SUMS_KEY]
+    m = rt.data.X_train.shape[1]
+    g = ((got.astype(np.float64) - masks) / state["scales"].numpy())[: m + 1] / rt.n_train
+    if "newton-alpha" in state:  # block Newton: one leg, the gradient of its direction
+        return newton.active_from_gradient(message, context, state["newton-alpha"].numpy(),
+                                           state["newton-z"].numpy(), g)
     party = rt.party()
-    m = party.X_train.shape[1]
-    g = (got.astype(np.float64) - masks)[: m + 1] / rt.n_train
     party.block.apply_gradient(g[:m].astype(party.block.weight.dtype), rt.cfg.lr, party.mu, bias_grad=float(g[m]))
     taken = int(state["taken"].numpy()[0]) + 1
     rt.save(party)
     if taken < rt.cfg.local_steps:
-        content = _products(rt, context, party, state["others"].numpy(), state["weights"].numpy(), taken)
-        return Message(content, reply_to=message)
+        others = state["others"].numpy()
+        keep = {"others": others, "taken": np.array([taken], dtype=np.int64)}
+        return Message(_products(rt, context, party, others + party.logits("train"), state["weights"].numpy(), keep),
+                       reply_to=message)
     return rt.reply(message, party, steps=taken)
 
 
@@ -642,5 +719,6 @@ JOB = Job("encrypted groups", handlers({GROUPS_ENCRYPT: Handles(msgs.Kind.SETUP,
                                         # the server's and the registry's alone: no party's masked sum
                                         # depends on it, and its reply is no masked one
                                         GROUPS_SUM: Handles(msgs.Kind.QUERY, decrypt_sums, in_view=False),
-                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg, keeps=(MODEL_STATE,),
+                                        TRAIN_ACTIVE_LEG: Handles(msgs.Kind.ROUND, active_leg,
+                                                                  keeps=(MODEL_STATE, newton.NEWTON_STATE),
                                                                   leg=True)}))

@@ -313,6 +313,9 @@ def as_multipliers(lam: np.ndarray, gaps: int) -> np.ndarray:
 
 def gaps_per_row(constraint: ConstraintSet) -> int:
     """The most gap sides one row sits on (1 for two groups; G−1 pairwise, G+1 overall)."""
+    own = getattr(constraint, "gaps_per_row", None)  # a constraint over groups known by their sizes
+    if own is not None:
+        return own()
     count = np.zeros(constraint.n, dtype=np.int64)
     for c in constraint.gap_list:
         count += c.rows_on()

@@ -20,7 +20,7 @@ hold each to the label owner's exact constraint.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -59,10 +59,11 @@ class GroupCells:
     gap_list: tuple[CellGap, ...]
     measure: str = "loss"
     form: str = "pairwise"
+    temperature: float = 1.0  # the rate measure's (core/stopping.py sharpens it)
     q: Measure = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "q", measure_named(self.measure))
+        object.__setattr__(self, "q", measure_named(self.measure, self.temperature))
 
     @classmethod
     def build(cls, kind: type[ConstraintSet], y: np.ndarray, protected_label: int, names: tuple[str, ...],
@@ -158,6 +159,28 @@ class GroupCells:
 
 
 @dataclass(frozen=True)
+class GapModel:
+    """Every gap's Taylor model in the step lengths α of a search over J directions, at α = 0:
+    D_c(α) ≈ D[c] + V[:, c]·α + αᵀ W[c] α / 2 (``W`` None: the linear model), from ``sums`` sums."""
+
+    D: np.ndarray  # C
+    V: np.ndarray  # J × C
+    W: np.ndarray | None  # C × J × J
+    sums: int
+
+
+def model_sums(gaps: int, directions: int, hessian: bool) -> int:
+    """The sums a :class:`GapModel` of ``gaps`` gaps over ``directions`` directions takes: per gap
+    its value and J slopes, and with the Hessian its J(J + 1)/2 entries."""
+    per_gap = 1 + directions + (directions * (directions + 1) // 2 if hessian else 0)
+    return gaps * per_gap
+
+
+#: The most values one request of a Taylor model carries (each a G × n plaintext on the server).
+MODEL_BATCH = 64
+
+
+@dataclass(frozen=True)
 class EncryptedConstraint:
     """The run's constraint on a server that reaches the groups only through sums (a registry's
     encrypted groups): :class:`GroupCells`' as-if arrays, and the gaps and the constraint's part
@@ -169,8 +192,18 @@ class EncryptedConstraint:
     temperature: float = 1.0
     #: the small groups the server pooled, from their sizes, by summing their encrypted indicators
     pooling: Pooling | None = None
+    #: how many more sums the oracle may ask this round (None: no limit): what sizes a Taylor model
+    room: Callable[[], int | None] | None = field(default=None, compare=False)
+    #: told of every Taylor model asked for (its size and whether it has the Hessian), to log it
+    told: Callable[[GapModel, int], None] | None = field(default=None, compare=False)
+    #: the last constraint term asked for (:meth:`constraint_term`)
+    _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: groups known by their sizes only: no row's group to count or report per row
     groups = None
+
+    def __post_init__(self) -> None:
+        if self.cells.temperature != self.temperature:  # the stop rule sharpened the rates
+            object.__setattr__(self, "cells", replace(self.cells, temperature=self.temperature))
 
     @property
     def n(self) -> int:
@@ -209,7 +242,7 @@ class EncryptedConstraint:
 
     def __getattr__(self, name: str):
         # the kind's declarations (kind, label_subsets, default_measure, newton_past_bound, ...)
-        if name.startswith("_") or name in ("cells", "sums"):
+        if name.startswith("_") or name in ("cells", "sums", "room", "told"):
             raise AttributeError(name)
         return getattr(self.cells.kind, name)
 
@@ -225,6 +258,46 @@ class EncryptedConstraint:
         q = self.q.hard_values(y, z) if hard else self.q.values(y, z, losses)
         return None if q is None else np.asarray(self.sums(self.cells.gap_terms(q)), dtype=np.float64)
 
+    def taylor(self, y: np.ndarray, z: np.ndarray, du: np.ndarray, hessian: bool | None = None, *,
+               reserve: int = 0, say: bool = True) -> GapModel:
+        """Every gap's Taylor model in α on the span of ``du`` (n × J) at z, from one request of the
+        oracle: D_c = Σ col q, V_cj = Σ col q' Δu_j and, where :attr:`room` holds them too,
+        W_cjk = Σ col q'' Δu_j Δu_k (:func:`model_sums`), with ``reserve`` sums left for what the
+        round asks after it. The linear model where it does not (or ``hessian`` is False); a room
+        too small for even that is refused, naming the registry's budget. ``say``: tell
+        :attr:`told` (the round's model, not a later one at its step)."""
+        du = np.asarray(du, dtype=np.float64).reshape(len(z), -1)
+        C, J = len(self.gap_list), du.shape[1]
+        room = None if self.room is None else self.room()
+        linear = model_sums(C, J, False)
+        if room is not None and room < linear:
+            raise ValueError(f"a Taylor model of {C} gap(s) over {J} directions takes {linear} sums, but the "
+                             f"registry's budget leaves {room} this round: raise its node config sums-per-round")
+        if hessian is None:
+            hessian = room is None or model_sums(C, J, True) + reserve <= room
+        q, slope = self.q.values(y, z), self.q.slope(y, z)
+        values = [q] + [slope * du[:, j] for j in range(J)]
+        pairs = [(j, k) for j in range(J) for k in range(j, J)] if hessian else []
+        if pairs:
+            bend = self.q.bend(y, z)
+            values += [bend * du[:, j] * du[:, k] for j, k in pairs]
+        step = max(MODEL_BATCH // C, 1)
+        got = np.concatenate([self.sums(np.concatenate([self.cells.gap_terms(v) for v in values[i:i + step]]))
+                              for i in range(0, len(values), step)]).reshape(len(values), C)
+        W = None
+        if pairs:
+            W = np.zeros((C, J, J))
+            for (j, k), row in zip(pairs, got[1 + J:]):
+                W[:, j, k] = W[:, k, j] = row
+        model = GapModel(got[0], got[1:1 + J], W, C * len(values))
+        if say and self.told is not None:
+            self.told(model, J)
+        return model
+
+    def gaps_per_row(self) -> int:
+        """The most gap sides a row sits on (core/constraints/base.gaps_per_row), from the sizes."""
+        return self.cells.rows_on()
+
     def signed_weights(self, lam: np.ndarray) -> np.ndarray:
         """G × n: each row's weight as if in each group."""
         return self.cells.signed_weights(lam)
@@ -234,9 +307,19 @@ class EncryptedConstraint:
         return self.cells.masked_weights(y, z, lam)
 
     def constraint_term(self, lam: np.ndarray, q: np.ndarray) -> float:
-        """Σ_i m_i q_i through the oracle: one sum."""
+        """Σ_i m_i q_i through the oracle: one sum; at the λ of the last one asked, that value plus
+        the sum of m_i times the change of q_i since, so that the difference of two values at one λ
+        (the stop rule's decrease of F within a round) carries the noise of one sum of the
+        change, which shrinks as the run settles, not that of two sums of the whole."""
+        lam, q = np.asarray(lam, dtype=np.float64), np.asarray(q, dtype=np.float64)
         m = self.cells.signed_weights(lam) - 1.0 / self.n
-        return float(self.sums((m * np.asarray(q)[None, :])[None])[0])
+        last = self._last.get("term")
+        if last is not None and np.array_equal(last[0], lam) and last[1].shape == q.shape:
+            value = last[2] + float(self.sums((m * (q - last[1])[None, :])[None])[0])
+        else:
+            value = float(self.sums((m * q[None, :])[None])[0])
+        self._last["term"] = (lam.copy(), q.copy(), value)
+        return value
 
     def weight_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """From the sizes (GroupCells.weight_bounds)."""

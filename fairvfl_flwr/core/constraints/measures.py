@@ -62,6 +62,10 @@ class Measure:
         """dq_i/dz_i."""
         raise NotImplementedError
 
+    def bend(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """d²q_i/dz_i² (a Taylor model of the gaps in z: core/constraints/cells.EncryptedConstraint.taylor)."""
+        raise NotImplementedError
+
     def nu(self, y: np.ndarray, z: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
         """ν = ∂f̃/∂z from the signed row weights w = 1/n + m."""
         raise NotImplementedError
@@ -92,6 +96,11 @@ class Loss(Measure):
     def slope(self, y, z):
         """dl_i/dz_i = o_i = −y_i σ(−y_i z_i)."""
         return loss_derivative(y, z)
+
+    def bend(self, y, z):
+        """d²l_i/dz_i² = σ'(z_i), whatever the label."""
+        p = sigmoid(z)
+        return p * (1.0 - p)
 
     def nu(self, y, z, w, n):
         """ν_i = w_i o_i: the row's weight times its loss slope."""
@@ -139,6 +148,11 @@ class Rate(Measure):
         """σ'(z_i/τ)/τ, at most 1/(4τ)."""
         p = sigmoid(z / self.temperature)
         return p * (1.0 - p) / self.temperature
+
+    def bend(self, y, z):
+        """σ''(z_i/τ)/τ²."""
+        p = sigmoid(z / self.temperature)
+        return p * (1.0 - p) * (1.0 - 2.0 * p) / self.temperature ** 2
 
     def nu(self, y, z, w, n):
         """ν_i = o_i/n + m_i σ'(z_i/τ)/τ: the loss term's slope plus the multiplier weight's rate slope."""
