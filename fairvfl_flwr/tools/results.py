@@ -43,7 +43,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "privacy": ("Privacy defences: label DP, secure aggregation, encrypted ν, a noisy group registry",
                 ("labeldp", "labeldp-*", "secagg", "secagg-*", "ckks", "ckks-*", "registry-noisy", "registry-noisy-*",
                  "registry-isolation", "registry-isolation-*", "registry-encrypted",
-                 "registry-encrypted-*")),
+                 "registry-encrypted-*", "registry-deploy")),
     "deployment": ("Deployed runs: seconds per round, a party's cost, WAN, scale, faults",
                    ("deploy_scale", "deploy_time", "deploy-*", "measure-deploy", "measure-deploy-*", "party-cost",
                     "party-cost-*", "wan", "time_to_target", "ttt-*", "reliability")),
