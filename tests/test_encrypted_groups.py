@@ -303,6 +303,32 @@ def test_a_leg_replayed_into_a_later_round_is_refused(tmp_path):
     assert grid.kept is not None
 
 
+class LyingScale(LyingGrid):
+    """A lying server that names a passive party's ν scale 2^e out of the range the channel uses
+    (or not as an integer) in round 2's first leg: the party must refuse, not unmask its gradient
+    by a scale the server picked."""
+
+    def __init__(self, *args, said, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.said = said
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            said = m.content.config_records.get(ckks.NU_SCALE)
+            if said is not None and int(m.content.config_records[msgs.ROUND]["round"]) == 2:
+                said["log2"] = self.said
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("said", [ckks.MAX_NU_LOG2 + 1, -1, 2.5, True])
+def test_a_passive_party_refuses_a_nu_scale_out_of_range(tmp_path, said):
+    rc = RunConfig.from_flower({**RUN, **ENCRYPTED, "output-dir": str(tmp_path)})
+    grid = LyingScale(client_app, rc.to_flower(), 6, said=said)
+    with pytest.raises(FederationError, match="names ν's scale"):
+        run_inprocess(rc.to_flower(), quiet=True, grid=grid)
+
+
 def test_a_passive_partys_gradient_from_nu_under_the_registrys_key(exact):
     """ν as the server can send it: Σ_g Enc(1[g]) ⊙ n·ν_g (ν as if each row were in each group); a
     passive party's masked products of it with its columns (features/ckks.py, unchanged), the
