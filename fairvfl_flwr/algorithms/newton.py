@@ -731,7 +731,7 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     x = np.asarray(data.X_train, dtype=np.float64)
     x_test = np.asarray(data.X_test, dtype=np.float64)
     if role == msgs.ROLE_ACTIVE:
-        x, x_test = with_bias(x), with_bias(x_test)
+        x, x_test = _owner_columns(data)
         nu = constraint.masked_weights(data.y, got["z"], got["lam"])
         h = curvature(constraint, data.y, got["z"], got["lam"])
     elif xt_nu is None:
@@ -782,9 +782,14 @@ def active_from_gradient(message: Message, context: Context, alpha: np.ndarray, 
     pending, moves = _memory(rt)
     party = rt.party()
     theta, moves = _take_step(rt, message, pending, alpha, _params(party.block), moves)
-    x, x_test = with_bias(np.asarray(data.X_train, dtype=np.float64)), with_bias(np.asarray(data.X_test,
-                                                                                            dtype=np.float64))
+    x, x_test = _owner_columns(data)
     return _reply_direction(rt, message, party, theta, moves, x, x_test, None, loss_curvature(z, n), gradient)
+
+
+def _owner_columns(data) -> tuple[np.ndarray, np.ndarray]:
+    """The label owner's training and test columns with its intercept's column last."""
+    return (with_bias(np.asarray(data.X_train, dtype=np.float64)),
+            with_bias(np.asarray(data.X_test, dtype=np.float64)))
 
 
 def _gauss_newton_direction(message: Message, rt: PartyRuntime, role: str) -> Message:
