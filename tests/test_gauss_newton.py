@@ -135,6 +135,19 @@ def test_an_mlp_under_newton_pulls_a_parity_gap_toward_epsilon_with_gauss_newton
     assert summary["test_acc"] > 0.6
 
 
+def test_gaps_whose_bound_is_out_of_a_rounds_reach_are_pulled_toward_it_not_left_to_grow(tmp_path):
+    """COMPAS race (six groups, 15 gaps) at ε = 0.001 starts at a gap of 0.022, out of the reach of
+    round 1's one shared step length: the search holds the linearised gaps halfway to the bound,
+    else where they are (core/newton.held_step), so no kept step lifts the largest gap. A step at
+    the round's multipliers instead (the loss's descent, λ = 0 at the start) took the gap to 0.11."""
+    summary, folder = run_inprocess({"dataset": "compas-race", "model": "mlp", "epsilon": 0.001,
+                                     "num-server-rounds": 8, "eval-every": 1, "output-dir": str(tmp_path)}, quiet=True)
+    gaps = [r["max_gap"] for r in _history(folder)]
+    assert gaps[0] > 0.02
+    assert max(gaps[1:-1]) <= gaps[0] + 0.002  # the cap's last round keeps its step unchecked
+    assert gaps[-2] < 0.5 * gaps[0]
+
+
 def test_the_masked_mlp_run_is_the_plain_run_and_sends_only_words(tmp_path):
     """MLP parties search shared step lengths masked or not (RunConfig.shared_steps): masking
     changes what the server sees, not the trajectory. A per-party search on plain replies

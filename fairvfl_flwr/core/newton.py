@@ -590,6 +590,8 @@ def constrained_step(
         now = violation(gaps)
         if now <= feasible and moved <= 1e-3 * (1.0 + float(lam.max())):
             break
+        if not lam.max() <= LAM_MAX:  # out of the subspace's reach (held_step's test): more rounds only grow it
+            break
         if now > 0.25 * last:
             rho *= 10.0
         last = now
