@@ -121,7 +121,8 @@ def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
             "reference gap": res["final_max_gap"], "reference seconds": res["seconds"]}
 
 
-TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the issue's bar allows
+TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the bar allows
+ACC_BAR = 0.2  # the most test accuracy, in points, a run may give up against its reference
 
 
 def cause(moves: str | None, taken_back: int | None, target) -> str:
@@ -154,6 +155,25 @@ def misses(rows: list[dict]) -> list[str]:
             out.append(f"- {name}: masked stop {r['masked stop']} against {r['stop']}: plain "
                        f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'])}; masked "
                        f"{cause(r.get('masked bound moves'), r.get('masked taken back'), r.get('masked to target'))}.")
+    return out
+
+
+def accuracy_misses(rows: list[dict]) -> list[str]:
+    """Each row whose test accuracy is more than :data:`ACC_BAR` points below its reference's, with
+    what the two runs bound: a rate constraint's run holds its hard-prediction gap within ε
+    (``hard-epsilon``), the reference only its smooth gaps; and the spread of Δacc over the
+    row's seeds, which the bar sits inside where the two runs' seeds part by points."""
+    out = []
+    for r in rows:
+        if r.get("Δacc") is None or r["Δacc"] >= -ACC_BAR:
+            continue
+        spread = [o["Δacc"] for o in rows if (o["dataset"], o["constraint"]) == (r["dataset"], r["constraint"])
+                  and o.get("Δacc") is not None]
+        parts = [f"Δacc over its seeds {min(spread):+.2f} to {max(spread):+.2f}"]
+        if r.get("hard gap") is not None:
+            parts.append(f"this run holds the hard-prediction gap ({r['hard gap']:.4f}), the reference only the smooth "
+                         f"gaps ({r.get('reference gap', float('nan')):.4f} at its end)")
+        out.append(f"- {r['dataset']} {r['constraint']} seed {r['seed']}: Δacc {r['Δacc']:+.2f}: {'; '.join(parts)}.")
     return out
 
 
@@ -227,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         markdown += (f"\n\nPast the bar (to target > {TARGET_ROUNDS}, stop > {STOP_ROUNDS}, masked and plain stops "
                      f"more than {MASKED_APART} rounds apart), each with what its rounds went to:\n\n"
                      + "\n".join(missed))
+    below = accuracy_misses(rows)
+    if below:
+        markdown += (f"\n\nMore than {ACC_BAR} points of test accuracy below the reference, each with what the two "
+                     "runs bound:\n\n" + "\n".join(below))
     if args.page:
         notes = (f"ε = {EPSILON}; `to target`: the first round from which every training gap stays within "
                  f"ε + {GAP_SLACK} up to the stop (a rate constraint's hard-prediction gaps, which ε bounds under "
