@@ -21,7 +21,9 @@ by ``OPT`` (adagrad or gd) for ``--reference-rounds`` rounds with the stop rule 
 one-process floor (core/reference.PartyFloor: the parties' own step code; bench/rounds.py),
 which has no hard-gap target (ε bounds its smooth gaps); ``Δacc`` is the run's test accuracy
 minus the reference's, in points. ``--keep`` keeps the page's rows of the runs not run this
-time (and the reference or masked columns a row has but this call did not compute).
+time (and the reference or masked columns a row has but this call did not compute; a row whose
+plain run this call makes again without ``--masked`` drops its masked columns, which an earlier
+call's code made).
 """
 
 from __future__ import annotations
@@ -213,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     row = {**kept.get((dataset, constraint, seed), {}), "dataset": dataset, "constraint": constraint,
                            "seed": seed}
+                    if not args.skip_app and not args.masked:  # an earlier call's masked run is of other code
+                        row = {k: v for k, v in row.items() if not k.startswith("masked")}
                     if not args.skip_app:
                         row.update(app_run(cfg, tmp))
                     if args.masked:

@@ -148,6 +148,33 @@ def test_gaps_whose_bound_is_out_of_a_rounds_reach_are_pulled_toward_it_not_left
     assert gaps[-2] < 0.5 * gaps[0]
 
 
+def test_the_plateau_is_measured_from_round_ones_f_without_the_first_searchs_multipliers(tmp_path, monkeypatch):
+    """The stop rule's plateau is F's fall against its fall since round 1. The first search ends
+    with multipliers far from 0 where the gaps start above ε (30 on Adult race, seed 1), and F at
+    them holds their terms: measured from there, a fall of 2 % a round read as a plateau and the
+    run stopped at 81 % accuracy. Round 1's F is the loss with the μ-term, at λ = 0."""
+    seen = {}
+    search = newton.NewtonVFL.search
+
+    def searching(server, server_round):
+        first = server.stop.start is None
+        if first:
+            z, sq = server.z("train").copy(), sum(server.sq_norms.values())
+        search(server, server_round)
+        if first:
+            zero = np.zeros_like(server.lam)
+            seen.update(start=server.stop.start, lam=server.lam.copy(),
+                        plain=newton.smooth_part(server.constraint, server.labels.y_train, z, zero) + 0.5 * server.mu * sq,
+                        at_lam=newton.smooth_part(server.constraint, server.labels.y_train, z, server.lam)
+                        + 0.5 * server.mu * sq)
+
+    monkeypatch.setattr(newton.NewtonVFL, "search", searching)
+    run_inprocess({"dataset": "compas-race", "model": "mlp", "epsilon": 0.001, "num-server-rounds": 2,
+                   "output-dir": str(tmp_path)}, quiet=True)
+    assert np.max(seen["lam"]) > 0 and abs(seen["at_lam"] - seen["plain"]) > 1e-3  # the multipliers' terms count
+    assert seen["start"] == pytest.approx(seen["plain"], rel=1e-9)
+
+
 def test_the_masked_mlp_run_is_the_plain_run_and_sends_only_words(tmp_path):
     """MLP parties search shared step lengths masked or not (RunConfig.shared_steps): masking
     changes what the server sees, not the trajectory. A per-party search on plain replies

@@ -330,6 +330,11 @@ class NewtonVFL(VFLServer):
         # is progress, though the gap was within ε already
         bound = self.aim if c.fairness else bound
         penalty = MERIT_PENALTY * float(np.max(self.lam, initial=0.0))
+        if self.stop.start is None:
+            # the plateau is F's fall against its fall since round 1, so round 1's F is taken at λ = 0: at
+            # the multipliers of the first search (30 on Adult race, seed 1) it held their terms too, and
+            # a fall of 2 % a round read as a plateau at 81 % accuracy
+            self.stop.start = self.merit(z, sq_norm, bound, 0.0)
         trial = {"bound": bound, "penalty": penalty, "merit_before": self.merit(z, sq_norm, bound, penalty),
                  "f_before": self.objective(z, sq_norm)}  # at the λ the search ends with
         self.take(self.base_got, du, alpha)
