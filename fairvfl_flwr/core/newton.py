@@ -263,12 +263,13 @@ class ModelledSpace:
         that makes its slopes there the true ones, W_c α = V_c(α) − V_c, unchanged in value and
         slope at 0 (the search without the gaps' Hessian otherwise meets the bound on a linear
         model of a curved gap, and converges only linearly onto the constrained step). Then the
-        model takes the true gaps at the step as a secant along it (each W_c gains 2 e_c ggᵀ/(αᵀg)² for its error e_c,
-        g = ΔuᵀΔu α, so the model is exact there and unchanged in value and slope at 0, and a step
-        along Δu's null space, which moves no logit, changes no modelled gap), and the search runs
-        again; where the model's error did not at least halve since the last miss, also damped by
-        the Levenberg–Marquardt term δ ΔuᵀΔu/n (δ = 1/4, then 4 times the last: the loss's own
-        curvature is at most 1/(4n) a row), which shortens the step toward where the model holds."""
+        model takes the true gaps at the step as a secant along it (each W_c gains 2 e_c ggᵀ/(αᵀg)²
+        for its error e_c, g = ΔuᵀΔu α, so the model is exact there and unchanged in value and slope
+        at 0, and a step along Δu's null space, which moves no logit, changes no modelled gap), and
+        the search runs again; on the value secant alone, where the model's error did not at least
+        halve since the last miss, also damped by the Levenberg–Marquardt term δ ΔuᵀΔu/n (δ = 1/4,
+        then 4 times the last: the loss's own curvature is at most 1/(4n) a row), which shortens
+        the step toward where the model holds."""
         c = self.constraint
         self.tries += 1
         if c is None or self.tries >= MODEL_TRIES or not np.any(alpha):
@@ -303,7 +304,10 @@ class ModelledSpace:
             error = true - (m.D + m.V.T @ alpha + 0.5 * np.einsum("j,cjk,k->c", alpha, W, alpha))
         self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / gg ** 2, m.sums)
         size = float(np.max(np.abs(error)))
-        if size > 0.5 * self.missed:  # the secants do not close in on the step: shorten it
+        # the value secants alone do not close in on the step: shorten it (with the true slopes there the model
+        # holds the step's value and, but for the secant's small residual, its slopes: a damped search would
+        # only stop short of the bound)
+        if size > 0.5 * self.missed and not slopes:
             self.delta = max(4.0 * self.delta, 0.25)
         self.missed = size
         return self.delta * self.gram / self.n  # zero: undamped
