@@ -578,6 +578,35 @@ def test_a_step_where_the_model_does_not_hold_is_searched_again_on_the_corrected
     assert np.max(np.abs(du @ (alpha - exact_alpha))) < 0.05
 
 
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_missed_step_takes_the_true_slopes_there_and_lands_on_the_exact_constrained_step(seed):
+    """Where the round's budget holds the gaps' slopes at the step, the constrained search on a linear
+    model whose step misses (a gap held at its bound left short of it counts) takes them, and lands
+    where the label owner's search does: its loss within 2e-4 of that step's and its logits within
+    0.1, the registry asked for no more than the budget. On the value secant alone it stopped where
+    the model, not the true gap, met the bound: 1e-3 of loss short, its logits 0.3 apart."""
+    from fairvfl_flwr.core.newton import MODEL_TOLERANCE, search_step
+    from fairvfl_flwr.core.constraints.measures import logistic_loss
+    y, exact, cells, sums, rng = _cells_and_truth("equalized-odds", "rate", seed=seed)
+    n, J, C = len(y), 6, 2
+    z, du = rng.normal(size=n), rng.normal(size=(n, J))
+    budget, asked = model_sums(C, J, False) + 3 * C * (3 + J), []
+
+    def counted(P):
+        asked.append(len(P))
+        return sums(P)
+
+    encrypted = EncryptedConstraint(cells, counted, room=lambda: budget - sum(asked))  # the linear model
+    a, b, lam = np.zeros(J), np.eye(J), np.zeros(exact.num_multipliers)
+    alpha, _, _ = search_step(y, z, du, a, b, lam, encrypted, 1e-3, epsilon=0.01)
+    exact_alpha, _, _ = search_step(y, z, du, a, b, lam, exact, 1e-3, epsilon=0.01)
+    assert sum(asked) <= budget
+    assert np.max(np.abs(exact.gaps(y, z + du @ alpha))) <= 0.01 + MODEL_TOLERANCE
+    loss = [logistic_loss(y, z + du @ s).mean() for s in (alpha, exact_alpha)]
+    assert abs(loss[0] - loss[1]) < 2e-4
+    assert np.max(np.abs(du @ (alpha - exact_alpha))) < 0.1
+
+
 def test_a_budget_that_holds_the_model_over_some_directions_searches_those_first():
     """Where the round's sums hold the linear model over only some directions (several gaps), the
     search keeps the first of the server's priority (every party's new direction first) and steps 0
