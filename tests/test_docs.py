@@ -10,6 +10,7 @@ import inspect
 import json
 import re
 import sys
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -493,3 +494,23 @@ def test_filing_rewrites_the_links_to_a_page_and_a_moved_pages_own():
     assert linked == "[results/fairness/groups.md](results/fairness/groups.md#x)"
     code = "writes docs/results/" + "hard-epsilon.md and docs/results/NAME.md"  # split: the script would file it
     assert filing.rewrite_names(code, False) == "writes docs/results/fairness/hard-epsilon.md and docs/results/NAME.md"
+
+
+def test_a_results_page_left_uncommitted_does_not_mark_the_next_page_as_made_by_changed_code(tmp_path, monkeypatch):
+    """Two bench calls write pages in turn: the first call's page, not yet committed, is no change to
+    the code the second measured; a changed source file is."""
+    from fairvfl_flwr.tools import results
+
+    repo = tmp_path / "repo"
+    (repo / "docs" / "results" / "rounds").mkdir(parents=True)
+    (repo / "docs" / "results" / "rounds" / "a.md").write_text("one\n")
+    (repo / "code.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    monkeypatch.setattr(results, "REPO", repo)
+    (repo / "docs" / "results" / "rounds" / "a.md").write_text("two\n")
+    assert results.commit() and not results.commit().endswith("+changes")
+    (repo / "code.py").write_text("x = 2\n")
+    assert results.commit().endswith("+changes")

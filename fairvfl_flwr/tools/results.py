@@ -134,12 +134,15 @@ def portable(arg: str) -> str:
 
 
 def commit() -> str:
-    """HEAD's short hash, with ``+changes`` when tracked files differ from it; '' outside git."""
+    """HEAD's short hash, with ``+changes`` when tracked files differ from it; '' outside git. The
+    results pages do not count: another bench call's page, written and not yet committed, changes
+    nothing this call measured."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)docs/results"], cwd=REPO, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head + ("+changes" if dirty else "")
