@@ -109,11 +109,15 @@ def app_run(cfg: dict, tmp: str) -> dict:
     history = json.loads((Path(folder) / "history.json").read_text())
     # a rate constraint's target is its hard gap (hard-epsilon), the smooth gaps' bound is the stop rule's to move
     rows = HARD.rounds if HARD.rounds else history
+    # a kept step that cut the gaps at the cost of a loss far above the initial model's, which later rounds win back
+    peak = max(history[1:], key=lambda r: r["loss"], default=None)
+    surge = f"{peak['loss']:.3g} at round {peak['round']} (round 0: {history[0]['loss']:.3g})" if (
+        peak is not None and peak["loss"] > LOSS_SURGE * history[0]["loss"]) else ""
     return {"optimizer": RunConfig.from_flower(cfg).optimizer_in_use, "to target": rounds_to_gaps(rows, cfg["epsilon"]),
             "stop": summary["rounds"], "seconds": seconds, "test acc": 100 * summary["test_acc"],
             "train gap": summary["train_max_gap"], "hard gap": summary.get("train_hard_gap"),
             "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings"),
-            "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back}
+            "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back, "loss surge": surge}
 
 
 def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
@@ -124,10 +128,11 @@ def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
 
 
 TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the bar allows
+LOSS_SURGE = 2.0  # a training loss this many times round 0's, after it, is named as what a run's rounds went to
 ACC_BAR = 0.2  # the most test accuracy, in points, a run may give up against its reference
 
 
-def cause(moves: str | None, taken_back: int | None, target) -> str:
+def cause(moves: str | None, taken_back: int | None, target, surge: str | None = None) -> str:
     """What a run spent its rounds on, from its columns (None: a row of an earlier call, which
     did not record them)."""
     if taken_back is None:
@@ -139,6 +144,9 @@ def cause(moves: str | None, taken_back: int | None, target) -> str:
                      "each a new wait for quiet rounds")
     if taken_back:
         parts.append(f"{taken_back} step(s) taken back")
+    if surge:
+        parts.append(f"a kept step raised the training loss to {surge} to cut the gaps (the ℓ1 merit at the "
+                     "search's multipliers), and the rounds after it won the loss back")
     if target is None:
         parts.append("a gap above ε + 0.002 at the stop")
     return "; ".join(parts) or "no calibration move and no step taken back: the search's own pace"
@@ -152,7 +160,7 @@ def misses(rows: list[dict]) -> list[str]:
         name = f"{r['dataset']} {r['constraint']} seed {r['seed']}"
         if "to target" in r and (r["to target"] is None or r["to target"] > TARGET_ROUNDS or r["stop"] > STOP_ROUNDS):
             out.append(f"- {name}: to target {r['to target']}, stop {r['stop']}: "
-                       f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'])}.")
+                       f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'], r.get('loss surge'))}.")
         if "masked stop" in r and "stop" in r and abs(r["masked stop"] - r["stop"]) > MASKED_APART:
             out.append(f"- {name}: masked stop {r['masked stop']} against {r['stop']}: plain "
                        f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'])}; masked "
@@ -242,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("run here", None)
     rows = sorted(kept.values(), key=lambda r: (r["dataset"], list(CONSTRAINTS).index(r["constraint"]), r["seed"]))
     cols = ["dataset", "constraint", "seed", "optimizer", "to target", "stop", "seconds", "test acc", "train gap",
-            "hard gap", "met", "bound moves", "taken back", "masked to target", "masked stop", "masked acc",
+            "hard gap", "met", "bound moves", "taken back", "loss surge", "masked to target", "masked stop", "masked acc",
             "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc"]
     cols = [c for c in cols if any(c in r for r in rows)]
     markdown = table(rows, cols)
@@ -264,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                  "`met`: the largest hard-prediction training gap at the end and whether it is within ε + 0.001; "
                  "`bound moves`: the rounds at which the stop rule moved the smooth gaps' bound or sharpened "
                  "their rates (`hard-epsilon`: each starts its wait for quiet rounds again); `taken back`: "
-                 "Gauss–Newton steps the server took back; `masked …`: the same under secure aggregation; "
+                 "Gauss–Newton steps the server took back; `loss surge`: the largest training loss after round 0 where it is more than "
+                 f"{LOSS_SURGE}× round 0's (a kept step that cut the gaps at that cost); `masked …`: the same under secure aggregation; "
                  "`Δacc`: test accuracy minus the reference's, in points."
                  + (f" Not run (no several-groups variant): {', '.join(sorted(set(skipped)))}." if skipped else ""))
         notes += " " + made_by(commands, "rows and columns")
