@@ -299,10 +299,11 @@ class ModelledSpace:
         gg = float(alpha @ g)
         if slopes:
             there = c.taylor(self.y, self.z + self.du @ alpha, self.du, hessian=False, say=False)
-            r = there.V - (m.V + np.einsum("cjk,k->jc", W, alpha))  # J × C: what W α misses of the slopes' change
+            r = there.V - self.slopes(alpha)  # J × C: what W α misses of the slopes' change
             W = (W + (np.einsum("jc,k->cjk", r, g) + np.einsum("j,kc->cjk", g, r)) / gg
                  - np.einsum("c,jk->cjk", alpha @ r, np.outer(g, g)) / gg ** 2)
-            error = true - (m.D + m.V.T @ alpha + 0.5 * np.einsum("j,cjk,k->c", alpha, W, alpha))
+            self.model = m = GapModel(m.D, m.V, W, m.sums)
+            error = true - self.gaps(alpha)
         self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / gg ** 2, m.sums)
         size = float(np.max(np.abs(error)))
         # the value secants alone do not close in on the step: shorten it (with the true slopes there the model
