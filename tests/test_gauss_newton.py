@@ -435,3 +435,20 @@ def test_a_run_the_stop_rule_ends_between_evaluations_ends_at_the_point_it_judge
         judged = replies[(kind, last, nid)][1].content.array_records[msgs.LOGITS]["train"].numpy()
         np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), judged)
         assert "test" in final.content.array_records[msgs.LOGITS]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2005, 2**33 + 7])
+def test_the_numpy_initial_mlp_is_torchs_bit_for_bit(seed):
+    """A Gauss–Newton party draws its first θ without torch (core/mlp_init.py); it must be the
+    torch model's, or every MLP run's numbers would move with the process that drew them."""
+    from fairvfl_flwr.core.mlp_init import mlp_state
+    from fairvfl_flwr.core.models import build_model
+
+    for in_features, hidden, bias, dtype in ((19, 16, True, "float64"), (3, 16, False, "float64"),
+                                             (40, 8, True, "float32"), (1, 32, False, "float64")):
+        want = {k: v.numpy() for k, v in build_model("mlp", in_features, hidden=hidden, bias=bias, seed=seed,
+                                                      dtype=dtype).state_dict().items()}
+        got = mlp_state(in_features, hidden, bias, seed, dtype)
+        assert list(got) == list(want)
+        for key in want:
+            assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), (key, in_features)

@@ -715,7 +715,7 @@ def init(message: Message, context: Context) -> Message:
     rt = PartyRuntime(context)
     rt.reset()
     context.state.array_records.pop(NEWTON_STATE, None)
-    party = rt.party()
+    party = rt.party(steps=False)  # an MLP as numpy (core/mlp_init.py): no torch in a deployed party's process
     rt.save(party)
     return rt.reply(message, party, steps=0)
 

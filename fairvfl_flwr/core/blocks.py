@@ -3,8 +3,8 @@
 Linear blocks are numpy (``core/linear.py``); the MLP is a torch model behind the same
 interface (``core/models.py``), imported only when a run asks for it, so that the
 linear path never loads torch. A party that only evaluates its MLP and sets its θ (block
-Newton's Gauss–Newton rounds) holds it as numpy arrays (``core/gauss_newton.ReluNet``) once
-it has a state: torch then builds only the seeded initial θ.
+Newton's Gauss–Newton rounds) holds it as numpy arrays (``core/gauss_newton.ReluNet``), its
+seeded initial θ drawn as torch draws it (``core/mlp_init.py``), so it never loads torch.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 
 from fairvfl_flwr.core.gauss_newton import ReluNet
 from fairvfl_flwr.core.linear import LinearBlock
+from fairvfl_flwr.core.mlp_init import mlp_state
 
 
 def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = False, dtype: str = "float64",
@@ -29,8 +30,8 @@ def build_block(kind: str, in_features: int, *, hidden: int = 16, bias: bool = F
         if step_rule:
             raise ValueError(f"step rule {step_rule!r} is for MLP blocks; a linear block takes gradient or Newton steps")
         block = LinearBlock.zeros(in_features, bias, dtype)
-    elif not steps and state is not None and not step_rule:
-        return ReluNet(state)
+    elif not steps and not step_rule:  # no torch in the process: the seeded θ drawn as torch draws it
+        return ReluNet(state if state is not None else mlp_state(in_features, hidden, bias, seed, dtype))
     else:
         from fairvfl_flwr.core.models import STEP_RULES, TorchBlock, build_model  # torch, only for the MLP
 

@@ -100,7 +100,9 @@ class GaussNewton:
     def _at_theta(self) -> None:
         """The forward pass at the current θ_k, which every product until the next :meth:`set_flat` reuses."""
         self.acts = self.net._activations(self.x)
-        self.active = [a > 0 for a in self.acts[1:-1]]  # where each hidden ReLU passes its input
+        # where each hidden ReLU passes its input, as 1.0 / 0.0: a product with a boolean mask
+        # converts the mask again at every product
+        self.active = [(a > 0).astype(a.dtype) for a in self.acts[1:-1]]
 
     def logits(self) -> np.ndarray:
         """u_k at the current θ_k on the rows ``x`` (float64)."""
