@@ -170,6 +170,57 @@ def test_a_secant_through_two_hard_gaps_within_their_wobble_does_not_cut_the_bou
     assert rule.epsilon > 0.08  # the unreached secant's quarter of the bound was 0.023
 
 
+def test_a_calibration_move_needs_every_settled_round_of_the_window_to_ask_for_it():
+    """An MLP's hard gap still wobbles by a few rows of a small group once F has settled (Crime,
+    equalized odds, seed 2: 0.011, 0.004, 0.0019 in three settled rounds). Read from the last
+    round alone, 0.0019 loosened the bound 4x, and 0.025 after a 0.008 tightened it: each move a
+    new wait. A move now needs every settled round of the window to ask for it."""
+    lam = np.array([1.0, 0.0])
+    loose = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    for hard in (0.011, 0.004):
+        assert not loose.update(1.0, 1.0, np.array([0.01]), lam, hard)
+    assert loose.update(1.0, 1.0, np.array([0.01]), lam, 0.0019)  # met, and 0.011 does not ask to loosen
+    assert loose.loosenings == 0 and loose.met()
+    tight = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    for hard in (0.03, 0.008, 0.025):
+        assert not tight.update(1.0, 1.0, np.array([0.01]), lam, hard)
+    assert tight.tightenings == 0 and tight.epsilon == 0.01  # 0.008 met the target at this bound
+    assert tight.update(1.0, 1.0, np.array([0.01]), lam, 0.009) and tight.met()
+    steady = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    for hard in (0.03, 0.028, 0.025):  # every settled round above: tighten, as from one round
+        assert not steady.update(1.0, 1.0, np.array([0.01]), lam, hard)
+    assert steady.tightenings == 1 and steady.epsilon == pytest.approx(0.01 * 0.01 / 0.025)
+    state = loose.state_dict()
+    again = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    again.load_state_dict(state)
+    assert again.settled_hard == loose.settled_hard and again.far_rounds == loose.far_rounds
+
+
+def test_a_network_sharpens_without_waiting_for_f_where_its_hard_gap_is_far_above_the_target():
+    """COMPAS, equalized odds, MLP, seed 0: from round 5 the smooth gaps sat within the bound and the
+    hard gap at 5 to 8 times the target, while F fell for 14 more rounds before the first move.
+    Under a plateau (a network's stop rule) ``window`` such rounds after the first sharpen the rates;
+    a linear model's rule (no plateau) still waits for F to settle."""
+    lam = np.array([1.0, 0.0])
+
+    def falling(rule: StopRule, rounds: int, hard: float) -> None:
+        for r in range(rounds):  # F falls by a fifth of what is left each round: far from settled
+            f = 1.0 + 0.8 ** r
+            assert not rule.update(f, 1.0 + 0.8 ** (r + 1), np.array([0.009]), lam, hard)
+
+    network = StopRule(1e-3, 3, 0.01, True, target=0.01, plateau=0.01, sharpen=True)
+    falling(network, 3, 0.05)
+    assert network.sharpenings == 0  # round 1 does not count: two far rounds so far
+    falling(network, 1, 0.05)
+    assert (network.sharpenings, network.temperature, network.epsilon) == (1, 0.25, 0.01)  # 5x: by 4
+    near = StopRule(1e-3, 3, 0.01, True, target=0.01, plateau=0.01, sharpen=True)
+    falling(near, 6, 0.025)  # 2.5x the target: the bound's calibration, once F settles, decides
+    assert near.sharpenings == 0
+    linear = StopRule(1e-3, 3, 0.01, True, target=0.01, sharpen=True)
+    falling(linear, 6, 0.05)
+    assert linear.sharpenings == 0
+
+
 def test_a_run_that_spent_its_rounds_meeting_epsilon_does_not_loosen():
     late = StopRule(1e-3, 2, 0.02, True, target=0.02)
     late.rounds = LOOSEN_WITHIN
