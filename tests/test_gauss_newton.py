@@ -415,6 +415,34 @@ def test_a_run_whose_every_step_is_taken_back_ends_at_its_kept_point(tmp_path):
         np.testing.assert_array_equal(final.content.array_records[msgs.LOGITS]["train"].numpy(), at_kept)
 
 
+def test_a_step_that_more_than_doubles_the_training_loss_is_taken_back(tmp_path):
+    """Adult race, seed 2: at the multipliers of a round whose gaps were out of the directions'
+    reach, the ℓ1 merit kept a step that took the training loss from 0.859 to 6.76 to cut the
+    gaps, and the rounds after it won the loss back (target at round 55, stop at 63; with the
+    step taken back, 30 and 32). Here round 3's step is made to read as such a step (its loss
+    more than LOSS_RISE times where it started): it is taken back, though the merit keeps it."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "num-server-rounds": 4, "eval-every": 1, "stop-tolerance": 0,
+                                "output-dir": str(tmp_path)}).to_flower()
+    judge = newton.NewtonVFL.judge
+    for surge in (False, True):
+        kept = {}
+
+        def judging(server, server_round):
+            if surge and server_round == TAKEN_BACK:
+                server.trial["loss_before"] = server.loss(server.z("train")) / (1.01 * newton.LOSS_RISE)
+            kept[server_round] = judge(server, server_round)
+            return kept[server_round]
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(newton.NewtonVFL, "judge", judging)
+            _, folder = run_server(PairedGrid(client_app, rc, 3), rc)
+        history = {r["round"]: r for r in _history(folder)}
+        assert kept[TAKEN_BACK] is not surge  # the merit alone keeps this step
+        if surge:
+            assert history[TAKEN_BACK]["loss"] == pytest.approx(history[TAKEN_BACK - 1]["loss"], rel=1e-12)
+
+
 def test_a_run_the_stop_rule_ends_between_evaluations_ends_at_the_point_it_judged(tmp_path):
     """Crime, evaluation every 50 rounds: the stop rule ends the run at a round that carried no test
     logits; the parties get a step of length 0 from that round's point and reply its logits, so
