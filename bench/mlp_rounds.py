@@ -72,6 +72,7 @@ class HardGaps:
         self.rounds: list[dict] = []
         self.moves: list[int] = []  # the rounds at which the stop rule moved its bound or temperature
         self.taken_back = 0
+        self.smallest_cell: int | None = None  # the fewest training rows of a rate the constraint compares
         record, judge = VFLServer.record, NewtonVFL.judge
 
         def recording(server, server_round, extra=None):
@@ -80,6 +81,9 @@ class HardGaps:
             moved = stop.tightenings + stop.loosenings + stop.sharpenings
             self.moves += [server_round] * (moved - len(self.moves))
             if server.stop.target is not None and server.held_rows is None:
+                if self.smallest_cell is None:
+                    self.smallest_cell = smallest_cell(server.cfg.constraint, server.labels.y_train,
+                                                       server.labels.s_train)
                 hard = server.constraint.gaps(server.labels.y_train, server.z("train"), hard=True)
                 self.rounds.append({"round": server_round, "max_gap": float(np.max(np.abs(hard)))})
             return row
@@ -95,6 +99,16 @@ class HardGaps:
         self.rounds.clear()
         self.moves.clear()
         self.taken_back = 0
+        self.smallest_cell = None
+
+
+def smallest_cell(constraint: str, y: np.ndarray, s: np.ndarray) -> int:
+    """The fewest training rows any rate of ``constraint`` is a mean over: a group (demographic parity)
+    or a group's rows of one label (equalized odds). One row of it moves the hard gap by 1 / that."""
+    cells = [s == g for g in np.unique(s)]
+    if constraint == "equalized-odds":
+        cells = [c & (y == label) for c in cells for label in (-1, 1)]
+    return int(min(int(c.sum()) for c in cells))
 
 
 HARD = HardGaps()
@@ -117,7 +131,8 @@ def app_run(cfg: dict, tmp: str) -> dict:
             "stop": summary["rounds"], "seconds": seconds, "test acc": 100 * summary["test_acc"],
             "train gap": summary["train_max_gap"], "hard gap": summary.get("train_hard_gap"),
             "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings"),
-            "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back, "loss surge": surge}
+            "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back, "loss surge": surge,
+            **({"smallest cell": HARD.smallest_cell} if HARD.smallest_cell is not None else {})}
 
 
 def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
@@ -132,12 +147,17 @@ LOSS_SURGE = 2.0  # a training loss this many times round 0's, after it, is name
 ACC_BAR = 0.2  # the most test accuracy, in points, a run may give up against its reference
 
 
-def cause(moves: str | None, taken_back: int | None, target, surge: str | None = None) -> str:
+def cause(moves: str | None, taken_back: int | None, target, surge: str | None = None,
+          cell: int | None = None) -> str:
     """What a run spent its rounds on, from its columns (None: a row of an earlier call, which
     did not record them)."""
     if taken_back is None:
         return "not recorded (a row of an earlier call: rerun it)"
     parts = []
+    if cell and 1.0 / cell > EPSILON:
+        parts.append(f"its smallest rate is over {cell} training rows, so one row moves the hard gap by "
+                     f"1/{cell} = {1 / cell:.3f}, {1 / (cell * EPSILON):.1f}× ε: the gap meets ε + 0.002 only in "
+                     "rounds where the other rates land near one of those steps")
     if moves:
         rounds = moves.split()
         parts.append(f"the stop rule moved the smooth gaps' bound or temperature {len(rounds)}× (rounds {moves}), "
@@ -159,8 +179,9 @@ def misses(rows: list[dict]) -> list[str]:
     for r in rows:
         name = f"{r['dataset']} {r['constraint']} seed {r['seed']}"
         if "to target" in r and (r["to target"] is None or r["to target"] > TARGET_ROUNDS or r["stop"] > STOP_ROUNDS):
-            out.append(f"- {name}: to target {r['to target']}, stop {r['stop']}: "
-                       f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'], r.get('loss surge'))}.")
+            why = cause(r.get("bound moves"), r.get("taken back"), r["to target"], r.get("loss surge"),
+                        r.get("smallest cell"))
+            out.append(f"- {name}: to target {r['to target']}, stop {r['stop']}: {why}.")
         if "masked stop" in r and "stop" in r and abs(r["masked stop"] - r["stop"]) > MASKED_APART:
             out.append(f"- {name}: masked stop {r['masked stop']} against {r['stop']}: plain "
                        f"{cause(r.get('bound moves'), r.get('taken back'), r['to target'])}; masked "
@@ -250,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("run here", None)
     rows = sorted(kept.values(), key=lambda r: (r["dataset"], list(CONSTRAINTS).index(r["constraint"]), r["seed"]))
     cols = ["dataset", "constraint", "seed", "optimizer", "to target", "stop", "seconds", "test acc", "train gap",
-            "hard gap", "met", "bound moves", "taken back", "loss surge", "masked to target", "masked stop", "masked acc",
+            "hard gap", "met", "smallest cell", "bound moves", "taken back", "loss surge", "masked to target", "masked stop", "masked acc",
             "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc"]
     cols = [c for c in cols if any(c in r for r in rows)]
     markdown = table(rows, cols)
@@ -270,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                  "training; `seconds`: the whole in-process run, evaluated every round; `train gap`: the largest "
                  "smooth training gap at the end (under `hard-epsilon` the stop rule moves its bound); `hard gap`, "
                  "`met`: the largest hard-prediction training gap at the end and whether it is within ε + 0.001; "
+                 "`smallest cell`: the fewest training rows a rate the constraint compares is over (a group, or under "
+                 "equalized odds a group's rows of one label): one row there moves the hard gap by its inverse; "
                  "`bound moves`: the rounds at which the stop rule moved the smooth gaps' bound or sharpened "
                  "their rates (`hard-epsilon`: each starts its wait for quiet rounds again); `taken back`: "
                  "Gauss–Newton steps the server took back; `loss surge`: the largest training loss after round 0 where it is more than "
