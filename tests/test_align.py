@@ -110,6 +110,7 @@ def test_split_common_is_the_joint_tables_split():
     assert np.array_equal(np.flatnonzero(codes == TRAIN_CODE), np.sort(perm[:800]))
 
 
+@pytest.mark.slow  # two runs
 def test_own_tables_run_equals_the_joint_table_run_on_the_common_rows(own_tables, tmp_path):
     folder, raw, held = own_tables
     summary, run_folder = run_inprocess(own_config(folder, **{"tables.name": "bank-retail"}), quiet=True)
@@ -455,6 +456,7 @@ def test_ids_with_leading_zeros_match_between_the_training_tables_and_the_score_
     assert set(pd.read_csv(out / "predictions.csv", dtype={"id": str})["id"]) == common
 
 
+@pytest.mark.slow  # a second own-tables run and scoring
 def test_a_parquet_table_and_score_file_give_the_csv_ones_results(own_tables, tmp_path):
     """Party 2 brings Parquet (its table and its score file, by suffix), the others CSV."""
     pytest.importorskip("pyarrow")

@@ -38,6 +38,7 @@ def trained(tmp_path_factory, simulation_superlink):
     return tmp, tables, held, _only_run(tmp / "flwr"), same, folder
 
 
+@pytest.mark.slow  # its module's `flwr run` fixture
 def test_flwr_run_with_own_tables_matches_inprocess(trained):
     """Aligned, prepared and trained through `flwr run`: the in-process grid's run."""
     *_, flwr_run, same, _ = trained

@@ -211,6 +211,7 @@ def test_expected_metrics_score_a_randomised_classifier_by_its_expected_rates():
     assert baselines.expected_metrics(y, codes, a)["dp_diff"] == pytest.approx(1.0) and mixed["dp_diff"] == 0.0
 
 
+@pytest.mark.slow  # many draws of exponentiated gradient
 def test_eg_expected_is_the_probability_its_draws_are_made_with():
     pytest.importorskip("fairlearn")
     x, y, s = _biased(400)

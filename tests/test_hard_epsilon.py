@@ -138,6 +138,7 @@ def test_the_constraints_temperature_survives_a_batch():
     assert sharp.q.temperature == 0.25 and sharp.restrict(np.arange(40)).q.temperature == 0.25
 
 
+@pytest.mark.slow  # an Adult run
 def test_adult_demographic_parity_does_not_give_accuracy_away(tmp_path):
     """A smooth bound at ε leaves Adult's hard gap at a tenth of it; the calibrated bound spends the rest."""
     summary, _ = run_inprocess({"dataset": "adult", "constraint": "demographic-parity", "epsilon": 0.02,

@@ -342,6 +342,7 @@ class _ByTypeAndRound:
             content, message_type, role)
 
 
+@pytest.mark.slow  # the model checker's whole search
 def test_it_finds_a_resend_recognised_by_type_and_round_only(started, monkeypatch):
     """The weakness the red team used: a message of a round and part already answered gets the
     kept answer whatever it carries. Planted in the history and the guard, the machine finds a
@@ -361,6 +362,7 @@ def test_it_finds_a_resend_recognised_by_type_and_round_only(started, monkeypatc
         run_state_machine_as_test(machine(started), settings=found)
 
 
+@pytest.mark.slow  # the model checker's whole search
 def test_it_finds_a_session_unbound_to_the_history(started, monkeypatch):
     """The other weakness of old: a fresh session that starts the party's state afresh (its
     history, as the round counter and pending view once were) and a set-up that checks no

@@ -151,6 +151,7 @@ def test_newton_with_several_groups_runs_under_label_dp_and_secure_aggregation(r
         assert max(last["lambdas"]) <= 0.5
 
 
+@pytest.mark.slow  # a 30-round run
 def test_compas_race_equalized_odds_meets_epsilon_within_thirty_rounds_under_auto(run_app, tmp_path):
     """The fairness issue's target: compas-race, equalized odds at ε = 0.02, every other setting its
     default (6 parties, the small groups pooled): auto picks block Newton, the run ends within 30
