@@ -738,7 +738,8 @@ class CentralisedNewton:
 #   w = 1/n + A d stay >= 0), and a gap already at its bound steps past it by gradient (the
 #   rule measured on Adult, COMPAS and Crime; docs/newton.md).
 # * :class:`ConstrainedSearch`: every other constraint (several groups, equalized odds,
-#   demographic parity, ``constraint-form = "overall"``, the rate measure): no dual step at
+#   demographic parity, ``constraint-form = "overall"``, the rate measure, and any kind on a
+#   registry's encrypted groups: core/constraints/cells.EncryptedConstraint): no dual step at
 #   all, because the server's search solves for the step lengths and λ together
 #   (:func:`constrained_step`).
 #

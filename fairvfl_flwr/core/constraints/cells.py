@@ -200,6 +200,13 @@ class EncryptedConstraint:
     _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: groups known by their sizes only: no row's group to count or report per row
     groups = None
+    #: block Newton takes the constrained search for every kind here, ``deo`` on two groups too
+    #: (core/newton.rule_for): the parties' gradients come through the registry's noisy sums, so
+    #: their directions carry noise that a search at fixed multipliers follows wherever it costs F
+    #: little, however far it moves the gaps, and the dual step then chases the gaps round after
+    #: round; the constrained search holds the gaps within ε at every step, checked against the
+    #: true gaps, so the noise costs only loss (docs/newton.md, "On a registry's encrypted groups")
+    newton_past_bound = False
 
     def __post_init__(self) -> None:
         if self.cells.temperature != self.temperature:  # the stop rule sharpened the rates
@@ -241,7 +248,7 @@ class EncryptedConstraint:
         return self.cells.num_multipliers
 
     def __getattr__(self, name: str):
-        # the kind's declarations (kind, label_subsets, default_measure, newton_past_bound, ...)
+        # the kind's declarations (kind, label_subsets, default_measure, ...)
         if name.startswith("_") or name in ("cells", "sums", "room", "told"):
             raise AttributeError(name)
         return getattr(self.cells.kind, name)
