@@ -204,6 +204,9 @@ def accuracy_misses(rows: list[dict]) -> list[str]:
         if r.get("hard gap") is not None:
             parts.append(f"this run holds the hard-prediction gap ({r['hard gap']:.4f}), the reference only the smooth "
                          f"gaps ({r.get('reference gap', float('nan')):.4f} at its end)")
+        elif r.get("stop") is not None:
+            parts.append(f"this run ended on its plateau at round {r['stop']} (F fell by less than stop-plateau of "
+                         f"its fall since round 1), the reference ({r.get('reference', 'not recorded')}) trained on")
         out.append(f"- {r['dataset']} {r['constraint']} seed {r['seed']}: Δacc {r['Δacc']:+.2f}: {'; '.join(parts)}.")
     return out
 
