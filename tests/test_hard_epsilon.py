@@ -175,24 +175,29 @@ def test_a_calibration_move_needs_every_settled_round_of_the_window_to_ask_for_i
     """An MLP's hard gap still wobbles by a few rows of a small group once F has settled (Crime,
     equalized odds, seed 2: 0.011, 0.004, 0.0019 in three settled rounds). Read from the last
     round alone, 0.0019 loosened the bound 4x, and 0.025 after a 0.008 tightened it: each move a
-    new wait. A move now needs every settled round of the window to ask for it."""
+    new wait. Under a plateau (a network's rule) a move needs every settled round of the window to
+    ask for it; a linear model's θ has come to rest when it settles, and its last round decides."""
     lam = np.array([1.0, 0.0])
-    loose = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    linear = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    for hard in (0.011, 0.004):
+        assert not linear.update(1.0, 1.0, np.array([0.01]), lam, hard)
+    assert not linear.update(1.0, 1.0, np.array([0.01]), lam, 0.0019) and linear.loosenings == 1
+    loose = StopRule(1e-3, 3, 0.01, True, target=0.01, plateau=0.01)
     for hard in (0.011, 0.004):
         assert not loose.update(1.0, 1.0, np.array([0.01]), lam, hard)
     assert loose.update(1.0, 1.0, np.array([0.01]), lam, 0.0019)  # met, and 0.011 does not ask to loosen
     assert loose.loosenings == 0 and loose.met()
-    tight = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    tight = StopRule(1e-3, 3, 0.01, True, target=0.01, plateau=0.01)
     for hard in (0.03, 0.008, 0.025):
         assert not tight.update(1.0, 1.0, np.array([0.01]), lam, hard)
     assert tight.tightenings == 0 and tight.epsilon == 0.01  # 0.008 met the target at this bound
     assert tight.update(1.0, 1.0, np.array([0.01]), lam, 0.009) and tight.met()
-    steady = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    steady = StopRule(1e-3, 3, 0.01, True, target=0.01, plateau=0.01)
     for hard in (0.03, 0.028, 0.025):  # every settled round above: tighten, as from one round
         assert not steady.update(1.0, 1.0, np.array([0.01]), lam, hard)
     assert steady.tightenings == 1 and steady.epsilon == pytest.approx(0.01 * 0.01 / 0.025)
     state = loose.state_dict()
-    again = StopRule(1e-3, 3, 0.01, True, target=0.01)
+    again = StopRule(1e-3, 3, 0.01, True, target=0.01, plateau=0.01)
     again.load_state_dict(state)
     assert again.settled_hard == loose.settled_hard and again.far_rounds == loose.far_rounds
 

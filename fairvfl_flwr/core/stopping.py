@@ -105,9 +105,9 @@ class StopRule:
         # where a search that holds the gaps inside the working bound aimed them (Gauss-Newton blocks:
         # core/newton's search on linearised logits); a multiplier is at rest where its gap is there
         self.aim: float | None = None
-        # the largest hard gap of each settled round in a row (the last ``window``): a calibration move
-        # reads them all, since a network's hard gap still wobbles by rows of a small group once F has
-        # settled (Crime, equalized odds: 0.002 to 0.011 in three settled rounds)
+        # the largest hard gap of each settled round in a row (the last ``window``): a network's calibration
+        # move reads them all, since its hard gap still wobbles by rows of a small group once F has
+        # settled (Crime, equalized odds: 0.0019 to 0.011 in three settled rounds)
         self.settled_hard: list[float] = []
         # rounds in a row, under a plateau, whose smooth gaps were within the bound and hard gap beyond
         # SHARPEN_ABOVE times the target (:meth:`far_above`)
@@ -139,21 +139,23 @@ class StopRule:
         self.settled_hard = ([*self.settled_hard, hard][-self.window:] if settled and hard is not None else [])
         if self.far_above(gaps, hard):
             return False
-        if self.target is not None and hard is not None and self.settled_rounds >= self.window:
+        if self.target is None or hard is None:
+            return self.quiet_rounds >= self.window
+        # what a calibration move reads: a network's every settled round (its θ still moves once F has
+        # settled, and its hard gap wobbles with it); a linear model's last round, where θ has come to rest
+        readings = (self.settled_hard or [hard]) if self.plateau > 0 else [hard]
+        if self.settled_rounds >= self.window:
             # the hard gap at this bound is known once the run has settled: move now, not after F's tail
-            if min(self.settled_hard) > self.target + GAP_SLACK:
+            if min(readings) > self.target + GAP_SLACK:
                 return not self.above(hard, over)
-            if self.loosen(max(self.settled_hard), lam):
+            if self.loosen(max(readings), lam):
                 return False
         if self.quiet_rounds < self.window:
             return False
-        if self.target is None or hard is None:
-            return True
         if hard <= self.target + GAP_SLACK:
-            return not self.loosen(max(self.settled_hard or [hard]), lam)
+            return not self.loosen(max(readings), lam)
         # above the target now but not in every settled round: the wobble, not the bound; the next round decides
-        return False if self.settled_hard and min(self.settled_hard) <= self.target + GAP_SLACK else not self.above(
-            hard, over)
+        return False if min(readings) <= self.target + GAP_SLACK else not self.above(hard, over)
 
     def far_above(self, gaps: np.ndarray, hard: float | None) -> bool:
         """Under a plateau, sharpen the rates without waiting for F to settle when, ``window`` rounds in a
