@@ -407,7 +407,7 @@ class NewtonVFL(VFLServer):
         ``penalty`` times how far each gap is above ``bound`` (an exact ℓ1 penalty: with
         ``penalty`` above every multiplier, a step that lowers it moves toward the constrained
         optimum, whatever λ the search ended with)."""
-        f = smooth_part(self.constraint, self.labels.y_train, z, np.zeros_like(self.lam))
+        f = self.loss(z)
         f += 0.5 * self.mu * (sum(self.sq_norms.values()) if sq_norm is None else sq_norm)
         if self.cfg.fairness:
             f += penalty * float(np.sum(np.maximum(np.abs(self.constraint.gaps(self.labels.y_train, z)) - bound, 0.0)))

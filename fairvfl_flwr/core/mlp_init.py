@@ -5,7 +5,8 @@ A Gauss–Newton party (core/gauss_newton.py) holds its MLP as numpy arrays; onl
 importing torch costs more CPU than the message's work (bench/party_cost.py). So the first
 θ is drawn here the way torch 2.13's CPU generator draws it under ``core/models.seeded``:
 
-* the generator is MT19937 seeded with the low 32 bits of the seed (``manual_seed``);
+* the generator is MT19937 seeded with the low 32 bits of the seed (``manual_seed``), the
+  stream numpy's legacy ``RandomState`` draws;
 * ``nn.Linear`` draws its weight, then its bias, layer by layer, each
   ``uniform_(-b, b)``: weight b = √3 · √(2 / (1 + 5)) / √fan_in (``kaiming_uniform_``
   with a = √5), bias b = 1 / √fan_in;
@@ -24,53 +25,25 @@ import math
 
 import numpy as np
 
-_N, _M = 624, 397
-_UPPER, _LOWER = 0x80000000, 0x7FFFFFFF
-_MATRIX = np.uint32(0x9908B0DF)
+
+def generator(seed: int) -> np.random.RandomState:
+    """MT19937 seeded as C++'s ``std::mt19937(seed)``, torch's CPU generator: numpy's legacy
+    ``RandomState`` seeds an integer that way, and its stream is frozen by numpy's policy."""
+    return np.random.RandomState(int(seed) & 0xFFFFFFFF)
 
 
-class MT19937:
-    """The 32-bit Mersenne Twister, seeded as C++'s ``std::mt19937(seed)`` (and torch's CPU generator)."""
-
-    def __init__(self, seed: int) -> None:
-        state = [int(seed) & 0xFFFFFFFF]
-        for i in range(1, _N):
-            prev = state[-1]
-            state.append((1812433253 * (prev ^ (prev >> 30)) + i) & 0xFFFFFFFF)
-        self.state = np.array(state, dtype=np.uint32)
-        self.words = np.zeros(0, dtype=np.uint32)
-
-    def _twist(self) -> None:
-        mt = self.state
-        for i in range(_N):  # in place and in order: later entries read earlier ones' new values
-            y = (int(mt[i]) & _UPPER) | (int(mt[(i + 1) % _N]) & _LOWER)
-            mt[i] = np.uint32(int(mt[(i + _M) % _N]) ^ (y >> 1) ^ (int(_MATRIX) if y & 1 else 0))
-        y = mt.copy()
-        y ^= y >> np.uint32(11)
-        y ^= (y << np.uint32(7)) & np.uint32(0x9D2C5680)
-        y ^= (y << np.uint32(15)) & np.uint32(0xEFC60000)
-        y ^= y >> np.uint32(18)
-        self.words = np.concatenate([self.words, y])
-
-    def draw(self, count: int) -> np.ndarray:
-        """The next ``count`` 32-bit outputs."""
-        while self.words.size < count:
-            self._twist()
-        out, self.words = self.words[:count], self.words[count:]
-        return out
-
-
-def uniform32(gen: MT19937, shape: tuple[int, ...], low: float, high: float) -> np.ndarray:
-    """torch's float32 ``uniform_(low, high)`` on the CPU, from ``gen``'s next words."""
+def uniform32(gen: np.random.RandomState, shape: tuple[int, ...], low: float, high: float) -> np.ndarray:
+    """torch's float32 ``uniform_(low, high)`` on the CPU, from ``gen``'s next 32-bit words."""
     lo, hi = float(np.float32(low)), float(np.float32(high))
-    x = (gen.draw(math.prod(shape)) & np.uint32((1 << 24) - 1)).astype(np.float64) * 2.0 ** -24
+    words = gen.randint(0, 1 << 32, size=math.prod(shape), dtype=np.uint32)  # the full range: the raw words
+    x = (words & np.uint32((1 << 24) - 1)).astype(np.float64) * 2.0 ** -24
     return (x * (hi - lo) + lo).astype(np.float32).reshape(shape)
 
 
 def mlp_state(in_features: int, hidden: int, bias: bool, seed: int, dtype: str = "float64") -> dict[str, np.ndarray]:
     """``build_model("mlp", in_features, hidden=hidden, bias=bias, seed=seed, dtype=dtype).state_dict()``
     as numpy arrays, without torch: Linear(in, hidden), Linear(hidden, hidden), Linear(hidden, 1, bias)."""
-    gen = MT19937(seed)
+    gen = generator(seed)
     state = {}
     for index, (fan_in, fan_out, has_bias) in zip((0, 2, 4), ((in_features, hidden, True), (hidden, hidden, True),
                                                              (hidden, 1, bias))):

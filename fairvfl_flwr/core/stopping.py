@@ -174,6 +174,11 @@ class StopRule:
             return False
         return self.sharpened(give_up=False, by=self.sharpen_by(hard))
 
+    def wait_again(self) -> None:
+        """After a calibration move: the run has to settle, and be quiet, at the new bound or temperature."""
+        self.quiet_rounds = self.settled_rounds = 0
+        self.settled_hard = []
+
     def above(self, hard: float, over: bool) -> bool:
         """The move for a converged hard gap above the target: raise the bound where it over-corrects
         the gap (:meth:`overshot`), else tighten it (:meth:`tighten`, which may sharpen instead)."""
@@ -197,8 +202,7 @@ class StopRule:
         self.converged_at = (self.epsilon, signed)
         self.epsilon = bound
         self.loosenings += 1
-        self.quiet_rounds = self.settled_rounds = 0
-        self.settled_hard = []
+        self.wait_again()
         return True
 
     def observe(self, server_round: int, hard: float, accuracy: float) -> None:
@@ -240,8 +244,7 @@ class StopRule:
             return self.sharpened(by=self.sharpen_by(hard))
         self.epsilon = bound
         self.tightenings += 1
-        self.quiet_rounds = self.settled_rounds = 0
-        self.settled_hard = []
+        self.wait_again()
         return True
 
     def sharpen_by(self, hard: float) -> float:
@@ -262,8 +265,8 @@ class StopRule:
         self.sharpenings += 1
         self.epsilon = self.target
         self.converged_at = self.met_at = None
-        self.quiet_rounds = self.settled_rounds = self.far_rounds = 0
-        self.settled_hard = []
+        self.wait_again()
+        self.far_rounds = 0
         return True
 
     def loosen(self, hard: float, lam: np.ndarray) -> bool:
@@ -289,8 +292,7 @@ class StopRule:
         self.converged_at = (self.epsilon, hard)
         self.epsilon = bound
         self.loosenings += 1
-        self.quiet_rounds = self.settled_rounds = 0
-        self.settled_hard = []
+        self.wait_again()
         return True
 
     def met(self) -> bool:
