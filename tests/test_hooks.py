@@ -26,7 +26,7 @@ from fairvfl_flwr.features.checkpoint import Checkpoints
 from fairvfl_flwr.features.ckks import CkksChannel
 from fairvfl_flwr.features.final_logits import KeepScores, load_scores
 from fairvfl_flwr.features.labeldp import LabelDP
-from fairvfl_flwr.features.registry import LabelOwnerWeights
+from fairvfl_flwr.features.registry import LabelOwnerWeights, ReleaseError
 from fairvfl_flwr.features.rejoin import Rejoin
 from fairvfl_flwr.flower.server import VFLServer
 from fairvfl_flwr.jobs.encrypted_groups import RegistryChannel
@@ -59,10 +59,10 @@ def test_build_server_runs_the_hooks_in_the_declared_order_whatever_order_they_a
         "privacy.secure-aggregation": True, "reliability.checkpoint-every": 5})
     server = build_server(cfg, _labels(cfg), tmp_path)
     # every feature on: every hook, in order (but Rejoin, last, which encrypted ν leaves off, the
-    # label owner's weights, which need a registry, which label DP refuses, and the registry's channel
-    # of encrypted groups, which encrypted ν refuses)
+    # label owner's weights and the release's error, which need a registry, which label DP refuses, and
+    # the registry's channel of encrypted groups, which encrypted ν refuses)
     assert [type(h) for h in server.hooks.hooks] == [h for h in HOOK_ORDER[:-1]
-                                                     if h not in (LabelOwnerWeights, RegistryChannel)]
+                                                     if h not in (LabelOwnerWeights, ReleaseError, RegistryChannel)]
     assert HOOK_ORDER[-1] is Rejoin
     registry = build_server(cfg.replace(label_dp_epsilon=0.0, groups_holder="registry"), _labels(cfg), tmp_path)
     assert [type(h) for h in registry.hooks.hooks] == [h for h in HOOK_ORDER[:-1]

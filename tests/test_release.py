@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import SensitiveGroups, from_labels
-from fairvfl_flwr.core.constraints.release import RandomizedResponse, membership_weights, row_draws
+from fairvfl_flwr.core.constraints.release import RandomizedResponse, gap_errors, membership_weights, row_draws
 from fairvfl_flwr.core.newton import smooth_part
 
 
@@ -106,6 +106,30 @@ def test_corrected_gaps_track_the_true_gaps(kind, measure):
         dz[i] = h
         numeric = (smooth_part(soft, y, z + dz, lam) - smooth_part(soft, y, z - dz, lam)) / (2 * h)
         assert nu[i] == pytest.approx(numeric, rel=1e-5, abs=1e-10)
+
+
+@pytest.mark.parametrize("kind,measure,k,form", [("deo", "loss", 2, "pairwise"), ("equalized-odds", "rate", 3, "pairwise"),
+                                                  ("demographic-parity", "rate", 3, "overall")])
+def test_the_releases_error_on_each_gap_is_the_spread_of_its_estimate_over_releases(kind, measure, k, form):
+    """Over fresh releases of the same rows, each gap's estimate spreads by the error
+    :func:`gap_errors` gives from one release: within a quarter of it (it takes each row at the
+    largest variance over its possible groups, so it may be above, never far below)."""
+    rng = np.random.default_rng(4)
+    n = 8000
+    s = rng.integers(0, k, n)
+    y = np.where(rng.random(n) < 0.4 + 0.1 * s, 1, -1)
+    z = rng.normal(size=n) + 0.4 * s
+    rr = RandomizedResponse(1.0, k)
+    gaps, errors = [], []
+    for _ in range(150):
+        soft = from_labels(y, rr.release(s, rng), 1, kind, measure, weights=rr.correction(), form=form)
+        gaps.append(soft.gaps(y, z))
+        errors.append(gap_errors(soft, rr, soft.q.values(y, z)))
+    spread, error = np.array(gaps).std(axis=0), np.array(errors).mean(axis=0)
+    assert np.all(error > 0.002)  # a release at ε_S = 1 on 8,000 rows: far from exact
+    np.testing.assert_array_less(0.75 * error, spread)
+    np.testing.assert_array_less(spread, 1.25 * error)
+    assert not np.any(gap_errors(from_labels(y, s, 1, kind, measure, form=form), rr, soft.q.values(y, z)))
 
 
 def test_exact_groups_have_no_weights_and_pooling_merges_released_weights():

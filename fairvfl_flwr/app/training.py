@@ -23,7 +23,7 @@ from fairvfl_flwr.features.final_logits import KeepScores
 from fairvfl_flwr.features.guards import DivergenceGuard
 from fairvfl_flwr.features.labeldp import LabelDP
 from fairvfl_flwr.features.noise import NuNoise
-from fairvfl_flwr.features.registry import LabelOwnerWeights
+from fairvfl_flwr.features.registry import LabelOwnerWeights, ReleaseError
 from fairvfl_flwr.features.rejoin import Rejoin
 from fairvfl_flwr.features.secagg import SecureAggregation
 from fairvfl_flwr.features.staleness import StaleRounds, effective_quorum
@@ -81,6 +81,8 @@ ROUND_FEATURES: tuple[tuple[type[RoundHook], Callable[[RunSetup], RoundHook | No
      else None),
     # the label owner's row weights where a registry holds the groups: in its messages before they are recorded
     (LabelOwnerWeights, lambda s: LabelOwnerWeights() if s.cfg.registry and not s.cfg.encrypted_groups else None),
+    # beside the gaps the server estimates from a registry's release, the error the release adds to them
+    (ReleaseError, lambda s: ReleaseError() if s.cfg.registry and not s.cfg.encrypted_groups else None),
     # after the ν channels (ν as sent), before secure aggregation (replies as received)
     (ServerTranscript, lambda s: ServerTranscript(s.cfg.transcript_dir, s.cfg.record_first, s.cfg.record_every)
      if s.cfg.transcript_dir else None),

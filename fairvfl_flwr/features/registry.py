@@ -7,12 +7,21 @@ beside z and λ in every training message to an active party (``outgoing``); the
 its steps from them (``PartyRuntime.constraint``, core/constraints/release.RowWeights).
 What w tells the label owner about a row's group is a function of the row's randomized
 release, so no more than ε_S-local privacy allows (docs/privacy.md).
+
+Every gap the server computes from the release is an estimate of the true groups' gap, off by
+the release's noise. :class:`ReleaseError` puts that error beside the gaps in every history row
+and in the summary, so that a run says how far its true gaps may be from the ones it held.
 """
 
 from __future__ import annotations
 
+from logging import INFO
+
 import numpy as np
 from flwr.app import Array, Message
+from flwr.supercore import log
+
+from fairvfl_flwr.core.constraints.release import gap_errors
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -37,3 +46,34 @@ class LabelOwnerWeights(RoundHook):
         for payload, lam in active_payloads(server, messages):
             w = server.constraint.signed_weights(lam).astype(server.wire_dtype)
             payload["weights"] = Array(np.ascontiguousarray(w))
+
+
+class ReleaseError(RoundHook):
+    """Each history row gets ``release_error``: per gap the standard deviation the registry's
+    release adds to the server's estimate of it (core/constraints/release.gap_errors), the largest
+    over the gaps; and ``gap_within``: the largest |estimate| + 2 errors over the gaps, where the
+    true groups' largest gap is likely to lie below (a model trained on the release leans on its
+    noise somewhat, so this is a guide, not a bound). The summary carries the last round's
+    (``train_release_error``, ``train_gap_within``)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def record(self, server: ServerView, server_round: int, row: dict) -> None:
+        """The round's errors at its training scores (the release's rows: every training row)."""
+        constraint = server.constraint
+        q = constraint.q.values(server.labels.y_train, server.z("train"))
+        errors = gap_errors(constraint, server.labels.release, q)
+        gaps = np.abs(np.asarray(list(row["gaps"].values()), dtype=np.float64))
+        row["release_error"] = float(errors.max())
+        row["gap_within"] = float((gaps + 2.0 * errors).max())
+        self.last = {"train_release_error": row["release_error"], "train_gap_within": row["gap_within"]}
+
+    def summary(self) -> dict:
+        """The last round's errors; logged, as what the run's gaps say of the true groups."""
+        if self.last:
+            log(INFO, "FairVFL: the gaps above are the server's estimates from the registry's release; the release "
+                "adds an error of up to %.4g (one standard deviation) to them: the true groups' largest gap is likely "
+                "below %.4g (the estimates plus two errors)", self.last["train_release_error"],
+                self.last["train_gap_within"])
+        return dict(self.last)

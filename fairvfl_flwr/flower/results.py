@@ -44,6 +44,8 @@ PRIVACY_COLUMNS = ["dp_epsilon"]
 #: Runs that pooled small groups: the test differences over the data's own groups, beside COLUMNS' over the
 #: constrained ones (a member with one test row would otherwise decide the figure).
 RAW_COLUMNS = ["dfp_raw", "dfn_raw", "dp_diff_raw", "eo_diff_raw"]
+#: Runs on a registry's noisy release of the groups: the error the release adds to the gaps (features/registry.py).
+RELEASE_COLUMNS = ["release_error", "gap_within"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:
@@ -91,7 +93,7 @@ class RunRecorder:
     def write_history(self) -> None:
         # fresh/stale, train_rows: only bounded-staleness / mini-batch runs have them; other runs keep COLUMNS
         """Write every row so far to history.json, whole, with the columns the run's features add."""
-        optional = DEO_COLUMNS + ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS + RAW_COLUMNS
+        optional = DEO_COLUMNS + ASYNC_COLUMNS + BATCH_COLUMNS + PRIVACY_COLUMNS + RAW_COLUMNS + RELEASE_COLUMNS
         columns = COLUMNS + [k for k in optional if any(k in r for r in self.rows)]
         rows = [{k: _clean(r.get(k)) for k in columns} for r in self.rows]
         _write_atomic(self.folder / "history.json", json.dumps(rows, indent=1) + "\n")

@@ -136,3 +136,47 @@ class RowWeights:
     def masked_weights(self, y: np.ndarray, z: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """ν = ∂f̃/∂z at scores ``z`` from the received w."""
         return self.q.nu(y, z, self.weights, self.n)
+
+
+def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray) -> np.ndarray:
+    """Per gap of ``constraint`` (built on a release by ``rr``), the standard deviation the release
+    adds to the gap's estimate at the rows' values ``q``, at most: how far the gap on the true
+    groups may lie from the server's figure for it (a few of these either side).
+
+    A side's mean Σ W_r q_r / Σ W_r moves, to first order, by Σ_r η_r (q_r − mean)/Σ W_r, where
+    η_r = W_r − E[W_r | the row's true group] is the release's noise on the row's weight; the two
+    sides' noises of a row are correlated (one release). A row's true group is not known, so each
+    row counts at the largest variance over the groups it might be in. No row's values but its
+    own enter its term, so the figure is a function of the release and ``q`` alone. Zero where
+    the groups are exact."""
+    groups = constraint.groups
+    if groups is None or groups.exact:
+        return np.zeros(len(constraint.gap_list))
+    q = np.asarray(q, dtype=np.float64)
+    P, table, codes = rr.matrix(), np.asarray(groups.weights, dtype=np.float64), groups.codes
+    # the release's weight in each (possibly pooled) group of a row released as j: table[j]; its mean and
+    # covariance given each true group i
+    mean = P @ table  # k × G
+    second = np.einsum("ij,ja,jb->iab", P, table, table)  # k × G × G
+    cov = second - np.einsum("ia,ib->iab", mean, mean)
+    out = np.zeros(len(constraint.gap_list))
+    for c, gap in enumerate(constraint.gap_list):
+        rows = gap.in_a | gap.in_b
+        coef = np.zeros((len(q), table.shape[1]))  # each row's ∂D/∂W in each group
+        for weight, sign in ((gap.weight_a, 1.0), (gap.weight_b, -1.0)):
+            if weight is None:  # an exact side (every row of the subset): no noise
+                continue
+            g = _group_of(weight, rows, table, codes)
+            size = float(weight.sum())
+            coef[rows, g] += sign * (q[rows] - float(weight @ q) / size) / size
+        per_group = np.einsum("ra,iab,rb->ri", coef[rows], cov, coef[rows])  # rows × true groups
+        out[c] = float(np.sqrt(per_group.max(axis=1).sum()))
+    return out
+
+
+def _group_of(weight: np.ndarray, rows: np.ndarray, table: np.ndarray, codes: np.ndarray) -> int:
+    """The group whose weights a gap's side carries on ``rows``."""
+    for g in range(table.shape[1]):
+        if np.allclose(weight[rows], table[codes[rows], g]):
+            return g
+    raise ValueError("a gap's side carries no group's weights")
