@@ -29,6 +29,11 @@ _RAY_HEADS: list[PrivateRay] = []
 _FREE_TO_REPEAT = {"run_app"}
 
 
+#: BLAS and OpenMP (torch's) threads per test process: the workers already keep every core busy,
+#: and a second thread per process spins against the other worker's (app/threads.py).
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (addopts): one worker per core for the suite or the fast loop; none when a
     file or test is named, where starting workers would cost more than it saves."""
@@ -45,6 +50,9 @@ UNITS_ENV = "FAIRVFL_TEST_UNITS"
 
 
 def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        for var, value in ONE_THREAD.items():  # before the workers start, so that they inherit it
+            os.environ.setdefault(var, value)
     if not hasattr(config, "workerinput") and config.getvalue("dist") == "loadscope":
         # set before the workers start, so that they inherit it
         os.environ[UNITS_ENV] = os.path.join(tempfile.mkdtemp(prefix="fairvfl-units"), "units.json")
