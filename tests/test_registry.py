@@ -125,7 +125,8 @@ def test_adult_at_epsilon_s_4_holds_epsilon_on_the_true_groups(tmp_path):
     assert summary["groups_released"] and summary["train_max_gap"] <= cfg.epsilon + 1e-3  # the server's estimate
     assert gap <= cfg.epsilon + 0.01
     # the run says how far the true gap may be from its estimate: the release's error at ε_S = 4 on
-    # Adult's 7,500 positives is a few thousandths, and the true gap lies within two of them
+    # Adult's 7,500 positives is a few thousandths, and the true gap lies within two of them (one
+    # gap, so the largest estimate and the largest error are the same gap's)
     assert 1e-3 < summary["train_release_error"] < 0.01
     assert gap <= summary["train_gap_within"] == pytest.approx(summary["train_max_gap"]
                                                                + 2 * summary["train_release_error"], abs=1e-12)

@@ -112,8 +112,8 @@ def test_corrected_gaps_track_the_true_gaps(kind, measure):
                                                   ("demographic-parity", "rate", 3, "overall")])
 def test_the_releases_error_on_each_gap_is_the_spread_of_its_estimate_over_releases(kind, measure, k, form):
     """Over fresh releases of the same rows, each gap's estimate spreads by the error
-    :func:`gap_errors` gives from one release: within a quarter of it (it takes each row at the
-    largest variance over its possible groups, so it may be above, never far below)."""
+    :func:`gap_errors` gives from one release: never more than a quarter above it, and it takes
+    each row at the largest variance over its possible groups, so it may be somewhat below."""
     rng = np.random.default_rng(4)
     n = 8000
     s = rng.integers(0, k, n)
@@ -127,7 +127,7 @@ def test_the_releases_error_on_each_gap_is_the_spread_of_its_estimate_over_relea
         errors.append(gap_errors(soft, rr, soft.q.values(y, z)))
     spread, error = np.array(gaps).std(axis=0), np.array(errors).mean(axis=0)
     assert np.all(error > 0.002)  # a release at ε_S = 1 on 8,000 rows: far from exact
-    np.testing.assert_array_less(0.75 * error, spread)
+    np.testing.assert_array_less(0.7 * error, spread)
     np.testing.assert_array_less(spread, 1.25 * error)
     assert not np.any(gap_errors(from_labels(y, s, 1, kind, measure, form=form), rr, soft.q.values(y, z)))
 

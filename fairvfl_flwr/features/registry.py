@@ -52,8 +52,9 @@ class ReleaseError(RoundHook):
     """Each history row gets ``release_error``: per gap the standard deviation the registry's
     release adds to the server's estimate of it (core/constraints/release.gap_errors), the largest
     over the gaps; and ``gap_within``: the largest |estimate| + 2 errors over the gaps, where the
-    true groups' largest gap is likely to lie below (a model trained on the release leans on its
-    noise somewhat, so this is a guide, not a bound). The summary carries the last round's
+    true groups' largest gap in the constraint's measure (the smooth gaps ε holds; the hard-gap
+    rule's hard gaps are not covered) is likely to lie below (a model trained on the release leans
+    on its noise somewhat, so this is a guide, not a bound). The summary carries the last round's
     (``train_release_error``, ``train_gap_within``)."""
 
     def __init__(self) -> None:
@@ -61,10 +62,10 @@ class ReleaseError(RoundHook):
 
     def record(self, server: ServerView, server_round: int, row: dict) -> None:
         """The round's errors at its training scores (the release's rows: every training row)."""
-        constraint = server.constraint
-        q = constraint.q.values(server.labels.y_train, server.z("train"))
+        constraint, y, z = server.constraint, server.labels.y_train, server.z("train")
+        q = constraint.q.values(y, z)
         errors = gap_errors(constraint, server.labels.release, q)
-        gaps = np.abs(np.asarray(list(row["gaps"].values()), dtype=np.float64))
+        gaps = np.abs(constraint.gaps(y, z))
         row["release_error"] = float(errors.max())
         row["gap_within"] = float((gaps + 2.0 * errors).max())
         self.last = {"train_release_error": row["release_error"], "train_gap_within": row["gap_within"]}
@@ -73,7 +74,7 @@ class ReleaseError(RoundHook):
         """The last round's errors; logged, as what the run's gaps say of the true groups."""
         if self.last:
             log(INFO, "FairVFL: the gaps above are the server's estimates from the registry's release; the release "
-                "adds an error of up to %.4g (one standard deviation) to them: the true groups' largest gap is likely "
-                "below %.4g (the estimates plus two errors)", self.last["train_release_error"],
+                "adds an error of up to %.4g (one standard deviation) to them: the true groups' largest smooth gap is "
+                "likely below %.4g (the estimates plus two errors)", self.last["train_release_error"],
                 self.last["train_gap_within"])
         return dict(self.last)

@@ -146,9 +146,9 @@ def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray) -> np.ndarray:
     A side's mean Σ W_r q_r / Σ W_r moves, to first order, by Σ_r η_r (q_r − mean)/Σ W_r, where
     η_r = W_r − E[W_r | the row's true group] is the release's noise on the row's weight; the two
     sides' noises of a row are correlated (one release). A row's true group is not known, so each
-    row counts at the largest variance over the groups it might be in. No row's values but its
-    own enter its term, so the figure is a function of the release and ``q`` alone. Zero where
-    the groups are exact."""
+    row counts at the largest variance over the groups it might be in. A gap's rows are those
+    with a weight on either side: the correction's weights are never 0. Zero where the groups
+    are exact."""
     groups = constraint.groups
     if groups is None or groups.exact:
         return np.zeros(len(constraint.gap_list))
@@ -175,8 +175,9 @@ def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray) -> np.ndarray:
 
 
 def _group_of(weight: np.ndarray, rows: np.ndarray, table: np.ndarray, codes: np.ndarray) -> int:
-    """The group whose weights a gap's side carries on ``rows``."""
-    for g in range(table.shape[1]):
-        if np.allclose(weight[rows], table[codes[rows], g]):
-            return g
-    raise ValueError("a gap's side carries no group's weights")
+    """The one group whose weights a gap's side carries on ``rows`` (refused where none or several do:
+    the error would be of another group's)."""
+    found = [g for g in range(table.shape[1]) if np.allclose(weight[rows], table[codes[rows], g])]
+    if len(found) != 1:
+        raise ValueError(f"a gap's side carries the weights of {len(found)} groups, not of one")
+    return found[0]
