@@ -132,6 +132,29 @@ def test_the_releases_error_on_each_gap_is_the_spread_of_its_estimate_over_relea
     assert not np.any(gap_errors(from_labels(y, s, 1, kind, measure, form=form), rr, soft.q.values(y, z)))
 
 
+def test_the_releases_error_holds_for_groups_the_server_pooled():
+    """Two groups of 1 % each, pooled by the server from the release's estimated counts (with the
+    next smallest while still under min-group-size): the error of the pooled group's gaps is again
+    the spread of the estimates over fresh releases."""
+    rng = np.random.default_rng(5)
+    n = 8000
+    s = rng.choice(4, size=n, p=[0.39, 0.59, 0.01, 0.01])
+    y = np.where(rng.random(n) < 0.4 + 0.1 * (s == 0), 1, -1)
+    z = rng.normal(size=n) + 0.4 * (s == 0)
+    rr = RandomizedResponse(4.0, 4)
+    gaps, errors, names = [], [], set()
+    for _ in range(150):
+        soft = from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction(),
+                           min_group_size=300, pool_small_groups=True)
+        names.add(soft.groups.names)
+        gaps.append(soft.gaps(y, z))
+        errors.append(gap_errors(soft, rr, soft.q.values(y, z)))
+    assert len(names) == 1 and len(next(iter(names))) == 2  # the same pooling in every release: 1 against 0 + 2 + 3
+    spread, error = np.array(gaps).std(axis=0), np.array(errors).mean(axis=0)
+    np.testing.assert_array_less(0.7 * error, spread)
+    np.testing.assert_array_less(spread, 1.25 * error)
+
+
 def test_exact_groups_have_no_weights_and_pooling_merges_released_weights():
     s = np.array([0, 1, 2, 2, 1, 0])
     exact = SensitiveGroups.of(s, ("a", "b", "c"))
