@@ -15,6 +15,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # be
 from fairvfl_flwr.app.client import MODEL_STATE  # noqa: E402
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
+from fairvfl_flwr.app.threads import THREAD_VARS  # noqa: E402
 from fairvfl_flwr.app.server import run_server  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.data import partydata  # noqa: E402
@@ -31,7 +32,7 @@ _FREE_TO_REPEAT = {"run_app"}
 
 #: BLAS and OpenMP (torch's) threads per test process: the workers already keep every core busy,
 #: and a second thread per process spins against the other worker's (app/threads.py).
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_THREAD = dict.fromkeys(THREAD_VARS, "1")
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -335,14 +335,15 @@ class NewtonVFL(VFLServer):
         # is progress, though the gap was within ε already
         bound = self.aim if c.fairness else bound
         penalty = MERIT_PENALTY * float(np.max(self.lam, initial=0.0))
+        loss = self.loss(z)
         if self.stop.start is None:
             # the plateau is F's fall against its fall since round 1, so round 1's F is taken at λ = 0: at
             # the multipliers of the first search (30 on Adult race, seed 1) it held their terms too, and
             # a fall of 2 % a round read as a plateau at 81 % accuracy
-            self.stop.start = self.merit(z, sq_norm, bound, 0.0)
-        trial = {"bound": bound, "penalty": penalty, "merit_before": self.merit(z, sq_norm, bound, penalty),
+            self.stop.start = self.merit(z, sq_norm, bound, 0.0, loss)
+        trial = {"bound": bound, "penalty": penalty, "merit_before": self.merit(z, sq_norm, bound, penalty, loss),
                  "f_before": self.objective(z, sq_norm),  # at the λ the search ends with
-                 "loss_before": self.loss(z)}
+                 "loss_before": loss}
         self.take(self.base_got, du, alpha)
         trial.update(merit_predicted=self.merit(self.z("train"), None, bound, penalty),
                      gaps_predicted=self.constraint.gaps(y, self.z("train")))
@@ -362,17 +363,21 @@ class NewtonVFL(VFLServer):
         grows, and the caller returns to the round's start (its logits, ‖θ‖² and λ): the
         parties' next step starts there again, so taking a step back costs no message."""
         t, c = self.trial, self.cfg
-        merit_after = self.merit(self.z("train"), None, t["bound"], t["penalty"])
+        z = self.z("train")
+        loss = self.loss(z)
+        merit_after = self.merit(z, None, t["bound"], t["penalty"], loss)
         merit_before = t["merit_before"]
         scale = 1.0 + abs(merit_before)
         predicted, achieved = merit_before - t["merit_predicted"], merit_before - merit_after
         kept = (achieved >= ACCEPT * predicted if predicted > 1e-12 * scale else achieved >= -1e-12 * scale)
-        kept = kept and self.loss(self.z("train")) <= LOSS_RISE * t["loss_before"]
-        if not kept:
+        rises = loss > LOSS_RISE * t["loss_before"]
+        if not kept or rises:
             grown = min(max(GROW * GROW * self.damping, DAMPING_FLOOR), DAMPING_MAX)
-            log(INFO, "[round %d] Gauss-Newton step taken back: the merit would rise from %.6g to %.6g (the "
-                "linearised logits predicted %.6g); damping %.3g -> %.3g", server_round, merit_before, merit_after,
-                t["merit_predicted"], self.damping, grown)
+            why = (f"the training loss would rise from {t['loss_before']:.6g} to {loss:.6g}" if rises else
+                   f"the merit would rise from {merit_before:.6g} to {merit_after:.6g} (the linearised logits "
+                   f"predicted {t['merit_predicted']:.6g})")
+            log(INFO, "[round %d] Gauss-Newton step taken back: %s; damping %.3g -> %.3g", server_round, why,
+                self.damping, grown)
             self.damping = grown
             self.stop.quiet_rounds = 0
             return False
@@ -402,12 +407,14 @@ class NewtonVFL(VFLServer):
         """The training loss at logits ``z`` (λ = 0, without the μ-term)."""
         return float(smooth_part(self.constraint, self.labels.y_train, z, np.zeros_like(self.lam)))
 
-    def merit(self, z: np.ndarray, sq_norm: float | None, bound: float, penalty: float) -> float:
+    def merit(self, z: np.ndarray, sq_norm: float | None, bound: float, penalty: float,
+              loss: float | None = None) -> float:
         """What a non-linear round's step is judged by: the loss with the μ-term, plus
         ``penalty`` times how far each gap is above ``bound`` (an exact ℓ1 penalty: with
         ``penalty`` above every multiplier, a step that lowers it moves toward the constrained
-        optimum, whatever λ the search ended with)."""
-        f = self.loss(z)
+        optimum, whatever λ the search ended with). ``loss``: :meth:`loss` at ``z`` where the
+        caller has it (on a registry's groups each one is a sum of its budget)."""
+        f = self.loss(z) if loss is None else loss
         f += 0.5 * self.mu * (sum(self.sq_norms.values()) if sq_norm is None else sq_norm)
         if self.cfg.fairness:
             f += penalty * float(np.sum(np.maximum(np.abs(self.constraint.gaps(self.labels.y_train, z)) - bound, 0.0)))
