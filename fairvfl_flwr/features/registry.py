@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import Array, Message
 from flwr.supercore import log
 
-from fairvfl_flwr.core.constraints.release import gap_errors
+from fairvfl_flwr.core.constraints.release import ErrorPlan, error_plan, gap_errors
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -59,12 +59,14 @@ class ReleaseError(RoundHook):
 
     def __init__(self) -> None:
         self.last: dict[str, float] = {}
+        self.plan: tuple[object, ErrorPlan | None] | None = None  # (the constraint it is of, its plan)
 
     def record(self, server: ServerView, server_round: int, row: dict) -> None:
         """The round's errors at its training scores (the release's rows: every training row)."""
         constraint, y, z = server.constraint, server.labels.y_train, server.z("train")
-        q = constraint.q.values(y, z)
-        errors = gap_errors(constraint, server.labels.release, q)
+        if self.plan is None or self.plan[0] is not constraint:  # a sharpened rate is a new constraint
+            self.plan = (constraint, error_plan(constraint, server.labels.release))
+        errors = gap_errors(constraint, server.labels.release, constraint.q.values(y, z), self.plan[1])
         gaps = np.abs(constraint.gaps(y, z))
         row["release_error"] = float(errors.max())
         row["gap_within"] = float((gaps + 2.0 * errors).max())

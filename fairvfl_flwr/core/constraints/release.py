@@ -138,10 +138,42 @@ class RowWeights:
         return self.q.nu(y, z, self.weights, self.n)
 
 
-def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class ErrorPlan:
+    """What :func:`gap_errors` reads of a constraint and a release besides the rows' values, built
+    once (:func:`error_plan`): the covariance of a row's weights in every pair of groups given each
+    true group (k × G × G), and per gap its rows and its noisy sides (group, sign, weights, size)."""
+
+    cov: np.ndarray
+    gaps: tuple[tuple[np.ndarray, tuple[tuple[int, float, np.ndarray, float], ...]], ...]
+
+
+def error_plan(constraint, rr: RandomizedResponse) -> ErrorPlan | None:
+    """The :class:`ErrorPlan` of ``constraint`` (built on a release by ``rr``); None where the
+    groups are exact."""
+    groups = constraint.groups
+    if groups is None or groups.exact:
+        return None
+    P, table, codes = rr.matrix(), np.asarray(groups.weights, dtype=np.float64), groups.codes
+    # the release's weight in each (possibly pooled) group of a row released as j: table[j]; its mean and
+    # covariance given each true group i
+    mean = P @ table  # k × G
+    cov = np.einsum("ij,ja,jb->iab", P, table, table) - np.einsum("ia,ib->iab", mean, mean)
+    plans = []
+    for gap in constraint.gap_list:
+        rows = gap.in_a | gap.in_b
+        sides = tuple((_group_of(weight, rows, table, codes), sign, weight[rows], float(weight.sum()))
+                      for weight, sign in ((gap.weight_a, 1.0), (gap.weight_b, -1.0))
+                      if weight is not None)  # an exact side (every row of the subset): no noise
+        plans.append((rows, sides))
+    return ErrorPlan(cov, tuple(plans))
+
+
+def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray, plan: ErrorPlan | None = None) -> np.ndarray:
     """Per gap of ``constraint`` (built on a release by ``rr``), the standard deviation the release
     adds to the gap's estimate at the rows' values ``q``, at most: how far the gap on the true
-    groups may lie from the server's figure for it (a few of these either side).
+    groups may lie from the server's figure for it (a few of these either side). ``plan``: its
+    :func:`error_plan`, where the caller keeps it (it depends on the constraint and the release only).
 
     A side's mean Σ W_r q_r / Σ W_r moves, to first order, by Σ_r η_r (q_r − mean)/Σ W_r, where
     η_r = W_r − E[W_r | the row's true group] is the release's noise on the row's weight; the two
@@ -149,27 +181,17 @@ def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray) -> np.ndarray:
     row counts at the largest variance over the groups it might be in. A gap's rows are those
     with a weight on either side: the correction's weights are never 0. Zero where the groups
     are exact."""
-    groups = constraint.groups
-    if groups is None or groups.exact:
+    plan = error_plan(constraint, rr) if plan is None else plan
+    if plan is None:
         return np.zeros(len(constraint.gap_list))
     q = np.asarray(q, dtype=np.float64)
-    P, table, codes = rr.matrix(), np.asarray(groups.weights, dtype=np.float64), groups.codes
-    # the release's weight in each (possibly pooled) group of a row released as j: table[j]; its mean and
-    # covariance given each true group i
-    mean = P @ table  # k × G
-    second = np.einsum("ij,ja,jb->iab", P, table, table)  # k × G × G
-    cov = second - np.einsum("ia,ib->iab", mean, mean)
-    out = np.zeros(len(constraint.gap_list))
-    for c, gap in enumerate(constraint.gap_list):
-        rows = gap.in_a | gap.in_b
-        coef = np.zeros((len(q), table.shape[1]))  # each row's ∂D/∂W in each group
-        for weight, sign in ((gap.weight_a, 1.0), (gap.weight_b, -1.0)):
-            if weight is None:  # an exact side (every row of the subset): no noise
-                continue
-            g = _group_of(weight, rows, table, codes)
-            size = float(weight.sum())
-            coef[rows, g] += sign * (q[rows] - float(weight @ q) / size) / size
-        per_group = np.einsum("ra,iab,rb->ri", coef[rows], cov, coef[rows])  # rows × true groups
+    out = np.zeros(len(plan.gaps))
+    for c, (rows, sides) in enumerate(plan.gaps):
+        q_rows = q[rows]
+        coef = np.zeros((len(q_rows), plan.cov.shape[1]))  # each row's ∂D/∂W in each group
+        for g, sign, weight, size in sides:
+            coef[:, g] += sign * (q_rows - float(weight @ q_rows) / size) / size
+        per_group = np.einsum("ra,iab,rb->ri", coef, plan.cov, coef)  # rows × true groups
         out[c] = float(np.sqrt(per_group.max(axis=1).sum()))
     return out
 
