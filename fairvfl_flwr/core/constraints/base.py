@@ -68,26 +68,39 @@ class Gap:
     @property
     def size_a(self) -> int | float:
         """Rows on the gap's first side (its mean is compared with side b's); soft: their estimated count."""
-        return int(self.in_a.sum()) if self.weight_a is None else float(self.weight_a.sum())
+        return len(self.rows_of("a")) if self.weight_a is None else float(self.weight_a.sum())
 
     @property
     def size_b(self) -> int | float:
         """Rows on the gap's second side; soft: their estimated count."""
-        return int(self.in_b.sum()) if self.weight_b is None else float(self.weight_b.sum())
+        return len(self.rows_of("b")) if self.weight_b is None else float(self.weight_b.sum())
+
+    def rows_of(self, side: str) -> np.ndarray:
+        """Side ``"a"``'s or ``"b"``'s rows as indices, found once per gap: the weights and the gaps are
+        computed hundreds of times a run, and with many groups a boolean mask scans every row for
+        every gap while the sides together hold each row only a few times (the same values, in the
+        same order, as the mask selects)."""
+        key = "_rows_" + side
+        rows = self.__dict__.get(key)
+        if rows is None:
+            rows = np.flatnonzero(self.in_a if side == "a" else self.in_b)
+            self.__dict__[key] = rows  # a frozen dataclass still has its __dict__; fields stay unchanged
+        return rows
 
     def value(self, q: np.ndarray) -> float:
         """D = mean q over side a − mean q over side b."""
-        return _side_mean(q, self.in_a, self.weight_a) - _side_mean(q, self.in_b, self.weight_b)
+        return (_side_mean(q, self.rows_of("a"), self.weight_a)
+                - _side_mean(q, self.rows_of("b"), self.weight_b))
 
     def add_to(self, w: np.ndarray, d: float) -> None:
         """w += d ∂D/∂q, in place: d/|A| on side a's rows, −d/|B| on side b's (soft: scaled by each row's weight)."""
-        for mask, weight, size, sign in ((self.in_a, self.weight_a, self.size_a, 1.0),
-                                         (self.in_b, self.weight_b, self.size_b, -1.0)):
+        for side, weight, size, sign in (("a", self.weight_a, self.size_a, 1.0),
+                                         ("b", self.weight_b, self.size_b, -1.0)):
             if weight is None:
                 if sign > 0:
-                    w[mask] += d / size
+                    w[self.rows_of(side)] += d / size
                 else:
-                    w[mask] -= d / size
+                    w[self.rows_of(side)] -= d / size
             else:
                 w += (sign * d / size) * weight
 
@@ -104,9 +117,9 @@ class Gap:
                    None if self.weight_b is None else self.weight_b[rows])
 
 
-def _side_mean(q: np.ndarray, mask: np.ndarray, weight: np.ndarray | None) -> float:
+def _side_mean(q: np.ndarray, rows: np.ndarray, weight: np.ndarray | None) -> float:
     if weight is None:
-        return q[mask].mean()
+        return q[rows].mean()
     return float(weight @ q) / float(weight.sum())
 
 
