@@ -441,7 +441,7 @@ def parse_party_table(df, spec: PartySpec, source: str) -> PartyArrays:
         dup = ids[ids.duplicated()].iloc[:3].tolist()
         raise DataError(f"{where}: id column {spec.id_column!r} has duplicate ids", local=f"e.g. {dup}")
     split = df[spec.split_column].astype(str).str.strip().str.lower()
-    bad = sorted(set(split) - {TRAIN, TEST})
+    bad = sorted(set(split.unique()) - {TRAIN, TEST})  # its distinct values: a deployed party parses its table at every message
     if bad:
         raise DataError(f"{where}: split column {spec.split_column!r} must say 'train' or 'test', found {bad[:5]}")
     reserved = [spec.id_column, spec.split_column]

@@ -70,6 +70,11 @@ def process_started(pid: int | str = "self") -> float | None:
         return None
 
 
+# read beside IMPORT_STARTED, on the same wall clock: a clock stepped later (a VM resumed, NTP)
+# would otherwise move the process's start past its own import in the log
+PROCESS_STARTED = process_started()
+
+
 def _write(role: str, record: dict) -> None:
     where = folder()
     if where is None:
@@ -120,7 +125,7 @@ def timing_mod(message, context, call_next):
         "message_id": meta.message_id, "node_id": context.node_id, "type": meta.message_type,
         "group": meta.group_id, "partition": _partition(context),
         "created": meta.created_at, "delivered": _epoch(meta.delivered_at),
-        "process_start": process_started(), "import_start": IMPORT_STARTED, "import_done": _state["import_done"],
+        "process_start": PROCESS_STARTED, "import_start": IMPORT_STARTED, "import_done": _state["import_done"],
         "handler_start": started, "handler_end": ended, "error": reply.has_error(),
         # CPU seconds of this process at each of those moments (user + system)
         "cpu_import_start": IMPORT_STARTED_CPU, "cpu_import_done": _state["import_done_cpu"],
