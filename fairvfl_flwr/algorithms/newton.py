@@ -58,6 +58,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.server import VFLServer
 from fairvfl_flwr.secure import ring
+from fairvfl_flwr.flower.records import array_records, metric_records
 
 #: What a passive party uses for its curvature: derived from ν, nothing else received.
 PASSIVE_CURVATURE = "nu"
@@ -497,8 +498,8 @@ class NewtonVFL(VFLServer):
         """One party's Newton reply, checked: ``width`` directions, one value per row each."""
         nid = reply.metadata.src_node_id
         who = self.who(nid)
-        record = reply.content.array_records.get(msgs.DIRECTIONS)
-        stats = reply.content.metric_records.get(msgs.STATS)
+        record = array_records(reply.content).get(msgs.DIRECTIONS)
+        stats = metric_records(reply.content).get(msgs.STATS)
         try:
             if record is None or stats is None:
                 raise checks.ReplyError(f"{who}: a Newton reply needs '{msgs.DIRECTIONS}' arrays and "
@@ -635,7 +636,7 @@ def _set_params(block, theta: np.ndarray) -> None:
 
 def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
     """(directions awaiting their α, or None; last moves, newest first)."""
-    record = rt.context.state.array_records.get(NEWTON_STATE)
+    record = array_records(rt.context.state).get(NEWTON_STATE)
     if record is None:
         return None, []
     pending = record["pending"].numpy() if "pending" in record else None
@@ -647,7 +648,7 @@ def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarr
     arrays = {f"move-{i}": Array(np.ascontiguousarray(m)) for i, m in enumerate(moves)}
     if pending is not None:
         arrays["pending"] = Array(np.ascontiguousarray(pending))
-    rt.context.state.array_records[NEWTON_STATE] = ArrayRecord(arrays)
+    array_records(rt.context.state)[NEWTON_STATE] = ArrayRecord(arrays)
 
 
 #: A Gauss–Newton party's points the server's next step lengths may start from: its last reply's
@@ -658,7 +659,7 @@ POINTS = ("latest", "kept")
 
 
 def _points(rt: PartyRuntime) -> dict[str, dict]:
-    record = rt.context.state.array_records.get(NEWTON_STATE)
+    record = array_records(rt.context.state).get(NEWTON_STATE)
     points = {}
     for name in POINTS if record is not None else ():
         if f"{name}-round" in record:
@@ -678,14 +679,14 @@ def _keep_points(rt: PartyRuntime, points: dict[str, dict]) -> None:
         arrays[f"{name}-round"] = np.array([point["round"]], dtype=np.int64)
         arrays[f"{name}-theta"], arrays[f"{name}-dirs"] = point["theta"], point["dirs"]
         arrays.update({f"{name}-move-{i}": m for i, m in enumerate(point["moves"])})
-    rt.context.state.array_records[NEWTON_STATE] = ArrayRecord(
+    array_records(rt.context.state)[NEWTON_STATE] = ArrayRecord(
         {k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def _base(rt: PartyRuntime, message: Message, points: dict[str, dict]) -> dict | None:
     """The point the message's step lengths start from, as it names it (``base``: the round of its
     directions; 0: none, before the first reply's)."""
-    payload = message.content.array_records.get(msgs.PAYLOAD)
+    payload = array_records(message.content).get(msgs.PAYLOAD)
     value = payload["base"].numpy() if payload is not None and "base" in payload else None
     if value is None or value.dtype != np.int64 or value.shape != (1,):
         raise checks.ReplyError(f"{rt.who}: {message.metadata.message_type} needs 'base', one int64 (the round of "
@@ -732,7 +733,7 @@ def init(message: Message, context: Context) -> Message:
     """Start (or restart) this party's model and memory; reply its first partial logits."""
     rt = PartyRuntime(context)
     rt.reset()
-    context.state.array_records.pop(NEWTON_STATE, None)
+    array_records(context.state).pop(NEWTON_STATE, None)
     party = rt.party(steps=False)  # an MLP as numpy (core/mlp_init.py): no torch in a deployed party's process
     rt.save(party)
     return rt.reply(message, party, steps=0)

@@ -43,6 +43,7 @@ from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.server import VFLServer
+from fairvfl_flwr.flower.records import array_records
 
 SPLIT_STATE = "split.model"
 
@@ -68,7 +69,7 @@ def _embedder(rt: PartyRuntime):
     cfg, data = rt.cfg, rt.data
     model = build_embedder(cfg.model, data.X_train.shape[1], cfg.split_embedding, cfg.hidden, cfg.dtype,
                            seed=cfg.seed * 1000 + data.partition_id)
-    state = rt.context.state.array_records.get(SPLIT_STATE)
+    state = array_records(rt.context.state).get(SPLIT_STATE)
     if state is not None:
         model.load_state_dict(state.to_torch_state_dict())
     return model
@@ -79,7 +80,7 @@ def _split_reply(message: Message, rt: PartyRuntime, model, steps: int) -> Messa
 
     from fairvfl_flwr.core.models import squared_norm  # torch: only in split mode
 
-    rt.context.state.array_records[SPLIT_STATE] = ArrayRecord(model.state_dict())
+    array_records(rt.context.state)[SPLIT_STATE] = ArrayRecord(model.state_dict())
     evaluate = round_of(message)[1]
     dtype = next(model.parameters()).dtype
     with torch.no_grad():
@@ -90,7 +91,7 @@ def _split_reply(message: Message, rt: PartyRuntime, model, steps: int) -> Messa
 
 def split_init(message: Message, context: Context) -> Message:
     """Build (or rebuild) this client's embedding model; reply with its embeddings."""
-    context.state.array_records.pop(SPLIT_STATE, None)
+    array_records(context.state).pop(SPLIT_STATE, None)
     rt = PartyRuntime(context)
     return _split_reply(message, rt, _embedder(rt), steps=0)
 

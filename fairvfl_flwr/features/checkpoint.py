@@ -37,6 +37,7 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Recovery, RoundHook
 from fairvfl_flwr.flower.store import OPERATIONAL, run_key
+from fairvfl_flwr.flower.records import config_records
 
 SERVER_FILE = "checkpoint.npz"
 
@@ -126,7 +127,7 @@ class Checkpoints(RoundHook):
             messages = [Message(RecordDict({msgs.ROUND: msgs.round_config(r, False)}), dst_node_id=nid,
                                 message_type=msgs.REJOIN, group_id=f"resume-{r}") for nid in server.nodes]
             for reply in server.exchange(grid, messages, timeout):
-                got = reply.content.config_records["info"].get("round")
+                got = config_records(reply.content)["info"].get("round")
                 if got != r:
                     raise FederationError(f"{server.who(reply.metadata.src_node_id)} restored round {got}, the "
                                           f"checkpoint is of round {r}; refused")

@@ -61,6 +61,7 @@ from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import GRADIENT_STATE, MODEL_STATE, Handles, PartyRuntime, handlers
+from fairvfl_flwr.flower.records import array_records, config_records
 
 TRAIN_PASSIVE_ENC = msgs.TRAIN_PASSIVE_ENC
 TRAIN_PASSIVE_UNMASK = msgs.TRAIN_PASSIVE_UNMASK
@@ -273,7 +274,7 @@ class CkksServer:
         """Attach the CKKS parameters (no key) to the init message of passive parties."""
         for m in messages:
             if m.metadata.dst_node_id in passive:
-                m.content.array_records[CONTEXT_RECORD] = ArrayRecord({"context": to_bytes_array(self.public)})
+                array_records(m.content)[CONTEXT_RECORD] = ArrayRecord({"context": to_bytes_array(self.public)})
                 self.bytes_sent += len(self.public)
 
     def encrypt(self, values: np.ndarray) -> bytes:
@@ -297,7 +298,7 @@ class CkksServer:
     def masked_sums(self, reply: Message) -> np.ndarray:
         """Decrypt each masked pair vector and sum its slots: n·g_j + Σ_s r_{j,s}, two per pair."""
         seal = seal_api()
-        record = reply.content.array_records[MASKED_RECORD]
+        record = array_records(reply.content)[MASKED_RECORD]
         keys = sorted(record, key=lambda k: int(k.split("-")[1]))
         out = []
         for k in keys:
@@ -354,7 +355,7 @@ class CkksChannel(RoundHook):
 
 # -- the passive party's side -----------------------------------------------------------
 def _parameters(context: Context) -> bytes:
-    record = context.state.array_records.get(CONTEXT_RECORD)
+    record = array_records(context.state).get(CONTEXT_RECORD)
     if record is None:
         raise NodeConfigError("privacy.secure-nu='ckks' but this node got no CKKS parameters with its init message")
     return from_bytes_array(record["context"])
@@ -365,12 +366,12 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
     a second-leg message (masked slot sums in its payload), remove this round's masks and
     leave X_kᵀν in the node's state (``GRADIENT_STATE``) for the training method's handler."""
     mtype = message.metadata.message_type
-    arrays = message.content.array_records
+    arrays = array_records(message.content)
     if msgs.kind_of(mtype) is msgs.Kind.START and CONTEXT_RECORD in arrays:
-        context.state.array_records[CONTEXT_RECORD] = arrays[CONTEXT_RECORD]
+        array_records(context.state)[CONTEXT_RECORD] = arrays[CONTEXT_RECORD]
     elif msgs.second_leg(mtype, arrays.get(msgs.PAYLOAD, {})):
         rt = PartyRuntime(context)
-        state = context.state.array_records.pop(MASK_STATE, None)
+        state = array_records(context.state).pop(MASK_STATE, None)
         if state is None:
             raise NodeConfigError(f"{rt.who}: {mtype} carries masked sums without a preceding {TRAIN_PASSIVE_ENC}")
         masked = arrays[msgs.PAYLOAD][MASKED_SUM].numpy().astype(np.float64)
@@ -379,7 +380,7 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
         g = unmask(masked, state["mask-sums"].numpy(), rt.n_train, rt.data.X_train.shape[1])
         if "scale" in state:  # ν came scaled up (NU_SCALE)
             g = g / float(state["scale"].numpy()[0])
-        context.state.array_records[GRADIENT_STATE] = ArrayRecord({"gradient": Array(g)})
+        array_records(context.state)[GRADIENT_STATE] = ArrayRecord({"gradient": Array(g)})
     return call_next(message, context)
 
 
@@ -388,18 +389,18 @@ def train_passive_enc(message: Message, context: Context) -> Message:
     rt = PartyRuntime(context)
     if rt.data.role != msgs.ROLE_PASSIVE:
         raise NodeConfigError(f"partition {rt.data.partition_id} is active but got a {TRAIN_PASSIVE_ENC} message")
-    record = message.content.array_records[msgs.PAYLOAD]
+    record = array_records(message.content)[msgs.PAYLOAD]
     keys = sorted(record, key=lambda k: int(k.rsplit("-", 1)[1]))
     blobs = [from_bytes_array(record[k]) for k in keys]
     rng = np.random.default_rng()  # fresh OS entropy: the server must not predict the mask
     # the cached block itself (not a converted copy), so that its encoding is kept across rounds
     cts, mask_sums = masked_column_sums(_parameters(context), blobs, rt.data.X_train, rng)
-    said = message.content.config_records.get(NU_SCALE)
+    said = config_records(message.content).get(NU_SCALE)
     log2 = said.get("log2") if said is not None else 0
     if not isinstance(log2, int) or isinstance(log2, bool) or not 0 <= log2 <= MAX_NU_LOG2:
         raise NodeConfigError(f"{rt.who}: {TRAIN_PASSIVE_ENC} names ν's scale 2^{log2!r}: an integer power 0..."
                               f"{MAX_NU_LOG2} is expected")
-    context.state.array_records[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums),
+    array_records(context.state)[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums),
                                                            "scale": Array(np.array([2.0**log2]))})
     content = RecordDict({MASKED_RECORD: ArrayRecord({f"pair-{p}": to_bytes_array(c) for p, c in enumerate(cts)})})
     return Message(content, reply_to=message)

@@ -33,6 +33,7 @@ from fairvfl_flwr.secure import view
 from fairvfl_flwr.flower.errors import REFUSALS, REFUSED, FederationError, one_paragraph
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, mark_answer_record
+from fairvfl_flwr.flower.records import config_records, metric_records
 
 LAST = "fairvfl.last-reply"  # ConfigRecord: the latest round, and per type answered in it: digests, record names
 LAST_PREFIX = "fairvfl.last-reply."
@@ -58,13 +59,13 @@ def guard_mod(message: Message, context, call_next) -> Message:
     kind = msgs.kind_of(mtype)
     if kind not in msgs.IN_ROUNDS:
         return call_next(message, context)
-    rc = message.content.config_records.get(msgs.ROUND)
+    rc = config_records(message.content).get(msgs.ROUND)
     if rc is None or not isinstance(rc.get("round"), int):
         raise checks.ReplyError(f"{PartyRuntime(context).who}: {mtype} message without an integer round number")
     server_round = int(rc["round"])
     mtype = _leg(mtype, rc)
     digest = view.content_digest(message.content, mtype, "")
-    last = context.state.config_records.get(LAST)
+    last = config_records(context.state).get(LAST)
     if last is not None and last["round"] == server_round and mtype in last["types"]:
         if last[f"{mtype}|digest"] != digest:
             raise FederationError(f"{PartyRuntime(context).who}: {mtype} of round {server_round} differs from the one "
@@ -87,12 +88,12 @@ def guard_mod(message: Message, context, call_next) -> Message:
     names = [] if step else list(reply.content.keys())
     for name in names:
         context.state[f"{LAST_PREFIX}{mtype}|{name}"] = reply.content[name]
-    stats = reply.content.metric_records.get(msgs.STATS)
+    stats = metric_records(reply.content).get(msgs.STATS)
     held = {} if last is None else dict(last)
     held.update({"round": server_round, "types": [*held.get("types", []), mtype], f"{mtype}|digest": digest,
                  f"{mtype}|names": names, f"{mtype}|reply": _reply_digest(reply),
                  f"{mtype}|steps": int(stats["steps"]) if stats else 0})
-    context.state.config_records[LAST] = ConfigRecord(held)
+    config_records(context.state)[LAST] = ConfigRecord(held)
     return reply
 
 
@@ -107,7 +108,7 @@ def _again(message: Message, context, last: ConfigRecord, step: bool) -> Message
     """The answer to a re-sent message: the reply rebuilt from the θ the party holds (a step
     message: logits would double the state kept) or the one kept, only if it is the reply
     already sent: a party whose state moved since would otherwise reveal a new value."""
-    mtype = _leg(message.metadata.message_type, message.content.config_records[msgs.ROUND])
+    mtype = _leg(message.metadata.message_type, config_records(message.content)[msgs.ROUND])
     if step:
         rt = PartyRuntime(context)
         reply = rt.reply(message, rt.party(), steps=int(last[f"{mtype}|steps"]))
@@ -127,7 +128,7 @@ def _reply_digest(reply: Message) -> str:
 
 
 def _forget(context) -> None:
-    context.state.config_records.pop(LAST, None)
+    config_records(context.state).pop(LAST, None)
     for name in [n for n in context.state.keys() if n.startswith(LAST_PREFIX)]:
         context.state.pop(name, None)
 

@@ -25,6 +25,7 @@ from fairvfl_flwr.core.constraints.release import ErrorPlan, error_plan, gap_err
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
+from fairvfl_flwr.flower.records import array_records
 
 
 def active_payloads(server: ServerView, messages: list[Message]):
@@ -32,7 +33,7 @@ def active_payloads(server: ServerView, messages: list[Message]):
     the rows' weights at that λ (this hook's, and the encrypted groups' as if in each group)."""
     for message in messages:
         node = server.nodes.get(message.metadata.dst_node_id)
-        payload = message.content.array_records.get(msgs.PAYLOAD)
+        payload = array_records(message.content).get(msgs.PAYLOAD)
         if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
             continue
         yield payload, payload["lam"].numpy().astype(np.float64)

@@ -38,6 +38,7 @@ from fairvfl_flwr.flower.errors import FederationError, PartyUnavailable
 from fairvfl_flwr.flower.hooks import Node, Recovery, RoundHook
 from fairvfl_flwr.flower.party import ALIGNED_STATE, Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.store import load_state, restore, save_state, state_dir
+from fairvfl_flwr.flower.records import config_records
 
 POLL_SECONDS = 0.5  # how often the server looks for a returning node
 
@@ -71,12 +72,12 @@ def rejoin(message: Message, context: Context) -> Message:
     records = load_state(state_dir(context, rt), server_round, rt.who)
     if not rt.cfg.masked:
         restore(context, records)
-    elif ALIGNED_STATE in records and ALIGNED_STATE not in context.state.config_records:
+    elif ALIGNED_STATE in records and ALIGNED_STATE not in config_records(context.state):
         # a restarted party knows its rows only from its disk: which prepared block is its own moves no
         # model, and its discovery answer needs it
         context.state[ALIGNED_STATE] = records[ALIGNED_STATE]
     reply = party.info(message, context)
-    reply.content.config_records["info"]["round"] = server_round
+    config_records(reply.content)["info"]["round"] = server_round
     return reply
 
 
@@ -171,7 +172,7 @@ def _message(node_id: int, server_round: int) -> Message:
 
 
 def _check_round(node: Node, reply: Message, last: int) -> None:
-    got = reply.content.config_records["info"].get("round")
+    got = config_records(reply.content)["info"].get("round")
     if got != last:
         raise FederationError(f"{node} restored round {got}, the run's last completed round is {last}: its state "
                               "on disk is not this run's; refused")

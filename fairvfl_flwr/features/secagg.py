@@ -33,6 +33,7 @@ from fairvfl_flwr.flower.party import PartyRuntime, wire_role
 from fairvfl_flwr.secure import agreement, ring, view
 from fairvfl_flwr.secure.identity import check_deployment
 from fairvfl_flwr.secure.nonces import Nonces, is_chunk, mask_round
+from fairvfl_flwr.flower.records import array_records, config_records, metric_records
 
 #: ConfigRecord of a masked reply: ‖θ_k‖², its 128-bit word as 16 bytes (two little-endian uint64, high
 #: then low; its metric is then 0). One config value, not an array: see secure/view.RELAY.
@@ -99,12 +100,12 @@ class SecureAggregation(RoundHook):
             for message in messages:
                 if message.metadata.message_type == msgs.INFO:
                     self.asked = self.asked or agreement.new_session()
-                    message.content.config_records["secagg"] = agreement.key_request(self.asked)
+                    config_records(message.content)["secagg"] = agreement.key_request(self.asked)
         else:
             bound = [m for m in messages if msgs.in_view(m.metadata.message_type)]
             if self.relay is not None and bound:  # every party checks every key before it acts on the message
                 for message in bound:
-                    message.content.config_records[view.RELAY] = ConfigRecord(dict(self.relay))
+                    config_records(message.content)[view.RELAY] = ConfigRecord(dict(self.relay))
                 self.relay = None
             self.views.attach(messages, lambda nid: server.nodes[nid].role,
                               lambda nid: server.nodes[nid].partition_id, mask_round)
@@ -128,11 +129,11 @@ class SecureAggregation(RoundHook):
                 mine = reply.metadata.src_node_id == first
                 if name == SQ_NORM:
                     del reply.content[SQ_NORM]
-                    stats = reply.content.metric_records[msgs.STATS]
-                    reply.content.metric_records[msgs.STATS] = MetricRecord(
+                    stats = metric_records(reply.content)[msgs.STATS]
+                    metric_records(reply.content)[msgs.STATS] = MetricRecord(
                         {**stats, "sq-norm": float(sums["sq-norm"][0]) if mine else 0.0})
                 else:
-                    reply.content.array_records[name] = msgs.array_record(
+                    array_records(reply.content)[name] = msgs.array_record(
                         **{key: total if mine else np.zeros(len(total)) for key, total in sums.items()})
         return replies
 
@@ -184,17 +185,17 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     node = NodeConfig.of(context)
     if node.deployed or node.identity_key:
         check_deployment(context, runtime())
-    held = context.state.config_records.get(agreement.SESSION_STATE)
+    held = config_records(context.state).get(agreement.SESSION_STATE)
     if held is None or not msgs.in_view(message.metadata.message_type):
         reply = call_next(message, context)
-        asked = message.content.config_records.get("secagg")
+        asked = config_records(message.content).get("secagg")
         if message.metadata.message_type == msgs.INFO and asked is not None and not reply.has_error():
-            reply.content.config_records["secagg"] = agreement.signed_key(asked, context)  # the set-up's first leg
+            config_records(reply.content)["secagg"] = agreement.signed_key(asked, context)  # the set-up's first leg
         return _mask_reply(message, context, reply, None, runtime)
     rt = runtime()
     if not rt.cfg.masked:
         return call_next(message, context)
-    relay = message.content.config_records.get(view.RELAY)
+    relay = config_records(message.content).get(view.RELAY)
     if relay is not None:  # the set-up's relay rode on this message: every key checked before anything else
         agreement.take_peers(relay, context, rt)
     keys = agreement.pair_keys(context)
@@ -207,7 +208,7 @@ def mask_mod(message: Message, context: Context, call_next) -> Message:
     if reply.has_error():
         return reply
     reply = _mask_reply(message, context, reply, head, runtime, keys)
-    masked_now = view.CONFIRM in reply.content.config_records
+    masked_now = view.CONFIRM in config_records(reply.content)
     view.remember(context.state, server_round, part, bound_view, head, awaiting or masked_now)
     return reply
 
@@ -220,7 +221,7 @@ def _mask_reply(message: Message, context: Context, reply: Message, head: bytes 
     if reply.has_error():
         return reply
     # a Gauss-Newton block's round reply carries both: the logits after its step and its next directions
-    names = [n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in reply.content.array_records]
+    names = [n for n in (msgs.LOGITS, msgs.DIRECTIONS) if n in array_records(reply.content)]
     if not names:
         return reply
     rt = runtime()
@@ -238,7 +239,7 @@ def _mask_reply(message: Message, context: Context, reply: Message, head: bytes 
     masked_records = {}
     for name in names:
         masked_record = masked_records[name] = {}
-        for key, array in reply.content.array_records[name].items():
+        for key, array in array_records(reply.content)[name].items():
             label, values = _label(name, key, msgs.DIRECTIONS in names), array.numpy()
             if chunk:
                 if key != "logits":  # the chunk's ids: the rows the server asked for
@@ -252,15 +253,15 @@ def _mask_reply(message: Message, context: Context, reply: Message, head: bytes 
             else:
                 what = "partial logit" if name == msgs.LOGITS else f"Newton '{key}' value"
                 masked_record[key] = ring.masked(values.reshape(-1), own, keys, server_round, label, k, rt.who, what)
-    stats = reply.content.metric_records.get(msgs.STATS)
+    stats = metric_records(reply.content).get(msgs.STATS)
     if stats is not None:
         label = "dir-sq-norm" if msgs.DIRECTIONS in names else "sq-norm"
         nonces.claim(label, np.array([stats["sq-norm"]]))
         words = ring.masked_wide(np.array([stats["sq-norm"]]), own, keys, server_round, label, k, rt.who, "‖θ_k‖²")
-        reply.content.config_records[SQ_NORM] = ConfigRecord({"sq-norm": words.astype("<u8").tobytes()})
-        reply.content.metric_records[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
+        config_records(reply.content)[SQ_NORM] = ConfigRecord({"sq-norm": words.astype("<u8").tobytes()})
+        metric_records(reply.content)[msgs.STATS] = MetricRecord({**stats, "sq-norm": 0.0})
     nonces.save()  # only once every vector of the reply passed: a refused request uses up nothing
     for name, masked_record in masked_records.items():
-        reply.content.array_records[name] = msgs.array_record(**masked_record)
-    reply.content.config_records[view.CONFIRM] = view.confirmations(head, own, raw)
+        array_records(reply.content)[name] = msgs.array_record(**masked_record)
+    config_records(reply.content)[view.CONFIRM] = view.confirmations(head, own, raw)
     return reply

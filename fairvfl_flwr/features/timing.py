@@ -36,6 +36,7 @@ IMPORT_STARTED_CPU = time.process_time()  # CPU seconds this process spent befor
 
 # after the clock above: reading the node config is part of the app's import it times
 from fairvfl_flwr.config.node import NodeConfig, NodeConfigError  # noqa: E402
+from fairvfl_flwr.flower.records import array_records
 
 ENV = "FAIRVFL_TIMING_LOG"
 
@@ -95,7 +96,7 @@ def array_bytes(content) -> int:
     """Bytes of the arrays a message carries (the payload; Flower's envelope not counted)."""
     if content is None:
         return 0
-    return sum(len(arr.data) for record in content.array_records.values() for arr in record.values())
+    return sum(len(arr.data) for record in array_records(content).values() for arr in record.values())
 
 
 def _partition(context) -> int | None:

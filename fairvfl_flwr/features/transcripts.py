@@ -51,6 +51,7 @@ from flwr.serverapp import Grid
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import VIEW_STATE, PartyRuntime, round_of
+from fairvfl_flwr.flower.records import array_records, config_records
 
 SERVER = "server"
 
@@ -134,10 +135,10 @@ class ServerTranscript(RoundHook):
         arrays = self.pending.pop(server_round, {})
         for reply in replies:
             pid = server.nodes[reply.metadata.src_node_id].partition_id
-            directions = reply.content.array_records.get(msgs.DIRECTIONS)
+            directions = array_records(reply.content).get(msgs.DIRECTIONS)
             if directions is not None:
                 arrays.update({f"{key}-{pid}": directions[key].numpy() for key in directions})
-            record = reply.content.array_records.get(msgs.LOGITS)
+            record = array_records(reply.content).get(msgs.LOGITS)
             if record is None:
                 continue
             arrays[f"u-{pid}"] = record["train"].numpy()
@@ -181,7 +182,7 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     if not folders or not should_record(server_round, first=rt.cfg.record_first, every=rt.cfg.record_every):
         return reply
     arrays: dict[str, np.ndarray] = {}
-    payload = message.content.array_records.get(msgs.PAYLOAD)
+    payload = array_records(message.content).get(msgs.PAYLOAD)
     if mtype == msgs.TRAIN_PASSIVE_ENC:  # encrypted ν: the ciphertext is all there is
         keys = sorted(payload, key=lambda k: int(k.rsplit("-", 1)[1]))
         arrays["nu-ct"] = np.frombuffer(b"".join(payload[k].numpy().tobytes() for k in keys), dtype=np.uint8)
@@ -190,13 +191,13 @@ def transcript_mod(message: Message, context, call_next) -> Message:
         if names is None:  # any other round message (a new algorithm's): what it carried, by name
             names = {key: key for key in payload if key != msgs.MASKED_SUM}
         arrays.update({name: payload[key].numpy() for key, name in names.items() if key in payload})
-    view = context.state.config_records.get(VIEW_STATE)
+    view = config_records(context.state).get(VIEW_STATE)
     if view is not None and int(view["round"]) == server_round:  # secure aggregation: the history head the masks are bound to (a coalition peels with it)
         arrays["head"] = np.frombuffer(bytes.fromhex(str(view["head"])), dtype=np.uint8)
-    logits = reply.content.array_records.get(msgs.LOGITS)
+    logits = array_records(reply.content).get(msgs.LOGITS)
     if logits is not None:
         arrays["own-u"] = logits["train"].numpy()
-    directions = reply.content.array_records.get(msgs.DIRECTIONS)
+    directions = array_records(reply.content).get(msgs.DIRECTIONS)
     if directions is not None:
         arrays["own-dir"] = directions["dir"].numpy()
     # CKKS second leg: keep the first leg's ν; a Newton apply: keep what the round's first message left

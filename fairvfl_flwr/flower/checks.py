@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.records import array_records, metric_records
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 LARGER_ETA = "use a smaller step (a larger eta; the step is 1/eta) or a smaller beta"
@@ -66,17 +67,17 @@ def check_envelope(reply: Any, sent: dict[str, Any], who: str) -> None:
 
 def check_logits_reply(content: Any, who: str, n_train: int, n_test: int, width: int = 1) -> dict[str, np.ndarray]:
     """A train/init reply: ``logits`` {train[, test]} and ``stats`` {sq-norm, steps}."""
-    if msgs.LOGITS not in content.array_records:
-        raise ReplyError(f"{who}: reply holds no '{msgs.LOGITS}' arrays (got {sorted(content.array_records)})")
-    if msgs.STATS not in content.metric_records:
+    if msgs.LOGITS not in array_records(content):
+        raise ReplyError(f"{who}: reply holds no '{msgs.LOGITS}' arrays (got {sorted(array_records(content))})")
+    if msgs.STATS not in metric_records(content):
         raise ReplyError(f"{who}: reply holds no '{msgs.STATS}' metrics")
-    record = content.array_records[msgs.LOGITS]
+    record = array_records(content)[msgs.LOGITS]
     if "train" not in record:
         raise ReplyError(f"{who}: reply holds no training logits")
     out = {"train": check_vector(record["train"].numpy(), "train logits", n_train, who, width)}
     if "test" in record:
         out["test"] = check_vector(record["test"].numpy(), "test logits", n_test, who, width)
-    stats = content.metric_records[msgs.STATS]
+    stats = metric_records(content)[msgs.STATS]
     sq = stats.get("sq-norm")
     if not isinstance(sq, (int, float)) or not math.isfinite(sq) or sq < 0:
         raise ReplyError(f"{who}: sq-norm={sq!r} is not a finite number >= 0. If the model is blowing up: {LARGER_ETA}")
@@ -88,9 +89,9 @@ def check_logits_reply(content: Any, who: str, n_train: int, n_test: int, width:
 
 def check_payload(content: Any, who: str, expect: dict[str, tuple[int, bool]]) -> dict[str, np.ndarray]:
     """Party side: ``expect`` maps payload key → (length, non-negative?)."""
-    if msgs.PAYLOAD not in content.array_records:
+    if msgs.PAYLOAD not in array_records(content):
         raise ReplyError(f"{who}: message holds no '{msgs.PAYLOAD}' arrays")
-    record = content.array_records[msgs.PAYLOAD]
+    record = array_records(content)[msgs.PAYLOAD]
     out = {}
     for key, (rows, nonneg) in expect.items():
         if key not in record:

@@ -40,6 +40,7 @@ from flwr.app import ConfigRecord, RecordDict
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import mark_round_state
+from fairvfl_flwr.flower.records import config_records
 
 STATE = "fairvfl.history"  # ConfigRecord on the party: its chain's round, head and last exchange
 GENESIS_TAG = b"fairvfl-flwr history genesis v1"
@@ -81,7 +82,7 @@ class History:
     @classmethod
     def held(cls, state: RecordDict, run_id: int) -> "History":
         """The party's history as its node state holds it (the genesis of ``run_id`` before any exchange)."""
-        record = state.config_records.get(STATE)
+        record = config_records(state).get(STATE)
         if record is None:
             return cls(-1, genesis(run_id))
         return cls(int(record["round"]), bytes.fromhex(str(record["head"])), str(record["part"]),
@@ -89,7 +90,7 @@ class History:
 
     def save(self, state: RecordDict) -> None:
         """Keep this history in the node state (a restore brings it back with the round's state)."""
-        state.config_records[STATE] = ConfigRecord({"round": self.round, "head": self.head.hex(), "part": self.part,
+        config_records(state)[STATE] = ConfigRecord({"round": self.round, "head": self.head.hex(), "part": self.part,
                                                     "digest": self.digest, "answered": list(self.answered),
                                                     "block": self.block})
 

@@ -30,6 +30,7 @@ from fairvfl_flwr.data.partydata import ROLE_REGISTRY, PartySpec, load_party, ow
 from fairvfl_flwr.data.problem import constraint_groups, whole_table
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.records import array_records, config_records
 
 MODEL_STATE = "fairvfl.model"
 #: A passive party's gradient X_kᵀν where ν reached it encrypted: the encryption feature's
@@ -121,7 +122,7 @@ def scoring_job(context: Context) -> ScoringJob | None:
     """This party's scoring job: its own run config with the training settings the job's
     messages carry (kept in ``TRAINED_STATE``), parsed once per run and process; None
     outside a scoring job. A key its own run config sets otherwise is refused, naming it."""
-    kept = context.state.config_records.get(TRAINED_STATE)
+    kept = config_records(context.state).get(TRAINED_STATE)
     if kept is None:
         return None
     where = f"{NodeConfig.of(context).where} (node {context.node_id})"
@@ -130,7 +131,7 @@ def scoring_job(context: Context) -> ScoringJob | None:
 
 def round_of(message: Message) -> tuple[int, bool]:
     """(round number, evaluate?) of a server message."""
-    rc = message.content.config_records[msgs.ROUND]
+    rc = config_records(message.content)[msgs.ROUND]
     return int(rc["round"]), bool(rc["evaluate"])
 
 
@@ -146,7 +147,7 @@ class PartyRuntime:
         self.node = NodeConfig.of(context)
         self.spec = party_spec(self.node, self.cfg.num_parties, self.cfg.num_active, registry=self.cfg.registry)
         if self.cfg.tables_own:
-            kept = context.state.config_records.get(ALIGNED_STATE)
+            kept = config_records(context.state).get(ALIGNED_STATE)
             self.spec = dataclasses.replace(own_table_spec(self.spec, self.cfg), aligned=str(kept["key"]) if kept else "")
 
     @functools.cached_property
@@ -172,7 +173,7 @@ class PartyRuntime:
         if self.data.constraint is not None or self.data.role != msgs.ROLE_ACTIVE:
             return self.data.constraint
         w = checks.check_payload(message.content, self.who, {"weights": (self.n_train, False)})["weights"]
-        lam = message.content.array_records[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
+        lam = array_records(message.content)[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
         return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(lam.numpy().size))
 
     def party(self, constraint: ConstraintSet | RowWeights | None = None, steps: bool = True) -> Party:
@@ -205,7 +206,7 @@ class PartyRuntime:
     def reset(self) -> None:
         """Forget the model: the next :meth:`party` starts from the seeded initial θ (and its step
         rule from a fresh state)."""
-        self.context.state.array_records.pop(MODEL_STATE, None)
+        array_records(self.context.state).pop(MODEL_STATE, None)
 
     def load_model_state(self, state: dict) -> None:
         """Keep a block's ``state_dict`` (numpy arrays by name) in the node's state for the next message."""
@@ -217,16 +218,16 @@ class PartyRuntime:
         return self._kept(MODEL_STATE)
 
     def _keep(self, name: str, state: dict) -> None:
-        self.context.state.array_records[name] = ArrayRecord(
+        array_records(self.context.state)[name] = ArrayRecord(
             {k: Array(np.asarray(v, order="C")) for k, v in state.items()})
 
     def _kept(self, name: str) -> dict[str, np.ndarray] | None:
-        record = self.context.state.array_records.get(name)
+        record = array_records(self.context.state).get(name)
         return None if record is None else {k: v.numpy() for k, v in record.items()}
 
     def take_gradient(self) -> np.ndarray | None:
         """X_kᵀν left in the node's state for this message (see ``GRADIENT_STATE``), or None."""
-        record = self.context.state.array_records.pop(GRADIENT_STATE, None)
+        record = array_records(self.context.state).pop(GRADIENT_STATE, None)
         return None if record is None else record["gradient"].numpy()
 
     def rows(self, message: Message) -> np.ndarray | None:

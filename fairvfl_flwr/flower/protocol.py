@@ -55,6 +55,7 @@ import enum
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from fairvfl_flwr.flower.records import array_records
 
 class Kind(enum.Enum):
     """What a message is to a party, declared with its type: every mod asks this, never a name."""
@@ -194,7 +195,7 @@ def directions_reply(arrays: dict[str, np.ndarray], sq_norm: float, steps: int,
     content = RecordDict({DIRECTIONS: array_record(**arrays),
                           STATS: MetricRecord({"sq-norm": float(sq_norm), "steps": int(steps)})})
     if logits is not None:
-        content.array_records[LOGITS] = array_record(**logits)
+        array_records(content)[LOGITS] = array_record(**logits)
     return content
 
 
@@ -214,7 +215,7 @@ def logits_reply(u_train: np.ndarray, u_test: np.ndarray | None, sq_norm: float,
 
 def read_array(content: RecordDict, record: str, key: str) -> np.ndarray:
     """The numpy array ``key`` of the ArrayRecord ``record`` in ``content``."""
-    return content.array_records[record][key].numpy()
+    return array_records(content)[record][key].numpy()
 
 
 def blob_array(blob: bytes) -> Array:

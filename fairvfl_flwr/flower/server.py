@@ -47,6 +47,7 @@ from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import Hooks, Node, RoundHook, ServerView
 from fairvfl_flwr.core.newton import smooth_part
+from fairvfl_flwr.flower.records import config_records, metric_records
 
 
 #: The test metrics of an evaluated round (NaN in the others): core/metrics.fairness_metrics, over
@@ -275,7 +276,7 @@ class VFLServer:
     def node_of(self, reply: Message, when: str = "before round 1") -> Node:
         """The node a ``query.info`` reply describes, checked against the server's labels: the same row
         ids (digest) and train/test rows (``when``: when a refusal stops the run)."""
-        info = reply.content.config_records["info"]
+        info = config_records(reply.content)["info"]
         node = Node(
             node_id=reply.metadata.src_node_id,
             role=str(info["role"]),
@@ -332,7 +333,7 @@ class VFLServer:
                                                width=self.width)
         except checks.ReplyError as exc:
             raise FederationError(f"rejected a reply: {exc}") from None
-        stats = reply.content.metric_records[msgs.STATS]
+        stats = metric_records(reply.content)[msgs.STATS]
         self.u_train[nid] = logits["train"].astype(np.float64)
         if "test" in logits:
             self.u_test[nid] = logits["test"].astype(np.float64)

@@ -32,6 +32,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from fairvfl_flwr.data.partydata import cache_dir, write_atomically
 from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower.party import PartyRuntime, answer_records, round_state
+from fairvfl_flwr.flower.records import array_records, config_records
 
 STATE_DIR = "state-dir"  # node config: where this party keeps its state of the last rounds
 KEEP = 3  # rounds of state kept per party (the last completed round is among the last two), and checkpoint rounds
@@ -74,13 +75,13 @@ def save_state(folder: Path, server_round: int, state: RecordDict, checkpoint_ev
     arrays: dict[str, np.ndarray] = {}
     meta: dict = {"round": server_round, "arrays": {}, "configs": {}}
     for name in round_state():
-        if name in state.array_records:
+        if name in array_records(state):
             keys = meta["arrays"][name] = []
-            for key, value in state.array_records[name].items():
+            for key, value in array_records(state)[name].items():
                 keys.append(key)
                 arrays[f"a{len(arrays)}"] = value.numpy()
-        elif name in state.config_records:
-            meta["configs"][name] = dict(state.config_records[name])
+        elif name in config_records(state):
+            meta["configs"][name] = dict(config_records(state)[name])
     path = folder / f"round-{server_round:08d}.npz"
 
     def write(fh) -> None:
@@ -135,7 +136,7 @@ def restore(context: Context, records: dict[str, ArrayRecord | ConfigRecord]) ->
     message is dropped."""
     merge = round_state()
     for name, record in records.items():
-        held = context.state.config_records.get(name) if merge.get(name) else None
+        held = config_records(context.state).get(name) if merge.get(name) else None
         if held is not None:  # a record that only grows: what the disk held, then what the node holds now
             record = ConfigRecord({k: list(dict.fromkeys([*v, *held.get(k, [])])) for k, v in record.items()})
         context.state[name] = record

@@ -97,6 +97,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, SCORE_COMMON_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.flower.progress import Estimate, Progress, Step
 from fairvfl_flwr.secure import identity
+from fairvfl_flwr.flower.records import array_records, config_records
 
 STEP = "align"  # ConfigRecord of a request: the step's fields (its message type says which step)
 REPLY = "aligned"  # ConfigRecord of a reply
@@ -179,7 +180,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
         common = _reply(result)
     else:
         common, result, positions = passes.intersect()
-    arrays = result.content.array_records[LABELS]
+    arrays = array_records(result.content)[LABELS]
     split = arrays["split"].numpy()
     if not passes.kept:
         with passes.progress.step(len(passes.others)):
@@ -363,7 +364,7 @@ class _Passes:
                 if common is not None:
                     step.found = f"{common:,} rows common to every party"
                     self.replan(batches, common)
-        found = result.content.array_records[POSITIONS]
+        found = array_records(result.content)[POSITIONS]
         positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
         return _reply(result), result, positions
 
@@ -371,7 +372,7 @@ class _Passes:
         """The number of common rows the leader's last reply says (None: it says none; it is checked later)."""
         if self.purpose == SCORE:
             return int(_reply(result).get("n-common", -1)) if "n-common" in _reply(result) else None
-        labels = result.content.array_records.get(LABELS)
+        labels = array_records(result.content).get(LABELS)
         return int(labels["split"].numpy().size) if labels is not None and "split" in labels else None
 
     def lists(self, nid: int, blind: ConfigRecord, raised: ConfigRecord) -> dict:
@@ -417,7 +418,7 @@ def refuse_problems(problems: dict[int, int]) -> None:
 
 
 def _reply(message: Message) -> ConfigRecord:
-    return message.content.config_records[REPLY]
+    return config_records(message.content)[REPLY]
 
 
 # -- the parties ------------------------------------------------------------------------------
@@ -438,7 +439,7 @@ class _Step:
 
     @property
     def fields(self) -> ConfigRecord:
-        return self.message.content.config_records[STEP]
+        return config_records(self.message.content)[STEP]
 
     @property
     def state(self):
@@ -452,7 +453,7 @@ PACE_STATE = "fairvfl.align-pace"
 def _progress(step: _Step, *plan: Step, started: float | None = None) -> Progress:
     """This party's log of a message's work (``plan``), its time left from its own pace in the
     alignment's earlier messages (its node state)."""
-    priors = {k: float(v) for k, v in (step.state.config_records.get(PACE_STATE) or {}).items()}
+    priors = {k: float(v) for k, v in (config_records(step.state).get(PACE_STATE) or {}).items()}
     crypto = max((s.units for s in plan if s.kind in ("blind", "raise")), default=0)
     if crypto >= psi.CHUNK and "blind" not in priors:  # its first PSI work: a free core's cost, timed
         priors.update({kind: seconds / psi.workers(int(crypto))
@@ -463,8 +464,8 @@ def _progress(step: _Step, *plan: Step, started: float | None = None) -> Progres
 
 def _keep_pace(step: _Step, progress: Progress) -> None:
     """Keep this party's pace of the message's work, for the time left of its next messages."""
-    pace = dict(step.state.config_records.get(PACE_STATE) or {})
-    step.state.config_records[PACE_STATE] = ConfigRecord({**pace, **progress.estimate.measured()})
+    pace = dict(config_records(step.state).get(PACE_STATE) or {})
+    config_records(step.state)[PACE_STATE] = ConfigRecord({**pace, **progress.estimate.measured()})
 
 
 def _size(step: _Step) -> None:
@@ -492,13 +493,13 @@ def _size(step: _Step) -> None:
     # party that acts on it checks this signature, so an answer from another session is refused
     step.out["signature"] = step.signer.sign("size", spec.partition_id, size_blob(step.out))
     if step.purpose == TRAIN:
-        step.state.config_records.pop(ALIGNED_STATE, None)
-    step.state.array_records.pop(SCORE_COMMON_STATE, None)
-    step.state.array_records.pop(HITS_STATE, None)
-    step.state.array_records.pop(ORDER_STATE, None)
+        config_records(step.state).pop(ALIGNED_STATE, None)
+    array_records(step.state).pop(SCORE_COMMON_STATE, None)
+    array_records(step.state).pop(HITS_STATE, None)
+    array_records(step.state).pop(ORDER_STATE, None)
     step.keys = ConfigRecord({"session": step.signer.session})
-    step.state.config_records[SIZE_STATE] = ConfigRecord({**step.out, "session": step.signer.session})
-    step.state.config_records.pop(PACE_STATE, None)  # a new alignment: its pace is measured afresh
+    config_records(step.state)[SIZE_STATE] = ConfigRecord({**step.out, "session": step.signer.session})
+    config_records(step.state).pop(PACE_STATE, None)  # a new alignment: its pace is measured afresh
     if "n" in step.out:
         n = int(step.out["n"])
         what = "its file to score" if step.purpose == SCORE else "its table"
@@ -553,7 +554,7 @@ def _blind(step: _Step) -> None:
     _keep_pace(step, progress)
     step.out["signature"] = step.signer.sign("blind", step.spec.partition_id, step.out["blinded"])
     if order is not None:
-        step.state.array_records[ORDER_STATE] = msgs.array_record(order=order)
+        array_records(step.state)[ORDER_STATE] = msgs.array_record(order=order)
 
 
 def _raise(step: _Step) -> None:
@@ -606,11 +607,11 @@ def _match(step: _Step, ids: np.ndarray, peer: int, done=None) -> int:
     found = psi.peer_positions(step.spec, ids, peer, int(size.get("n", -1)), str(size.get("pattern", "")), blinded,
                                raised, step.keys["key"], done)
     step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
-    kept = step.state.array_records.get(HITS_STATE)
+    kept = array_records(step.state).get(HITS_STATE)
     held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
     held["hits"] = held["hits"] & (found >= 0)
     held[f"at-{peer}"] = found
-    step.state.array_records[HITS_STATE] = msgs.array_record(**held)
+    array_records(step.state)[HITS_STATE] = msgs.array_record(**held)
     return int(step.keys[f"pairwise-{peer}"])
 
 
@@ -618,7 +619,7 @@ def _common(step: _Step, ids: np.ndarray) -> int:
     """The leader, once every other party's lists came: the rows every party holds, and where
     each party has them; in training, the split and the labels of those rows, and its own
     prepared block. Returns their number."""
-    record = step.state.array_records.pop(HITS_STATE, None)  # none: the leader is the only party
+    record = array_records(step.state).pop(HITS_STATE, None)  # none: the leader is the only party
     at = {int(k.split("-", 1)[1]): v.numpy() for k, v in (record.items() if record else []) if k.startswith("at-")}
     missing = sorted(set(range(step.cfg.num_parties)) - {step.spec.partition_id} - set(at))
     if missing:  # a server that leaves a party out would have the leader agree on rows that party never matched
@@ -640,7 +641,7 @@ def _common(step: _Step, ids: np.ndarray) -> int:
     if common.group_names:  # the server names the groups by their values (two groups: a's, then b's)
         step.out["group-names"] = list(common.group_names)
     step.records[LABELS] = msgs.array_record(split=common.split, y=common.y.astype(np.int8), s=common.s)
-    step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": common.key})
+    config_records(step.state)[ALIGNED_STATE] = ConfigRecord({"key": common.key})
     _keep(step, ids, common.key, {"split": common.split, "y": common.y.astype(np.int8), "s": common.s})
     _sign_positions(step, found, common.split)
     return len(rows)
@@ -656,11 +657,11 @@ def _finish(step: _Step) -> None:
     """Another party: its common rows, from their positions in its shuffled list; in training,
     its prepared block on them."""
     ids, _ = psi.own_table(step.spec)
-    positions = step.message.content.array_records[POSITIONS]["rows"].numpy()
-    split_in = step.message.content.array_records[LABELS]["split"].numpy() if step.purpose == TRAIN else None
+    positions = array_records(step.message.content)[POSITIONS]["rows"].numpy()
+    split_in = array_records(step.message.content)[LABELS]["split"].numpy() if step.purpose == TRAIN else None
     step.signer.verify("positions", step.spec.partition_id, _positions_blob(positions, split_in),
                        step.fields.get("signature", b""), "this party's common positions", signer_pid=LEADER)
-    order = step.state.array_records.pop(ORDER_STATE)["order"].numpy()
+    order = array_records(step.state).pop(ORDER_STATE)["order"].numpy()
     step.done = True
     progress = _progress(step, Step("kept its common rows" if step.purpose == SCORE else
                                     "prepared its block on the common rows", "prepare", len(positions),
@@ -671,10 +672,10 @@ def _finish(step: _Step) -> None:
             rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
             step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
             return
-        split = step.message.content.array_records[LABELS]["split"].numpy()
+        split = array_records(step.message.content)[LABELS]["split"].numpy()
         member, key = psi.member_step(step.spec, step.cfg, positions, order, split)
         step.out = {"digest": member.ids_digest}
-        step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": key})
+        config_records(step.state)[ALIGNED_STATE] = ConfigRecord({"key": key})
         _keep(step, ids, key)
         progress.found = f"{member.n_train:,} training and {member.n_test:,} evaluation rows"
 
@@ -693,7 +694,7 @@ def _reuse(step: _Step) -> None:
             raise FederationError(f"{step.spec.name}: alignment step 'reuse': party {peer}'s signed size answer of "
                                   "this session names no or another kept alignment; refused")
     step.done = True
-    step.state.config_records[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
+    config_records(step.state)[ALIGNED_STATE] = ConfigRecord({"key": str(kept["key"])})
     step.out = {k: kept[k] for k in ("digest", "protected-label", "group-names") if k in kept}
     if kept.get("labels"):
         step.records[LABELS] = msgs.array_record(**psi.kept_labels(step.spec, step.cfg))
@@ -710,13 +711,13 @@ def handle(message: Message, context: Context) -> Message:
     rt = PartyRuntime(context)
     cfg = rt.cfg  # a scoring job's, with its model's training settings
     spec = own_table_spec(party_spec(rt.node, cfg.num_parties, cfg.num_active, registry=cfg.registry), cfg)
-    purpose = str(message.content.config_records[STEP].get("purpose", TRAIN))
+    purpose = str(config_records(message.content)[STEP].get("purpose", TRAIN))
     if purpose == SCORE:  # the same passes over the file this party scores
         spec = dataclasses.replace(spec, table_path=str(Path(score_file(spec, rt.node, cfg)[0])))
-    keys = context.state.config_records.get(KEYS_STATE) or ConfigRecord()
-    fields = message.content.config_records[STEP]
+    keys = config_records(context.state).get(KEYS_STATE) or ConfigRecord()
+    fields = config_records(message.content)[STEP]
     session = str(fields.get("session", ""))
-    answered = context.state.config_records.get(SIZE_STATE)
+    answered = config_records(context.state).get(SIZE_STATE)
     if (message.metadata.message_type == ALIGN_SIZE and session and answered is not None
             and str(answered["session"]) == session == str(keys.get("session", ""))):
         # a re-sent size of the session in progress: the same answer, nothing read or forgotten again
@@ -726,10 +727,10 @@ def handle(message: Message, context: Context) -> Message:
     step = _Step(message, context, cfg, spec, purpose, keys, signer)
     STEPS[message.metadata.message_type](step)
     if step.done:  # the key is done with: forget it, and the session with it
-        context.state.config_records.pop(KEYS_STATE, None)
-        context.state.config_records.pop(SIZE_STATE, None)
+        config_records(context.state).pop(KEYS_STATE, None)
+        config_records(context.state).pop(SIZE_STATE, None)
     else:
-        context.state.config_records[KEYS_STATE] = step.keys
+        config_records(context.state)[KEYS_STATE] = step.keys
     return Message(RecordDict({REPLY: ConfigRecord(step.out), **step.records}), reply_to=message)
 
 
@@ -858,7 +859,7 @@ def _keep_score_ids(context: Context, common: np.ndarray, ids: np.ndarray) -> st
     """Keep the common ids of this party's score file in its own state; their digest. With node
     config ``unscored-path``, this party's other ids (not held by every party, so not scored)
     go to that file on its own disk."""
-    context.state.array_records[SCORE_COMMON_STATE] = msgs.array_record(ids=np.sort(common))
+    array_records(context.state)[SCORE_COMMON_STATE] = msgs.array_record(ids=np.sort(common))
     path = NodeConfig.of(context).unscored_path
     if path:
         unscored = np.sort(np.setdiff1d(ids, common))

@@ -78,6 +78,7 @@ from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.jobs.group_release import find_registry
 from fairvfl_flwr.secure import ledger
+from fairvfl_flwr.flower.records import array_records, config_records
 
 #: The registry's group indicators under its key, once per run.
 GROUPS_ENCRYPT = "query.groups_encrypt"
@@ -103,12 +104,12 @@ BIT_SIZES = (60, 40, 40, 60)
 def _key(context: Context):
     """(parameters, secret key) of this registry for the run: made on the first request, kept in the node's state."""
     seal = ckks.seal_api()
-    kept = context.state.array_records.get(KEY_STATE)
+    kept = array_records(context.state).get(KEY_STATE)
     if kept is None:
         params = ckks.parameters(BIT_SIZES)
         ctx, _, _ = ckks.seal_context(params)
         secret = seal.KeyGenerator(ctx).secret_key()
-        context.state.array_records[KEY_STATE] = ArrayRecord({"params": ckks.to_bytes_array(params),
+        array_records(context.state)[KEY_STATE] = ArrayRecord({"params": ckks.to_bytes_array(params),
                                                               "key": ckks.to_bytes_array(ckks.dump_seal(secret))})
         return params, secret
     params = ckks.from_bytes_array(kept["params"])
@@ -162,7 +163,7 @@ def spend(context: Context, rt: PartyRuntime, server_round: int, sums: int) -> N
     ``sums-lifetime``). The lifetime count is on its own disk (secure/ledger.py), written before
     anything is decrypted: the run's count is reset by a fresh run, and the run's budget follows
     the rounds the server's run config names; the lifetime one is neither."""
-    kept = context.state.config_records.get(BUDGET_STATE)
+    kept = config_records(context.state).get(BUDGET_STATE)
     last, used_round, used_run = ((int(kept["round"]), int(kept["round-used"]), int(kept["run-used"]))
                                   if kept is not None else (0, 0, 0))
     if server_round < last:
@@ -182,7 +183,7 @@ def spend(context: Context, rt: PartyRuntime, server_round: int, sums: int) -> N
                           "(node config sums-per-run, or sums-per-round times the rounds + 2): refused")
     with ledger.opened(context, rt.node, rt.who) as book:
         book.spend(LEDGER_ACCOUNT, sums, rt.node.sums_lifetime, "decrypted sums over its groups")
-    context.state.config_records[BUDGET_STATE] = ConfigRecord(
+    config_records(context.state)[BUDGET_STATE] = ConfigRecord(
         {"round": server_round, "round-used": used_round + sums, "run-used": used_run + sums})
 
 
@@ -190,10 +191,10 @@ def decrypt_sums(message: Message, context: Context) -> Message:
     """The slot sums of the server's masked ciphertexts (two a ciphertext), each with this registry's
     noise, once the request is within its budget and every slot within :data:`SLOT_BOUND`."""
     rt = PartyRuntime(context)
-    if context.state.array_records.get(KEY_STATE) is None:
+    if array_records(context.state).get(KEY_STATE) is None:
         raise ConfigError(f"{rt.who}: asked to decrypt sums before it encrypted its groups ({GROUPS_ENCRYPT})")
-    said = message.content.config_records.get("sum")
-    record = message.content.array_records.get("masked")
+    said = config_records(message.content).get("sum")
+    record = array_records(message.content).get("masked")
     if said is None or record is None or "round" not in said or not len(record):
         raise ConfigError(f"{rt.who}: a {GROUPS_SUM} request needs the round and one or more ciphertexts")
     keys = sorted(record, key=lambda k: int(k.split("-")[1]))
@@ -233,9 +234,9 @@ class Indicators:
 def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) -> Indicators:
     """The registry's reply, refused unless it holds two or more distinct groups and, per split,
     one ciphertext per group and chunk of ``rows`` (default: the rows it says)."""
-    said = reply.content.config_records.get("groups")
-    context = reply.content.array_records.get(ckks.CONTEXT_RECORD)
-    if said is None or context is None or any(s not in reply.content.array_records for s in SPLITS):
+    said = config_records(reply.content).get("groups")
+    context = array_records(reply.content).get(ckks.CONTEXT_RECORD)
+    if said is None or context is None or any(s not in array_records(reply.content) for s in SPLITS):
         raise FederationError(f"{who}: its reply holds no encrypted groups")
     names = tuple(str(n) for n in said["names"])
     if len(names) < 2 or len(set(names)) != len(names):
@@ -245,7 +246,7 @@ def indicators_of(reply: Message, who: str, rows: dict[str, int] | None = None) 
         raise FederationError(f"{who} encrypted the groups of {counts} rows, the server holds {rows}")
     blobs = {}
     for split in SPLITS:
-        record = reply.content.array_records[split]
+        record = array_records(reply.content)[split]
         want = {f"g{g}-c{c}" for g in range(len(names)) for c in range(ckks.chunks(counts[split]))}
         if set(record) != want:
             raise FederationError(f"{who}: its {split} indicators are not one ciphertext per group and chunk")
@@ -471,7 +472,7 @@ def connect(grid: Grid, cfg: RunConfig, ids_digest: str, rows: dict[str, int]) -
         content = RecordDict({"sum": ConfigRecord({"round": int(server_round)}),
                               "masked": ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(blobs)})})
         reply = send(content, GROUPS_SUM, str(server_round))
-        record = reply.content.array_records.get("sums")
+        record = array_records(reply.content).get("sums")
         if record is None or "sums" not in record:
             raise FederationError(f"{who}: its reply holds no sums")
         return record["sums"].numpy().astype(np.float64)
@@ -521,7 +522,7 @@ WEIGHTS_KEY = "asif-weights"  # the label owner's payload: its rows' weights as 
 
 
 def _blobs(reply: Message) -> list[bytes]:
-    record = reply.content.array_records[MASKED]
+    record = array_records(reply.content)[MASKED]
     return [ckks.from_bytes_array(record[k]) for k in sorted(record, key=lambda k: int(k.split("-")[1]))]
 
 
@@ -559,10 +560,10 @@ class RegistryChannel(RoundHook):
         held = ArrayRecord({f"g{g}-c{c}": ckks.to_bytes_array(b) for g, chunks in enumerate(blobs)
                             for c, b in enumerate(chunks)})
         for m in messages:
-            m.content.array_records[ckks.CONTEXT_RECORD] = params
+            array_records(m.content)[ckks.CONTEXT_RECORD] = params
             node = server.nodes.get(m.metadata.dst_node_id)
             if node is not None and node.role == msgs.ROLE_ACTIVE:
-                m.content.array_records[INDICATORS_STATE] = held
+                array_records(m.content)[INDICATORS_STATE] = held
 
     def passive_message(self, server: ServerView, server_round: int, nu: np.ndarray,
                         evaluate: bool) -> tuple[RecordDict, str]:
@@ -587,8 +588,8 @@ class RegistryChannel(RoundHook):
                  timeout: float) -> list[Message]:
         """Every masked product to the registry (one request a leg), its sums back to each party,
         until every party has replied its logits."""
-        done = [r for r in replies if MASKED not in r.content.array_records]
-        pending = [r for r in replies if MASKED in r.content.array_records]
+        done = [r for r in replies if MASKED not in array_records(r.content)]
+        pending = [r for r in replies if MASKED in array_records(r.content)]
         leg = 0
         while pending:
             blobs = [_blobs(r) for r in pending]
@@ -607,8 +608,8 @@ class RegistryChannel(RoundHook):
                     kind = TRAIN_ACTIVE_LEG
                 follow.append(Message(content, dst_node_id=nid, message_type=kind, group_id=str(server_round)))
             answered = server.exchange(grid, follow, timeout)
-            done += [r for r in answered if MASKED not in r.content.array_records]
-            pending = [r for r in answered if MASKED in r.content.array_records]
+            done += [r for r in answered if MASKED not in array_records(r.content)]
+            pending = [r for r in answered if MASKED in array_records(r.content)]
         return done
 
     def end(self, server: ServerView, grid: Grid, server_round: int, timeout: float) -> None:
@@ -618,8 +619,8 @@ class RegistryChannel(RoundHook):
 
 # -- the label owner's side --------------------------------------------------------------------------
 def _indicators(context: Context, rt: PartyRuntime) -> GroupSums:
-    kept = context.state.array_records.get(INDICATORS_STATE)
-    params = context.state.array_records.get(ckks.CONTEXT_RECORD)
+    kept = array_records(context.state).get(INDICATORS_STATE)
+    params = array_records(context.state).get(ckks.CONTEXT_RECORD)
     if kept is None or params is None:
         raise ConfigError(f"{rt.who}: encrypted groups, but its start message carried no encrypted indicators")
     groups = 1 + max(int(k.split("-")[0][1:]) for k in kept)
@@ -651,7 +652,7 @@ def _products(rt: PartyRuntime, context: Context, party, z: np.ndarray, weights:
              + 1j * rng.uniform(-bound, bound, size=(len(P) // 2, ckks.SLOTS)))
     cts = _indicators(context, rt).products("train", P, masks)
     mask_sums = masks.sum(axis=1)
-    context.state.array_records[LEG_STATE] = msgs.array_record(
+    array_records(context.state)[LEG_STATE] = msgs.array_record(
         weights=weights, masks=np.column_stack([mask_sums.real, mask_sums.imag]).reshape(-1), scales=scales, **keep)
     return RecordDict({MASKED: ArrayRecord({f"ct-{k}": ckks.to_bytes_array(b) for k, b in enumerate(cts)})})
 
@@ -663,9 +664,9 @@ def active_mod(message: Message, context: Context, call_next) -> Message:
     Block Newton's message (``train.newton_active``) starts one leg: the products at the server's z,
     whose sums give its gradient for its Newton direction (:func:`active_leg`)."""
     mtype = message.metadata.message_type
-    arrays = message.content.array_records
+    arrays = array_records(message.content)
     if msgs.kind_of(mtype) is msgs.Kind.START and INDICATORS_STATE in arrays:
-        context.state.array_records[INDICATORS_STATE] = arrays[INDICATORS_STATE]
+        array_records(context.state)[INDICATORS_STATE] = arrays[INDICATORS_STATE]
     payload = arrays.get(msgs.PAYLOAD)
     if mtype not in (msgs.TRAIN_ACTIVE, msgs.NEWTON_ACTIVE) or payload is None or WEIGHTS_KEY not in payload:
         return call_next(message, context)
@@ -692,7 +693,7 @@ def active_leg(message: Message, context: Context) -> Message:
     X_aᵀν (and Σν for its intercept) once its masks are taken off; then the next step's products,
     or, after Q steps, its partial logits."""
     rt = PartyRuntime(context)
-    state = context.state.array_records.pop(LEG_STATE, None)
+    state = array_records(context.state).pop(LEG_STATE, None)
     if state is None:
         raise ConfigError(f"{rt.who}: {TRAIN_ACTIVE_LEG} without products of its own awaiting their sums")
     masks = state["masks"].numpy()

@@ -52,6 +52,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.secure import ledger
+from fairvfl_flwr.flower.records import array_records, config_records
 
 #: The node state record of a simulated registry's secret (a deployed one reads its release-secret file).
 SECRET_STATE = "fairvfl.registry-secret"
@@ -88,11 +89,11 @@ def find_registry(grid: Grid, cfg: RunConfig, ids_digest: str, before: str) -> t
     nodes = discover_nodes(grid, cfg.num_parties, cfg.round_timeout, "the group release")
     asked = [Message(RecordDict(), dst_node_id=nid, message_type=msgs.INFO, group_id="groups") for nid in nodes]
     infos = exchange.exchange(grid, asked, cfg.round_timeout, cfg.round_retries, lambda nid: f"node {nid}")
-    holders = [r for r in infos if r.content.config_records["info"].get("holds-groups", False)]
+    holders = [r for r in infos if config_records(r.content)["info"].get("holds-groups", False)]
     if len(holders) != 1:
         raise FederationError(f"groups.holder='registry' needs exactly one registry among the {len(nodes)} parties, "
                               f"found {len(holders)} (the registry is the party that holds the sensitive column)")
-    info = holders[0].content.config_records["info"]
+    info = config_records(holders[0].content)["info"]
     who = f"the registry (node {holders[0].metadata.src_node_id}, partition {info['partition-id']})"
     if str(info["ids-digest"]) != ids_digest:
         raise FederationError(f"{who} holds other rows than the server (row id digest {info['ids-digest']}, the "
@@ -104,8 +105,8 @@ def _checked(reply: Message, request: ConfigRecord, who: str, n_train: int,
              n_test: int) -> tuple[RandomizedResponse, np.ndarray, np.ndarray, tuple[str, ...]]:
     """The release in ``reply``, refused unless it is what was asked for: the mechanism and ε_S,
     two or more named groups, one code per training and test row within them."""
-    said = reply.content.config_records.get("release")
-    arrays = reply.content.array_records.get("codes")
+    said = config_records(reply.content).get("release")
+    arrays = array_records(reply.content).get("codes")
     if said is None or arrays is None or "train" not in arrays or "test" not in arrays:
         raise FederationError(f"{who}: its reply holds no release")
     if str(said["mechanism"]) != str(request["mechanism"]) or float(said["epsilon-s"]) != float(request["epsilon-s"]):
@@ -134,7 +135,7 @@ def release(message: Message, context: Context) -> Message:
     held = rt.data.held
     if held is None:
         raise FederationError(f"{rt.who}: asked to release the groups, but this party holds no sensitive column")
-    asked = message.content.config_records.get("release", ConfigRecord())
+    asked = config_records(message.content).get("release", ConfigRecord())
     mechanism, epsilon = str(asked.get("mechanism", "")), float(asked.get("epsilon-s", 0.0))
     if mechanism != RANDOMIZED_RESPONSE:
         raise ConfigError(f"{rt.who}: asked to release the groups by {mechanism!r}; this registry releases them by "
@@ -179,10 +180,10 @@ def _secret(rt: PartyRuntime, context: Context) -> bytes:
     if rt.node.deployed:
         raise NodeConfigError(f"{rt.who}: a deployed registry needs node config release-secret (a file of "
                               f"{SECRET_BYTES}+ random bytes made on its machine)")
-    kept = context.state.config_records.get(SECRET_STATE)
+    kept = config_records(context.state).get(SECRET_STATE)
     if kept is None:
         kept = ConfigRecord({"secret": os.urandom(SECRET_BYTES).hex()})
-        context.state.config_records[SECRET_STATE] = kept
+        config_records(context.state)[SECRET_STATE] = kept
     return bytes.fromhex(str(kept["secret"]))
 
 

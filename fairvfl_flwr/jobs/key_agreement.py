@@ -13,19 +13,20 @@ from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.secure import agreement
+from fairvfl_flwr.flower.records import config_records
 
 
 def sakeys(message: Message, context: Context) -> Message:
     """A fresh key pair per set-up (the same one for a re-sent request), its public half
     signed with this party's identity key; the private key stays here."""
-    return Message(RecordDict({"secagg": agreement.signed_key(message.content.config_records["secagg"], context)}),
+    return Message(RecordDict({"secagg": agreement.signed_key(config_records(message.content)["secagg"], context)}),
                    reply_to=message)
 
 
 def sapeers(message: Message, context: Context) -> Message:
     """Check every peer's signed key against its pinned identity key, then derive a shared
     key with each; a key that fails refuses the run naming the peer."""
-    agreement.take_peers(message.content.config_records.get("secagg", ConfigRecord()), context, PartyRuntime(context))
+    agreement.take_peers(config_records(message.content).get("secagg", ConfigRecord()), context, PartyRuntime(context))
     return Message(RecordDict({"secagg": ConfigRecord({"ok": True})}), reply_to=message)
 
 

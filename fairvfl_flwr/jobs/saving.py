@@ -44,6 +44,7 @@ from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import Handles, PartyRuntime, handlers
 from fairvfl_flwr.core.constraints import constrained_codes
+from fairvfl_flwr.flower.records import array_records, config_records
 
 SAVE_RECORD = "save"
 SAVED_RECORD = "saved"
@@ -182,9 +183,9 @@ def _save(server: ServerView, grid: Grid, folder: Path, server_round: int, check
     parties = []
     for reply in server.exchange(grid, messages, timeout):
         who = server.who(reply.metadata.src_node_id)
-        if reply.content.array_records or SAVED_RECORD not in reply.content.config_records:
+        if array_records(reply.content) or SAVED_RECORD not in config_records(reply.content):
             raise FederationError(f"{who}: its {SAVE} reply must hold only digests, never arrays; refused")
-        r = reply.content.config_records[SAVED_RECORD]
+        r = config_records(reply.content)[SAVED_RECORD]
         if str(r["run-id"]) != run_id:
             raise FederationError(f"{who} saved a block of run {r['run-id']}, this run is {run_id}")
         parties.append({k: r[k] for k in ("partition-id", "role", "model", "n-features", "block-digest",
@@ -363,7 +364,7 @@ def run_card(m: dict, summary: dict) -> str:
 def save(message: Message, context: Context) -> Message:
     """Save this party's block, preprocessing and card on its own disk; reply digests only."""
     rt = PartyRuntime(context)
-    rc = message.content.config_records[SAVE_RECORD]
+    rc = config_records(message.content)[SAVE_RECORD]
     if rt.model_state() is None:
         raise model_files.BlockError(f"{rt.who}: no trained model on this node to save")
     state = rt.party(steps=False).block.weights()  # θ only: a step rule's state stays with the run

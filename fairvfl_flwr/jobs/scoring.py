@@ -62,6 +62,7 @@ from fairvfl_flwr.flower.progress import Estimate, Progress, Step, duration
 from fairvfl_flwr.flower.results import run_folder
 from fairvfl_flwr.secure import agreement, ring, view
 from fairvfl_flwr.secure.nonces import CHUNK, mask_round
+from fairvfl_flwr.flower.records import array_records, config_records
 
 #: Which block and how many rows to score (digests only).
 SCORE_INFO = "query.scoreinfo"
@@ -140,9 +141,9 @@ def settings_mod(message: Message, context: Context, call_next) -> Message:
     ``flower/party.scoring_job``; handlers and mods read it through ``PartyRuntime``): a key
     its own run config sets otherwise is refused, and only keys of ``config/scoring.ADOPTED``
     are taken. The block it loads must fit them."""
-    record = message.content.config_records.get(TRAINING)
+    record = config_records(message.content).get(TRAINING)
     if record is not None and RunConfig.mode_of(context.run_config) in JOB.modes:
-        context.state.config_records[TRAINED_STATE] = ConfigRecord(dict(record))
+        config_records(context.state)[TRAINED_STATE] = ConfigRecord(dict(record))
         scoring_job(context)  # refuses here, before any other mod acts on the message
     return call_next(message, context)
 
@@ -243,9 +244,9 @@ def _block_info(parties: _Parties, node_ids: list[int], job: dict, manifest: Map
     info: dict[int, dict] = {}
     for reply in parties.exchange([_message(nid, SCORE_INFO, job, "score-info") for nid in node_ids], on_reply):
         nid = reply.metadata.src_node_id
-        if reply.content.array_records:
+        if array_records(reply.content):
             raise ScoreError(f"{parties.name(nid)}: its {SCORE_INFO} reply must hold no arrays; refused")
-        r = dict(reply.content.config_records[RECORD])
+        r = dict(config_records(reply.content)[RECORD])
         pid = int(r["partition-id"])
         parties.who[nid] = f"party {pid} ({r['role']}, node {nid})"
         info[pid] = parties.info[nid] = {**r, "node": nid}
@@ -319,9 +320,9 @@ def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop
     """A party's ``query.score`` reply, checked: its partial logits of rows ``start`` up to
     ``stop`` (float64, or masked words under secure aggregation) and their ids."""
     content = reply.content
-    if LOGITS not in content.array_records or set(content.array_records[LOGITS]) != {"logits", "ids"}:
+    if LOGITS not in array_records(content) or set(array_records(content)[LOGITS]) != {"logits", "ids"}:
         raise ScoreError(f"{party}: a {SCORE} reply holds exactly the chunk's logits and ids; refused")
-    u = content.array_records[LOGITS]["logits"].numpy()
+    u = array_records(content)[LOGITS]["logits"].numpy()
     dtype = np.dtype(np.uint64) if cfg.masked else np.dtype(cfg.wire_dtype)
     if u.dtype != dtype or u.shape != (stop - start,):
         raise ScoreError(f"{party}: partial logits of rows {start}..{stop - 1} as {u.dtype} {u.shape}, "
@@ -332,7 +333,7 @@ def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop
             u = checks.check_vector(u, "partial logits", stop - start, party).astype(np.float64)
         except checks.ReplyError as exc:
             raise ScoreError(f"rejected a reply: {exc}") from None
-    ids = content.array_records[LOGITS]["ids"].numpy().astype(str)
+    ids = array_records(content)[LOGITS]["ids"].numpy().astype(str)
     if ids.shape != (stop - start,):
         raise ScoreError(f"{party}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
     return u, ids
@@ -395,7 +396,7 @@ class PartyScorer:
             self.spec = own_table_spec(self.spec, self.cfg)
         elif not node.has_table and self.cfg.dataset == "csv" and self.cfg.csv_id_column:  # the user's table's id column
             self.spec = dataclasses.replace(self.spec, id_column=self.cfg.csv_id_column)
-        job = message.content.config_records[RECORD]
+        job = config_records(message.content)[RECORD]
         self.run_id = str(job["run-id"])
         self.who = _who(self.spec, context)
         checkpoint = int(job.get("checkpoint", -1))
@@ -421,7 +422,7 @@ class PartyScorer:
         pre = Preprocessing.from_dict(self.meta["preprocessing"])
         path, source = score_file(self.spec, node, self.cfg)
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
-        common = context.state.array_records.get(SCORE_COMMON_STATE)
+        common = array_records(context.state).get(SCORE_COMMON_STATE)
         if common is not None:  # tables.own: the rows every party holds, found by private alignment
             self.rows = _common_rows(self.rows, common["ids"].numpy())
 
@@ -446,7 +447,7 @@ def score_info(message: Message, context: Context) -> Message:
     with progress.step():
         s = PartyScorer(message, context)
         progress.found = f"{len(s.rows.ids):,} rows, with its block of run {s.meta['run-id']}"
-    context.state.config_records.pop(PACE_STATE, None)
+    config_records(context.state).pop(PACE_STATE, None)
     return Message(RecordDict({RECORD: ConfigRecord({
         "partition-id": s.spec.partition_id, "role": s.spec.role, "run-id": str(s.meta["run-id"]),
         "block-digest": str(s.meta["block-digest"]), "n-rows": int(len(s.rows.ids)), "ids-digest": s.rows.ids_digest,
@@ -456,7 +457,7 @@ def score_info(message: Message, context: Context) -> Message:
 def score(message: Message, context: Context) -> Message:
     """Partial logits of rows [start, stop) of this party's id-sorted rows, with their ids."""
     s = PartyScorer(message, context)
-    job = message.content.config_records[RECORD]
+    job = config_records(message.content)[RECORD]
     start, stop = int(job["start"]), int(job["stop"])
     if not 0 <= start < stop <= len(s.rows.ids):
         raise checks.ReplyError(f"{s.who}: rows {start}..{stop} asked, it holds {len(s.rows.ids)}")
@@ -471,7 +472,7 @@ def _said_chunk(context: Context, who: str, start: int, stop: int, n: int) -> No
     :data:`CHUNK_LINES_GAP` seconds, with the time left at its pace since its first chunk came
     (each chunk a message of its own: the pace is kept in its node state)."""
     now = time.time()  # messages may be processes of their own: the wall clock they share
-    pace = context.state.config_records.get(PACE_STATE)
+    pace = config_records(context.state).get(PACE_STATE)
     if pace is None or start == 0:
         pace = ConfigRecord({"started": now, "said": 0.0})
     if start == 0 or stop == n or now - float(pace["said"]) >= CHUNK_LINES_GAP:
@@ -480,7 +481,7 @@ def _said_chunk(context: Context, who: str, start: int, stop: int, n: int) -> No
         log(INFO, "FairVFL: scoring, %s: scored rows %s..%s of its %s; %s", who, f"{start:,}", f"{stop - 1:,}",
             f"{n:,}", tail)
         pace["said"] = now
-    context.state.config_records[PACE_STATE] = pace
+    config_records(context.state)[PACE_STATE] = pace
 
 
 #: The scoring job: selected by ``mode = "score"``.

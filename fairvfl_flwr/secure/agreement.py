@@ -56,6 +56,7 @@ from fairvfl_flwr.secure import view
 from fairvfl_flwr.secure.identity import (IDENTITY_KEY, PEERS, check_own_pin, demo_key, fingerprint, identity,
                                           partition, peer_keys)
 from fairvfl_flwr.secure.nonces import NONCE_STATE
+from fairvfl_flwr.flower.records import array_records, config_records
 
 #: The set-up's two messages (jobs/key_agreement.py answers them): each party's signed X25519
 #: public key, then every party's key to all.
@@ -113,7 +114,7 @@ def signed_keys(parties: list[tuple[int, int, str]], replies: list[Message], ses
     ``parties``), keyed for the relay; the log says whether any party signed with a demo key."""
     public, demo = {}, []
     for (_, pid, name), reply in zip(parties, replies):
-        record = reply.content.config_records.get("secagg") or ConfigRecord()
+        record = config_records(reply.content).get("secagg") or ConfigRecord()
         key, signature, head = record.get("public"), record.get("signature"), record.get("head")
         server_round = record.get("round")
         if (not isinstance(key, bytes) or len(key) != 32 or not isinstance(signature, bytes)
@@ -150,7 +151,7 @@ def _demo_signed(partition_id: int, session: str, key: bytes, signature: bytes, 
 
 
 def _private(context: Context) -> X25519PrivateKey:
-    record = context.state.array_records.get(KEYS_STATE)
+    record = array_records(context.state).get(KEYS_STATE)
     if record is None or "private" not in record:
         raise NodeConfigError("privacy.secure-aggregation: this node has no key pair (it restarted after set-up?); "
                               "start the run again")
@@ -164,8 +165,8 @@ def signed_key(asked: ConfigRecord, context: Context) -> ConfigRecord:
     and the head this party stored with it, and moves nothing yet (:func:`take_peers` does)."""
     session = str(asked["session"])
     own = partition(context)
-    held = context.state.config_records.get(SESSION_STATE)
-    joined = context.state.config_records.get(SESSIONS_STATE)
+    held = config_records(context.state).get(SESSION_STATE)
+    joined = config_records(context.state).get(SESSIONS_STATE)
     joined = [] if joined is None else [str(s) for s in joined["sessions"]]
     if held is not None and held["session"] == session:
         private = _private(context)
@@ -183,19 +184,19 @@ def signed_key(asked: ConfigRecord, context: Context) -> ConfigRecord:
             if entering.round != int(rollback):
                 raise FederationError(f"{rt.who}: its stored state of round {rollback} holds no history of that round "
                                       "(saved without secure aggregation?); it cannot sign a rollback to it; refused")
-        context.state.config_records[SESSIONS_STATE] = ConfigRecord({"sessions": [*joined, session]})
+        config_records(context.state)[SESSIONS_STATE] = ConfigRecord({"sessions": [*joined, session]})
         # the old session's view awaits confirmations under keys that are gone: it ends with it (the
         # round and head every party signs below stand for them)
-        context.state.config_records.pop(view.STATE, None)
+        config_records(context.state).pop(view.STATE, None)
         private = X25519PrivateKey.generate()
         raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                     serialization.NoEncryption())
-        context.state.array_records[KEYS_STATE] = ArrayRecord({"private": msgs.blob_array(raw)})
-        context.state.config_records[SESSION_STATE] = ConfigRecord(
+        array_records(context.state)[KEYS_STATE] = ArrayRecord({"private": msgs.blob_array(raw)})
+        config_records(context.state)[SESSION_STATE] = ConfigRecord(
             {"session": session, "round": entering.round, "head": entering.head,
              "rollback": -1 if rollback is None else int(rollback), "moved": False})
-        context.state.config_records.pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
-        held = context.state.config_records[SESSION_STATE]
+        config_records(context.state).pop(NONCE_STATE, None)  # new pair keys: every nonce is fresh again
+        held = config_records(context.state)[SESSION_STATE]
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     server_round, head = int(held["round"]), bytes(held["head"])
     signature = identity(context).sign(signed_text(session, own, public, server_round, head))
@@ -215,7 +216,7 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
     if sorted(peers) != list(range(rt.cfg.num_parties)):
         raise NodeConfigError(f"{rt.who}: secure-aggregation set-up lists parties {sorted(peers)}, "
                               f"expected 0..{rt.cfg.num_parties - 1}")
-    held = context.state.config_records.get(SESSION_STATE)
+    held = config_records(context.state).get(SESSION_STATE)
     if held is None:
         raise NodeConfigError(f"{rt.who}: secure-aggregation peers arrived before this node's key set-up; "
                               "start the run again")
@@ -247,11 +248,11 @@ def take_peers(record: ConfigRecord, context: Context, rt: PartyRuntime) -> None
     check_histories(entered, rounds, heads, rt.who)
     if int(held["rollback"]) >= 0 and not held["moved"]:  # every party signed the same move: make it
         store.restore(context, store.load_state(store.state_dir(context, rt), int(held["rollback"]), rt.who))
-        context.state.config_records[SESSION_STATE] = ConfigRecord({**held, "moved": True})
+        config_records(context.state)[SESSION_STATE] = ConfigRecord({**held, "moved": True})
         log(LOG_INFO, "%s: every party signed the move back to round %d (history head %s…); restored it from this "
             "party's own disk", rt.who, int(held["rollback"]), entered[1].hex()[:12])
     keys = {f"k-{j}": msgs.blob_array(pair_key(private, pk, own, j, session)) for j, pk in peers.items() if j != own}
-    context.state.array_records[KEYS_STATE] = ArrayRecord({**context.state.array_records[KEYS_STATE], **keys})
+    array_records(context.state)[KEYS_STATE] = ArrayRecord({**array_records(context.state)[KEYS_STATE], **keys})
     if rt.node.peers:  # the party's own log: what it checked, for its operator
         raw = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         log(LOG_INFO, "%s: secure aggregation session %s…: signed with node config %s=%s (fingerprint %s); the keys "
@@ -278,11 +279,11 @@ _PARSED: dict[tuple, dict[int, bytes]] = {}  # (run, node, set-up) -> pair keys:
 
 def pair_keys(context: Context) -> dict[int, bytes]:
     """This party's pair keys of its current session (peer partition id -> key); empty before a set-up."""
-    held = context.state.config_records.get(SESSION_STATE)
+    held = config_records(context.state).get(SESSION_STATE)
     cache_key = (context.run_id, context.node_id, None if held is None else str(held["session"]))
     keys = _PARSED.get(cache_key)
     if keys is None or len(keys) == 0:
-        record = context.state.array_records.get(KEYS_STATE)
+        record = array_records(context.state).get(KEYS_STATE)
         keys = {int(k.split("-", 1)[1]): msgs.array_blob(v) for k, v in (record or {}).items() if k.startswith("k-")}
         if keys:
             _PARSED[cache_key] = keys

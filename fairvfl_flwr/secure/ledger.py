@@ -39,6 +39,7 @@ from flwr.app import ConfigRecord, Context
 from fairvfl_flwr.config.node import NodeConfig
 from fairvfl_flwr.data.partydata import write_atomically
 from fairvfl_flwr.flower.errors import FederationError
+from fairvfl_flwr.flower.records import config_records
 
 try:  # POSIX; elsewhere one process per SuperNode spends at a time anyway
     import fcntl
@@ -125,11 +126,11 @@ def opened(context: Context, node: NodeConfig, who: str) -> Iterator[Ledger]:
     leaves without error (before the party computes its answer), and nothing if it raises."""
     folder = ledger_folder(node)
     if folder is None:
-        kept = context.state.config_records.get(STATE)
+        kept = config_records(context.state).get(STATE)
         entries = _parse(str(kept["json"]), "(node state)", who) if kept is not None else {"version": VERSION}
         ledger = Ledger(entries, "its node state, this run", who)
         yield ledger
-        context.state.config_records[STATE] = ConfigRecord({"json": json.dumps(ledger.entries, sort_keys=True)})
+        config_records(context.state)[STATE] = ConfigRecord({"json": json.dumps(ledger.entries, sort_keys=True)})
         return
     path = folder / FILE
     try:

@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord, Context, Message
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import round_of
+from fairvfl_flwr.flower.records import config_records
 
 NONCE_STATE = "fairvfl.secagg-nonces"  # ConfigRecord on the party: the last round it masked, what it masked in it
 #: The ConfigRecord a scoring chunk's message carries (jobs/scoring.py): its rows' ``start`` orders the chunks
@@ -26,15 +27,15 @@ CHUNK = "score"
 
 def is_chunk(message: Message) -> bool:
     """Whether ``message`` asks for a scoring chunk (told by what it carries, not by its type)."""
-    return CHUNK in message.content.config_records
+    return CHUNK in config_records(message.content)
 
 
 def mask_round(message: Message) -> int | None:
     """The round a reply to ``message`` is masked under: a scoring chunk's first row, else
     the round config's round (None: the message carries none)."""
     if is_chunk(message):
-        return int(message.content.config_records[CHUNK]["start"])
-    return round_of(message)[0] if msgs.ROUND in message.content.config_records else None
+        return int(config_records(message.content)[CHUNK]["start"])
+    return round_of(message)[0] if msgs.ROUND in config_records(message.content) else None
 
 
 class Nonces:
@@ -46,7 +47,7 @@ class Nonces:
 
     def __init__(self, context: Context, who: str, mtype: str, server_round: int) -> None:
         self.context, self.who, self.mtype, self.round = context, who, mtype, server_round
-        held = context.state.config_records.get(NONCE_STATE)
+        held = config_records(context.state).get(NONCE_STATE)
         last = -1 if held is None else int(held["round"])
         if server_round < last:
             raise FederationError(f"{who}: {mtype} asks to mask round {server_round} after round {last}; rounds must "
@@ -64,5 +65,5 @@ class Nonces:
 
     def save(self) -> None:
         """Keep what this reply used (once every vector of it passed) in the node state."""
-        self.context.state.config_records[NONCE_STATE] = ConfigRecord(
+        config_records(self.context.state)[NONCE_STATE] = ConfigRecord(
             {"round": self.round, "used": [f"{k}={v}" for k, v in self.used.items()]})

@@ -50,6 +50,7 @@ from fairvfl_flwr.flower import history
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import ALIGNED_STATE, VIEW_STATE
+from fairvfl_flwr.flower.records import array_records, config_records
 
 VIEW = "secagg-view"  # ConfigRecord on a server message: round, part digests
 #: ConfigRecord on a training run's first bound messages: every party's signed key of the set-up
@@ -139,7 +140,7 @@ class ServerViews:
             mtype = m.metadata.message_type
             r = server_round(m)
             rounds.add(self.round if r is None else r)
-            if msgs.continues_view(mtype, m.content.array_records.get(msgs.PAYLOAD)):
+            if msgs.continues_view(mtype, array_records(m.content).get(msgs.PAYLOAD)):
                 continue
             name = part_name(mtype, role_of(m.metadata.dst_node_id))
             digest = content_digest(m.content, mtype, role_of(m.metadata.dst_node_id))
@@ -154,14 +155,14 @@ class ServerViews:
             self.views.setdefault(self.round, view_digest(self.session, self.round, parts))
         record = ConfigRecord({"round": self.round, "parts": [f"{k}={v}" for k, v in sorted(self.current.items())]})
         for m in bound:
-            m.content.config_records[VIEW] = record
+            config_records(m.content)[VIEW] = record
             tags = self.relay.get(pid_of(m.metadata.dst_node_id), {})
-            m.content.config_records[CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
+            config_records(m.content)[CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
 
     def collect(self, replies: Iterable[Message], pid_of: Callable[[int], int]) -> None:
         """Take each masked reply's confirmations, to relay with the next message."""
         for reply in replies:
-            record = reply.content.config_records.pop(CONFIRM, None)
+            record = config_records(reply.content).pop(CONFIRM, None)
             if record is None:
                 continue
             sender = pid_of(reply.metadata.src_node_id)
@@ -182,7 +183,7 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
     peer's confirmation of the head the party last masked under. The history moves only once
     every check passed."""
     mtype = message.metadata.message_type
-    record = message.content.config_records.get(VIEW)
+    record = config_records(message.content).get(VIEW)
     if record is None:
         raise FederationError(f"{who}: {mtype} carries no view of the round under secure aggregation; refused")
     try:
@@ -194,10 +195,10 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
         raise FederationError(f"{who}: {mtype} is round {mask_round} but its view says round {server_round}; refused")
     name = part_name(mtype, role)
     view = view_digest(session, server_round, parts)
-    held = state.config_records.get(STATE)
+    held = config_records(state).get(STATE)
     past = history.History.held(state, run_id)
     now = past
-    if msgs.continues_view(mtype, message.content.array_records.get(msgs.PAYLOAD)):
+    if msgs.continues_view(mtype, array_records(message.content).get(msgs.PAYLOAD)):
         if held is None or int(held["round"]) != server_round or bytes.fromhex(str(held["view"])) != view:
             raise FederationError(f"{who}: {mtype} of round {server_round} does not continue the view this party "
                                   "holds of that round; refused (different messages to different parties)")
@@ -207,7 +208,7 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
         if parts.get(name) != digest:
             raise FederationError(f"{who}: the view of round {server_round} lists another {name} message than this "
                                   "party received; refused (the server sent different parties different values)")
-        aligned = state.config_records.get(ALIGNED_STATE)
+        aligned = config_records(state).get(ALIGNED_STATE)
         block = "" if aligned is None else str(aligned["key"])
         now, _ = past.advance(mtype, server_round, name, digest, parts, who, block)
     pending = None if held is None or not held["pending"] else bytes.fromhex(str(held["pending"]))
@@ -220,7 +221,7 @@ def accept(message: Message, state: RecordDict, *, session: str, own: int, role:
 def confirm_peers(message: Message, pending: bytes, who: str, pair_keys: dict[int, bytes],
                   pending_round: int) -> None:
     """Every peer's confirmation of ``pending`` must come with ``message``."""
-    record = message.content.config_records.get(CONFIRM)
+    record = config_records(message.content).get(CONFIRM)
     tags = {} if record is None else {int(k.split("-", 1)[1]): v for k, v in record.items()}
     for j in sorted(pair_keys):
         if j not in tags:
@@ -236,7 +237,7 @@ def remember(state: RecordDict, server_round: int, name: str, view: bytes, head:
     """Keep the view this party answered under; ``awaiting``: a masked reply went out bound to
     the history ``head`` (or still awaits from before), so the next exchange needs the peers'
     confirmations of that head."""
-    state.config_records[STATE] = ConfigRecord({"round": server_round, "part": name, "view": view.hex(),
+    config_records(state)[STATE] = ConfigRecord({"round": server_round, "part": name, "view": view.hex(),
                                                 "head": head.hex(), "pending": head.hex() if awaiting else ""})
 
 

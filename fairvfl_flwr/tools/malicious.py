@@ -43,6 +43,7 @@ from fairvfl_flwr.secure.nonces import mask_round
 from fairvfl_flwr.jobs import alignment
 from fairvfl_flwr.tools import attacks
 from fairvfl_flwr.tools.export import export
+from fairvfl_flwr.flower.records import array_records, config_records
 
 
 #: A round's training messages (what the real ServerApp sends after round 0).
@@ -71,7 +72,7 @@ class LyingGrid(InProcessGrid):
         got = list(super().pull_messages(message_ids))
         for r in got:
             arrays = {} if r.has_error() else {name: {k: a.numpy().copy() for k, a in rec.items()}
-                                               for name, rec in r.content.array_records.items()}
+                                               for name, rec in array_records(r.content).items()}
             self.received.append((r, arrays))
         return got
 
@@ -82,7 +83,7 @@ class LyingGrid(InProcessGrid):
     def reseal(self, messages: list[Message]) -> None:
         """Each message's view lists the part that message carries (the first such
         message's digest for the other parts): every party's own check passes."""
-        bound = [m for m in messages if view.VIEW in m.content.config_records]
+        bound = [m for m in messages if view.VIEW in config_records(m.content)]
         digests = {}
         for m in bound:
             mtype, role = m.metadata.message_type, self.role(m.metadata.dst_node_id)
@@ -92,10 +93,10 @@ class LyingGrid(InProcessGrid):
             common.setdefault(name, digest)
         for m in bound:
             name, digest = digests[id(m)]
-            rc = m.content.config_records.get(msgs.ROUND)
-            r = int(rc["round"]) if rc is not None else int(m.content.config_records[view.VIEW]["round"])
+            rc = config_records(m.content).get(msgs.ROUND)
+            r = int(rc["round"]) if rc is not None else int(config_records(m.content)[view.VIEW]["round"])
             parts = {**common, name: digest}
-            m.content.config_records[view.VIEW] = ConfigRecord(
+            config_records(m.content)[view.VIEW] = ConfigRecord(
                 {"round": r, "parts": [f"{k}={v}" for k, v in sorted(parts.items())]})
 
     def replies(self, mtype: str | None = None) -> list[Message]:
@@ -118,14 +119,14 @@ class IsolateParty(LyingGrid):
         self.sent: dict[int, np.ndarray] = {}  # round -> the ν the target got
 
     def tamper(self, msg: Message) -> None:
-        mtype, rc = msg.metadata.message_type, msg.content.config_records.get(msgs.ROUND)
-        payload = msg.content.array_records.get(msgs.PAYLOAD)
+        mtype, rc = msg.metadata.message_type, config_records(msg.content).get(msgs.ROUND)
+        payload = array_records(msg.content).get(msgs.PAYLOAD)
         if rc is None or payload is None:
             return
         t = int(rc["round"])
         if mtype == msgs.TRAIN_ACTIVE:
             z, lam = payload["z"].numpy(), payload["lam"].numpy()
-            msg.content.array_records[msgs.PAYLOAD] = msgs.array_record(
+            array_records(msg.content)[msgs.PAYLOAD] = msgs.array_record(
                 z=(1000.0 * self.y).astype(z.dtype), lam=np.zeros_like(lam))
         elif mtype == msgs.TRAIN_PASSIVE:
             nu = payload["nu"].numpy()
@@ -135,7 +136,7 @@ class IsolateParty(LyingGrid):
                 new = self.sent[t]
             else:
                 new = np.zeros_like(nu)
-            msg.content.array_records[msgs.PAYLOAD] = msgs.array_record(nu=new)
+            array_records(msg.content)[msgs.PAYLOAD] = msgs.array_record(nu=new)
 
 
 @contextlib.contextmanager
@@ -212,10 +213,10 @@ class ResendChanged(LyingGrid):
         ids = super().push_messages(messages)
         for msg in messages:
             if msg.metadata.group_id == str(self.again) and msg.metadata.message_type == msgs.TRAIN_PASSIVE:
-                nu = msg.content.array_records[msgs.PAYLOAD]["nu"].numpy()
+                nu = array_records(msg.content)[msgs.PAYLOAD]["nu"].numpy()
                 twin = Message(RecordDict(dict(msg.content)), dst_node_id=msg.metadata.dst_node_id,
                                message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
-                twin.content.array_records[msgs.PAYLOAD] = msgs.array_record(nu=nu * 2)
+                array_records(twin.content)[msgs.PAYLOAD] = msgs.array_record(nu=nu * 2)
                 self.reseal([twin])
                 self.answers.append(self._answer(twin))
         return ids
@@ -270,8 +271,8 @@ def replayed(msg: Message, **payload: np.ndarray) -> Message:
     """``msg`` again, without its exchange's records; ``payload``: arrays that replace its payload's."""
     content = RecordDict({name: record for name, record in msg.content.items() if name not in EXCHANGE_RECORDS})
     if payload:
-        old = {k: a.numpy() for k, a in content.array_records[msgs.PAYLOAD].items()}
-        content.array_records[msgs.PAYLOAD] = msgs.array_record(**{**old, **payload})
+        old = {k: a.numpy() for k, a in array_records(content)[msgs.PAYLOAD].items()}
+        array_records(content)[msgs.PAYLOAD] = msgs.array_record(**{**old, **payload})
     return Message(content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
                    group_id=msg.metadata.group_id)
 
@@ -358,9 +359,9 @@ class HandServer:
         for m, name, digest in named:
             parts = {**common, name: digest}
             tags = self.views.relay.get(self.pid(m.metadata.dst_node_id), {})
-            m.content.config_records[view.VIEW] = ConfigRecord(
+            config_records(m.content)[view.VIEW] = ConfigRecord(
                 {"round": mask_round(m), "parts": [f"{k}={v}" for k, v in sorted(parts.items())]})
-            m.content.config_records[view.CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
+            config_records(m.content)[view.CONFIRM] = ConfigRecord({f"t-{j}": t for j, t in sorted(tags.items())})
 
     def rejoin(self, node_ids: list[int], server_round: int) -> list[Message]:
         """``query.rejoin`` of ``server_round`` to ``node_ids`` only."""
@@ -370,9 +371,9 @@ class HandServer:
     def decode(replies: list[Message], record: str = msgs.LOGITS, key: str = "train") -> np.ndarray | None:
         """The decoded sum of every reply's ``record``/``key`` words; None: a refusal, or masks that
         did not cancel (decoded, such a sum is uniform over the ring)."""
-        if not replies or any(r.has_error() or record not in r.content.array_records for r in replies):
+        if not replies or any(r.has_error() or record not in array_records(r.content) for r in replies):
             return None
-        words = [r.content.array_records[record][key].numpy() for r in replies]
+        words = [array_records(r.content)[record][key].numpy() for r in replies]
         total = ring.decode(np.sum(words, axis=0, dtype=np.uint64))
         return total if np.all(np.abs(total) < ring.LIMIT / 2) else None
 
@@ -563,7 +564,7 @@ def rejoin_resend(run_config: dict, folder: Path, target: int = 2, probes: int |
         for nid in grid.node_ids:
             passive = {} if server.role(nid) == msgs.ROLE_ACTIVE else {"nu": nu}
             msg = replayed(grid.honest(stop_at - 1, nid), **passive)
-            msg.content.config_records[msgs.ROUND] = msgs.round_config(t, False)
+            config_records(msg.content)[msgs.ROUND] = msgs.round_config(t, False)
             messages.append(Message(msg.content, dst_node_id=nid, message_type=msg.metadata.message_type,
                                     group_id=str(t)))
         first = server.decode(server.exchange(messages))
@@ -604,7 +605,7 @@ def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | N
         start, extra = msgs.NEWTON_INIT, {"alpha": np.zeros(0)}
     else:
         record, key, scale, start, extra = msgs.LOGITS, "train", cfg.eta, msgs.INIT, {}
-    weight = grid.contexts[target_node].state.array_records[MODEL_STATE]["weight"].numpy()
+    weight = array_records(grid.contexts[target_node].state)[MODEL_STATE]["weight"].numpy()
     real = (X @ weight.astype(np.float64).reshape(-1)).astype(np.float32).astype(np.float64)  # for scoring only
     honest, base = grid.honest_sum(last, record, key), None
     R, V, decoded, logits_error = [], [], 0, None
@@ -644,8 +645,8 @@ class DictionaryTest(LyingGrid):
 
     def tamper(self, msg: Message) -> None:
         if msg.metadata.message_type == alignment.ALIGN_RAISE:
-            fields = msg.content.config_records[alignment.STEP]
-            msg.content.config_records[alignment.STEP] = ConfigRecord({**fields, "blinded": self.blinded})
+            fields = config_records(msg.content)[alignment.STEP]
+            config_records(msg.content)[alignment.STEP] = ConfigRecord({**fields, "blinded": self.blinded})
 
 
 def _own_tables(folder: Path, rows: int = 2000) -> tuple[dict, np.ndarray]:
