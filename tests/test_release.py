@@ -158,6 +158,8 @@ def test_the_errors_slope_is_its_derivative_and_a_plane_through_zero(kind, measu
     for _ in range(5):  # a supporting plane: below S_c at every other point
         other = q + rng.normal(scale=0.3, size=n)
         np.testing.assert_array_less(other @ slopes, gap_errors(soft, rr, other) + 1e-12)
+    # the same value on every row (a run's first scores): S_c is 0 but for rounding, and so is its slope
+    assert not np.any(gap_error_slopes(soft, rr, np.full(n, q[0])))
 
 
 def test_a_release_margin_adds_a_spread_gap_per_gap_that_its_bound_holds():

@@ -228,13 +228,17 @@ def _spread(cov: np.ndarray, rows: np.ndarray, sides, q: np.ndarray, slope: bool
     if not slope:
         return spread, None
     grad = np.zeros(len(q_rows))
-    if spread > 0:
+    if spread > SPREAD_FLOOR:
         v = np.einsum("rab,rb->ra", cov[worst], coef)
         for g, sign, weight, size in sides:
             grad += (sign / size) * (v[:, g] - weight * (float(v[:, g].sum()) / size))
         grad /= spread  # ∂S = ∂S² / (2S)
     return spread, grad
 
+
+#: Where S is below this it is 0 but for rounding (the rows' values are the same, as a run's first
+#: scores make them), and its slope, the ratio of two rounding errors, is taken as 0.
+SPREAD_FLOOR = 1e-12
 
 #: How many of the release's standard deviations a release margin covers (:class:`ReleaseMargin`).
 MARGIN_DEVIATIONS = 2.0
@@ -308,7 +312,7 @@ class SpreadGap:
         at its worst group, S² = Σ_r coef_rᵀ C_r coef_r, so ∇²S = (AᵀCA − ∇S ∇Sᵀ)/S."""
         spread, grad = _spread(self.cov, self.rows, self.sides, q, slope=True)
         J = dq.shape[1]
-        if spread <= 0:
+        if spread <= SPREAD_FLOOR:
             return np.zeros((J, J))
         q_rows, d_rows = q[self.rows], dq[self.rows]
         coef = np.zeros((len(q_rows), self.cov.shape[1]))
