@@ -197,6 +197,28 @@ def test_a_release_margin_adds_a_spread_gap_per_gap_that_its_bound_holds():
     assert margin.apply(exact, rr) is exact  # exact groups: no error to bound
 
 
+def test_a_spread_gaps_bend_is_its_curvature_along_the_given_directions():
+    """SpreadGap.bend (what block Newton's model adds for a held spread) against central second
+    differences of its value along three random directions of the rows' values."""
+    rng = np.random.default_rng(8)
+    n = 500
+    s = rng.integers(0, 3, n)
+    y = np.where(rng.random(n) < 0.5, 1, -1)
+    rr = RandomizedResponse(1.0, 3)
+    soft = from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction())
+    gap = ReleaseMargin(0.01, 0.02).apply(soft, rr).gap_list[-1]
+    q, dq, h = rng.random(n), rng.normal(size=(n, 3)), 1e-4
+
+    def second(i: int, j: int) -> float:
+        def f(a: float, b: float) -> float:
+            return gap.value(q + a * dq[:, i] + b * dq[:, j])
+        return (f(h, h) - f(h, -h) - f(-h, h) + f(-h, -h)) / (4 * h * h)
+
+    numeric = np.array([[second(i, j) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(gap.bend(q, dq), numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
+    assert np.all(np.linalg.eigvalsh(gap.bend(q, dq)) > -1e-12)  # a norm's: PSD
+
+
 def test_the_releases_error_holds_for_groups_the_server_pooled():
     """Two groups of 1 % each, pooled by the server from the release's estimated counts (with the
     next smallest while still under min-group-size): the error of the pooled group's gaps is again

@@ -218,22 +218,33 @@ def _spread(cov: np.ndarray, rows: np.ndarray, sides, q: np.ndarray, slope: bool
     S² = Σ_r coef_rᵀ C_r coef_r, coef_r[g] = Σ_(sides on g) sign (q_r − m_side)/size, m_side =
     weightᵀq/size, C_r the weights' covariance given the row's largest true group; with
     v_r = C_r coef_r, ∂S²/∂q_j = 2 Σ_sides (sign/size)(v_j[g] − (weight_j/size) Σ_r v_r[g])."""
-    q_rows = q[rows]
-    coef = np.zeros((len(q_rows), cov.shape[1]))  # each row's ∂D/∂W in each group
-    for g, sign, weight, size in sides:
-        coef[:, g] += sign * (q_rows - float(weight @ q_rows) / size) / size
-    per_group = np.einsum("ra,iab,rb->ri", coef, cov, coef)  # rows × true groups
-    worst = per_group.argmax(axis=1)
-    spread = float(np.sqrt(per_group[np.arange(len(worst)), worst].sum()))
+    coef = _coefficients(sides, q[rows], cov.shape[1])
+    worst, spread = _at_worst(cov, coef)
     if not slope:
         return spread, None
-    grad = np.zeros(len(q_rows))
+    grad = np.zeros(len(coef))
     if spread > SPREAD_FLOOR:
         v = np.einsum("rab,rb->ra", cov[worst], coef)
         for g, sign, weight, size in sides:
             grad += (sign / size) * (v[:, g] - weight * (float(v[:, g].sum()) / size))
         grad /= spread  # ∂S = ∂S² / (2S)
     return spread, grad
+
+
+def _coefficients(sides, values: np.ndarray, groups: int) -> np.ndarray:
+    """Each of a gap's rows' ∂D/∂W in each group at the rows' ``values`` (R → R × G), or for each
+    column of them (R × J → R × J × G): Σ_(sides on g) sign (value − weightᵀvalues/size)/size."""
+    out = np.zeros(values.shape + (groups,))
+    for g, sign, weight, size in sides:
+        out[..., g] += sign * (values - (weight @ values) / size) / size
+    return out
+
+
+def _at_worst(cov: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, float]:
+    """Each row's true group of the largest variance at ``coef`` (:func:`_coefficients`), and S."""
+    per_group = np.einsum("ra,iab,rb->ri", coef, cov, coef)  # rows × true groups
+    worst = per_group.argmax(axis=1)
+    return worst, float(np.sqrt(per_group[np.arange(len(worst)), worst].sum()))
 
 
 #: Where S is below this it is 0 but for rounding (the rows' values are the same, as a run's first
@@ -314,15 +325,10 @@ class SpreadGap:
         J = dq.shape[1]
         if spread <= SPREAD_FLOOR:
             return np.zeros((J, J))
-        q_rows, d_rows = q[self.rows], dq[self.rows]
-        coef = np.zeros((len(q_rows), self.cov.shape[1]))
-        dcoef = np.zeros((len(q_rows), J, self.cov.shape[1]))
-        for g, sign, weight, size in self.sides:
-            coef[:, g] += sign * (q_rows - float(weight @ q_rows) / size) / size
-            dcoef[:, :, g] += sign * (d_rows - (weight @ d_rows) / size) / size
-        per_group = np.einsum("ra,iab,rb->ri", coef, self.cov, coef)
-        C = self.cov[per_group.argmax(axis=1)]
-        gram = np.einsum("rja,rab,rkb->jk", dcoef, C, dcoef, optimize=True)
+        d_rows = dq[self.rows]
+        worst, _ = _at_worst(self.cov, _coefficients(self.sides, q[self.rows], self.cov.shape[1]))
+        dcoef = _coefficients(self.sides, d_rows, self.cov.shape[1])
+        gram = np.einsum("rja,rab,rkb->jk", dcoef, self.cov[worst], dcoef, optimize=True)
         g = grad @ d_rows
         return self.scale * (gram - np.outer(g, g)) / spread
 
