@@ -151,7 +151,6 @@ def test_adult_at_epsilon_s_4_holds_epsilon_on_the_true_groups(tmp_path):
     assert manifest["groups-release"]["release-margin"] == 0.01
 
 
-@pytest.mark.slow
 def test_the_release_margin_holds_the_true_gap_where_the_estimate_alone_does_not(tmp_path):
     """COMPAS, equalized odds at ε = 0.01, the release at ε_S = 1: holding the estimates within ε only
     (``groups.release-margin = 0``, no spread gaps) leaves the largest gap on the TRUE groups beyond
