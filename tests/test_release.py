@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from fairvfl_flwr.core.constraints import SensitiveGroups, from_labels
-from fairvfl_flwr.core.constraints.release import RandomizedResponse, gap_errors, membership_weights, row_draws
+from fairvfl_flwr.core.constraints.release import (RandomizedResponse, ReleaseMargin, SpreadGap, gap_error_slopes,
+                                                   gap_errors, membership_weights, row_draws)
 from fairvfl_flwr.core.newton import smooth_part
 
 
@@ -130,6 +131,92 @@ def test_the_releases_error_on_each_gap_is_the_spread_of_its_estimate_over_relea
     np.testing.assert_array_less(0.7 * error, spread)
     np.testing.assert_array_less(spread, 1.25 * error)
     assert not np.any(gap_errors(from_labels(y, s, 1, kind, measure, form=form), rr, soft.q.values(y, z)))
+
+
+@pytest.mark.parametrize("kind,measure,k,form", [("deo", "loss", 2, "pairwise"), ("equalized-odds", "rate", 3, "pairwise"),
+                                                  ("demographic-parity", "rate", 3, "overall")])
+def test_the_errors_slope_is_its_derivative_and_a_plane_through_zero(kind, measure, k, form):
+    """∂S_c/∂q (gap_error_slopes) against central differences; S_c is convex and of degree 1 in q,
+    so the slope at q gives S_c(q) exactly (Euler) and at most S_c(q') elsewhere, and a shift of
+    every row's value by the same amount moves nothing."""
+    rng = np.random.default_rng(6)
+    n = 600
+    s = rng.integers(0, k, n)
+    y = np.where(rng.random(n) < 0.4 + 0.1 * s, 1, -1)
+    rr = RandomizedResponse(1.0, k)
+    soft = from_labels(y, rr.release(s, rng), 1, kind, measure, weights=rr.correction(), form=form)
+    q = soft.q.values(y, rng.normal(size=n) + 0.4 * s)
+    slopes, errors = gap_error_slopes(soft, rr, q), gap_errors(soft, rr, q)
+    np.testing.assert_allclose(q @ slopes, errors, rtol=1e-10)  # Euler
+    np.testing.assert_allclose(slopes.sum(axis=0), 0.0, atol=1e-10)  # centred: a constant shift moves nothing
+    h = 1e-6
+    for i in rng.choice(n, 6, replace=False):
+        dq = np.zeros(n)
+        dq[i] = h
+        numeric = (gap_errors(soft, rr, q + dq) - gap_errors(soft, rr, q - dq)) / (2 * h)
+        np.testing.assert_allclose(slopes[i], numeric, rtol=1e-5, atol=1e-9)
+    for _ in range(5):  # a supporting plane: below S_c at every other point
+        other = q + rng.normal(scale=0.3, size=n)
+        np.testing.assert_array_less(other @ slopes, gap_errors(soft, rr, other) + 1e-12)
+    # the same value on every row (a run's first scores): S_c is 0 but for rounding, and so is its slope
+    assert not np.any(gap_error_slopes(soft, rr, np.full(n, q[0])))
+
+
+def test_a_release_margin_adds_a_spread_gap_per_gap_that_its_bound_holds():
+    """Each gap's spread gap is scale · S_c, scale = ε · 2 / margin, so |value| <= ε exactly where
+    2 S_c <= margin; before a slope is taken it adds nothing to the rows' weights, after it the
+    weights carry d · its slope."""
+    rng = np.random.default_rng(7)
+    n = 900
+    s = rng.integers(0, 3, n)
+    y = np.where(rng.random(n) < 0.5, 1, -1)
+    rr = RandomizedResponse(2.0, 3)
+    soft = from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction())
+    margin = ReleaseMargin(0.01, 0.02)
+    held = margin.apply(soft, rr)
+    C = len(soft.gap_list)
+    assert len(held.gap_list) == 2 * C and held.num_multipliers == 4 * C and not held.linear
+    assert all(isinstance(g, SpreadGap) and g.name == f"{f.name} (release spread)"
+               for f, g in zip(soft.gap_list, held.gap_list[C:]))
+    z = rng.normal(size=n) + 0.5 * s
+    q = held.q.values(y, z)
+    np.testing.assert_allclose(held.gaps(y, z)[C:], margin.scale * gap_errors(soft, rr, q), rtol=1e-12)
+    np.testing.assert_allclose(held.gaps(y, z)[:C], soft.gaps(y, z))
+    np.testing.assert_allclose(gap_errors(held, rr, q), gap_errors(soft, rr, q))  # the fairness gaps' errors only
+    lam = np.zeros(held.num_multipliers)
+    lam[2 * C] = 0.3  # the first spread gap's upper multiplier
+    np.testing.assert_allclose(held.signed_weights(lam), 1.0 / n)  # no slope yet: nothing asked of the weights
+    at = held.linearised(y, z)
+    assert all(a is b for a, b in zip(at.gap_list[:C], held.gap_list[:C])) and at.linearised(y, z) is not at
+    # the weights carry d · slope: at the reference the constraint's part of f̃ is d · value (Euler), below it elsewhere
+    assert at.constraint_term(lam, q) == pytest.approx(0.3 * at.gaps(y, z)[C], rel=1e-10)
+    other = held.q.values(y, z + rng.normal(size=n))
+    assert at.constraint_term(lam, other) < 0.3 * at.gap_list[C].value(other)
+    assert soft.linearised(y, z) is soft  # every gap linear: the constraint itself
+    exact = from_labels(y, s, 1, "equalized-odds", "rate")
+    assert margin.apply(exact, rr) is exact  # exact groups: no error to bound
+
+
+def test_a_spread_gaps_bend_is_its_curvature_along_the_given_directions():
+    """SpreadGap.bend (what block Newton's model adds for a held spread) against central second
+    differences of its value along three random directions of the rows' values."""
+    rng = np.random.default_rng(8)
+    n = 500
+    s = rng.integers(0, 3, n)
+    y = np.where(rng.random(n) < 0.5, 1, -1)
+    rr = RandomizedResponse(1.0, 3)
+    soft = from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction())
+    gap = ReleaseMargin(0.01, 0.02).apply(soft, rr).gap_list[-1]
+    q, dq, h = rng.random(n), rng.normal(size=(n, 3)), 1e-4
+
+    def second(i: int, j: int) -> float:
+        def f(a: float, b: float) -> float:
+            return gap.value(q + a * dq[:, i] + b * dq[:, j])
+        return (f(h, h) - f(h, -h) - f(-h, h) + f(-h, -h)) / (4 * h * h)
+
+    numeric = np.array([[second(i, j) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(gap.bend(q, dq), numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
+    assert np.all(np.linalg.eigvalsh(gap.bend(q, dq)) > -1e-12)  # a norm's: PSD
 
 
 def test_the_releases_error_holds_for_groups_the_server_pooled():

@@ -268,6 +268,35 @@ def test_a_masked_run_that_stops_resumes_to_the_uninterrupted_model_bit_for_bit(
     assert dtypes and all(d == np.uint64 for d in dtypes)  # masked words only, resumed too
 
 
+@pytest.mark.slow
+def test_a_registry_run_with_a_release_margin_resumes_to_the_uninterrupted_model_bit_for_bit(tmp_path, caplog):
+    """A registry's randomized-response groups with the default release margin under block Newton: the
+    scores the spread gaps take their slopes at are part of the checkpoint, so the resumed rounds
+    take the same steps (the registry's secret is a file: the resumed run gets the same release)."""
+    key = tmp_path / "registry-secret"
+    key.write_bytes(bytes(range(32)))
+    extra = {"optimizer": "newton", "groups.holder": "registry", "groups.epsilon-s": 1.0}
+    nodes = [{"partition-id": k, "num-partitions": 6} for k in range(6)]
+    nodes[-1]["release-secret"] = str(key)
+    full_rc = _rc(tmp_path / "full", **{**extra, "reliability.checkpoint-every": 0})
+    full, full_folder = run_server(_grid(full_rc, node_configs=nodes), full_rc)
+    rc = _rc(tmp_path, **extra)
+    grid = _grid(rc, silent=lambda idx, rnd: idx == 3 and rnd.isdigit() and int(rnd) >= 5, node_configs=nodes)
+    with pytest.raises(PartyUnavailable):
+        run_server(grid, rc)
+    (folder,) = (tmp_path / "runs").iterdir()
+    resumed_rc = {**rc, "reliability.resume-from": str(folder)}
+    summary, _ = run_server(_grid(resumed_rc, seed=99, node_configs=nodes), resumed_rc)
+    ours, theirs = (json.loads((f / "history.json").read_text()) for f in (folder, full_folder))
+    assert [(r["round"], r["loss"], r["gaps"], r["lambdas"]) for r in ours] == \
+        [(r["round"], r["loss"], r["gaps"], r["lambdas"]) for r in theirs]
+    spreads = [name for name in theirs[-1]["gaps"] if name.endswith(" (release spread)")]
+    assert spreads and len(spreads) == len(theirs[-1]["gaps"]) // 2
+    # the spread gaps held the run somewhere after the checkpoint (their multipliers: the second half)
+    assert any(max(r["lambdas"][len(r["lambdas"]) // 2:]) > 0 for r in theirs[5:])
+    assert summary["train_release_error"] == full["train_release_error"]
+
+
 def test_missing_party_stops_the_run_then_resume_equals_uninterrupted(tmp_path, uninterrupted, caplog):
     rc = _rc(tmp_path)
     down_from = 5  # party 3 goes down in round 5; the last checkpoint is round 4

@@ -302,6 +302,10 @@ class RunConfig:
     groups_epsilon_s: float = S(2.0, "epsilon_S of the registry's randomized response: each row's group is "
                                 "epsilon_S-locally private against every other role, whatever they compute",
                                 section="groups", rule=above(0), why="must be > 0")
+    groups_release_margin: float = S(0.01, "randomized-response: the true gaps held within epsilon + this, at 2 standard "
+                                     "deviations of the release's error (the run bounds it, at some accuracy); 0: "
+                                     "the estimates only (privacy.md#a-registry-holds-the-groups)", section="groups",
+                                     rule=at_least(0), why="must be >= 0")
 
     # -- construction ------------------------------------------------------------
     @classmethod

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fairvfl_flwr.config import algorithms
-from fairvfl_flwr.core.constraints.release import ENCRYPTED
+from fairvfl_flwr.core.constraints.release import ENCRYPTED, RANDOMIZED_RESPONSE
 from fairvfl_flwr.core.errors import ConfigError
 
 def bad(cfg: Any, field: str, why: str) -> ConfigError:
@@ -68,6 +68,9 @@ def check_conditional(c: Any) -> None:
     if c.registry and c.num_parties <= c.num_active:
         raise bad(c, "num_parties", f"groups.holder='registry' needs a party besides the {c.num_active} active "
                   "one(s): the registry is the last partition, a feature holder that also holds the groups")
+    if c.registry and c.groups_release == RANDOMIZED_RESPONSE and c.groups_release_margin > 0 and c.epsilon <= 0:
+        raise bad(c, "groups_release_margin", "needs epsilon > 0: the release's error is held within epsilon's "
+                  "scale (privacy.md#a-registry-holds-the-groups); set it to 0 with epsilon = 0")
     if c.mode == "score" and not c.score_model_from:
         raise bad(c, "score_model_from", "mode='score' needs the training run folder whose model scores "
                   "(the folder with model.json)")

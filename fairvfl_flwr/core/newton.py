@@ -146,23 +146,49 @@ def solve_psd(H: np.ndarray, rhs: np.ndarray, rcond: float = 1e-12) -> np.ndarra
 
 class RowwiseSpace:
     """φ and the gaps on the span of the directions' logits Δu, row by row from the constraint: where
-    the server holds every row's group (or its release), each trial point z + Δu α is evaluated exactly."""
+    the server holds every row's group (or its release), each trial point z + Δu α is evaluated exactly.
+    A gap that is not linear in the rows' values (a release's spread) takes its slope at each trial
+    point (ConstraintSet.linearised), so the search's gradient, curvature and gaps' slopes are those
+    of the value it tests its steps on."""
 
     def __init__(self, constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.ndarray) -> None:
         self.constraint, self.y, self.z, self.du = constraint, y, z, du
         self.cols = gap_weights(constraint)
+        self._point: tuple[bytes, ConstraintSet, np.ndarray] | None = None  # the last trial point's
+
+    def at(self, al: np.ndarray) -> tuple[ConstraintSet, np.ndarray]:
+        """The constraint with its slopes at z + Δu α (itself where every gap is linear), and its
+        n × C columns ∂w/∂d (:func:`gap_weights`)."""
+        if self.constraint.linear:
+            return self.constraint, self.cols
+        key = np.asarray(al, dtype=np.float64).tobytes()
+        if self._point is None or self._point[0] != key:
+            at = self.constraint.linearised(self.y, self.z + self.du @ al)
+            self._point = (key, at, gap_weights(at))
+        return self._point[1], self._point[2]
 
     def value(self, al: np.ndarray, lam: np.ndarray) -> float:
         """φ(z + Δu α) at λ (:func:`smooth_part`)."""
-        return smooth_part(self.constraint, self.y, self.z + self.du @ al, lam)
+        return smooth_part(self.at(al)[0], self.y, self.z + self.du @ al, lam)
 
     def gradient(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """Δuᵀν at z + Δu α: φ's gradient in α."""
-        return self.du.T @ self.constraint.masked_weights(self.y, self.z + self.du @ al, lam)
+        return self.du.T @ self.at(al)[0].masked_weights(self.y, self.z + self.du @ al, lam)
 
     def curvature(self, al: np.ndarray, lam: np.ndarray) -> np.ndarray:
-        """Δuᵀ diag(h) Δu with h the PSD per-row curvature (:func:`curvature`)."""
-        return (self.du * curvature(self.constraint, self.y, self.z + self.du @ al, lam)[:, None]).T @ self.du
+        """Δuᵀ diag(h) Δu with h the PSD per-row curvature (:func:`curvature`), plus, for a gap that is
+        not linear in q and whose multiplier pushes it down (d_c > 0), d_c times its own curvature
+        (its ``bend``: without it the search's Newton steps overshoot a release's spread many times)."""
+        at, z = self.at(al)[0], self.z + self.du @ al
+        H = (self.du * curvature(at, self.y, z, lam)[:, None]).T @ self.du
+        if at.linear:
+            return H
+        d = np.asarray(lam, dtype=np.float64)[0::2] - np.asarray(lam, dtype=np.float64)[1::2]
+        q, dq = at.q.values(self.y, z), at.q.slope(self.y, z)[:, None] * self.du
+        for c, gap in enumerate(at.gap_list):
+            if not gap.linear and d[c] > 0:
+                H = H + d[c] * gap.bend(q, dq)
+        return H
 
     def gaps(self, al: np.ndarray) -> np.ndarray:
         """Every D_c at z + Δu α."""
@@ -170,7 +196,7 @@ class RowwiseSpace:
 
     def slopes(self, al: np.ndarray) -> np.ndarray:
         """V = Δuᵀ ∂D/∂z at z + Δu α (J × C): the gaps' gradients in α."""
-        return self.du.T @ (self.constraint.q.slope(self.y, self.z + self.du @ al)[:, None] * self.cols)
+        return self.du.T @ (self.constraint.q.slope(self.y, self.z + self.du @ al)[:, None] * self.at(al)[1])
 
     def retry(self, alpha: np.ndarray, lam: np.ndarray | None = None, bound: float = 0.0,
               held: np.ndarray | None = None) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from fairvfl_flwr.core.constraints import (ConstraintSet, GroupSizeError, SensitiveGroups, constrained_codes,
                                            from_labels, kind_named)
 from fairvfl_flwr.core.constraints.cells import EncryptedConstraint, GroupCells
-from fairvfl_flwr.core.constraints.release import RandomizedResponse
+from fairvfl_flwr.core.constraints.release import RandomizedResponse, ReleaseMargin
 from fairvfl_flwr.core.metrics import RAW_METRICS, constrained_metrics, estimated_metrics, summed_metrics
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partition import PartitionError, fit_active_columns, split_columns
@@ -147,6 +147,8 @@ class ServerLabels:
     options: dict | None = None
     #: how the groups were released to the server (None: the server holds them as they are)
     release: RandomizedResponse | None = None
+    #: the bound the run puts on the release's error of every gap (``groups.release-margin``; None: none)
+    margin: ReleaseMargin | None = None
     #: a registry's encrypted groups (jobs/encrypted_groups.GroupSums): the server holds no row's
     #: group (``s_train``, ``s_test`` are -1), only sums over them through this oracle
     sums: Any = None
@@ -189,12 +191,14 @@ class ServerLabels:
 
     def constraint_for(self, kind: str, measure: str = "loss") -> ConstraintSet:
         """The run's constraint on the training rows: of kind ``kind``, on ``measure``, with the run's
-        group options (form, small groups); through a registry's encrypted groups, its sizes and sums."""
+        group options (form, small groups); through a registry's encrypted groups, its sizes and sums;
+        on a noisy release with a margin, each gap's release spread after the gaps."""
         if self.sums is not None:
             return encrypted_constraint(self, kind, measure)
-        return from_labels(self.y_train, self.s_train, self.protected_label, kind, measure,
-                           whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
-                           names=self.group_names, weights=self.weights, **(self.options or {}))
+        constraint = from_labels(self.y_train, self.s_train, self.protected_label, kind, measure,
+                                 whole=whole_table(self.y_train, self.s_train, self.y_test, self.s_test),
+                                 names=self.group_names, weights=self.weights, **(self.options or {}))
+        return constraint if self.margin is None else self.margin.apply(constraint, self.release)
 
 
 def encrypted_constraint(labels: ServerLabels, kind: str, measure: str) -> EncryptedConstraint:

@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import Array, Message
 from flwr.supercore import log
 
-from fairvfl_flwr.core.constraints.release import ErrorPlan, error_plan, gap_errors
+from fairvfl_flwr.core.constraints.release import ErrorPlan, error_plan, estimates, gap_errors
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -52,26 +52,31 @@ class LabelOwnerWeights(RoundHook):
 class ReleaseError(RoundHook):
     """Each history row gets ``release_error``: per gap the standard deviation the registry's
     release adds to the server's estimate of it (core/constraints/release.gap_errors), the largest
-    over the gaps; and ``gap_within``: the largest |estimate| + 2 errors over the gaps, where the
+    over the gaps; ``estimated_gap``: the largest |estimate| over the gaps; and ``gap_within``: the
+    largest |estimate| + 2 errors over the gaps, where the
     true groups' largest gap in the constraint's measure (the smooth gaps ε holds; the hard-gap
     rule's hard gaps are not covered) is likely to lie below (a model trained on the release leans
-    on its noise somewhat, so this is a guide, not a bound). The summary carries the last round's
-    (``train_release_error``, ``train_gap_within``)."""
+    on its noise somewhat, so this is a guide, not a bound). The gaps are those that compare groups:
+    a release margin's spread gaps (``groups.release-margin``) bound these errors, they are not
+    estimates. The summary carries the last round's (``train_release_error``,
+    ``train_estimated_gap``, ``train_gap_within``)."""
 
     def __init__(self) -> None:
         self.last: dict[str, float] = {}
-        self.plan: tuple[object, ErrorPlan | None] | None = None  # (the constraint it is of, its plan)
+        self.plan: tuple[object, ErrorPlan | None] | None = None  # (the first gap of the constraint it is of, its plan)
 
     def record(self, server: ServerView, server_round: int, row: dict) -> None:
         """The round's errors at its training scores (the release's rows: every training row)."""
         constraint, y, z = server.constraint, server.labels.y_train, server.z("train")
-        if self.plan is None or self.plan[0] is not constraint:  # a sharpened rate is a new constraint
-            self.plan = (constraint, error_plan(constraint, server.labels.release))
+        # the plan is of the gaps that compare groups, which a sharpened rate or a new slope keeps as they are
+        if self.plan is None or self.plan[0] is not constraint.gap_list[0]:
+            self.plan = (constraint.gap_list[0], error_plan(constraint, server.labels.release))
         errors = gap_errors(constraint, server.labels.release, constraint.q.values(y, z), self.plan[1])
-        gaps = np.abs(constraint.gaps(y, z))
+        gaps = np.abs(constraint.gaps(y, z))[estimates(constraint)]
         row["release_error"] = float(errors.max())
+        row["estimated_gap"] = float(gaps.max())
         row["gap_within"] = float((gaps + 2.0 * errors).max())
-        self.last = {"train_release_error": row["release_error"], "train_gap_within": row["gap_within"]}
+        self.last = {f"train_{key}": row[key] for key in ("release_error", "estimated_gap", "gap_within")}
 
     def summary(self) -> dict:
         """The last round's errors; logged, as what the run's gaps say of the true groups."""

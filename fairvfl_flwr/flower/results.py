@@ -45,7 +45,7 @@ PRIVACY_COLUMNS = ["dp_epsilon"]
 #: constrained ones (a member with one test row would otherwise decide the figure).
 RAW_COLUMNS = ["dfp_raw", "dfn_raw", "dp_diff_raw", "eo_diff_raw"]
 #: Runs on a registry's noisy release of the groups: the error the release adds to the gaps (features/registry.py).
-RELEASE_COLUMNS = ["release_error", "gap_within"]
+RELEASE_COLUMNS = ["release_error", "estimated_gap", "gap_within"]
 
 
 def run_folder(cfg: RunConfig, run_id: int | str | None = None) -> Path:

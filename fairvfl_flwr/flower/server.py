@@ -102,7 +102,7 @@ class VFLServer:
     sharpens = False
     #: The attributes a round changes: what :meth:`snapshot` keeps (an algorithm adds its own).
     round_state: tuple[str, ...] = ("lam", "u_train", "u_test", "sq_norms", "steps", "stats", "history",
-                                    "held_rows", "last_round", "stop")
+                                    "held_rows", "last_round", "stop", "reference")
     #: Of those, the mappings keyed by node id: :meth:`rebind` moves a restarted party's entries.
     node_keyed: tuple[str, ...] = ("u_train", "u_test", "sq_norms", "steps")
 
@@ -135,6 +135,10 @@ class VFLServer:
         batching.check_batches(self._constraint, config.seed, self.batch_size, config.num_server_rounds)
         self.held_rows: np.ndarray | None = None  # training rows the held partial logits are on (None: all)
         self.lam = np.zeros(self._constraint.num_multipliers)  # multipliers; stay 0 without a fairness term
+        # the training scores a constraint whose gaps are not all linear in q (a release's spread) takes
+        # their slopes at (:meth:`record`); None: none taken, or every gap linear
+        self.reference: np.ndarray | None = None
+        self._linearised_at: np.ndarray | None = None
         self.nodes: dict[int, Node] = {}
         self.u_train: dict[int, np.ndarray] = {}
         self.u_test: dict[int, np.ndarray] = {}
@@ -158,10 +162,15 @@ class VFLServer:
 
     @property
     def constraint(self) -> ConstraintSet:
-        """The run's constraint at the stop rule's temperature of the smooth rates (1 unless sharpened)."""
+        """The run's constraint at the stop rule's temperature of the smooth rates (1 unless sharpened),
+        its gaps' slopes taken at :attr:`reference` (ConstraintSet.linearised)."""
         temperature = self.stop.temperature
         if self._constraint.temperature != temperature:
             self._constraint = dataclasses.replace(self._constraint, temperature=temperature)
+            self._linearised_at = None  # the slopes were of the other temperature's values
+        if self._linearised_at is not self.reference:
+            self._constraint = self._constraint.linearised(self.labels.y_train, self.reference)
+            self._linearised_at = self.reference
         return self._constraint
 
     # -- what an algorithm writes ---------------------------------------------------
@@ -392,6 +401,10 @@ class VFLServer:
         and on the next round's batch otherwise (``train_rows`` says which).
         """
         if self.held_rows is None:
+            if not self._constraint.linear:
+                # what the next round's steps take the gaps' slopes at: the model just recorded (a step
+                # judged and taken back records the point it returned to)
+                self.reference = self.z("train")
             self.stats = train_stats(self.labels.y_train, self.z("train"), self.constraint)
         else:
             self.stats = train_stats(*self.batch_view(self.held_rows))

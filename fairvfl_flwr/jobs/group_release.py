@@ -42,7 +42,7 @@ from flwr.supercore import log
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.node import NodeConfigError
 from fairvfl_flwr.core.constraints import SensitiveGroups
-from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE, RandomizedResponse, row_draws
+from fairvfl_flwr.core.constraints.release import RANDOMIZED_RESPONSE, RandomizedResponse, ReleaseMargin, row_draws
 from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import exchange
@@ -68,7 +68,8 @@ LEDGER_KIND = "groups-randomized-response"
 # -- the server's side -------------------------------------------------------------------
 def release_groups(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLabels:
     """``labels`` with their groups replaced by the registry's release at ``groups.epsilon-s``
-    (training and test rows), and the release's flip rates; refuses a federation with no
+    (training and test rows), the release's flip rates and the run's bound on its error
+    (``groups.release-margin``); refuses a federation with no
     registry or with several, and a release that does not fit the rows or the request."""
     node_id, who = find_registry(grid, cfg, labels.ids_digest, "its groups are asked for")
     request = ConfigRecord({"mechanism": cfg.groups_release, "epsilon-s": float(cfg.groups_epsilon_s)})
@@ -79,7 +80,8 @@ def release_groups(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLa
     log(INFO, "FairVFL: %s released the groups of %d training and %d test rows by %s at epsilon_S=%g: each row keeps "
         "its group with probability %.3f; the server corrects every group figure for the flip rates",
         who, len(train), len(test), cfg.groups_release, rr.epsilon, rr.keep)
-    return dataclasses.replace(labels, s_train=train, s_test=test, group_names=names, release=rr)
+    margin = ReleaseMargin(cfg.groups_release_margin, cfg.epsilon) if cfg.groups_release_margin > 0 else None
+    return dataclasses.replace(labels, s_train=train, s_test=test, group_names=names, release=rr, margin=margin)
 
 
 def find_registry(grid: Grid, cfg: RunConfig, ids_digest: str, before: str) -> tuple[int, str]:

@@ -232,7 +232,7 @@ def groups_release(labels, cfg) -> dict | None:
     """What the manifest says of a registry that held the groups (None: the label owner did)."""
     if labels.release is not None:
         return {"holder": "registry", "mechanism": cfg.groups_release, "epsilon-s": labels.release.epsilon,
-                "keep": labels.release.keep}
+                "keep": labels.release.keep, "release-margin": 0.0 if labels.margin is None else labels.margin.margin}
     if labels.sums is not None:
         return {"holder": "registry", "mechanism": cfg.groups_release}
     return None
@@ -250,7 +250,9 @@ def registry_line(release: dict | None) -> list[str]:
     return [f"- sensitive attribute: held by a registry party, not by the label owner or the server; each row's group "
             f"reached the server only through randomized response at ε_S = {release['epsilon-s']:g} (kept with "
             f"probability {release['keep']:.3f}), so the group figures here are the server's corrected estimates "
-            "and carry that noise (privacy.md#a-registry-holds-the-groups)"]
+            "and carry that noise" + (f"; training also held two standard deviations of each gap's release error "
+                                      f"within {release['release-margin']:g}" if release.get("release-margin") else "")
+            + " (privacy.md#a-registry-holds-the-groups)"]
 
 
 def _fmt(v: Any, pct: bool = False) -> str:

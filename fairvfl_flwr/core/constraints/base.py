@@ -35,6 +35,7 @@ within ``|D_c| <= ε`` by two multipliers ``(λ_c+, λ_c−)``; the multiplier v
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -64,6 +65,8 @@ class Gap:
     in_b: np.ndarray
     weight_a: np.ndarray | None = None
     weight_b: np.ndarray | None = None
+    #: D is linear in q: its slope (:meth:`add_to`) is the same wherever it is taken
+    linear: ClassVar[bool] = True
 
     @property
     def size_a(self) -> int | float:
@@ -103,6 +106,10 @@ class Gap:
                     w[self.rows_of(side)] -= d / size
             else:
                 w += (sign * d / size) * weight
+
+    def at(self, q: np.ndarray) -> "Gap":
+        """The gap with its slope taken at the rows' values ``q``: itself (it is linear in q)."""
+        return self
 
     def rows_on(self) -> np.ndarray:
         """Per row, how many of this gap's terms it enters (exact: its sides; soft: 1 where it enters the gap)."""
@@ -241,6 +248,22 @@ class ConstraintSet:
     def num_multipliers(self) -> int:
         """Two multipliers per gap, one for each sign of the gap's bound |gap| <= ε."""
         return 2 * len(self.gap_list)
+
+    @property
+    def linear(self) -> bool:
+        """Whether every gap is linear in the rows' values q (not so a release's spread:
+        core/constraints/release.SpreadGap), so that the rows' weights ∂D/∂q are the same at every
+        model and :meth:`linearised` is the constraint itself."""
+        return all(gap.linear for gap in self.gap_list)
+
+    def linearised(self, y: np.ndarray, z: np.ndarray) -> "ConstraintSet":
+        """The constraint whose gaps take their slopes at scores ``z``: a gap that is not linear in q
+        enters the rows' weights (ν, the multipliers' steps, a label owner's weights) by its slope,
+        which follows the model only where the server takes it again at the model's scores."""
+        if self.linear:
+            return self
+        q = self.q.values(y, z)
+        return dataclasses.replace(self, gap_list=tuple(gap.at(q) for gap in self.gap_list))
 
     # -- gaps (fairlearn's gamma) --------------------------------------------------------
     def gaps(self, y: np.ndarray, z: np.ndarray, *, hard: bool = False,

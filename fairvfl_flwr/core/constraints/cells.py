@@ -207,6 +207,8 @@ class EncryptedConstraint:
     #: round; the constrained search holds the gaps within ε at every step, checked against the
     #: true gaps, so the noise costs only loss (docs/newton.md, "On a registry's encrypted groups")
     newton_past_bound = False
+    #: every gap is linear in q (ConstraintSet.linear): nothing to take again at each round's scores
+    linear = True
 
     def __post_init__(self) -> None:
         if self.cells.temperature != self.temperature:  # the stop rule sharpened the rates

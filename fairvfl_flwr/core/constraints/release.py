@@ -18,10 +18,12 @@ estimate of the true group's sum (:func:`membership_weights`; ``SensitiveGroups`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -142,7 +144,8 @@ class RowWeights:
 class ErrorPlan:
     """What :func:`gap_errors` reads of a constraint and a release besides the rows' values, built
     once (:func:`error_plan`): the covariance of a row's weights in every pair of groups given each
-    true group (k × G × G), and per gap its rows and its noisy sides (group, sign, weights, size)."""
+    true group (k × G × G), and per gap that compares groups its rows and its noisy sides (group,
+    sign, weights on those rows, size)."""
 
     cov: np.ndarray
     gaps: tuple[tuple[np.ndarray, tuple[tuple[int, float, np.ndarray, float], ...]], ...]
@@ -161,6 +164,8 @@ def error_plan(constraint, rr: RandomizedResponse) -> ErrorPlan | None:
     cov = np.einsum("ij,ja,jb->iab", P, table, table) - np.einsum("ia,ib->iab", mean, mean)
     plans = []
     for gap in constraint.gap_list:
+        if isinstance(gap, SpreadGap):
+            continue
         rows = gap.in_a | gap.in_b
         sides = tuple((_group_of(weight, rows, table, codes), sign, weight[rows], float(weight.sum()))
                       for weight, sign in ((gap.weight_a, 1.0), (gap.weight_b, -1.0))
@@ -170,7 +175,8 @@ def error_plan(constraint, rr: RandomizedResponse) -> ErrorPlan | None:
 
 
 def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray, plan: ErrorPlan | None = None) -> np.ndarray:
-    """Per gap of ``constraint`` (built on a release by ``rr``), the standard deviation the release
+    """Per gap of ``constraint`` (built on a release by ``rr``) that compares groups (its spread gaps,
+    :class:`SpreadGap`, left out), the standard deviation the release
     adds to the gap's estimate at the rows' values ``q``, at most: how far the gap on the true
     groups may lie from the server's figure for it (a few of these either side). ``plan``: its
     :func:`error_plan`, where the caller keeps it (it depends on the constraint and the release only).
@@ -183,17 +189,167 @@ def gap_errors(constraint, rr: RandomizedResponse, q: np.ndarray, plan: ErrorPla
     are exact."""
     plan = error_plan(constraint, rr) if plan is None else plan
     if plan is None:
-        return np.zeros(len(constraint.gap_list))
+        return np.zeros(int(estimates(constraint).sum()))
     q = np.asarray(q, dtype=np.float64)
-    out = np.zeros(len(plan.gaps))
+    return np.array([_spread(plan.cov, rows, sides, q)[0] for rows, sides in plan.gaps])
+
+
+def gap_error_slopes(constraint, rr: RandomizedResponse, q: np.ndarray, plan: ErrorPlan | None = None) -> np.ndarray:
+    """n × C: column c is ∂S_c/∂q at the rows' values ``q``, S_c the c-th of :func:`gap_errors` (zero
+    where S_c is 0: S_c is a norm of q's centred values, not differentiable there).
+
+    With each row's variance taken at the true group that is largest at ``q``, S_c(q) = ‖M_c q‖ for
+    a fixed linear M_c: convex and of degree 1 in q, so the slope at q gives S_c(q) = slope · q
+    (Euler) and slope · q' <= S_c(q') at every other q' (a supporting plane through 0)."""
+    plan = error_plan(constraint, rr) if plan is None else plan
+    q = np.asarray(q, dtype=np.float64)
+    if plan is None:
+        return np.zeros((len(q), int(estimates(constraint).sum())))
+    out = np.zeros((len(q), len(plan.gaps)))
     for c, (rows, sides) in enumerate(plan.gaps):
-        q_rows = q[rows]
-        coef = np.zeros((len(q_rows), plan.cov.shape[1]))  # each row's ∂D/∂W in each group
-        for g, sign, weight, size in sides:
-            coef[:, g] += sign * (q_rows - float(weight @ q_rows) / size) / size
-        per_group = np.einsum("ra,iab,rb->ri", coef, plan.cov, coef)  # rows × true groups
-        out[c] = float(np.sqrt(per_group.max(axis=1).sum()))
+        out[rows, c] = _spread(plan.cov, rows, sides, q, slope=True)[1]
     return out
+
+
+def _spread(cov: np.ndarray, rows: np.ndarray, sides, q: np.ndarray, slope: bool = False
+            ) -> tuple[float, np.ndarray | None]:
+    """One gap's S at ``q`` and, with ``slope``, ∂S/∂q on the gap's rows (see :func:`gap_errors`).
+
+    S² = Σ_r coef_rᵀ C_r coef_r, coef_r[g] = Σ_(sides on g) sign (q_r − m_side)/size, m_side =
+    weightᵀq/size, C_r the weights' covariance given the row's largest true group; with
+    v_r = C_r coef_r, ∂S²/∂q_j = 2 Σ_sides (sign/size)(v_j[g] − (weight_j/size) Σ_r v_r[g])."""
+    coef = _coefficients(sides, q[rows], cov.shape[1])
+    worst, spread = _at_worst(cov, coef)
+    if not slope:
+        return spread, None
+    grad = np.zeros(len(coef))
+    if spread > SPREAD_FLOOR:
+        v = np.einsum("rab,rb->ra", cov[worst], coef)
+        for g, sign, weight, size in sides:
+            grad += (sign / size) * (v[:, g] - weight * (float(v[:, g].sum()) / size))
+        grad /= spread  # ∂S = ∂S² / (2S)
+    return spread, grad
+
+
+def _coefficients(sides, values: np.ndarray, groups: int) -> np.ndarray:
+    """Each of a gap's rows' ∂D/∂W in each group at the rows' ``values`` (R → R × G), or for each
+    column of them (R × J → R × J × G): Σ_(sides on g) sign (value − weightᵀvalues/size)/size."""
+    out = np.zeros(values.shape + (groups,))
+    for g, sign, weight, size in sides:
+        out[..., g] += sign * (values - (weight @ values) / size) / size
+    return out
+
+
+def _at_worst(cov: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, float]:
+    """Each row's true group of the largest variance at ``coef`` (:func:`_coefficients`), and S."""
+    per_group = np.einsum("ra,iab,rb->ri", coef, cov, coef)  # rows × true groups
+    worst = per_group.argmax(axis=1)
+    return worst, float(np.sqrt(per_group[np.arange(len(worst)), worst].sum()))
+
+
+#: Where S is below this it is 0 but for rounding (the rows' values are the same, as a run's first
+#: scores make them), and its slope, the ratio of two rounding errors, is taken as 0.
+SPREAD_FLOOR = 1e-12
+
+#: How many of the release's standard deviations a release margin covers (:class:`ReleaseMargin`).
+MARGIN_DEVIATIONS = 2.0
+
+
+@dataclass(frozen=True)
+class ReleaseMargin:
+    """A run's bound on the release's error (run config ``groups.release-margin``): per gap c,
+    ``deviations`` · S_c <= ``margin``, so that with the estimate held within ε the true groups'
+    gap is likely within ε + margin (a statement of about two standard deviations per gap, each row's
+    variance at its worst true group; not a certainty). Held as one more gap per gap, whose value
+    ``scale`` · S_c the run's one bound ε holds (:class:`SpreadGap`)."""
+
+    margin: float
+    epsilon: float
+    deviations: float = MARGIN_DEVIATIONS
+
+    @property
+    def scale(self) -> float:
+        """ε · deviations / margin: |scale · S_c| <= ε exactly where deviations · S_c <= margin."""
+        return self.epsilon * self.deviations / self.margin
+
+    def apply(self, constraint, rr: RandomizedResponse):
+        """``constraint`` (built on a release by ``rr``) with a :class:`SpreadGap` after its gaps for
+        each gap that compares groups, in their order; as it is where the groups are exact."""
+        plan = error_plan(constraint, rr)
+        if plan is None:
+            return constraint
+        spreads = tuple(SpreadGap(f"{gap.name} (release spread)", rows, sides, plan.cov, self.scale)
+                        for gap, (rows, sides) in zip(constraint.gap_list, plan.gaps))
+        return dataclasses.replace(constraint, gap_list=constraint.gap_list + spreads)
+
+
+@dataclass(frozen=True)
+class SpreadGap:
+    """A gap whose value is ``scale`` · S, S the release's error of another gap's estimate
+    (:func:`gap_errors`), exact at every q. S is not linear in q, but it is convex and of degree 1
+    (:func:`gap_error_slopes`): its slope at a reference q_ref, ``slope`` (scale · ∂S/∂q there),
+    is a plane through 0 that meets scale · S at q_ref and lies below it elsewhere. The rows'
+    weights take the gap by that slope (:meth:`add_to`), so the multipliers, the signed weights,
+    ν, a label owner's weights, the weight bounds and the dual steps treat it as any gap. The
+    server takes the slope again at each round's scores, and block Newton's search at each of its
+    trial points (``ConstraintSet.linearised``): there the weights' derivative and the value agree.
+    None before any: no weight, as at scores that are the same on every row, where S is 0 (a run's
+    first round)."""
+
+    name: str
+    rows: np.ndarray
+    sides: tuple[tuple[int, float, np.ndarray, float], ...]
+    cov: np.ndarray
+    scale: float
+    slope: np.ndarray | None = None
+    #: S is not linear in q: its slope depends on where it is taken (:meth:`at`)
+    linear: ClassVar[bool] = False
+
+    def value(self, q: np.ndarray) -> float:
+        """scale · S at ``q``."""
+        return self.scale * _spread(self.cov, self.rows, self.sides, q)[0]
+
+    def at(self, q: np.ndarray) -> "SpreadGap":
+        """The same gap with its slope taken at ``q``."""
+        slope = np.zeros(len(q))
+        slope[self.rows] = self.scale * _spread(self.cov, self.rows, self.sides, q, slope=True)[1]
+        return dataclasses.replace(self, slope=slope)
+
+    def bend(self, q: np.ndarray, dq: np.ndarray) -> np.ndarray:
+        """dqᵀ ∇²(scale · S) dq at ``q`` for the columns of ``dq`` (n × J): S's own curvature in q, which
+        the rows' weights do not carry (a norm's, PSD; large where S is small, as a margin holds it).
+
+        With coef = A q (each row's ∂D/∂W in each group, linear in q) and C_r each row's covariance
+        at its worst group, S² = Σ_r coef_rᵀ C_r coef_r, so ∇²S = (AᵀCA − ∇S ∇Sᵀ)/S."""
+        spread, grad = _spread(self.cov, self.rows, self.sides, q, slope=True)
+        J = dq.shape[1]
+        if spread <= SPREAD_FLOOR:
+            return np.zeros((J, J))
+        d_rows = dq[self.rows]
+        worst, _ = _at_worst(self.cov, _coefficients(self.sides, q[self.rows], self.cov.shape[1]))
+        dcoef = _coefficients(self.sides, d_rows, self.cov.shape[1])
+        gram = np.einsum("rja,rab,rkb->jk", dcoef, self.cov[worst], dcoef, optimize=True)
+        g = grad @ d_rows
+        return self.scale * (gram - np.outer(g, g)) / spread
+
+    def add_to(self, w: np.ndarray, d: float) -> None:
+        """w += d · slope, in place (nothing before a slope is taken)."""
+        if self.slope is not None:
+            w += d * self.slope
+
+    def rows_on(self) -> np.ndarray:
+        """1 on the compared gap's rows, where the slope may be non-zero: the same in every round, so
+        that the weight bounds and the dual rule do not change with the reference."""
+        return self.rows.astype(np.int64)
+
+    def restrict(self, rows: np.ndarray) -> "SpreadGap":
+        """Refused: the release's error is over every training row (a registry's runs are full batch)."""
+        raise ValueError("a release margin is over every training row: full-batch rounds only")
+
+
+def estimates(constraint) -> np.ndarray:
+    """Per gap of ``constraint``: does it estimate a gap between groups (not a :class:`SpreadGap`)?"""
+    return np.array([not isinstance(gap, SpreadGap) for gap in constraint.gap_list], dtype=bool)
 
 
 def _group_of(weight: np.ndarray, rows: np.ndarray, table: np.ndarray, codes: np.ndarray) -> int:
