@@ -261,3 +261,19 @@ def test_a_party_that_stays_silent_stops_the_run_and_nothing_is_unmasked(tmp_pat
                                                         "reliability.round-retries": 1})
     rounds = {int(r["round"]) for r in tr.load(tmp_path / "silent" / "t", tr.SERVER)}
     assert rounds == {0, 1, 2}  # round 3's two replies were never summed nor recorded
+
+
+def test_a_direction_whose_images_would_pass_the_masking_ring_is_scaled_to_a_quarter_of_its_range():
+    """Its length is the search's to choose, so only its scale changes, and only past the cap."""
+    rng = np.random.default_rng(0)
+    x, x_test = rng.normal(size=(50, 2)), rng.normal(size=(20, 2))
+    cap = newton.DIRECTION_RANGE * ring.value_bound(4)
+    small = np.array([1.0, -2.0])
+    assert newton.within_ring(small, x, x_test, 4) is small
+    big = small * 10 * cap
+    scaled = newton.within_ring(big, x, x_test, 4)
+    assert np.max(np.abs(np.concatenate([x @ scaled, x_test @ scaled]))) == pytest.approx(cap)
+    assert scaled / np.linalg.norm(scaled) == pytest.approx(big / np.linalg.norm(big))
+    ring.encode(x @ scaled, 4, "party 3")  # within the ring: no refusal
+    with pytest.raises(ValueError, match="beyond the secure-aggregation range"):
+        ring.encode(x @ big, 4, "party 3")

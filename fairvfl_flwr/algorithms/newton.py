@@ -770,12 +770,29 @@ def _direction(message: Message, context: Context, role: str) -> Message:
     return _reply_direction(rt, message, party, theta, moves, x, x_test, nu, h, xt_nu)
 
 
+#: The share of the secure-aggregation ring's range (secure/ring.value_bound) a direction's images may take.
+DIRECTION_RANGE = 0.25
+
+
+def within_ring(s: np.ndarray, x: np.ndarray, x_test: np.ndarray, num_parties: int) -> np.ndarray:
+    """The direction ``s`` scaled down where its images on this party's training or test rows would
+    take more than :data:`DIRECTION_RANGE` of the masking ring's range; else ``s`` itself.
+
+    A direction's length is the search's to choose (it picks each direction's step length), but an
+    image past the ring's range stops a masked run: where the rows' weights leave a block almost no
+    curvature (a release margin's spread gaps can), its Newton direction grows past it. Plain runs
+    scale alike, so that a masked run and a plain one stay one trajectory."""
+    peak = max(float(np.max(np.abs(x @ s), initial=0.0)), float(np.max(np.abs(x_test @ s), initial=0.0)))
+    cap = DIRECTION_RANGE * ring.value_bound(num_parties)
+    return s if peak <= cap else s * (cap / peak)
+
+
 def _reply_direction(rt: PartyRuntime, message: Message, party, theta: np.ndarray, moves: list[np.ndarray],
                      x: np.ndarray, x_test: np.ndarray, nu: np.ndarray | None, h: np.ndarray,
                      xt_nu: np.ndarray | None) -> Message:
     """The block Newton direction at θ_k (curvature ``h``; gradient from ``nu``, or ``xt_nu`` = xᵀν),
     its images with the last moves', kept as this party's directions awaiting their α."""
-    s = block_direction(x, nu, h, theta, party.mu, xt_nu=xt_nu)
+    s = within_ring(block_direction(x, nu, h, theta, party.mu, xt_nu=xt_nu), x, x_test, rt.cfg.num_parties)
     D = np.column_stack([s, *moves])
     dtype = rt.cfg.wire_dtype
     arrays = {"dir": (x @ s).astype(dtype), "a": theta @ D, "gram": D.T @ D}

@@ -49,10 +49,16 @@ SPLITS = {"train": 0, "test": 1, "dir": 2, "dir-test": 3, "dir-test-dirs": 4, "d
 WIDE_KEYS = ("a", "gram")
 
 
+def value_bound(num_parties: int) -> float:
+    """The magnitude a party's value must stay below in the 64-bit ring (:func:`encode`): a true sum
+    of ``num_parties`` such values stays below LIMIT / 2, so the server can tell masks that failed to cancel."""
+    return LIMIT / (2 * num_parties)
+
+
 def encode(u: np.ndarray, num_parties: int, who: str, what: str = "partial logit") -> np.ndarray:
     """Fixed point: round(u · 2^48) as uint64 words (two's complement)."""
     u = np.asarray(u, dtype=np.float64)
-    bound = LIMIT / (2 * num_parties)  # a true sum stays below LIMIT / 2: the server can tell masks that failed to cancel
+    bound = value_bound(num_parties)
     if not np.all(np.abs(u) < bound):  # the magnitude stays in this party's log: the server learns no value
         log(ERROR, "%s: a %s of magnitude %.4g is beyond the secure-aggregation range", who, what, np.max(np.abs(u)))
         raise ValueError(f"{who}: a {what} is beyond the secure-aggregation range ±{bound:.4g} "
