@@ -140,7 +140,7 @@ def test_adult_at_epsilon_s_4_holds_epsilon_on_the_true_groups(tmp_path):
                                                                + 2 * summary["train_release_error"], abs=1e-12)
     history = json.loads((folder / "history.json").read_text())
     assert all(row["release_error"] > 0 for row in history[1:])
-    # the default release margin holds two errors within 0.01 (unbounded, this release's is 0.008 at the end)
+    # the default release margin holds two errors within 0.01 (at margin 0, this release's error ends at 0.008)
     assert 2 * summary["train_release_error"] <= 0.01 + 1e-4
     assert set(history[-1]["gaps"]) == {"y=+1: Female vs Male", "y=+1: Female vs Male (release spread)"}
     assert summary["test_acc"] > 0.84
@@ -170,7 +170,7 @@ def test_the_release_margin_holds_the_true_gap_where_the_estimate_alone_does_not
         history = json.loads((folder / "history.json").read_text())
         out[margin] = (float(np.max(np.abs(truth.gaps(ds.y_train, load_scores(folder)[0])))), summary, history)
     (loose, plain, plain_history), (held, margin, margin_history) = out[0.0], out[0.01]
-    assert not any("release spread" in name for name in plain_history[-1]["gaps"])  # as before the margin
+    assert not any("release spread" in name for name in plain_history[-1]["gaps"])  # margin 0: no spread gap
     assert plain["train_estimated_gap"] <= 0.01 + 1e-3 < 0.02 < loose  # the estimate held, the true gap not
     assert 2 * plain["train_release_error"] > 0.02
     spreads = [name for name in margin_history[-1]["gaps"] if name.endswith(" (release spread)")]
@@ -179,6 +179,24 @@ def test_the_release_margin_holds_the_true_gap_where_the_estimate_alone_does_not
     assert margin["train_estimated_gap"] <= 0.01 + 1e-3 and held <= 0.01 + 0.01
     assert margin["test_acc"] > 0.6
 
+
+
+@pytest.mark.slow  # two COMPAS runs through the registry
+def test_the_margin_holds_under_the_default_hard_epsilon_and_is_not_added_without_fairness(tmp_path):
+    """Equalized odds reads ε as the hard gap by default: the hard-gap rule moves ε's bound, which would
+    move the margin, so with a margin it is off and two errors stay within the margin. Without a
+    fairness term nothing is held: no spread gap, and the model card claims no margin."""
+    rc = {"dataset": "compas", "constraint": "equalized-odds", "mode": "fairvfl-scores", **REGISTRY,
+          "groups.epsilon-s": 1.0}
+    nodes = _secret_configs(6, tmp_path)
+    summary, _ = run_inprocess({**rc, "output-dir": str(tmp_path / "held")}, quiet=True, node_configs=nodes)
+    assert 2 * summary["train_release_error"] <= 0.01 + 1e-4
+    summary, folder = run_inprocess({**rc, "fairness": False, "output-dir": str(tmp_path / "off")}, quiet=True,
+                                    node_configs=nodes)
+    history = json.loads((folder / "history.json").read_text())
+    assert not any("release spread" in name for name in history[-1]["gaps"])
+    assert json.loads((folder / "model.json").read_text())["groups-release"]["release-margin"] == 0.0
+    assert "release error" not in (folder / "model-card.md").read_text()
 
 # -- what every role receives ------------------------------------------------------------------------
 class Recording(InProcessGrid):

@@ -71,8 +71,8 @@ def process_started(pid: int | str = "self") -> float | None:
         return None
 
 
-# read beside IMPORT_STARTED, on the same wall clock: a clock stepped later (a VM resumed, NTP)
-# would otherwise move the process's start past its own import in the log
+# read once at import, as IMPORT_STARTED is: a start computed from the wall clock at each message
+# moves with a clock stepped since (a VM resumed, NTP), past the process's own import in the log
 PROCESS_STARTED = process_started()
 
 

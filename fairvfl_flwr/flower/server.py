@@ -150,8 +150,11 @@ class VFLServer:
         # converged sooner and says so by lowering it (it then evaluates that round).
         self.last_round = config.num_server_rounds
         # a rate constraint's ε is read as fairlearn's hard difference: the stop rule tightens the
-        # smooth gaps' bound until the hard ones meet it (the loss measure, the paper's, has no hard gap)
-        hard_target = config.epsilon if config.hard_epsilon and self._constraint.q.hard else None
+        # smooth gaps' bound until the hard ones meet it (the loss measure, the paper's, has no hard
+        # gap), except where a gap is not linear in q: a release margin's spread gaps hold the release's
+        # error at ε's scale, and a bound the rule moved would move the margin with it
+        hard_target = (config.epsilon if config.hard_epsilon and self._constraint.q.hard and self._constraint.linear
+                       else None)
         # sharper rates change every fairness term: only where the server computes them all, and not
         # under label DP, whose noise is calibrated to the rates' slope at the start
         self.stop = StopRule(config.stop_tolerance, config.stop_window, config.epsilon, config.fairness,

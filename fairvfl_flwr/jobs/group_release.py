@@ -80,7 +80,9 @@ def release_groups(grid: Grid, cfg: RunConfig, labels: ServerLabels) -> ServerLa
     log(INFO, "FairVFL: %s released the groups of %d training and %d test rows by %s at epsilon_S=%g: each row keeps "
         "its group with probability %.3f; the server corrects every group figure for the flip rates",
         who, len(train), len(test), cfg.groups_release, rr.epsilon, rr.keep)
-    margin = ReleaseMargin(cfg.groups_release_margin, cfg.epsilon) if cfg.groups_release_margin > 0 else None
+    # without a fairness term nothing is held: no spread gap either, nor a margin the model card could claim
+    margin = (ReleaseMargin(cfg.groups_release_margin, cfg.epsilon) if cfg.groups_release_margin > 0 and cfg.fairness
+              else None)
     return dataclasses.replace(labels, s_train=train, s_test=test, group_names=names, release=rr, margin=margin)
 
 

@@ -250,8 +250,8 @@ def registry_line(release: dict | None) -> list[str]:
     return [f"- sensitive attribute: held by a registry party, not by the label owner or the server; each row's group "
             f"reached the server only through randomized response at ε_S = {release['epsilon-s']:g} (kept with "
             f"probability {release['keep']:.3f}), so the group figures here are the server's corrected estimates "
-            "and carry that noise" + (f"; training also held two standard deviations of each gap's release error "
-                                      f"within {release['release-margin']:g}" if release.get("release-margin") else "")
+            "and carry that noise" + (f"; training also constrained two standard deviations of each gap's release "
+                                      f"error to {release['release-margin']:g}" if release.get("release-margin") else "")
             + " (privacy.md#a-registry-holds-the-groups)"]
 
 

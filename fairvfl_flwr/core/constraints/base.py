@@ -274,9 +274,12 @@ class ConstraintSet:
         ``hard``: with the hard prediction in place of the measure's smooth value: under the
         rate measure, fairlearn's parity differences over the gaps' groups (the largest is
         ``demographic_parity_difference`` or ``equalized_odds_difference`` in the pairwise
-        form); None for the loss measure, whose gaps have no hard counterpart."""
+        form); None for the loss measure, whose gaps have no hard counterpart. A gap that is not
+        linear in q (a release margin's spread) has no hard counterpart either: it reads 0 there."""
         q = self.q.hard_values(y, z) if hard else self.q.values(y, z, losses)
-        return None if q is None else np.array([c.value(q) for c in self.gap_list])
+        if q is None:
+            return None
+        return np.array([c.value(q) if c.linear or not hard else 0.0 for c in self.gap_list])
 
     # -- multipliers: signed weights and projection ------------------------------------------
     def signed_weights(self, lam: np.ndarray) -> np.ndarray:

@@ -338,8 +338,9 @@ class SpreadGap:
             w += d * self.slope
 
     def rows_on(self) -> np.ndarray:
-        """1 on the compared gap's rows, where the slope may be non-zero: the same in every round, so
-        that the weight bounds and the dual rule do not change with the reference."""
+        """1 on the compared gap's rows, where the slope may be non-zero: the rows it enters are the same
+        in every round (how many gaps a row sits on, which halves every gap's weight bounds beside the
+        spread gaps); its own weight bounds follow its slope's column, so they move with the reference."""
         return self.rows.astype(np.int64)
 
     def restrict(self, rows: np.ndarray) -> "SpreadGap":
