@@ -162,16 +162,21 @@ def test_the_errors_slope_is_its_derivative_and_a_plane_through_zero(kind, measu
     assert not np.any(gap_error_slopes(soft, rr, np.full(n, q[0])))
 
 
+def _three_groups_released(seed: int, n: int, epsilon_s: float):
+    """n rows in three groups, labels at random, the groups released at ``epsilon_s``: (rng, n, true
+    groups, labels, the release, equalized odds on the rate measure over the release)."""
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, 3, n)
+    y = np.where(rng.random(n) < 0.5, 1, -1)
+    rr = RandomizedResponse(epsilon_s, 3)
+    return rng, n, s, y, rr, from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction())
+
+
 def test_a_release_margin_adds_a_spread_gap_per_gap_that_its_bound_holds():
     """Each gap's spread gap is scale · S_c, scale = ε · 2 / margin, so |value| <= ε exactly where
     2 S_c <= margin; before a slope is taken it adds nothing to the rows' weights, after it the
     weights carry d · its slope."""
-    rng = np.random.default_rng(7)
-    n = 900
-    s = rng.integers(0, 3, n)
-    y = np.where(rng.random(n) < 0.5, 1, -1)
-    rr = RandomizedResponse(2.0, 3)
-    soft = from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction())
+    rng, n, s, y, rr, soft = _three_groups_released(7, 900, 2.0)
     margin = ReleaseMargin(0.01, 0.02)
     held = margin.apply(soft, rr)
     C = len(soft.gap_list)
@@ -200,12 +205,7 @@ def test_a_release_margin_adds_a_spread_gap_per_gap_that_its_bound_holds():
 def test_a_spread_gaps_bend_is_its_curvature_along_the_given_directions():
     """SpreadGap.bend (what block Newton's model adds for a held spread) against central second
     differences of its value along three random directions of the rows' values."""
-    rng = np.random.default_rng(8)
-    n = 500
-    s = rng.integers(0, 3, n)
-    y = np.where(rng.random(n) < 0.5, 1, -1)
-    rr = RandomizedResponse(1.0, 3)
-    soft = from_labels(y, rr.release(s, rng), 1, "equalized-odds", "rate", weights=rr.correction())
+    rng, n, s, y, rr, soft = _three_groups_released(8, 500, 1.0)
     gap = ReleaseMargin(0.01, 0.02).apply(soft, rr).gap_list[-1]
     q, dq, h = rng.random(n), rng.normal(size=(n, 3)), 1e-4
 
