@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import Array, Message
 from flwr.supercore import log
 
-from fairvfl_flwr.core.constraints.release import ErrorPlan, error_plan, estimates, gap_errors
+from fairvfl_flwr.core.constraints.release import MARGIN_DEVIATIONS, ErrorPlan, error_plan, estimates, gap_errors
 
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
@@ -75,7 +75,7 @@ class ReleaseError(RoundHook):
         gaps = np.abs(constraint.gaps(y, z))[estimates(constraint)]
         row["release_error"] = float(errors.max())
         row["estimated_gap"] = float(gaps.max())
-        row["gap_within"] = float((gaps + 2.0 * errors).max())
+        row["gap_within"] = float((gaps + MARGIN_DEVIATIONS * errors).max())
         self.last = {f"train_{key}": row[key] for key in ("release_error", "estimated_gap", "gap_within")}
 
     def summary(self) -> dict:
