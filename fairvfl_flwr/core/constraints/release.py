@@ -220,15 +220,18 @@ def _spread(cov: np.ndarray, rows: np.ndarray, sides, q: np.ndarray, slope: bool
     v_r = C_r coef_r, ∂S²/∂q_j = 2 Σ_sides (sign/size)(v_j[g] − (weight_j/size) Σ_r v_r[g])."""
     coef = _coefficients(sides, q[rows], cov.shape[1])
     worst, spread = _at_worst(cov, coef)
-    if not slope:
-        return spread, None
+    return spread, (_slope(cov, sides, coef, worst, spread) if slope else None)
+
+
+def _slope(cov: np.ndarray, sides, coef: np.ndarray, worst: np.ndarray, spread: float) -> np.ndarray:
+    """∂S/∂q on a gap's rows from its :func:`_coefficients` and :func:`_at_worst` (see :func:`_spread`)."""
     grad = np.zeros(len(coef))
     if spread > SPREAD_FLOOR:
         v = np.einsum("rab,rb->ra", cov[worst], coef)
         for g, sign, weight, size in sides:
             grad += (sign / size) * (v[:, g] - weight * (float(v[:, g].sum()) / size))
         grad /= spread  # ∂S = ∂S² / (2S)
-    return spread, grad
+    return grad
 
 
 def _coefficients(sides, values: np.ndarray, groups: int) -> np.ndarray:
@@ -321,12 +324,13 @@ class SpreadGap:
 
         With coef = A q (each row's ∂D/∂W in each group, linear in q) and C_r each row's covariance
         at its worst group, S² = Σ_r coef_rᵀ C_r coef_r, so ∇²S = (AᵀCA − ∇S ∇Sᵀ)/S."""
-        spread, grad = _spread(self.cov, self.rows, self.sides, q, slope=True)
+        coef = _coefficients(self.sides, q[self.rows], self.cov.shape[1])
+        worst, spread = _at_worst(self.cov, coef)
         J = dq.shape[1]
         if spread <= SPREAD_FLOOR:
             return np.zeros((J, J))
+        grad = _slope(self.cov, self.sides, coef, worst, spread)
         d_rows = dq[self.rows]
-        worst, _ = _at_worst(self.cov, _coefficients(self.sides, q[self.rows], self.cov.shape[1]))
         dcoef = _coefficients(self.sides, d_rows, self.cov.shape[1])
         gram = np.einsum("rja,rab,rkb->jk", dcoef, self.cov[worst], dcoef, optimize=True)
         g = grad @ d_rows
