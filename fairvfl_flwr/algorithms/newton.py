@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -54,6 +54,7 @@ from fairvfl_flwr.core.newton import (
 )
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import record_of, to_array, to_numpy
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.party import MODEL_STATE, Handles, PartyRuntime, handlers, round_of
 from fairvfl_flwr.flower.server import VFLServer
@@ -509,19 +510,19 @@ class NewtonVFL(VFLServer):
                 if key not in record:
                     raise checks.ReplyError(f"{who}: Newton reply has no '{key}' (got {sorted(record)})")
             if self.nonlinear:  # every direction's image J_k d_j, the kept moves' too
-                images = checks.check_vector(record["dir"].numpy().reshape(-1), "the directions' images J_k d_j",
+                images = checks.check_vector(to_numpy(record["dir"]).reshape(-1), "the directions' images J_k d_j",
                                              n * width, who).astype(np.float64).reshape(n, width)
             else:
-                images = checks.check_vector(record["dir"].numpy(), "X_k s_k", n, who).astype(np.float64)
+                images = checks.check_vector(to_numpy(record["dir"]), "X_k s_k", n, who).astype(np.float64)
             out = {
                 "dir": images,
-                "a": checks.check_vector(record["a"].numpy(), "θ_k·d_j", width, who).astype(np.float64),
-                "gram": checks.check_vector(record["gram"].numpy().reshape(-1), "the directions' Gram matrix",
+                "a": checks.check_vector(to_numpy(record["a"]), "θ_k·d_j", width, who).astype(np.float64),
+                "gram": checks.check_vector(to_numpy(record["gram"]).reshape(-1), "the directions' Gram matrix",
                                             width * width, who).astype(np.float64).reshape(width, width),
             }
             if "test" in record:
-                out["test"] = checks.check_vector(record["test"].numpy(), "test logits", n_test, who).astype(np.float64)
-                out["test-dirs"] = checks.check_vector(record["test-dirs"].numpy().reshape(-1), "test directions",
+                out["test"] = checks.check_vector(to_numpy(record["test"]), "test logits", n_test, who).astype(np.float64)
+                out["test-dirs"] = checks.check_vector(to_numpy(record["test-dirs"]).reshape(-1), "test directions",
                                                        n_test * width, who).astype(np.float64).reshape(n_test, width)
             sq = stats.get("sq-norm")
             if not isinstance(sq, (int, float)) or not np.isfinite(sq) or sq < 0:
@@ -639,15 +640,15 @@ def _memory(rt: PartyRuntime) -> tuple[np.ndarray | None, list[np.ndarray]]:
     record = array_records(rt.context.state).get(NEWTON_STATE)
     if record is None:
         return None, []
-    pending = record["pending"].numpy() if "pending" in record else None
-    moves = [record[f"move-{i}"].numpy() for i in range(rt.cfg.newton_moves) if f"move-{i}" in record]
+    pending = to_numpy(record["pending"]) if "pending" in record else None
+    moves = [to_numpy(record[f"move-{i}"]) for i in range(rt.cfg.newton_moves) if f"move-{i}" in record]
     return pending, moves
 
 
 def _remember(rt: PartyRuntime, pending: np.ndarray | None, moves: list[np.ndarray]) -> None:
-    arrays = {f"move-{i}": Array(np.ascontiguousarray(m)) for i, m in enumerate(moves)}
+    arrays = {f"move-{i}": to_array(np.ascontiguousarray(m)) for i, m in enumerate(moves)}
     if pending is not None:
-        arrays["pending"] = Array(np.ascontiguousarray(pending))
+        arrays["pending"] = to_array(np.ascontiguousarray(pending))
     array_records(rt.context.state)[NEWTON_STATE] = ArrayRecord(arrays)
 
 
@@ -664,10 +665,10 @@ def _points(rt: PartyRuntime) -> dict[str, dict]:
     for name in POINTS if record is not None else ():
         if f"{name}-round" in record:
             points[name] = {
-                "round": int(record[f"{name}-round"].numpy()[0]),
-                "theta": record[f"{name}-theta"].numpy(),
-                "dirs": record[f"{name}-dirs"].numpy(),
-                "moves": [record[f"{name}-move-{i}"].numpy() for i in range(rt.cfg.newton_moves)
+                "round": int(to_numpy(record[f"{name}-round"])[0]),
+                "theta": to_numpy(record[f"{name}-theta"]),
+                "dirs": to_numpy(record[f"{name}-dirs"]),
+                "moves": [to_numpy(record[f"{name}-move-{i}"]) for i in range(rt.cfg.newton_moves)
                           if f"{name}-move-{i}" in record],
             }
     return points
@@ -679,15 +680,15 @@ def _keep_points(rt: PartyRuntime, points: dict[str, dict]) -> None:
         arrays[f"{name}-round"] = np.array([point["round"]], dtype=np.int64)
         arrays[f"{name}-theta"], arrays[f"{name}-dirs"] = point["theta"], point["dirs"]
         arrays.update({f"{name}-move-{i}": m for i, m in enumerate(point["moves"])})
-    array_records(rt.context.state)[NEWTON_STATE] = ArrayRecord(
-        {k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    array_records(rt.context.state)[NEWTON_STATE] = record_of(
+        {k: to_array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def _base(rt: PartyRuntime, message: Message, points: dict[str, dict]) -> dict | None:
     """The point the message's step lengths start from, as it names it (``base``: the round of its
     directions; 0: none, before the first reply's)."""
     payload = array_records(message.content).get(msgs.PAYLOAD)
-    value = payload["base"].numpy() if payload is not None and "base" in payload else None
+    value = to_numpy(payload["base"]) if payload is not None and "base" in payload else None
     if value is None or value.dtype != np.int64 or value.shape != (1,):
         raise checks.ReplyError(f"{rt.who}: {message.metadata.message_type} needs 'base', one int64 (the round of "
                                 "the directions its step lengths apply to)")

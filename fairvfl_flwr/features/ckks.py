@@ -59,6 +59,7 @@ from flwr.serverapp import Grid
 
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_array, to_numpy
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import GRADIENT_STATE, MODEL_STATE, Handles, PartyRuntime, handlers
 from fairvfl_flwr.flower.records import array_records, config_records
@@ -94,12 +95,12 @@ def seal_api():
 
 def to_bytes_array(blob: bytes) -> Array:
     """SEAL's serialised bytes as a uint8 Array, the form a RecordDict carries them in."""
-    return Array(np.frombuffer(blob, dtype=np.uint8).copy())
+    return to_array(np.frombuffer(blob, dtype=np.uint8).copy())
 
 
 def from_bytes_array(array: Array) -> bytes:
     """The serialised bytes back from a uint8 Array (:func:`to_bytes_array`)."""
-    return array.numpy().tobytes()
+    return to_numpy(array).tobytes()
 
 
 def chunks(n_rows: int) -> int:
@@ -292,7 +293,7 @@ class CkksServer:
             blobs = [self.encrypt(scaled[c * SLOTS:(c + 1) * SLOTS]) for c in range(chunks(self.n))]
             self._nu_record = ArrayRecord({f"nu-ct-{c}": to_bytes_array(b) for c, b in enumerate(blobs)})
             self._round = server_round
-        self.bytes_sent += sum(a.numpy().nbytes for a in self._nu_record.values())
+        self.bytes_sent += sum(to_numpy(a).nbytes for a in self._nu_record.values())
         return RecordDict({msgs.PAYLOAD: self._nu_record, msgs.ROUND: msgs.round_config(server_round, evaluate)})
 
     def masked_sums(self, reply: Message) -> np.ndarray:
@@ -374,13 +375,13 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
         state = array_records(context.state).pop(MASK_STATE, None)
         if state is None:
             raise NodeConfigError(f"{rt.who}: {mtype} carries masked sums without a preceding {TRAIN_PASSIVE_ENC}")
-        masked = arrays[msgs.PAYLOAD][MASKED_SUM].numpy().astype(np.float64)
+        masked = to_numpy(arrays[msgs.PAYLOAD][MASKED_SUM]).astype(np.float64)
         if not np.all(np.isfinite(masked)):
             raise NodeConfigError(f"{rt.who}: the masked sums of {mtype} are not all finite")
-        g = unmask(masked, state["mask-sums"].numpy(), rt.n_train, rt.data.X_train.shape[1])
+        g = unmask(masked, to_numpy(state["mask-sums"]), rt.n_train, rt.data.X_train.shape[1])
         if "scale" in state:  # ν came scaled up (NU_SCALE)
-            g = g / float(state["scale"].numpy()[0])
-        array_records(context.state)[GRADIENT_STATE] = ArrayRecord({"gradient": Array(g)})
+            g = g / float(to_numpy(state["scale"])[0])
+        array_records(context.state)[GRADIENT_STATE] = ArrayRecord({"gradient": to_array(g)})
     return call_next(message, context)
 
 
@@ -400,8 +401,8 @@ def train_passive_enc(message: Message, context: Context) -> Message:
     if not isinstance(log2, int) or isinstance(log2, bool) or not 0 <= log2 <= MAX_NU_LOG2:
         raise NodeConfigError(f"{rt.who}: {TRAIN_PASSIVE_ENC} names ν's scale 2^{log2!r}: an integer power 0..."
                               f"{MAX_NU_LOG2} is expected")
-    array_records(context.state)[MASK_STATE] = ArrayRecord({"mask-sums": Array(mask_sums),
-                                                           "scale": Array(np.array([2.0**log2]))})
+    array_records(context.state)[MASK_STATE] = ArrayRecord({"mask-sums": to_array(mask_sums),
+                                                           "scale": to_array(np.array([2.0**log2]))})
     content = RecordDict({MASKED_RECORD: ArrayRecord({f"pair-{p}": to_bytes_array(c) for p, c in enumerate(cts)})})
     return Message(content, reply_to=message)
 

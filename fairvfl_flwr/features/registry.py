@@ -18,12 +18,13 @@ from __future__ import annotations
 from logging import INFO
 
 import numpy as np
-from flwr.app import Array, Message
+from flwr.app import Message
 from flwr.supercore import log
 
 from fairvfl_flwr.core.constraints.release import MARGIN_DEVIATIONS, ErrorPlan, error_plan, estimates, gap_errors
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_array, to_numpy
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.records import array_records
 
@@ -36,7 +37,7 @@ def active_payloads(server: ServerView, messages: list[Message]):
         payload = array_records(message.content).get(msgs.PAYLOAD)
         if node is None or node.role != msgs.ROLE_ACTIVE or payload is None or "lam" not in payload:
             continue
-        yield payload, payload["lam"].numpy().astype(np.float64)
+        yield payload, to_numpy(payload["lam"]).astype(np.float64)
 
 
 class LabelOwnerWeights(RoundHook):
@@ -46,7 +47,7 @@ class LabelOwnerWeights(RoundHook):
         """Every message to an active party that carries λ gets the rows' weights at that λ."""
         for payload, lam in active_payloads(server, messages):
             w = server.constraint.signed_weights(lam).astype(server.wire_dtype)
-            payload["weights"] = Array(np.ascontiguousarray(w))
+            payload["weights"] = to_array(np.ascontiguousarray(w))
 
 
 class ReleaseError(RoundHook):

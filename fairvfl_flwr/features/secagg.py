@@ -27,6 +27,7 @@ from flwr.serverapp import Grid
 
 from fairvfl_flwr.config.node import NodeConfig, NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import PartyRuntime, wire_role
@@ -240,7 +241,7 @@ def _mask_reply(message: Message, context: Context, reply: Message, head: bytes 
     for name in names:
         masked_record = masked_records[name] = {}
         for key, array in array_records(reply.content)[name].items():
-            label, values = _label(name, key, msgs.DIRECTIONS in names), array.numpy()
+            label, values = _label(name, key, msgs.DIRECTIONS in names), to_numpy(array)
             if chunk:
                 if key != "logits":  # the chunk's ids: the rows the server asked for
                     masked_record[key] = values

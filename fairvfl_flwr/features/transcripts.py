@@ -49,6 +49,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.party import VIEW_STATE, PartyRuntime, round_of
 from fairvfl_flwr.flower.records import array_records, config_records
@@ -137,13 +138,13 @@ class ServerTranscript(RoundHook):
             pid = server.nodes[reply.metadata.src_node_id].partition_id
             directions = array_records(reply.content).get(msgs.DIRECTIONS)
             if directions is not None:
-                arrays.update({f"{key}-{pid}": directions[key].numpy() for key in directions})
+                arrays.update({f"{key}-{pid}": to_numpy(directions[key]) for key in directions})
             record = array_records(reply.content).get(msgs.LOGITS)
             if record is None:
                 continue
-            arrays[f"u-{pid}"] = record["train"].numpy()
+            arrays[f"u-{pid}"] = to_numpy(record["train"])
             if "test" in record:
-                arrays[f"u-test-{pid}"] = record["test"].numpy()
+                arrays[f"u-test-{pid}"] = to_numpy(record["test"])
         self.add(server_round, arrays)
         return replies
 
@@ -185,21 +186,21 @@ def transcript_mod(message: Message, context, call_next) -> Message:
     payload = array_records(message.content).get(msgs.PAYLOAD)
     if mtype == msgs.TRAIN_PASSIVE_ENC:  # encrypted ν: the ciphertext is all there is
         keys = sorted(payload, key=lambda k: int(k.rsplit("-", 1)[1]))
-        arrays["nu-ct"] = np.frombuffer(b"".join(payload[k].numpy().tobytes() for k in keys), dtype=np.uint8)
+        arrays["nu-ct"] = np.frombuffer(b"".join(to_numpy(payload[k]).tobytes() for k in keys), dtype=np.uint8)
     elif payload is not None:
         names = RECORDED.get(mtype)
         if names is None:  # any other round message (a new algorithm's): what it carried, by name
             names = {key: key for key in payload if key != msgs.MASKED_SUM}
-        arrays.update({name: payload[key].numpy() for key, name in names.items() if key in payload})
+        arrays.update({name: to_numpy(payload[key]) for key, name in names.items() if key in payload})
     view = config_records(context.state).get(VIEW_STATE)
     if view is not None and int(view["round"]) == server_round:  # secure aggregation: the history head the masks are bound to (a coalition peels with it)
         arrays["head"] = np.frombuffer(bytes.fromhex(str(view["head"])), dtype=np.uint8)
     logits = array_records(reply.content).get(msgs.LOGITS)
     if logits is not None:
-        arrays["own-u"] = logits["train"].numpy()
+        arrays["own-u"] = to_numpy(logits["train"])
     directions = array_records(reply.content).get(msgs.DIRECTIONS)
     if directions is not None:
-        arrays["own-dir"] = directions["dir"].numpy()
+        arrays["own-dir"] = to_numpy(directions["dir"])
     # CKKS second leg: keep the first leg's ν; a Newton apply: keep what the round's first message left
     merge = msgs.second_leg(mtype, payload) or mtype == msgs.NEWTON_APPLY
     for folder in folders if arrays else ():

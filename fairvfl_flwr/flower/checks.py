@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.records import array_records, metric_records
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -74,9 +75,9 @@ def check_logits_reply(content: Any, who: str, n_train: int, n_test: int, width:
     record = array_records(content)[msgs.LOGITS]
     if "train" not in record:
         raise ReplyError(f"{who}: reply holds no training logits")
-    out = {"train": check_vector(record["train"].numpy(), "train logits", n_train, who, width)}
+    out = {"train": check_vector(to_numpy(record["train"]), "train logits", n_train, who, width)}
     if "test" in record:
-        out["test"] = check_vector(record["test"].numpy(), "test logits", n_test, who, width)
+        out["test"] = check_vector(to_numpy(record["test"]), "test logits", n_test, who, width)
     stats = metric_records(content)[msgs.STATS]
     sq = stats.get("sq-norm")
     if not isinstance(sq, (int, float)) or not math.isfinite(sq) or sq < 0:
@@ -96,7 +97,7 @@ def check_payload(content: Any, who: str, expect: dict[str, tuple[int, bool]]) -
     for key, (rows, nonneg) in expect.items():
         if key not in record:
             raise ReplyError(f"{who}: message payload has no '{key}' (got {sorted(record)})")
-        out[key] = check_vector(record[key].numpy(), key, rows, who, nonneg=nonneg)
+        out[key] = check_vector(to_numpy(record[key]), key, rows, who, nonneg=nonneg)
     return out
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fairvfl_flwr.config import RunConfig
 from fairvfl_flwr.config.algorithms import resolve
@@ -30,6 +30,7 @@ from fairvfl_flwr.data.partydata import ROLE_REGISTRY, PartySpec, load_party, ow
 from fairvfl_flwr.data.problem import constraint_groups, whole_table
 from fairvfl_flwr.flower import checks
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import record_of, to_array, to_numpy
 from fairvfl_flwr.flower.records import array_records, config_records
 
 MODEL_STATE = "fairvfl.model"
@@ -174,7 +175,7 @@ class PartyRuntime:
             return self.data.constraint
         w = checks.check_payload(message.content, self.who, {"weights": (self.n_train, False)})["weights"]
         lam = array_records(message.content)[msgs.PAYLOAD].get("lam")  # its values are checked by the handler
-        return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(lam.numpy().size))
+        return RowWeights(w.astype(np.float64), self.cfg.measure, 0 if lam is None else int(to_numpy(lam).size))
 
     def party(self, constraint: ConstraintSet | RowWeights | None = None, steps: bool = True) -> Party:
         """Rebuild the party from its data and the model state kept on this node (an active party's
@@ -218,17 +219,17 @@ class PartyRuntime:
         return self._kept(MODEL_STATE)
 
     def _keep(self, name: str, state: dict) -> None:
-        array_records(self.context.state)[name] = ArrayRecord(
-            {k: Array(np.asarray(v, order="C")) for k, v in state.items()})
+        array_records(self.context.state)[name] = record_of(
+            {k: to_array(np.asarray(v, order="C")) for k, v in state.items()})
 
     def _kept(self, name: str) -> dict[str, np.ndarray] | None:
         record = array_records(self.context.state).get(name)
-        return None if record is None else {k: v.numpy() for k, v in record.items()}
+        return None if record is None else {k: to_numpy(v) for k, v in record.items()}
 
     def take_gradient(self) -> np.ndarray | None:
         """X_kᵀν left in the node's state for this message (see ``GRADIENT_STATE``), or None."""
         record = array_records(self.context.state).pop(GRADIENT_STATE, None)
-        return None if record is None else record["gradient"].numpy()
+        return None if record is None else to_numpy(record["gradient"])
 
     def rows(self, message: Message) -> np.ndarray | None:
         """This round's training rows (mini-batch); None: all of them."""

@@ -55,6 +55,7 @@ import enum
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from fairvfl_flwr.flower.arrays import record_of, to_array, to_numpy
 from fairvfl_flwr.flower.records import array_records
 
 class Kind(enum.Enum):
@@ -153,7 +154,7 @@ def continues_view(message_type: str, payload) -> bool:
 
 def array_record(**arrays: np.ndarray) -> ArrayRecord:
     """An ArrayRecord of the named arrays (made contiguous: Flower serialises the buffer as it is)."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return record_of({k: to_array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def round_config(server_round: int, evaluate: bool) -> ConfigRecord:
@@ -215,14 +216,14 @@ def logits_reply(u_train: np.ndarray, u_test: np.ndarray | None, sq_norm: float,
 
 def read_array(content: RecordDict, record: str, key: str) -> np.ndarray:
     """The numpy array ``key`` of the ArrayRecord ``record`` in ``content``."""
-    return array_records(content)[record][key].numpy()
+    return to_numpy(array_records(content)[record][key])
 
 
 def blob_array(blob: bytes) -> Array:
     """Raw bytes (a key, a tag, a signature) as an Array of uint8, for an ArrayRecord."""
-    return Array(np.frombuffer(blob, dtype=np.uint8).copy())
+    return to_array(np.frombuffer(blob, dtype=np.uint8).copy())
 
 
 def array_blob(array: Array) -> bytes:
     """The raw bytes an Array of uint8 carries (the inverse of ``blob_array``)."""
-    return array.numpy().tobytes()
+    return to_numpy(array).tobytes()

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fairvfl_flwr.data.partydata import cache_dir, write_atomically
 from fairvfl_flwr.flower import history
+from fairvfl_flwr.flower.arrays import record_of, to_array, to_numpy
 from fairvfl_flwr.flower.party import PartyRuntime, answer_records, round_state
 from fairvfl_flwr.flower.records import array_records, config_records
 
@@ -79,7 +80,7 @@ def save_state(folder: Path, server_round: int, state: RecordDict, checkpoint_ev
             keys = meta["arrays"][name] = []
             for key, value in array_records(state)[name].items():
                 keys.append(key)
-                arrays[f"a{len(arrays)}"] = value.numpy()
+                arrays[f"a{len(arrays)}"] = to_numpy(value)
         elif name in config_records(state):
             meta["configs"][name] = dict(config_records(state)[name])
     path = folder / f"round-{server_round:08d}.npz"
@@ -115,7 +116,7 @@ def load_state(folder: Path, server_round: int, who: str) -> dict[str, ArrayReco
             stored = iter(sorted((k for k in f.files if k != "meta"), key=lambda k: int(k[1:])))
             records: dict[str, ArrayRecord | ConfigRecord] = {}
             for name, keys in meta["arrays"].items():
-                records[name] = ArrayRecord({key: Array(np.array(f[next(stored)], order="C")) for key in keys})  # 0-d stays 0-d
+                records[name] = record_of({key: to_array(np.array(f[next(stored)], order="C")) for key in keys})  # 0-d stays 0-d
     except Exception as exc:  # noqa: BLE001  (a damaged file is reported, never half-used)
         raise StateStoreError(f"{who}: its state of round {server_round} in {path} cannot be read: {exc}") from exc
     if int(meta["round"]) != server_round:

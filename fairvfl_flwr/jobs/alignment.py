@@ -91,6 +91,7 @@ from fairvfl_flwr.data.problem import ServerLabels, group_options
 from fairvfl_flwr.data.tables import ids_digest
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.jobs import Job
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
@@ -181,7 +182,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
     else:
         common, result, positions = passes.intersect()
     arrays = array_records(result.content)[LABELS]
-    split = arrays["split"].numpy()
+    split = to_numpy(arrays["split"])
     if not passes.kept:
         with passes.progress.step(len(passes.others)):
             done = passes.send(ALIGN_FINISH, {nid: RecordDict({STEP: ConfigRecord({
@@ -192,7 +193,7 @@ def align_tables(grid: Grid, cfg: RunConfig) -> ServerLabels:
                                                    for nid in passes.others})
         passes.check(done, common)
     used = split[split != psi.UNUSED_CODE]
-    y, s = arrays["y"].numpy(), arrays["s"].numpy()
+    y, s = to_numpy(arrays["y"]), to_numpy(arrays["s"])
     tr, te = used == psi.TRAIN_CODE, used == psi.TEST_CODE
     labels = ServerLabels(y_train=y[tr].astype(np.int8), s_train=s[tr], y_test=y[te].astype(np.int8), s_test=s[te],
                           protected_label=int(common["protected-label"]), ids_digest=str(common["digest"]),
@@ -365,7 +366,7 @@ class _Passes:
                     step.found = f"{common:,} rows common to every party"
                     self.replan(batches, common)
         found = array_records(result.content)[POSITIONS]
-        positions = {nid: msgs.array_record(rows=found[str(self.pid[nid])].numpy()) for nid in self.others}
+        positions = {nid: msgs.array_record(rows=to_numpy(found[str(self.pid[nid])])) for nid in self.others}
         return _reply(result), result, positions
 
     def common_count(self, result: Message) -> int | None:
@@ -373,7 +374,7 @@ class _Passes:
         if self.purpose == SCORE:
             return int(_reply(result).get("n-common", -1)) if "n-common" in _reply(result) else None
         labels = array_records(result.content).get(LABELS)
-        return int(labels["split"].numpy().size) if labels is not None and "split" in labels else None
+        return int(to_numpy(labels["split"]).size) if labels is not None and "split" in labels else None
 
     def lists(self, nid: int, blind: ConfigRecord, raised: ConfigRecord) -> dict:
         """Party ``nid``'s fields of an intersect message: its size answer, its blinded ids and its
@@ -608,7 +609,7 @@ def _match(step: _Step, ids: np.ndarray, peer: int, done=None) -> int:
                                raised, step.keys["key"], done)
     step.keys[f"pairwise-{peer}"] = int((found >= 0).sum())  # |leader ∩ party|, for a refusal's message
     kept = array_records(step.state).get(HITS_STATE)
-    held = {k: v.numpy() for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
+    held = {k: to_numpy(v) for k, v in kept.items()} if kept is not None else {"hits": np.ones(len(ids), bool)}
     held["hits"] = held["hits"] & (found >= 0)
     held[f"at-{peer}"] = found
     array_records(step.state)[HITS_STATE] = msgs.array_record(**held)
@@ -620,14 +621,14 @@ def _common(step: _Step, ids: np.ndarray) -> int:
     each party has them; in training, the split and the labels of those rows, and its own
     prepared block. Returns their number."""
     record = array_records(step.state).pop(HITS_STATE, None)  # none: the leader is the only party
-    at = {int(k.split("-", 1)[1]): v.numpy() for k, v in (record.items() if record else []) if k.startswith("at-")}
+    at = {int(k.split("-", 1)[1]): to_numpy(v) for k, v in (record.items() if record else []) if k.startswith("at-")}
     missing = sorted(set(range(step.cfg.num_parties)) - {step.spec.partition_id} - set(at))
     if missing:  # a server that leaves a party out would have the leader agree on rows that party never matched
         raise FederationError(f"{step.spec.name}: alignment step 'intersect': the lists of part"
                               f"{'ies' if len(missing) > 1 else 'y'} {', '.join(map(str, missing))} never came in "
                               "this alignment; refused")
     step.done = True
-    hits = np.ones(len(ids), dtype=bool) if record is None else record["hits"].numpy()
+    hits = np.ones(len(ids), dtype=bool) if record is None else to_numpy(record["hits"])
     pairwise = {int(k.split("-", 1)[1]): int(v) for k, v in step.keys.items() if k.startswith("pairwise-")}
     rows = psi.agreed_rows(ids, hits, pairwise, step.cfg.tables_min_common if step.purpose == TRAIN else 1)
     found = {str(pid): np.sort(v[rows]) for pid, v in at.items()}
@@ -657,11 +658,11 @@ def _finish(step: _Step) -> None:
     """Another party: its common rows, from their positions in its shuffled list; in training,
     its prepared block on them."""
     ids, _ = psi.own_table(step.spec)
-    positions = array_records(step.message.content)[POSITIONS]["rows"].numpy()
-    split_in = array_records(step.message.content)[LABELS]["split"].numpy() if step.purpose == TRAIN else None
+    positions = to_numpy(array_records(step.message.content)[POSITIONS]["rows"])
+    split_in = to_numpy(array_records(step.message.content)[LABELS]["split"]) if step.purpose == TRAIN else None
     step.signer.verify("positions", step.spec.partition_id, _positions_blob(positions, split_in),
                        step.fields.get("signature", b""), "this party's common positions", signer_pid=LEADER)
-    order = array_records(step.state).pop(ORDER_STATE)["order"].numpy()
+    order = to_numpy(array_records(step.state).pop(ORDER_STATE)["order"])
     step.done = True
     progress = _progress(step, Step("kept its common rows" if step.purpose == SCORE else
                                     "prepared its block on the common rows", "prepare", len(positions),
@@ -672,7 +673,7 @@ def _finish(step: _Step) -> None:
             rows = psi.my_common_rows(step.spec, ids, positions, order, int(step.fields["n-common"]))
             step.out = {"digest": _keep_score_ids(step.context, ids[rows], ids)}
             return
-        split = array_records(step.message.content)[LABELS]["split"].numpy()
+        split = to_numpy(array_records(step.message.content)[LABELS]["split"])
         member, key = psi.member_step(step.spec, step.cfg, positions, order, split)
         step.out = {"digest": member.ids_digest}
         config_records(step.state)[ALIGNED_STATE] = ConfigRecord({"key": key})

@@ -57,7 +57,7 @@ import dataclasses
 from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -72,6 +72,7 @@ from fairvfl_flwr.features import ckks
 from fairvfl_flwr.features.registry import active_payloads
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_array, to_numpy
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.hooks import RoundHook, ServerView
 from fairvfl_flwr.flower.jobs import Job
@@ -475,7 +476,7 @@ def connect(grid: Grid, cfg: RunConfig, ids_digest: str, rows: dict[str, int]) -
         record = array_records(reply.content).get("sums")
         if record is None or "sums" not in record:
             raise FederationError(f"{who}: its reply holds no sums")
-        return record["sums"].numpy().astype(np.float64)
+        return to_numpy(record["sums"]).astype(np.float64)
 
     return GroupSums(indicators, ask)
 
@@ -582,7 +583,7 @@ class RegistryChannel(RoundHook):
     def outgoing(self, server: ServerView, messages: list[Message]) -> None:
         """The label owner's training message gets its rows' weights as if in each group, at its λ."""
         for payload, lam in active_payloads(server, messages):
-            payload[WEIGHTS_KEY] = Array(np.ascontiguousarray(server.constraint.signed_weights(lam)))
+            payload[WEIGHTS_KEY] = to_array(np.ascontiguousarray(server.constraint.signed_weights(lam)))
 
     def incoming(self, server: ServerView, grid: Grid, server_round: int, replies: list[Message],
                  timeout: float) -> list[Message]:
@@ -672,7 +673,7 @@ def active_mod(message: Message, context: Context, call_next) -> Message:
         return call_next(message, context)
     rt = PartyRuntime(context)
     n = rt.n_train
-    weights = payload[WEIGHTS_KEY].numpy().astype(np.float64)
+    weights = to_numpy(payload[WEIGHTS_KEY]).astype(np.float64)
     if weights.ndim != 2 or weights.shape[1] != n or not np.all(np.isfinite(weights)):
         raise checks.ReplyError(f"{rt.who}: {WEIGHTS_KEY} must be finite, one row of {n} weights a group; got "
                                 f"{weights.shape}")
@@ -696,21 +697,21 @@ def active_leg(message: Message, context: Context) -> Message:
     state = array_records(context.state).pop(LEG_STATE, None)
     if state is None:
         raise ConfigError(f"{rt.who}: {TRAIN_ACTIVE_LEG} without products of its own awaiting their sums")
-    masks = state["masks"].numpy()
+    masks = to_numpy(state["masks"])
     got = checks.check_payload(message.content, rt.who, {SUMS_KEY: (len(masks), False)})[SUMS_KEY]
     m = rt.data.X_train.shape[1]
-    g = ((got.astype(np.float64) - masks) / state["scales"].numpy())[: m + 1] / rt.n_train
+    g = ((got.astype(np.float64) - masks) / to_numpy(state["scales"]))[: m + 1] / rt.n_train
     if "newton-alpha" in state:  # block Newton: one leg, the gradient of its direction
-        return newton.active_from_gradient(message, context, state["newton-alpha"].numpy(),
-                                           state["newton-z"].numpy(), g)
+        return newton.active_from_gradient(message, context, to_numpy(state["newton-alpha"]),
+                                           to_numpy(state["newton-z"]), g)
     party = rt.party()
     party.block.apply_gradient(g[:m].astype(party.block.weight.dtype), rt.cfg.lr, party.mu, bias_grad=float(g[m]))
-    taken = int(state["taken"].numpy()[0]) + 1
+    taken = int(to_numpy(state["taken"])[0]) + 1
     rt.save(party)
     if taken < rt.cfg.local_steps:
-        others = state["others"].numpy()
+        others = to_numpy(state["others"])
         keep = {"others": others, "taken": np.array([taken], dtype=np.int64)}
-        return Message(_products(rt, context, party, others + party.logits("train"), state["weights"].numpy(), keep),
+        return Message(_products(rt, context, party, others + party.logits("train"), to_numpy(state["weights"]), keep),
                        reply_to=message)
     return rt.reply(message, party, steps=taken)
 

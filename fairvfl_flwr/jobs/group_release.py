@@ -47,6 +47,7 @@ from fairvfl_flwr.core.errors import ConfigError
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.flower import exchange
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.discovery import discover_nodes
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.jobs import Job
@@ -121,7 +122,7 @@ def _checked(reply: Message, request: ConfigRecord, who: str, n_train: int,
         raise FederationError(f"{who}: a release needs two or more distinct groups, got {list(names)}")
     out = []
     for split, rows in (("train", n_train), ("test", n_test)):
-        codes = arrays[split].numpy()
+        codes = to_numpy(arrays[split])
         if codes.shape != (rows,) or not np.issubdtype(codes.dtype, np.integer):
             raise FederationError(f"{who}: its {split} release has shape {codes.shape} and dtype {codes.dtype}, "
                                   f"expected {rows} integer codes")

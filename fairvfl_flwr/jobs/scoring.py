@@ -51,6 +51,7 @@ from fairvfl_flwr.data import model_files
 from fairvfl_flwr.data.partydata import own_table_spec, party_spec
 from fairvfl_flwr.data.encoding import Preprocessing, common_score_rows, score_file, score_rows
 from fairvfl_flwr.data.tables import ids_digest
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.jobs.alignment import align_score_rows
 from fairvfl_flwr.flower import checks, exchange
 from fairvfl_flwr.flower import protocol as msgs
@@ -322,7 +323,7 @@ def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop
     content = reply.content
     if LOGITS not in array_records(content) or set(array_records(content)[LOGITS]) != {"logits", "ids"}:
         raise ScoreError(f"{party}: a {SCORE} reply holds exactly the chunk's logits and ids; refused")
-    u = array_records(content)[LOGITS]["logits"].numpy()
+    u = to_numpy(array_records(content)[LOGITS]["logits"])
     dtype = np.dtype(np.uint64) if cfg.masked else np.dtype(cfg.wire_dtype)
     if u.dtype != dtype or u.shape != (stop - start,):
         raise ScoreError(f"{party}: partial logits of rows {start}..{stop - 1} as {u.dtype} {u.shape}, "
@@ -333,7 +334,7 @@ def _partial_logits(party: str, reply: Message, cfg: RunConfig, start: int, stop
             u = checks.check_vector(u, "partial logits", stop - start, party).astype(np.float64)
         except checks.ReplyError as exc:
             raise ScoreError(f"rejected a reply: {exc}") from None
-    ids = array_records(content)[LOGITS]["ids"].numpy().astype(str)
+    ids = to_numpy(array_records(content)[LOGITS]["ids"]).astype(str)
     if ids.shape != (stop - start,):
         raise ScoreError(f"{party}: {ids.shape} ids for rows {start}..{stop - 1}; refused")
     return u, ids
@@ -424,7 +425,7 @@ class PartyScorer:
         self.rows = score_rows(self.spec, self.cfg, pre, path, source)
         common = array_records(context.state).get(SCORE_COMMON_STATE)
         if common is not None:  # tables.own: the rows every party holds, found by private alignment
-            self.rows = _common_rows(self.rows, common["ids"].numpy())
+            self.rows = _common_rows(self.rows, to_numpy(common["ids"]))
 
     def logits(self, start: int, stop: int) -> np.ndarray:
         return self.model.forward(as_dtype(self.rows.X[start:stop], self.meta["dtype"])).astype(self.cfg.wire_dtype)

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from flwr.app import Array
 from flwr.supercore import log
 
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.errors import FederationError
 
 FRACTION_BITS = 48
@@ -169,7 +170,7 @@ def cancelled(total: np.ndarray, limit: float, masks: str) -> np.ndarray:
 def words(value) -> np.ndarray | None:
     """A reply's masked words: an array's, or a config value's bytes (secagg's ``SQ_NORM`` record); None if neither."""
     if isinstance(value, Array):
-        return value.numpy()
+        return to_numpy(value)
     if isinstance(value, bytes) and len(value) % 8 == 0:
         return np.frombuffer(value, dtype="<u8").astype(np.uint64)
     return None

@@ -84,6 +84,7 @@ from fairvfl_flwr.app.run import run_inprocess
 from fairvfl_flwr.config.run import RunConfig
 from fairvfl_flwr.data.partydata import party_spec, server_labels_for
 from fairvfl_flwr.data.problem import constraint_groups, is_active, load_data, whole_table
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.secure import agreement
 from fairvfl_flwr.features import transcripts
 from fairvfl_flwr.features.checkpoint import labels_fingerprint
@@ -326,7 +327,7 @@ def active_pair_keys(grid: InProcessGrid, active: int = 0) -> dict[int, bytes] |
     record = grid.contexts[grid.node_ids[active]].state.array_records.get(agreement.KEYS_STATE)
     if record is None:
         return None
-    return {int(k.split("-", 1)[1]): record[k].numpy().tobytes() for k in record if k.startswith("k-")}
+    return {int(k.split("-", 1)[1]): to_numpy(record[k]).tobytes() for k in record if k.startswith("k-")}
 
 
 def run_audit(dataset: str, rounds: int, noise: float, seed: int = 0, overrides: dict | None = None) -> dict:

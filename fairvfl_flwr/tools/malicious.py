@@ -35,6 +35,7 @@ from fairvfl_flwr.data.partydata import party_spec
 from fairvfl_flwr.data.problem import load_data
 from fairvfl_flwr.data.tables import normalise_ids, packaged_file
 from fairvfl_flwr.flower import protocol as msgs
+from fairvfl_flwr.flower.arrays import to_numpy
 from fairvfl_flwr.flower.errors import FederationError
 from fairvfl_flwr.flower.inprocess import InProcessGrid
 from fairvfl_flwr.flower.party import MODEL_STATE, party_data
@@ -71,7 +72,7 @@ class LyingGrid(InProcessGrid):
     def pull_messages(self, message_ids):
         got = list(super().pull_messages(message_ids))
         for r in got:
-            arrays = {} if r.has_error() else {name: {k: a.numpy().copy() for k, a in rec.items()}
+            arrays = {} if r.has_error() else {name: {k: to_numpy(a).copy() for k, a in rec.items()}
                                                for name, rec in array_records(r.content).items()}
             self.received.append((r, arrays))
         return got
@@ -125,11 +126,11 @@ class IsolateParty(LyingGrid):
             return
         t = int(rc["round"])
         if mtype == msgs.TRAIN_ACTIVE:
-            z, lam = payload["z"].numpy(), payload["lam"].numpy()
+            z, lam = to_numpy(payload["z"]), to_numpy(payload["lam"])
             array_records(msg.content)[msgs.PAYLOAD] = msgs.array_record(
                 z=(1000.0 * self.y).astype(z.dtype), lam=np.zeros_like(lam))
         elif mtype == msgs.TRAIN_PASSIVE:
-            nu = payload["nu"].numpy()
+            nu = to_numpy(payload["nu"])
             if self.target_node in (None, msg.metadata.dst_node_id):
                 if t not in self.sent:
                     self.sent[t] = (self.rng.standard_normal(len(nu)) / len(nu)).astype(nu.dtype) if self.probe else nu
@@ -213,7 +214,7 @@ class ResendChanged(LyingGrid):
         ids = super().push_messages(messages)
         for msg in messages:
             if msg.metadata.group_id == str(self.again) and msg.metadata.message_type == msgs.TRAIN_PASSIVE:
-                nu = array_records(msg.content)[msgs.PAYLOAD]["nu"].numpy()
+                nu = to_numpy(array_records(msg.content)[msgs.PAYLOAD]["nu"])
                 twin = Message(RecordDict(dict(msg.content)), dst_node_id=msg.metadata.dst_node_id,
                                message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
                 array_records(twin.content)[msgs.PAYLOAD] = msgs.array_record(nu=nu * 2)
@@ -271,7 +272,7 @@ def replayed(msg: Message, **payload: np.ndarray) -> Message:
     """``msg`` again, without its exchange's records; ``payload``: arrays that replace its payload's."""
     content = RecordDict({name: record for name, record in msg.content.items() if name not in EXCHANGE_RECORDS})
     if payload:
-        old = {k: a.numpy() for k, a in array_records(content)[msgs.PAYLOAD].items()}
+        old = {k: to_numpy(a) for k, a in array_records(content)[msgs.PAYLOAD].items()}
         array_records(content)[msgs.PAYLOAD] = msgs.array_record(**{**old, **payload})
     return Message(content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type,
                    group_id=msg.metadata.group_id)
@@ -373,7 +374,7 @@ class HandServer:
         did not cancel (decoded, such a sum is uniform over the ring)."""
         if not replies or any(r.has_error() or record not in array_records(r.content) for r in replies):
             return None
-        words = [array_records(r.content)[record][key].numpy() for r in replies]
+        words = [to_numpy(array_records(r.content)[record][key]) for r in replies]
         total = ring.decode(np.sum(words, axis=0, dtype=np.uint64))
         return total if np.all(np.abs(total) < ring.LIMIT / 2) else None
 
@@ -512,7 +513,7 @@ def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int |
     grid = take_over(run_config, stop_at, folder, identities)
     server, last = HandServer(grid), stop_at - 1
     target_node = grid.node_ids[target]
-    n = len(grid.honest(last, target_node).content.array_records[msgs.PAYLOAD]["nu"].numpy())
+    n = len(to_numpy(grid.honest(last, target_node).content.array_records[msgs.PAYLOAD]["nu"]))
     count = probes or _target_block(cfg, target).shape[1]
     record, key, scale = (msgs.DIRECTIONS, "dir", cfg.mu_value(n)) if newton else (msgs.LOGITS, "train", cfg.eta)
     nus = probe_vectors(n, count + newton, seed, newton)
@@ -521,7 +522,7 @@ def rejoin_replay(run_config: dict, folder: Path, target: int = 2, probes: int |
         reference, ref_nu = None, None
     else:
         reference = grid.honest_sum(last)
-        ref_nu = grid.honest(last, target_node).content.array_records[msgs.PAYLOAD]["nu"].numpy()
+        ref_nu = to_numpy(grid.honest(last, target_node).content.array_records[msgs.PAYLOAD]["nu"])
     R, V, decoded = [], [], 0
     for nu in nus:
         server.rejoin([target_node], last - 1)
@@ -605,7 +606,7 @@ def init_replay(run_config: dict, folder: Path, target: int = 2, probes: int | N
         start, extra = msgs.NEWTON_INIT, {"alpha": np.zeros(0)}
     else:
         record, key, scale, start, extra = msgs.LOGITS, "train", cfg.eta, msgs.INIT, {}
-    weight = array_records(grid.contexts[target_node].state)[MODEL_STATE]["weight"].numpy()
+    weight = to_numpy(array_records(grid.contexts[target_node].state)[MODEL_STATE]["weight"])
     real = (X @ weight.astype(np.float64).reshape(-1)).astype(np.float32).astype(np.float64)  # for scoring only
     honest, base = grid.honest_sum(last, record, key), None
     R, V, decoded, logits_error = [], [], 0, None
