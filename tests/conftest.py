@@ -1,3 +1,4 @@
+import functools
 import importlib.util
 import json
 import os
@@ -190,12 +191,32 @@ def run_app():
 def simulation_superlink(tmp_path_factory):
     """One ``flower-superlink --simulation`` for every test that submits a ``flwr run``, and one
     Ray head that every run's simulation engine connects to (each run still makes its own actors);
-    skips where the ``simulation`` extra (Ray) is missing."""
+    skips where the ``simulation`` extra (Ray) is missing. Stopped after the last of those tests
+    (:func:`pytest_runtest_teardown`), else at the session's end."""
     pytest.importorskip("ray", reason=f"needs Flower's simulation engine: {SIMULATION_HINT}")
     ray = _RAY_HEADS.pop() if _RAY_HEADS else True  # True: start one now
     link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"), shared_ray=ray)
+    _LINKS.append(link)
     yield link
-    link.stop()
+    link.stop()  # a no-op when the hook stopped it
+
+
+#: The live ``simulation_superlink`` of this process.
+_LINKS: list[SimulationSuperLink] = []
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the shared SuperLink and its Ray head once the session's last ``flwr run`` test is
+    done (in a pytest-xdist worker they are one unit, :func:`pytest_collection_modifyitems`):
+    the idle SuperLink and Ray daemons would take CPU from every test after it."""
+    if _LINKS and item is _last_simulation_test(item.session):
+        _LINKS.pop().stop()
+
+
+@functools.cache
+def _last_simulation_test(session):
+    users = [item for item in session.items if "simulation_superlink" in getattr(item, "fixturenames", ())]
+    return users[-1] if users else None
 
 
 def assert_masked_run_is_plain(run_config: dict, folder, node_configs: list[dict], atol: float) -> None:
