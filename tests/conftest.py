@@ -198,17 +198,21 @@ def simulation_superlink(tmp_path_factory):
     link = SimulationSuperLink(tmp_path_factory.mktemp("flwr-home"), shared_ray=ray)
     _LINKS.append(link)
     yield link
-    link.stop()  # a no-op when the hook stopped it
+    if link in _LINKS:  # not stopped by the hook already
+        _LINKS.remove(link)
+        link.stop()
 
 
 #: The live ``simulation_superlink`` of this process.
 _LINKS: list[SimulationSuperLink] = []
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """Stop the shared SuperLink and its Ray head once the session's last ``flwr run`` test is
-    done (in a pytest-xdist worker they are one unit, :func:`pytest_collection_modifyitems`):
-    the idle SuperLink and Ray daemons would take CPU from every test after it."""
+    done, after pytest's teardown of that test's own fixtures (which may still use the link; in
+    a pytest-xdist worker these tests are one unit, :func:`pytest_collection_modifyitems`): the
+    idle SuperLink and Ray daemons would take CPU from every test after it."""
     if _LINKS and item is _last_simulation_test(item.session):
         _LINKS.pop().stop()
 
