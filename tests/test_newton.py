@@ -13,6 +13,7 @@ from fairvfl_flwr.core.newton import (
     block_direction,
     curvature,
     gap_directions,
+    in_row_space,
     party_curvature,
     smooth_part,
     subspace_gap_jacobian,
@@ -75,6 +76,21 @@ def test_party_curvature_from_nu_is_exact_on_rows_of_weight_one_over_n():
     plain = np.isclose(constraint.signed_weights(lam), 1 / constraint.n)
     assert plain.sum() > 50
     assert np.allclose(party_curvature(nu, constraint.n, "nu")[plain], h[plain], rtol=1e-10, atol=0)
+
+
+def test_a_gradient_keeps_its_row_space_part_and_loses_its_null_space_part():
+    """Two one-hot features (each block sums to 1): xᵀν has no part along (1, 1, −1, −1), so noise
+    there is dropped, and a gradient without any is returned as it came; columns of full rank keep it all."""
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
+    x = np.column_stack([a, 1 - a, b, 1 - b]).astype(np.float64)
+    g = x.T @ rng.normal(size=200)
+    null = np.array([1.0, 1.0, -1.0, -1.0]) / 2.0
+    assert np.allclose(in_row_space(x, g + 1e-3 * null), g, atol=1e-12)
+    assert np.allclose(in_row_space(x, g), g, atol=1e-12)
+    full = rng.normal(size=(200, 3))
+    noisy = full.T @ rng.normal(size=200) + 1e-3
+    assert np.array_equal(in_row_space(full, noisy), noisy)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -122,6 +122,20 @@ def block_direction(x: np.ndarray, nu: np.ndarray | None, h: np.ndarray, theta: 
         return -np.linalg.lstsq(hess, grad, rcond=None)[0]
 
 
+def in_row_space(x: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+    """``gradient`` less its part along the null space of ``x`` (n × m): where a block's columns are
+    collinear (one-hot blocks of two features each sum to 1), xᵀν has no part there, so a part the
+    registry's noise put there is noise alone, which the block's Newton direction would amplify by 1/μ."""
+    w, v = np.linalg.eigh(x.T @ x)
+    null = v[:, w <= NULL_SPACE * max(float(w[-1]), np.finfo(float).tiny)]
+    return gradient - null @ (null.T @ gradient) if null.shape[1] else gradient
+
+
+#: The share of the largest eigenvalue of xᵀx below which :func:`in_row_space` takes a direction as
+#: x's null space: collinear columns give about 1e-16 of it, a block's smallest true eigenvalue far more.
+NULL_SPACE = 1e-10
+
+
 #: The pseudo-inverse's cut-off for the search, by the dtype the directions' logits X_k d_j
 #: travelled in. float32 rounds each entry to 6e-8 relative, so a combination of nearly
 #: collinear directions with a tiny curvature is not resolved by them; inverting it anyway
