@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("tenseal")
 
-from flwr.app import Array  # noqa: E402
+from flwr.app import Array, Message  # noqa: E402
 
 from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
@@ -27,11 +27,13 @@ from fairvfl_flwr.config.node import NodeConfig  # noqa: E402
 from fairvfl_flwr.core.constraints import SensitiveGroups, gap_weights, gaps_per_row, kind_named  # noqa: E402
 from fairvfl_flwr.core.constraints.cells import GroupCells  # noqa: E402
 from fairvfl_flwr.data.partydata import server_labels_for  # noqa: E402
-from fairvfl_flwr.data.problem import constraint_groups, load_data, whole_table  # noqa: E402
+from fairvfl_flwr.data.problem import constraint_groups, load_data, party_problem, whole_table  # noqa: E402
 from fairvfl_flwr.features import ckks  # noqa: E402
 from fairvfl_flwr.flower import protocol as msgs  # noqa: E402
+from fairvfl_flwr.flower.arrays import to_array, to_numpy  # noqa: E402
 from fairvfl_flwr.flower.errors import FederationError  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
+from fairvfl_flwr.flower.party import MODEL_STATE  # noqa: E402
 from fairvfl_flwr.jobs import encrypted_groups as eg  # noqa: E402
 from fairvfl_flwr.tools import registry_attack  # noqa: E402
 from fairvfl_flwr.tools.malicious import LyingGrid  # noqa: E402
@@ -733,3 +735,36 @@ def test_a_masked_encrypted_newton_run_is_the_unmasked_shared_step_run(tmp_path,
     assert len(_history(m_folder)) == len(_history(p_folder))
     assert masked["test_acc"] == plain["test_acc"]
     assert abs(masked["train_max_gap"] - plain["train_max_gap"]) < 1e-6
+
+
+class NullSpaceNoise(LyingGrid):
+    """A server (or a registry's noise) that adds ``size`` along the null space of a passive
+    party's columns (COMPAS's partition 1: two collinear columns) to the masked sums it relays."""
+
+    def __init__(self, *args, size: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        ds, blocks, _ = party_problem(RunConfig.from_flower({**RUN, **ENCRYPTED}))
+        w, v = np.linalg.eigh(blocks[1].T @ blocks[1])
+        assert w[0] <= 1e-10 * w[-1] < w[1]  # one null direction
+        self.added = size * v[:, 0]
+
+    def tamper(self, msg: Message) -> None:
+        payload = msg.content.array_records.get(msgs.PAYLOAD)
+        node = self.contexts.get(msg.metadata.dst_node_id)
+        if payload is not None and msgs.MASKED_SUM in payload and int(node.node_config["partition-id"]) == 1:
+            payload[msgs.MASKED_SUM] = to_array(to_numpy(payload[msgs.MASKED_SUM]) + self.added)
+
+
+def test_a_partys_gradient_keeps_nothing_along_its_columns_null_space(tmp_path):
+    """X_kᵀν has no part along X_k's null space, so whatever the registry's sums carry there is noise
+    (which a Newton step takes at 1/μ): the party's model is the one without it, bit for bit."""
+    def theta(size: float) -> np.ndarray:
+        rc = RunConfig.from_flower({**RUN, **ENCRYPTED, "output-dir": str(tmp_path / str(size))})
+        configs = [{"partition-id": k, "num-partitions": 6, **({"sum-noise": 0.0} if k == 5 else {})}
+                   for k in range(6)]
+        grid = NullSpaceNoise(client_app, rc.to_flower(), 6, node_configs=configs, size=size)
+        run_inprocess(rc.to_flower(), quiet=True, grid=grid)
+        (ctx,) = [c for c in grid.contexts.values() if int(c.node_config["partition-id"]) == 1]
+        return np.concatenate([to_numpy(a).ravel() for a in ctx.state.array_records[MODEL_STATE].values()])
+
+    assert np.allclose(theta(0.0), theta(1e4), rtol=0, atol=1e-9)

@@ -41,7 +41,6 @@ from fairvfl_flwr.config.algorithms import Algorithm
 from fairvfl_flwr.core.newton import (
     WIRE_RCOND,
     block_direction,
-    in_row_space,
     held_step,
     curvature,
     damping,
@@ -794,9 +793,6 @@ def _reply_direction(rt: PartyRuntime, message: Message, party, theta: np.ndarra
                      xt_nu: np.ndarray | None) -> Message:
     """The block Newton direction at θ_k (curvature ``h``; gradient from ``nu``, or ``xt_nu`` = xᵀν),
     its images with the last moves', kept as this party's directions awaiting their α."""
-    # the registry's noise on xᵀν: its part along x's null space is noise alone
-    if xt_nu is not None and rt.cfg.encrypted_groups:
-        xt_nu = in_row_space(x, xt_nu)
     s = within_ring(block_direction(x, nu, h, theta, party.mu, xt_nu=xt_nu), x, x_test, rt.cfg.num_parties)
     D = np.column_stack([s, *moves])
     dtype = rt.cfg.wire_dtype

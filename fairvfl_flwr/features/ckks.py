@@ -57,6 +57,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from flwr.serverapp import Grid
 
+from fairvfl_flwr.core.newton import in_row_space
 from fairvfl_flwr.data.partydata import NodeConfigError
 from fairvfl_flwr.flower import protocol as msgs
 from fairvfl_flwr.flower.arrays import to_array, to_numpy
@@ -379,8 +380,11 @@ def ckks_mod(message: Message, context: Context, call_next) -> Message:
         if not np.all(np.isfinite(masked)):
             raise NodeConfigError(f"{rt.who}: the masked sums of {mtype} are not all finite")
         g = unmask(masked, to_numpy(state["mask-sums"]), rt.n_train, rt.data.X_train.shape[1])
-        if "scale" in state:  # ν came scaled up (NU_SCALE)
+        if "scale" in state:  # ν came scaled up (NU_SCALE): a registry's sums, each with its noise
             g = g / float(to_numpy(state["scale"])[0])
+            # X_kᵀν has no part along X_k's null space (collinear columns), so the noise's part there
+            # is noise alone, which a Newton step would take at 1/μ
+            g = in_row_space(np.asarray(rt.data.X_train, dtype=np.float64), g)
         array_records(context.state)[GRADIENT_STATE] = ArrayRecord({"gradient": to_array(g)})
     return call_next(message, context)
 

@@ -67,6 +67,7 @@ from fairvfl_flwr.core.constraints import Pooling, SensitiveGroups, SizedGroups,
 from fairvfl_flwr.core.constraints.groups import pooled_names
 from fairvfl_flwr.core.constraints.measures import measure as measure_named
 from fairvfl_flwr.core.errors import ConfigError
+from fairvfl_flwr.core.newton import in_row_space, with_bias
 from fairvfl_flwr.data.problem import ServerLabels
 from fairvfl_flwr.features import ckks
 from fairvfl_flwr.features.registry import active_payloads
@@ -701,6 +702,8 @@ def active_leg(message: Message, context: Context) -> Message:
     got = checks.check_payload(message.content, rt.who, {SUMS_KEY: (len(masks), False)})[SUMS_KEY]
     m = rt.data.X_train.shape[1]
     g = ((got.astype(np.float64) - masks) / to_numpy(state["scales"]))[: m + 1] / rt.n_train
+    # the registry's noise along its columns' null space (the intercept's too) is noise alone (features/ckks.py)
+    g = in_row_space(with_bias(np.asarray(rt.data.X_train, dtype=np.float64)), g)
     if "newton-alpha" in state:  # block Newton: one leg, the gradient of its direction
         return newton.active_from_gradient(message, context, to_numpy(state["newton-alpha"]),
                                            to_numpy(state["newton-z"]), g)
