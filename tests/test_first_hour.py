@@ -98,7 +98,7 @@ def test_stop_rule_state_round_trips():
 
 def test_quick_start_newton_stops_where_it_did(tmp_path):
     summary, _ = run_inprocess({"output-dir": str(tmp_path)}, quiet=True)
-    assert summary["rounds"] == 14
+    assert summary["rounds"] == 12
     assert round(summary["train_deo"], 4) == 0.0100 and round(100 * summary["test_acc"], 2) == 85.20
 
 

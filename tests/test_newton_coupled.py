@@ -84,8 +84,9 @@ def test_a_bound_out_of_the_subspaces_reach_is_approached_with_bounded_multiplie
     assert np.array_equal(near[0], plain[0]) and np.array_equal(near[1], plain[1])
 
 
-@pytest.mark.parametrize("kind,two", [("equalized-odds", True), ("demographic-parity", True), ("deo", False)])
-def test_every_constraint_but_two_group_deo_takes_no_dual_step(kind, two):
+@pytest.mark.parametrize("kind,two", [("equalized-odds", True), ("demographic-parity", True), ("deo", False),
+                                      ("deo", True)])
+def test_every_builtin_constraint_takes_no_dual_step(kind, two):
     """λ comes from the search: the dual step between rounds leaves it as it is, in round 1 too."""
     y, s, z, rng = group_rows(3, G=2 if two else 3)
     constraint = from_labels(y, s == 0 if two else s, 1, kind)
@@ -97,10 +98,12 @@ def test_every_constraint_but_two_group_deo_takes_no_dual_step(kind, two):
                                                        c=1e-3), lam)
 
 
-def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
-    """The paper's case: the step clipped to the weight bounds, past them by gradient."""
+def test_a_kind_that_declares_the_clipped_step_gets_it_with_two_groups_only():
+    """``newton_past_bound``: the step clipped to the weight bounds, past them by gradient, where one gap
+    holds each row; with three groups the constrained search."""
     y, s, z, rng = group_rows(4, G=2)
     constraint = from_labels(y, s == 0, 1, "deo")
+    object.__setattr__(constraint, "newton_past_bound", True)
     assert isinstance(rule_for(constraint), ClippedNewton)
     lam = np.array([0.0, 0.05])
     jac = _jacobian(y, z, constraint, rng, lam)
@@ -109,6 +112,10 @@ def test_deo_with_two_groups_keeps_its_clipped_step_bit_for_bit():
     np.testing.assert_array_equal(out, ClippedNewton().newton(lam, gaps, jac, constraint, epsilon=0.01, c=1e-3))
     assert np.array_equal(dual_newton_step(np.zeros(2), constraint.gaps(y, z), None, constraint, epsilon=0.01, beta=0.1, c=1e-3),
                           constraint.project(np.maximum(0.0, 0.1 * np.array([gaps[0] - 0.01, -gaps[0] - 0.01]))))
+    y3, s3, _, _ = group_rows(4, G=3)
+    three = from_labels(y3, s3, 1, "deo")
+    object.__setattr__(three, "newton_past_bound", True)
+    assert isinstance(rule_for(three), ConstrainedSearch)
 
 
 def test_newton_meets_equalized_odds_within_thirty_rounds(run_app, tmp_path):

@@ -157,10 +157,11 @@ class ConstraintSet:
     #: does ``optimizer = "auto"`` pick AdaGrad for its MLP runs? (measured with ``deo`` only:
     #: docs/adagrad.md; block Newton, for linear runs, is picked for every kind)
     adagrad_by_default = False
-    #: block Newton's dual step: True (with two groups) takes the clipped dual Newton step and,
-    #: at the weight bound, the paper's gradient step past it (measured with ``deo`` only);
-    #: False takes the constrained search, which returns λ with the step lengths
-    #: (core/newton.py)
+    #: block Newton's dual step: False (every built-in kind) takes the constrained search, which
+    #: returns λ with the step lengths and holds the gaps within ε from round 1; True (with two
+    #: groups) takes the clipped dual Newton step and, at the weight bound, the paper's gradient
+    #: step past it, which creeps where the target needs weights below 0 (docs/newton.md, "The
+    #: dual rule of two-group deo")
     newton_past_bound = False
 
     #: what the history, the log and a run's summary call its gaps (core/constraints/history.py)

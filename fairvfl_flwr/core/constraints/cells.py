@@ -200,7 +200,7 @@ class EncryptedConstraint:
     _last: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: groups known by their sizes only: no row's group to count or report per row
     groups = None
-    #: block Newton takes the constrained search for every kind here, ``deo`` on two groups too
+    #: block Newton takes the constrained search here whatever the kind wrapped declares
     #: (core/newton.rule_for): the parties' gradients come through the registry's noisy sums, so
     #: their directions carry noise that a search at fixed multipliers follows wherever it costs F
     #: little, however far it moves the gaps, and the dual step then chases the gaps round after

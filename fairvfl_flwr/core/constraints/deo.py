@@ -39,7 +39,6 @@ class DEO(ConstraintSet):
     kind = "deo"
     label_subsets = 1
     adagrad_by_default = True
-    newton_past_bound = True
     history = PaperNames("DEO")
 
     @classmethod
