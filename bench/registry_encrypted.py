@@ -6,6 +6,7 @@ accuracy and time, where the registry keeps the groups under its CKKS key.
     python bench/registry_encrypted.py --repeats 5 --page   # each encrypted run five times (fresh noise each)
     python bench/registry_encrypted.py --datasets compas --constraints deo --rounds 30
     python bench/registry_encrypted.py --optimizer gd --rounds 150 --page   # docs/results/privacy/registry-encrypted.md
+    python bench/registry_encrypted.py --datasets compas --converged --rounds 30 --repeats 5 --page   # ...-converged.md
 
 One in-process app run per (dataset, constraint) with the label owner's groups (``exact``) and
 one with ``groups.holder = "registry"``, ``groups.release = "ckks"`` (the registry, the last of 6
@@ -45,11 +46,12 @@ OPTIMIZERS = ("auto", "newton", "gd")
 
 
 def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: bool,
-        tmp: str) -> tuple[dict, list[dict], float, int]:
-    """(summary, history, seconds, the most sums the registry decrypted in one round: 0 without it)."""
+        tmp: str, converged: bool = False) -> tuple[dict, list[dict], float, int]:
+    """(summary, history, seconds, the most sums the registry decrypted in one round: 0 without it).
+    ``converged``: the stop rule off, ``rounds`` rounds whatever the optimizer."""
     rc = {"dataset": dataset, "constraint": constraint, "optimizer": optimizer, "epsilon": EPSILON,
           "hard-epsilon": False, "num-server-rounds": rounds, "eval-every": rounds, "output-dir": tmp}
-    if optimizer == "gd":
+    if optimizer == "gd" or converged:
         rc["stop-tolerance"] = 0
     if encrypted:
         rc.update({"groups.holder": "registry", "groups.release": "ckks"})
@@ -114,14 +116,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=100, help="gd: the rounds of both runs; newton: the cap")
     ap.add_argument("--repeats", type=int, default=1,
                     help="encrypted runs per pair (the registry's noise is fresh each run); one exact run")
+    ap.add_argument("--converged", action="store_true",
+                    help="block Newton with the stop rule off: both runs take --rounds rounds, so that the final "
+                    "models are compared at convergence rather than where the stop rule ends each")
     ap.add_argument("--page", action="store_true", help="write docs/results/privacy/registry-encrypted-newton.md "
-                    "(registry-encrypted.md with --optimizer gd)")
+                    "(registry-encrypted.md with --optimizer gd, registry-encrypted-newton-converged.md with "
+                    "--converged)")
     args = ap.parse_args(argv)
+    if args.converged and args.optimizer == "gd":
+        ap.error("--converged compares block Newton runs; gradient descent runs with the stop rule off already")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dataset, constraint in itertools.product(args.datasets.split(","), args.constraints.split(",")):
-            exact, h_exact, s_exact, _ = one(dataset, constraint, args.optimizer, args.rounds, False, tmp)
-            runs = [one(dataset, constraint, args.optimizer, args.rounds, True, tmp) for _ in range(args.repeats)]
+            exact, h_exact, s_exact, _ = one(dataset, constraint, args.optimizer, args.rounds, False, tmp,
+                                             args.converged)
+            runs = [one(dataset, constraint, args.optimizer, args.rounds, True, tmp, args.converged)
+                    for _ in range(args.repeats)]
             row = paired(dataset, constraint, exact, h_exact, s_exact, runs)
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -133,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     newton = args.optimizer != "gd"
     how = (f"Both `optimizer = \"{args.optimizer}\"` (block Newton: the server's search takes the gaps from a "
            "per-round Taylor model in its step lengths, summed by the registry, and checks its step against the "
-           "true gaps; docs/newton.md, \"On a registry's encrypted groups\"), the stop rule on, "
-           f"{args.rounds} rounds the cap: `largest gap difference` is over the rounds both ran (their "
-           "trajectories may part), `gap difference at the end` between the two final models."
+           "true gaps; docs/newton.md, \"On a registry's encrypted groups\"), "
+           + (f"the stop rule off: both runs take {args.rounds} rounds, and the final models are compared at "
+              "convergence. " if args.converged else f"the stop rule on, {args.rounds} rounds the cap: ")
+           + "`largest gap difference` is over the rounds both ran (their trajectories may part), `gap difference "
+           "at the end` between the two final models."
            if newton else
            "Both `optimizer = \"gd\"`, the stop rule off: the same rounds. `largest gap difference`: over every "
            "round and gap of the history.")
@@ -149,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
              "runs with at most 2 rounds more, test accuracy within 0.1 points and every final gap within 0.002. "
              "`most sums a round`: the most the registry decrypted for one round of an encrypted run. Seconds: the "
              "whole in-process run (set-up included) on this machine, every party in one process.")
-    name = "registry-encrypted-newton" if newton else "registry-encrypted"
-    title = ("Encrypted groups against the label owner's groups (block Newton)" if newton else
-             "Encrypted groups against the label owner's groups (gradient descent)")
+    name = ("registry-encrypted-newton-converged" if args.converged else
+            "registry-encrypted-newton" if newton else "registry-encrypted")
+    title = ("Encrypted groups against the label owner's groups (block Newton, run to convergence)"
+             if args.converged else "Encrypted groups against the label owner's groups (block Newton)" if newton
+             else "Encrypted groups against the label owner's groups (gradient descent)")
     write(DEFAULT_OUT, name, {"rows": rows, "rounds": args.rounds, "epsilon": EPSILON, "optimizer": args.optimizer,
                               "repeats": args.repeats},
           markdown, title=title, notes=notes)
