@@ -46,6 +46,7 @@ from fairvfl_flwr.core.newton import (
     damping,
     loss_curvature,
     party_curvature,
+    rule_for,
     search_step,
     server_step,
     smooth_part,
@@ -161,11 +162,15 @@ class NewtonVFL(VFLServer):
         log(
             INFO,
             "FairVFL: %s, %s model, %d parties (%d active), epsilon=%s, fairness=%s (%s), optimizer=newton "
-            "(block Newton, server subspace search, memory %d; optimizer=%r), beta=%s (round 1), c=%s, mu=%s, "
+            "(block Newton, server subspace search, memory %d; optimizer=%r), %s, c=%s, mu=%s, "
             "%d rounds, full batch",
             c.data_name, c.model, c.num_parties, c.num_active, c.epsilon, "on" if c.fairness else "off",
             f"{c.constraint} on {c.measure}",
-            c.newton_moves, c.optimizer, c.beta, c.c, c.mu, c.num_server_rounds,
+            c.newton_moves, c.optimizer,
+            # beta is used only by the clipped dual step (round 1 and past the weight bound)
+            "lambda from the constrained search" if self.nonlinear or rule_for(self.constraint).searches
+            else f"beta={c.beta} (round 1 and past the weight bound)",
+            c.c, c.mu, c.num_server_rounds,
         )
 
     def configure_train(

@@ -773,15 +773,15 @@ class CentralisedNewton:
 # a step from crossing d_c = 0 (the dual's kink: the other multiplier takes over from there
 # on the next round). Two rules:
 #
-# * :class:`ClippedNewton`: ``deo`` on two groups, where the rows of different gaps are
-#   disjoint: d is clipped to ``ConstraintSet.weight_bounds`` (the loss measure's row weights
-#   w = 1/n + A d stay >= 0), and a gap already at its bound steps past it by gradient (the
-#   rule measured on Adult, COMPAS and Crime; docs/newton.md).
-# * :class:`ConstrainedSearch`: every other constraint (several groups, equalized odds,
-#   demographic parity, ``constraint-form = "overall"``, the rate measure, and any kind on a
-#   registry's encrypted groups: core/constraints/cells.EncryptedConstraint): no dual step at
-#   all, because the server's search solves for the step lengths and λ together
-#   (:func:`constrained_step`).
+# * :class:`ConstrainedSearch`: every built-in constraint (any number of groups, any kind, form
+#   or measure, on the label owner's groups or a registry's encrypted ones:
+#   core/constraints/cells.EncryptedConstraint): no dual step at all, because the server's
+#   search solves for the step lengths and λ together (:func:`constrained_step`).
+# * :class:`ClippedNewton`: a kind that declares ``newton_past_bound``, with two groups (the
+#   rows of different gaps disjoint): d is clipped to ``ConstraintSet.weight_bounds`` (the loss
+#   measure's row weights w = 1/n + A d stay >= 0), and a gap already at its bound steps past it
+#   by gradient. Where the target needs weights below 0 that creeps (COMPAS deo: 85-95 rounds
+#   against 8 for the constrained search; docs/newton.md, "The dual rule of two-group deo").
 #
 # :func:`rule_for` says which rule a constraint takes (its kind's ``newton_past_bound`` and
 # how many gap sides a row sits on). The constraint object supplies the gaps' structure
