@@ -133,8 +133,8 @@ def test_own_tables_run_equals_the_joint_table_run_on_the_common_rows(own_tables
 
 
 def test_the_default_optimizer_meets_the_constraint_on_a_small_own_table(own_tables, tmp_path):
-    """A few hundred rows per group: block Newton's first dual step reaches the weight bound,
-    where a group's loss grows fast; the step from the bound must not throw λ across."""
+    """A few hundred rows per group, where a group's loss grows fast once its rows weigh little:
+    block Newton's multipliers must hold the gap within ε and not swing past it."""
     folder, _, _ = own_tables
     config = own_config(folder, optimizer="auto", **{"num-server-rounds": 40, "eval-every": 40,
                                                    "output-dir": str(tmp_path)})

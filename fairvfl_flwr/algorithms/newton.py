@@ -3,8 +3,8 @@
 The math is ``core/newton.py``; docs/newton.md describes the method and this protocol.
 One message per party and round, as for gradient descent:
 
-* Server, ``configure_train`` (round t): the dual Newton step on λ and ν at the new λ
-  (core/newton.server_step); to each party its step lengths α_k of round t − 1, with z and
+* Server, ``configure_train`` (round t): ν at λ, the last round's constrained search's
+  multipliers (a clipped-rule kind's dual Newton step first: core/newton.server_step); to each party its step lengths α_k of round t − 1, with z and
   λ (active) or ν (passive).
 * Party: it applies α_k to the directions it sent last round (θ_k += D_k α_k, which
   becomes its newest "move"), then computes its block Newton direction s_k (passive: the
@@ -13,8 +13,9 @@ One message per party and round, as for gradient descent:
   D_k = [s_k, its last moves], and on evaluation rounds X_test θ_k and X_test D_k.
 * Server, ``aggregate_train``: the change of logits of every direction (the parties'
   X_k s_k and its own record of their last moves' changes), the step lengths α that
-  minimise the objective on their span (``subspace_step``), the gaps' sensitivity to λ
-  there for the next dual step, and every party's partial logits u_k += X_k D_k α_k.
+  minimise the objective on their span with every gap within ε, and that search's multipliers
+  (``search_step``; a clipped-rule kind's search at fixed λ also gives the gaps' sensitivity
+  to λ there for its next dual step), and every party's partial logits u_k += X_k D_k α_k.
 
 After the last round the parties get ``train.newton_apply`` with their last α_k and reply
 their partial logits, so the final scores, the history's last row and the blocks each
@@ -176,7 +177,8 @@ class NewtonVFL(VFLServer):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The dual step on λ, then z, λ and α_k to active parties and ν and α_k to passive ones."""
+        """ν at λ (a clipped-rule kind's dual step first), then z, λ and α_k to active parties and ν
+        and α_k to passive ones."""
         self.grid = grid  # the last round's apply message goes out from aggregate_train
         c = self.cfg
         y, z = self.labels.y_train, self.z("train")
@@ -547,8 +549,8 @@ class SharedNewtonVFL(NewtonVFL):
     Σ_k X_k s_k (the server's own record for the moves), a_j = Σ_k θ_k·d_j,k and
     B = Σ_k D_kᵀD_k, and the objective's μ-term needs Σ_k ‖θ_k‖²: the parties' replies summed.
     The search is over these few step lengths, Armijo on the true F as for :class:`NewtonVFL` (so
-    α = 0 is admissible and F at fixed λ never increases), the dual step uses the gap
-    Jacobian of that subspace, and every party gets the same α and applies it to its own
+    α = 0 is admissible and F at fixed λ never increases), the constrained search runs on that
+    subspace (a clipped-rule kind's dual step uses its gap Jacobian), and every party gets the same α and applies it to its own
     parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
     combined moves). The app runs it under secure aggregation, whose round hook hands this
     server decoded sums only, and for MLP parties over plain replies too, where it is the same

@@ -8,19 +8,20 @@ of f̃ is, up to terms constant in θ,
 with ∂φ/∂z = ν (``ConstraintSet.masked_weights``) and a diagonal Hessian in z,
 φ''_i (:func:`curvature`). One round:
 
-1. Server: the dual step (:func:`dual_newton_step`, below: clipped to the weight bounds
-   for ``deo`` on two groups, a fraction to the boundary where gaps share rows or a kind
-   keeps every weight > 0), then ν as for gradient descent.
+1. Server: ν as for gradient descent, at the multipliers the last round's constrained
+   search returned (:class:`ConstrainedSearch`; a kind that opts into :class:`ClippedNewton`
+   takes its dual step first, :func:`dual_newton_step`).
 2. Party k (θ_k with the bias as its last entry for an active party, X_k with a column of
    ones appended): a block Newton direction on a PSD model,
    ``s_k = −(X_kᵀ diag(h) X_k + μI)⁻¹ (X_kᵀν + μθ_k)`` (:func:`block_direction`). Its
    directions d_j are s_k and its last moves (the "memory"); it replies ``Δu_j = X_k d_j``,
    ``a_j = θ_k·d_j`` and the Gram matrix of its d_j.
 3. Server: the step lengths α minimising F(θ + Σ_j α_j d_j) over the subspace all parties'
-   directions span (:func:`subspace_step`): damped Newton in α with an Armijo
-   backtracking on the exact F, which the server can evaluate from z, Δu, a and the Gram
-   matrices alone; then the subspace's sensitivity of the gaps to λ
-   (:func:`subspace_gap_jacobian`) for the next dual step. Each party then sets
+   directions span, every gap within ε there, and that problem's multipliers
+   (:func:`search_step`): damped Newton in α with an Armijo backtracking on the exact F, which
+   the server can evaluate from z, Δu, a and the Gram matrices alone (for a clipped-rule kind
+   at the round's λ, then the subspace's sensitivity of the gaps to λ,
+   :func:`subspace_gap_jacobian`, for its next dual step). Each party then sets
    θ_k ← θ_k + Σ_{j∈k} α_j d_j (in the app: on the next message). docs/newton.md.
 
 Why this is safe by construction: every accepted α satisfies the Armijo condition on the
@@ -33,8 +34,9 @@ Curvature. For the loss measure φ''_i = w_i σ(z_i)(1 − σ(z_i)) with the sig
 w_i = 1/n + m_i, which is negative for rows of a group whose weight λ pushes below zero;
 φ is then not convex in z there. :func:`curvature` clips φ'' at 0 (a PSD model), so every
 direction is a descent direction; the line search works on the true, unclipped F.
-(The dual step keeps every w_i >= 0 on the loss measure, ``ConstraintSet.weight_bounds``, so there
-the clip only guards the rate measure and rounding.) Variants of what the passive parties use for h (``curvature``):
+(The clipped dual step keeps every w_i >= 0 on the loss measure, ``ConstraintSet.weight_bounds``, so
+there the clip only guards the rate measure and rounding; the constrained search's multipliers may
+take a weight below 0, and the search's Armijo test on the true F still holds every step.) Variants of what the passive parties use for h (``curvature``):
 
 * ``exact``: the server sends h with ν. Reveals more than ν (see :func:`curvature`).
 * ``nu``: the party derives h from ν alone, as if every row had weight 1/n:
@@ -217,6 +219,10 @@ class RowwiseSpace:
         """Every trial point was evaluated exactly: the search's step stands."""
         return None
 
+    def standing(self, alpha: np.ndarray, cost, lam: np.ndarray | None = None, bound: float = 0.0) -> np.ndarray:
+        """The search's step: every trial point was evaluated exactly."""
+        return alpha
+
     def at_step(self, alpha: np.ndarray) -> tuple["RowwiseSpace", np.ndarray]:
         """This view and the step: it evaluates the step's point exactly."""
         return self, alpha
@@ -237,13 +243,29 @@ class ModelledSpace:
     does not hold."""
 
     def __init__(self, model: GapModel, y: np.ndarray, z: np.ndarray, du: np.ndarray, constraint=None) -> None:
-        self.model, self.y, self.z, self.du = model, y, z, du
+        self.y, self.z, self.du = y, z, du
         self.n = len(y)
         self.constraint = constraint  # asked for the true gaps at a step (:meth:`retry`); None: never
         self.gram = du.T @ du
+        w, v = np.linalg.eigh(self.gram)
+        span = v[:, w > SPAN_RCOND * max(float(w.max()), 0.0)]
+        self.span = span @ span.T  # the projection onto the span of Δu's rows
+        self.model = self.on_span(model)
         self.delta = 0.0  # the damping of the last search (:meth:`retry`)
         self.tries = 0
         self.missed = np.inf  # the model's largest error at the last step it missed
+        self.checked: list[tuple[np.ndarray, np.ndarray]] = []  # (α, the true gaps there) of each step it missed
+        self.verified = False  # the step that stood was checked against the true gaps
+
+    def on_span(self, model: GapModel) -> GapModel:
+        """``model`` without what it says along Δu's null space: a true slope or curvature there is 0
+        (V = Δuᵀ ∂D/∂z, W = Δuᵀ diag(∂²D/∂z²) Δu), so whatever the registry's sums put there is their
+        noise, and a search on it would move α without bound along directions that change no logit,
+        to a point where the model's gaps meet the bound and the true ones, at the loss's optimum,
+        do not."""
+        P = self.span
+        W = None if model.W is None else np.einsum("jk,ckl,lm->cjm", P, model.W, P)
+        return GapModel(model.D, P @ model.V, W, model.sums)
 
     @staticmethod
     def _d(lam: np.ndarray) -> np.ndarray:
@@ -320,6 +342,7 @@ class ModelledSpace:
             return None
         true = c.gaps(self.y, self.z + self.du @ alpha)
         error = true - self.gaps(alpha)
+        self.checked.append((np.array(alpha, dtype=np.float64), np.asarray(true, dtype=np.float64)))
         # the slopes at the step, for the constrained search, where the round's sums hold them and the next check
         slopes = (lam is None and getattr(c, "temperature", 1.0) >= SLOPES_TEMPERATURE
                   and (room is None or room >= C * (3 + J)))
@@ -332,6 +355,7 @@ class ModelledSpace:
             predicted = self.value(np.zeros(J), lam) - self.value(alpha, lam)
             holds = float(self._d(lam) @ error) <= 0.5 * max(predicted, 0.0)
         if holds:
+            self.verified = True
             return None
         m = self.model
         W = np.zeros((C, J, J)) if m.W is None else m.W
@@ -339,20 +363,41 @@ class ModelledSpace:
         gg = float(alpha @ g)
         if slopes:
             there = c.taylor(self.y, self.z + self.du @ alpha, self.du, hessian=False, say=False)
-            r = there.V - self.slopes(alpha)  # J × C: what W α misses of the slopes' change
+            r = self.span @ there.V - self.slopes(alpha)  # J × C: what W α misses of the slopes' change
             W = (W + (np.einsum("jc,k->cjk", r, g) + np.einsum("j,kc->cjk", g, r)) / gg
                  - np.einsum("c,jk->cjk", alpha @ r, np.outer(g, g)) / gg ** 2)
             self.model = m = GapModel(m.D, m.V, W, m.sums)
             error = true - self.gaps(alpha)
         self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / gg ** 2, m.sums)
         size = float(np.max(np.abs(error)))
-        # the value secants alone do not close in on the step: shorten it (with the true slopes there the model
-        # holds the step's value and, but for the secant's small residual, its slopes: a damped search would
-        # only stop short of the bound)
-        if size > 0.5 * self.missed and not slopes:
+        # the corrections do not close in on the step: shorten it. With the true slopes there they do within a
+        # search or two where the step lands near its model (a damped search would only stop short of the
+        # bound); one that misses by more than the bound itself (sums with noise, a long step over curved
+        # rates) lands as far from each corrected model, and undamped the round ends on a step never checked
+        if (size > 0.5 * self.missed and not slopes) or size > max(bound, MODEL_TOLERANCE):
             self.delta = max(4.0 * self.delta, 0.25)
         self.missed = size
         return self.delta * self.gram / self.n  # zero: undamped
+
+    def standing(self, alpha: np.ndarray, cost, lam: np.ndarray | None = None, bound: float = 0.0) -> np.ndarray:
+        """The step the round takes: ``alpha`` where the model held there, or where it never missed; else (the
+        round's searches or sums ran out on a model that kept missing, so ``alpha`` was never checked) the best
+        step whose true gaps are known, α = 0 among them: for the constrained search (``lam`` None) the one of
+        least ``cost`` (the loss and the μ-term, exact on the server) among those with every true gap within
+        ``bound`` (+ :data:`MODEL_TOLERANCE`), or where none is, the one whose largest true gap is least; at
+        fixed multipliers the one of least cost plus Σ_c d_c D_c on the true gaps. A round that moves less
+        never takes a gap past its bound, or further past it, on a model it could not confirm."""
+        if self.verified or not self.checked:
+            return alpha
+        zero = np.zeros(len(alpha))
+        candidates = [(zero, np.asarray(self.model.D, dtype=np.float64))] + self.checked
+        if lam is None:
+            within = [al for al, true in candidates if float(np.max(np.abs(true))) <= bound + MODEL_TOLERANCE]
+            if within:
+                return min(within, key=cost)
+            return min(candidates, key=lambda c: float(np.max(np.abs(c[1]))))[0]
+        d = self._d(lam)
+        return min(candidates, key=lambda c: cost(c[0]) + float(d @ c[1]))[0]
 
     def at_step(self, alpha: np.ndarray) -> tuple["ModelledSpace", np.ndarray]:
         """A view based at the step's point z + Δu α, and the step there (0), for what the next dual
@@ -394,6 +439,9 @@ def in_subspace(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.
 MODEL_TOLERANCE = 1e-4
 #: The most searches one round runs on one Taylor model (each check of a step is one sum a gap).
 MODEL_TRIES = 8
+#: Eigenvalues of ΔuᵀΔu below this share of the largest span its null space (directions that move no
+#: logit; a party's memory moves that repeat its new direction give them at rounding's scale, 1e-17 of it).
+SPAN_RCOND = 1e-10
 #: The sharpest rates whose gaps a missed step corrects with the true slopes there (:meth:`ModelledSpace.retry`):
 #: at τ = 1/16 σ(z/τ) is near a step at the threshold, and a model corrected so missed its next step by 0.03 to 0.2
 #: (COMPAS equalized odds, its hard-gap target on), where at τ = 1/4 it closed in within a search or two.
@@ -540,6 +588,10 @@ def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: 
         if retried is None:
             break
         prox = retried if np.any(retried) else None
+    B = np.diag(np.asarray(b, dtype=np.float64)) if np.ndim(b) == 1 else np.asarray(b, dtype=np.float64)
+    zero = np.zeros(2 * len(constraint.gap_list))
+    alpha = space.standing(alpha, lambda al: space.value(al, zero) + mu * float(np.asarray(a) @ al + 0.5 * al @ B @ al),
+                           None if searches else lam, epsilon)
     jac = None
     if not searches:  # the gaps' sensitivity at the step, for the next dual step
         there, at = space.at_step(alpha)
@@ -696,10 +748,14 @@ def subspace_gap_jacobian(
 
 
 def server_step(lam, y, z, constraint, jac, previous, *, epsilon, beta, c, fairness=True):
-    """Block Newton's server step: the dual Newton step on λ, then ν at the new λ (gradient
-    descent's is ``core.step.server_step``). Returns ``(λ, ν, previous)``, where
-    ``previous`` is what the next dual step compares against."""
-    if fairness:
+    """Block Newton's server step: ν at λ, the last constrained search's multipliers, or for a
+    clipped-rule kind at the λ of its dual Newton step (gradient descent's is
+    ``core.step.server_step``). Returns ``(λ, ν, previous)``, where ``previous`` is what the
+    next dual step compares against."""
+    if fairness and rule_for(constraint).searches:
+        # λ is the last search's: no gaps to take (a registry decrypts every gap it is asked for)
+        lam = as_multipliers(lam, len(constraint.gap_list))
+    elif fairness:
         gaps = constraint.gaps(y, z)
         d = lam[0::2] - lam[1::2]
         lam = dual_newton_step(lam, gaps, jac, constraint, epsilon=epsilon, beta=beta, c=c, previous=previous)
@@ -721,8 +777,8 @@ SHARED_MEMORY = 16
 class CentralisedNewton:
     """The centralised counterpart: all columns and the intercept in one θ, the full Hessian.
 
-    Each round: the dual step (:func:`dual_newton_step`), the Newton direction on the whole
-    problem's PSD model, and the subspace search over it and the last ``memory`` moves. With
+    Each round: the server step (:func:`server_step`), the Newton direction on the whole
+    problem's PSD model, and the search over it and the last ``memory`` moves. With
     one party (the active one, exact curvature) the federated method is this, to float
     tolerance: the yardstick of tests/test_newton.py.
     """
