@@ -320,3 +320,15 @@ def test_newton_under_encrypted_nu_ends_where_the_server_tracked_it(tmp_path):
     history = json.loads((folder / "history.json").read_text())
     assert abs(history[-1]["deo"] - history[-2]["deo"]) < 1e-4
     assert summary["train_deo"] <= 0.01 + 0.002
+
+
+@pytest.mark.parametrize("fairness,says", [(True, "lambda from the constrained search"),
+                                           (False, "lambda 0 (no fairness term)")])
+def test_the_log_says_where_lambda_comes_from(tmp_path, caplog, fairness, says):
+    """Block Newton's settings line names the multipliers' rule: the constrained search's, or none
+    without the fairness term (where no search sets them)."""
+    import logging
+    caplog.set_level(logging.INFO, logger="flwr")
+    run_inprocess({**EXACT, "fairness": fairness, "num-server-rounds": 1, "output-dir": str(tmp_path)})
+    line = next(r.getMessage() for r in caplog.records if "optimizer=newton" in r.getMessage())
+    assert says in line and "beta=" not in line, line

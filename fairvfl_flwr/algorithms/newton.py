@@ -169,7 +169,8 @@ class NewtonVFL(VFLServer):
             f"{c.constraint} on {c.measure}",
             c.newton_moves, c.optimizer,
             # beta is used only by the clipped dual step (round 1 and past the weight bound)
-            "lambda from the constrained search" if self.nonlinear or rule_for(self.constraint).searches
+            "lambda 0 (no fairness term)" if not c.fairness
+            else "lambda from the constrained search" if self.nonlinear or rule_for(self.constraint).searches
             else f"beta={c.beta} (round 1 and past the weight bound)",
             c.c, c.mu, c.num_server_rounds,
         )
