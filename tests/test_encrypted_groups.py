@@ -630,30 +630,6 @@ def test_noise_along_the_directions_null_space_moves_no_modelled_gap():
         assert np.max(np.abs(du @ (alpha - exact_alpha))) < 0.2, seed
 
 
-def test_a_step_the_round_could_not_check_is_not_taken():
-    """A model whose slopes are a third of the true ones, and sums for one check: the first step misses,
-    and the search's next step could not be checked. The round takes the best step whose true gaps it
-    knows (α = 0 among them), so no gap ends past ε; taking the unchecked step left one at 0.012."""
-    from fairvfl_flwr.core.newton import MODEL_TOLERANCE, search_step
-    for seed in range(8):
-        y, exact, cells, sums, rng = _cells_and_truth("equalized-odds", "rate", seed=seed)
-        J = 3
-        z, du = rng.normal(scale=0.1, size=len(y)), rng.normal(size=(len(y), J))
-        asked = []
-
-        def wrong_model(P):
-            out = np.array(sums(P), dtype=np.float64)
-            if not asked:
-                out[2:] *= 0.3  # the model's request: its slopes
-            asked.append(len(P))
-            return out
-
-        encrypted = EncryptedConstraint(cells, wrong_model, room=lambda: model_sums(2, J, False) + 2 - sum(asked))
-        a, b, lam = np.zeros(J), np.eye(J), np.zeros(exact.num_multipliers)
-        alpha, _, _ = search_step(y, z, du, a, b, lam, encrypted, 1e-3, epsilon=0.01)
-        assert np.max(np.abs(exact.gaps(y, z + du @ alpha))) <= 0.01 + MODEL_TOLERANCE, seed
-
-
 def test_a_budget_that_holds_the_model_over_some_directions_searches_those_first():
     """Where the round's sums hold the linear model over only some directions (several gaps), the
     search keeps the first of the server's priority (every party's new direction first) and steps 0

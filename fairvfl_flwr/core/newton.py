@@ -219,10 +219,6 @@ class RowwiseSpace:
         """Every trial point was evaluated exactly: the search's step stands."""
         return None
 
-    def standing(self, alpha: np.ndarray, cost, lam: np.ndarray | None = None, bound: float = 0.0) -> np.ndarray:
-        """The search's step: every trial point was evaluated exactly."""
-        return alpha
-
     def at_step(self, alpha: np.ndarray) -> tuple["RowwiseSpace", np.ndarray]:
         """This view and the step: it evaluates the step's point exactly."""
         return self, alpha
@@ -254,8 +250,6 @@ class ModelledSpace:
         self.delta = 0.0  # the damping of the last search (:meth:`retry`)
         self.tries = 0
         self.missed = np.inf  # the model's largest error at the last step it missed
-        self.checked: list[tuple[np.ndarray, np.ndarray]] = []  # (α, the true gaps there) of each step it missed
-        self.verified = False  # the step that stood was checked against the true gaps
 
     def on_span(self, model: GapModel) -> GapModel:
         """``model`` without what it says along Δu's null space: a true slope or curvature there is 0
@@ -342,7 +336,6 @@ class ModelledSpace:
             return None
         true = c.gaps(self.y, self.z + self.du @ alpha)
         error = true - self.gaps(alpha)
-        self.checked.append((np.array(alpha, dtype=np.float64), np.asarray(true, dtype=np.float64)))
         # the slopes at the step, for the constrained search, where the round's sums hold them and the next check
         slopes = (lam is None and getattr(c, "temperature", 1.0) >= SLOPES_TEMPERATURE
                   and (room is None or room >= C * (3 + J)))
@@ -355,7 +348,6 @@ class ModelledSpace:
             predicted = self.value(np.zeros(J), lam) - self.value(alpha, lam)
             holds = float(self._d(lam) @ error) <= 0.5 * max(predicted, 0.0)
         if holds:
-            self.verified = True
             return None
         m = self.model
         W = np.zeros((C, J, J)) if m.W is None else m.W
@@ -370,34 +362,13 @@ class ModelledSpace:
             error = true - self.gaps(alpha)
         self.model = GapModel(m.D, m.V, W + 2.0 * error[:, None, None] * np.outer(g, g)[None] / gg ** 2, m.sums)
         size = float(np.max(np.abs(error)))
-        # the corrections do not close in on the step: shorten it. With the true slopes there they do within a
-        # search or two where the step lands near its model (a damped search would only stop short of the
-        # bound); one that misses by more than the bound itself (sums with noise, a long step over curved
-        # rates) lands as far from each corrected model, and undamped the round ends on a step never checked
-        if (size > 0.5 * self.missed and not slopes) or size > max(bound, MODEL_TOLERANCE):
+        # the value secants alone do not close in on the step: shorten it (with the true slopes there the model
+        # holds the step's value and, but for the secant's small residual, its slopes: a damped search would
+        # only stop short of the bound)
+        if size > 0.5 * self.missed and not slopes:
             self.delta = max(4.0 * self.delta, 0.25)
         self.missed = size
         return self.delta * self.gram / self.n  # zero: undamped
-
-    def standing(self, alpha: np.ndarray, cost, lam: np.ndarray | None = None, bound: float = 0.0) -> np.ndarray:
-        """The step the round takes: ``alpha`` where the model held there, or where it never missed; else (the
-        round's searches or sums ran out on a model that kept missing, so ``alpha`` was never checked) the best
-        step whose true gaps are known, α = 0 among them: for the constrained search (``lam`` None) the one of
-        least ``cost`` (the loss and the μ-term, exact on the server) among those with every true gap within
-        ``bound`` (+ :data:`MODEL_TOLERANCE`), or where none is, the one whose largest true gap is least; at
-        fixed multipliers the one of least cost plus Σ_c d_c D_c on the true gaps. A round that moves less
-        never takes a gap past its bound, or further past it, on a model it could not confirm."""
-        if self.verified or not self.checked:
-            return alpha
-        zero = np.zeros(len(alpha))
-        candidates = [(zero, np.asarray(self.model.D, dtype=np.float64))] + self.checked
-        if lam is None:
-            within = [al for al, true in candidates if float(np.max(np.abs(true))) <= bound + MODEL_TOLERANCE]
-            if within:
-                return min(within, key=cost)
-            return min(candidates, key=lambda c: float(np.max(np.abs(c[1]))))[0]
-        d = self._d(lam)
-        return min(candidates, key=lambda c: cost(c[0]) + float(d @ c[1]))[0]
 
     def at_step(self, alpha: np.ndarray) -> tuple["ModelledSpace", np.ndarray]:
         """A view based at the step's point z + Δu α, and the step there (0), for what the next dual
@@ -588,10 +559,6 @@ def search_step(y: np.ndarray, z: np.ndarray, du: np.ndarray, a: np.ndarray, b: 
         if retried is None:
             break
         prox = retried if np.any(retried) else None
-    B = np.diag(np.asarray(b, dtype=np.float64)) if np.ndim(b) == 1 else np.asarray(b, dtype=np.float64)
-    zero = np.zeros(2 * len(constraint.gap_list))
-    alpha = space.standing(alpha, lambda al: space.value(al, zero) + mu * float(np.asarray(a) @ al + 0.5 * al @ B @ al),
-                           None if searches else lam, epsilon)
     jac = None
     if not searches:  # the gaps' sensitivity at the step, for the next dual step
         there, at = space.at_step(alpha)
