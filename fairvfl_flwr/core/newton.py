@@ -124,17 +124,24 @@ def block_direction(x: np.ndarray, nu: np.ndarray | None, h: np.ndarray, theta: 
         return -np.linalg.lstsq(hess, grad, rcond=None)[0]
 
 
+def null_space(gram: np.ndarray) -> np.ndarray:
+    """An orthonormal basis (columns) of the null space of ``gram`` = xᵀx: its eigenvectors whose
+    eigenvalue is below :data:`NULL_SPACE` of the largest."""
+    w, v = np.linalg.eigh(gram)
+    return v[:, w <= NULL_SPACE * max(float(w[-1]), np.finfo(float).tiny)]
+
+
 def in_row_space(x: np.ndarray, gradient: np.ndarray) -> np.ndarray:
     """``gradient`` less its part along the null space of ``x`` (n × m): where a block's columns are
     collinear (one-hot blocks of two features each sum to 1), xᵀν has no part there, so a part the
     registry's noise put there is noise alone, which the block's Newton direction would amplify by 1/μ."""
-    w, v = np.linalg.eigh(x.T @ x)
-    null = v[:, w <= NULL_SPACE * max(float(w[-1]), np.finfo(float).tiny)]
+    null = null_space(x.T @ x)
     return gradient - null @ (null.T @ gradient) if null.shape[1] else gradient
 
 
-#: The share of the largest eigenvalue of xᵀx below which :func:`in_row_space` takes a direction as
-#: x's null space: collinear columns give about 1e-16 of it, a block's smallest true eigenvalue far more.
+#: The share of the largest eigenvalue of xᵀx below which a direction counts as x's null space
+#: (:func:`null_space`): collinear columns give about 1e-16 of it, a block's smallest true eigenvalue
+#: far more, and so do a search's directions, where a party's memory moves repeat its new direction.
 NULL_SPACE = 1e-10
 
 
@@ -243,9 +250,8 @@ class ModelledSpace:
         self.n = len(y)
         self.constraint = constraint  # asked for the true gaps at a step (:meth:`retry`); None: never
         self.gram = du.T @ du
-        w, v = np.linalg.eigh(self.gram)
-        span = v[:, w > SPAN_RCOND * max(float(w.max()), 0.0)]
-        self.span = span @ span.T  # the projection onto the span of Δu's rows
+        null = null_space(self.gram)
+        self.span = np.eye(len(self.gram)) - null @ null.T  # the projection onto the span of Δu's rows
         self.model = self.on_span(model)
         self.delta = 0.0  # the damping of the last search (:meth:`retry`)
         self.tries = 0
@@ -410,9 +416,6 @@ def in_subspace(constraint: ConstraintSet, y: np.ndarray, z: np.ndarray, du: np.
 MODEL_TOLERANCE = 1e-4
 #: The most searches one round runs on one Taylor model (each check of a step is one sum a gap).
 MODEL_TRIES = 8
-#: Eigenvalues of ΔuᵀΔu below this share of the largest span its null space (directions that move no
-#: logit; a party's memory moves that repeat its new direction give them at rounding's scale, 1e-17 of it).
-SPAN_RCOND = 1e-10
 #: The sharpest rates whose gaps a missed step corrects with the true slopes there (:meth:`ModelledSpace.retry`):
 #: at τ = 1/16 σ(z/τ) is near a step at the threshold, and a model corrected so missed its next step by 0.03 to 0.2
 #: (COMPAS equalized odds, its hard-gap target on), where at τ = 1/4 it closed in within a search or two.
