@@ -4,8 +4,8 @@ The math is ``core/newton.py``; docs/newton.md describes the method and this pro
 One message per party and round, as for gradient descent:
 
 * Server, ``configure_train`` (round t): ν at λ, the last round's constrained search's
-  multipliers (a clipped-rule kind's dual Newton step first: core/newton.server_step); to each party its step lengths α_k of round t − 1, with z and
-  λ (active) or ν (passive).
+  multipliers (a clipped-rule kind's dual Newton step first: core/newton.server_step); to
+  each party its step lengths α_k of round t − 1, with z and λ (active) or ν (passive).
 * Party: it applies α_k to the directions it sent last round (θ_k += D_k α_k, which
   becomes its newest "move"), then computes its block Newton direction s_k (passive: the
   curvature from ν alone, ``party_curvature(ν, n, "nu")``; active: the exact curvature from
@@ -551,9 +551,9 @@ class SharedNewtonVFL(NewtonVFL):
     B = Σ_k D_kᵀD_k, and the objective's μ-term needs Σ_k ‖θ_k‖²: the parties' replies summed.
     The search is over these few step lengths, Armijo on the true F as for :class:`NewtonVFL` (so
     α = 0 is admissible and F at fixed λ never increases), the constrained search runs on that
-    subspace (a clipped-rule kind's dual step uses its gap Jacobian), and every party gets the same α and applies it to its own
-    parts (its handlers are :class:`NewtonVFL`'s: a party's memory is its own part of the
-    combined moves). The app runs it under secure aggregation, whose round hook hands this
+    subspace (a clipped-rule kind's dual step uses its gap Jacobian), and every party gets the
+    same α and applies it to its own parts (its handlers are :class:`NewtonVFL`'s: a party's
+    memory is its own part of the combined moves). The app runs it under secure aggregation, whose round hook hands this
     server decoded sums only, and for MLP parties over plain replies too, where it is the same
     method (the server sums), so masking an MLP run changes only what the server sees
     (``RunConfig.shared_steps``). The server's per-party view is the sums on the first party

@@ -36,7 +36,8 @@ w_i = 1/n + m_i, which is negative for rows of a group whose weight λ pushes be
 direction is a descent direction; the line search works on the true, unclipped F.
 (The clipped dual step keeps every w_i >= 0 on the loss measure, ``ConstraintSet.weight_bounds``, so
 there the clip only guards the rate measure and rounding; the constrained search's multipliers may
-take a weight below 0, and the search's Armijo test on the true F still holds every step.) Variants of what the passive parties use for h (``curvature``):
+take a weight below 0, and the search's Armijo test on the true F still holds every step.)
+Variants of what the passive parties use for h (``curvature``):
 
 * ``exact``: the server sends h with ν. Reveals more than ν (see :func:`curvature`).
 * ``nu``: the party derives h from ν alone, as if every row had weight 1/n:
