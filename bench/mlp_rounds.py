@@ -44,7 +44,7 @@ from bench.rounds import GAP_SLACK, rounds_to_gaps, run_floor  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.flower.server import VFLServer  # noqa: E402
-from fairvfl_flwr.algorithms.newton import NewtonVFL  # noqa: E402
+from fairvfl_flwr.algorithms.newton import VIOLATION_SLACK, NewtonVFL  # noqa: E402
 
 NAME = "mlp-rounds"
 CONSTRAINTS = {"deo": {}, "dp": {"constraint": "demographic-parity"}, "eo": {"constraint": "equalized-odds"},
@@ -72,6 +72,7 @@ class HardGaps:
         self.rounds: list[dict] = []
         self.moves: list[int] = []  # the rounds at which the stop rule moved its bound or temperature
         self.taken_back = 0
+        self.dampings: list[float] = []  # the search's Levenberg–Marquardt δ after each kept step
         self.smallest_cell: int | None = None  # the fewest training rows of a rate the constraint compares
         record, judge = VFLServer.record, NewtonVFL.judge
 
@@ -91,6 +92,8 @@ class HardGaps:
         def judging(server, server_round):
             kept = judge(server, server_round)
             self.taken_back += not kept
+            if kept:
+                self.dampings.append(server.damping)
             return kept
 
         VFLServer.record, NewtonVFL.judge = recording, judging
@@ -99,7 +102,15 @@ class HardGaps:
         self.rounds.clear()
         self.moves.clear()
         self.taken_back = 0
+        self.dampings.clear()
         self.smallest_cell = None
+
+    def late_damping(self) -> float | None:
+        """The median δ of the last :data:`LATE` kept steps: what held the steps where a run ended on its plateau."""
+        return float(np.median(self.dampings[-LATE:])) if self.dampings else None
+
+
+LATE = 5
 
 
 def smallest_cell(constraint: str, y: np.ndarray, s: np.ndarray) -> int:
@@ -132,6 +143,7 @@ def app_run(cfg: dict, tmp: str) -> dict:
             "train gap": summary["train_max_gap"], "hard gap": summary.get("train_hard_gap"),
             "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings"),
             "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back, "loss surge": surge,
+            "late damping": HARD.late_damping(),
             **({"smallest cell": HARD.smallest_cell} if HARD.smallest_cell is not None else {})}
 
 
@@ -143,6 +155,7 @@ def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
 
 
 TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the bar allows
+DAMPED = 1.0  # a late damping above this is named as what held a plateaued run's steps
 LOSS_SURGE = 2.0  # a training loss this many times round 0's, after it, is named as what a run's rounds went to
 ACC_BAR = 0.2  # the most test accuracy, in points, a run may give up against its reference
 
@@ -207,6 +220,10 @@ def accuracy_misses(rows: list[dict]) -> list[str]:
         elif r.get("stop") is not None:
             parts.append(f"this run ended on its plateau at round {r['stop']} (F fell by less than stop-plateau of "
                          f"its fall since round 1), the reference ({r.get('reference', 'not recorded')}) trained on")
+            if r.get("late damping") is not None and r["late damping"] > DAMPED:
+                parts.append(f"its last kept steps ran at a damping of {r['late damping']:.3g}, at most "
+                             f"1/{1 + 4 * r['late damping']:.0f} of the linearised model's step: the true gaps ending "
+                             f"more than {VIOLATION_SLACK} from the linearised ones grows it (docs/newton.md)")
         out.append(f"- {r['dataset']} {r['constraint']} seed {r['seed']}: Δacc {r['Δacc']:+.2f}: {'; '.join(parts)}.")
     return out
 
@@ -274,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("run here", None)
     rows = sorted(kept.values(), key=lambda r: (r["dataset"], list(CONSTRAINTS).index(r["constraint"]), r["seed"]))
     cols = ["dataset", "constraint", "seed", "optimizer", "to target", "stop", "seconds", "test acc", "train gap",
-            "hard gap", "met", "smallest cell", "bound moves", "taken back", "loss surge", "masked to target", "masked stop", "masked acc",
+            "hard gap", "met", "smallest cell", "bound moves", "taken back", "late damping", "loss surge",
+            "masked to target", "masked stop", "masked acc",
             "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc"]
     cols = [c for c in cols if any(c in r for r in rows)]
     markdown = table(rows, cols)
@@ -298,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                  "equalized odds a group's rows of one label): one row there moves the hard gap by its inverse; "
                  "`bound moves`: the rounds at which the stop rule moved the smooth gaps' bound or sharpened "
                  "their rates (`hard-epsilon`: each starts its wait for quiet rounds again); `taken back`: "
-                 "Gauss–Newton steps the server took back; `loss surge`: the largest training loss after round 0 where it is more than "
+                 f"Gauss–Newton steps the server took back; `late damping`: the median Levenberg–Marquardt δ of "
+                 f"the last {LATE} kept steps (a step is at most 1/(1 + 4δ) of the undamped search's); `loss surge`: the largest training loss after round 0 where it is more than "
                  f"{LOSS_SURGE}× round 0's (a kept step that cut the gaps at that cost); `masked …`: the same under secure aggregation; "
                  "`Δacc`: test accuracy minus the reference's, in points."
                  + (f" Not run (no several-groups variant): {', '.join(sorted(set(skipped)))}." if skipped else ""))
