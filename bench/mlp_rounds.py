@@ -5,6 +5,7 @@ constraint × seed, with a 1,000-round reference beside them.
     python bench/mlp_rounds.py --datasets compas --constraints deo,eo --seeds 0
     python bench/mlp_rounds.py --masked --page               # each run also under secure aggregation
     python bench/mlp_rounds.py --reference adagrad --page    # each run also 1,000 reference rounds
+    python bench/mlp_rounds.py --constraints dp,eo --matched --keep --page   # + the reference held as the run ended
 
 Each run is the in-process app with every key at its default but the dataset, constraint and
 seed (``model = "mlp"``, ε = 0.01, ``hard-epsilon`` on for the rates), evaluated every round.
@@ -20,7 +21,9 @@ sums only): its stop round and test accuracy. ``--reference OPT``: the same run 
 by ``OPT`` (adagrad or gd) for ``--reference-rounds`` rounds with the stop rule off, on the
 one-process floor (core/reference.PartyFloor: the parties' own step code; bench/rounds.py),
 which has no hard-gap target (ε bounds its smooth gaps); ``Δacc`` is the run's test accuracy
-minus the reference's, in points. ``--keep`` keeps the page's rows of the runs not run this
+minus the reference's, in points. ``--matched``: for a rate constraint's run, whose stop rule moved
+the smooth gaps' bound (and the rates' temperature) until the hard gap met ε, the reference again
+at that final bound and temperature, so that both hold the same constraint (``Δacc matched``). ``--keep`` keeps the page's rows of the runs not run this
 time (and the reference or masked columns a row has but this call did not compute; a row whose
 plain run this call makes again without ``--masked`` drops its masked columns, which an earlier
 call's code made).
@@ -144,6 +147,8 @@ def app_run(cfg: dict, tmp: str) -> dict:
             "met": summary.get("epsilon_met"), "tightenings": summary.get("tightenings"),
             "bound moves": " ".join(map(str, HARD.moves)), "taken back": HARD.taken_back, "loss surge": surge,
             "late damping": HARD.late_damping(),
+            **({"surrogate bound": summary["surrogate_bound"], "temperature": summary.get("temperature", 1.0)}
+               if "surrogate_bound" in summary else {}),
             **({"smallest cell": HARD.smallest_cell} if HARD.smallest_cell is not None else {})}
 
 
@@ -152,6 +157,15 @@ def reference_run(cfg: dict, optimizer: str, rounds: int) -> dict:
     res = run_floor({**cfg, "num-server-rounds": rounds, "eval-every": rounds}, optimizer)
     return {"reference": f"{optimizer} {rounds}", "reference acc": res["final_acc"],
             "reference gap": res["final_max_gap"], "reference seconds": res["seconds"]}
+
+
+def matched_run(cfg: dict, optimizer: str, rounds: int, bound: float, temperature: float) -> dict:
+    """The reference held to what a rate constraint's run ended holding: ``optimizer`` for ``rounds``
+    rounds at ε = the run's final smooth bound and the rates' temperature (its stop rule moved both
+    until the hard gap met ε; the floor has no stop rule), and the hard gap it ends with."""
+    res = run_floor({**cfg, "epsilon": bound, "num-server-rounds": rounds, "eval-every": rounds}, optimizer,
+                    temperature=temperature)
+    return {"matched acc": res["final_acc"], "matched hard gap": res["final_hard_gap"]}
 
 
 TARGET_ROUNDS, STOP_ROUNDS, MASKED_APART = 30, 50, 5  # the rounds the bar allows
@@ -217,6 +231,10 @@ def accuracy_misses(rows: list[dict]) -> list[str]:
         if r.get("hard gap") is not None:
             parts.append(f"this run holds the hard-prediction gap ({r['hard gap']:.4f}), the reference only the smooth "
                          f"gaps ({r.get('reference gap', float('nan')):.4f} at its end)")
+            if r.get("Δacc matched") is not None:
+                parts.append(f"the reference held to this run's final smooth bound ({r['surrogate bound']:.4g}, "
+                             f"temperature {r['temperature']:g}) ends at Δacc {r['Δacc matched']:+.2f} "
+                             f"with a hard gap of {r['matched hard gap']:.4f}")
         elif r.get("stop") is not None:
             parts.append(f"this run ended on its plateau at round {r['stop']} (F fell by less than stop-plateau of "
                          f"its fall since round 1), the reference ({r.get('reference', 'not recorded')}) trained on")
@@ -241,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", default="", choices=("", "adagrad", "gd"),
                     help="also each run config trained by this optimizer for --reference-rounds rounds (floor)")
     ap.add_argument("--reference-rounds", type=int, default=1000)
+    ap.add_argument("--matched", action="store_true",
+                    help="also, for a rate constraint's run, the reference optimizer (adagrad without --reference) "
+                    "at the run's final smooth bound and temperature")
     ap.add_argument("--skip-app", action="store_true",
                     help="only the reference (with --keep: added to the page's rows)")
     ap.add_argument("--keep", action="store_true", help="keep the page's rows and columns this call does not compute")
@@ -266,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                            "seed": seed}
                     if not args.skip_app and not args.masked:  # an earlier call's masked run is of other code
                         row = {k: v for k, v in row.items() if not k.startswith("masked")}
+                    if not args.skip_app and not args.matched:  # matched to an earlier call's bound
+                        row = {k: v for k, v in row.items() if not k.startswith("matched") and k != "Δacc matched"}
                     if not args.skip_app:
                         row.update(app_run(cfg, tmp))
                     if args.masked:
@@ -276,8 +299,13 @@ def main(argv: list[str] | None = None) -> int:
                                     "masked taken back": masked["taken back"]})
                     if args.reference:
                         row.update(reference_run(cfg, args.reference, args.reference_rounds))
+                    if args.matched and row.get("surrogate bound") is not None:
+                        row.update(matched_run(cfg, args.reference or "adagrad", args.reference_rounds,
+                                               row["surrogate bound"], row.get("temperature", 1.0)))
                     if "reference acc" in row and "test acc" in row:
                         row["Δacc"] = row["test acc"] - row["reference acc"]
+                    if "matched acc" in row and "test acc" in row:
+                        row["Δacc matched"] = row["test acc"] - row["matched acc"]
                     print(json.dumps(row), flush=True)
                     kept[key(row)] = {**row, "run here": True}
     commands = [this_run()]
@@ -293,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["dataset", "constraint", "seed", "optimizer", "to target", "stop", "seconds", "test acc", "train gap",
             "hard gap", "met", "smallest cell", "bound moves", "taken back", "late damping", "loss surge",
             "masked to target", "masked stop", "masked acc",
-            "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc"]
+            "masked bound moves", "masked taken back", "reference", "reference acc", "Δacc", "surrogate bound",
+            "temperature", "matched acc", "matched hard gap", "Δacc matched"]
     cols = [c for c in cols if any(c in r for r in rows)]
     markdown = table(rows, cols)
     missed = misses(rows)
@@ -319,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                  f"Gauss–Newton steps the server took back; `late damping`: the median Levenberg–Marquardt δ of "
                  f"the last {LATE} kept steps (a step is at most 1/(1 + 4δ) of the undamped search's); `loss surge`: the largest training loss after round 0 where it is more than "
                  f"{LOSS_SURGE}× round 0's (a kept step that cut the gaps at that cost); `masked …`: the same under secure aggregation; "
-                 "`Δacc`: test accuracy minus the reference's, in points."
+                 "`Δacc`: test accuracy minus the reference's, in points; `surrogate bound`, `temperature`: where a "
+                 "rate constraint's ε bounds the hard gap, the smooth gaps' final bound and the rates' temperature "
+                 "(the stop rule moves both); `matched …`: the reference at that bound and temperature (the floor "
+                 "has no stop rule), its test accuracy, its hard training gap at the end, and Δacc against it."
                  + (f" Not run (no several-groups variant): {', '.join(sorted(set(skipped)))}." if skipped else ""))
         notes += " " + made_by(commands, "rows and columns")
         write(DEFAULT_OUT, NAME, {"epsilon": EPSILON, "commands": commands, "rows": rows}, markdown,

@@ -88,8 +88,12 @@ def rounds_to_gaps(history: list[dict], epsilon: float) -> int | None:
     return hit
 
 
-def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", memory: int = MEMORY) -> dict:
-    """The same run as the app's, with core/reference.NumpyFloor or NewtonFloor (linear models only)."""
+def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", memory: int = MEMORY,
+              temperature: float = 1.0) -> dict:
+    """The same run as the app's, with core/reference.NumpyFloor or NewtonFloor (linear models only).
+    ``temperature``: the rate measure's, where a run's stop rule sharpened it (the floor has no stop rule)."""
+    import dataclasses
+
     import numpy as np
 
     from fairvfl_flwr.core.reference import NewtonFloor, NumpyFloor
@@ -101,6 +105,8 @@ def run_floor(overrides: dict, optimizer: str = "gd", curvature: str = "nu", mem
     t = time.perf_counter()
     cfg = RunConfig.from_flower(overrides)
     ds, blocks, constraint = party_problem(cfg)
+    if temperature != 1.0:
+        constraint = dataclasses.replace(constraint, temperature=temperature)
     test_blocks = [ds.X_test[:, c] for c in party_columns(cfg, ds)]
     n = len(ds.y_train)
     kw = dict(epsilon=cfg.epsilon, beta=cfg.beta, c=cfg.c, mu=cfg.mu_value(n), lr=cfg.lr, Q=cfg.local_steps,
@@ -147,6 +153,8 @@ def _floor_history(fl, cfg, ds, constraint, z_test) -> list[dict]:
 
 def _run_party_floor(cfg, ds, blocks, test_blocks, constraint, optimizer, kw, started) -> dict:
     """MLP parties (gd or adagrad) in one process: core/reference.PartyFloor, the parties' own step code."""
+    import numpy as np
+
     from fairvfl_flwr.core.reference import PartyFloor
     from fairvfl_flwr.core.objective import train_stats
 
@@ -156,8 +164,10 @@ def _run_party_floor(cfg, ds, blocks, test_blocks, constraint, optimizer, kw, st
     history = _floor_history(fl, cfg, ds, constraint, lambda: fl.z("test"))
     objective = train_stats(ds.y_train, fl.z(), constraint).loss + 0.5 * kw["mu"] * fl.sq_norm()  # L(θ)
     curve = [[r["round"], r["acc"], r["deo"]] for r in history if r["acc"] == r["acc"]]  # the JSON's evaluated rounds
+    hard = constraint.gaps(ds.y_train, fl.z(), hard=True) if cfg.fairness else None  # None: the loss measure
+    hard = None if hard is None else float(np.max(np.abs(hard)))
     return {**_floor_result(history, cfg.epsilon, objective, fl.lam, constraint, len(ds.y_train), started),
-            "curve": curve}
+            "curve": curve, "final_hard_gap": hard}
 
 
 def run(overrides: dict, tmp: str) -> dict:
