@@ -49,14 +49,19 @@ EPSILON = 0.01
 OPTIMIZERS = ("auto", "newton", "gd")
 
 
-class TestScores:
+class LastScores:
     """The server's test logits of the last evaluation of the runs in this process (the scores hook
     keeps them; the bench reads them as each round is recorded), so that a pair's final models can
     be compared row by row: which test rows the two predict apart, and how near the exact run's
-    decision boundary they lie."""
+    decision boundary they lie. Installed by the first run, not on import."""
 
     def __init__(self) -> None:
         self.z: np.ndarray | None = None
+        self.installed = False
+
+    def install(self) -> None:
+        if self.installed:
+            return
         record = KeepScores.record
 
         def recording(hook, server, server_round, row):
@@ -65,6 +70,7 @@ class TestScores:
                 self.z = np.array(hook.z_test, dtype=np.float64)
 
         KeepScores.record = recording
+        self.installed = True
 
     def take(self) -> np.ndarray:
         z, self.z = self.z, None
@@ -73,7 +79,7 @@ class TestScores:
         return z
 
 
-SCORES = TestScores()
+SCORES = LastScores()
 
 
 def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: bool,
@@ -88,6 +94,7 @@ def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: b
     if encrypted:
         rc.update({"groups.holder": "registry", "groups.release": "ckks"})
     settings = RunConfig.from_flower(rc)
+    SCORES.install()
     sums: dict[int, int] = {}
 
     def count(message) -> None:
