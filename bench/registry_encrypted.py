@@ -7,6 +7,8 @@ accuracy and time, where the registry keeps the groups under its CKKS key.
     python bench/registry_encrypted.py --datasets compas --constraints deo --rounds 30
     python bench/registry_encrypted.py --optimizer gd --rounds 150 --page   # docs/results/privacy/registry-encrypted.md
     python bench/registry_encrypted.py --datasets compas --converged --rounds 30 --repeats 5 --page   # ...-converged.md
+    python bench/registry_encrypted.py --datasets compas --constraints equalized-odds --sum-noise 0   # print only
+    python bench/registry_encrypted.py --datasets compas --constraints equalized-odds --stop-tolerance 5e-7
 
 One in-process app run per (dataset, constraint) with the label owner's groups (``exact``) and
 one with ``groups.holder = "registry"``, ``groups.release = "ckks"`` (the registry, the last of 6
@@ -83,12 +85,16 @@ SCORES = LastScores()
 
 
 def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: bool,
-        tmp: str, converged: bool = False) -> tuple[dict, list[dict], float, int, np.ndarray]:
+        tmp: str, converged: bool = False, stop_tolerance: float | None = None,
+        sum_noise: float | None = None) -> tuple[dict, list[dict], float, int, np.ndarray]:
     """(summary, history, seconds, the most sums the registry decrypted in one round (0 without it),
     the final test logits).
-    ``converged``: the stop rule off, ``rounds`` rounds whatever the optimizer."""
+    ``converged``: the stop rule off, ``rounds`` rounds whatever the optimizer; ``stop_tolerance``:
+    the run config's in place of its default; ``sum_noise``: the registry's node config's."""
     rc = {"dataset": dataset, "constraint": constraint, "optimizer": optimizer, "epsilon": EPSILON,
           "hard-epsilon": False, "num-server-rounds": rounds, "eval-every": rounds, "output-dir": tmp}
+    if stop_tolerance is not None:
+        rc["stop-tolerance"] = stop_tolerance
     if optimizer == "gd" or converged:
         rc["stop-tolerance"] = 0
     if encrypted:
@@ -102,7 +108,10 @@ def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: b
             r = int(message.content.config_records["sum"]["round"])
             sums[r] = sums.get(r, 0) + 2 * len(message.content.array_records["masked"])
 
-    grid = InProcessGrid(client_app, settings.to_flower(), settings.num_parties, tap=count)
+    nodes = [{"partition-id": k, "num-partitions": settings.num_parties} for k in range(settings.num_parties)]
+    if encrypted and sum_noise is not None:
+        nodes[-1]["sum-noise"] = sum_noise  # the registry is the last party
+    grid = InProcessGrid(client_app, settings.to_flower(), settings.num_parties, tap=count, node_configs=nodes)
     started = time.perf_counter()
     summary, folder = run_inprocess(settings.to_flower(), quiet=True, grid=grid)
     seconds = time.perf_counter() - started
@@ -169,18 +178,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--converged", action="store_true",
                     help="block Newton with the stop rule off: both runs take --rounds rounds, so that the final "
                     "models are compared at convergence rather than where the stop rule ends each")
+    ap.add_argument("--stop-tolerance", type=float, default=None,
+                    help="both runs' stop-tolerance in place of the default (where the stop rule ends them)")
+    ap.add_argument("--sum-noise", type=float, default=None,
+                    help="the registry's sum-noise in place of its node config's default")
     ap.add_argument("--page", action="store_true", help="write docs/results/privacy/registry-encrypted-newton.md "
                     "(registry-encrypted.md with --optimizer gd, registry-encrypted-newton-converged.md with "
                     "--converged)")
     args = ap.parse_args(argv)
+    if args.page and (args.stop_tolerance is not None or args.sum_noise is not None):
+        ap.error("--stop-tolerance and --sum-noise print their figures; the pages hold the defaults' runs")
     if args.converged and args.optimizer == "gd":
         ap.error("--converged compares block Newton runs; gradient descent runs with the stop rule off already")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dataset, constraint in itertools.product(args.datasets.split(","), args.constraints.split(",")):
+            how = {"converged": args.converged, "stop_tolerance": args.stop_tolerance, "sum_noise": args.sum_noise}
             exact, h_exact, s_exact, _, z_exact = one(dataset, constraint, args.optimizer, args.rounds, False, tmp,
-                                                      args.converged)
-            runs = [one(dataset, constraint, args.optimizer, args.rounds, True, tmp, args.converged)
+                                                      **how)
+            runs = [one(dataset, constraint, args.optimizer, args.rounds, True, tmp, **how)
                     for _ in range(args.repeats)]
             row = paired(dataset, constraint, exact, h_exact, s_exact, z_exact, runs)
             print(json.dumps(row), flush=True)
