@@ -480,3 +480,13 @@ def test_the_numpy_initial_mlp_is_torchs_bit_for_bit(seed):
         assert list(got) == list(want)
         for key in want:
             assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), (key, in_features)
+
+
+def test_a_stop_on_a_damped_plateau_says_its_steps_were_held_short():
+    """Adult race's steps end at δ 4 to 8: the log says F may still fall; a run at δ <= 2 says nothing more."""
+    from fairvfl_flwr.algorithms.newton import DAMPED_STOP, damped_stop
+
+    said = damped_stop(4.0)
+    assert "damping was 4 when F settled" in said and "at most 1/17 of the linearised model's" in said
+    assert "a smaller stop-plateau trains on" in said
+    assert damped_stop(DAMPED_STOP) is None and damped_stop(0.25) is None

@@ -95,6 +95,10 @@ DAMPING_MAX = 1e4
 #: largest curvature), so F's slow fall is the damping's, not a plateau: the stop rule's quiet rounds
 #: wait. Kept steps hold δ between 0.1 and 4 (Crime, COMPAS); it rises past 8 after steps taken back.
 PLATEAU_DAMPING = 8.0
+#: A run that ends on its plateau with δ above this says so: its steps were at most a ninth of the
+#: linearised model's, so its F may still fall where a smaller stop-plateau would have trained on
+#: (Adult race, seed 1: δ 4 to 8 from round 5, 2.85 points below 1,000 rounds of AdaGrad).
+DAMPED_STOP = 2.0
 #: The ℓ1 merit's penalty on a gap above its bound, as a multiple of the largest multiplier.
 MERIT_PENALTY = 2.0
 #: A step whose training loss (λ = 0, without the μ-term) ends above this multiple of the loss it
@@ -109,6 +113,16 @@ AIM_MARGIN = 0.3
 def _single(v: np.ndarray) -> np.ndarray:
     """``v`` rounded to float32, kept as float64."""
     return np.asarray(v, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+def damped_stop(damping: float) -> str | None:
+    """What the log adds where a Gauss–Newton run ends on its plateau with its steps held short by
+    the damping (None: δ at most :data:`DAMPED_STOP`)."""
+    if not damping > DAMPED_STOP:
+        return None
+    return (f"the Gauss-Newton damping was {damping:.3g} when F settled, so each step was at most "
+            f"1/{1 + 4 * damping:.0f} of the linearised model's (it grows where a true step falls short of the "
+            "linearised one or moves a gap off it): F may still be falling, and a smaller stop-plateau trains on")
 
 
 def sq_norm_after(reply: dict, alpha: np.ndarray) -> float:
@@ -174,6 +188,13 @@ class NewtonVFL(VFLServer):
             else f"beta={c.beta} (round 1 and past the weight bound)",
             c.c, c.mu, c.num_server_rounds,
         )
+
+    def log_stop(self, server_round: int) -> None:
+        """The stop, and for Gauss–Newton blocks whether the damping held its last steps short."""
+        super().log_stop(server_round)
+        said = damped_stop(self.damping) if self.nonlinear else None
+        if said:
+            log(INFO, "[round %d] %s", server_round, said)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
