@@ -118,6 +118,7 @@ def _secret_configs(num_parties: int, folder, seed: int = 0) -> list[dict]:
     return configs
 
 
+@pytest.mark.slow  # an Adult run through the registry's noisy groups
 def test_adult_at_epsilon_s_4_holds_epsilon_on_the_true_groups(tmp_path):
     """Adult, DEO at ε = 0.01, the registry's release at ε_S = 4: the largest loss gap on the
     TRUE groups of the training rows is within ε + 0.01, as with the label owner's groups."""
