@@ -43,45 +43,12 @@ from fairvfl_flwr.app.client import app as client_app  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
-from fairvfl_flwr.features.final_logits import KeepScores  # noqa: E402
+from fairvfl_flwr.features.final_logits import load_scores  # noqa: E402
 from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
 from fairvfl_flwr.jobs.encrypted_groups import GROUPS_SUM  # noqa: E402
 
 EPSILON = 0.01
 OPTIMIZERS = ("auto", "newton", "gd")
-
-
-class LastScores:
-    """The server's test logits of the last evaluation of the runs in this process (the scores hook
-    keeps them; the bench reads them as each round is recorded), so that a pair's final models can
-    be compared row by row: which test rows the two predict apart, and how near the exact run's
-    decision boundary they lie. Installed by the first run, not on import."""
-
-    def __init__(self) -> None:
-        self.z: np.ndarray | None = None
-        self.installed = False
-
-    def install(self) -> None:
-        if self.installed:
-            return
-        record = KeepScores.record
-
-        def recording(hook, server, server_round, row):
-            record(hook, server, server_round, row)
-            if hook.z_test is not None:
-                self.z = np.array(hook.z_test, dtype=np.float64)
-
-        KeepScores.record = recording
-        self.installed = True
-
-    def take(self) -> np.ndarray:
-        z, self.z = self.z, None
-        if z is None:
-            raise RuntimeError("the run kept no test logits (no evaluated round)")
-        return z
-
-
-SCORES = LastScores()
 
 
 def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: bool,
@@ -92,7 +59,8 @@ def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: b
     ``converged``: the stop rule off, ``rounds`` rounds whatever the optimizer; ``stop_tolerance``:
     the run config's in place of its default; ``sum_noise``: the registry's node config's."""
     rc = {"dataset": dataset, "constraint": constraint, "optimizer": optimizer, "epsilon": EPSILON,
-          "hard-epsilon": False, "num-server-rounds": rounds, "eval-every": rounds, "output-dir": tmp}
+          "hard-epsilon": False, "num-server-rounds": rounds, "eval-every": rounds, "output-dir": tmp,
+          "mode": "fairvfl-scores"}  # the final scores in the run folder, for the row-by-row comparison
     if stop_tolerance is not None:
         rc["stop-tolerance"] = stop_tolerance
     if optimizer == "gd" or converged:
@@ -100,7 +68,6 @@ def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: b
     if encrypted:
         rc.update({"groups.holder": "registry", "groups.release": "ckks"})
     settings = RunConfig.from_flower(rc)
-    SCORES.install()
     sums: dict[int, int] = {}
 
     def count(message) -> None:
@@ -116,7 +83,7 @@ def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: b
     summary, folder = run_inprocess(settings.to_flower(), quiet=True, grid=grid)
     seconds = time.perf_counter() - started
     return (summary, json.loads((folder / "history.json").read_text()), seconds, max(sums.values(), default=0),
-            SCORES.take())
+            load_scores(folder)[1])
 
 
 def paired(dataset: str, constraint: str, exact: dict, h_exact: list[dict], s_exact: float, z_exact: np.ndarray,
