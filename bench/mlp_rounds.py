@@ -23,9 +23,10 @@ one-process floor (core/reference.PartyFloor: the parties' own step code; bench/
 which has no hard-gap target (ε bounds its smooth gaps); ``Δacc`` is the run's test accuracy
 minus the reference's, in points. ``--matched``: for a rate constraint's run, whose stop rule moved
 the smooth gaps' bound (and the rates' temperature) until the hard gap met ε, the reference again
-at that final bound and temperature, so that both hold the same constraint (``Δacc matched``). ``--keep`` keeps the page's rows of the runs not run this
-time (and the reference or masked columns a row has but this call did not compute; a row whose
-plain run this call makes again without ``--masked`` drops its masked columns, which an earlier
+at that final bound and temperature, so that both hold the same constraint (``Δacc matched``).
+``--keep`` keeps the page's rows of the runs not run this time (and the reference or masked
+columns a row has but this call did not compute; a row whose plain run this call makes again
+without ``--masked`` drops its masked columns, which an earlier
 call's code made).
 """
 
@@ -47,7 +48,7 @@ from bench.rounds import GAP_SLACK, rounds_to_gaps, run_floor  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.flower.server import VFLServer  # noqa: E402
-from fairvfl_flwr.algorithms.newton import VIOLATION_SLACK, NewtonVFL  # noqa: E402
+from fairvfl_flwr.algorithms.newton import VIOLATION_SLACK, NewtonVFL, step_share  # noqa: E402
 
 NAME = "mlp-rounds"
 CONSTRAINTS = {"deo": {}, "dp": {"constraint": "demographic-parity"}, "eo": {"constraint": "equalized-odds"},
@@ -249,8 +250,9 @@ def accuracy_misses(rows: list[dict]) -> list[str]:
                          f"its fall since round 1), the reference ({r.get('reference', 'not recorded')}) trained on")
             if r.get("late damping") is not None and r["late damping"] > DAMPED:
                 parts.append(f"its last kept steps ran at a damping of {r['late damping']:.3g}, at most "
-                             f"1/{1 + 4 * r['late damping']:.0f} of the linearised model's step: the true gaps ending "
-                             f"more than {VIOLATION_SLACK} from the linearised ones grows it (docs/newton.md)")
+                             f"1/{1 / step_share(r['late damping']):.0f} of the linearised model's step: the true "
+                             f"gaps ending more than {VIOLATION_SLACK} from the linearised ones grows it "
+                             "(docs/newton.md)")
         out.append(f"- {r['dataset']} {r['constraint']} seed {r['seed']}: Δacc {r['Δacc']:+.2f}: {'; '.join(parts)}.")
     return out
 
@@ -355,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                  "`bound moves`: the rounds at which the stop rule moved the smooth gaps' bound or sharpened "
                  "their rates (`hard-epsilon`: each starts its wait for quiet rounds again); `taken back`: "
                  f"Gauss–Newton steps the server took back; `late damping`: the median Levenberg–Marquardt δ of "
-                 f"the last {LATE} kept steps (a step is at most 1/(1 + 4δ) of the undamped search's); `loss surge`: the largest training loss after round 0 where it is more than "
+                 f"the last {LATE} kept steps (a step is at most 1/(1 + 4δ) of the undamped search's); `loss surge`: "
+                 "the largest training loss after round 0 where it is more than "
                  f"{LOSS_SURGE}× round 0's (a kept step that cut the gaps at that cost); `masked …`: the same under secure aggregation; "
                  "`Δacc`: test accuracy minus the reference's, in points; `surrogate bound`, `temperature`: where a "
                  "rate constraint's ε bounds the hard gap, the smooth gaps' final bound and the rates' temperature "

@@ -115,13 +115,19 @@ def _single(v: np.ndarray) -> np.ndarray:
     return np.asarray(v, dtype=np.float64).astype(np.float32).astype(np.float64)
 
 
+def step_share(damping: float) -> float:
+    """The most a step damped by δ is of the undamped search's, 1/(1 + 4δ): the loss's curvature
+    in a row's logit is at most 1/4 (core/newton.damping)."""
+    return 1.0 / (1.0 + 4.0 * damping)
+
+
 def damped_stop(damping: float) -> str | None:
     """What the log adds where a Gauss–Newton run ends on its plateau with its steps held short by
     the damping (None: δ at most :data:`DAMPED_STOP`)."""
     if not damping > DAMPED_STOP:
         return None
     return (f"the Gauss-Newton damping was {damping:.3g} when F settled, so each step was at most "
-            f"1/{1 + 4 * damping:.0f} of the linearised model's (it grows where a true step falls short of the "
+            f"1/{1 / step_share(damping):.0f} of the linearised model's (it grows where a true step falls short of the "
             "linearised one or moves a gap off it): F may still be falling, and a smaller stop-plateau trains on")
 
 
