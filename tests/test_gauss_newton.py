@@ -490,3 +490,39 @@ def test_a_stop_on_a_damped_plateau_says_its_steps_were_held_short():
     assert "damping was 4 when F settled" in said and "at most 1/17 of the linearised model's" in said
     assert "a smaller stop-plateau trains on" in said
     assert damped_stop(DAMPED_STOP) is None and damped_stop(0.25) is None
+
+
+def test_the_damping_holds_for_a_gap_error_the_aim_takes_up_and_grows_past_it():
+    """δ after a kept step that delivered all of its predicted fall: an error within the aim's room
+    (AIM_MARGIN of the bound) but above SHRINK_ROOM of it leaves δ where it was; past the room δ
+    grows; within SHRINK_ROOM of it δ halves (a step about twice as long errs about four times as
+    much, still within the room). A step that delivered little grows δ whatever its gaps did."""
+    from fairvfl_flwr.algorithms.newton import AIM_MARGIN, GOOD, GROW, SHRINK_ROOM, next_damping
+
+    room = AIM_MARGIN * 0.01
+    assert next_damping(4.0, 1.0, 1.0, 0.6 * room, room) == 4.0
+    assert next_damping(4.0, 1.0, 1.0, 1.01 * room, room) == 4.0 * GROW
+    assert next_damping(4.0, 1.0, 1.0, SHRINK_ROOM * room, room) == 4.0 / GROW
+    assert next_damping(4.0, 1.0, 0.99 * GOOD, 0.0, room) == 4.0 * GROW
+    assert next_damping(4.0, 1.0, 0.5, 0.0, room) == 4.0  # between GOOD and three quarters: held
+    assert next_damping(4.0, 0.0, 0.0, room, room) == 4.0  # nothing predicted: nothing learned
+
+
+def test_without_the_fairness_term_the_gaps_errors_do_not_damp_the_steps(tmp_path):
+    """fairness = false: the gaps are reported, not held, so how far the true ones ended from the
+    linearised ones neither grows δ nor lowers an aim (Adult race unconstrained erred by 0.001 to
+    0.01 a step, which held δ at 1 to 2 and its steps at a fifth of the model's)."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "num-server-rounds": 6, "stop-tolerance": 0, "fairness": False,
+                                "output-dir": str(tmp_path)}).to_flower()
+    judge, seen = newton.NewtonVFL.judge, []
+
+    def judging(server, server_round):
+        kept = judge(server, server_round)
+        seen.append((kept, list(server.gap_errors), server.gap_error))
+        return kept
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(newton.NewtonVFL, "judge", judging)
+        run_server(PairedGrid(client_app, rc, 3), rc)
+    assert len(seen) >= 4 and all(errors == [] and error == 0.0 for _, errors, error in seen)
