@@ -80,12 +80,10 @@ ACCEPT = 0.1
 IMAGE_CAP = 4.0
 #: A kept step that delivered less than this share of the predicted decrease grows the damping.
 GOOD = 0.25
-#: δ shrinks only after a kept step whose true gaps ended within this share of the aim's room
-#: (AIM_MARGIN of the bound) of the linearised ones: a gap's error grows about as the square of
-#: the step (Adult race: 0.0002 at a mean logit change of 0.02, 0.002 at 0.05), and halving δ
-#: about doubles the step, so the next step's error stays within what the aim takes up. A step
-#: whose error is past the room grows δ; one between the two leaves it.
-SHRINK_ROOM = 0.25
+#: A kept step whose true gaps ended further than this from where the linearised search put
+#: them grows the damping: the search held them within its bound, the true step moved them
+#: off by more than the stop rule's slack. δ shrinks only after one whose gaps ended within half of it.
+VIOLATION_SLACK = 1e-3
 #: The damping's factor per round (squared for a step taken back), and the δ of round 1 and
 #: the smallest δ > 0 (below it the search runs undamped): core/newton.damping's scale, where
 #: the loss's own curvature is at most 1/4.
@@ -108,8 +106,7 @@ MERIT_PENALTY = 2.0
 #: out of reach the ℓ1 merit trades any loss for a gap (Adult race, seed 2: 0.859 to 6.76 in one step),
 #: and the rounds after it spend themselves winning the loss back.
 LOSS_RISE = 2.0
-#: The most the search's bound is lowered below ε for the linearisation's overshoot, as a share of ε:
-#: the room a step's gap error may take up before it grows the damping.
+#: The most the search's bound is lowered below ε for the linearisation's overshoot, as a share of ε.
 AIM_MARGIN = 0.3
 
 
@@ -134,17 +131,17 @@ def damped_stop(damping: float) -> str | None:
             "linearised one or moves a gap off it): F may still be falling, and a smaller stop-plateau trains on")
 
 
-def next_damping(damping: float, predicted: float, achieved: float, gap_error: float, room: float) -> float:
+def next_damping(damping: float, predicted: float, achieved: float, gap_error: float) -> float:
     """δ after a kept step that delivered ``achieved`` of the ``predicted`` fall of the merit and whose
-    true gaps ended ``gap_error`` further from 0 than the linearised ones, where the search's aim takes
-    up ``room`` (0 error where the fairness term is off: the gaps are reported, not held). It grows
-    after a step that delivered less than :data:`GOOD` of the fall or erred past the room, and
-    shrinks after one that delivered three quarters with an error within :data:`SHRINK_ROOM` of it."""
+    true gaps ended ``gap_error`` further from 0 than the linearised ones (0 where the fairness term is
+    off: the gaps are reported, not held). It grows after a step that delivered less than :data:`GOOD`
+    of the fall or erred past :data:`VIOLATION_SLACK`, and shrinks after one that delivered three
+    quarters with an error within half of it."""
     if predicted <= 0.0:
         return damping
-    if achieved < GOOD * predicted or gap_error > room:
+    if achieved < GOOD * predicted or gap_error > VIOLATION_SLACK:
         return min(max(GROW * damping, DAMPING_FLOOR), DAMPING_MAX)
-    if achieved >= 0.75 * predicted and gap_error <= SHRINK_ROOM * room:
+    if achieved >= 0.75 * predicted and gap_error <= 0.5 * VIOLATION_SLACK:
         return damping / GROW if damping > DAMPING_FLOOR else 0.0
     return damping
 
@@ -413,7 +410,7 @@ class NewtonVFL(VFLServer):
 
         It is kept when its merit at the search's λ fell by at least :data:`ACCEPT` of what the
         linearisation predicted (the trust-region ratio); δ then moves by :func:`next_damping`
-        (the gaps' error against the room the search's aim takes up). Otherwise δ
+        (the merit's fall against the prediction, the gaps' error against :data:`VIOLATION_SLACK`). Otherwise δ
         grows, and the caller returns to the round's start (its logits, ‖θ‖² and λ): the
         parties' next step starts there again, so taking a step back costs no message."""
         t, c = self.trial, self.cfg
@@ -444,7 +441,7 @@ class NewtonVFL(VFLServer):
             self.gap_errors = [error, *self.gap_errors][:3]
             self.gap_error = max(self.gap_errors)
         if predicted > 1e-12 * scale:
-            self.damping = next_damping(self.damping, predicted, achieved, error, AIM_MARGIN * self.stop.epsilon)
+            self.damping = next_damping(self.damping, predicted, achieved, error)
         if self.damping > PLATEAU_DAMPING:
             self.stop.quiet_rounds = 0
         for nid in self.computed_alpha:
