@@ -1,5 +1,6 @@
-"""How two benches compare a run with its yardstick: bench/registry_encrypted.py row by row on the
-test set, bench/mlp_rounds.py against a reference held to the run's final smooth bound."""
+"""How benches compare a run with its yardstick: bench/registry_encrypted.py row by row on the
+test set, bench/mlp_rounds.py against a reference held to the run's final smooth bound, and
+bench/gap_errors.py each Gauss–Newton step's true gaps against its linearised ones."""
 
 from __future__ import annotations
 
@@ -53,3 +54,27 @@ def test_a_plateaued_runs_miss_names_the_damping_that_held_its_steps():
     assert "ended on its plateau at round 33" in line and "damping of 4, at most 1/17" in line
     (line,) = accuracy_misses([{**row, "late damping": 0.5}])
     assert "damping" not in line
+
+
+def test_a_steps_gap_error_is_the_furthest_a_true_gap_ended_beyond_its_linearised_one():
+    from bench.gap_errors import step_row
+
+    step = {"damping": 4.0, "start": np.zeros(4), "predicted": np.array([0.1, -0.1, 0.1, -0.1]),
+            "gaps": np.array([0.009, -0.002, 0.0])}
+    row = step_row(7, step, np.zeros(4), np.array([-0.0095, 0.001, 0.0004]), True, 0.5)
+    assert row["logit change"] == 0.1 and np.isclose(row["gap error"], 0.0005)  # |−0.0095| − |0.009|, sign aside
+    assert np.isclose(row["error / change²"], 0.05)
+    nearer = step_row(7, step, np.zeros(4), np.array([0.001, 0.0, 0.0]), True, 0.5)
+    assert nearer["gap error"] == 0.0  # gaps that land nearer 0 than predicted are no error
+
+
+def test_the_trace_has_one_row_per_judged_step_and_leaves_the_server_as_it_was(tmp_path):
+    from bench.gap_errors import trace
+    from fairvfl_flwr.algorithms.newton import NewtonVFL
+
+    search, judge = NewtonVFL.search, NewtonVFL.judge
+    rows, summary = trace({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                           "num-server-rounds": 5, "stop-tolerance": 0})
+    assert NewtonVFL.search is search and NewtonVFL.judge is judge
+    assert summary["rounds"] == 5 and [r["round"] for r in rows] == [2, 3, 4, 5]  # the cap's last step goes unchecked
+    assert all(r["logit change"] > 0 and r["gap error"] >= 0 for r in rows)
