@@ -7,7 +7,7 @@ One in-process MLP run (``model = "mlp"``, ε = 0.01, every other key at its def
 ``--set``), printed step by step: the round whose replies judged the step, the damping δ the
 search ran at, whether the step was kept, the step's root-mean-square change of the training
 logits on the linearised model, the largest amount a true gap ended further from 0 than the
-linearised one (the error the judgment reads: ``algorithms/newton.next_damping``), that error
+linearised one (``algorithms/newton.gap_error``, what ``next_damping`` reads), that error
 over the square of the logit change, and the training loss after the step. Print-only: what a
 rule for δ has to go on, per step.
 """
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairvfl_flwr.algorithms.newton import NewtonVFL  # noqa: E402
+from fairvfl_flwr.algorithms.newton import NewtonVFL, gap_error  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
 
@@ -62,7 +62,7 @@ class StepTrace:
 def step_row(server_round: int, step: dict, z: np.ndarray, gaps: np.ndarray, kept: bool, loss: float) -> dict:
     """One judged step: its logit change on the linearised model and the gaps' error on the true one."""
     change = float(np.sqrt(np.mean((step["predicted"] - step["start"]) ** 2)))
-    error = float(max(np.max(np.abs(gaps) - np.abs(step["gaps"])), 0.0))
+    error = gap_error(gaps, step["gaps"])
     return {"round": server_round, "damping": step["damping"], "kept": kept, "logit change": change,
             "gap error": error, "error / change²": error / change ** 2 if change > 0 else float("nan"), "loss": loss}
 

@@ -44,7 +44,7 @@ from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.config import RunConfig  # noqa: E402
 from fairvfl_flwr.core.metrics import predict  # noqa: E402
 from fairvfl_flwr.features.final_logits import load_scores  # noqa: E402
-from fairvfl_flwr.flower.inprocess import InProcessGrid  # noqa: E402
+from fairvfl_flwr.flower.inprocess import InProcessGrid, partition_configs  # noqa: E402
 from fairvfl_flwr.jobs.encrypted_groups import GROUPS_SUM  # noqa: E402
 
 EPSILON = 0.01
@@ -75,7 +75,7 @@ def one(dataset: str, constraint: str, optimizer: str, rounds: int, encrypted: b
             r = int(message.content.config_records["sum"]["round"])
             sums[r] = sums.get(r, 0) + 2 * len(message.content.array_records["masked"])
 
-    nodes = [{"partition-id": k, "num-partitions": settings.num_parties} for k in range(settings.num_parties)]
+    nodes = partition_configs(settings.num_parties)
     if encrypted and sum_noise is not None:
         nodes[-1]["sum-noise"] = sum_noise  # the registry is the last party
     grid = InProcessGrid(client_app, settings.to_flower(), settings.num_parties, tap=count, node_configs=nodes)

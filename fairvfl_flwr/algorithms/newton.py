@@ -131,6 +131,12 @@ def damped_stop(damping: float) -> str | None:
             "linearised one or moves a gap off it): F may still be falling, and a smaller stop-plateau trains on")
 
 
+def gap_error(gaps: np.ndarray, predicted: np.ndarray) -> float:
+    """How much further from 0 the true gaps ended than the linearised ones (a gap that lands nearer
+    0 than predicted asks for no margin)."""
+    return float(max(np.max(np.abs(gaps) - np.abs(predicted)), 0.0))
+
+
 def next_damping(damping: float, predicted: float, achieved: float, gap_error: float) -> float:
     """δ after a kept step that delivered ``achieved`` of the ``predicted`` fall of the merit and whose
     true gaps ended ``gap_error`` further from 0 than the linearised ones (0 where the fairness term is
@@ -434,10 +440,7 @@ class NewtonVFL(VFLServer):
             return False
         error = 0.0
         if c.fairness:
-            gaps = self.constraint.gaps(self.labels.y_train, z)
-            # how much further from 0 the true gaps ended than the linearised ones (a step that lands
-            # them nearer 0 than predicted asks for no margin)
-            error = float(max(np.max(np.abs(gaps) - np.abs(t["gaps_predicted"])), 0.0))
+            error = gap_error(self.constraint.gaps(self.labels.y_train, z), t["gaps_predicted"])
             self.gap_errors = [error, *self.gap_errors][:3]
             self.gap_error = max(self.gap_errors)
         if predicted > 1e-12 * scale:

@@ -24,6 +24,11 @@ from flwr.supercore.task_identity import TaskIdentity
 SERVER_NODE_ID = 1
 
 
+def partition_configs(num_nodes: int) -> list[dict[str, Any]]:
+    """The simulation's node configs: node ``i`` reads partition ``i`` of ``num_nodes`` of the packaged data."""
+    return [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
+
+
 class InProcessGrid(Grid):
     """A Grid whose nodes are ``ClientApp`` calls in this process.
 
@@ -62,7 +67,7 @@ class InProcessGrid(Grid):
         self.client_app = client_app
         rng = random.Random(seed)
         self.node_ids = [rng.getrandbits(63) for _ in range(num_nodes)]
-        configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
+        configs = node_configs or partition_configs(num_nodes)
         self.contexts = {
             nid: Context(run_id=1, node_id=nid, node_config=dict(cfg), state=RecordDict(), run_config=dict(run_config))
             for nid, cfg in zip(self.node_ids, configs)
