@@ -141,6 +141,7 @@ def test_gaps_whose_bound_is_out_of_a_rounds_reach_are_pulled_toward_it_not_left
     else where they are (core/newton.held_step), so no kept step lifts the largest gap. A step at
     the round's multipliers instead (the loss's descent, λ = 0 at the start) took the gap to 0.11."""
     summary, folder = run_inprocess({"dataset": "compas-race", "model": "mlp", "epsilon": 0.001,
+                                     "newton-warm-rounds": 0,  # held from round 1, the rule under test
                                      "num-server-rounds": 8, "eval-every": 1, "output-dir": str(tmp_path)}, quiet=True)
     gaps = [r["max_gap"] for r in _history(folder)]
     assert gaps[0] > 0.02
@@ -170,7 +171,7 @@ def test_the_plateau_is_measured_from_round_ones_f_without_the_first_searchs_mul
 
     monkeypatch.setattr(newton.NewtonVFL, "search", searching)
     run_inprocess({"dataset": "compas-race", "model": "mlp", "epsilon": 0.001, "num-server-rounds": 2,
-                   "output-dir": str(tmp_path)}, quiet=True)
+                   "newton-warm-rounds": 0, "output-dir": str(tmp_path)}, quiet=True)
     assert np.max(seen["lam"]) > 0 and abs(seen["at_lam"] - seen["plain"]) > 1e-3  # the multipliers' terms count
     assert seen["start"] == pytest.approx(seen["plain"], rel=1e-9)
 
@@ -524,3 +525,36 @@ def test_without_the_fairness_term_the_gaps_errors_do_not_damp_the_steps(tmp_pat
         mp.setattr(newton.NewtonVFL, "judge", judging)
         run_server(PairedGrid(client_app, rc, 3), rc)
     assert len(seen) >= 4 and all(errors == [] and error == 0.0 for _, errors, error in seen)
+
+
+def test_the_loss_trains_alone_for_the_warm_rounds_then_the_gaps_are_halved_toward_epsilon(tmp_path):
+    """newton-warm-rounds: the first rounds' searches hold no gap (λ = 0, their gaps' errors move
+    neither δ nor the aim); from the next round on the search holds the linearised gaps within
+    half the largest true gap or the aim, whichever is larger, starting again from δ = 1/4."""
+    rc = RunConfig.from_flower({"dataset": "crime", "model": "mlp", "optimizer": "newton", "num-parties": 3,
+                                "newton-warm-rounds": 3, "num-server-rounds": 9, "stop-tolerance": 0,
+                                "output-dir": str(tmp_path)}).to_flower()
+    search, seen = newton.NewtonVFL.search, []
+
+    def searching(server, server_round):
+        y = server.labels.y_train
+        now = float(np.max(np.abs(server.constraint.gaps(y, server.z("train")))))
+        search(server, server_round)
+        predicted = float(np.max(np.abs(server.trial["gaps_predicted"])))
+        seen.append(dict(round=server_round, lam=server.lam.copy(), damping=server.damping, errors=list(server.gap_errors),
+                         now=now, predicted=predicted, aim=server.aim, holds=server.trial["holds"]))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(newton.NewtonVFL, "search", searching)
+        run_server(PairedGrid(client_app, rc, 3), rc)
+    warm = [r for r in seen if r["round"] <= 3]
+    held = [r for r in seen if r["round"] > 3]
+    assert warm and held
+    assert all(not r["holds"] and not np.any(r["lam"]) and r["errors"] == [] for r in warm)
+    assert warm[-1]["now"] > 0.03  # the loss alone left the gap far above ε = 0.01
+    assert held[0]["damping"] >= newton.DAMPING_START > warm[-1]["damping"]
+    assert all(r["holds"] for r in held)
+    for r in held:  # each search holds its linearised gaps within half the largest, or the aim
+        assert r["predicted"] <= max(r["aim"], r["now"] / 2) + 1e-4, r
+    assert held[0]["predicted"] > held[0]["aim"]  # the first held round is halfway, not at ε in one step
+    assert held[-1]["now"] < warm[-1]["now"] / 4
