@@ -5,7 +5,7 @@
 
 One in-process MLP run (``model = "mlp"``, ε = 0.01, every other key at its default unless
 ``--set``), printed step by step: the round whose replies judged the step, the damping δ the
-search ran at, whether the step was kept, the step's root-mean-square change of the training
+search ran at (whether it held the gaps: not in the ``newton-warm-rounds``), whether the step was kept, the step's root-mean-square change of the training
 logits on the linearised model, the largest amount a true gap ended further from 0 than the
 linearised one (``algorithms/newton.gap_error``, what ``next_damping`` reads), that error
 over the square of the logit change, and the training loss after the step. Print-only: what a
@@ -27,7 +27,7 @@ from fairvfl_flwr.algorithms.newton import NewtonVFL, gap_error  # noqa: E402
 from fairvfl_flwr.app.run import run_inprocess  # noqa: E402
 from fairvfl_flwr.tools.cli import RunConfigArgError, parse_run_config  # noqa: E402
 
-COLUMNS = ("round", "damping", "kept", "logit change", "gap error", "error / change²", "loss")
+COLUMNS = ("round", "holds gaps", "damping", "kept", "logit change", "gap error", "error / change²", "loss")
 
 
 class StepTrace:
@@ -41,10 +41,10 @@ class StepTrace:
     def search(self, search):
         def searching(server: NewtonVFL, server_round: int) -> None:
             start = server.z("train").copy()
-            damping = server.damping
-            search(server, server_round)
+            search(server, server_round)  # which may start δ again (the first round that holds the gaps)
             if server.trial is not None:
-                self.pending = {"damping": damping, "start": start, "predicted": server.z("train").copy(),
+                self.pending = {"damping": server.damping, "holds": server.trial["holds"], "start": start,
+                                "predicted": server.z("train").copy(),
                                 "gaps": np.asarray(server.trial["gaps_predicted"], dtype=np.float64)}
         return searching
 
@@ -63,7 +63,7 @@ def step_row(server_round: int, step: dict, z: np.ndarray, gaps: np.ndarray, kep
     """One judged step: its logit change on the linearised model and the gaps' error on the true one."""
     change = float(np.sqrt(np.mean((step["predicted"] - step["start"]) ** 2)))
     error = gap_error(gaps, step["gaps"])
-    return {"round": server_round, "damping": step["damping"], "kept": kept, "logit change": change,
+    return {"round": server_round, "holds gaps": step["holds"], "damping": step["damping"], "kept": kept, "logit change": change,
             "gap error": error, "error / change²": error / change ** 2 if change > 0 else float("nan"), "loss": loss}
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, summary = trace(run_config)
     print(" | ".join(COLUMNS))
     for r in rows:
-        print(f"{r['round']} | {r['damping']:.3g} | {'kept' if r['kept'] else 'taken back'} | {r['logit change']:.4f} | "
+        print(f"{r['round']} | {'yes' if r['holds gaps'] else 'no'} | {r['damping']:.3g} | {'kept' if r['kept'] else 'taken back'} | {r['logit change']:.4f} | "
               f"{r['gap error']:.5f} | {r['error / change²']:.3g} | {r['loss']:.4f}")
     print(f"stop at round {summary['rounds']}, test accuracy {100 * summary['test_acc']:.2f}%")
     return 0

@@ -59,7 +59,7 @@ def test_a_plateaued_runs_miss_names_the_damping_that_held_its_steps():
 def test_a_steps_gap_error_is_the_furthest_a_true_gap_ended_beyond_its_linearised_one():
     from bench.gap_errors import step_row
 
-    step = {"damping": 4.0, "start": np.zeros(4), "predicted": np.array([0.1, -0.1, 0.1, -0.1]),
+    step = {"damping": 4.0, "holds": True, "start": np.zeros(4), "predicted": np.array([0.1, -0.1, 0.1, -0.1]),
             "gaps": np.array([0.009, -0.002, 0.0])}
     row = step_row(7, step, np.zeros(4), np.array([-0.0095, 0.001, 0.0004]), True, 0.5)
     assert row["logit change"] == 0.1 and np.isclose(row["gap error"], 0.0005)  # |−0.0095| − |0.009|, sign aside
@@ -78,3 +78,4 @@ def test_the_trace_has_one_row_per_judged_step_and_leaves_the_server_as_it_was(t
     assert NewtonVFL.search is search and NewtonVFL.judge is judge
     assert summary["rounds"] == 5 and [r["round"] for r in rows] == [2, 3, 4, 5]  # the cap's last step goes unchecked
     assert all(r["logit change"] > 0 and r["gap error"] >= 0 for r in rows)
+    assert not any(r["holds gaps"] for r in rows)  # all within the default newton-warm-rounds

@@ -96,11 +96,12 @@ DAMPING_MAX = 1e4
 #: damping's, not a plateau: the stop rule's quiet rounds wait. Kept steps hold δ between 0.1 and 4
 #: (Crime, COMPAS); it rises past 8 after steps taken back, and where the kept steps after them
 #: deliver half their predicted fall it stays there (the hold band of next_damping), so a wait
-#: for δ itself to fall ran COMPAS equalized odds, seed 1, to round 181.
+#: for δ itself to fall can outlast the run (COMPAS equalized odds, seed 1: δ 16 from round 41).
 PLATEAU_DAMPING = 8.0
 #: A run that ends on its plateau with δ above this says so: its steps were at most a ninth of the
 #: linearised model's, so its F may still fall where a smaller stop-plateau would have trained on
-#: (Adult race, seed 1: δ 4 to 8 from round 5, 2.85 points below 1,000 rounds of AdaGrad).
+#: (Adult race, seed 1, newton-warm-rounds = 0: δ 4 to 8 from round 6, stopped at round 35 2.76
+#: points below 1,000 rounds of AdaGrad).
 DAMPED_STOP = 2.0
 #: The ℓ1 merit's penalty on a gap above its bound, as a multiple of the largest multiplier.
 MERIT_PENALTY = 2.0
