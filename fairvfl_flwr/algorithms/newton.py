@@ -167,9 +167,9 @@ class NewtonVFL(VFLServer):
     init_type = msgs.NEWTON_INIT
     sharpens = True  # the parties send directions' images; every fairness term is the server's
     round_state = VFLServer.round_state + ("jac", "previous", "alpha", "computed_alpha", "du_moves", "owner",
-                                           "damping", "taken_back_at", "aim", "moves_held", "gap_error", "gap_errors", "base_round",
-                                           "base_got", "base_u_train", "base_u_test", "base_sq_norms", "lam_base",
-                                           "trial")
+                                           "damping", "taken_back_at", "aim", "moves_held", "gap_error", "gap_errors",
+                                           "base_round", "base_got", "base_u_train", "base_u_test", "base_sq_norms",
+                                           "lam_base", "trial")
     node_keyed = VFLServer.node_keyed + ("alpha", "computed_alpha", "du_moves", "moves_held", "base_got",
                                          "base_u_train", "base_u_test", "base_sq_norms")
 
@@ -380,14 +380,13 @@ class NewtonVFL(VFLServer):
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]
         holds = self.holds_gaps(server_round)
-        if holds and server_round == c.newton_warm_rounds + 1 and server_round > 1:
-            # the loss's steps shrank δ to a few hundredths; at that δ the first held search would
-            # move every gap to ε in one step (Adult race: a change of 1.9 in the logits, gaps
-            # 0.05 off their linearised values, and steps taken back after it)
+        if holds and server_round == self.warm_rounds + 1 and server_round > 1:
+            # the loss's steps shrank δ to a few hundredths, a step size for the loss alone: at it the
+            # first held search moves the logits far past where the linearised gaps hold
             self.damping = max(self.damping, DAMPING_START)
             log(INFO, "[round %d] Gauss-Newton: the loss trained alone for %d round(s) (newton-warm-rounds); the "
                 "search now holds the gaps, halving the largest each round down to epsilon", server_round,
-                c.newton_warm_rounds)
+                self.warm_rounds)
         prox = damping(du, gram, sq_norm, self.damping)
         bound = self.stop.epsilon  # ε, or the tighter bound a hard-gap target has set (core/stopping.py)
         if holds:  # aimed inside the bound by the linearisation's last overshoot of the gaps
@@ -417,7 +416,8 @@ class NewtonVFL(VFLServer):
             # the multipliers of the first search (30 on Adult race, seed 1) it held their terms too, and
             # a fall of 2 % a round read as a plateau at 81 % accuracy
             self.stop.start = self.merit(z, sq_norm, bound, 0.0, loss)
-        trial = {"bound": bound, "penalty": penalty, "holds": holds, "merit_before": self.merit(z, sq_norm, bound, penalty, loss),
+        trial = {"bound": bound, "penalty": penalty, "holds": holds,
+                 "merit_before": self.merit(z, sq_norm, bound, penalty, loss),
                  "f_before": self.objective(z, sq_norm),  # at the λ the search ends with
                  "loss_before": loss}
         self.take(self.base_got, du, alpha)
@@ -472,10 +472,16 @@ class NewtonVFL(VFLServer):
 
     def holds_gaps(self, server_round: int) -> bool:
         """Whether this round's search holds the gaps: with the fairness term on, after the
-        ``newton-warm-rounds`` in which it trains the loss alone (a network fitted first is a better
-        start for the gaps' small steps than its random initialisation, where holding them pulled
-        Adult race to 34% accuracy by round 5 and the damping its ten gaps grew held every later step short)."""
-        return self.cfg.fairness and server_round > self.cfg.newton_warm_rounds
+        ``newton-warm-rounds`` in which it trains the loss alone. A network fitted first is a better
+        start for the gaps' small steps than its random initialisation, where every later step wins
+        the loss back within the gaps at the damping their errors grow (newton.md#a-trained-start)."""
+        return self.cfg.fairness and server_round > self.warm_rounds
+
+    @property
+    def warm_rounds(self) -> int:
+        """The rounds that train the loss alone: ``newton-warm-rounds``, at most a third of the round
+        cap, so a short run still holds its gaps for most of its rounds."""
+        return min(self.cfg.newton_warm_rounds, self.cfg.num_server_rounds // 3)
 
     def moves_after(self, nid: int) -> int:
         """The moves party ``nid`` keeps at the point the step of :attr:`trial` lands on (a step of
