@@ -78,5 +78,4 @@ def test_the_trace_has_one_row_per_judged_step_and_leaves_the_server_as_it_was(t
     assert NewtonVFL.search is search and NewtonVFL.judge is judge
     assert summary["rounds"] == 5 and [r["round"] for r in rows] == [2, 3, 4, 5]  # the cap's last step goes unchecked
     assert all(r["logit change"] > 0 and r["gap error"] >= 0 for r in rows)
-    # the loss alone for a third of the 5-round cap (newton-warm-rounds 6 is capped at 1), then the gaps held
-    assert [r["holds gaps"] for r in rows] == [False, True, True, True]
+    assert not any(r["holds gaps"] for r in rows)  # all within the default newton-warm-rounds

@@ -507,6 +507,16 @@ def test_the_damping_grows_past_the_gap_slack_and_shrinks_only_well_within_it():
     assert next_damping(4.0, 0.0, 0.0, 1.0) == 4.0  # nothing predicted: nothing learned
 
 
+def test_a_damped_round_restarts_the_quiet_count_only_soon_after_a_step_taken_back():
+    """Past δ 8 within stop-window rounds of a step taken back the round is the damping's, not a
+    plateau; later, or with no step taken back yet (0), δ alone does not hold the stop off (kept steps
+    delivering half their predicted fall leave δ where it is)."""
+    assert newton.damped_wait(16.0, 12, 10, 3) and newton.damped_wait(16.0, 13, 10, 3)
+    assert not newton.damped_wait(16.0, 14, 10, 3)  # past the window: δ 16 may last the run
+    assert not newton.damped_wait(4.0, 11, 10, 3)  # a step at δ 4 is no thirtieth of the model's
+    assert not newton.damped_wait(16.0, 2, 0, 3)  # no step taken back yet
+
+
 def test_without_the_fairness_term_the_gaps_errors_do_not_damp_the_steps(tmp_path):
     """fairness = false: the gaps are reported, not held, so how far the true ones ended from the
     linearised ones neither grows δ nor lowers an aim (unconstrained Adult race's gaps, 0.19 to 0.26,
@@ -553,6 +563,7 @@ def test_the_loss_trains_alone_for_the_warm_rounds_then_the_gaps_are_halved_towa
     assert all(not r["holds"] and not np.any(r["lam"]) and r["errors"] == [] for r in warm)
     assert warm[-1]["now"] > 0.03  # the loss alone left the gap far above ε = 0.01
     assert held[0]["damping"] >= newton.DAMPING_START > warm[-1]["damping"]
+    assert held[0]["errors"] == []  # the last warm step, judged in the first held round, records no error
     assert all(r["holds"] for r in held)
     for r in held:  # each search holds its linearised gaps within half the largest, or the aim
         assert r["predicted"] <= max(r["aim"], r["now"] / 2) + 1e-4, r

@@ -135,6 +135,13 @@ def damped_stop(damping: float) -> str | None:
             "linearised one or moves a gap off it): F may still be falling, and a smaller stop-plateau trains on")
 
 
+def damped_wait(damping: float, server_round: int, taken_back_at: int, window: int) -> bool:
+    """Whether a kept step's round starts the stop rule's count of quiet rounds again: its δ is past
+    :data:`PLATEAU_DAMPING` within ``window`` rounds of a step taken back (``taken_back_at``, 0:
+    none yet), where F's slow fall is the damping's, not a plateau."""
+    return damping > PLATEAU_DAMPING and taken_back_at > 0 and server_round - taken_back_at <= window
+
+
 def gap_error(gaps: np.ndarray, predicted: np.ndarray) -> float:
     """How much further from 0 the true gaps ended than the linearised ones (a gap that lands nearer
     0 than predicted asks for no margin)."""
@@ -380,13 +387,13 @@ class NewtonVFL(VFLServer):
         y, z, c = self.labels.y_train, self.z("train"), self.cfg
         rcond = WIRE_RCOND[c.wire_dtype]
         holds = self.holds_gaps(server_round)
-        if holds and server_round == self.warm_rounds + 1 and server_round > 1:
+        if holds and c.newton_warm_rounds and server_round == c.newton_warm_rounds + 1:
             # the loss's steps shrank δ to a few hundredths, a step size for the loss alone: at it the
             # first held search moves the logits far past where the linearised gaps hold
             self.damping = max(self.damping, DAMPING_START)
             log(INFO, "[round %d] Gauss-Newton: the loss trained alone for %d round(s) (newton-warm-rounds); the "
-                "search now holds the gaps, halving the largest each round down to epsilon", server_round,
-                self.warm_rounds)
+                "search now holds the gaps, halving the largest each round down to its aim", server_round,
+                c.newton_warm_rounds)
         prox = damping(du, gram, sq_norm, self.damping)
         bound = self.stop.epsilon  # ε, or the tighter bound a hard-gap target has set (core/stopping.py)
         if holds:  # aimed inside the bound by the linearisation's last overshoot of the gaps
@@ -397,10 +404,10 @@ class NewtonVFL(VFLServer):
             # against a round's few shared step lengths), the linear path's rule: halfway to it,
             # else no gap above where it is; a step at the round's λ instead let the gaps grow unchecked
             now = float(np.max(np.abs(self.constraint.gaps(y, z)), initial=0.0))
+            target = max(self.aim, now / 2.0)
             alpha, self.lam = held_step(y, z, du, a, gram, self.lam, self.constraint, self.mu,
-                                        epsilon=max(self.aim, now / 2.0), rcond=rcond, prox=prox)
-        else:
-            self.lam = np.zeros_like(self.lam)  # the loss alone: no multiplier prices a gap this round
+                                        epsilon=target, rcond=rcond, prox=prox)
+        else:  # the loss alone: λ is 0 until the first held search sets it
             alpha = subspace_step(y, z, du, a, gram, self.lam, self.constraint, self.mu, rcond=rcond, prox=prox)
         # what the parties get, in single precision: a party's next Gauss–Newton system may be near
         # singular, which turns a last-bit difference in α or λ (sums decoded from the fixed-point
@@ -424,9 +431,9 @@ class NewtonVFL(VFLServer):
         trial.update(merit_predicted=self.merit(self.z("train"), None, bound, penalty),
                      gaps_predicted=self.constraint.gaps(y, self.z("train")))
         held = float(np.max(np.abs(trial["gaps_predicted"]), initial=0.0))
-        if holds and held > self.aim + 1e-4:
+        if holds and held > target + 1e-4:
             log(INFO, "[round %d] Gauss-Newton search: %.4g is out of these directions' reach; the linearised gaps "
-                "held within %.4g", server_round, self.aim, held)
+                "held within %.4g", server_round, target, held)
         self.trial = trial
 
     def judge(self, server_round: int) -> bool:
@@ -464,7 +471,7 @@ class NewtonVFL(VFLServer):
             self.gap_error = max(self.gap_errors)
         if predicted > 1e-12 * scale:
             self.damping = next_damping(self.damping, predicted, achieved, error)
-        if self.damping > PLATEAU_DAMPING and server_round - self.taken_back_at <= self.cfg.stop_window:
+        if damped_wait(self.damping, server_round, self.taken_back_at, self.stop.window):
             self.stop.quiet_rounds = 0
         for nid in self.computed_alpha:
             self.moves_held[nid] = self.moves_after(nid)
@@ -475,13 +482,7 @@ class NewtonVFL(VFLServer):
         ``newton-warm-rounds`` in which it trains the loss alone. A network fitted first is a better
         start for the gaps' small steps than its random initialisation, where every later step wins
         the loss back within the gaps at the damping their errors grow (newton.md#a-trained-start)."""
-        return self.cfg.fairness and server_round > self.warm_rounds
-
-    @property
-    def warm_rounds(self) -> int:
-        """The rounds that train the loss alone: ``newton-warm-rounds``, at most a third of the round
-        cap, so a short run still holds its gaps for most of its rounds."""
-        return min(self.cfg.newton_warm_rounds, self.cfg.num_server_rounds // 3)
+        return self.cfg.fairness and server_round > self.cfg.newton_warm_rounds
 
     def moves_after(self, nid: int) -> int:
         """The moves party ``nid`` keeps at the point the step of :attr:`trial` lands on (a step of

@@ -166,8 +166,8 @@ class RunConfig:
                             "this share of its fall since round 1, instead of stop-tolerance (an MLP's F keeps "
                             "falling; newton.md#when-an-mlp-run-stops)", rule=above(0), why="must be > 0")
     newton_warm_rounds: int = S(6, "MLP parties under Gauss-Newton blocks, fairness on: first rounds that train the "
-                                "loss alone (at most a third of num-server-rounds); then the largest gap is halved each "
-                                "round down to epsilon (newton.md#a-trained-start)", rule=at_least(0),
+                                "loss alone; then the largest gap is halved each round down to epsilon "
+                                "(newton.md#a-trained-start)", rule=at_least(0),
                                 why="must be >= 0 (0 holds the gaps from round 1)")
     stop_window: int = S(3, "consecutive quiet rounds the stop rule needs (configuration.md#when-training-stops)", rule=at_least(1),
                          why="must be at least 1")
