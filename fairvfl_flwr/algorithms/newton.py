@@ -150,8 +150,8 @@ def gap_error(gaps: np.ndarray, predicted: np.ndarray) -> float:
 
 def next_damping(damping: float, predicted: float, achieved: float, gap_error: float) -> float:
     """δ after a kept step that delivered ``achieved`` of the ``predicted`` fall of the merit and whose
-    true gaps ended ``gap_error`` further from 0 than the linearised ones (0 where the fairness term is
-    off: the gaps are reported, not held). It grows after a step that delivered less than :data:`GOOD`
+    true gaps ended ``gap_error`` further from 0 than the linearised ones (0 where the search did not
+    hold the gaps: the fairness term off, or a ``newton-warm-rounds`` round; they are reported, not held). It grows after a step that delivered less than :data:`GOOD`
     of the fall or erred past :data:`VIOLATION_SLACK`, and shrinks after one that delivered three
     quarters with an error within half of it."""
     if predicted <= 0.0:
